@@ -1,0 +1,1 @@
+"""The ``terrain`` command line (click)."""

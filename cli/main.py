@@ -1,0 +1,58 @@
+"""``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from terrain_io import __version__
+from terrain_io.errors import TerrainError
+
+
+class TerrainGroup(click.Group):
+    """A click group that turns user errors into one line on stderr and a non-zero exit code.
+
+    TerrainError and OS errors (missing files, full disk, permissions) print ``terrain: error: ...``
+    and exit 1; Ctrl-C prints ``terrain: interrupted`` and exits 130. ``--debug`` shows tracebacks.
+    """
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (TerrainError, OSError, MemoryError) as exc:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            msg = str(exc) or type(exc).__name__
+            if isinstance(exc, MemoryError):
+                msg = "out of memory: " + msg + " (lower --memory or the tile size)"
+            click.echo(f"terrain: error: {msg}", err=True)
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            click.echo("terrain: interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="terrain")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or summary lines.")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.pass_context
+def cli(ctx: click.Context, quiet: bool, debug: bool):
+    """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths."""
+    ctx.obj = {"quiet": quiet, "debug": debug}
+
+
+def _register() -> None:
+    """Attach the subcommands (each module adds its own commands to ``cli``)."""
+    from . import graph  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> None:
+    _register()
+    cli.main(args=argv, prog_name="terrain")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

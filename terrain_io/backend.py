@@ -1,0 +1,77 @@
+"""Array-module and kernel selection: CuPy when a CUDA device is usable, else NumPy + numba.
+
+In the manner of xarray-spatial's dispatch: public functions take ``device="auto"|"cpu"|"gpu"``
+(or follow their input arrays) and call the matching implementation.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from .errors import DeviceError
+
+DEVICES = ("auto", "cpu", "gpu")
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device (``TERRAIN_DISABLE_GPU=1`` hides it)."""
+    if os.environ.get("TERRAIN_DISABLE_GPU"):
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, CUDARuntimeError, missing driver libraries
+        return False
+
+
+def resolve_device(device: str | None = "auto") -> str:
+    """Map ``auto|cpu|gpu`` to ``cpu`` or ``gpu``; a clear error for ``gpu`` without a usable GPU."""
+    device = (device or "auto").lower()
+    if device not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    if device == "gpu" and not gpu_available():
+        raise DeviceError("--device gpu: no usable CUDA GPU (CuPy missing or no device); use --device cpu")
+    return device
+
+
+def array_module(device: str):
+    """numpy for ``cpu``, cupy for ``gpu`` (``device`` as returned by :func:`resolve_device`)."""
+    if resolve_device(device) == "gpu":
+        import cupy
+
+        return cupy
+    return np
+
+
+def is_cupy(x) -> bool:
+    """True when ``x`` is a CuPy array (without importing CuPy when it is not loaded)."""
+    return type(x).__module__.startswith("cupy")
+
+
+def device_of(*arrays, device: str | None = None) -> str:
+    """The device to compute on: ``device`` if given (resolved), else the inputs' (``gpu`` if any is CuPy)."""
+    if device is None:
+        return "gpu" if any(is_cupy(a) for a in arrays) else "cpu"
+    return resolve_device(device)
+
+
+def to_device(x, device: str):
+    """Copy ``x`` to ``device`` (no copy when it is already there)."""
+    if resolve_device(device) == "gpu":
+        import cupy
+
+        return cupy.asarray(x)
+    return to_host(x)
+
+
+def to_host(x):
+    """A NumPy array of ``x`` (CuPy arrays are copied back from the GPU)."""
+    if is_cupy(x):
+        return x.get()
+    return np.asarray(x)

@@ -1,0 +1,6 @@
+"""In-memory algorithms for general graphs, on NumPy (numba) or CuPy arrays.
+
+Plain array API in the manner of scipy.sparse.csgraph: inputs are NumPy or CuPy arrays (successor
+arrays, CSR ``indptr/indices``, edge lists) or scipy/cupyx sparse matrices; results come back on
+the input's device unless ``device=`` says otherwise.
+"""

@@ -1,0 +1,389 @@
+"""TerrainStore: one DEM as a Zarr v3 group, tiled and sharded, visited in z-order.
+
+Layout (see DESIGN.md "The store"): the 2-D array ``elevation`` is chunked by tile (T x T) and
+sharded by super-block (S x S tiles). zarr's sharding codec writes the chunks of a shard in
+Morton order, so a quadtree super-block lies contiguously on disk, and the pipelines visit tiles
+in global Morton order of (tile_row, tile_col) -- for power-of-two S that is shard after shard in
+Morton order, tile after tile in Morton order inside each shard.
+
+Results (``mst/edges``, ``sssp/NAME/distance``, ...) are arrays of the same group, chunked and
+sharded like ``elevation``; each is written under a temporary directory beside the store and
+renamed into place when complete, so no reader ever sees a half-written result.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import shutil
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+
+from .errors import StoreError
+from .zorder import morton_order
+
+FORMAT_VERSION = 1
+DEFAULT_TILE = 256
+DEFAULT_SHARD = 8
+ELEVATION = "elevation"
+_COMPRESSOR = ZstdCodec(level=1)  # ~1 GB/s decode per core: cheaper than re-reading raw bytes
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_tiling(tile: int, shard: int) -> None:
+    """Tiles and shards are powers of two so that the quadtree of tiles nests in the one of shards."""
+    if not _is_pow2(tile) or not 8 <= tile <= 8192:
+        raise StoreError(f"tile size must be a power of two between 8 and 8192, got {tile}")
+    if not _is_pow2(shard) or shard > 1024:
+        raise StoreError(f"shard size (tiles per shard side) must be a power of two <= 1024, got {shard}")
+
+
+def fill_value_for(dtype, nodata) -> float | int:
+    """The zarr fill value: NaN for floats (nodata is NaN there), the declared nodata for integers."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return float("nan")
+    if nodata is None:
+        return 0
+    return int(nodata)
+
+
+def valid_mask(values: np.ndarray, nodata) -> np.ndarray:
+    """Cells that are vertices of the grid graph: not NaN, and not equal to an integer nodata."""
+    if values.dtype.kind == "f":
+        return ~np.isnan(values)
+    if nodata is None:
+        return np.ones(values.shape, dtype=bool)
+    return values != nodata
+
+
+@dataclass
+class Tile:
+    """One tile of a store, with a halo of ``halo`` cells on every side.
+
+    ``data`` has shape ``(h + 2*halo, w + 2*halo)``; halo cells outside the DEM hold nodata.
+    ``row, col`` are tile indices; ``r0, c0`` the global cell of ``data[halo, halo]``.
+    """
+
+    row: int
+    col: int
+    r0: int
+    c0: int
+    h: int
+    w: int
+    halo: int
+    data: np.ndarray
+
+    @property
+    def interior(self) -> np.ndarray:
+        """The tile's own cells, without the halo."""
+        k = self.halo
+        return self.data[k : k + self.h, k : k + self.w]
+
+
+@dataclass(frozen=True)
+class Window:
+    """A rectangle of cells: rows ``r0:r1``, cols ``c0:c1``."""
+
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+    @property
+    def slices(self) -> tuple[slice, slice]:
+        return slice(self.r0, self.r1), slice(self.c0, self.c1)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.r1 - self.r0, self.c1 - self.c0
+
+
+class TerrainStore:
+    """A DEM store: open with :meth:`open`, make with :meth:`create`."""
+
+    def __init__(self, group: zarr.Group, path: Path):
+        self.group = group
+        self.path = Path(path)
+        self.attrs = dict(group.attrs)
+        if ELEVATION not in group:
+            raise StoreError(f"{path}: not a terrain store (no '{ELEVATION}' array)")
+        self.elevation = group[ELEVATION]
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def open(cls, path, mode: str = "r+") -> "TerrainStore":
+        path = Path(path)
+        if not (path / "zarr.json").is_file():
+            raise StoreError(f"{path}: no such store (expected a Zarr v3 group made by 'terrain convert')")
+        try:
+            group = zarr.open_group(str(path), mode=mode)
+        except Exception as exc:  # corrupt metadata
+            raise StoreError(f"{path}: cannot open store: {exc}") from exc
+        return cls(group, path)
+
+    @classmethod
+    def create(
+        cls,
+        path,
+        shape: tuple[int, int],
+        dtype="float32",
+        *,
+        tile: int = DEFAULT_TILE,
+        shard: int = DEFAULT_SHARD,
+        nodata=None,
+        attrs: dict | None = None,
+    ) -> "TerrainStore":
+        """Make a new store at ``path`` (which must not exist) with an empty ``elevation`` array."""
+        check_tiling(tile, shard)
+        rows, cols = (int(s) for s in shape)
+        if rows <= 0 or cols <= 0:
+            raise StoreError(f"DEM shape must be positive, got {rows} x {cols}")
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            nodata = None if nodata is None or np.isnan(nodata) else nodata
+        group = zarr.open_group(str(path), mode="w-")
+        meta = {
+            "format": "terrain",
+            "format_version": FORMAT_VERSION,
+            "tile_size": tile,
+            "shard_size": shard,
+            "nodata": None if dtype.kind == "f" else nodata,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        meta.update(attrs or {})
+        group.attrs.update(meta)
+        create_tiled_array(group, ELEVATION, (rows, cols), dtype, tile, shard, fill_value_for(dtype, meta["nodata"]))
+        return cls(group, Path(path))
+
+    # -- geometry -------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.elevation.shape)
+
+    @property
+    def tile_size(self) -> int:
+        return int(self.attrs["tile_size"])
+
+    @property
+    def shard_size(self) -> int:
+        return int(self.attrs["shard_size"])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.elevation.dtype
+
+    @property
+    def nodata(self):
+        return self.attrs.get("nodata")
+
+    @property
+    def transform(self) -> tuple[float, ...] | None:
+        """GDAL geotransform (x0, dx, rx, y0, ry, dy) or None."""
+        t = self.attrs.get("transform")
+        return tuple(t) if t else None
+
+    @property
+    def crs(self) -> str | None:
+        return self.attrs.get("crs")
+
+    @property
+    def cell_size(self) -> tuple[float, float]:
+        """(dx, dy) in map units, positive; (1, 1) when the store has no transform."""
+        cs = self.attrs.get("cell_size")
+        return (float(cs[0]), float(cs[1])) if cs else (1.0, 1.0)
+
+    @property
+    def tile_grid(self) -> tuple[int, int]:
+        """Number of tile rows and columns (the last ones may be partial)."""
+        t = self.tile_size
+        return -(-self.shape[0] // t), -(-self.shape[1] // t)
+
+    @property
+    def shard_grid(self) -> tuple[int, int]:
+        s = self.tile_size * self.shard_size
+        return -(-self.shape[0] // s), -(-self.shape[1] // s)
+
+    def tile_window(self, tr: int, tc: int) -> Window:
+        t = self.tile_size
+        rows, cols = self.shape
+        return Window(tr * t, min((tr + 1) * t, rows), tc * t, min((tc + 1) * t, cols))
+
+    def shard_window(self, sr: int, sc: int) -> Window:
+        s = self.tile_size * self.shard_size
+        rows, cols = self.shape
+        return Window(sr * s, min((sr + 1) * s, rows), sc * s, min((sc + 1) * s, cols))
+
+    def shards(self) -> Iterator[Window]:
+        """Shard windows in Morton order (the unit of parallel, non-overlapping writes)."""
+        for sr, sc in morton_order(*self.shard_grid):
+            yield self.shard_window(int(sr), int(sc))
+
+    def map_to_cell(self, x: float, y: float) -> tuple[int, int]:
+        """(row, col) of the cell containing map coordinates (x, y); cell coordinates without a transform."""
+        t = self.transform
+        if t is None:
+            return int(np.floor(y)), int(np.floor(x))
+        x0, dx, rx, y0, ry, dy = t
+        det = dx * dy - rx * ry
+        col = ((x - x0) * dy - (y - y0) * rx) / det
+        row = ((y - y0) * dx - (x - x0) * ry) / det
+        return int(np.floor(row)), int(np.floor(col))
+
+    def cell_to_map(self, row, col):
+        """Map coordinates of cell centres (arrays allowed)."""
+        t = self.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+        x0, dx, rx, y0, ry, dy = t
+        r = np.asarray(row, dtype=np.float64) + 0.5
+        c = np.asarray(col, dtype=np.float64) + 0.5
+        return x0 + c * dx + r * rx, y0 + c * ry + r * dy
+
+    # -- reading --------------------------------------------------------------------------
+    def read(self, window: Window, array: str = ELEVATION, halo: int = 0) -> np.ndarray:
+        """Cells of ``window`` grown by ``halo``; cells outside the DEM hold the array's fill value."""
+        arr = self.group[array]
+        rows, cols = arr.shape
+        r0, r1, c0, c1 = window.r0 - halo, window.r1 + halo, window.c0 - halo, window.c1 + halo
+        out = np.full((r1 - r0, c1 - c0), arr.fill_value, dtype=arr.dtype)
+        rr0, rr1, cc0, cc1 = max(r0, 0), min(r1, rows), max(c0, 0), min(c1, cols)
+        if rr0 < rr1 and cc0 < cc1:
+            out[rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0] = arr[rr0:rr1, cc0:cc1]
+        return out
+
+    def tiles(self, halo: int = 1, array: str = ELEVATION) -> Iterator[Tile]:
+        """Every tile in global Morton order, each with a ``halo``-cell border of its neighbours.
+
+        Reads one shard (plus its halo) at a time, so memory stays O(shard) whatever the DEM size.
+        """
+        t, s = self.tile_size, self.shard_size
+        inner = morton_order(s, s)
+        for win in self.shards():
+            block = self.read(win, array, halo)
+            tr0, tc0 = win.r0 // t, win.c0 // t
+            for ir, ic in inner:
+                tw = self.tile_window(tr0 + int(ir), tc0 + int(ic))
+                if tw.r0 >= win.r1 or tw.c0 >= win.c1 or tw.r1 <= tw.r0 or tw.c1 <= tw.c0:
+                    continue  # past the DEM's edge in a partial shard
+                lr, lc = tw.r0 - win.r0, tw.c0 - win.c0
+                h, w = tw.shape
+                yield Tile(tr0 + int(ir), tc0 + int(ic), tw.r0, tw.c0, h, w, halo,
+                           block[lr : lr + h + 2 * halo, lc : lc + w + 2 * halo])
+
+    def valid(self, values: np.ndarray) -> np.ndarray:
+        """Vertex mask of elevation values read from this store."""
+        return valid_mask(values, self.nodata)
+
+    # -- results --------------------------------------------------------------------------
+    def results(self) -> dict[str, dict]:
+        """Every array of the store other than ``elevation``: path -> attributes (with shape, dtype)."""
+        found = {}
+        for name, node in self.group.members(max_depth=None):
+            if isinstance(node, zarr.Array) and name != ELEVATION:
+                found[name] = {"shape": tuple(node.shape), "dtype": str(node.dtype), **dict(node.attrs)}
+        for name, node in self.group.members(max_depth=None):
+            if isinstance(node, zarr.Group) and node.attrs:
+                found.setdefault(name, {}).update(dict(node.attrs))
+        return dict(sorted(found.items()))
+
+    @contextlib.contextmanager
+    def write_result(self, name: str, attrs: dict | None = None):
+        """Write the result group ``name`` (e.g. ``"mst"``, ``"sssp/a"``) atomically.
+
+        Yields a :class:`ResultWriter` on a temporary group beside the store; on normal exit it is
+        renamed into place (replacing an older result of that name), on any exception (Ctrl-C
+        included) it is removed and the store keeps what it had.
+        """
+        parts = check_result_name(name)
+        for i in range(1, len(parts)):  # intermediate groups (zarr v3 needs their zarr.json)
+            self.group.require_group("/".join(parts[:i]))
+        with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path.parent) as tmp:
+            group = zarr.open_group(str(tmp), mode="w-")
+            if attrs:
+                group.attrs.update(attrs)
+            yield ResultWriter(self, group)
+        self.group = zarr.open_group(str(self.path), mode="r+")
+
+    def update_attrs(self, **attrs) -> None:
+        self.group.attrs.update(attrs)
+        self.attrs.update(attrs)
+
+
+class ResultWriter:
+    """Creates result arrays tiled and sharded like ``elevation`` inside a temporary result group."""
+
+    def __init__(self, store: TerrainStore, group: zarr.Group):
+        self.store = store
+        self.group = group
+
+    def create_array(self, name: str, dtype, fill_value, attrs: dict | None = None) -> zarr.Array:
+        arr = create_tiled_array(self.group, name, self.store.shape, np.dtype(dtype),
+                                 self.store.tile_size, self.store.shard_size, fill_value)
+        if attrs:
+            arr.attrs.update(attrs)
+        return arr
+
+    @property
+    def attrs(self):
+        return self.group.attrs
+
+
+def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, shard: int, fill_value) -> zarr.Array:
+    """A 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed, dims named (y, x)."""
+    st = tile * shard
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr warns when a shard is larger than a small array
+        return group.create_array(
+            name,
+            shape=tuple(shape),
+            chunks=(tile, tile),
+            shards=(st, st),
+            dtype=dtype,
+            fill_value=fill_value,
+            compressors=_COMPRESSOR,
+            dimension_names=("y", "x"),
+        )
+
+
+def check_result_name(name: str) -> list[str]:
+    """Split a result name into path parts, refusing anything that could leave the store."""
+    parts = [p for p in str(name).split("/") if p]
+    if not parts or any(p in (".", "..") or p.startswith(".") or "\\" in p or p.startswith("__") for p in parts):
+        raise StoreError(f"invalid result name {name!r}")
+    if parts[0] == ELEVATION:
+        raise StoreError("the name 'elevation' is reserved for the DEM itself")
+    return parts
+
+
+@contextlib.contextmanager
+def atomic_directory(final, tmp_parent=None):
+    """Yield a fresh temporary path; rename it to ``final`` when the block completes.
+
+    The temporary lies in ``tmp_parent`` (default: beside ``final``, same file system, so the
+    rename is atomic). An existing ``final`` is replaced only after the new one is complete; on an
+    exception the temporary is removed and ``final`` is untouched.
+    """
+    final = Path(final)
+    parent = Path(tmp_parent) if tmp_parent is not None else final.parent
+    tmp = parent / f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield tmp
+        old = None
+        if final.exists():
+            old = tmp.with_name(tmp.name + ".old")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
