@@ -166,6 +166,18 @@ class TerrainStore:
         create_tiled_array(group, ELEVATION, (rows, cols), dtype, tile, shard, fill_value_for(dtype, meta["nodata"]))
         return cls(group, Path(path))
 
+    @classmethod
+    def from_array(cls, path, values: np.ndarray, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD,
+                   nodata=None, attrs: dict | None = None) -> "TerrainStore":
+        """A store holding the in-memory 2-D array ``values`` (tests, small DEMs), with statistics."""
+        values = np.asarray(values)
+        if values.ndim != 2:
+            raise StoreError(f"a DEM is 2-D, got shape {values.shape}")
+        store = cls.create(path, values.shape, values.dtype, tile=tile, shard=shard, nodata=nodata, attrs=attrs)
+        store.elevation[...] = values
+        store.update_attrs(**statistics(values, store.nodata).as_attrs())
+        return store
+
     # -- geometry -------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int]:
@@ -316,6 +328,37 @@ class TerrainStore:
     def update_attrs(self, **attrs) -> None:
         self.group.attrs.update(attrs)
         self.attrs.update(attrs)
+
+
+@dataclass
+class Statistics:
+    """Running value range and vertex count of a DEM, accumulated block by block."""
+
+    minimum: float = float("inf")
+    maximum: float = float("-inf")
+    valid: int = 0
+    cells: int = 0
+
+    def add(self, values: np.ndarray, nodata) -> None:
+        ok = valid_mask(values, nodata)
+        self.cells += values.size
+        n = int(ok.sum())
+        if n:
+            v = values[ok]
+            self.minimum = min(self.minimum, float(v.min()))
+            self.maximum = max(self.maximum, float(v.max()))
+            self.valid += n
+
+    def as_attrs(self) -> dict:
+        has = self.valid > 0
+        return {"min": self.minimum if has else None, "max": self.maximum if has else None,
+                "valid_count": self.valid, "cell_count": self.cells}
+
+
+def statistics(values: np.ndarray, nodata) -> Statistics:
+    stats = Statistics()
+    stats.add(values, nodata)
+    return stats
 
 
 class ResultWriter:

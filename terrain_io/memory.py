@@ -1,0 +1,55 @@
+"""Memory budgets (``--memory 2GB``) and peak-memory measurement for the out-of-core pipelines."""
+from __future__ import annotations
+
+import re
+import resource
+import sys
+
+from .errors import TerrainError
+
+_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2,
+          "G": 1024**3, "GB": 1024**3, "GIB": 1024**3, "T": 1024**4, "TB": 1024**4, "TIB": 1024**4}
+
+
+def parse_size(text) -> int:
+    """Bytes in a size such as ``2GB``, ``512M``, ``1.5GiB`` or ``1048576`` (binary units)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise TerrainError(f"cannot read memory size {text!r} (examples: 2GB, 512MB, 1.5GiB)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value <= 0:
+        raise TerrainError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+def available_memory() -> int:
+    """Bytes of RAM available now (MemAvailable), or 4 GiB when it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 * 1024**3
+
+
+def memory_budget(text=None, fraction: float = 0.5) -> int:
+    """The budget in bytes: ``text`` parsed if given, else ``fraction`` of the available RAM."""
+    return parse_size(text) if text is not None else int(available_memory() * fraction)
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process so far, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
