@@ -46,7 +46,7 @@ def cli(ctx: click.Context, quiet: bool, debug: bool):
 
 def _register() -> None:
     """Attach the subcommands (each module adds its own commands to ``cli``)."""
-    from . import graph  # noqa: F401
+    from . import demo, graph, store  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,9 +1,11 @@
 """Morton (z-order) encoding of 2-D tile coordinates.
 
-The key interleaves the bits of ``row`` (odd positions) and ``col`` (even positions), so sorting
-by key visits a quadtree depth first: NW, NE, SW, SE quadrant, recursively. This is the order in
-which zarr's sharding codec lays the chunks of a shard on disk, and the order in which every
-pipeline visits tiles (thesis part II, the quadtree of Haverkort's hierarchy).
+The key interleaves the bits of ``row`` (even positions, the lower bit of each pair) and ``col``
+(odd positions), so sorting by key visits a quadtree depth first: NW, SW, NE, SE quadrant,
+recursively. This is exactly the order in which zarr's sharding codec lays the chunks of a shard
+on disk (``zarr.core.indexing.morton_order_iter``: the first axis varies fastest), and the order in
+which every pipeline visits tiles, so a pass over the tiles reads each shard file front to back
+(thesis part II: the quadtree of Haverkort's hierarchy).
 """
 from __future__ import annotations
 
@@ -38,15 +40,15 @@ def morton_encode(row, col):
     col = np.asarray(col)
     if (row < 0).any() or (col < 0).any():
         raise ValueError("Morton coordinates must be non-negative")
-    key = (_spread(row) << np.uint64(1)) | _spread(col)
+    key = _spread(row) | (_spread(col) << np.uint64(1))
     return key if key.ndim else np.uint64(key)
 
 
 def morton_decode(key):
     """``(row, col)`` of Morton key(s) ``key``: the inverse of :func:`morton_encode`."""
     key = np.asarray(key, dtype=np.uint64)
-    row = _compact(key >> np.uint64(1)).astype(np.int64)
-    col = _compact(key).astype(np.int64)
+    row = _compact(key).astype(np.int64)
+    col = _compact(key >> np.uint64(1)).astype(np.int64)
     if key.ndim == 0:
         return int(row), int(col)
     return row, col

@@ -1,0 +1,144 @@
+"""Store commands: ``terrain convert``, ``info``, ``synth``, ``export``."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import click
+
+from terrain_io.memory import format_bytes
+from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
+
+from .common import Timer, quiet, say
+from .main import cli
+
+tile_option = click.option("--tile", type=int, default=DEFAULT_TILE, show_default=True,
+                           help="Tile (chunk) side in cells, a power of two.")
+shard_option = click.option("--shard", type=int, default=DEFAULT_SHARD, show_default=True,
+                            help="Shard side in tiles, a power of two (tiles of a shard lie in z-order on disk).")
+overwrite_option = click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+
+
+@cli.command()
+@click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(path_type=Path), help="Output store [default: SRC with .zarr].")
+@tile_option
+@shard_option
+@click.option("--dtype", default="auto", show_default=True,
+              help="Store dtype: auto (float32; integer rasters keep their type), float32, float64, int16, int32.")
+@overwrite_option
+def convert(src, out, tile, shard, dtype, overwrite):
+    """Convert an Esri/GRASS ASCII grid or any GDAL raster (GeoTIFF, ...) into a z-order tiled store."""
+    from terrain_io.convert import convert as run
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        summary = run(src, out, tile=tile, shard=shard, dtype=dtype, overwrite=overwrite, progress=not quiet())
+    for w in caught:
+        if issubclass(w.category, UserWarning) and "nodata" in str(w.message):
+            click.echo(f"terrain: warning: {w.message}", err=True)
+    cells = summary.rows * summary.cols
+    say(f"{summary.path}: {summary.rows} x {summary.cols} = {cells:,} cells ({summary.valid:,} valid) "
+        f"in {summary.seconds:.2f} s, {summary.mb_per_s:.1f} MB/s")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the store's attributes and results as JSON.")
+def info(store, as_json):
+    """Describe a store: shape, CRS, cell size, tiles, values, nodata, and the results it holds."""
+    st = TerrainStore.open(store, mode="r")
+    results = st.results()
+    if as_json:
+        click.echo(json.dumps({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs, "results": results},
+                              indent=2, default=str))
+        return
+    rows, cols = st.shape
+    a = st.attrs
+    valid = a.get("valid_count")
+    lines = [
+        f"store:      {st.path}",
+        f"shape:      {rows} rows x {cols} cols = {rows * cols:,} cells, {st.dtype}",
+        f"crs:        {_crs_name(st.crs)}",
+        f"cell size:  {st.cell_size[0]:.10g} x {st.cell_size[1]:.10g}" + ("" if st.transform else " (no transform)"),
+        f"origin:     x={st.transform[0]:.10g} y={st.transform[3]:.10g}" if st.transform else "origin:     -",
+        f"tiles:      {st.tile_size} x {st.tile_size} cells, {st.tile_grid[0]} x {st.tile_grid[1]} tiles; "
+        f"shards of {st.shard_size} x {st.shard_size} tiles ({st.shard_grid[0]} x {st.shard_grid[1]})",
+        f"values:     {a.get('min')} .. {a.get('max')}",
+        f"nodata:     {st.nodata if st.nodata is not None else 'NaN'}; "
+        + (f"{1 - valid / (rows * cols):.2%} of cells" if valid is not None else "share unknown"),
+        f"source:     {a.get('source')} ({a.get('source_format')})",
+        f"on disk:    {format_bytes(_disk_size(st.path))}",
+    ]
+    if results:
+        lines.append("results:")
+        for name, attrs in results.items():
+            shown = {k: v for k, v in attrs.items() if k not in ("shape",)}
+            lines.append(f"  {name}: " + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
+    else:
+        lines.append("results:    none")
+    click.echo("\n".join(lines))
+
+
+def _crs_name(wkt: str | None) -> str:
+    if not wkt:
+        return "none"
+    try:
+        from rasterio.crs import CRS
+
+        crs = CRS.from_wkt(wkt)
+        epsg = crs.to_epsg()
+        return f"EPSG:{epsg} ({crs.to_dict().get('proj', '')})" if epsg else crs.to_string()[:80]
+    except Exception:
+        return wkt[:80]
+
+
+def _short(v) -> str:
+    text = json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _disk_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+@cli.command()
+@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="Output store.")
+@click.option("--size", required=True, type=int, help="Rows (and columns, unless --cols).")
+@click.option("--cols", type=int, help="Columns, if not square.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--nodata-fraction", type=float, default=0.0, show_default=True,
+              help="About this share of the cells becomes nodata (in large connected regions).")
+@click.option("--cell-size", type=float, default=10.0, show_default=True, help="Cell size in metres.")
+@tile_option
+@shard_option
+@overwrite_option
+def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, overwrite):
+    """Generate fractal test terrain (ridges, valleys, plateaus, flats), shard by shard."""
+    from terrain_io.synth import synthesize
+
+    timer = Timer()
+    st = synthesize(out, size, cols=cols, seed=seed, nodata_fraction=nodata_fraction, tile=tile, shard=shard,
+                    cell_size=cell_size, overwrite=overwrite, progress=not quiet())
+    n = st.shape[0] * st.shape[1]
+    say(f"{out}: {st.shape[0]} x {st.shape[1]} = {n:,} cells ({st.attrs['valid_count']:,} valid) in "
+        f"{timer.elapsed:.2f} s, {n / 1e6 / timer.elapsed:.1f} Mcells/s")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("array", default="elevation")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="OUT.tif (tiled, compressed GeoTIFF), OUT.asc (Esri ASCII) or OUT.png (picture).")
+@click.option("--decimals", type=int, help="Decimals in ASCII output [default: 3, 0 for integers].")
+@overwrite_option
+def export(store, array, out, decimals, overwrite):
+    """Export ARRAY of a store (default: elevation; e.g. sssp/NAME/distance) to a file."""
+    from terrain_io.export import export as run
+
+    timer = Timer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning for PNG pictures
+        run(store, array, out, overwrite=overwrite, decimals=decimals)
+    say(f"{out}: written in {timer.elapsed:.2f} s ({format_bytes(out.stat().st_size)})")

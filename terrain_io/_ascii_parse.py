@@ -1,0 +1,156 @@
+"""numba kernels that parse the body of an ASCII grid: whitespace-separated numbers, one grid row per line.
+
+Lines are located first (a vectorised search for newlines), then parsed in parallel, each line into
+its own output row. Numbers are converted exactly: a decimal mantissa of at most 19 digits times an
+exact power of ten (|exponent| <= 22) is one correctly rounded IEEE operation. Tokens outside that
+fast path (very long mantissas, huge exponents) are flagged and the caller converts their line with
+Python's ``float`` -- the same correctly rounded result, only slower.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+# status codes per line
+OK = 0
+WRONG_COUNT = 1  # detail = number of values found
+BAD_TOKEN = 2  # detail = byte offset of the bad token inside the buffer
+SLOW_TOKEN = 3  # valid number that needs the exact slow path
+
+_POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)
+_NAN = np.nan
+_INF = np.inf
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _is_space(c):
+    return c == 32 or c == 9 or c == 13 or c == 11 or c == 12
+
+
+@nb.njit(cache=True, nogil=True)
+def _lower(c):
+    return c + 32 if 65 <= c <= 90 else c
+
+
+@nb.njit(cache=True, nogil=True)
+def _parse_token(buf, i, end, pow10):
+    """Parse one token starting at buf[i] (not whitespace). Returns (value, next_index, status)."""
+    start = i
+    neg = False
+    c = buf[i]
+    if c == 43 or c == 45:  # + -
+        neg = c == 45
+        i += 1
+    mant = np.uint64(0)
+    ndig = 0  # significant digits kept in mant
+    dropped = False  # digits beyond 19 (needs the slow path)
+    exp10 = 0
+    seen_digit = False
+    while i < end and 48 <= buf[i] <= 57:
+        seen_digit = True
+        if ndig < 19:
+            if mant != 0 or buf[i] != 48:
+                mant = mant * np.uint64(10) + np.uint64(buf[i] - 48)
+                ndig += 1
+        else:
+            exp10 += 1
+            dropped = True
+        i += 1
+    if i < end and buf[i] == 46:  # .
+        i += 1
+        while i < end and 48 <= buf[i] <= 57:
+            seen_digit = True
+            if ndig < 19:
+                if mant != 0 or buf[i] != 48:
+                    mant = mant * np.uint64(10) + np.uint64(buf[i] - 48)
+                    ndig += 1
+                exp10 -= 1
+            else:
+                dropped = True
+            i += 1
+    if not seen_digit:
+        # special tokens: nan, inf, infinity, '*' (GRASS null) -- case-insensitive
+        j = i
+        n = 0
+        while j < end and not _is_space(buf[j]) and buf[j] != 10:
+            j += 1
+            n += 1
+        if n == 1 and buf[i] == 42 and i == start:  # '*'
+            return _NAN, j, OK
+        if n == 3 and _lower(buf[i]) == 110 and _lower(buf[i + 1]) == 97 and _lower(buf[i + 2]) == 110:
+            return _NAN, j, OK
+        if (n == 3 or n == 8) and _lower(buf[i]) == 105 and _lower(buf[i + 1]) == 110 and _lower(buf[i + 2]) == 102:
+            return (-_INF if neg else _INF), j, OK
+        return 0.0, j, BAD_TOKEN
+    if i < end and (buf[i] == 101 or buf[i] == 69):  # e E
+        i += 1
+        eneg = False
+        if i < end and (buf[i] == 43 or buf[i] == 45):
+            eneg = buf[i] == 45
+            i += 1
+        if i >= end or not (48 <= buf[i] <= 57):
+            return 0.0, i, BAD_TOKEN
+        e = 0
+        while i < end and 48 <= buf[i] <= 57:
+            if e < 100000:
+                e = e * 10 + (buf[i] - 48)
+            i += 1
+        exp10 += -e if eneg else e
+    if i < end and not _is_space(buf[i]) and buf[i] != 10:
+        return 0.0, i, BAD_TOKEN
+    if mant == 0:
+        return (-0.0 if neg else 0.0), i, OK
+    if dropped or mant >= np.uint64(1 << 53) or exp10 > 22 or exp10 < -22:
+        return 0.0, i, SLOW_TOKEN
+    v = float(mant)
+    if exp10 >= 0:
+        v = v * pow10[exp10]
+    else:
+        v = v / pow10[-exp10]
+    return (-v if neg else v), i, OK
+
+
+@nb.njit(cache=True, nogil=True)
+def _parse_line(buf, start, end, out_row, pow10):
+    """Parse buf[start:end] into out_row. Returns (status, detail)."""
+    ncols = out_row.shape[0]
+    i = start
+    k = 0
+    slow = False
+    while True:
+        while i < end and _is_space(buf[i]):
+            i += 1
+        if i >= end:
+            break
+        v, i2, st = _parse_token(buf, i, end, pow10)
+        if st == BAD_TOKEN:
+            return BAD_TOKEN, i
+        if st == SLOW_TOKEN:
+            slow = True
+        if k < ncols:
+            out_row[k] = v
+        k += 1
+        i = i2
+    if k != ncols:
+        return WRONG_COUNT, k
+    if slow:
+        return SLOW_TOKEN, 0
+    return OK, 0
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def parse_lines(buf, starts, ends, out, status, detail):
+    """Parse line i = buf[starts[i]:ends[i]] into out[i, :] for every i (in parallel)."""
+    pow10 = _POW10
+    for i in nb.prange(starts.shape[0]):
+        st, d = _parse_line(buf, starts[i], ends[i], out[i], pow10)
+        status[i] = st
+        detail[i] = d
+
+
+@nb.njit(cache=True, nogil=True)
+def blank_line(buf, start, end):
+    for i in range(start, end):
+        if not _is_space(buf[i]):
+            return False
+    return True

@@ -1,0 +1,550 @@
+"""Streaming conversion of DEM files into a TerrainStore.
+
+Readers:
+- Esri ASCII grid (``ncols``, ``nrows``, ``xllcorner|xllcenter``, ``yllcorner|yllcenter``,
+  ``cellsize`` or ``dx``/``dy``, ``NODATA_value``; keys case-insensitive), one grid row per line.
+- GRASS ASCII raster (``north: south: east: west: rows: cols:``, optional ``null:``, ``type:``,
+  ``multiplier:``); ``*`` is null unless ``null:`` names another value.
+- GeoTIFF and any raster GDAL opens (rasterio), read window by window.
+
+ASCII bodies are parsed in row bands of one tile height (numba, lines in parallel), so memory is
+O(cols x tile) whatever the file size. Bands are gathered into full shard rows before they are
+written (zarr rewrites a whole shard on every partial write); a shard row wider than the memory
+allowance is spilled tile by tile to a scratch file instead of RAM. The store is built under a
+temporary name and renamed when complete: an interrupted conversion leaves nothing that looks whole.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import _ascii_parse as ap
+from .errors import InputError, TerrainError
+from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, atomic_directory, check_tiling
+
+READ_BLOCK = 8 << 20  # bytes of ASCII text per read
+SHARD_ROW_RAM = 256 << 20  # shard rows larger than this are spilled to a scratch file
+
+
+@dataclass
+class GridHeader:
+    """Geometry of a raster: shape, GDAL transform, nodata; ``body_offset`` for ASCII files."""
+
+    rows: int
+    cols: int
+    transform: tuple[float, float, float, float, float, float] | None
+    nodata: float | None = None
+    crs: str | None = None
+    source_format: str = ""
+    source_dtype: str = "float32"
+    multiplier: float | None = None
+    body_offset: int = 0
+    body_line: int = 1  # 1-based line number of the first body line
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cell_size(self) -> tuple[float, float] | None:
+        if self.transform is None:
+            return None
+        return abs(self.transform[1]), abs(self.transform[5])
+
+
+@dataclass
+class ConvertSummary:
+    path: Path
+    rows: int
+    cols: int
+    valid: int
+    source_bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.source_bytes / 1e6 / max(self.seconds, 1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# ASCII headers
+# ---------------------------------------------------------------------------------------------
+_ESRI_KEYS = {"ncols", "nrows", "xllcorner", "xllcenter", "yllcorner", "yllcenter", "cellsize", "dx", "dy",
+              "nodata_value", "byteorder"}
+_GRASS_KEYS = {"north", "south", "east", "west", "rows", "cols", "null", "type", "multiplier"}
+
+
+def _number(src: Path, lineno: int, key: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{src}:{lineno}: header value of '{key}' is not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise InputError(f"{src}:{lineno}: header value of '{key}' is not finite: {text!r}")
+    return value
+
+
+def _size(src: Path, lineno: int, key: str, text: str) -> int:
+    value = _number(src, lineno, key, text)
+    if value != int(value) or value <= 0:
+        raise InputError(f"{src}:{lineno}: '{key}' must be a positive integer, got {text!r}")
+    return int(value)
+
+
+def read_ascii_header(src) -> GridHeader:
+    """Parse the header of an Esri or GRASS ASCII grid; the body starts at ``body_offset``."""
+    src = Path(src)
+    with open(src, "rb") as f:
+        head = f.read(1 << 16)
+    if not head.strip():
+        raise InputError(f"{src}: empty file")
+    if b"\0" in head:
+        raise InputError(f"{src}: binary data where an ASCII grid header was expected")
+    lines = head.split(b"\n")
+    first = next((ln for ln in lines if ln.strip()), b"")
+    grass = b":" in first.split()[0] if first.split() else False
+    keys: dict[str, tuple[int, str]] = {}
+    offset = 0
+    lineno = 0
+    for raw in lines[:-1]:  # the last piece may be cut mid-line
+        text = raw.decode("latin-1").strip()
+        if not text:
+            offset += len(raw) + 1
+            lineno += 1
+            continue
+        if grass:
+            if ":" not in text:
+                break
+            key, _, value = text.partition(":")
+        else:
+            parts = text.split()
+            if not parts[0][:1].isalpha() or parts[0].lower() in ("nan", "inf", "-inf"):
+                break
+            if len(parts) != 2:
+                raise InputError(f"{src}:{lineno + 1}: malformed header line {text!r} (expected 'key value')")
+            key, value = parts
+        key = key.strip().lower()
+        known = _GRASS_KEYS if grass else _ESRI_KEYS
+        if key not in known:
+            raise InputError(f"{src}:{lineno + 1}: unknown header key {key!r}")
+        if key in keys:
+            raise InputError(f"{src}:{lineno + 1}: duplicate header key {key!r}")
+        keys[key] = (lineno + 1, value.strip())
+        offset += len(raw) + 1
+        lineno += 1
+    else:
+        raise InputError(f"{src}: no grid values after the header")
+    hdr = _grass_header(src, keys) if grass else _esri_header(src, keys)
+    hdr.body_offset = offset
+    hdr.body_line = lineno + 1
+    return hdr
+
+
+def _need(src: Path, keys: dict, *names: str) -> str:
+    """The first of ``names`` present in the header; an error naming them all when none is."""
+    for name in names:
+        if name in keys:
+            return name
+    raise InputError(f"{src}: missing header key {' or '.join(repr(n) for n in names)}")
+
+
+def _esri_header(src: Path, keys: dict) -> GridHeader:
+    def num(key):
+        return _number(src, keys[key][0], key, keys[key][1])
+
+    def size(key):
+        _need(src, keys, key)
+        return _size(src, keys[key][0], key, keys[key][1])
+
+    cols, rows = size("ncols"), size("nrows")
+    if "cellsize" in keys:
+        if "dx" in keys or "dy" in keys:
+            raise InputError(f"{src}: header has both 'cellsize' and 'dx'/'dy'")
+        dx = dy = num("cellsize")
+    else:
+        dx, dy = num(_need(src, keys, "dx", "cellsize")), num(_need(src, keys, "dy"))
+    if dx <= 0 or dy <= 0:
+        raise InputError(f"{src}: cell size must be positive, got {dx} x {dy}")
+    if "xllcorner" in keys and "xllcenter" in keys or "yllcorner" in keys and "yllcenter" in keys:
+        raise InputError(f"{src}: header has both a corner and a center origin")
+    kx, ky = _need(src, keys, "xllcorner", "xllcenter"), _need(src, keys, "yllcorner", "yllcenter")
+    x = num(kx) - (dx / 2 if kx == "xllcenter" else 0.0)
+    y = num(ky) - (dy / 2 if ky == "yllcenter" else 0.0)
+    nodata = num("nodata_value") if "nodata_value" in keys else None
+    return GridHeader(rows, cols, (x, dx, 0.0, y + rows * dy, 0.0, -dy), nodata, source_format="esri-ascii")
+
+
+def _grass_header(src: Path, keys: dict) -> GridHeader:
+    def num(key):
+        _need(src, keys, key)
+        return _number(src, keys[key][0], key, keys[key][1])
+
+    north, south, east, west = num("north"), num("south"), num("east"), num("west")
+    rows = _size(src, keys[_need(src, keys, "rows")][0], "rows", keys["rows"][1])
+    cols = _size(src, keys[_need(src, keys, "cols")][0], "cols", keys["cols"][1])
+    if north <= south or east <= west:
+        raise InputError(f"{src}: north must exceed south and east must exceed west")
+    dx, dy = (east - west) / cols, (north - south) / rows
+    nodata = None if keys.get("null", (0, "*"))[1] == "*" else num("null")
+    multiplier = num("multiplier") if "multiplier" in keys else None
+    kind = keys.get("type", (0, "float"))[1].lower()
+    if kind not in ("int", "float", "double"):
+        raise InputError(f"{src}: unknown GRASS type {kind!r} (int, float or double)")
+    return GridHeader(rows, cols, (west, dx, 0.0, north, 0.0, -dy), nodata, source_format="grass-ascii",
+                      source_dtype={"int": "int32", "float": "float32", "double": "float64"}[kind],
+                      multiplier=multiplier)
+
+
+def is_ascii_grid(src) -> bool:
+    """True when ``src`` looks like an Esri or GRASS ASCII grid (by its first header word)."""
+    try:
+        with open(src, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    words = head.split()
+    if not words:
+        return Path(src).suffix.lower() in (".asc", ".txt", ".grd", ".ascii")
+    w = words[0].rstrip(b":").lower()
+    return w in {k.encode() for k in _ESRI_KEYS | _GRASS_KEYS}
+
+
+# ---------------------------------------------------------------------------------------------
+# ASCII body: row bands
+# ---------------------------------------------------------------------------------------------
+def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None):
+    """Yield (row0, float64 array of shape (k, cols)) for consecutive bands of ``band_rows`` rows."""
+    src = Path(src)
+    cols = hdr.cols
+    band = np.empty((band_rows, cols), dtype=np.float64)
+    filled = 0
+    row = 0
+    lineno = hdr.body_line
+    carry = b""
+    with open(src, "rb") as f:
+        f.seek(hdr.body_offset)
+        while True:
+            chunk = f.read(READ_BLOCK)
+            eof = not chunk
+            data = carry + chunk
+            if not eof:
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    carry = data
+                    continue
+                carry, data = data[cut + 1 :], data[: cut + 1]
+            else:
+                carry = b""
+            if progress is not None:
+                progress.update(len(chunk))
+            buf = np.frombuffer(data, dtype=np.uint8)
+            nl = np.flatnonzero(buf == 10)
+            starts = np.concatenate(([0], nl + 1))
+            ends = np.concatenate((nl, [len(buf)]))
+            if len(ends) and ends[-1] == starts[-1]:
+                starts, ends = starts[:-1], ends[:-1]  # data ended with a newline
+            linenos = lineno + np.arange(len(starts))
+            lineno += len(starts)
+            keep = np.array([not ap.blank_line(buf, s, e) for s, e in zip(starts, ends)], dtype=bool) \
+                if _maybe_blank(buf, starts, ends) else np.ones(len(starts), dtype=bool)
+            starts, ends, linenos = starts[keep], ends[keep], linenos[keep]
+            pos = 0
+            while pos < len(starts):
+                if row + filled >= hdr.rows:
+                    raise InputError(f"{src}:{linenos[pos]}: more rows than nrows={hdr.rows}")
+                take = min(band_rows - filled, len(starts) - pos, hdr.rows - row - filled)
+                s, e = starts[pos : pos + take], ends[pos : pos + take]
+                status = np.empty(take, dtype=np.int8)
+                detail = np.empty(take, dtype=np.int64)
+                ap.parse_lines(buf, s, e, band[filled : filled + take], status, detail)
+                if status.any():
+                    _resolve_status(src, buf, s, e, status, detail, linenos[pos : pos + take], band[filled:], cols)
+                filled += take
+                pos += take
+                if filled == band_rows or row + filled == hdr.rows:
+                    yield row, band[:filled]
+                    row += filled
+                    filled = 0
+            if eof:
+                break
+    if row < hdr.rows:
+        raise InputError(f"{src}: file ends after {row} of {hdr.rows} rows")
+
+
+def _maybe_blank(buf, starts, ends) -> bool:
+    """Cheap test whether any line could be blank (short lines), to skip the per-line check."""
+    return bool(np.any((ends - starts) < 2)) or bool(np.any(buf[starts] <= 32))
+
+
+def _resolve_status(src, buf, starts, ends, status, detail, linenos, out, cols):
+    for i in np.flatnonzero(status):
+        ln = int(linenos[i])
+        if status[i] == ap.WRONG_COUNT:
+            raise InputError(f"{src}:{ln}: expected {cols} values in the row, found {int(detail[i])}")
+        text = bytes(buf[starts[i] : ends[i]]).decode("latin-1")
+        if status[i] == ap.BAD_TOKEN:
+            off = int(detail[i]) - int(starts[i])
+            token = text[off:].split()[0] if text[off:].split() else text[max(off - 10, 0):off + 10]
+            raise InputError(f"{src}:{ln}: not a number: {token[:40]!r}")
+        out[i] = [float("nan") if t == "*" else float(t) for t in text.split()]  # exact slow path
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing shard rows
+# ---------------------------------------------------------------------------------------------
+class ShardRowWriter:
+    """Gathers row bands (one tile high) into shard rows and writes whole shards to a zarr array.
+
+    A shard row (S*T rows x all columns) is held in RAM when it fits ``SHARD_ROW_RAM``, otherwise
+    its tiles go to an unlinked scratch file and come back one shard at a time, so memory stays
+    O(cols x T + shard) for any width.
+    """
+
+    def __init__(self, store: TerrainStore, scratch_dir: Path):
+        self.store = store
+        self.arr = store.elevation
+        self.t = store.tile_size
+        self.st = store.tile_size * store.shard_size
+        rows, cols = store.shape
+        self.cols = cols
+        self.dtype = store.dtype
+        nbytes = min(self.st, rows) * cols * self.dtype.itemsize
+        self.in_ram = nbytes <= SHARD_ROW_RAM
+        self.ram = np.empty((min(self.st, rows), cols), self.dtype) if self.in_ram else None
+        self.scratch = None if self.in_ram else tempfile.TemporaryFile(dir=scratch_dir)
+        self.shard_row0 = 0
+
+    def add_band(self, row0: int, band: np.ndarray) -> None:
+        """Add rows ``row0 : row0 + len(band)`` (a multiple of T rows, except at the DEM's end)."""
+        local = row0 - self.shard_row0
+        if self.in_ram:
+            self.ram[local : local + len(band)] = band
+        else:
+            t = self.t
+            for c0 in range(0, self.cols, t):
+                block = np.ascontiguousarray(band[:, c0 : c0 + t])
+                os.pwrite(self.scratch.fileno(), block.tobytes(), self._offset(local, c0))
+        end = row0 + len(band)
+        if end - self.shard_row0 == self.st or end == self.store.shape[0]:
+            self._flush(end)
+
+    def _offset(self, local_row: int, c0: int) -> int:
+        # tile (local_row // T, c0 // T) stored as a T x T block (full width T even for the last column)
+        return ((local_row // self.t) * (-(-self.cols // self.t)) + c0 // self.t) * self.t * self.t * self.dtype.itemsize
+
+    def _flush(self, end: int) -> None:
+        nrows = end - self.shard_row0
+        for c0 in range(0, self.cols, self.st):
+            c1 = min(c0 + self.st, self.cols)
+            if self.in_ram:
+                block = self.ram[:nrows, c0:c1]
+            else:
+                block = np.empty((nrows, c1 - c0), self.dtype)
+                for lr in range(0, nrows, self.t):
+                    h = min(self.t, nrows - lr)
+                    for tc in range(c0, c1, self.t):
+                        raw = os.pread(self.scratch.fileno(), self.t * self.t * self.dtype.itemsize,
+                                       self._offset(lr, tc))
+                        w = min(self.t, c1 - tc)
+                        tile = np.frombuffer(raw, self.dtype).reshape(-1, self.t)
+                        block[lr : lr + h, tc - c0 : tc - c0 + w] = tile[:h, :w]
+            self.arr[self.shard_row0 : end, c0:c1] = block
+        self.shard_row0 = end
+
+    def close(self):
+        if self.scratch is not None:
+            self.scratch.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------
+def _output_dtype(requested: str | None, hdr: GridHeader) -> np.dtype:
+    if requested and requested != "auto":
+        try:
+            dt = np.dtype(requested)
+        except TypeError:
+            raise InputError(f"unknown dtype {requested!r}") from None
+        if dt.kind not in "iuf" or dt.itemsize > 8:
+            raise InputError(f"unsupported dtype {requested!r} (use float32, float64, int16, int32, ...)")
+        return dt
+    src = np.dtype(hdr.source_dtype)
+    if src.kind == "f" or hdr.source_format.endswith("ascii"):
+        return np.dtype("float64") if src == np.float64 and not hdr.source_format.endswith("ascii") else np.dtype("float32")
+    return src  # integer rasters keep their type
+
+
+def _cast_band(values: np.ndarray, nodata_in, dtype: np.dtype, nodata_out, multiplier=None) -> np.ndarray:
+    """Source values -> store dtype: nodata becomes NaN (floats) or ``nodata_out`` (integers)."""
+    values = np.asarray(values, dtype=np.float64)
+    missing = np.isnan(values)
+    if nodata_in is not None and not (isinstance(nodata_in, float) and math.isnan(nodata_in)):
+        missing |= values == nodata_in
+    if multiplier is not None:
+        values = values * multiplier
+    if dtype.kind == "f":
+        out = values.astype(dtype)
+        out[missing] = np.nan
+        return out
+    info = np.iinfo(dtype)
+    good = values[~missing]
+    if good.size and (good.min() < info.min or good.max() > info.max or np.any(good != np.round(good))):
+        raise InputError(f"values do not fit {dtype} exactly (use --dtype float32)")
+    out = np.where(missing, nodata_out, values).astype(dtype)
+    return out
+
+
+def _int_nodata(dtype: np.dtype, nodata):
+    if dtype.kind == "f":
+        return None
+    if nodata is not None and not math.isnan(nodata):
+        info = np.iinfo(dtype)
+        if info.min <= nodata <= info.max and nodata == int(nodata):
+            return int(nodata)
+    return int(np.iinfo(dtype).min) if dtype.kind == "i" else int(np.iinfo(dtype).max)
+
+
+def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD, dtype: str | None = None,
+            overwrite: bool = False, progress: bool = False) -> ConvertSummary:
+    """Convert an ASCII grid or any GDAL raster at ``src`` into a new store at ``out``.
+
+    ``out`` defaults to ``src`` with the suffix ``.zarr``. Returns a summary; raises InputError
+    for unusable input and leaves no store behind on any failure.
+    """
+    t0 = time.perf_counter()
+    src = Path(src)
+    if not src.exists():
+        raise InputError(f"{src}: no such file")
+    if src.is_dir():
+        raise InputError(f"{src}: is a directory, not a DEM file")
+    check_tiling(tile, shard)
+    out = Path(out) if out is not None else src.with_suffix(".zarr")
+    if out.exists() and not overwrite:
+        raise TerrainError(f"{out}: already exists (use --overwrite to replace it)")
+    if out.resolve() == src.resolve():
+        raise TerrainError(f"{out}: output would overwrite the input")
+    ascii_grid = is_ascii_grid(src)
+    reader = _AsciiSource(src) if ascii_grid else _RasterSource(src)
+    with reader:
+        hdr = reader.header
+        out_dtype = _output_dtype(dtype, hdr)
+        nodata_out = _int_nodata(out_dtype, hdr.nodata)
+        attrs = {
+            "crs": hdr.crs,
+            "transform": list(hdr.transform) if hdr.transform else None,
+            "cell_size": list(hdr.cell_size) if hdr.cell_size else None,
+            "source": str(src.name),
+            "source_format": hdr.source_format,
+            "source_nodata": hdr.nodata,
+        }
+        stats = Statistics()
+        with atomic_directory(out) as tmp:
+            store = TerrainStore.create(tmp, (hdr.rows, hdr.cols), out_dtype, tile=tile, shard=shard,
+                                        nodata=nodata_out, attrs=attrs)
+            reader.write(store, stats, lambda v: _cast_band(v, hdr.nodata, out_dtype, nodata_out, hdr.multiplier),
+                         progress)
+            store.update_attrs(**stats.as_attrs())
+    if stats.valid == 0:
+        warnings.warn(f"{src}: every cell is nodata: the DEM has no vertices", stacklevel=2)
+    return ConvertSummary(out, hdr.rows, hdr.cols, stats.valid, src.stat().st_size, time.perf_counter() - t0)
+
+
+def _progress_bar(enabled: bool, total: int, desc: str, unit: str = "B"):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
+                leave=False)
+
+
+class _AsciiSource:
+    def __init__(self, src: Path):
+        self.src = src
+        self.header = read_ascii_header(src)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def write(self, store: TerrainStore, stats: Statistics, cast, progress: bool) -> None:
+        size = self.src.stat().st_size - self.header.body_offset
+        bar = _progress_bar(progress, size, f"convert {self.src.name}")
+        writer = ShardRowWriter(store, store.path.parent)
+        try:
+            for row0, band in iter_ascii_bands(self.src, self.header, store.tile_size, bar):
+                values = cast(band)
+                stats.add(values, store.nodata)
+                writer.add_band(row0, values)
+        finally:
+            writer.close()
+            if bar is not None:
+                bar.close()
+
+
+class _RasterSource:
+    """Any raster GDAL reads, through rasterio, one shard window at a time (band 1)."""
+
+    def __init__(self, src: Path):
+        import rasterio
+        from rasterio.errors import RasterioIOError
+
+        self.src = src
+        self._env = rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024)
+        self._env.__enter__()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # NotGeoreferencedWarning: handled below
+                self.ds = rasterio.open(src)
+        except (RasterioIOError, OSError) as exc:
+            self._env.__exit__(None, None, None)
+            msg = str(exc).splitlines()[0] if str(exc) else "unreadable"
+            raise InputError(f"{src}: not a raster GDAL can read ({msg})") from None
+        ds = self.ds
+        if ds.width <= 0 or ds.height <= 0:
+            raise InputError(f"{src}: empty raster")
+        t = ds.transform
+        georef = ds.crs is not None or not t.is_identity
+        self.header = GridHeader(
+            ds.height, ds.width,
+            (t.c, t.a, t.b, t.f, t.d, t.e) if georef else None,
+            ds.nodata,
+            crs=ds.crs.to_wkt() if ds.crs else None,
+            source_format=f"gdal-{ds.driver.lower()}",
+            source_dtype=ds.dtypes[0],
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.ds.close()
+        self._env.__exit__(*exc)
+        return False
+
+    def write(self, store: TerrainStore, stats: Statistics, cast, progress: bool) -> None:
+        from rasterio.errors import RasterioIOError
+        from rasterio.windows import Window as RioWindow
+
+        windows = list(store.shards())
+        bar = _progress_bar(progress, store.shape[0] * store.shape[1], f"convert {self.src.name}", unit="cell")
+        try:
+            for win in sorted(windows, key=lambda w: (w.r0, w.c0)):  # row order: friendly to striped TIFFs
+                try:
+                    raw = self.ds.read(1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
+                except RasterioIOError as exc:
+                    raise InputError(f"{self.src}: read error: {str(exc).splitlines()[0]}") from None
+                values = cast(raw)
+                stats.add(values, store.nodata)
+                store.elevation[win.r0 : win.r1, win.c0 : win.c1] = values
+                if bar is not None:
+                    bar.update(values.size)
+        finally:
+            if bar is not None:
+                bar.close()

@@ -1,0 +1,221 @@
+"""Export store arrays: tiled compressed GeoTIFF, Esri ASCII grid, or a PNG picture to look at.
+
+Every writer streams shard by shard (or band by band), so memory stays bounded for any DEM size,
+and writes under a temporary name that is renamed when the file is complete.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numba as nb
+import numpy as np
+
+from .errors import InputError, StoreError
+from .store import TerrainStore, Window, valid_mask
+
+PNG_MAX_SIDE = 2048
+
+
+def _array(store: TerrainStore, name: str):
+    try:
+        arr = store.group[name]
+    except KeyError:
+        raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
+    if not hasattr(arr, "shape") or len(arr.shape) != 2:
+        raise StoreError(f"{store.path}: {name!r} is not a 2-D array")
+    return arr
+
+
+def _nodata_of(store: TerrainStore, name: str, arr):
+    if arr.dtype.kind == "f":
+        return None
+    return store.nodata if name == "elevation" else arr.attrs.get("nodata", arr.fill_value)
+
+
+def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int | None = None) -> Path:
+    """Write array ``name`` of the store to ``out`` (.tif/.tiff, .asc, .png by suffix)."""
+    store = TerrainStore.open(store_path, mode="r")
+    arr = _array(store, name)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise StoreError(f"{out}: already exists (use --overwrite to replace it)")
+    suffix = out.suffix.lower()
+    writers = {".tif": _write_geotiff, ".tiff": _write_geotiff, ".asc": _write_ascii, ".png": _write_png}
+    if suffix not in writers:
+        raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        if suffix == ".asc":
+            _write_ascii(store, name, arr, tmp, decimals)
+        else:
+            writers[suffix](store, name, arr, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _write_geotiff(store: TerrainStore, name: str, arr, out: Path) -> None:
+    import rasterio
+    from rasterio.crs import CRS
+    from rasterio.transform import Affine
+    from rasterio.windows import Window as RioWindow
+
+    rows, cols = arr.shape
+    t = store.transform
+    profile = dict(driver="GTiff", width=cols, height=rows, count=1, dtype=str(arr.dtype),
+                   tiled=True, blockxsize=256, blockysize=256, compress="deflate", predictor=2 if arr.dtype.kind in "iu" else 3,
+                   BIGTIFF="IF_SAFER")
+    nodata = _nodata_of(store, name, arr)
+    profile["nodata"] = float("nan") if arr.dtype.kind == "f" else nodata
+    if t is not None:
+        profile["transform"] = Affine.from_gdal(*t)
+    if store.crs:
+        profile["crs"] = CRS.from_wkt(store.crs)
+    if rows < 256 or cols < 256:
+        profile.update(tiled=False)
+        profile.pop("blockxsize"), profile.pop("blockysize")
+    with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
+        for win in store.shards():
+            block = arr[win.r0 : win.r1, win.c0 : win.c1]
+            ds.write(block, 1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
+
+
+@nb.njit(cache=True)
+def _format_rows(values, decimals, nodata_text, out):
+    """Format a 2-D float array as ASCII grid rows (fixed point); returns the bytes used in ``out``."""
+    scale = 10.0**decimals
+    pos = 0
+    digits = np.empty(32, dtype=np.uint8)
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if j:
+                out[pos] = 32
+                pos += 1
+            v = values[i, j]
+            if v != v:
+                for k in range(nodata_text.shape[0]):
+                    out[pos] = nodata_text[k]
+                    pos += 1
+                continue
+            if v < 0:
+                out[pos] = 45
+                pos += 1
+                v = -v
+            q = np.int64(np.floor(v * scale + 0.5))
+            n = 0
+            while q > 0 or n <= decimals:
+                digits[n] = 48 + q % 10
+                q //= 10
+                n += 1
+            for k in range(n - 1, -1, -1):
+                out[pos] = digits[k]
+                pos += 1
+                if k == decimals and decimals > 0:
+                    out[pos] = 46
+                    pos += 1
+        out[pos] = 10
+        pos += 1
+    return pos
+
+
+def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int | None) -> None:
+    rows, cols = arr.shape
+    t = store.transform or (0.0, 1.0, 0.0, float(rows), 0.0, -1.0)
+    if t[2] or t[4] or abs(abs(t[1]) - abs(t[5])) > 1e-12 * abs(t[1]):
+        raise InputError("Esri ASCII needs square, north-up cells; export to .tif instead")
+    nodata = _nodata_of(store, name, arr)
+    nodata_text = "-9999" if nodata is None else str(nodata)
+    if decimals is None:
+        decimals = 0 if arr.dtype.kind in "iu" else 3
+    header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
+              f"cellsize {abs(t[1])!r}\nNODATA_value {nodata_text}\n")
+    band = store.tile_size * store.shard_size
+    width = 24 + decimals
+    with open(out, "wb") as f:
+        f.write(header.encode())
+        for r0 in range(0, rows, band):
+            block = np.asarray(arr[r0 : min(r0 + band, rows), :], dtype=np.float64)
+            if nodata is not None:
+                block[block == nodata] = np.nan
+            buf = np.empty(block.size * width + block.shape[0], dtype=np.uint8)
+            n = _format_rows(block, decimals, np.frombuffer(nodata_text.encode(), np.uint8), buf)
+            f.write(buf[:n].tobytes())
+
+
+# -- PNG pictures ------------------------------------------------------------------------------
+def _downsampled(store: TerrainStore, arr, factor: int) -> np.ndarray:
+    """Every ``factor``-th cell in both directions, read shard by shard."""
+    rows, cols = arr.shape
+    out = np.empty((-(-rows // factor), -(-cols // factor)), dtype=np.float64)
+    for win in store.shards():
+        rs, cs = (-win.r0) % factor, (-win.c0) % factor
+        block = np.asarray(arr[win.r0 + rs : win.r1 : factor, win.c0 + cs : win.c1 : factor], dtype=np.float64)
+        out[(win.r0 + rs) // factor : (win.r0 + rs) // factor + block.shape[0],
+            (win.c0 + cs) // factor : (win.c0 + cs) // factor + block.shape[1]] = block
+    return out
+
+
+def hillshade(z: np.ndarray, dx: float, dy: float, azimuth: float = 315.0, altitude: float = 45.0) -> np.ndarray:
+    """Horn's hillshade in [0, 1] (NaN cells give NaN)."""
+    zp = np.pad(z, 1, mode="edge")
+    zp = np.where(np.isnan(zp), np.pad(np.where(np.isnan(z), np.nanmean(z) if np.isfinite(z).any() else 0, z), 1,
+                                       mode="edge"), zp)
+    gx = ((zp[:-2, 2:] + 2 * zp[1:-1, 2:] + zp[2:, 2:]) - (zp[:-2, :-2] + 2 * zp[1:-1, :-2] + zp[2:, :-2])) / (8 * dx)
+    gy = ((zp[2:, :-2] + 2 * zp[2:, 1:-1] + zp[2:, 2:]) - (zp[:-2, :-2] + 2 * zp[:-2, 1:-1] + zp[:-2, 2:])) / (8 * dy)
+    slope = np.arctan(np.hypot(gx, gy))
+    aspect = np.arctan2(-gx, gy)
+    az, alt = math.radians(360.0 - azimuth + 90.0), math.radians(altitude)
+    shade = np.sin(alt) * np.cos(slope) + np.cos(alt) * np.sin(slope) * np.cos(az - aspect)
+    return np.clip(shade, 0, 1)
+
+
+_RAMP = np.array([  # hypsometric tints: low green -> yellow -> brown -> white
+    [0.00, 0x2b, 0x83, 0x4d], [0.25, 0x9c, 0xc5, 0x6b], [0.50, 0xf1, 0xe2, 0x8b],
+    [0.75, 0xa6, 0x73, 0x4b], [1.00, 0xf5, 0xf5, 0xf5]])
+_MAGMA = np.array([  # distances: dark -> bright
+    [0.00, 0x00, 0x00, 0x04], [0.25, 0x51, 0x12, 0x7c], [0.50, 0xb7, 0x37, 0x79],
+    [0.75, 0xfc, 0x89, 0x61], [1.00, 0xfc, 0xfd, 0xbf]])
+
+
+def colorize(values: np.ndarray, ramp: np.ndarray) -> np.ndarray:
+    """RGB (float 0..255) of ``values`` scaled to their finite 2..98 percentile range."""
+    finite = values[np.isfinite(values)]
+    lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
+    x = np.clip((values - lo) / (hi - lo if hi > lo else 1.0), 0, 1)
+    x = np.nan_to_num(x, nan=0.0)
+    return np.stack([np.interp(x, ramp[:, 0], ramp[:, k]) for k in (1, 2, 3)], axis=-1)
+
+
+def _write_png(store: TerrainStore, name: str, arr, out: Path) -> None:
+    import rasterio
+
+    rows, cols = arr.shape
+    factor = max(1, math.ceil(max(rows, cols) / PNG_MAX_SIDE))
+    z = _downsampled(store, arr, factor)
+    nodata = _nodata_of(store, name, arr)
+    ok = valid_mask(z, nodata) & np.isfinite(z)
+    z = np.where(ok, z, np.nan)
+    if name == "elevation":
+        dx, dy = store.cell_size
+        if store.crs and "GEOGCS" in store.crs[:10]:  # degrees: approximate metres for the relief
+            dx, dy = dx * 111320.0 * math.cos(math.radians(store.transform[3])), dy * 110540.0
+        rgb = colorize(z, _RAMP) * (0.35 + 0.65 * hillshade(z, dx * factor, dy * factor))[..., None]
+    elif arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
+        rgb = np.repeat(np.where(np.nan_to_num(z) > 0, 230.0, 30.0)[..., None], 3, axis=-1)
+    else:
+        rgb = colorize(z, _MAGMA)
+    alpha = np.where(ok, 255, 0)
+    image = np.concatenate([rgb, alpha[..., None]], axis=-1).round().astype(np.uint8).transpose(2, 0, 1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NotGeoreferencedWarning: a picture has no geotransform
+        ds = rasterio.open(out, "w", driver="PNG", width=image.shape[2], height=image.shape[1], count=4,
+                           dtype="uint8")
+    with ds:
+        ds.write(image)
