@@ -1,8 +1,6 @@
 """``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
 from __future__ import annotations
 
-import sys
-
 import click
 
 from terrain_io import __version__
@@ -53,6 +51,3 @@ def main(argv: list[str] | None = None) -> None:
     _register()
     cli.main(args=argv, prog_name="terrain")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

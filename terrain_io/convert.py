@@ -82,16 +82,16 @@ def _number(src: Path, lineno: int, key: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise InputError(f"{src}:{lineno}: header value of '{key}' is not a number: {text!r}") from None
+        raise InputError(f"{src}, line {lineno}: header value of '{key}' is not a number: {text!r}") from None
     if not math.isfinite(value):
-        raise InputError(f"{src}:{lineno}: header value of '{key}' is not finite: {text!r}")
+        raise InputError(f"{src}, line {lineno}: header value of '{key}' is not finite: {text!r}")
     return value
 
 
 def _size(src: Path, lineno: int, key: str, text: str) -> int:
     value = _number(src, lineno, key, text)
     if value != int(value) or value <= 0:
-        raise InputError(f"{src}:{lineno}: '{key}' must be a positive integer, got {text!r}")
+        raise InputError(f"{src}, line {lineno}: '{key}' must be a positive integer, got {text!r}")
     return int(value)
 
 
@@ -108,6 +108,7 @@ def read_ascii_header(src) -> GridHeader:
     first = next((ln for ln in lines if ln.strip()), b"")
     grass = b":" in first.split()[0] if first.split() else False
     keys: dict[str, tuple[int, str]] = {}
+    body_found = True
     offset = 0
     lineno = 0
     for raw in lines[:-1]:  # the last piece may be cut mid-line
@@ -125,20 +126,22 @@ def read_ascii_header(src) -> GridHeader:
             if not parts[0][:1].isalpha() or parts[0].lower() in ("nan", "inf", "-inf"):
                 break
             if len(parts) != 2:
-                raise InputError(f"{src}:{lineno + 1}: malformed header line {text!r} (expected 'key value')")
+                raise InputError(f"{src}, line {lineno + 1}: malformed header line {text!r} (expected 'key value')")
             key, value = parts
         key = key.strip().lower()
         known = _GRASS_KEYS if grass else _ESRI_KEYS
         if key not in known:
-            raise InputError(f"{src}:{lineno + 1}: unknown header key {key!r}")
+            raise InputError(f"{src}, line {lineno + 1}: unknown header key {key!r}")
         if key in keys:
-            raise InputError(f"{src}:{lineno + 1}: duplicate header key {key!r}")
+            raise InputError(f"{src}, line {lineno + 1}: duplicate header key {key!r}")
         keys[key] = (lineno + 1, value.strip())
         offset += len(raw) + 1
         lineno += 1
     else:
-        raise InputError(f"{src}: no grid values after the header")
+        body_found = False
     hdr = _grass_header(src, keys) if grass else _esri_header(src, keys)
+    if not body_found:
+        raise InputError(f"{src}: no grid values after the header")
     hdr.body_offset = offset
     hdr.body_line = lineno + 1
     return hdr
@@ -255,7 +258,7 @@ def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None):
             pos = 0
             while pos < len(starts):
                 if row + filled >= hdr.rows:
-                    raise InputError(f"{src}:{linenos[pos]}: more rows than nrows={hdr.rows}")
+                    raise InputError(f"{src}, line {linenos[pos]}: more rows than nrows={hdr.rows}")
                 take = min(band_rows - filled, len(starts) - pos, hdr.rows - row - filled)
                 s, e = starts[pos : pos + take], ends[pos : pos + take]
                 status = np.empty(take, dtype=np.int8)
@@ -271,8 +274,8 @@ def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None):
                     filled = 0
             if eof:
                 break
-    if row < hdr.rows:
-        raise InputError(f"{src}: file ends after {row} of {hdr.rows} rows")
+    if row + filled < hdr.rows:
+        raise InputError(f"{src}: file ends after {row + filled} of {hdr.rows} rows")
 
 
 def _maybe_blank(buf, starts, ends) -> bool:
@@ -284,12 +287,12 @@ def _resolve_status(src, buf, starts, ends, status, detail, linenos, out, cols):
     for i in np.flatnonzero(status):
         ln = int(linenos[i])
         if status[i] == ap.WRONG_COUNT:
-            raise InputError(f"{src}:{ln}: expected {cols} values in the row, found {int(detail[i])}")
+            raise InputError(f"{src}, line {ln}: expected {cols} values in the row, found {int(detail[i])}")
         text = bytes(buf[starts[i] : ends[i]]).decode("latin-1")
         if status[i] == ap.BAD_TOKEN:
             off = int(detail[i]) - int(starts[i])
             token = text[off:].split()[0] if text[off:].split() else text[max(off - 10, 0):off + 10]
-            raise InputError(f"{src}:{ln}: not a number: {token[:40]!r}")
+            raise InputError(f"{src}, line {ln}: not a number: {token[:40]!r}")
         out[i] = [float("nan") if t == "*" else float(t) for t in text.split()]  # exact slow path
 
 
@@ -325,8 +328,10 @@ class ShardRowWriter:
             self.ram[local : local + len(band)] = band
         else:
             t = self.t
+            block = np.zeros((t, t), self.dtype)  # every tile is stored T x T, partial ones padded
             for c0 in range(0, self.cols, t):
-                block = np.ascontiguousarray(band[:, c0 : c0 + t])
+                part = band[:, c0 : c0 + t]
+                block[: part.shape[0], : part.shape[1]] = part
                 os.pwrite(self.scratch.fileno(), block.tobytes(), self._offset(local, c0))
         end = row0 + len(band)
         if end - self.shard_row0 == self.st or end == self.store.shape[0]:
@@ -387,7 +392,10 @@ def _cast_band(values: np.ndarray, nodata_in, dtype: np.dtype, nodata_out, multi
     if multiplier is not None:
         values = values * multiplier
     if dtype.kind == "f":
-        out = values.astype(dtype)
+        with np.errstate(over="ignore"):
+            out = values.astype(dtype)
+        if np.isinf(out).any() and not np.isinf(values).all(where=np.isinf(out)):
+            raise InputError(f"values beyond the range of {dtype} (use --dtype float64)")
         out[missing] = np.nan
         return out
     info = np.iinfo(dtype)
@@ -459,7 +467,7 @@ def _progress_bar(enabled: bool, total: int, desc: str, unit: str = "B"):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
-                leave=False)
+                leave=False, disable=None)  # disable=None: no bar when stderr is not a terminal
 
 
 class _AsciiSource:

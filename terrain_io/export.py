@@ -126,14 +126,16 @@ def _format_rows(values, decimals, nodata_text, out):
 def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int | None) -> None:
     rows, cols = arr.shape
     t = store.transform or (0.0, 1.0, 0.0, float(rows), 0.0, -1.0)
-    if t[2] or t[4] or abs(abs(t[1]) - abs(t[5])) > 1e-12 * abs(t[1]):
-        raise InputError("Esri ASCII needs square, north-up cells; export to .tif instead")
+    if t[2] or t[4] or t[5] >= 0:
+        raise InputError("Esri ASCII needs north-up cells without rotation; export to .tif instead")
+    square = abs(abs(t[1]) - abs(t[5])) <= 1e-12 * abs(t[1])
+    size = f"cellsize {abs(t[1])!r}\n" if square else f"dx {abs(t[1])!r}\ndy {abs(t[5])!r}\n"
     nodata = _nodata_of(store, name, arr)
     nodata_text = "-9999" if nodata is None else str(nodata)
     if decimals is None:
         decimals = 0 if arr.dtype.kind in "iu" else 3
     header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
-              f"cellsize {abs(t[1])!r}\nNODATA_value {nodata_text}\n")
+              f"{size}NODATA_value {nodata_text}\n")
     band = store.tile_size * store.shard_size
     width = 24 + decimals
     with open(out, "wb") as f:

@@ -65,7 +65,7 @@ def _noise(x, y, seed):
 @nb.njit(cache=True)
 def _hole_field(x, y, seed):
     """Low-frequency field whose sublevel sets are the nodata regions."""
-    return _noise(x * 0.8 + 31.7, y * 0.8 - 12.9, seed + 401) + 0.5 * _noise(x * 1.6, y * 1.6, seed + 402)
+    return _noise(x * 2.5 + 31.7, y * 2.5 - 12.9, seed + 401) + 0.5 * _noise(x * 5.0, y * 5.0, seed + 402)
 
 
 @nb.njit(cache=True)
@@ -111,7 +111,7 @@ def _synth_block(r0, c0, h, w, seed, base_period, octaves, hole_threshold, out):
             mountains = 0.5 + 0.5 * _noise(x * 0.35 + 3.7, y * 0.35 + 1.3, seed + 211)
             z = 300.0 * fbm + 1800.0 * ridge * mountains * mountains + 30.0
             # terraces (plateaus with exact ties) where a slow field says so
-            if _noise(x * 0.5 - 9.1, y * 0.5 + 4.4, seed + 307) > 0.35:
+            if _noise(x * 1.5 - 9.1, y * 1.5 + 4.4, seed + 307) > 0.3:
                 z = math.floor(z / 40.0) * 40.0
             if z < 0.0:  # sea level: flat
                 z = 0.0
@@ -153,7 +153,7 @@ def synthesize(out, size: int, *, cols: int | None = None, seed: int = 0, nodata
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=rows * cols, desc="synth", unit="cell", unit_scale=True, leave=False)
+            bar = tqdm(total=rows * cols, desc="synth", unit="cell", unit_scale=True, leave=False, disable=None)
         for win in windows:
             h, w = win.shape
             block = synth_array(h, w, seed, nodata_fraction, r0=win.r0, c0=win.c0)

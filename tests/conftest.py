@@ -18,3 +18,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def sample_data() -> Path:
+    """The folder of real DEMs shipped with the project (see sample_data/SOURCES.md)."""
+    return SAMPLE_DATA

@@ -1,0 +1,4 @@
+"""``python -m cli``: the same as the ``terrain`` command."""
+from cli.main import main
+
+main()
