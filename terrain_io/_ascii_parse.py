@@ -16,6 +16,7 @@ OK = 0
 WRONG_COUNT = 1  # detail = number of values found
 BAD_TOKEN = 2  # detail = byte offset of the bad token inside the buffer
 SLOW_TOKEN = 3  # valid number that needs the exact slow path
+OVERFLOW = 4  # finite number beyond the output dtype's range (detail = byte offset)
 
 _POW10 = np.array([10.0**i for i in range(23)], dtype=np.float64)
 _NAN = np.nan
@@ -128,7 +129,9 @@ def _parse_line(buf, start, end, out_row, pow10):
         if st == SLOW_TOKEN:
             slow = True
         if k < ncols:
-            out_row[k] = v
+            out_row[k] = v  # float64 -> output dtype: one more IEEE rounding, as numpy's astype
+            if np.isinf(out_row[k]) and not np.isinf(v):
+                return OVERFLOW, i
         k += 1
         i = i2
     if k != ncols:
@@ -140,7 +143,9 @@ def _parse_line(buf, start, end, out_row, pow10):
 
 @nb.njit(cache=True, nogil=True, parallel=True)
 def parse_lines(buf, starts, ends, out, status, detail):
-    """Parse line i = buf[starts[i]:ends[i]] into out[i, :] for every i (in parallel)."""
+    """Parse line i = buf[starts[i]:ends[i]] into out[i, :] for every i (in parallel).
+
+    ``out`` may be float64 or float32 (numba compiles one version for each)."""
     pow10 = _POW10
     for i in nb.prange(starts.shape[0]):
         st, d = _parse_line(buf, starts[i], ends[i], out[i], pow10)

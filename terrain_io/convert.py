@@ -30,7 +30,7 @@ from .errors import InputError, TerrainError
 from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, atomic_directory, check_tiling
 
 READ_BLOCK = 8 << 20  # bytes of ASCII text per read
-SHARD_ROW_RAM = 256 << 20  # shard rows larger than this are spilled to a scratch file
+SHARD_ROW_RAM = 128 << 20  # shard rows larger than this are spilled to a scratch file
 
 
 @dataclass
@@ -219,11 +219,15 @@ def is_ascii_grid(src) -> bool:
 # ---------------------------------------------------------------------------------------------
 # ASCII body: row bands
 # ---------------------------------------------------------------------------------------------
-def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None):
-    """Yield (row0, float64 array of shape (k, cols)) for consecutive bands of ``band_rows`` rows."""
+def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None, dtype=np.float64):
+    """Yield (row0, array of shape (k, cols)) for consecutive bands of ``band_rows`` rows.
+
+    ``dtype`` float64 or float32: float32 parses straight to the store's type (half the memory);
+    the band array is reused, so consumers copy what they keep.
+    """
     src = Path(src)
     cols = hdr.cols
-    band = np.empty((band_rows, cols), dtype=np.float64)
+    band = np.empty((band_rows, cols), dtype=dtype)
     filled = 0
     row = 0
     lineno = hdr.body_line
@@ -289,11 +293,18 @@ def _resolve_status(src, buf, starts, ends, status, detail, linenos, out, cols):
         if status[i] == ap.WRONG_COUNT:
             raise InputError(f"{src}, line {ln}: expected {cols} values in the row, found {int(detail[i])}")
         text = bytes(buf[starts[i] : ends[i]]).decode("latin-1")
-        if status[i] == ap.BAD_TOKEN:
+        if status[i] in (ap.BAD_TOKEN, ap.OVERFLOW):
             off = int(detail[i]) - int(starts[i])
             token = text[off:].split()[0] if text[off:].split() else text[max(off - 10, 0):off + 10]
+            if status[i] == ap.OVERFLOW:
+                raise InputError(f"{src}, line {ln}: {token[:40]!r} is beyond the range of {out.dtype} "
+                                 "(use --dtype float64)")
             raise InputError(f"{src}, line {ln}: not a number: {token[:40]!r}")
-        out[i] = [float("nan") if t == "*" else float(t) for t in text.split()]  # exact slow path
+        exact = np.array([float("nan") if t == "*" else float(t) for t in text.split()])  # exact slow path
+        with np.errstate(over="ignore"):
+            out[i] = exact
+        if np.isinf(out[i]).any() and not np.isinf(exact).all(where=np.isinf(out[i])):
+            raise InputError(f"{src}, line {ln}: a value is beyond the range of {out.dtype} (use --dtype float64)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,16 +395,20 @@ def _output_dtype(requested: str | None, hdr: GridHeader) -> np.dtype:
 
 
 def _cast_band(values: np.ndarray, nodata_in, dtype: np.dtype, nodata_out, multiplier=None) -> np.ndarray:
-    """Source values -> store dtype: nodata becomes NaN (floats) or ``nodata_out`` (integers)."""
-    values = np.asarray(values, dtype=np.float64)
+    """Source values -> store dtype: nodata becomes NaN (floats) or ``nodata_out`` (integers).
+
+    A float band already in the store's dtype is converted in place (no copy).
+    """
+    if values.dtype.kind != "f":
+        values = values.astype(np.float64)
     missing = np.isnan(values)
-    if nodata_in is not None and not (isinstance(nodata_in, float) and math.isnan(nodata_in)):
-        missing |= values == nodata_in
+    if nodata_in is not None and not math.isnan(nodata_in):
+        missing |= values == values.dtype.type(nodata_in)
     if multiplier is not None:
         values = values * multiplier
     if dtype.kind == "f":
         with np.errstate(over="ignore"):
-            out = values.astype(dtype)
+            out = values if values.dtype == dtype else values.astype(dtype)
         if np.isinf(out).any() and not np.isinf(values).all(where=np.isinf(out)):
             raise InputError(f"values beyond the range of {dtype} (use --dtype float64)")
         out[missing] = np.nan
@@ -485,8 +500,10 @@ class _AsciiSource:
         size = self.src.stat().st_size - self.header.body_offset
         bar = _progress_bar(progress, size, f"convert {self.src.name}")
         writer = ShardRowWriter(store, store.path.parent)
+        direct = store.dtype == np.float32 and self.header.multiplier is None
         try:
-            for row0, band in iter_ascii_bands(self.src, self.header, store.tile_size, bar):
+            for row0, band in iter_ascii_bands(self.src, self.header, store.tile_size, bar,
+                                               np.float32 if direct else np.float64):
                 values = cast(band)
                 stats.add(values, store.nodata)
                 writer.add_band(row0, values)

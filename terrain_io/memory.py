@@ -42,7 +42,18 @@ def memory_budget(text=None, fraction: float = 0.5) -> int:
 
 
 def peak_rss() -> int:
-    """Peak resident set size of this process so far, in bytes."""
+    """Peak resident set size of this process so far, in bytes.
+
+    Reads VmHWM (reset at exec, so a child started by fork+exec reports its own peak, unlike
+    ru_maxrss, which can carry the parent's); falls back to getrusage elsewhere.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
