@@ -4,3 +4,6 @@ Plain array API in the manner of scipy.sparse.csgraph: inputs are NumPy or CuPy 
 arrays, CSR ``indptr/indices``, edge lists) or scipy/cupyx sparse matrices; results come back on
 the input's device unless ``device=`` says otherwise.
 """
+
+from .apsp import NegativeCycleError, apsp, minplus, reconstruct_path  # noqa: E402,F401
+from .mst import SpanningForest, minimum_spanning_forest  # noqa: E402,F401
