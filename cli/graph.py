@@ -7,7 +7,7 @@ import click
 import numpy as np
 
 from terrain_io.backend import to_host
-from terrain_io.errors import InputError, TerrainError
+from terrain_io.errors import InputError
 
 from .common import Timer, device_option, say
 from .main import cli
@@ -18,72 +18,102 @@ def graph():
     """General graphs: list ranking, components, BFS, APSP, MST on edge lists."""
 
 
-# --- apsp and mst (General graphs II) ---------------------------------------------------------
+# --- listrank, cc and bfs (General graphs I) --------------------------------------------------
 
-@graph.command("apsp")
-@click.argument("source", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the distance matrix (.npy).")
-@click.option("--method", type=click.Choice(["auto", "minplus", "floyd_warshall", "blocked"]), default="auto",
-              show_default=True, help="Repeated min-plus squaring, Floyd-Warshall or blocked Floyd-Warshall.")
-@click.option("--undirected", is_flag=True, help="Edge lists: every edge goes both ways.")
-@device_option
-def apsp_command(source, output, method, undirected, device):
-    """All-pairs shortest paths of SOURCE: a square weight matrix (.npy, inf = no edge) or an edge list
-    (CSV source,target,weight or .npz)."""
-    from terrain_io.graph.apsp import apsp, dense_from_edges
+def _read_graph_input(source, vertices):
     from terrain_io.graph.io import read_edge_list
 
-    timer = Timer()
-    path = Path(source)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    if path.suffix.lower() == ".npy":
-        try:
-            W = np.load(path, allow_pickle=False)
-        except Exception as exc:
-            raise InputError(f"{path}: not a readable .npy file ({exc})") from None
-    else:
-        e = read_edge_list(path)
-        W = dense_from_edges(e.u, e.v, e.w, e.n, directed=not undirected)
-    D = to_host(apsp(W, method=method, device=device))
-    n = D.shape[0]
-    unreachable = int(np.sum(~np.isfinite(D))) if D.dtype.kind == "f" else int(np.sum(D == np.iinfo(D.dtype).max))
-    if output:
-        tmp = Path(output).with_name(f".{Path(output).name}.partial.npy")
-        np.save(tmp, D)
-        tmp.replace(output)
-    say(f"apsp: {n} vertices, {n * n - unreachable} reachable pairs, {timer.elapsed:.3f} s"
-        + (f" -> {output}" if output else ""))
+    edges = read_edge_list(source, n=vertices)
+    if edges.n == 0:
+        raise InputError(f"{source}: empty graph (no vertices)")
+    return edges
 
 
-@graph.command("mst")
+def _write_table(path, names, columns):
+    """Write columns as .npy (2-D int64) or CSV with a header, atomically (temporary file, rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial{path.suffix}")
+    table = np.column_stack([to_host(c).astype(np.int64) for c in columns])
+    try:
+        if path.suffix.lower() == ".npy":
+            np.save(tmp, table)
+        else:
+            np.savetxt(tmp, table, fmt="%d", delimiter=",", header=",".join(names), comments="")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@graph.command("listrank")
 @click.argument("source", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the forest's edges (CSV).")
-@click.option("--method", type=click.Choice(["auto", "kruskal", "filter_kruskal", "boruvka"]), default="auto",
-              show_default=True, help="Kruskal, Filter-Kruskal or Borůvka (auto: Borůvka on the GPU).")
-@click.option("--check", is_flag=True, help="Compare with the ground truth XYZ_gt.csv beside XYZ.csv.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write vertex,rank (CSV or .npy).")
+@click.option("--method", type=click.Choice(["auto", "recursive_hj", "helman_jaja", "wyllie", "sequential"]),
+              default="auto", show_default=True, help="List-ranking algorithm.")
+@click.option("--origin", type=click.Choice(["head", "tail"]), default="head", show_default=True,
+              help="Rank = position from the head, or distance to the tail.")
+@click.option("--vertices", type=int, help="Number of elements (default: largest id + 1).")
 @device_option
-def mst_command(source, output, method, check, device):
-    """Minimum spanning forest of the edge list SOURCE (CSV source,target,weight or .npz)."""
-    from terrain_io.graph.io import check_forest, ground_truth_path, read_edge_list, write_edge_list
-    from terrain_io.graph.mst import forest_edges, minimum_spanning_forest
+def listrank_command(source, output, method, origin, vertices, device):
+    """Rank the linked lists of SOURCE: each edge u,v says v follows u (CSV u,v[,w] or .npz)."""
+    from terrain_io.graph.listrank import list_rank
 
     timer = Timer()
-    edges = read_edge_list(source)
-    read_s = timer.elapsed
-    forest = minimum_spanning_forest(edges, method=method, device=device)
-    result = forest_edges(edges, forest)
+    edges = _read_graph_input(source, vertices)
+    u, v = edges.u, edges.v
+    if len(np.unique(u)) != len(u):
+        raise InputError(f"{source}: an element has more than one successor")
+    succ = np.full(edges.n, -1, dtype=np.int64)
+    succ[u] = v
+    ranks = to_host(list_rank(succ, method=method, origin=origin, device=device))
     if output:
-        write_edge_list(output, result.u, result.v, result.w)
-    say(f"mst: {edges.n} vertices, {edges.m} edges -> {result.m} forest edges, {forest.trees} trees, "
-        f"weight {forest.weight:.17g}, read {read_s:.3f} s, total {timer.elapsed:.3f} s"
-        + (f" -> {output}" if output else ""))
-    if check:
-        gt = ground_truth_path(source)
-        truth = read_edge_list(gt, n=edges.n)
-        w = edges.w
-        distinct = w is not None and len(np.unique(w)) == len(w)
-        problems = check_forest(result, truth, distinct)
-        if problems:
-            raise TerrainError(f"check against {gt.name} failed: " + "; ".join(problems))
-        say(f"check: agrees with {gt.name}" + (" (same edge set)" if distinct else " (size and weight)"))
+        _write_table(output, ["vertex", "rank"], [np.arange(edges.n), ranks])
+    lists = edges.n - len(u)
+    say(f"listrank: {edges.n} elements in {lists} lists, longest {int(ranks.max()) + 1}, "
+        f"{timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))
+
+
+@graph.command("cc")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write vertex,label (label = smallest vertex id of the component; CSV or .npy).")
+@click.option("--method", type=click.Choice(["auto", "union_find", "sv"]), default="auto", show_default=True,
+              help="Union-find (ECL-CC style) or Shiloach-Vishkin hooking + pointer jumping.")
+@click.option("--vertices", type=int, help="Number of vertices (default: largest id + 1).")
+@device_option
+def cc_command(source, output, method, vertices, device):
+    """Connected components of the undirected graph SOURCE (CSV u,v[,w] or .npz)."""
+    from terrain_io.graph.components import connected_components
+
+    timer = Timer()
+    edges = _read_graph_input(source, vertices)
+    count, labels = connected_components(edges, method=method, device=device)
+    labels = to_host(labels)
+    if output:
+        _write_table(output, ["vertex", "label"], [np.arange(edges.n), labels])
+    largest = int(np.bincount(labels).max())
+    say(f"cc: {edges.n} vertices, {edges.m} edges -> {count} components (largest {largest}), "
+        f"{timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))
+
+
+@graph.command("bfs")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("--from", "start", type=int, default=0, show_default=True, help="Source vertex.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write vertex,depth,parent (CSV or .npy).")
+@click.option("--method", type=click.Choice(["auto", "frontier", "naive"]), default="auto", show_default=True,
+              help="Direction-optimising frontier BFS, top-down frontier only, or the every-edge baseline.")
+@click.option("--directed", is_flag=True, help="Follow edges u -> v only (default: undirected).")
+@click.option("--vertices", type=int, help="Number of vertices (default: largest id + 1).")
+@device_option
+def bfs_command(source, start, output, method, directed, vertices, device):
+    """Breadth-first search of the graph SOURCE (CSV u,v[,w] or .npz) from one vertex."""
+    from terrain_io.graph.bfs import bfs
+
+    timer = Timer()
+    edges = _read_graph_input(source, vertices)
+    depth, parent, info = bfs(edges, start, method=method, directed=directed, device=device, return_info=True)
+    depth, parent = to_host(depth), to_host(parent)
+    if output:
+        _write_table(output, ["vertex", "depth", "parent"], [np.arange(edges.n), depth, parent])
+    say(f"bfs: {edges.n} vertices, {edges.m} edges, {int(np.count_nonzero(depth >= 0))} reached from {start} "
+        f"in {int(depth.max())} levels, {timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))

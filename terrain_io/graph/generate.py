@@ -199,8 +199,8 @@ def bfs_project_graph(n: int, density: float = 0.25, max_degree: float = 1.0, se
     """Directed graph of the BFS project's ``initGraph`` (gpu-apsp-bfs-project, "Breadth First Search").
 
     Every entry ``(i, j)`` of the adjacency matrix is 1 with probability ``density``; self-edges
-    ``(i, i)`` are set; each row keeps at most ``max_degree * n`` entries (the first ones, in
-    column order: the project's culling); a random Hamiltonian cycle is added so that every vertex
+    ``(i, i)`` are set; each row keeps at most ``max_degree * n`` random entries (the first ones,
+    in column order: the project's culling) plus its self-edge and cycle edge; a random Hamiltonian cycle is added so that every vertex
     is reachable from every other ("ensures that the graph is connected"). Edges are sorted by
     source, so ``u`` is already CSR order.
     """
@@ -223,7 +223,8 @@ def bfs_project_graph(n: int, density: float = 0.25, max_degree: float = 1.0, se
         a[rows - r0, nxt[r0:r1]] = True              # reachability cycle
         if cap < n:
             a &= xp.cumsum(a, axis=1, dtype=np.int32) <= cap
-            a[rows - r0, nxt[r0:r1]] = True          # the cycle edge survives the cap
+            a[rows - r0, rows] = True                # self-edge and cycle edge survive the cap
+            a[rows - r0, nxt[r0:r1]] = True
         i, j = xp.nonzero(a)
         us.append((i + r0).astype(idt))
         vs.append(cols[j])
