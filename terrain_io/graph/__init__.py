@@ -5,6 +5,8 @@ arrays, CSR ``indptr/indices``, edge lists) or scipy/cupyx sparse matrices; resu
 the input's device unless ``device=`` says otherwise.
 """
 
+from .apsp import NegativeCycleError, apsp, minplus, reconstruct_path  # noqa: E402,F401
+from .mst import SpanningForest, minimum_spanning_forest  # noqa: E402,F401
 from . import generate  # noqa: E402,F401
 from .bfs import bfs  # noqa: E402,F401
 from .components import connected_components  # noqa: E402,F401
