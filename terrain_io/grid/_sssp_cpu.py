@@ -1,0 +1,474 @@
+"""numba kernels of the grid SSSP pipeline (terrain thesis part III, ch. 4; DESIGN.md "SSSP pipeline").
+
+Clusters are c x c squares of cells (the thesis's blocks; several per store tile). A cluster's
+boundary cells are numbered clockwise from its top-left corner (:func:`local_index`); a partial
+cluster at the DEM's edge (h x w < c x c) uses the first ``boundary_count(h, w)`` numbers of the
+``B = 4c - 4`` slots. Values are float64 with NaN for cells that are not vertices (nodata, or an
+unusable cost); edge weights come from :func:`terrain_io.weights.edge_weight`.
+
+* :func:`boundary_phase` -- phase 1: one Dijkstra per boundary cell inside its cluster, giving
+  the cluster's dense B x B block of the boundary graph G'.
+* :func:`merge_run` -- phase 2: Dijkstra over G' with the thesis's cluster priority queue (a heap
+  of clusters keyed by their smallest tentative boundary distance; the cluster on top settles
+  that vertex, relaxes its row of the block and its grid edges into neighbouring clusters).
+  Cluster blocks live in "slots" (tile-sized chunks of the index); the kernel returns to Python
+  whenever it needs a chunk that is not resident, so G' can be far larger than memory.
+* :func:`final_phase` -- phase 3: per cluster, Dijkstra seeded with the settled boundary cells
+  that were reached over a grid edge from a neighbouring cluster (their predecessor is that edge)
+  and with the sources. Keys are (distance, merge rank of the seed the cell descends from), so
+  on ties (zero-weight plateaus) predecessor chains still lead to ever earlier settled seeds and
+  cannot form cycles across cluster borders.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..weights import edge_weight
+
+# Direction codes 0=E, 1=SE, 2=S, 3=SW, 4=W, 5=NW, 6=N, 7=NE (row grows southward).
+DR = np.array([0, 1, 1, 1, 0, -1, -1, -1], dtype=np.int64)
+DC = np.array([1, 1, 0, -1, -1, -1, 0, 1], dtype=np.int64)
+NO_PRED = 255
+HOW_INTRA = 254   # settled in the merge over a path inside its own cluster
+HOW_SOURCE = 253  # a source
+HOW_NONE = 255    # never reached
+
+
+def steps_of(dx: float, dy: float) -> np.ndarray:
+    """Step lengths of the 8 directions for cell size (dx, dy)."""
+    diag = float(np.hypot(dx, dy))
+    return np.array([dx, diag, dy, diag, dx, diag, dy, diag], dtype=np.float64)
+
+
+@numba.njit(inline="always", cache=True)
+def boundary_count(h, w):
+    if h <= 2 or w <= 2:
+        return h * w
+    return 2 * (h + w) - 4
+
+
+@numba.njit(inline="always", cache=True)
+def local_index(i, j, h, w):
+    """Clockwise number of boundary cell (i, j) of an h x w cluster, -1 for inner cells."""
+    if i == 0:
+        return j
+    if j == w - 1:
+        return w - 1 + i
+    if i == h - 1:
+        return w - 1 + h - 1 + (w - 1 - j)
+    if j == 0:
+        return 2 * (w - 1) + h - 1 + (h - 1 - i)
+    return -1
+
+
+@numba.njit(cache=True)
+def boundary_cells(h, w):
+    """Row and column of each boundary number of an h x w cluster."""
+    n = boundary_count(h, w)
+    bi = np.empty(n, np.int64)
+    bj = np.empty(n, np.int64)
+    for i in range(h):
+        for j in range(w):
+            t = local_index(i, j, h, w)
+            if t >= 0:
+                bi[t] = i
+                bj[t] = j
+    return bi, bj
+
+
+# -- binary heaps (lazy deletion) -------------------------------------------------------------
+@numba.njit(inline="always", cache=True)
+def _less(ka, ra, kb, rb):
+    return ka < kb or (ka == kb and ra < rb)
+
+
+@numba.njit(cache=True)
+def _push(hk, hr, hv, n, k, r, v):
+    i = n
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _less(k, r, hk[p], hr[p]):
+            break
+        hk[i] = hk[p]
+        hr[i] = hr[p]
+        hv[i] = hv[p]
+        i = p
+    hk[i] = k
+    hr[i] = r
+    hv[i] = v
+    return n + 1
+
+
+@numba.njit(cache=True)
+def _pop(hk, hr, hv, n):
+    """Remove the top entry (read it first); returns the new size."""
+    n -= 1
+    k = hk[n]
+    r = hr[n]
+    v = hv[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _less(hk[c + 1], hr[c + 1], hk[c], hr[c]):
+            c += 1
+        if not _less(hk[c], hr[c], k, r):
+            break
+        hk[i] = hk[c]
+        hr[i] = hr[c]
+        hv[i] = hv[c]
+        i = c
+    if n > 0:
+        hk[i] = k
+        hr[i] = r
+        hv[i] = v
+    return n
+
+
+@numba.njit(cache=True)
+def cluster_dijkstra(vals, kind, steps, dist, root, pred, fixed, hk, hr, hv):
+    """Lexicographic Dijkstra on one cluster (vals: h x w, NaN = not a vertex).
+
+    On entry ``dist``/``root``/``pred`` hold the seeds (other cells: inf / max / 255) and ``fixed``
+    marks seeds whose values must not change. Keys are (distance, root rank).
+    """
+    h, w = vals.shape
+    n = 0
+    for i in range(h):
+        for j in range(w):
+            if dist[i, j] < np.inf:
+                n = _push(hk, hr, hv, n, dist[i, j], root[i, j], i * w + j)
+    while n > 0:
+        d = hk[0]
+        r = hr[0]
+        q = hv[0]
+        n = _pop(hk, hr, hv, n)
+        i = q // w
+        j = q - i * w
+        if d != dist[i, j] or r != root[i, j]:
+            continue  # stale entry
+        a = vals[i, j]
+        for k in range(8):
+            ii = i + DR[k]
+            jj = j + DC[k]
+            if ii < 0 or ii >= h or jj < 0 or jj >= w or fixed[ii, jj]:
+                continue
+            b = vals[ii, jj]
+            if np.isnan(b):
+                continue
+            nd = d + edge_weight(kind, a, b, steps[k])
+            if _less(nd, r, dist[ii, jj], root[ii, jj]):
+                dist[ii, jj] = nd
+                root[ii, jj] = r
+                pred[ii, jj] = (k + 4) & 7
+                n = _push(hk, hr, hv, n, nd, r, ii * w + jj)
+
+
+# -- phase 1 ----------------------------------------------------------------------------------
+@numba.njit(parallel=True, cache=True)
+def boundary_phase(vals, c, kind, steps, out_d, out_v):
+    """G' blocks of every cluster of ``vals`` (a tile, its origin on the cluster grid).
+
+    ``out_d[a, b, s, t]``: float32 shortest distance inside cluster (a, b) from boundary cell s to
+    boundary cell t (inf if unreachable or not vertices); ``out_v[a, b, t]``: the value of cell t.
+    """
+    H, W = vals.shape
+    mr = (H + c - 1) // c
+    mc = (W + c - 1) // c
+    for q in prange(mr * mc):
+        a = q // mc
+        b = q - a * mc
+        r0 = a * c
+        c0 = b * c
+        h = min(c, H - r0)
+        w = min(c, W - c0)
+        sub = vals[r0 : r0 + h, c0 : c0 + w]
+        bi, bj = boundary_cells(h, w)
+        nb = bi.shape[0]
+        for t in range(nb):
+            out_v[a, b, t] = sub[bi[t], bj[t]]
+        lidx = np.full(h * w, -1, np.int64)
+        for t in range(nb):
+            lidx[bi[t] * w + bj[t]] = t
+        nvalid = 0
+        for t in range(nb):
+            if not np.isnan(sub[bi[t], bj[t]]):
+                nvalid += 1
+        dist = np.empty(h * w, np.float64)
+        done = np.empty(h * w, np.bool_)
+        cap = 8 * h * w + 8
+        hk = np.empty(cap, np.float64)
+        hr = np.zeros(cap, np.int64)
+        hv = np.empty(cap, np.int64)
+        for s in range(nb):
+            if np.isnan(sub[bi[s], bj[s]]):
+                continue
+            dist[:] = np.inf
+            done[:] = False
+            s0 = bi[s] * w + bj[s]
+            dist[s0] = 0.0
+            n = _push(hk, hr, hv, 0, 0.0, 0, s0)
+            found = 0
+            while n > 0 and found < nvalid:
+                d = hk[0]
+                p = hv[0]
+                n = _pop(hk, hr, hv, n)
+                if done[p]:
+                    continue
+                done[p] = True
+                t = lidx[p]
+                if t >= 0:
+                    out_d[a, b, s, t] = d
+                    found += 1
+                i = p // w
+                j = p - i * w
+                x = sub[i, j]
+                for k in range(8):
+                    ii = i + DR[k]
+                    jj = j + DC[k]
+                    if ii < 0 or ii >= h or jj < 0 or jj >= w:
+                        continue
+                    y = sub[ii, jj]
+                    pp = ii * w + jj
+                    if np.isnan(y) or done[pp]:
+                        continue
+                    nd = d + edge_weight(kind, x, y, steps[k])
+                    if nd < dist[pp]:
+                        dist[pp] = nd
+                        n = _push(hk, hr, hv, n, nd, 0, pp)
+
+
+# -- phase 2 ----------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _heap_sift(heap, hpos, key, i):
+    """Restore the indexed cluster heap around position i (up, then down)."""
+    n = hpos[-1]
+    k = heap[i]
+    while i > 0:
+        p = (i - 1) >> 1
+        if key[heap[p]] <= key[k]:
+            break
+        heap[i] = heap[p]
+        hpos[heap[i]] = i
+        i = p
+    while True:
+        ch = 2 * i + 1
+        if ch >= n:
+            break
+        if ch + 1 < n and key[heap[ch + 1]] < key[heap[ch]]:
+            ch += 1
+        if key[heap[ch]] >= key[k]:
+            break
+        heap[i] = heap[ch]
+        hpos[heap[i]] = i
+        i = ch
+    heap[i] = k
+    hpos[k] = i
+
+
+@numba.njit(cache=True)
+def heap_set(heap, hpos, key, k, value):
+    """Set cluster k's key; insert it if absent, remove it when the key becomes inf."""
+    key[k] = value
+    i = hpos[k]
+    if i < 0:
+        if value == np.inf:
+            return
+        i = hpos[-1]
+        hpos[-1] = i + 1
+        heap[i] = k
+        hpos[k] = i
+        _heap_sift(heap, hpos, key, i)
+        return
+    if value == np.inf:
+        n = hpos[-1] - 1
+        hpos[-1] = n
+        hpos[k] = -1
+        if i < n:
+            heap[i] = heap[n]
+            hpos[heap[i]] = i
+            _heap_sift(heap, hpos, key, i)
+        return
+    _heap_sift(heap, hpos, key, i)
+
+
+@numba.njit(cache=True)
+def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
+              ckey, heap, hpos, counters):
+    """Dijkstra over G' with the cluster priority queue until done (-1) or a chunk is missing.
+
+    Chunks are store tiles (m x m clusters). ``slot_of[chunk]`` is its slot or -1; the kernel
+    returns the id of the first missing chunk among the 3 x 3 around the top cluster's chunk and
+    leaves that chunk's id in ``counters[2]`` (the chunks Python must keep). ``counters[0]`` is
+    the next settle rank, ``counters[1]`` a use clock for eviction.
+    """
+    ncc = (cols + c - 1) // c
+    TR = (rows + c * m - 1) // (c * m)
+    TC = (cols + c * m - 1) // (c * m)
+    while hpos[-1] > 0:
+        k = heap[0]
+        cr = k // ncc
+        cc = k - cr * ncc
+        tr = cr // m
+        tc = cc // m
+        counters[1] += 1
+        for dy in range(-1, 2):
+            for dx in range(-1, 2):
+                y = tr + dy
+                x = tc + dx
+                if 0 <= y < TR and 0 <= x < TC:
+                    ch = y * TC + x
+                    if slot_of[ch] < 0:
+                        counters[2] = tr * TC + tc
+                        return ch
+                    last_use[slot_of[ch]] = counters[1]
+        s = slot_of[tr * TC + tc]
+        a = cr - tr * m
+        b = cc - tc * m
+        h = min(c, rows - cr * c)
+        w = min(c, cols - cc * c)
+        nb = boundary_count(h, w)
+        best = -1
+        bd = np.inf
+        for t in range(nb):
+            if not sSet[s, a, b, t] and sDist[s, a, b, t] < bd:
+                bd = sDist[s, a, b, t]
+                best = t
+        if best < 0:
+            heap_set(heap, hpos, ckey, k, np.inf)
+            continue
+        sSet[s, a, b, best] = True
+        sRank[s, a, b, best] = counters[0]
+        counters[0] += 1
+        # intra-cluster edges of G' (the row of the block), tracking the cluster's new minimum
+        row = sD[s, a, b, best]
+        newkey = np.inf
+        for t in range(nb):
+            if sSet[s, a, b, t]:
+                continue
+            nd = bd + row[t]
+            if nd < sDist[s, a, b, t]:
+                sDist[s, a, b, t] = nd
+                sHow[s, a, b, t] = HOW_INTRA
+            if sDist[s, a, b, t] < newkey:
+                newkey = sDist[s, a, b, t]
+        # grid edges into neighbouring clusters
+        bi = 0
+        bj = 0
+        # position of boundary number `best` (inverse of local_index)
+        if best < w:
+            bi, bj = 0, best
+        elif best < w + h - 1:
+            bi, bj = best - (w - 1), w - 1
+        elif best < 2 * (w - 1) + h:
+            bi, bj = h - 1, (w - 1) - (best - (w - 1) - (h - 1))
+        else:
+            bi, bj = (h - 1) - (best - 2 * (w - 1) - (h - 1)), 0
+        gi = cr * c + bi
+        gj = cc * c + bj
+        x = sV[s, a, b, best]
+        for dd in range(8):
+            ni = gi + DR[dd]
+            nj = gj + DC[dd]
+            if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
+                continue
+            cr2 = ni // c
+            cc2 = nj // c
+            if cr2 == cr and cc2 == cc:
+                continue
+            s2 = slot_of[(cr2 // m) * TC + cc2 // m]
+            a2 = cr2 - (cr2 // m) * m
+            b2 = cc2 - (cc2 // m) * m
+            h2 = min(c, rows - cr2 * c)
+            w2 = min(c, cols - cc2 * c)
+            t2 = local_index(ni - cr2 * c, nj - cc2 * c, h2, w2)
+            if sSet[s2, a2, b2, t2]:
+                continue
+            y = sV[s2, a2, b2, t2]
+            if np.isnan(y):
+                continue
+            nd = bd + edge_weight(kind, x, y, steps[dd])
+            if nd < sDist[s2, a2, b2, t2]:
+                sDist[s2, a2, b2, t2] = nd
+                sHow[s2, a2, b2, t2] = (dd + 4) & 7
+                k2 = cr2 * ncc + cc2
+                if nd < ckey[k2]:
+                    heap_set(heap, hpos, ckey, k2, nd)
+        heap_set(heap, hpos, ckey, k, newkey)
+    return -1
+
+
+# -- phase 3 ----------------------------------------------------------------------------------
+@numba.njit(parallel=True, cache=True)
+def final_phase(vals, c, kind, steps, mDist, mRank, mHow, mSet, src_r, src_c, out_d, out_p):
+    """Distances and predecessors of every cell of ``vals`` (a tile on the cluster grid).
+
+    ``mDist, mRank, mHow, mSet`` (m x m x B): the merge's results for the tile's clusters;
+    ``src_r, src_c``: sources inside this tile (tile coordinates).
+    """
+    H, W = vals.shape
+    mr = (H + c - 1) // c
+    mc = (W + c - 1) // c
+    big = np.iinfo(np.int64).max
+    for q in prange(mr * mc):
+        a = q // mc
+        b = q - a * mc
+        r0 = a * c
+        c0 = b * c
+        h = min(c, H - r0)
+        w = min(c, W - c0)
+        sub = vals[r0 : r0 + h, c0 : c0 + w]
+        dist = np.full((h, w), np.inf)
+        root = np.full((h, w), big, np.int64)
+        pred = np.full((h, w), NO_PRED, np.uint8)
+        fixed = np.zeros((h, w), np.bool_)
+        any_seed = False
+        bi, bj = boundary_cells(h, w)
+        for t in range(bi.shape[0]):
+            hw = mHow[a, b, t]
+            if mSet[a, b, t] and hw < 8:
+                i = bi[t]
+                j = bj[t]
+                dist[i, j] = mDist[a, b, t]
+                root[i, j] = mRank[a, b, t]
+                pred[i, j] = hw
+                fixed[i, j] = True
+                any_seed = True
+        for k in range(src_r.shape[0]):
+            i = src_r[k] - r0
+            j = src_c[k] - c0
+            if 0 <= i < h and 0 <= j < w:
+                dist[i, j] = 0.0
+                root[i, j] = -1
+                pred[i, j] = NO_PRED
+                fixed[i, j] = True
+                any_seed = True
+        if any_seed:
+            cap = 8 * h * w + 8
+            cluster_dijkstra(sub, kind, steps, dist, root, pred, fixed, np.empty(cap, np.float64),
+                             np.empty(cap, np.int64), np.empty(cap, np.int64))
+        for i in range(h):
+            for j in range(w):
+                out_d[r0 + i, c0 + j] = np.nan if np.isnan(sub[i, j]) else dist[i, j]
+                out_p[r0 + i, c0 + j] = pred[i, j]
+
+
+@numba.njit(cache=True)
+def source_boundary(vals, kind, steps, src_i, src_j):
+    """Distances from the sources (cluster coordinates) to every cell of one cluster (seeding G')."""
+    h, w = vals.shape
+    dist = np.full((h, w), np.inf)
+    root = np.full((h, w), np.iinfo(np.int64).max, np.int64)
+    pred = np.full((h, w), NO_PRED, np.uint8)
+    fixed = np.zeros((h, w), np.bool_)
+    for k in range(src_i.shape[0]):
+        dist[src_i[k], src_j[k]] = 0.0
+        root[src_i[k], src_j[k]] = -1
+        fixed[src_i[k], src_j[k]] = True
+    cap = 8 * h * w + 8
+    cluster_dijkstra(vals, kind, steps, dist, root, pred, fixed, np.empty(cap, np.float64),
+                     np.empty(cap, np.int64), np.empty(cap, np.int64))
+    return dist

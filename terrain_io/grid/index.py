@@ -1,0 +1,191 @@
+"""The reusable SSSP boundary index G' of a store (terrain thesis ch. 4, phase 1; DESIGN.md "SSSP pipeline").
+
+For every c x c cluster of cells, the shortest distances inside the cluster between all pairs of
+its B = 4c - 4 boundary cells: a dense B x B float32 block. Together with the grid edges between
+neighbouring clusters these blocks form the boundary graph G' on which the merge phase runs
+Dijkstra. The index depends only on the DEM and the weight model (and the cost raster for
+``cell``), so it is built once and kept in the store as the result group ``index/<weight>``:
+
+* ``d``: shape (cluster rows, cluster cols, B, B), float32, one chunk per store tile;
+* ``v``: shape (cluster rows, cluster cols, B), float64, the values of the boundary cells
+  (elevation, or cost for ``cell``), NaN where a cell is not a vertex -- enough to weigh the
+  grid edges between clusters without reading the DEM again.
+
+Its attributes (weight, cluster size, cost raster, cell size) say what it was built for; a later
+SSSP with the same settings skips phase 1.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import weights as weight_models
+from ..errors import InputError, StoreError
+from ..store import TerrainStore, Window
+from . import _sssp_cpu as K
+
+DEFAULT_CLUSTER = 16
+INDEX_VERSION = 1
+
+
+def index_name(model) -> str:
+    return f"index/{weight_models.get(model).name}"
+
+
+class Field:
+    """The per-cell values a weight model reads (float64, NaN where a cell is not a vertex).
+
+    ``absdiff``/``surface``: the elevation. ``cell``: the cost raster ``cost`` -- the name of an
+    array of the store, or a GeoTIFF/ASCII file aligned with the DEM (same shape and transform);
+    cells with nodata elevation or a cost that is NaN, negative or infinite are not vertices.
+    """
+
+    def __init__(self, store: TerrainStore, model, cost=None):
+        self.store = store
+        self.model = weight_models.get(model)
+        self._tmp = None
+        self.cost_array = None
+        self.cost_id = None
+        if self.model.kind == weight_models.CELL:
+            if cost is None:
+                raise InputError("weight model 'cell' needs a cost raster (--cost FILE or the name of a store array)")
+            self._open_cost(cost)
+        elif cost is not None:
+            raise InputError(f"--cost applies to the weight model 'cell', not {self.model.name!r}")
+
+    def _open_cost(self, cost) -> None:
+        st = self.store
+        if isinstance(cost, str) and cost in st.group and cost != "elevation" and not Path(cost).exists():
+            arr = st.group[cost]
+            if tuple(arr.shape) != st.shape:
+                raise InputError(f"cost array {cost!r} has shape {tuple(arr.shape)}, the DEM {st.shape}")
+            self.cost_store, self.cost_array, self.cost_id = st, cost, f"array:{cost}"
+            return
+        src = Path(cost)
+        if not src.exists():
+            raise InputError(f"cost raster {cost!r}: no such file and no such array in the store")
+        from ..convert import convert
+
+        self._tmp = tempfile.TemporaryDirectory(prefix=".cost-", dir=st.path.parent)
+        tmp = Path(self._tmp.name) / "cost.zarr"
+        convert(src, tmp, tile=st.tile_size, shard=st.shard_size, dtype="float64", progress=False)
+        cs = TerrainStore.open(tmp, mode="r")
+        if cs.shape != st.shape:
+            raise InputError(f"cost raster {src}: shape {cs.shape} differs from the DEM's {st.shape}")
+        if st.transform and cs.transform and not np.allclose(cs.transform, st.transform, rtol=0, atol=1e-9 * max(
+                1.0, *map(abs, st.transform))):
+            raise InputError(f"cost raster {src}: not aligned with the DEM (transform {cs.transform} vs {st.transform})")
+        stat = src.stat()
+        self.cost_store, self.cost_array = cs, "elevation"
+        self.cost_id = f"file:{src.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+
+    def read(self, window: Window) -> np.ndarray:
+        st = self.store
+        elev = st.read(window)
+        ok = st.valid(elev)
+        if self.cost_array is None:
+            vals = elev.astype(np.float64)
+        else:
+            vals = self.cost_store.read(window, self.cost_array).astype(np.float64)
+            ok &= self.cost_store.valid(vals) if self.cost_store is not st else np.isfinite(vals)
+            ok &= np.isfinite(vals) & (vals >= 0)
+        vals[~ok] = np.nan
+        return vals
+
+    def steps(self) -> np.ndarray:
+        return K.steps_of(*self.store.cell_size)
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@dataclass
+class Index:
+    """An opened boundary index: its arrays and the cluster geometry."""
+
+    name: str
+    cluster: int
+    d: object  # zarr array (ncr, ncc, B, B)
+    v: object  # zarr array (ncr, ncc, B)
+    attrs: dict
+
+    @property
+    def per_tile(self) -> int:
+        return int(self.d.chunks[0])
+
+
+def cluster_size(store: TerrainStore, cluster: int | None) -> int:
+    c = int(cluster or DEFAULT_CLUSTER)
+    if c < 2 or c & (c - 1):
+        raise InputError(f"cluster size must be a power of two >= 2, got {c}")
+    return min(c, store.tile_size)
+
+
+def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
+    return {"kind": "sssp-boundary-index", "version": INDEX_VERSION, "weight": field.model.name,
+            "cluster": c, "tile_size": store.tile_size, "shape": list(store.shape),
+            "cell_size": list(store.cell_size), "cost": field.cost_id}
+
+
+def open_index(store: TerrainStore, field: Field, cluster: int | None = None) -> Index | None:
+    """The stored index for these settings, or None when there is none (or it was built for others)."""
+    name = index_name(field.model)
+    c = cluster_size(store, cluster)
+    try:
+        group = store.group[name]
+    except KeyError:
+        return None
+    attrs = dict(group.attrs)
+    want = _wanted_attrs(store, field, c)
+    if any(attrs.get(k) != v for k, v in want.items()) or "d" not in group or "v" not in group:
+        return None
+    return Index(name, c, group["d"], group["v"], attrs)
+
+
+def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False) -> Index:
+    """Phase 1: the G' blocks of every cluster, tile by tile, written as ``index/<weight>``."""
+    c = cluster_size(store, cluster)
+    t0 = time.perf_counter()
+    rows, cols = store.shape
+    ncr, ncc = -(-rows // c), -(-cols // c)
+    m = store.tile_size // c
+    B = 4 * c - 4
+    steps = field.steps()
+    attrs = _wanted_attrs(store, field, c)
+    bar = _bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp index")
+    with store.write_result(index_name(field.model), attrs=attrs) as w:
+        d = w.group.create_array("d", shape=(ncr, ncc, B, B), chunks=(m, m, B, B), dtype="float32",
+                                 fill_value=float("inf"), compressors=None)
+        v = w.group.create_array("v", shape=(ncr, ncc, B), chunks=(m, m, B), dtype="float64",
+                                 fill_value=float("nan"), compressors=None)
+        for win in store.shards():
+            shard_vals = field.read(win)
+            t = store.tile_size
+            for r0 in range(win.r0, win.r1, t):
+                for c0 in range(win.c0, win.c1, t):
+                    vals = shard_vals[r0 - win.r0 : r0 - win.r0 + t, c0 - win.c0 : c0 - win.c0 + t]
+                    mr, mc = -(-vals.shape[0] // c), -(-vals.shape[1] // c)
+                    out_d = np.full((mr, mc, B, B), np.inf, np.float32)
+                    out_v = np.full((mr, mc, B), np.nan)
+                    K.boundary_phase(np.ascontiguousarray(vals), c, field.model.kind, steps, out_d, out_v)
+                    a, b = r0 // c, c0 // c
+                    d[a : a + mr, b : b + mc] = out_d
+                    v[a : a + mr, b : b + mc] = out_v
+                    bar.update(1)
+        w.attrs["seconds"] = round(time.perf_counter() - t0, 3)
+    bar.close()
+    group = store.group[index_name(field.model)]
+    return Index(index_name(field.model), c, group["d"], group["v"], dict(group.attrs))
+
+
+def _bar(enabled: bool, total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tile", disable=not enabled, leave=False)

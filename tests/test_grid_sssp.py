@@ -1,0 +1,228 @@
+"""Grid SSSP pipeline against independent references: scipy.sparse.csgraph.dijkstra (absdiff,
+surface) and scikit-image MCP_Geometric (cell); predecessor chains checked by a sequential walk."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.sparse.csgraph import dijkstra
+
+from terrain_io.errors import InputError
+from terrain_io.grid.sssp import sssp
+from terrain_io.store import TerrainStore
+
+DR = [0, 1, 1, 1, 0, -1, -1, -1]
+DC = [1, 1, 0, -1, -1, -1, 0, 1]
+
+
+def reference(vals, sources, kind="absdiff", dx=1.0, dy=1.0):
+    """Multi-source distances by scipy's Dijkstra on the explicit 8-neighbour graph (NaN = no vertex)."""
+    H, W = vals.shape
+    ids = np.arange(H * W).reshape(H, W)
+    us, vs, ws = [], [], []
+    for k in range(8):
+        dr, dc = DR[k], DC[k]
+        r0, r1, c0, c1 = max(0, -dr), H - max(0, dr), max(0, -dc), W - max(0, dc)
+        a, b = vals[r0:r1, c0:c1], vals[r0 + dr : r1 + dr, c0 + dc : c1 + dc]
+        m = ~np.isnan(a) & ~np.isnan(b)
+        step = np.hypot(dx * abs(dc), dy * abs(dr))
+        w = {"absdiff": lambda: np.abs(a - b), "surface": lambda: np.sqrt(step**2 + (a - b) ** 2),
+             "cell": lambda: (a + b) / 2 * step}[kind]()
+        us.append(ids[r0:r1, c0:c1][m])
+        vs.append(ids[r0 + dr : r1 + dr, c0 + dc : c1 + dc][m])
+        ws.append(w[m])
+    w = np.concatenate(ws)
+    w = np.where(w == 0, 1e-300, w)  # a sparse matrix drops explicit zeros: keep zero-weight edges
+    g = sp.csr_matrix((w, (np.concatenate(us), np.concatenate(vs))), shape=(H * W, H * W))
+    d = dijkstra(g, directed=True, indices=[r * W + c for r, c in sources], min_only=True).reshape(H, W)
+    d[d < 1e-250] = 0.0
+    d[np.isnan(vals)] = np.nan
+    return d
+
+
+def edge_w(kind, a, b, k, dx=1.0, dy=1.0):
+    step = np.hypot(dx * abs(DC[k]), dy * abs(DR[k]))
+    return {"absdiff": abs(a - b), "surface": np.sqrt(step**2 + (a - b) ** 2), "cell": (a + b) / 2 * step}[kind]
+
+
+def check_predecessors(dist, pred, vals, sources, kind, dx=1.0, dy=1.0):
+    """Every reached cell's parent is a vertex one step away with dist[parent] + w == dist[cell];
+    every chain ends at a source (no cycles) and unreached cells have no parent."""
+    H, W = dist.shape
+    src = set(map(tuple, sources))
+    for (r, c) in src:
+        assert pred[r, c] == 255 and dist[r, c] == 0
+    reached = np.isfinite(dist)
+    assert np.all(pred[~reached] == 255)
+    rr, cc = np.nonzero(reached)
+    for r, c in zip(rr, cc):
+        if (r, c) in src:
+            continue
+        p = int(pred[r, c])
+        assert p < 8, (r, c)
+        pr, pc = r + DR[p], c + DC[p]
+        assert 0 <= pr < H and 0 <= pc < W and np.isfinite(dist[pr, pc])
+        w = edge_w(kind, float(vals[pr, pc]), float(vals[r, c]), p, dx, dy)
+        assert np.isclose(float(dist[pr, pc]) + w, float(dist[r, c]), rtol=1e-5, atol=1e-4)
+    # chains: walk in order of distance so each walk stops at an already verified cell
+    ok = np.zeros(dist.shape, bool)
+    for r, c in src:
+        ok[r, c] = True
+    for r, c in zip(rr, cc):
+        path = []
+        while not ok[r, c]:
+            path.append((r, c))
+            assert len(path) <= H * W, "predecessor cycle"
+            p = int(pred[r, c])
+            r, c = r + DR[p], c + DC[p]
+        for q in path:
+            ok[q] = True
+
+
+def make_store(tmp_path, vals, tile=16, shard=2, name="dem.zarr", dx=1.0, dy=1.0):
+    attrs = {"transform": [100.0, dx, 0.0, 500.0, 0.0, -dy], "cell_size": [dx, dy]}
+    return TerrainStore.from_array(tmp_path / name, vals, tile=tile, shard=shard, attrs=attrs)
+
+
+def run(store, sources, kind, **kw):
+    r = sssp(store, sources, weight=kind, cell=True, progress=False, **kw)
+    g = store.group[f"sssp/{r.name}"]
+    return r, g["distance"][:].astype(np.float64), g["predecessor"][:]
+
+
+def random_dem(shape, seed, holes=0.0):
+    rng = np.random.default_rng(seed)
+    v = (rng.random(shape) * 50).astype(np.float32)
+    if holes:
+        v[rng.random(shape) < holes] = np.nan
+    return v
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface"])
+@pytest.mark.parametrize("tile,cluster", [(8, 8), (16, 4), (32, 16)])
+def test_random_dem_matches_scipy(tmp_path, kind, tile, cluster):
+    vals = random_dem((45, 61), seed=tile + cluster, holes=0.08)
+    vals[0, 0] = vals[31, 31] = vals[16, 17] = 5.0
+    # sources on a tile corner, a cluster edge and inside
+    sources = [(31, 31)] if tile == 32 else [(16, 17), (0, 0)]
+    st = make_store(tmp_path, vals, tile=tile, dx=2.0, dy=3.0)
+    r, d, p = run(st, sources, kind, cluster=cluster)
+    ref = reference(vals.astype(np.float64), sources, kind, dx=2.0, dy=3.0)
+    np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+    check_predecessors(d, p, vals, sources, kind, dx=2.0, dy=3.0)
+
+
+def test_flat_dem_zero_weights_no_cycles(tmp_path):
+    vals = np.full((40, 40), 7.0, np.float32)
+    vals[10:30, 20] = np.nan  # a wall with gaps
+    vals[15, 20] = 7.0
+    st = make_store(tmp_path, vals, tile=8)
+    r, d, p = run(st, [(39, 39), (0, 0)], "absdiff", cluster=4)
+    ref = reference(vals.astype(np.float64), [(39, 39), (0, 0)], "absdiff")
+    np.testing.assert_allclose(d, ref, atol=1e-9, equal_nan=True)
+    check_predecessors(d, p, vals, [(39, 39), (0, 0)], "absdiff")
+
+
+def test_real_dem_matches_scipy(tmp_path, sample_data):
+    from terrain_io.convert import convert
+
+    src = sorted(sample_data.glob("*.asc"))[0]
+    st = TerrainStore.open(convert(src, tmp_path / "real.zarr", tile=32, shard=2, progress=False).path)
+    vals = st.elevation[:].astype(np.float64)
+    vals[~st.valid(st.elevation[:])] = np.nan
+    win = vals[:96, :128].copy()  # a corner of the real DEM keeps scipy quick
+    sub = make_store(tmp_path, win.astype(np.float32), tile=32, name="sub.zarr", dx=st.cell_size[0],
+                     dy=st.cell_size[1])
+    rc = next((r, c) for r in range(40, 96) for c in range(64, 128) if not np.isnan(win[r, c]))
+    for kind in ("absdiff", "surface"):
+        r, d, p = run(sub, [rc], kind, cluster=8)
+        ref = reference(win, [rc], kind, *st.cell_size)
+        np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-3, equal_nan=True)
+        check_predecessors(d, p, win.astype(np.float32), [rc], kind, *st.cell_size)
+
+
+def test_cell_model_matches_skimage_mcp_geometric(tmp_path):
+    from skimage.graph import MCP_Geometric
+
+    rng = np.random.default_rng(3)
+    dem = rng.random((50, 37)).astype(np.float32)
+    cost = (rng.random((50, 37)) * 9 + 1).astype(np.float64)
+    st = make_store(tmp_path, dem, tile=16)
+    with st.write_result("costs", attrs={}) as w:
+        w.create_array("c", "float64", float("nan"))[:] = cost
+    sources = [(16, 16), (49, 0)]
+    r, d, p = run(st, sources, "cell", cost="costs/c", cluster=8)
+    ref, _ = MCP_Geometric(cost, fully_connected=True).find_costs(sources)
+    np.testing.assert_allclose(d, ref, rtol=1e-5)
+    check_predecessors(d, p, cost.astype(np.float32), sources, "cell")
+
+
+def test_cell_cost_from_geotiff_file(tmp_path):
+    import rasterio
+    from rasterio.transform import from_origin
+    from skimage.graph import MCP_Geometric
+
+    rng = np.random.default_rng(4)
+    dem = rng.random((24, 40)).astype(np.float32)
+    cost = (rng.random((24, 40)) * 4 + 0.5).astype(np.float32)
+    cost[5, 5:15] = -1  # impassable (negative cost), as in MCP
+    st = make_store(tmp_path, dem, tile=8, dx=1.0, dy=1.0)
+    tif = tmp_path / "cost.tif"
+    with rasterio.open(tif, "w", driver="GTiff", width=40, height=24, count=1, dtype="float32",
+                       transform=from_origin(100.0, 500.0, 1.0, 1.0)) as ds:
+        ds.write(cost, 1)
+    r, d, p = run(st, [(0, 0)], "cell", cost=str(tif), cluster=4)
+    ref, _ = MCP_Geometric(np.where(cost < 0, np.inf, cost).astype(np.float64), fully_connected=True).find_costs([(0, 0)])
+    ref[cost < 0] = np.nan
+    np.testing.assert_allclose(d, ref, rtol=1e-5, equal_nan=True)
+    bad = tmp_path / "bad.tif"
+    with rasterio.open(bad, "w", driver="GTiff", width=40, height=24, count=1, dtype="float32",
+                       transform=from_origin(101.0, 500.0, 1.0, 1.0)) as ds:
+        ds.write(cost, 1)
+    with pytest.raises(InputError, match="aligned"):
+        sssp(st, [(0, 0)], weight="cell", cost=str(bad), cell=True, progress=False)
+
+
+def test_index_reused_and_unreachable(tmp_path):
+    vals = random_dem((33, 33), seed=9)
+    vals[:, 16] = np.nan  # two halves, no edge between them (also no diagonal)
+    st = make_store(tmp_path, vals, tile=16)
+    r1 = sssp(st, (3, 3), cell=True, progress=False, cluster=8)
+    r2 = sssp(st, [(30, 5)], cell=True, progress=False, cluster=8, name="second")
+    assert not r1.index_reused and r2.index_reused
+    d = st.group["sssp/second/distance"][:]
+    p = st.group["sssp/second/predecessor"][:]
+    assert np.all(np.isposinf(d[:, 17:])) and np.all(p[:, 17:] == 255)
+    assert np.all(np.isnan(d[:, 16]))
+    ref = reference(vals.astype(np.float64), [(30, 5)])
+    np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+def test_map_coordinates_and_errors(tmp_path):
+    vals = random_dem((20, 20), seed=1)
+    vals[2, 3] = np.nan
+    st = make_store(tmp_path, vals, tile=8, dx=10.0, dy=10.0)
+    # map (x, y) = (100 + 10 * (col + .5), 500 - 10 * (row + .5)) is the centre of (row, col)
+    r = sssp(st, (155.0, 425.0), progress=False, cluster=4)
+    assert r.sources == [(7, 5)]
+    with pytest.raises(InputError, match="outside"):
+        sssp(st, (50.0, 425.0), progress=False)
+    with pytest.raises(InputError, match="nodata"):
+        sssp(st, (2, 3), cell=True, progress=False)
+    with pytest.raises(InputError, match="cost"):
+        sssp(st, (1, 1), cell=True, weight="cell", progress=False)
+
+
+def test_paged_merge_under_small_budget_equals_in_memory(tmp_path):
+    vals = random_dem((96, 96), seed=5, holes=0.05)
+    vals[50, 50] = 1.0
+    st = make_store(tmp_path, vals, tile=8, shard=2)
+    _, d_small, p_small = run(st, [(50, 50)], "absdiff", cluster=4, memory="40KB", name="small")
+    _, d_big, _ = run(st, [(50, 50)], "absdiff", cluster=4, name="big")
+    ref = reference(vals.astype(np.float64), [(50, 50)])
+    np.testing.assert_allclose(d_small, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+    np.testing.assert_array_equal(d_small, d_big)
+    check_predecessors(d_small, p_small, vals, [(50, 50)], "absdiff")
