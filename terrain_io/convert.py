@@ -111,20 +111,24 @@ def read_ascii_header(src) -> GridHeader:
     body_found = True
     offset = 0
     lineno = 0
-    for raw in lines[:-1]:  # the last piece may be cut mid-line
+    for i, raw in enumerate(lines):
         text = raw.decode("latin-1").strip()
+        cut = i == len(lines) - 1  # the last piece may be cut mid-line: only the body may start there
         if not text:
             offset += len(raw) + 1
             lineno += 1
             continue
         if grass:
-            if ":" not in text:
+            if ":" not in text.split()[0]:
                 break
             key, _, value = text.partition(":")
         else:
             parts = text.split()
             if not parts[0][:1].isalpha() or parts[0].lower() in ("nan", "inf", "-inf"):
                 break
+        if cut and len(head) == 1 << 16:
+            raise InputError(f"{src}: header longer than 64 KiB")
+        if not grass:
             if len(parts) != 2:
                 raise InputError(f"{src}, line {lineno + 1}: malformed header line {text!r} (expected 'key value')")
             key, value = parts

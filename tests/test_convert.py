@@ -56,6 +56,14 @@ def test_esri_ascii_round_trip(tmp_path, shape, tile, shard):
     assert summary.valid == int(np.isfinite(ref).sum())
 
 
+def test_rows_longer_than_the_header_probe(tmp_path):
+    values = np.random.default_rng(2).uniform(0, 1000, (3, 12000))  # a row of ~100 kB
+    src = tmp_path / "long.asc"
+    src.write_text(esri_text(values))
+    st = TerrainStore.open(convert(src, tmp_path / "long.zarr", tile=8, shard=2).path)
+    np.testing.assert_array_equal(st.elevation[:], loadtxt_reference(src, 6, -9999.0))
+
+
 def test_header_variants_center_origin_crlf_upper_keys(tmp_path):
     values = np.arange(12, dtype=np.float64).reshape(3, 4) * 1.25
     src = tmp_path / "c.asc"
@@ -156,6 +164,7 @@ BAD = {
     "bad value": ("ncols 2\nnrows 2\nxllcorner 0\nyllcorner 0\ncellsize 1\n1 2\n4 x5\n", "line 7: not a number: 'x5'"),
     "unknown key": ("ncols 2\nnrows 1\nxllcorner 0\nyllcorner 0\ncellsize 1\nfoo 3\n1 2\n", "unknown header key"),
     "no body": ("ncols 2\nnrows 1\nxllcorner 0\nyllcorner 0\ncellsize 1\n", "no grid values"),
+    "no body, no newline": ("ncols 2\nnrows 1\nxllcorner 0\nyllcorner 0\ncellsize 1", "no grid values"),
     "empty": ("", "empty file"),
     "grass reversed": ("north: 0\nsouth: 10\neast: 1\nwest: 0\nrows: 1\ncols: 1\n5\n", "north must exceed south"),
 }
