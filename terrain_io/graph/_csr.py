@@ -63,8 +63,11 @@ class CSRGraph:
         """Source vertex of every stored edge (length m), cached."""
         if self._rows is None:
             xp = xp_of(self.device)
-            deg = xp.diff(self.indptr)
-            self._rows = xp.repeat(xp.arange(self.n, dtype=self.indices.dtype), deg.astype(np.int64))
+            if xp is np:
+                self._rows = np.repeat(np.arange(self.n, dtype=self.indices.dtype), np.diff(self.indptr))
+            else:  # cupy.repeat takes no array of counts: find each edge's row by binary search
+                edge = xp.arange(self.m, dtype=self.indptr.dtype)
+                self._rows = (xp.searchsorted(self.indptr, edge, side="right") - 1).astype(self.indices.dtype)
         return self._rows
 
     def to(self, device: str) -> "CSRGraph":
@@ -77,8 +80,8 @@ class CSRGraph:
 def csr_from_edges(u, v, n: int, symmetric: bool = False, device: str | None = None) -> CSRGraph:
     """CSR of edges ``u -> v`` on ``n`` vertices; ``symmetric=True`` stores each edge both ways.
 
-    Edges are sorted by (source, target) (a stable counting sort by source on the GPU would do the
-    same; one 64-bit key sort is simpler and fast on both backends). Duplicates and self-loops are
+    Edges are sorted by (source, target) with one 64-bit key sort (skipped when the sources are
+    already in order and ``symmetric`` is False). Duplicates and self-loops are
     kept: every algorithm here tolerates them.
     """
     device = device_of(u, v, device=device)
@@ -96,11 +99,14 @@ def csr_from_edges(u, v, n: int, symmetric: bool = False, device: str | None = N
             raise InputError("negative vertex id in edge list")
         if hi >= n:
             raise InputError(f"vertex id {hi} out of range for {n} vertices")
-    key = u.astype(np.int64) * n + v.astype(np.int64)
-    key.sort()
-    src = (key // n).astype(idt)
-    indices = (key % n).astype(idt)
-    del key
+    if not symmetric and (len(u) < 2 or bool(xp.all(u[1:] >= u[:-1]))):
+        src, indices = u.astype(idt, copy=False), v.astype(idt, copy=False)   # already CSR order
+    else:
+        key = u.astype(np.int64) * n + v.astype(np.int64)
+        key.sort()
+        src = (key // n).astype(idt)
+        indices = (key % n).astype(idt)
+        del key
     counts = xp.bincount(src, minlength=n) if len(src) else xp.zeros(n, dtype=np.int64)
     indptr = xp.zeros(n + 1, dtype=np.int64 if idt == np.int64 else idt)
     indptr[1:] = xp.cumsum(counts)
