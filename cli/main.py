@@ -45,6 +45,7 @@ def cli(ctx: click.Context, quiet: bool, debug: bool):
 def _register() -> None:
     """Attach the subcommands (each module adds its own commands to ``cli``)."""
     from . import demo, graph, store  # noqa: F401
+    from . import mst  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

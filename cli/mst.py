@@ -1,0 +1,31 @@
+"""``terrain mst STORE``: minimum spanning forest of a DEM store (terrain_io.grid.mst)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from terrain_io import weights
+
+from .common import device_option, quiet, say
+from .main import cli
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--weight", type=click.Choice(weights.names()), default="max", show_default=True,
+              help="Edge weight: max = max(h_i, h_j) (the thesis's MST), absdiff = |h_i - h_j|.")
+@device_option
+@click.option("--memory", default=None, metavar="SIZE",
+              help="Memory budget, e.g. 2GB (default: half the free RAM).")
+def mst(store, weight, device, memory):
+    """Minimum spanning forest of the DEM's 8-connected grid graph, written to STORE/mst/edges.
+
+    Out of core: tiles are read in z-order, their spanning forests contracted and merged up the
+    quadtree; the result is a uint8 bitmask per cell (bit k: the edge to the neighbour in direction
+    k = 0 E, 1 SE, 2 S, 3 SW). Nodata cells are not vertices: one tree per island.
+    """
+    from terrain_io.grid.mst import mst as run_mst
+
+    result = run_mst(store, weight=weight, device=device, memory=memory, progress=not quiet())
+    say(result.summary())

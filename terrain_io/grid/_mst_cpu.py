@@ -1,0 +1,620 @@
+"""numba kernels of the grid MST pipeline: tile spanning forests, contraction, block merges.
+
+Thesis part II (chapters 2-3), after Haverkort's hierarchy; DESIGN.md "MST pipeline".
+
+Edges and their strict order
+    An edge is named by its *code* ``lo * 4 + rank``: ``lo`` the smaller cell id (row * cols +
+    col) and ``rank`` 0..3 for the forward directions E, SW, S, SE -- the order of their larger
+    endpoints ``lo + 1 < lo + cols - 1 < lo + cols < lo + cols + 1``. So ordering edges by
+    ``(weight, code)`` is exactly the strict order (weight, smaller id, larger id) of the design,
+    every MST is unique, and all backends and tile sizes agree bit for bit.
+
+Graphs that leave a block
+    A block (a tile, or a quadtree block of tiles) hands up its contracted spanning forest:
+    vertices ``(cell id, elevation, outmask)`` where ``outmask`` bit d says that the neighbour in
+    direction d lies outside the block (and may be a vertex), and super-edges ``(u, v, w, code)``
+    whose key is that of their *representative*, the maximum original edge on the contracted
+    path. Separator edges between sibling blocks are rebuilt at the merge from the outmasks.
+
+Decisions
+    The tile phase writes each tile's spanning forest into ``mst/edges``. Later decisions are
+    recorded only where they change that bitmask: a tile-internal representative that a merge
+    drops (``removed``) and a separator edge that becomes final (``kept``).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..weights import edge_weight
+
+# Direction codes 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE (row grows southward).
+DR = np.array([0, 1, 1, 1, 0, -1, -1, -1], dtype=np.int64)
+DC = np.array([1, 1, 0, -1, -1, -1, 0, 1], dtype=np.int64)
+DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
+RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
+
+# Exact sums: w = mant * 2**(e - 53) with |mant| < 2**53, split into two int64 buckets per e.
+EXP_OFFSET = 1100
+N_EXP = 2200
+_LO_BITS = 26
+
+
+@numba.njit(inline="always", cache=True)
+def _key_less(w1, c1, w2, c2):
+    return w1 < w2 or (w1 == w2 and c1 < c2)
+
+
+@numba.njit(inline="always", cache=True)
+def _add_exact(buckets, w, sign):
+    """Add ``sign * w`` to the superaccumulator ``buckets`` (shape (2, N_EXP)) without rounding."""
+    m, e = math.frexp(w)
+    mant = np.int64(m * 9007199254740992.0) * sign  # m * 2**53: exact
+    hi = mant >> _LO_BITS
+    buckets[0, e + EXP_OFFSET] += hi
+    buckets[1, e + EXP_OFFSET] += mant - (hi << _LO_BITS)
+
+
+@numba.njit(cache=True)
+def add_exact_many(buckets, weights, sign):
+    for i in range(weights.shape[0]):
+        _add_exact(buckets, weights[i], sign)
+
+
+def exact_total(buckets: np.ndarray):
+    """The exact sum held by ``buckets`` as a ``fractions.Fraction``."""
+    from fractions import Fraction
+
+    total = Fraction(0)
+    for idx in np.flatnonzero(buckets[0] | buckets[1]):
+        mant = (int(buckets[0, idx]) << _LO_BITS) + int(buckets[1, idx])
+        total += Fraction(mant) * Fraction(2) ** (int(idx) - EXP_OFFSET - 53)
+    return total
+
+
+@numba.njit(cache=True)
+def _find(parent, x):
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]  # path halving
+        x = parent[x]
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile phase, CPU: Kruskal on the tile's induced subgraph.
+# ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
+    """Minimum spanning forest of one tile (Kruskal, strict order); sets ``bits`` of its edges.
+
+    ``vals``/``valid`` hold the batch; the tile is ``[i0:i0+h, j0:j0+w]`` of it. Edges are
+    generated in code order (cell by cell, ranks E, SW, S, SE), so a stable sort by weight gives
+    the strict order (weight, code).
+    """
+    n = h * w
+    ew = np.empty(4 * n, dtype=np.float64)
+    ea = np.empty(4 * n, dtype=np.int32)
+    eb = np.empty(4 * n, dtype=np.int32)
+    ed = np.empty(4 * n, dtype=np.uint8)
+    m = 0
+    for i in range(h):
+        for j in range(w):
+            if not valid[i0 + i, j0 + j]:
+                continue
+            ha = vals[i0 + i, j0 + j]
+            for rank in range(4):
+                d = RANK_TO_DIR[rank]
+                ii = i + DR[d]
+                jj = j + DC[d]
+                if ii < 0 or ii >= h or jj < 0 or jj >= w or not valid[i0 + ii, j0 + jj]:
+                    continue
+                ew[m] = edge_weight(kind, ha, vals[i0 + ii, j0 + jj], 1.0)
+                ea[m] = i * w + j
+                eb[m] = ii * w + jj
+                ed[m] = d
+                m += 1
+    order = np.argsort(ew[:m], kind="mergesort")
+    parent = np.arange(n, dtype=np.int32)
+    joined = 0
+    for k in order:
+        ra = _find(parent, ea[k])
+        rb = _find(parent, eb[k])
+        if ra != rb:
+            if ra < rb:
+                parent[rb] = ra
+            else:
+                parent[ra] = rb
+            a = ea[k]
+            bits[i0 + a // w, j0 + a % w] |= np.uint8(1 << ed[k])
+            joined += 1
+            if joined == n - 1:
+                break
+
+
+@numba.njit(cache=True)
+def tile_forest_max(hkey, valid, i0, j0, h, w, bits):
+    """Kruskal for the ``max`` model, sorting cells instead of edges (4x fewer keys).
+
+    An edge weighs the elevation of its higher endpoint, so the edges of weight h are those from
+    each cell of elevation h to its neighbours that are lower, or equal and of smaller id. Cells
+    sorted by (h, id) -- one uint64 key, ``hkey`` being an order-preserving 32-bit image of the
+    elevation -- give the edges weight class by weight class; inside a class they are sorted by
+    code, which makes the order exactly the strict (weight, smaller id, larger id).
+    """
+    n = h * w
+    keys = np.empty(n, dtype=np.uint64)
+    m = 0
+    for i in range(h):
+        for j in range(w):
+            if valid[i0 + i, j0 + j]:
+                keys[m] = (np.uint64(hkey[i0 + i, j0 + j]) << np.uint64(32)) | np.uint64(i * w + j)
+                m += 1
+    keys = np.sort(keys[:m])
+    parent = np.arange(n, dtype=np.int32)
+    buf = np.empty(64, dtype=np.int64)
+    joined = 0
+    g = 0
+    while g < m:
+        hk = keys[g] >> np.uint64(32)
+        ge = g + 1
+        while ge < m and (keys[ge] >> np.uint64(32)) == hk:
+            ge += 1
+        if 8 * (ge - g) > buf.shape[0]:
+            buf = np.empty(16 * (ge - g), dtype=np.int64)
+        ne = 0
+        for x in range(g, ge):  # the edges of this weight class, as codes lo * 4 + rank
+            v = np.int64(keys[x] & np.uint64(0xFFFFFFFF))
+            i = v // w
+            j = v % w
+            for d in range(8):
+                ii = i + DR[d]
+                jj = j + DC[d]
+                if ii < 0 or ii >= h or jj < 0 or jj >= w or not valid[i0 + ii, j0 + jj]:
+                    continue
+                hu = hkey[i0 + ii, j0 + jj]
+                u = ii * w + jj
+                if hu < hk or (hu == hk and u < v):
+                    if d < 4:
+                        buf[ne] = v * 4 + DIR_TO_RANK[d]
+                    else:
+                        buf[ne] = u * 4 + DIR_TO_RANK[d - 4]
+                    ne += 1
+        if ne > 1:
+            buf[:ne] = np.sort(buf[:ne])
+        for x in range(ne):
+            a = buf[x] >> 2
+            d = RANK_TO_DIR[buf[x] & 3]
+            b = a + DR[d] * w + DC[d]
+            ra = _find(parent, a)
+            rb = _find(parent, b)
+            if ra != rb:
+                if ra < rb:
+                    parent[rb] = ra
+                else:
+                    parent[ra] = rb
+                bits[i0 + a // w, j0 + a % w] |= np.uint8(1 << d)
+                joined += 1
+        g = ge
+        if joined == n - 1:
+            break
+
+
+# ---------------------------------------------------------------------------------------------
+# Contraction of a tile's forest (from its bitmask)
+# ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                  vid, vh, vmask, eu, ev, ew, ecode, buckets):
+    """Contract one tile's spanning forest to the graph it hands to the merge phase.
+
+    Thesis part II ch. 2: dead ends (leaves not on the tile boundary) are removed repeatedly --
+    their edges are final; each path of non-boundary degree-2 vertices becomes one super-edge
+    keyed by its maximum edge. Boundary vertices are valid cells with a neighbour outside the
+    tile that may be a vertex: a valid neighbour inside the batch ``[0:bh, 0:bw]``, or any cell of
+    the DEM outside the batch (its validity is checked at the merge). ``gr0, gc0``: the global
+    cell of batch cell (0, 0). Adds the weights of the tile's forest to ``buckets``; returns
+    (vertex count, edge count).
+    """
+    alive = np.zeros((h, w), dtype=np.uint8)  # the forest as 8-direction adjacency bits
+    deg = np.zeros((h, w), dtype=np.int32)
+    outm = np.zeros((h, w), dtype=np.uint8)
+    for i in range(h):
+        for j in range(w):
+            b = bits[i0 + i, j0 + j]
+            if b == 0:
+                continue
+            for d in range(4):
+                if (b >> d) & 1:
+                    ii = i + DR[d]
+                    jj = j + DC[d]
+                    alive[i, j] |= np.uint8(1 << d)
+                    alive[ii, jj] |= np.uint8(1 << (d + 4))
+                    deg[i, j] += 1
+                    deg[ii, jj] += 1
+                    _add_exact(buckets, edge_weight(kind, vals[i0 + i, j0 + j], vals[i0 + ii, j0 + jj], 1.0), 1)
+    for i in range(h):
+        step = 1 if i == 0 or i == h - 1 or w == 1 else w - 1  # the tile's border cells only
+        for j in range(0, w, step):
+            if not valid[i0 + i, j0 + j]:
+                continue
+            for d in range(8):
+                ii = i + DR[d]
+                jj = j + DC[d]
+                if 0 <= ii < h and 0 <= jj < w:
+                    continue  # inside the tile
+                bi = i0 + ii
+                bj = j0 + jj
+                if 0 <= bi < bh and 0 <= bj < bw:
+                    if valid[bi, bj]:
+                        outm[i, j] |= np.uint8(1 << d)
+                elif 0 <= gr0 + bi < rows and 0 <= gc0 + bj < cols:
+                    outm[i, j] |= np.uint8(1 << d)
+    # strip dead ends
+    stack = np.empty(h * w, dtype=np.int32)
+    top = 0
+    for i in range(h):
+        for j in range(w):
+            if deg[i, j] == 1 and outm[i, j] == 0:
+                stack[top] = i * w + j
+                top += 1
+    while top > 0:
+        top -= 1
+        c = stack[top]
+        i = c // w
+        j = c % w
+        if deg[i, j] != 1:
+            continue
+        for d in range(8):
+            if (alive[i, j] >> d) & 1:
+                break
+        ii = i + DR[d]
+        jj = j + DC[d]
+        alive[i, j] &= np.uint8(~(1 << d) & 0xFF)
+        alive[ii, jj] &= np.uint8(~(1 << ((d + 4) & 7)) & 0xFF)
+        deg[i, j] = 0
+        deg[ii, jj] -= 1
+        if deg[ii, jj] == 1 and outm[ii, jj] == 0:
+            stack[top] = ii * w + jj
+            top += 1
+    # kept vertices and the super-edges between them
+    nv = 0
+    ne = 0
+    for i in range(h):
+        for j in range(w):
+            if not valid[i0 + i, j0 + j] or not (outm[i, j] != 0 or deg[i, j] >= 3):
+                continue
+            gid = (gr0 + i0 + i) * cols + (gc0 + j0 + j)
+            vid[nv] = gid
+            vh[nv] = vals[i0 + i, j0 + j]
+            vmask[nv] = outm[i, j]
+            nv += 1
+            for d0 in range(8):
+                if not (alive[i, j] >> d0) & 1:
+                    continue
+                pi = i
+                pj = j
+                ci = i + DR[d0]
+                cj = j + DC[d0]
+                d = d0
+                best_w = np.inf
+                best_c = np.int64(-1)
+                while True:
+                    # the edge (pi, pj) -> (ci, cj) in direction d
+                    wgt = edge_weight(kind, vals[i0 + pi, j0 + pj], vals[i0 + ci, j0 + cj], 1.0)
+                    if d < 4:
+                        code = ((gr0 + i0 + pi) * cols + (gc0 + j0 + pj)) * 4 + DIR_TO_RANK[d]
+                    else:
+                        code = ((gr0 + i0 + ci) * cols + (gc0 + j0 + cj)) * 4 + DIR_TO_RANK[d - 4]
+                    if best_c < 0 or _key_less(best_w, best_c, wgt, code):
+                        best_w = wgt
+                        best_c = code
+                    if outm[ci, cj] != 0 or deg[ci, cj] >= 3:
+                        break
+                    back = (d + 4) & 7
+                    for d2 in range(8):
+                        if d2 != back and (alive[ci, cj] >> d2) & 1:
+                            break
+                    pi = ci
+                    pj = cj
+                    ci = ci + DR[d2]
+                    cj = cj + DC[d2]
+                    d = d2
+                other = (gr0 + i0 + ci) * cols + (gc0 + j0 + cj)
+                if gid < other:
+                    eu[ne] = gid
+                    ev[ne] = other
+                    ew[ne] = best_w
+                    ecode[ne] = best_c
+                    ne += 1
+    return nv, ne
+
+
+FOREST_GIVEN = 0  # the GPU computed the forests into ``bits``
+FOREST_EDGES = 1  # Kruskal sorting edges (any weight model)
+FOREST_CELLS = 2  # Kruskal sorting cells (model ``max``, elevations of at most 32 bits)
+
+
+def order_key32(values: np.ndarray) -> np.ndarray:
+    """An order-preserving uint32 image of elevations of at most 32 bits (for FOREST_CELLS).
+
+    Floats: the IEEE trick (flip all bits of negatives, the sign bit of positives), after
+    ``+ 0`` so that -0.0 and 0.0, equal weights, get one key.
+    """
+    if values.dtype == np.float32:
+        u = (values + np.float32(0)).view(np.uint32)
+        return np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
+    return (values.astype(np.int64) + 2**31).astype(np.uint32)
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def tile_phase_batch(vals, valid, hkey, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest):
+    """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores.
+
+    ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch arrays, in Morton order.
+    ``forest``: FOREST_EDGES / FOREST_CELLS run Kruskal here (CPU backend); FOREST_GIVEN: ``bits``
+    already holds the forests (GPU backend). Returns per-tile vertex/edge arrays (rows of ``cap``
+    entries) with counts, and the exact weight sum of the forests.
+    """
+    n = tiles.shape[0]
+    bh, bw = vals.shape
+    nv = np.zeros(n, dtype=np.int64)
+    ne = np.zeros(n, dtype=np.int64)
+    vid = np.empty((n, cap), dtype=np.int64)
+    vh = np.empty((n, cap), dtype=np.float64)
+    vmask = np.empty((n, cap), dtype=np.uint8)
+    eu = np.empty((n, cap), dtype=np.int64)
+    ev = np.empty((n, cap), dtype=np.int64)
+    ew = np.empty((n, cap), dtype=np.float64)
+    ecode = np.empty((n, cap), dtype=np.int64)
+    buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
+    for t in prange(n):
+        i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        if forest == FOREST_EDGES:
+            tile_forest(vals, valid, i0, j0, h, w, kind, bits)
+        elif forest == FOREST_CELLS:
+            tile_forest_max(hkey, valid, i0, j0, h, w, bits)
+        a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                             vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+        nv[t] = a
+        ne[t] = b
+    return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets.sum(axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Merge phase: Kruskal on sibling blocks' graphs + separator edges, then contraction.
+# ---------------------------------------------------------------------------------------------
+@numba.njit(inline="always", cache=True)
+def _is_separator(code, cols, tile):
+    lo = code >> 2
+    d = RANK_TO_DIR[code & 3]
+    r = lo // cols
+    c = lo % cols
+    return (r // tile != (r + DR[d]) // tile) or (c // tile != (c + DC[d]) // tile)
+
+
+@numba.njit(cache=True)
+def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
+    """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (thesis part II ch. 2-3).
+
+    Inputs: the children's vertices and super-edges, concatenated. Separator edges between the
+    children come from the outmasks. Kruskal in the strict order keeps the spanning forest of the
+    union; the forest is contracted against the new block's boundary (dead ends final, degree-2
+    paths to their maximum). Returns the new block graph and the decisions: ``removed`` codes
+    (tile-internal representatives dropped) and ``kept`` separator codes (final), with weights.
+    """
+    order = np.argsort(vid)
+    vid = vid[order]
+    vh = vh[order]
+    vmask = vmask[order].copy()
+    nv = vid.shape[0]
+    # separator edges of this level, and the outmasks against the new block
+    nsep = 0
+    for k in range(nv):
+        if vmask[k] & 0x0F:  # separator edges start at their smaller end: forward directions
+            nsep += 4
+    su = np.empty(nsep, dtype=np.int64)
+    sv = np.empty(nsep, dtype=np.int64)
+    sw = np.empty(nsep, dtype=np.float64)
+    sc = np.empty(nsep, dtype=np.int64)
+    ns = 0
+    for k in range(nv):
+        m = vmask[k]
+        if m == 0:
+            continue
+        r = vid[k] // cols
+        c = vid[k] % cols
+        for d in range(8):
+            if not (m >> d) & 1:
+                continue
+            rr = r + DR[d]
+            cc = c + DC[d]
+            if R0 <= rr < R1 and C0 <= cc < C1:
+                m &= np.uint8(~(1 << d) & 0xFF)
+                if d < 4:
+                    other = rr * cols + cc
+                    x = np.searchsorted(vid, other)
+                    if x < nv and vid[x] == other:  # else a nodata cell
+                        su[ns] = k
+                        sv[ns] = x
+                        sw[ns] = edge_weight(kind, vh[k], vh[x], 1.0)
+                        sc[ns] = vid[k] * 4 + DIR_TO_RANK[d]
+                        ns += 1
+        vmask[k] = m
+    # all candidate edges, in strict order
+    nold = eu.shape[0]
+    m_all = nold + ns
+    au = np.empty(m_all, dtype=np.int64)
+    av = np.empty(m_all, dtype=np.int64)
+    aw = np.empty(m_all, dtype=np.float64)
+    ac = np.empty(m_all, dtype=np.int64)
+    for k in range(nold):
+        au[k] = np.searchsorted(vid, eu[k])
+        av[k] = np.searchsorted(vid, ev[k])
+        aw[k] = ew[k]
+        ac[k] = ecode[k]
+    au[nold:] = su[:ns]
+    av[nold:] = sv[:ns]
+    aw[nold:] = sw[:ns]
+    ac[nold:] = sc[:ns]
+    by_code = np.argsort(ac)
+    order = by_code[np.argsort(aw[by_code], kind="mergesort")]
+    removed_c = np.empty(m_all, dtype=np.int64)
+    removed_w = np.empty(m_all, dtype=np.float64)
+    kept_c = np.empty(m_all, dtype=np.int64)
+    kept_w = np.empty(m_all, dtype=np.float64)
+    nrem = 0
+    nkept = 0
+    parent = np.arange(nv, dtype=np.int64)
+    in_forest = np.zeros(m_all, dtype=np.bool_)
+    for k in order:
+        ra = _find(parent, au[k])
+        rb = _find(parent, av[k])
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+            in_forest[k] = True
+        elif not _is_separator(ac[k], cols, tile):
+            removed_c[nrem] = ac[k]
+            removed_w[nrem] = aw[k]
+            nrem += 1
+    # adjacency (CSR) of the forest
+    deg = np.zeros(nv, dtype=np.int64)
+    for k in range(m_all):
+        if in_forest[k]:
+            deg[au[k]] += 1
+            deg[av[k]] += 1
+    start = np.zeros(nv + 1, dtype=np.int64)
+    for k in range(nv):
+        start[k + 1] = start[k] + deg[k]
+    fill = start[:-1].copy()
+    adj = np.empty(start[nv], dtype=np.int64)
+    for k in range(m_all):
+        if in_forest[k]:
+            adj[fill[au[k]]] = k
+            fill[au[k]] += 1
+            adj[fill[av[k]]] = k
+            fill[av[k]] += 1
+    alive = in_forest.copy()
+    # strip dead ends: their edges are final
+    stack = np.empty(nv, dtype=np.int64)
+    top = 0
+    for k in range(nv):
+        if deg[k] == 1 and vmask[k] == 0:
+            stack[top] = k
+            top += 1
+    while top > 0:
+        top -= 1
+        x = stack[top]
+        if deg[x] != 1:
+            continue
+        for p in range(start[x], start[x + 1]):
+            e = adj[p]
+            if alive[e]:
+                break
+        alive[e] = False
+        if _is_separator(ac[e], cols, tile):
+            kept_c[nkept] = ac[e]
+            kept_w[nkept] = aw[e]
+            nkept += 1
+        y = au[e] if av[e] == x else av[e]
+        deg[x] = 0
+        deg[y] -= 1
+        if deg[y] == 1 and vmask[y] == 0:
+            stack[top] = y
+            top += 1
+    # kept vertices; paths between them become super-edges
+    keep = np.zeros(nv, dtype=np.bool_)
+    for k in range(nv):
+        keep[k] = vmask[k] != 0 or deg[k] >= 3
+    out_n = 0
+    for k in range(nv):
+        if keep[k]:
+            out_n += 1
+    ovid = np.empty(out_n, dtype=np.int64)
+    ovh = np.empty(out_n, dtype=np.float64)
+    ovm = np.empty(out_n, dtype=np.uint8)
+    oeu = np.empty(out_n, dtype=np.int64)
+    oev = np.empty(out_n, dtype=np.int64)
+    oew = np.empty(out_n, dtype=np.float64)
+    oec = np.empty(out_n, dtype=np.int64)
+    on = 0
+    oe = 0
+    for k in range(nv):
+        if not keep[k]:
+            continue
+        ovid[on] = vid[k]
+        ovh[on] = vh[k]
+        ovm[on] = vmask[k]
+        on += 1
+        for p in range(start[k], start[k + 1]):
+            e = adj[p]
+            if not alive[e]:
+                continue
+            prev = k
+            cur = au[e] if av[e] == k else av[e]
+            best = e
+            path_e = e
+            while not keep[cur]:
+                for q in range(start[cur], start[cur + 1]):
+                    e2 = adj[q]
+                    if alive[e2] and e2 != path_e:
+                        break
+                if _key_less(aw[best], ac[best], aw[e2], ac[e2]):
+                    best = e2
+                prev = cur
+                cur = au[e2] if av[e2] == cur else av[e2]
+                path_e = e2
+            if k < cur:  # each path once; its non-maximal edges are final
+                oeu[oe] = vid[k]
+                oev[oe] = vid[cur]
+                oew[oe] = aw[best]
+                oec[oe] = ac[best]
+                oe += 1
+                prev = k
+                cur = au[e] if av[e] == k else av[e]
+                path_e = e
+                while True:
+                    if path_e != best and _is_separator(ac[path_e], cols, tile):
+                        kept_c[nkept] = ac[path_e]
+                        kept_w[nkept] = aw[path_e]
+                        nkept += 1
+                    if keep[cur]:
+                        break
+                    for q in range(start[cur], start[cur + 1]):
+                        e2 = adj[q]
+                        if alive[e2] and e2 != path_e:
+                            break
+                    cur = au[e2] if av[e2] == cur else av[e2]
+                    path_e = e2
+    return (ovid, ovh, ovm, oeu[:oe], oev[:oe], oew[:oe], oec[:oe],
+            removed_c[:nrem], removed_w[:nrem], kept_c[:nkept], kept_w[:nkept])
+
+
+# ---------------------------------------------------------------------------------------------
+# Expand: apply the decisions to a window of the bitmask
+# ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def apply_decisions(bits, r0, c0, cols, removed, kept):
+    """Clear the bits of ``removed`` codes and set those of ``kept`` codes in the window at (r0, c0)."""
+    for k in range(removed.shape[0]):
+        lo = removed[k] >> 2
+        d = RANK_TO_DIR[removed[k] & 3]
+        bits[lo // cols - r0, lo % cols - c0] &= np.uint8(~(1 << d) & 0xFF)
+    for k in range(kept.shape[0]):
+        lo = kept[k] >> 2
+        d = RANK_TO_DIR[kept[k] & 3]
+        bits[lo // cols - r0, lo % cols - c0] |= np.uint8(1 << d)
+
+
+@numba.njit(parallel=True, cache=True)
+def count_edges(bits):
+    total = 0
+    for i in prange(bits.shape[0]):
+        s = 0
+        for j in range(bits.shape[1]):
+            b = bits[i, j]
+            s += (b & 1) + ((b >> 1) & 1) + ((b >> 2) & 1) + ((b >> 3) & 1)
+        total += s
+    return total

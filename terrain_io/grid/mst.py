@@ -1,0 +1,354 @@
+"""Minimum spanning forest of a DEM's 8-connected grid graph, out of core (``terrain mst``).
+
+The I/O-efficient hierarchical pipeline of the terrain thesis, part II (chapters 2-3), after
+Haverkort; DESIGN.md "MST pipeline":
+
+1. Tile phase -- for every tile, the minimum spanning forest of its induced subgraph (numba
+   Kruskal on the CPU, Boruvka after Harish et al. on the GPU), written to ``mst/edges``, then
+   contracted to a graph on the tile's boundary cells and branch vertices (dead ends removed,
+   degree-2 paths replaced by their maximum edge).
+2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
+   done, the graphs of its (up to 4) children plus the separator edges between them are merged
+   (Kruskal) and contracted against the block's own boundary. Only the blocks on the current
+   Morton path and the decisions (O(N/T) codes) are held in memory.
+3. Expand -- one pass over ``mst/edges``: clear the representatives that a merge dropped, set
+   the separator edges that made it into the tree.
+
+Edges obey one strict order (weight, smaller cell id, larger cell id), so the forest is unique
+and identical for every backend, tile size and batch size. Nodata cells are not vertices: the
+result is a forest, one tree per connected island of valid cells.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from .. import weights as weight_models
+from ..backend import resolve_device
+from ..errors import InputError
+from ..memory import format_bytes, memory_budget
+from ..store import TerrainStore, Window
+from ..zorder import morton_decode, morton_encode, morton_order
+from . import _mst_cpu as K
+
+RESULT = "mst"
+
+
+@dataclass
+class MSTResult:
+    """What ``mst`` computed; the same numbers are the attributes of the ``mst`` result group."""
+
+    weight: str
+    device: str
+    cells: int
+    valid_cells: int
+    edges: int
+    trees: int
+    total_weight: float
+    total_weight_exact: str  # the exact sum as a fraction "p/q" (or an integer)
+    seconds: float
+    timings: dict = field(default_factory=dict)
+    tile_size: int = 0
+    batch_tiles: int = 0
+    merge_decisions: int = 0  # removed + kept codes held for the expand pass: O(N/T)
+
+    @property
+    def mcells_per_s(self) -> float:
+        return self.cells / self.seconds / 1e6 if self.seconds > 0 else float("inf")
+
+    def summary(self) -> str:
+        return (f"mst: {self.cells:,} cells ({self.valid_cells:,} valid), {self.edges:,} edges, "
+                f"{self.trees:,} tree{'s' if self.trees != 1 else ''}, weight {self.total_weight:.10g} "
+                f"[{self.weight}], {self.seconds:.2f} s, {self.mcells_per_s:.1f} Mcells/s ({self.device})")
+
+    def attrs(self) -> dict:
+        return {"weight_model": self.weight, "device": self.device, "cells": self.cells,
+                "valid_cells": self.valid_cells, "edge_count": self.edges, "trees": self.trees,
+                "total_weight": self.total_weight, "total_weight_exact": self.total_weight_exact,
+                "seconds": self.seconds, "timings": self.timings, "tile_size": self.tile_size,
+                "batch_tiles": self.batch_tiles, "merge_decisions": self.merge_decisions,
+                "edges_encoding": "bit k set: edge to the neighbour in direction k (0=E, 1=SE, 2=S, 3=SW)"}
+
+
+@dataclass
+class _Block:
+    """A quadtree block's contracted graph (see _mst_cpu): vertices and super-edges."""
+
+    level: int
+    code: int
+    vid: np.ndarray
+    vh: np.ndarray
+    vmask: np.ndarray
+    eu: np.ndarray
+    ev: np.ndarray
+    ew: np.ndarray
+    ecode: np.ndarray
+
+
+class _Merger:
+    """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
+
+    def __init__(self, store: TerrainStore, kind: int):
+        self.rows, self.cols = store.shape
+        self.tile = store.tile_size
+        ntr, ntc = store.tile_grid
+        self.top = max(math.ceil(math.log2(ntr)) if ntr > 1 else 0, math.ceil(math.log2(ntc)) if ntc > 1 else 0)
+        self.kind = kind
+        self.stack: list[_Block] = []
+        self.removed: list[np.ndarray] = []  # codes of tile-forest edges dropped by a merge
+        self.kept: list[np.ndarray] = []  # codes of separator edges in the final forest
+        self.buckets = np.zeros((2, K.N_EXP), dtype=np.int64)  # exact weight: - removed + kept
+        self.seconds = 0.0
+        self.merges = 0
+
+    def push(self, block: _Block, next_code: int | None) -> None:
+        t0 = time.perf_counter()
+        self.stack.append(block)
+        m = block.code
+        for level in range(1, self.top + 1):
+            parent = m >> (2 * level)
+            if next_code is not None and next_code >> (2 * level) == parent:
+                break
+            children = []
+            while (self.stack and self.stack[-1].level < level
+                   and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
+                children.append(self.stack.pop())
+            self.stack.append(self._merge(children, level, parent))
+        if next_code is None:  # the root: everything decided
+            assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
+        self.seconds += time.perf_counter() - t0
+
+    def _merge(self, children: list[_Block], level: int, code: int) -> _Block:
+        br, bc = morton_decode(np.uint64(code))
+        span = self.tile << level
+        cat = [np.concatenate([getattr(c, f) for c in children]) for f in
+               ("vid", "vh", "vmask", "eu", "ev", "ew", "ecode")]
+        (vid, vh, vm, eu, ev, ew, ec, rc, rw, kc, kw) = K.merge_blocks(
+            *cat, br * span, (br + 1) * span, bc * span, (bc + 1) * span,
+            self.rows, self.cols, self.tile, self.kind)
+        K.add_exact_many(self.buckets, rw, -1)
+        K.add_exact_many(self.buckets, kw, 1)
+        if len(rc):
+            self.removed.append(rc.copy())  # not a view of merge_blocks' larger scratch array
+        if len(kc):
+            self.kept.append(kc.copy())
+        self.merges += 1
+        return _Block(level, code, vid, vh, vm, eu, ev, ew, ec)
+
+    def decisions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(removed codes, kept codes), each as one array."""
+        def cat(parts):
+            return np.concatenate(parts) if parts else np.empty(0, np.int64)
+        return cat(self.removed), cat(self.kept)
+
+
+@dataclass
+class _Batch:
+    """A quadtree block of tiles processed together (one shard, or a part of it under a small budget)."""
+
+    window: Window
+    codes: np.ndarray  # Morton codes of its tiles, in order
+    tiles: np.ndarray  # (n, 4): i0, j0, h, w inside the window
+
+
+def _plan_batches(store: TerrainStore, k: int) -> list[_Batch]:
+    t = store.tile_size
+    rows, cols = store.shape
+    order = morton_order(*store.tile_grid)
+    codes = morton_encode(order[:, 0], order[:, 1]).astype(np.int64)
+    shift = 2 * int(math.log2(k))
+    batches = []
+    start = 0
+    n = len(codes)
+    while start < n:
+        b = codes[start] >> shift
+        stop = start
+        while stop < n and codes[stop] >> shift == b:
+            stop += 1
+        br, bc = morton_decode(np.uint64(b))
+        win = Window(br * k * t, min((br + 1) * k * t, rows), bc * k * t, min((bc + 1) * k * t, cols))
+        tr, tc = order[start:stop, 0], order[start:stop, 1]
+        i0 = tr * t - win.r0
+        j0 = tc * t - win.c0
+        h = np.minimum(t, rows - tr * t)
+        w = np.minimum(t, cols - tc * t)
+        batches.append(_Batch(win, codes[start:stop], np.stack([i0, j0, h, w], axis=1).astype(np.int64)))
+        start = stop
+    return batches
+
+
+def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
+    """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``.
+
+    Held at once: the merge data, O(N/T) (decisions, ~ 1.5 codes per tile side cell); per worker
+    thread one tile's Kruskal and contraction arrays (40 or 140 bytes per cell); the
+    batches in flight (values, masks, bits) and the current batch's temporaries.
+    """
+    t = store.tile_size
+    ntr, ntc = store.tile_grid
+    threads = numba.get_num_threads() if device == "cpu" else numba.get_num_threads() // 2 + 1
+    per_tile_cell = 140 if sorts_edges else 40  # Kruskal's keys, union-find, contraction arrays
+    fixed = ntr * ntc * 4 * t * 12 + threads * per_tile_cell * t * t
+    in_flight = 3 if device == "gpu" else 2  # batches being read, on the GPU, contracted
+    per_cell = in_flight * (store.dtype.itemsize + 2) + 16  # + bits, order keys, temporaries
+    k = store.shard_size
+    while k > 1 and fixed + per_cell * (k * t) ** 2 > budget:
+        k //= 2
+    if fixed + per_cell * (k * t) ** 2 > budget:
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: the MST needs at "
+                         f"least {format_bytes(fixed + per_cell * t * t)} with {t} x {t} tiles "
+                         "(raise --memory or use smaller tiles)")
+    return k
+
+
+def _bar(progress: bool, total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tile" if desc.startswith("tile") else "batch",
+                disable=not progress, leave=False, dynamic_ncols=True)
+
+
+def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
+        batch_tiles: int | None = None) -> MSTResult:
+    """Minimum spanning forest of the DEM in ``store`` (a TerrainStore or a path); writes ``mst/edges``.
+
+    ``weight``: an edge-weight model name (``max`` or ``absdiff``, see terrain_io.weights);
+    ``device``: ``auto|cpu|gpu``; ``memory``: the budget (``"2GB"``; default half the free RAM);
+    ``batch_tiles``: force the batch side in tiles (a power of two <= the shard size).
+    """
+    t_start = time.perf_counter()
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    model = weight_models.get(weight)
+    device = resolve_device(device)
+    budget = memory_budget(memory)
+    forest = K.FOREST_CELLS if model.kind == weight_models.MAX and store.dtype.itemsize <= 4 else K.FOREST_EDGES
+    k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
+    if k & (k - 1) or k > store.shard_size:
+        raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}, got {k}")
+    batches = _plan_batches(store, k)
+    rows, cols = store.shape
+    cap = 8 * store.tile_size + 8
+    merger = _Merger(store, model.kind)
+    buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
+    valid_cells = 0
+    timings = {"read": 0.0, "gpu": 0.0, "wait": 0.0, "tile": 0.0, "write": 0.0}
+    gpu = None  # the GPU tile kernel, when device == 'gpu'
+    no_keys = np.zeros((1, 1), dtype=np.uint32)
+    if device == "gpu":
+        forest = K.FOREST_GIVEN
+        from ._mst_gpu import GpuTileForest
+
+        gpu = GpuTileForest(store.tile_size, model, store.dtype)
+
+    def prepare(b: _Batch):
+        """Read a batch (worker thread) and, on the GPU, compute its tile forests."""
+        t0 = time.perf_counter()
+        values = store.read(b.window)
+        valid = store.valid(values)
+        t1 = time.perf_counter()
+        bits = gpu.forest(values, valid) if gpu is not None else np.zeros(values.shape, dtype=np.uint8)
+        return values, valid, bits, t1 - t0, time.perf_counter() - t1
+
+    with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
+        edges = writer.create_array("edges", "uint8", 0)
+        t_phase = time.perf_counter()
+        lookahead = 2 if gpu is not None else 1
+        with concurrent.futures.ThreadPoolExecutor(lookahead) as pool, _bar(progress, sum(len(b.codes) for b in batches),
+                                                                           "tile phase") as bar:
+            pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
+            for bi, b in enumerate(batches):
+                t0 = time.perf_counter()
+                values, valid, bits, dt_read, dt_gpu = pending.popleft().result()
+                timings["wait"] += time.perf_counter() - t0
+                timings["read"] += dt_read
+                timings["gpu"] += dt_gpu
+                if bi + lookahead < len(batches):
+                    pending.append(pool.submit(prepare, batches[bi + lookahead]))
+                valid_cells += int(np.count_nonzero(valid))
+                t0 = time.perf_counter()
+                hkey = K.order_key32(values) if forest == K.FOREST_CELLS else no_keys
+                out = K.tile_phase_batch(values, valid, hkey, bits, b.tiles, b.window.r0, b.window.c0, rows, cols,
+                                         model.kind, cap, forest)
+                timings["tile"] += time.perf_counter() - t0
+                nv, vid, vh, vm, ne, eu, ev, ew, ec, bsum = out
+                buckets += bsum
+                t0 = time.perf_counter()
+                edges[b.window.slices] = bits
+                timings["write"] += time.perf_counter() - t0
+                for ti in range(len(b.codes)):
+                    a, e = nv[ti], ne[ti]
+                    nxt = int(b.codes[ti + 1]) if ti + 1 < len(b.codes) else (
+                        int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                    merger.push(_Block(0, int(b.codes[ti]), vid[ti, :a], vh[ti, :a], vm[ti, :a],
+                                       eu[ti, :e], ev[ti, :e], ew[ti, :e], ec[ti, :e]), nxt)
+                bar.update(len(b.codes))
+        timings["tile_phase"] = time.perf_counter() - t_phase - merger.seconds
+        timings["merge"] = merger.seconds
+        if gpu is not None:
+            timings["gpu_kernel"] = gpu.kernel_seconds
+            timings["gpu_rounds"] = gpu.rounds
+
+        # expand
+        t_phase = time.perf_counter()
+        rem_c, kept_c = merger.decisions()
+        buckets += merger.buckets
+        decisions = len(rem_c) + len(kept_c)
+        span = k * store.tile_size
+
+        def batch_key(codes):
+            lo = codes >> 2
+            return morton_encode(lo // cols // span, lo % cols // span).astype(np.int64)
+
+        rem_c = rem_c[np.argsort(batch_key(rem_c), kind="stable")]
+        kept_c = kept_c[np.argsort(batch_key(kept_c), kind="stable")]
+        rem_keys, kept_keys = batch_key(rem_c), batch_key(kept_c)
+        n_edges = 0
+        with _bar(progress, len(batches), "expand") as bar:
+            for b in batches:
+                key = int(morton_encode(b.window.r0 // span, b.window.c0 // span))
+                rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
+                ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
+                bits = edges[b.window.slices]
+                if rs.start != rs.stop or ks.start != ks.stop:
+                    K.apply_decisions(bits, b.window.r0, b.window.c0, cols, rem_c[rs], kept_c[ks])
+                    edges[b.window.slices] = bits
+                n_edges += int(K.count_edges(bits))
+                bar.update(1)
+        timings["expand"] = time.perf_counter() - t_phase
+        exact = K.exact_total(buckets)
+        seconds = time.perf_counter() - t_start
+        timings = {k_: round(v, 4) for k_, v in timings.items()}
+        result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
+                           edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
+                           total_weight_exact=str(exact), seconds=seconds, timings=timings,
+                           tile_size=store.tile_size, batch_tiles=k, merge_decisions=decisions)
+        writer.attrs.update(result.attrs())
+    return result
+
+
+def read_edges(store) -> np.ndarray:
+    """The ``mst/edges`` bitmask of ``store`` as one in-memory array (small stores, tests)."""
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    return np.asarray(store.group[f"{RESULT}/edges"][...])
+
+
+def edge_list(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(u, v) cell ids, u < v, of the edges in an ``mst/edges`` bitmask."""
+    rows, cols = bits.shape
+    us, vs = [], []
+    for d in range(4):
+        r, c = np.nonzero(bits & (1 << d))
+        us.append(r * cols + c)
+        vs.append((r + K.DR[d]) * cols + c + K.DC[d])
+    return np.concatenate(us).astype(np.int64), np.concatenate(vs).astype(np.int64)

@@ -1,0 +1,268 @@
+"""Grid MST pipeline (terrain_io.grid.mst) against independent references.
+
+References: scipy.sparse.csgraph.minimum_spanning_tree on the whole grid graph in memory, with the
+strict order (weight, smaller id, larger id) made explicit by giving scipy the edges' ranks as
+weights; networkx on tiny grids; scipy.ndimage.label (8-connectivity) for the number of trees.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy import ndimage
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import minimum_spanning_tree
+
+from terrain_io.grid.mst import edge_list, mst, read_edges
+from terrain_io.store import TerrainStore, valid_mask
+
+SAMPLE_DATA = Path(__file__).resolve().parents[1] / "sample_data"
+
+FORWARD = [(0, 1), (1, -1), (1, 0), (1, 1)]  # E, SW, S, SE: the order of the larger endpoint
+
+
+def grid_edges(vals, valid, weight):
+    """Every edge (u < v) of the 8-connected grid graph with its float64 weight."""
+    rows, cols = vals.shape
+    us, vs, ws = [], [], []
+    r, c = np.nonzero(valid)
+    for dr, dc in FORWARD:
+        rr, cc = r + dr, c + dc
+        ok = (rr >= 0) & (rr < rows) & (cc >= 0) & (cc < cols)
+        ok[ok] &= valid[rr[ok], cc[ok]]
+        a = vals[r[ok], c[ok]].astype(np.float64)
+        b = vals[rr[ok], cc[ok]].astype(np.float64)
+        us.append(r[ok] * cols + c[ok])
+        vs.append(rr[ok] * cols + cc[ok])
+        ws.append(np.maximum(a, b) if weight == "max" else np.abs(a - b))
+    return np.concatenate(us), np.concatenate(vs), np.concatenate(ws)
+
+
+def scipy_msf(vals, valid, weight="max"):
+    """(edge set, exact total weight) of the unique MSF under the strict order, by scipy."""
+    u, v, w = grid_edges(vals, valid, weight)
+    order = np.lexsort((v, u, w))  # weight, then smaller id, then larger id
+    rank = np.empty(len(order), dtype=np.float64)
+    rank[order] = np.arange(1, len(order) + 1)
+    n = vals.size
+    tree = minimum_spanning_tree(coo_matrix((rank, (u, v)), shape=(n, n)).tocsr()).tocoo()
+    a, b = np.minimum(tree.row, tree.col), np.maximum(tree.row, tree.col)
+    chosen = set(zip(a.tolist(), b.tolist()))
+    weight_of = dict(zip(zip(u.tolist(), v.tolist()), w.tolist()))
+    return chosen, sum(Fraction(weight_of[e]) for e in chosen)
+
+
+def islands(valid):
+    return ndimage.label(valid, structure=np.ones((3, 3)))[1]
+
+
+def run(tmp_path, vals, tile=32, shard=2, nodata=None, weight="max", name="dem.zarr", **kw):
+    store = TerrainStore.from_array(tmp_path / name, vals, tile=tile, shard=shard, nodata=nodata)
+    res = mst(store, weight=weight, device="cpu", progress=False, **kw)
+    u, v = edge_list(read_edges(store))
+    return res, set(zip(u.tolist(), v.tolist())), store
+
+
+def check(tmp_path, vals, nodata=None, weight="max", **kw):
+    res, got, store = run(tmp_path, vals, nodata=nodata, weight=weight, **kw)
+    valid = valid_mask(vals, nodata)
+    want, total = scipy_msf(vals, valid, weight)
+    assert got == want
+    assert Fraction(res.total_weight_exact) == total
+    assert res.total_weight == float(total)
+    assert res.trees == islands(valid)
+    assert res.edges == len(want) == int(valid.sum()) - res.trees
+    attrs = store.results()["mst"]
+    assert attrs["edge_count"] == res.edges and attrs["trees"] == res.trees and attrs["weight_model"] == weight
+    return res
+
+
+def terrain(rows, cols, seed=0, levels=None):
+    """Smoothed noise (hills); ``levels`` rounds it to that many values (large flat areas, ties)."""
+    rng = np.random.default_rng(seed)
+    z = ndimage.gaussian_filter(rng.standard_normal((rows, cols)), 3) * 50 + rng.standard_normal((rows, cols))
+    if levels:
+        z = np.round((z - z.min()) / (np.ptp(z) + 1e-9) * levels)
+    return z.astype(np.float32)
+
+
+@pytest.mark.parametrize("shape,tile,shard", [((37, 53), 8, 2), ((64, 64), 8, 4), ((100, 130), 32, 2),
+                                              ((1, 200), 8, 2), ((150, 1), 8, 4), ((2, 90), 8, 1),
+                                              ((70, 70), 64, 1)])
+def test_random_shapes_and_tiles(tmp_path, shape, tile, shard):
+    vals = np.random.default_rng(sum(shape)).random(shape).astype(np.float32)
+    check(tmp_path, vals, tile=tile, shard=shard)
+
+
+@pytest.mark.parametrize("weight", ["max", "absdiff"])
+def test_many_ties_and_flats(tmp_path, weight):
+    vals = terrain(120, 97, seed=3, levels=4)  # a handful of levels: large plateaus
+    vals[30:90, 20:80] = 2.0  # one big flat area
+    check(tmp_path, vals, weight=weight, tile=16, shard=4)
+
+
+def test_all_equal(tmp_path):
+    check(tmp_path, np.zeros((45, 61), dtype=np.float32), tile=8, shard=2)
+
+
+def test_nodata_islands_int16(tmp_path):
+    rng = np.random.default_rng(7)
+    vals = rng.integers(-20, 20, size=(90, 110)).astype(np.int16)
+    hole = ndimage.gaussian_filter(rng.standard_normal(vals.shape), 3) > 0.02
+    vals[hole] = -9999
+    vals[:, 50:53] = -9999  # a moat: islands on both sides
+    res = check(tmp_path, vals, nodata=-9999, tile=16, shard=2)
+    assert res.trees > 2
+
+
+@pytest.mark.parametrize("weight", ["max", "absdiff"])
+def test_nan_islands_and_absdiff(tmp_path, weight):
+    vals = terrain(75, 88, seed=11)
+    vals[np.random.default_rng(1).random(vals.shape) < 0.3] = np.nan
+    check(tmp_path, vals, weight=weight, tile=8, shard=2)
+
+
+def test_every_tile_size_gives_the_same_forest(tmp_path):
+    vals = terrain(300, 410, seed=5, levels=30)
+    vals[np.random.default_rng(2).random(vals.shape) < 0.02] = np.nan
+    valid = valid_mask(vals, None)
+    want, total = scipy_msf(vals, valid)
+    for tile in (32, 64, 128, 256, 512, 1024):
+        for batch in {1, 2}:
+            res, got, _ = run(tmp_path, vals, tile=tile, shard=2, name=f"t{tile}-{batch}.zarr", batch_tiles=batch)
+            assert got == want, (tile, batch)
+            assert Fraction(res.total_weight_exact) == total
+
+
+def test_sample_dems(tmp_path):
+    from terrain_io.convert import convert
+
+    src = SAMPLE_DATA / "jacksboro_fault_dem.asc"
+    if not src.exists():
+        pytest.skip("sample data missing")
+    reference = np.loadtxt(src, skiprows=6).astype(np.float32)
+    reference[reference == -9999] = np.nan
+    convert(src, tmp_path / "j.zarr", tile=64, shard=2)
+    store = TerrainStore.open(tmp_path / "j.zarr")
+    res = mst(store, device="cpu", progress=False)
+    u, v = edge_list(read_edges(store))
+    want, total = scipy_msf(reference, ~np.isnan(reference))
+    assert set(zip(u.tolist(), v.tolist())) == want
+    assert Fraction(res.total_weight_exact) == total
+    holes = SAMPLE_DATA / "jacksboro_fault_dem_holes.grass.asc"
+    if holes.exists():
+        convert(holes, tmp_path / "h.zarr", tile=32, shard=4)
+        store = TerrainStore.open(tmp_path / "h.zarr")
+        values = np.asarray(store.elevation[...])
+        res = mst(store, weight="absdiff", device="cpu", progress=False)
+        u, v = edge_list(read_edges(store))
+        valid = store.valid(values)
+        want, total = scipy_msf(values, valid, "absdiff")
+        assert set(zip(u.tolist(), v.tolist())) == want
+        assert not valid.all() and res.trees == islands(valid)
+
+
+def test_networkx_tiny(tmp_path):
+    rng = np.random.default_rng(4)
+    for k in range(6):
+        vals = rng.integers(0, 3, size=(5 + k, 7)).astype(np.float32)  # ties everywhere
+        vals[rng.random(vals.shape) < 0.2] = np.nan
+        res, got, _ = run(tmp_path, vals, tile=8, shard=2, name=f"n{k}.zarr")
+        valid = ~np.isnan(vals)
+        u, v, w = grid_edges(vals, valid, "max")
+        g = nx.Graph()
+        g.add_nodes_from(np.flatnonzero(valid.ravel()).tolist())
+        for a, b, x in zip(u.tolist(), v.tolist(), w.tolist()):
+            g.add_edge(a, b, weight=x)
+        rank = {e: k for k, e in enumerate(sorted(g.edges(), key=lambda e: (g.edges[e]["weight"], *sorted(e))))}
+        nx.set_edge_attributes(g, rank, "rank")  # the strict order (weight, smaller id, larger id)
+        forest = nx.minimum_spanning_tree(g, weight="rank", algorithm="kruskal")
+        assert got == {tuple(sorted(e)) for e in forest.edges()}
+        assert res.total_weight == pytest.approx(forest.size(weight="weight"))
+        assert res.trees == nx.number_connected_components(g)
+
+
+def test_cli(tmp_path):
+    from cli.main import _register, cli
+
+    _register()
+    vals = terrain(50, 60, seed=9)
+    TerrainStore.from_array(tmp_path / "c.zarr", vals, tile=16, shard=2)
+    out = CliRunner().invoke(cli, ["mst", str(tmp_path / "c.zarr"), "--weight", "absdiff", "--device", "cpu",
+                                   "--memory", "512MB"])
+    assert out.exit_code == 0, out.output
+    line = out.output.strip().splitlines()[-1]
+    assert "3,000 cells" in line and "2,999 edges" in line and "Mcells/s" in line
+    _, total = scipy_msf(vals, np.ones(vals.shape, bool), "absdiff")
+    assert f"weight {float(total):.10g}" in line
+    out = CliRunner().invoke(cli, ["-q", "mst", str(tmp_path / "c.zarr"), "--weight", "nope"])
+    assert out.exit_code != 0
+    out = CliRunner().invoke(cli, ["mst", str(tmp_path / "missing.zarr")])
+    assert out.exit_code == 1 and "terrain: error:" in out.output
+
+
+_MEMORY_SCRIPT = textwrap.dedent("""
+    import sys
+    from terrain_io.grid.mst import mst
+    from terrain_io.memory import parse_size
+    from terrain_io.store import TerrainStore
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+    mst(TerrainStore.open(sys.argv[2]), device="cpu", progress=False)  # compile / load the kernels
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+    base = status("VmRSS")
+    res = mst(TerrainStore.open(sys.argv[1]), device="cpu", progress=False, memory=sys.argv[3])
+    print(status("VmHWM") - base, res.batch_tiles, res.edges)
+""")
+
+
+def _memory_run(tmp_path, size, tile, shard, budget):
+    vals = terrain(size, size, seed=1, levels=200)
+    big = TerrainStore.from_array(tmp_path / "big.zarr", vals, tile=tile, shard=shard)
+    TerrainStore.from_array(tmp_path / "warm.zarr", vals[:tile * 2 + 3, :tile * 2 + 3], tile=tile, shard=shard)
+    del vals
+    out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path / "big.zarr"),
+                          str(tmp_path / "warm.zarr"), budget], capture_output=True, text=True, check=True,
+                         env={**os.environ, "NUMBA_NUM_THREADS": "2"})
+    grown, batch, edges = (int(x) for x in out.stdout.split())
+    return big, grown, batch, edges
+
+
+NEEDS_PROC = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux peak-RSS reset")
+SLACK = 24 * 2**20  # interpreter-level buffers (zarr, allocator arenas) outside the pipeline's own data
+
+
+@NEEDS_PROC
+def test_memory_budget_out_of_core(tmp_path):
+    """A store 4x larger than the budget: peak RSS grows by about the budget, far less than the DEM."""
+    budget = 16 * 2**20
+    big, grown, batch, edges = _memory_run(tmp_path, 4096, 128, 8, "16MB")
+    raw = big.shape[0] * big.shape[1] * 4
+    assert raw >= 4 * budget
+    assert batch < big.shard_size  # the budget forced batches smaller than a shard
+    assert grown <= budget + SLACK and grown < 0.65 * raw, grown
+    assert edges == big.shape[0] * big.shape[1] - 1
+
+
+@NEEDS_PROC
+@pytest.mark.slow
+def test_memory_budget_out_of_core_large(tmp_path):
+    budget = 64 * 2**20
+    big, grown, batch, edges = _memory_run(tmp_path, 8192, 256, 8, "64MB")
+    raw = big.shape[0] * big.shape[1] * 4
+    assert raw >= 4 * budget
+    assert grown <= budget + SLACK and grown < 0.5 * raw, grown
