@@ -46,6 +46,7 @@ def _register() -> None:
     """Attach the subcommands (each module adds its own commands to ``cli``)."""
     from . import demo, graph, store  # noqa: F401
     from . import mst  # noqa: F401
+    from . import sssp  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -137,12 +137,12 @@ def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
 def open_index(store: TerrainStore, field: Field, cluster: int | None = None) -> Index | None:
     """The stored index for these settings, or None when there is none (or it was built for others)."""
     name = index_name(field.model)
-    c = cluster_size(store, cluster)
     try:
         group = store.group[name]
     except KeyError:
         return None
     attrs = dict(group.attrs)
+    c = cluster_size(store, cluster if cluster is not None else attrs.get("cluster"))  # None: any stored size
     want = _wanted_attrs(store, field, c)
     if any(attrs.get(k) != v for k, v in want.items()) or "d" not in group or "v" not in group:
         return None

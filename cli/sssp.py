@@ -1,0 +1,111 @@
+"""Shortest-path commands: ``terrain sssp``, ``terrain index``, ``terrain path``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import Timer, device_option, quiet, say
+from .main import cli
+
+WEIGHTS = ["absdiff", "surface", "cell"]
+
+
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(v) for v in text.replace(" ", "").split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected two numbers 'A,B', got {text!r}") from None
+    return a, b
+
+
+weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="absdiff", show_default=True,
+                             help="Edge weight: |dh| (absdiff), 3-D walking distance (surface), or the cost "
+                                  "raster's (c_i + c_j)/2 * step (cell).")
+cost_option = click.option("--cost", help="Cost raster for --weight cell: a GeoTIFF/ASCII file aligned with the DEM, "
+                                          "or the name of an array in the store.")
+cluster_option = click.option("--cluster", type=int, default=None,
+                              help="Cluster side in cells (power of two, at most the tile size) [default: 16].")
+memory_option = click.option("--memory", default=None, help="Memory budget, e.g. 2GB [default: half the free RAM].")
+
+
+@cli.command("sssp")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--source", "sources", multiple=True, required=True,
+              help="Source X,Y in map coordinates (ROW,COL with --cell); repeat for several sources.")
+@click.option("--cell", "as_cell", is_flag=True, help="Sources are ROW,COL cell indices.")
+@click.option("--crs-coords", "crs_coords", is_flag=True, help="Sources are map coordinates (the default).")
+@weight_option
+@cost_option
+@click.option("--name", default=None, help="Result name: sssp/NAME [default: from the source cell].")
+@cluster_option
+@device_option
+@memory_option
+@click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
+def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, rebuild_index):
+    """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
+
+    Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata) and sssp/NAME/predecessor
+    (direction code of the parent, 255 at sources and unreached cells). The boundary index of
+    phase 1 is kept in the store and reused by later sources.
+    """
+    from terrain_io.grid.sssp import sssp
+
+    if as_cell and crs_coords:
+        raise click.UsageError("--cell and --crs-coords exclude each other")
+    timer = Timer()
+    res = sssp(store, [_pair(s) for s in sources], weight=weight, name=name, device=device, memory=memory,
+               progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index)
+    t = res.timings
+    say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
+        f"max distance {res.max_distance:.6g}; boundary {t['boundary']:.2f} s"
+        f"{' (index reused)' if res.index_reused else ''}, merge {t['merge']:.2f} s, final {t['final']:.2f} s; "
+        f"total {timer.elapsed:.2f} s")
+
+
+@cli.command("index")
+@click.argument("store", type=click.Path(path_type=Path))
+@weight_option
+@cost_option
+@cluster_option
+@device_option
+@click.option("--rebuild", is_flag=True, help="Rebuild even if an index for these settings is stored.")
+def index_command(store, weight, cost, cluster, device, rebuild):
+    """Build the SSSP boundary index (phase 1) for a weight model, so later sources skip it."""
+    from terrain_io.backend import resolve_device
+    from terrain_io.grid.index import Field, open_index
+    from terrain_io.grid.sssp import build_gpu_or_cpu
+    from terrain_io.store import TerrainStore
+
+    st = TerrainStore.open(store)
+    timer = Timer()
+    field = Field(st, weight, cost)
+    try:
+        idx = None if rebuild else open_index(st, field, cluster)
+        if idx is not None:
+            say(f"{idx.name}: already built (cluster {idx.cluster}); use --rebuild to redo it")
+            return
+        idx = build_gpu_or_cpu(st, field, cluster, resolve_device(device), not quiet())
+    finally:
+        field.close()
+    say(f"{idx.name}: clusters of {idx.cluster}^2, {idx.d.shape[0]} x {idx.d.shape[1]} blocks of "
+        f"{idx.d.shape[2]}^2 boundary distances in {timer.elapsed:.2f} s")
+
+
+@cli.command("path")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--to", "target", required=True, help="Target X,Y in map coordinates (ROW,COL with --cell).")
+@click.option("--cell", "as_cell", is_flag=True, help="The target is a ROW,COL cell index.")
+@click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="GeoJSON file for the path [default: print the summary only].")
+def path_command(store, target, as_cell, name, out):
+    """Follow the predecessors from a target back to the source; write a GeoJSON LineString with its cost."""
+    from terrain_io.grid.path import trace, write_geojson
+
+    p = trace(store, _pair(target), name=name, cell=as_cell)
+    if out is not None:
+        write_geojson(store, p, out)
+    say(f"path sssp/{p.name}: {len(p.cells)} cells from {tuple(map(int, p.cells[0]))} to "
+        f"{tuple(map(int, p.cells[-1]))}, "
+        f"cost {p.cost:.6g}" + (f" -> {out}" if out else ""))
