@@ -525,7 +525,7 @@ class _RasterSource:
         from rasterio.errors import RasterioIOError
 
         self.src = src
-        self._env = rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024)
+        self._env = rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024)  # shard windows need no big block cache
         self._env.__enter__()
         try:
             with warnings.catch_warnings():
@@ -557,23 +557,37 @@ class _RasterSource:
         self._env.__exit__(*exc)
         return False
 
-    def write(self, store: TerrainStore, stats: Statistics, cast, progress: bool) -> None:
+    def _read(self, window):
         from rasterio.errors import RasterioIOError
+
+        try:
+            return self.ds.read(1, window=window)
+        except RasterioIOError as exc:
+            raise InputError(f"{self.src}: read error: {str(exc).splitlines()[0]}") from None
+
+    def write(self, store: TerrainStore, stats: Statistics, cast, progress: bool) -> None:
         from rasterio.windows import Window as RioWindow
 
-        windows = list(store.shards())
-        bar = _progress_bar(progress, store.shape[0] * store.shape[1], f"convert {self.src.name}", unit="cell")
+        rows, cols = store.shape
+        st = store.tile_size * store.shard_size
+        # Striped rasters (blocks as wide as the raster) are read a shard row at a time, so each strip
+        # is decoded once; tiled rasters shard window by shard window.
+        striped = self.ds.block_shapes[0][1] >= cols
+        band_bytes = min(st, rows) * cols * np.dtype(self.ds.dtypes[0]).itemsize
+        band_rows = st if striped and band_bytes <= SHARD_ROW_RAM else None
+        bar = _progress_bar(progress, rows * cols, f"convert {self.src.name}", unit="cell")
         try:
-            for win in sorted(windows, key=lambda w: (w.r0, w.c0)):  # row order: friendly to striped TIFFs
-                try:
-                    raw = self.ds.read(1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
-                except RasterioIOError as exc:
-                    raise InputError(f"{self.src}: read error: {str(exc).splitlines()[0]}") from None
-                values = cast(raw)
-                stats.add(values, store.nodata)
-                store.elevation[win.r0 : win.r1, win.c0 : win.c1] = values
-                if bar is not None:
-                    bar.update(values.size)
+            for r0 in range(0, rows, st):
+                r1 = min(r0 + st, rows)
+                band = self._read(RioWindow(0, r0, cols, r1 - r0)) if band_rows else None
+                for c0 in range(0, cols, st):
+                    c1 = min(c0 + st, cols)
+                    raw = band[:, c0:c1] if band is not None else self._read(RioWindow(c0, r0, c1 - c0, r1 - r0))
+                    values = cast(raw)
+                    stats.add(values, store.nodata)
+                    store.elevation[r0:r1, c0:c1] = values
+                    if bar is not None:
+                        bar.update(values.size)
         finally:
             if bar is not None:
                 bar.close()

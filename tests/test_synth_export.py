@@ -62,3 +62,14 @@ def test_export_refuses_unknown_suffix_and_array(tmp_path, sample_data):
     with pytest.raises(Exception, match="no array 'nope'"):
         export(st.path, "nope", tmp_path / "x.tif")
     assert not list(tmp_path.glob("x.*"))
+
+
+def test_tiled_geotiff_converts_window_by_window(tmp_path):
+    store = synthesize(tmp_path / "s.zarr", 300, cols=520, seed=4, nodata_fraction=0.2, tile=32, shard=2)
+    tif = export(store.path, "elevation", tmp_path / "s.tif")
+    with rasterio.open(tif) as ds:
+        assert ds.block_shapes[0] == (256, 256)  # tiled, not striped
+        ref = ds.read(1)
+    again = TerrainStore.open(convert(tif, tmp_path / "again.zarr", tile=16, shard=4).path)
+    np.testing.assert_array_equal(again.elevation[:], ref)
+    np.testing.assert_array_equal(ref, store.elevation[:])
