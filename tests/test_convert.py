@@ -237,3 +237,30 @@ def test_integer_dtype_keeps_declared_nodata(tmp_path):
     with pytest.raises(InputError, match="do not fit"):
         src.write_text(esri_text(np.array([[1.5]])))
         convert(src, tmp_path / "j.zarr", tile=8, shard=2, dtype="int16")
+
+
+CONVERT_RSS = r"""
+import sys
+from terrain_io.convert import convert
+from terrain_io.memory import peak_rss
+convert(sys.argv[1], sys.argv[2], tile=64, shard=4)
+print(peak_rss())
+"""
+
+
+def test_ascii_conversion_memory_does_not_grow_with_rows(tmp_path):
+    """Streaming: 4x the rows (of the same width) adds far less than the grid's size to the peak RSS."""
+    import subprocess
+    import sys
+
+    from terrain_io.synth import synthesize
+
+    peaks = {}
+    for rows in (2048, 8192):
+        store = synthesize(tmp_path / f"s{rows}.zarr", rows, cols=2048, seed=1, tile=64, shard=4)
+        asc = export(store.path, "elevation", tmp_path / f"s{rows}.asc", decimals=2)
+        out = subprocess.run([sys.executable, "-c", CONVERT_RSS, str(asc), str(tmp_path / f"c{rows}.zarr")],
+                             capture_output=True, text=True, check=True)
+        peaks[rows] = int(out.stdout.split()[-1])
+    grid_bytes = 8192 * 2048 * 4  # the big DEM as float32: 64 MiB, never held whole
+    assert peaks[8192] - peaks[2048] < grid_bytes / 4, peaks
