@@ -182,8 +182,16 @@ def tile_forest_max(hkey, valid, i0, j0, h, w, bits):
                     else:
                         buf[ne] = u * 4 + DIR_TO_RANK[d - 4]
                     ne += 1
-        if ne > 1:
+        if ne > 32:
             buf[:ne] = np.sort(buf[:ne])
+        else:  # usually a single cell's few edges: insertion sort, no allocation
+            for x in range(1, ne):
+                y = buf[x]
+                z = x - 1
+                while z >= 0 and buf[z] > y:
+                    buf[z + 1] = buf[z]
+                    z -= 1
+                buf[z + 1] = y
         for x in range(ne):
             a = buf[x] >> 2
             d = RANK_TO_DIR[buf[x] & 3]

@@ -21,6 +21,7 @@ result is a forest, one tree per connected island of valid cells.
 from __future__ import annotations
 
 import collections
+import contextlib
 import concurrent.futures
 import math
 import os
@@ -210,7 +211,17 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
     return k
 
 
+class _NoBar(contextlib.AbstractContextManager):
+    def __exit__(self, *exc):
+        return None
+
+    def update(self, n=1):
+        pass
+
+
 def _bar(progress: bool, total: int, desc: str):
+    if not progress:
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="tile" if desc.startswith("tile") else "batch",
