@@ -58,7 +58,7 @@ def _add_exact(buckets, w, sign):
     buckets[1, e + EXP_OFFSET] += mant - (hi << _LO_BITS)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def add_exact_many(buckets, weights, sign):
     for i in range(weights.shape[0]):
         _add_exact(buckets, weights[i], sign)
@@ -403,7 +403,7 @@ def _is_separator(code, cols, tile):
     return (r // tile != (r + DR[d]) // tile) or (c // tile != (c + DC[d]) // tile)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
     """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (thesis part II ch. 2-3).
 
@@ -603,7 +603,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
 # ---------------------------------------------------------------------------------------------
 # Expand: apply the decisions to a window of the bitmask
 # ---------------------------------------------------------------------------------------------
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def apply_decisions(bits, r0, c0, cols, removed, kept):
     """Clear the bits of ``removed`` codes and set those of ``kept`` codes in the window at (r0, c0)."""
     for k in range(removed.shape[0]):
@@ -616,13 +616,12 @@ def apply_decisions(bits, r0, c0, cols, removed, kept):
         bits[lo // cols - r0, lo % cols - c0] |= np.uint8(1 << d)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True, nogil=True)
 def count_edges(bits):
+    """Number of edges in a bitmask window (serial: the expand pass runs windows in threads)."""
     total = 0
-    for i in prange(bits.shape[0]):
-        s = 0
+    for i in range(bits.shape[0]):
         for j in range(bits.shape[1]):
             b = bits[i, j]
-            s += (b & 1) + ((b >> 1) & 1) + ((b >> 2) & 1) + ((b >> 3) & 1)
-        total += s
+            total += (b & 1) + ((b >> 1) & 1) + ((b >> 2) & 1) + ((b >> 3) & 1)
     return total

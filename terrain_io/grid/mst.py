@@ -25,6 +25,8 @@ import contextlib
 import concurrent.futures
 import math
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -127,6 +129,41 @@ class _Merger:
         if next_code is None:  # the root: everything decided
             assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
         self.seconds += time.perf_counter() - t0
+
+    # -- running in a thread beside the tile phase (merge_blocks releases the GIL) --------------
+    def start(self, depth: int = 2) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mst-merge", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    for block, next_code in item:
+                        self.push(block, next_code)
+                except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
+                    self._error = exc
+
+    def submit(self, pushes: list) -> None:
+        """Queue one batch's tiles ``[(block, next_code), ...]`` for merging."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(pushes)
+
+    def finish(self) -> float:
+        """Wait until every queued block is merged; returns the seconds waited."""
+        t0 = time.perf_counter()
+        self.stop()
+        if self._error is not None:
+            raise self._error
+        return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
 
     def _merge(self, children: list[_Block], level: int, code: int) -> _Block:
         br, bc = morton_decode(np.uint64(code))
@@ -274,8 +311,13 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         edges = writer.create_array("edges", "uint8", 0)
         t_phase = time.perf_counter()
         lookahead = 2 if gpu is not None else 1
-        with concurrent.futures.ThreadPoolExecutor(lookahead) as pool, _bar(progress, sum(len(b.codes) for b in batches),
-                                                                           "tile phase") as bar:
+        writes: collections.deque = collections.deque()
+        merger.start()
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(merger.stop)
+            pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
+            io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1))
+            bar = cleanup.enter_context(_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
             pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
             for bi, b in enumerate(batches):
                 t0 = time.perf_counter()
@@ -294,16 +336,23 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 nv, vid, vh, vm, ne, eu, ev, ew, ec, bsum = out
                 buckets += bsum
                 t0 = time.perf_counter()
-                edges[b.window.slices] = bits
+                while len(writes) > 1:
+                    writes.popleft().result()
+                writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
                 timings["write"] += time.perf_counter() - t0
+                pushes = []
                 for ti in range(len(b.codes)):
                     a, e = nv[ti], ne[ti]
                     nxt = int(b.codes[ti + 1]) if ti + 1 < len(b.codes) else (
                         int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
-                    merger.push(_Block(0, int(b.codes[ti]), vid[ti, :a], vh[ti, :a], vm[ti, :a],
-                                       eu[ti, :e], ev[ti, :e], ew[ti, :e], ec[ti, :e]), nxt)
+                    pushes.append((_Block(0, int(b.codes[ti]), vid[ti, :a], vh[ti, :a], vm[ti, :a],
+                                          eu[ti, :e], ev[ti, :e], ew[ti, :e], ec[ti, :e]), nxt))
+                merger.submit(pushes)
                 bar.update(len(b.codes))
-        timings["tile_phase"] = time.perf_counter() - t_phase - merger.seconds
+            for f in writes:
+                f.result()
+            timings["tile_phase"] = time.perf_counter() - t_phase
+            timings["merge_wait"] = merger.finish()
         timings["merge"] = merger.seconds
         if gpu is not None:
             timings["gpu_kernel"] = gpu.kernel_seconds
@@ -323,17 +372,22 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         rem_c = rem_c[np.argsort(batch_key(rem_c), kind="stable")]
         kept_c = kept_c[np.argsort(batch_key(kept_c), kind="stable")]
         rem_keys, kept_keys = batch_key(rem_c), batch_key(kept_c)
+
+        def expand(b: _Batch) -> int:
+            key = int(morton_encode(b.window.r0 // span, b.window.c0 // span))
+            rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
+            ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
+            bits = edges[b.window.slices]
+            if rs.start != rs.stop or ks.start != ks.stop:
+                K.apply_decisions(bits, b.window.r0, b.window.c0, cols, rem_c[rs], kept_c[ks])
+                edges[b.window.slices] = bits
+            return int(K.count_edges(bits))
+
         n_edges = 0
-        with _bar(progress, len(batches), "expand") as bar:
-            for b in batches:
-                key = int(morton_encode(b.window.r0 // span, b.window.c0 // span))
-                rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
-                ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
-                bits = edges[b.window.slices]
-                if rs.start != rs.stop or ks.start != ks.stop:
-                    K.apply_decisions(bits, b.window.r0, b.window.c0, cols, rem_c[rs], kept_c[ks])
-                    edges[b.window.slices] = bits
-                n_edges += int(K.count_edges(bits))
+        workers = max(1, min(4, os.cpu_count() or 1))  # windows of one byte per cell: light next to the tile phase
+        with _bar(progress, len(batches), "expand") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            for count in ex.map(expand, batches):
+                n_edges += count
                 bar.update(1)
         timings["expand"] = time.perf_counter() - t_phase
         exact = K.exact_total(buckets)
