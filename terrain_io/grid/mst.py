@@ -384,7 +384,9 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
             return int(K.count_edges(bits))
 
         n_edges = 0
-        workers = max(1, min(4, os.cpu_count() or 1))  # windows of one byte per cell: light next to the tile phase
+        # whole shards in parallel (one byte per cell each); parts of a shard one after another, as
+        # zarr rewrites the whole shard on every partial write
+        workers = max(1, min(4, os.cpu_count() or 1)) if k == store.shard_size else 1
         with _bar(progress, len(batches), "expand") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
             for count in ex.map(expand, batches):
                 n_edges += count
