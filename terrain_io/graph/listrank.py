@@ -321,9 +321,9 @@ class _Gpu:
                 names += [f"lr_pred<{i}>", f"lr_check<{i}>", f"lr_link<{i}>"]
                 for v in _CUDA_TYPES.values():
                     for op in range(3):
-                        names += [f"lr_finish<{i}, {v}, {op}>", f"lr_wyllie_round<{i}, {v}, {op}>",
-                                  f"lr_block_wyllie<{i}, {v}, {op}>"]
-                        names += [f"lr_walk<{i}, {v}, {op}, {u}>" for u in (0, 1)]
+                        names += [f"lr_wyllie_round<{i}, {v}, {op}>", f"lr_block_wyllie<{i}, {v}, {op}>"]
+                        names += [f"lr_finish<{i}, {v}, {op}, {p}>" for p in (0, 1)]
+                        names += [f"lr_walk<{i}, {v}, {op}, {u}, {p}>" for u in (0, 1) for p in (0, 1)]
             src = (Path(__file__).resolve().parents[1] / "kernels" / "listrank.cu").read_text()
             cls._module = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
         return cls._module.get_function(name)
@@ -345,9 +345,10 @@ class _Gpu:
 
     def check(self, succ, pred):
         cp = self.xp
-        bad = cp.zeros(1, dtype=cp.uint64)
-        self._launch(f"lr_check<{self._t(succ.dtype)}>", len(succ), (succ, pred, succ.dtype.type(len(succ)), bad))
-        return int(bad.get()[0])
+        counts = cp.zeros(3, dtype=cp.uint64)
+        self._launch(f"lr_check<{self._t(succ.dtype)}>", len(succ), (succ, pred, succ.dtype.type(len(succ)), counts))
+        has_succ, has_pred, bad = (int(x) for x in counts.get())
+        return bad + (has_succ - has_pred)
 
     def sequential(self, nxt, prv, val, unit, op, dtype):
         out, covered = _Cpu().sequential(nxt.get(), prv.get(), None if val is None else val.get(), unit, op, dtype)
@@ -386,23 +387,42 @@ class _Gpu:
                                           spl_elem, counter))
         n_spl = n_regular + int(counter.get()[0])
         spl_elem = spl_elem[:n_spl]
-        local = cp.empty(n, dtype=dtype)
-        owner = cp.empty(n, dtype=nxt.dtype)
+        pack = nxt.dtype.itemsize == 4 and np.dtype(dtype).itemsize == 4
+        if pack:
+            cells = cp.empty(n, dtype=cp.uint64)
+            local = owner = cells          # unused placeholders of the right kind
+        else:
+            cells = cp.empty(1, dtype=cp.uint64)
+            local = cp.empty(n, dtype=dtype)
+            owner = cp.empty(n, dtype=nxt.dtype)
         sub_val = cp.empty(n_spl, dtype=dtype)
         sub_next = cp.empty(n_spl, dtype=nxt.dtype)
         sub_prev = cp.full(n_spl, -1, dtype=nxt.dtype)
         covered = cp.zeros(1, dtype=cp.uint64)
         threads = 128
-        self._kernel(f"lr_walk<{I}, {self._t(dtype)}, {op}, {int(unit)}>")(
+        dummy_v = sub_val
+        self._kernel(f"lr_walk<{I}, {self._t(dtype)}, {op}, {int(unit)}, {int(pack)}>")(
             ((n_spl + threads - 1) // threads,), (threads,),
-            (link, val if val is not None else local, spl_id, spl_elem, it(n_spl), local, owner,
+            (link, val if val is not None else dummy_v, spl_id, spl_elem, it(n_spl),
+             dummy_v if pack else local, sub_next if pack else owner, cells,
              sub_val, sub_next, sub_prev, covered))
-        return local, owner, sub_val, sub_next, sub_prev, int(covered.get()[0])
+        parts = (cells, n, dtype) if pack else (local, owner)
+        return parts, None, sub_val, sub_next, sub_prev, int(covered.get()[0])
 
     def finish(self, local, owner, sub_prev, sub_prefix, op):
-        out = self.xp.empty_like(local)
-        self._launch(f"lr_finish<{self._t(owner.dtype)}, {self._t(local.dtype)}, {op}>", len(local),
-                     (local, owner, sub_prev, sub_prefix, owner.dtype.type(len(local)), out))
+        cp = self.xp
+        if len(local) == 3:        # packed cells
+            cells, n, dtype = local
+            out = cp.empty(n, dtype=dtype)
+            args = (out, sub_prev, cells, sub_prev, sub_prefix, sub_prev.dtype.type(n), out)
+            name = f"lr_finish<{self._t(sub_prev.dtype)}, {self._t(dtype)}, {op}, 1>"
+        else:
+            loc, own = local
+            n = len(loc)
+            out = cp.empty_like(loc)
+            args = (loc, own, cp.empty(1, dtype=cp.uint64), sub_prev, sub_prefix, own.dtype.type(n), out)
+            name = f"lr_finish<{self._t(own.dtype)}, {self._t(loc.dtype)}, {op}, 0>"
+        self._launch(name, n, args)
         return out
 
     def wyllie_round(self, prev, val, op, prev2, val2):

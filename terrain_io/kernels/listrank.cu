@@ -19,6 +19,21 @@ __device__ __forceinline__ V combine(V a, V b) {
     return b > a ? b : a;
 }
 
+// One 64-bit word (owner << 32 | bits of the local prefix) per element when I and V are 4 bytes:
+// the walk then makes one random write per element instead of two.
+template <typename V>
+__device__ __forceinline__ unsigned long long pack_cell(unsigned owner, V x) {
+    union { V v; unsigned u; } c;
+    c.v = x;
+    return ((unsigned long long)owner << 32) | c.u;
+}
+template <typename V>
+__device__ __forceinline__ V cell_value(unsigned long long cell) {
+    union { V v; unsigned u; } c;
+    c.u = (unsigned)(cell & 0xffffffffULL);
+    return c.v;
+}
+
 template <typename I, typename V, int UNIT>
 __device__ __forceinline__ V value_at(const V* __restrict__ val, I j) {
     if (UNIT) return (V)1;
@@ -34,16 +49,22 @@ __global__ void lr_pred(const I* __restrict__ succ, I n, I* __restrict__ pred) {
     }
 }
 
-// bad[0] += number of i whose successor is out of range or claimed by another element.
+// Validation without a second random pass: counts[0] += elements with a successor, counts[1] +=
+// elements with a predecessor (after lr_pred), counts[2] += successors out of range. Two elements
+// sharing a successor leave counts[1] < counts[0].
 template <typename I>
 __global__ void lr_check(const I* __restrict__ succ, const I* __restrict__ pred, I n,
-                         unsigned long long* bad) {
-    unsigned long long local = 0;
+                         unsigned long long* counts) {
+    unsigned long long has_succ = 0, has_pred = 0, bad = 0;
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
         I s = succ[i];
-        if (s >= n || s < -1 || (s >= 0 && pred[s] != i)) local++;
+        has_succ += (s >= 0);
+        has_pred += (pred[i] >= 0);
+        bad += (s >= n || s < -1);
     }
-    if (local) atomicAdd(bad, local);
+    if (has_succ) atomicAdd(counts, has_succ);
+    if (has_pred) atomicAdd(counts + 1, has_pred);
+    if (bad) atomicAdd(counts + 2, bad);
 }
 
 // Build link words and the splitter table. Regular splitters (i % stride == 0) get id i / stride;
@@ -68,28 +89,30 @@ __global__ void lr_link(const I* __restrict__ next, const I* __restrict__ prev, 
 }
 
 // Local ranking phase: one thread walks the sublist of one splitter, writing the local inclusive
-// prefix and the owning sublist of every element; the sublist's total, successor sublist and
-// (for the successor) predecessor sublist form the reduced list.
-template <typename I, typename V, int OP, int UNIT>
+// prefix and the owning sublist of every element (separately, or packed in one word when PACK);
+// the sublist's total, successor sublist and (for the successor) predecessor sublist form the
+// reduced list.
+template <typename I, typename V, int OP, int UNIT, int PACK>
 __global__ void lr_walk(const I* __restrict__ link, const V* __restrict__ val,
                         const I* __restrict__ spl_id, const I* __restrict__ spl_elem, I n_spl,
-                        V* __restrict__ local, I* __restrict__ owner, V* __restrict__ sub_val,
+                        V* __restrict__ local, I* __restrict__ owner,
+                        unsigned long long* __restrict__ cells, V* __restrict__ sub_val,
                         I* __restrict__ sub_next, I* __restrict__ sub_prev,
                         unsigned long long* covered) {
     I t = blockIdx.x * (I)blockDim.x + threadIdx.x;
     if (t >= n_spl) return;
     I s = spl_elem[t];
     V acc = value_at<I, V, UNIT>(val, s);
-    local[s] = acc;
-    owner[s] = t;
+    if (PACK) cells[s] = pack_cell<V>((unsigned)t, acc);
+    else { local[s] = acc; owner[s] = t; }
     unsigned long long count = 1;
     I j = -3 - link[s];
     while (j >= 0) {
         I l = link[j];
         if (l <= -2) break;          // j starts another sublist
         acc = combine<V, OP>(acc, value_at<I, V, UNIT>(val, j));
-        local[j] = acc;
-        owner[j] = t;
+        if (PACK) cells[j] = pack_cell<V>((unsigned)t, acc);
+        else { local[j] = acc; owner[j] = t; }
         count++;
         j = l;
     }
@@ -105,13 +128,23 @@ __global__ void lr_walk(const I* __restrict__ link, const V* __restrict__ val,
 }
 
 // Recombination: out[i] = (prefix of the sublists before i's sublist) op local[i].
-template <typename I, typename V, int OP>
+template <typename I, typename V, int OP, int PACK>
 __global__ void lr_finish(const V* __restrict__ local, const I* __restrict__ owner,
+                          const unsigned long long* __restrict__ cells,
                           const I* __restrict__ sub_prev, const V* __restrict__ sub_prefix, I n,
                           V* __restrict__ out) {
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
-        I p = sub_prev[owner[i]];
-        V x = local[i];
+        I o;
+        V x;
+        if (PACK) {
+            unsigned long long c = cells[i];
+            o = (I)(c >> 32);
+            x = cell_value<V>(c);
+        } else {
+            o = owner[i];
+            x = local[i];
+        }
+        I p = sub_prev[o];
         out[i] = p >= 0 ? combine<V, OP>(sub_prefix[p], x) : x;
     }
 }
