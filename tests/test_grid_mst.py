@@ -266,3 +266,12 @@ def test_memory_budget_out_of_core_large(tmp_path):
     raw = big.shape[0] * big.shape[1] * 4
     assert raw >= 4 * budget
     assert grown <= budget + SLACK and grown < 0.5 * raw, grown
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint32"])
+def test_integer_types(tmp_path, dtype):
+    """int32 (negative values: cell sort with signed keys) and uint32 (edge sort) elevations."""
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 50, size=(70, 90)).astype(np.int64)
+    vals = (base - 25 if dtype == "int32" else base + 2**31).astype(dtype)  # uint32 beyond int32
+    check(tmp_path, vals, tile=16, shard=2)

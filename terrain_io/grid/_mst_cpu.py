@@ -345,6 +345,13 @@ FOREST_EDGES = 1  # Kruskal sorting edges (any weight model)
 FOREST_CELLS = 2  # Kruskal sorting cells (model ``max``, elevations of at most 32 bits)
 
 
+def cells_sortable(dtype) -> bool:
+    """Elevations that :func:`order_key32` maps to uint32 keys in order (FOREST_CELLS possible)."""
+    dtype = np.dtype(dtype)
+    return dtype == np.float32 or (dtype.kind == "i" and dtype.itemsize <= 4) or (
+        dtype.kind == "u" and dtype.itemsize <= 2)
+
+
 def order_key32(values: np.ndarray) -> np.ndarray:
     """An order-preserving uint32 image of elevations of at most 32 bits (for FOREST_CELLS).
 

@@ -279,7 +279,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     model = weight_models.get(weight)
     device = resolve_device(device)
     budget = memory_budget(memory)
-    forest = K.FOREST_CELLS if model.kind == weight_models.MAX and store.dtype.itemsize <= 4 else K.FOREST_EDGES
+    forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
     k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
     if k & (k - 1) or k > store.shard_size:
         raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}, got {k}")
