@@ -1,6 +1,8 @@
 """``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
 from __future__ import annotations
 
+import signal
+
 import click
 
 from terrain_io import __version__
@@ -25,11 +27,12 @@ class TerrainGroup(click.Group):
                 msg = "out of memory: " + msg + " (lower --memory or the tile size)"
             click.echo(f"terrain: error: {msg}", err=True)
             ctx.exit(1)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
-            click.echo("terrain: interrupted", err=True)
-            ctx.exit(130)
+            terminated = isinstance(exc, Terminated)
+            click.echo(f"terrain: {'terminated' if terminated else 'interrupted'}", err=True)
+            ctx.exit(143 if terminated else 130)
 
 
 @click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +52,19 @@ def _register() -> None:
     from . import sssp  # noqa: F401
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that temporary outputs are cleaned up on the way out."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> None:
+    # A file-size limit (RLIMIT_FSIZE) then makes writes fail with EFBIG -- reported as one line and
+    # cleaned up -- instead of killing the process with SIGXFSZ and leaving temporaries behind.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _register()
     cli.main(args=argv, prog_name="terrain")
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from . import _ascii_parse as ap
 from .errors import InputError, TerrainError
-from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, atomic_directory, check_tiling
+from .atomic import atomic_directory
+from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, check_tiling
 
 READ_BLOCK = 8 << 20  # bytes of ASCII text per read
 SHARD_ROW_RAM = 128 << 20  # shard rows larger than this are spilled to a scratch file

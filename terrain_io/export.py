@@ -6,14 +6,14 @@ and writes under a temporary name that is renamed when the file is complete.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numba as nb
 import numpy as np
 
 from .errors import InputError, StoreError
-from .store import TerrainStore, Window, valid_mask
+from .atomic import atomic_file
+from .store import TerrainStore, valid_mask
 
 PNG_MAX_SIDE = 2048
 
@@ -45,17 +45,11 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     writers = {".tif": _write_geotiff, ".tiff": _write_geotiff, ".asc": _write_ascii, ".png": _write_png}
     if suffix not in writers:
         raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    try:
+    with atomic_file(out) as tmp:
         if suffix == ".asc":
             _write_ascii(store, name, arr, tmp, decimals)
         else:
             writers[suffix](store, name, arr, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)
-        raise
     return out
 
 

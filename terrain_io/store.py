@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
-import shutil
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +23,7 @@ import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
 
+from .atomic import atomic_directory, locked
 from .errors import StoreError
 from .zorder import morton_order
 
@@ -325,6 +323,10 @@ class TerrainStore:
             yield ResultWriter(self, group)
         self.group = zarr.open_group(str(self.path), mode="r+")
 
+    def lock(self, name: str = "store", shared: bool = False, wait: bool = True):
+        """An advisory inter-process lock named ``name`` on this store (a lock file beside it)."""
+        return locked(self.path.parent / f".{self.path.name}.{name.replace('/', '_')}.lock", shared=shared, wait=wait)
+
     def update_attrs(self, **attrs) -> None:
         self.group.attrs.update(attrs)
         self.attrs.update(attrs)
@@ -400,33 +402,9 @@ def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, sh
 def check_result_name(name: str) -> list[str]:
     """Split a result name into path parts, refusing anything that could leave the store."""
     parts = [p for p in str(name).split("/") if p]
-    if not parts or any(p in (".", "..") or p.startswith(".") or "\\" in p or p.startswith("__") for p in parts):
+    if not parts or any(p in (".", "..") or p.startswith(".") or "\\" in p or "%" in p or p.startswith("__")
+                        for p in parts):
         raise StoreError(f"invalid result name {name!r}")
     if parts[0] == ELEVATION:
         raise StoreError("the name 'elevation' is reserved for the DEM itself")
     return parts
-
-
-@contextlib.contextmanager
-def atomic_directory(final, tmp_parent=None):
-    """Yield a fresh temporary path; rename it to ``final`` when the block completes.
-
-    The temporary lies in ``tmp_parent`` (default: beside ``final``, same file system, so the
-    rename is atomic). An existing ``final`` is replaced only after the new one is complete; on an
-    exception the temporary is removed and ``final`` is untouched.
-    """
-    final = Path(final)
-    parent = Path(tmp_parent) if tmp_parent is not None else final.parent
-    tmp = parent / f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        yield tmp
-        old = None
-        if final.exists():
-            old = tmp.with_name(tmp.name + ".old")
-            os.rename(final, old)
-        os.rename(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -17,7 +17,8 @@ import numba as nb
 import numpy as np
 
 from .errors import TerrainError
-from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, atomic_directory
+from .atomic import atomic_directory
+from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore
 
 
 @nb.njit(cache=True, inline="always")

@@ -1,0 +1,162 @@
+"""Crash-safe writing: temporary names renamed when complete, stale leftovers, store locks.
+
+Every output (a store, a result group, an exported file, scratch space) is made under a hidden
+temporary name that carries the writer's process id: ``.NAME.partial-PID-RANDOM``, where NAME is
+the final path relative to the temporary's folder, %-encoded (so a result ``dem.zarr/mst`` made
+beside the store is ``.dem.zarr%2Fmst.partial-...``). It is renamed
+to ``NAME`` only when complete, so a killed run never leaves anything that looks whole. What a
+killed run leaves behind is removed by the next writer of the same name once that PID is gone;
+if a run died between moving an old result aside and moving the new one in, the old one is put
+back.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+_PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-f]+(?P<old>\.old)?$")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clean_stale(parent, name: str | None = None) -> list[Path]:
+    """Remove leftovers of dead writers in ``parent`` (only those for final path ``name`` if given,
+    relative to ``parent``).
+
+    An ``.old`` copy whose final name is missing is restored instead of removed. Returns what was
+    removed or restored.
+    """
+    parent = Path(parent)
+    done = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return done
+    for entry in entries:
+        m = _PARTIAL.match(entry.name)
+        if not m or (name is not None and unquote(m.group("name")) != name) or _alive(int(m.group("pid"))):
+            continue
+        final = parent / unquote(m.group("name"))
+        if m.group("old") and not final.exists():
+            os.rename(entry, final)  # the run died mid-swap: the old result is still the valid one
+        else:
+            _remove(entry)
+        done.append(entry)
+    return done
+
+
+def temporary_name(final: Path, kind: str = "partial", parent=None) -> Path:
+    """``.NAME.KIND-PID-RANDOM`` in ``parent`` (default: beside ``final``) for the output ``final``."""
+    final = Path(final)
+    parent = Path(parent) if parent is not None else final.parent
+    rel = os.path.relpath(final, parent)
+    return parent / f".{quote(rel, safe='')}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _relative(final: Path, tmp: Path) -> str:
+    return os.path.relpath(final, tmp.parent)
+
+
+@contextlib.contextmanager
+def atomic_directory(final, tmp_parent=None):
+    """Yield a fresh temporary path; rename it to ``final`` when the block completes.
+
+    The temporary lies in ``tmp_parent`` (default: beside ``final``; same file system, so the
+    rename is atomic). An existing ``final`` is replaced only after the new one is complete; on an
+    exception (Ctrl-C included) the temporary is removed and ``final`` is untouched.
+    """
+    final = Path(final)
+    tmp = temporary_name(final, parent=tmp_parent)
+    clean_stale(tmp.parent, _relative(final, tmp))
+    try:
+        yield tmp
+        replace(tmp, final)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def replace(tmp: Path, final: Path) -> None:
+    """Move the complete ``tmp`` to ``final``, replacing what is there (directories too)."""
+    if final.is_dir() and not final.is_symlink():
+        old = tmp.with_name(tmp.name + ".old")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def atomic_file(final):
+    """Yield a temporary file path beside ``final``; it becomes ``final`` when the block completes."""
+    final = Path(final)
+    tmp = temporary_name(final)
+    clean_stale(tmp.parent, _relative(final, tmp))
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        _remove(tmp)
+        Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
+        raise
+
+
+@contextlib.contextmanager
+def scratch_directory(near, label: str):
+    """A private scratch folder beside ``near`` (same disk as the data), removed afterwards.
+
+    Named like the partial outputs, so a killed run's scratch is cleaned by the next run.
+    """
+    path = temporary_name(Path(near).parent / label, kind="scratch")
+    clean_stale(path.parent, label)
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def locked(path, shared: bool = False, wait: bool = True):
+    """Hold an advisory lock on ``path`` (a lock file, created if missing) for the block.
+
+    Exclusive by default; ``wait=False`` raises BlockingIOError when another process holds it.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, flags)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BlockingIOError(f"{path} is locked by another process") from None
+            raise
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
