@@ -135,38 +135,68 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
 
 
 @numba.njit(cache=True)
+def _radix_sort32(keys, vals):
+    """Stable LSD radix sort of uint32 ``keys`` (8-bit digits) carrying ``vals`` along."""
+    m = keys.shape[0]
+    k2 = np.empty_like(keys)
+    v2 = np.empty_like(vals)
+    count = np.empty(256, dtype=np.int64)
+    for shift in range(0, 32, 8):
+        count[:] = 0
+        for x in range(m):
+            count[(keys[x] >> shift) & 0xFF] += 1
+        if count.max() == m:
+            continue  # one digit value: nothing to move
+        total = 0
+        for d in range(256):
+            c = count[d]
+            count[d] = total
+            total += c
+        for x in range(m):
+            d = (keys[x] >> shift) & 0xFF
+            k2[count[d]] = keys[x]
+            v2[count[d]] = vals[x]
+            count[d] += 1
+        keys, k2 = k2, keys
+        vals, v2 = v2, vals
+    return keys, vals
+
+
+@numba.njit(cache=True)
 def tile_forest_max(hkey, valid, i0, j0, h, w, bits):
     """Kruskal for the ``max`` model, sorting cells instead of edges (4x fewer keys).
 
     An edge weighs the elevation of its higher endpoint, so the edges of weight h are those from
     each cell of elevation h to its neighbours that are lower, or equal and of smaller id. Cells
-    sorted by (h, id) -- one uint64 key, ``hkey`` being an order-preserving 32-bit image of the
-    elevation -- give the edges weight class by weight class; inside a class they are sorted by
+    sorted by (h, id) -- a stable radix sort of ``hkey``, an order-preserving 32-bit image of the
+    elevation, over cells listed by id -- give the edges weight class by weight class; inside a class they are sorted by
     code, which makes the order exactly the strict (weight, smaller id, larger id).
     """
     n = h * w
-    keys = np.empty(n, dtype=np.uint64)
+    keys = np.empty(n, dtype=np.uint32)
+    ids = np.empty(n, dtype=np.int32)
     m = 0
     for i in range(h):
         for j in range(w):
             if valid[i0 + i, j0 + j]:
-                keys[m] = (np.uint64(hkey[i0 + i, j0 + j]) << np.uint64(32)) | np.uint64(i * w + j)
+                keys[m] = hkey[i0 + i, j0 + j]
+                ids[m] = i * w + j
                 m += 1
-    keys = np.sort(keys[:m])
+    keys, ids = _radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
     parent = np.arange(n, dtype=np.int32)
     buf = np.empty(64, dtype=np.int64)
     joined = 0
     g = 0
     while g < m:
-        hk = keys[g] >> np.uint64(32)
+        hk = keys[g]
         ge = g + 1
-        while ge < m and (keys[ge] >> np.uint64(32)) == hk:
+        while ge < m and keys[ge] == hk:
             ge += 1
         if 8 * (ge - g) > buf.shape[0]:
             buf = np.empty(16 * (ge - g), dtype=np.int64)
         ne = 0
         for x in range(g, ge):  # the edges of this weight class, as codes lo * 4 + rank
-            v = np.int64(keys[x] & np.uint64(0xFFFFFFFF))
+            v = np.int64(ids[x])
             i = v // w
             j = v % w
             for d in range(8):
