@@ -68,8 +68,9 @@ def test_matches_scipy(device, method, name, directed):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", METHODS)
-def test_bfs_project_graph_matches_networkx(device, method):
-    g = generate.bfs_project_graph(300, density=0.05, max_degree=0.1, seed=4)
+@pytest.mark.parametrize("density,cap", [(0.05, 0.1), (0.25, 1.0)])   # low and high mean degree
+def test_bfs_project_graph_matches_networkx(device, method, density, cap):
+    g = generate.bfs_project_graph(300, density=density, max_degree=cap, seed=4)
     G = nx.DiGraph()
     G.add_nodes_from(range(g.n))
     G.add_edges_from(zip(g.u.tolist(), g.v.tolist()))

@@ -11,7 +11,8 @@ Methods, after the BFS section of the seed gpu-apsp-bfs-project:
   O(depth * m) work.
 - ``"frontier"``: linear work, level-synchronous: the frontier vertices' degrees are prefix-summed
   (cooperative allocation), each neighbour slot is gathered (binary search of its frontier vertex,
-  as getNextFrontierBS), and visited vertices and duplicates are filtered by claiming each vertex
+  as getNextFrontierBS; when the frontier's mean degree is 32 or more and its degrees are even, a
+  warp per frontier vertex reads its neighbour list coalesced instead), and visited vertices and duplicates are filtered by claiming each vertex
   once (atomicCAS on its depth, which replaces the project's mask + scan culling) and compacted
   into the next frontier. On the CPU: the sequential FIFO-queue BFS (cpuBFS), which is the same
   linear-work traversal.
@@ -36,6 +37,9 @@ from ._csr import CSRGraph, result_device, to_csr
 
 METHODS = ("auto", "frontier", "naive")
 ALPHA, BETA = 14, 24   # Beamer et al.'s switching thresholds
+WARP_DEGREE = 32       # GPU top-down: a warp per frontier vertex when their mean degree reaches this
+                       # and no vertex has more than 4x the mean (skewed frontiers, e.g. R-MAT, would
+                       # leave one warp with a huge list: measured 2.5x slower there)
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -121,7 +125,8 @@ def _kernel(name, dtype):
     import cupy
 
     if _module is None:
-        names = [f"{k}<{t}>" for k in ("bfs_naive", "bfs_expand", "bfs_bottom_up") for t in ("int", "long long")]
+        names = [f"{k}<{t}>" for k in ("bfs_naive", "bfs_expand", "bfs_expand_warp", "bfs_bottom_up")
+                 for t in ("int", "long long")]
         src = (Path(__file__).resolve().parents[1] / "kernels" / "bfs.cu").read_text()
         _module = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
     t = "int" if np.dtype(dtype) == np.int32 else "long long"
@@ -158,6 +163,11 @@ def _gpu_frontier(g: CSRGraph, source, direction_opt, depth, parent):
             _kernel("bfs_bottom_up", it)(((n + 255) // 256,), (256,),
                                          (g.indptr, g.indices, np.int64(n), depth, parent, np.int32(level),
                                           nxt, count))
+        elif f >= 64 and m_f >= WARP_DEGREE * f and int(deg.max()) * f <= 4 * m_f:
+            inspected += m_f
+            blocks = int(min((32 * f + 255) // 256, 132 * 64))
+            _kernel("bfs_expand_warp", it)((blocks,), (256,), (g.indptr, g.indices, frontier, np.int64(f), depth,
+                                                               parent, np.int32(level), nxt, count))
         elif m_f:
             inspected += m_f
             _kernel("bfs_expand", it)(((m_f + 255) // 256,), (256,),

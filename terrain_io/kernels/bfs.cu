@@ -57,6 +57,33 @@ __global__ void bfs_expand(const I* __restrict__ indptr, const I* __restrict__ i
     warp_append<I>(take, w, next, next_count);
 }
 
+// Top-down step for frontiers of high mean degree: one warp per frontier vertex, the lanes read its
+// neighbour list coalesced (no binary search); same claim-by-atomicCAS filter and compaction.
+template <typename I>
+__global__ void bfs_expand_warp(const I* __restrict__ indptr, const I* __restrict__ indices,
+                                const I* __restrict__ frontier, long long f, int* depth, I* parent,
+                                int level, I* next, unsigned long long* next_count) {
+    long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+    long long n_warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    int lane = threadIdx.x & 31;
+    for (long long i = warp; i < f; i += n_warps) {            // warp-uniform
+        I src = frontier[i];
+        long long start = indptr[src], end = indptr[src + 1];
+        for (long long e = start + lane; e - lane < end; e += 32) {   // warp-uniform trip count
+            bool take = false;
+            I w = 0;
+            if (e < end) {
+                w = indices[e];
+                if (depth[w] == -1 && atomicCAS(&depth[w], -1, level + 1) == -1) {
+                    parent[w] = src;
+                    take = true;
+                }
+            }
+            warp_append<I>(take, w, next, next_count);
+        }
+    }
+}
+
 // Bottom-up step (Beamer et al., SC'12) for symmetric graphs: every unvisited vertex looks for a
 // neighbour in the current frontier (depth == level) and stops at the first one.
 template <typename I>
