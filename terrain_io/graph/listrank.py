@@ -388,9 +388,8 @@ class _Gpu:
         n_spl = n_regular + int(counter.get()[0])
         spl_elem = spl_elem[:n_spl]
         pack = nxt.dtype.itemsize == 4 and np.dtype(dtype).itemsize == 4
-        if pack:
+        if pack:                           # one 64-bit cell (owner, local prefix) per element
             cells = cp.empty(n, dtype=cp.uint64)
-            local = owner = cells          # unused placeholders of the right kind
         else:
             cells = cp.empty(1, dtype=cp.uint64)
             local = cp.empty(n, dtype=dtype)
@@ -400,7 +399,7 @@ class _Gpu:
         sub_prev = cp.full(n_spl, -1, dtype=nxt.dtype)
         covered = cp.zeros(1, dtype=cp.uint64)
         threads = 128
-        dummy_v = sub_val
+        dummy_v = sub_val                  # stands in for the unused value / local arrays
         self._kernel(f"lr_walk<{I}, {self._t(dtype)}, {op}, {int(unit)}, {int(pack)}>")(
             ((n_spl + threads - 1) // threads,), (threads,),
             (link, val if val is not None else dummy_v, spl_id, spl_elem, it(n_spl),
