@@ -139,6 +139,7 @@ def main():
           f"{args.size**2 / 1e6:.0f}M cells, store {report['store_bytes'] / 2**30:.2f} GiB "
           f"(raw {report['raw_bytes'] / 2**30:.2f} GiB), read+decode pass {report['read_pass_seconds']:.1f} s")
     print(f"GPU end to end {g['seconds']:.1f} s ({args.size**2 / g['seconds'] / 1e6:.0f} Mcells/s); "
+          f"tile phase / read pass = {g['timings']['tile_phase'] / report['read_pass_seconds']:.2f}; "
           f"phases {g['timings']}")
     if "cpu_run" in report:
         print(f"CPU end to end {report['cpu_run']['seconds']:.1f} s; identical edges: {report['identical']}")

@@ -41,7 +41,7 @@ class GpuTileForest:
         options = (f"-DVAL_T={_CTYPES[dtype.name]}", f"-DKIND={model.kind}", f"-DPACKED={int(self.packed)}")
         module = cp.RawModule(code=_SOURCE.read_text(), options=options)
         self.k = {name: module.get_function(name)
-                  for name in ("find_min", "find_min_code", "hook", "break_pairs", "jump")}
+                  for name in ("find_min", "find_min_code", "hook", "break_pairs", "find_roots")}
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.lock = threading.Lock()
         self._pinned: dict = {}
@@ -95,11 +95,7 @@ class GpuTileForest:
                     break
                 self.rounds += 1
                 self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
-                while True:
-                    changed.fill(0)
-                    self.k["jump"](grid, (_BLOCK,), (parent, changed, np.int64(n)))
-                    if not self._flag(changed, h_changed):
-                        break
+                self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
                 comp[...] = parent
             out = bits.astype(cp.uint8).reshape(H, W)
             stop.record(self.stream)

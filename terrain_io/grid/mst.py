@@ -114,10 +114,14 @@ class _Merger:
         self.merges = 0
 
     def push(self, block: _Block, next_code: int | None) -> None:
+        """Add a complete block (a tile, or a whole batch) and merge every block it completes.
+
+        ``next_code``: Morton code of the next tile in the global order (None after the last).
+        """
         t0 = time.perf_counter()
         self.stack.append(block)
-        m = block.code
-        for level in range(1, self.top + 1):
+        m = block.code << (2 * block.level)  # the block's first tile
+        for level in range(block.level + 1, self.top + 1):
             parent = m >> (2 * level)
             if next_code is not None and next_code >> (2 * level) == parent:
                 break
@@ -125,13 +129,26 @@ class _Merger:
             while (self.stack and self.stack[-1].level < level
                    and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
                 children.append(self.stack.pop())
-            self.stack.append(self._merge(children, level, parent))
+            self.stack.append(self._record(self._merge(children, level, parent)))
         if next_code is None:  # the root: everything decided
             assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
         self.seconds += time.perf_counter() - t0
 
+    def push_batch(self, tiles: list[_Block], side: int, next_code: int | None) -> None:
+        """Add a full batch of ``side`` x ``side`` tiles (Morton order): its inner levels are merged
+        in parallel threads, group by group, before the batch joins the stream as one block."""
+        t0 = time.perf_counter()
+        blocks = tiles
+        for level in range(1, int(math.log2(side)) + 1):
+            groups = [blocks[g:g + 4] for g in range(0, len(blocks), 4)]
+            merged = list(self.pool.map(lambda grp, lv=level: self._merge(grp, lv, grp[0].code >> 2), groups))
+            blocks = [self._record(r) for r in merged]
+        self.seconds += time.perf_counter() - t0
+        self.push(blocks[0], next_code)
+
     # -- running in a thread beside the tile phase (merge_blocks releases the GIL) --------------
-    def start(self, depth: int = 2) -> None:
+    def start(self, depth: int = 2, workers: int = 1) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mst-merge", daemon=True)
@@ -141,16 +158,20 @@ class _Merger:
         while (item := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    for block, next_code in item:
-                        self.push(block, next_code)
+                    blocks, side, next_code = item
+                    if len(blocks) == side * side and side > 1:
+                        self.push_batch(blocks, side, next_code)
+                    else:  # a batch cut by the DEM's edge: tile by tile
+                        for i, block in enumerate(blocks):
+                            self.push(block, blocks[i + 1].code if i + 1 < len(blocks) else next_code)
                 except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
                     self._error = exc
 
-    def submit(self, pushes: list) -> None:
-        """Queue one batch's tiles ``[(block, next_code), ...]`` for merging."""
+    def submit(self, tiles: list[_Block], side: int, next_code: int | None) -> None:
+        """Queue one batch's tile blocks (Morton order; ``side``: the batch side in tiles) for merging."""
         if self._error is not None:
             raise self._error
-        self._queue.put(pushes)
+        self._queue.put((tiles, side, next_code))
 
     def finish(self) -> float:
         """Wait until every queued block is merged; returns the seconds waited."""
@@ -164,8 +185,10 @@ class _Merger:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        self.pool.shutdown()
 
-    def _merge(self, children: list[_Block], level: int, code: int) -> _Block:
+    def _merge(self, children: list[_Block], level: int, code: int):
+        """Merge sibling blocks into block ``code`` of ``level`` (thread-safe: records nothing)."""
         br, bc = morton_decode(np.uint64(code))
         span = self.tile << level
         cat = [np.concatenate([getattr(c, f) for c in children]) for f in
@@ -173,6 +196,11 @@ class _Merger:
         (vid, vh, vm, eu, ev, ew, ec, rc, rw, kc, kw) = K.merge_blocks(
             *cat, br * span, (br + 1) * span, bc * span, (bc + 1) * span,
             self.rows, self.cols, self.tile, self.kind)
+        return _Block(level, code, vid, vh, vm, eu, ev, ew, ec), rc, rw, kc, kw
+
+    def _record(self, merged) -> _Block:
+        """Keep a merge's decisions (one thread at a time) and return its block."""
+        block, rc, rw, kc, kw = merged
         K.add_exact_many(self.buckets, rw, -1)
         K.add_exact_many(self.buckets, kw, 1)
         if len(rc):
@@ -180,7 +208,7 @@ class _Merger:
         if len(kc):
             self.kept.append(kc.copy())
         self.merges += 1
-        return _Block(level, code, vid, vh, vm, eu, ev, ew, ec)
+        return block
 
     def decisions(self) -> tuple[np.ndarray, np.ndarray]:
         """(removed codes, kept codes), each as one array."""
@@ -312,7 +340,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         t_phase = time.perf_counter()
         lookahead = 2 if gpu is not None else 1
         writes: collections.deque = collections.deque()
-        merger.start()
+        merger.start(workers=min(4, os.cpu_count() or 1))
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(merger.stop)
             pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
@@ -340,14 +368,10 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                     writes.popleft().result()
                 writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
                 timings["write"] += time.perf_counter() - t0
-                pushes = []
-                for ti in range(len(b.codes)):
-                    a, e = nv[ti], ne[ti]
-                    nxt = int(b.codes[ti + 1]) if ti + 1 < len(b.codes) else (
-                        int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
-                    pushes.append((_Block(0, int(b.codes[ti]), vid[ti, :a], vh[ti, :a], vm[ti, :a],
-                                          eu[ti, :e], ev[ti, :e], ew[ti, :e], ec[ti, :e]), nxt))
-                merger.submit(pushes)
+                tiles = [_Block(0, int(b.codes[ti]), vid[ti, :nv[ti]], vh[ti, :nv[ti]], vm[ti, :nv[ti]],
+                                eu[ti, :ne[ti]], ev[ti, :ne[ti]], ew[ti, :ne[ti]], ec[ti, :ne[ti]])
+                         for ti in range(len(b.codes))]
+                merger.submit(tiles, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                 bar.update(len(b.codes))
             for f in writes:
                 f.result()

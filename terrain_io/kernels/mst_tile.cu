@@ -129,15 +129,17 @@ extern "C" __global__ void break_pairs(const int* __restrict__ comp, int* parent
     if (p != v && parent[p] == v && v < p) parent[v] = (int)v;
 }
 
-// Step 4: pointer jumping until every vertex points at its new root.
-extern "C" __global__ void jump(int* parent, int* changed, long long n) {
+// Step 4: every vertex points straight at its new root (one launch, no host round trip: the
+// roots do not move, and a pointer compressed by another thread still leads to the same root).
+extern "C" __global__ void find_roots(int* parent, long long n) {
     long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (v >= n) return;
     int p = parent[v];
     if (p < 0) return;
-    int pp = parent[p];
-    if (pp != p) {
-        parent[v] = pp;
-        *changed = 1;
+    int q = parent[p];
+    while (q != p) {
+        p = q;
+        q = parent[p];
     }
+    parent[v] = p;
 }
