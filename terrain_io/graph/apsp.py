@@ -221,65 +221,110 @@ def _cpu_minplus_update(C, A, B, PC=None, PB=None):
 
 
 @nb.njit(parallel=True, cache=True)
-def _cpu_fw_kernel(D, P, pred, k0, k1, cross_only):
-    """Floyd-Warshall steps k0..k1-1; with cross_only, only rows and columns k0..k1-1 (phases 1+2)."""
+def _cpu_fw_kernel(D, P, pred):
+    """Plain Floyd-Warshall: one parallel pass over the rows per k (row k does not change in step k)."""
+    n = D.shape[0]
+    for k in range(n):
+        for i in nb.prange(n):
+            _relax_row(D, P, D, P, pred, i, k, D[i, k], 0, n)
+
+
+@nb.njit(cache=True)
+def _relax_row(D, P, S, PS, pred, i, k, a, lo, hi):
+    """D[i, lo:hi] = min(D[i, lo:hi], a + S[k, lo:hi]) (predecessors from PS); the branch-free form
+    without predecessors vectorizes."""
+    if pred:
+        for j in range(lo, hi):
+            s = a + S[k, j]
+            if s < D[i, j]:
+                D[i, j] = s
+                P[i, j] = PS[k, j]
+    else:
+        for j in range(lo, hi):
+            D[i, j] = min(D[i, j], a + S[k, j])
+
+
+@nb.njit(cache=True, fastmath={"nnan", "nsz"})
+def _relax_rows(D, i, S, s0, s1, acol, lo, hi):
+    """D[i, lo:hi] = min(D[i, lo:hi], min over t of D[i, acol + t] + S[s0 + t, lo:hi]), t < s1 - s0.
+
+    Works on a private copy of the row segment (so the compiler sees no aliasing and vectorizes,
+    about 7x a direct in-place loop) and folds four source rows per sweep; the a-values are read
+    before the row is written back, so the result is the plain min-plus product of the old row."""
+    if hi <= lo:
+        return
+    row = D[i, lo:hi].copy()
+    m = hi - lo
+    k = s0
+    while k + 4 <= s1:
+        c = acol + k - s0
+        a0, a1, a2, a3 = D[i, c], D[i, c + 1], D[i, c + 2], D[i, c + 3]
+        r0, r1, r2, r3 = S[k, lo:hi], S[k + 1, lo:hi], S[k + 2, lo:hi], S[k + 3, lo:hi]
+        for j in range(m):
+            row[j] = min(row[j], min(min(a0 + r0[j], a1 + r1[j]), min(a2 + r2[j], a3 + r3[j])))
+        k += 4
+    while k < s1:
+        a0 = D[i, acol + k - s0]
+        r0 = S[k, lo:hi]
+        for j in range(m):
+            row[j] = min(row[j], a0 + r0[j])
+        k += 1
+    D[i, lo:hi] = row
+
+
+@nb.njit(parallel=True, cache=True, fastmath={"nnan", "nsz"})
+def _cpu_blocked_round(D, P, pred, k0, k1):
+    """One diagonal tile k0..k1-1 of blocked Floyd-Warshall, with two parallel passes (two barriers):
+    (1) Floyd-Warshall inside the tile (small, sequential); (2) the tile's row panel = D* (x) panel,
+    reading a copy of the panel; (3) every other row: its column-panel part = row (x) D*, then the
+    rest = column panel (x) row panel. Without predecessors the passes use :func:`_relax_rows`."""
     n = D.shape[0]
     for k in range(k0, k1):
-        for i in nb.prange(n):
-            a = D[i, k]
-            inside = k0 <= i < k1
-            lo, hi = (0, n) if (inside or not cross_only) else (k0, k1)
-            for j in range(lo, hi):
-                s = a + D[k, j]
-                if s < D[i, j]:
-                    D[i, j] = s
-                    if pred:
-                        P[i, j] = P[k, j]
-
-
-@nb.njit(parallel=True, cache=True)
-def _cpu_fw_phase3(D, P, pred, k0, k1):
-    """Phase 3 of blocked Floyd-Warshall: all entries outside rows and columns k0..k1-1."""
-    n = D.shape[0]
+        for i in range(k0, k1):
+            _relax_row(D, P, D, P, pred, i, k, D[i, k], k0, k1)
+    R = D[k0:k1, :].copy()
+    PR = P[k0:k1, :].copy() if pred else P
+    for i in nb.prange(k0, k1):
+        if pred:
+            for k in range(k0, k1):
+                a = D[i, k]
+                _relax_row(D, P, R, PR, pred, i, k - k0, a, 0, k0)
+                _relax_row(D, P, R, PR, pred, i, k - k0, a, k1, n)
+        else:
+            _relax_rows(D, i, R, 0, k1 - k0, k0, 0, k0)
+            _relax_rows(D, i, R, 0, k1 - k0, k0, k1, n)
     for i in nb.prange(n):
         if k0 <= i < k1:
             continue
-        for k in range(k0, k1):
-            a = D[i, k]
-            for j in range(0, k0):
-                s = a + D[k, j]
-                if s < D[i, j]:
-                    D[i, j] = s
-                    if pred:
-                        P[i, j] = P[k, j]
-            for j in range(k1, n):
-                s = a + D[k, j]
-                if s < D[i, j]:
-                    D[i, j] = s
-                    if pred:
-                        P[i, j] = P[k, j]
+        if pred:
+            for k in range(k0, k1):
+                _relax_row(D, P, D, P, pred, i, k, D[i, k], k0, k1)
+            for k in range(k0, k1):
+                a = D[i, k]
+                _relax_row(D, P, D, P, pred, i, k, a, 0, k0)
+                _relax_row(D, P, D, P, pred, i, k, a, k1, n)
+        else:
+            _relax_rows(D, i, D, k0, k1, k0, k0, k1)
+            _relax_rows(D, i, D, k0, k1, k0, 0, k0)
+            _relax_rows(D, i, D, k0, k1, k0, k1, n)
 
 
-def _cpu_tile(n: int, itemsize: int) -> int:
-    """Tile so that the row panel (tile x n) stays in a ~1 MB cache; a power of two in 32..128."""
-    t = 1 << max(5, min(7, int(np.log2(max(1, (1 << 20) // max(1, n * itemsize))))))
-    return min(t, max(32, n))
+def _cpu_tile(n: int) -> int:
+    """128 (measured best on 2 cores at n = 1024..2048 for float32 and float64), smaller for tiny n."""
+    return min(128, max(32, n))
 
 
 def _cpu_blocked(D, P, tile):
     n = D.shape[0]
-    b = tile or _cpu_tile(n, D.itemsize)
+    b = tile or _cpu_tile(n)
     Pk = P if P is not None else np.zeros((1, 1), np.int32)
     for k0 in range(0, n, b):
-        k1 = min(n, k0 + b)
-        _cpu_fw_kernel(D, Pk, P is not None, k0, k1, True)
-        _cpu_fw_phase3(D, Pk, P is not None, k0, k1)
+        _cpu_blocked_round(D, Pk, P is not None, k0, min(n, k0 + b))
     return D, P
 
 
 def _cpu_floyd_warshall(D, P, tile):
-    Pk = P if P is not None else np.zeros((1, 1), np.int32)
-    _cpu_fw_kernel(D, Pk, P is not None, 0, D.shape[0], False)
+    _cpu_fw_kernel(D, P if P is not None else np.zeros((1, 1), np.int32), P is not None)
     return D, P
 
 
