@@ -1,7 +1,9 @@
 """``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
 import click
 
@@ -30,9 +32,7 @@ class TerrainGroup(click.Group):
         except KeyboardInterrupt as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
-            terminated = isinstance(exc, Terminated)
-            click.echo(f"terrain: {'terminated' if terminated else 'interrupted'}", err=True)
-            ctx.exit(143 if terminated else 130)
+            _exit_interrupted(exc)
 
 
 @click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,11 +60,28 @@ def _on_sigterm(signum, frame):
     raise Terminated
 
 
+def _exit_interrupted(exc: KeyboardInterrupt):
+    """One line and exit 130 (Ctrl-C) or 143 (SIGTERM), once the temporaries are gone.
+
+    The outputs' ``except BaseException`` blocks have removed their temporaries by now; exiting at
+    once (os._exit) keeps worker threads still inside numba or zarr from crashing the interpreter's
+    shutdown.
+    """
+    terminated = isinstance(exc, Terminated)
+    click.echo(f"terrain: {'terminated' if terminated else 'interrupted'}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(143 if terminated else 130)
+
+
 def main(argv: list[str] | None = None) -> None:
     # A file-size limit (RLIMIT_FSIZE) then makes writes fail with EFBIG -- reported as one line and
     # cleaned up -- instead of killing the process with SIGXFSZ and leaving temporaries behind.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    _register()
-    cli.main(args=argv, prog_name="terrain")
+    try:
+        _register()
+        cli.main(args=argv, prog_name="terrain")
+    except KeyboardInterrupt as exc:  # arrived before a command started (while importing)
+        _exit_interrupted(exc)
 

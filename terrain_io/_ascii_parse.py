@@ -33,6 +33,19 @@ def _lower(c):
     return c + 32 if 65 <= c <= 90 else c
 
 
+_INFINITY = np.frombuffer(b"infinity", dtype=np.uint8)
+_NAN_WORD = np.frombuffer(b"nan", dtype=np.uint8)
+
+
+@nb.njit(cache=True, nogil=True)
+def _matches(buf, i, n, word):
+    """buf[i:i+n] equals the first n letters of ``word``, ignoring case."""
+    for k in range(n):
+        if _lower(buf[i + k]) != word[k]:
+            return False
+    return True
+
+
 @nb.njit(cache=True, nogil=True)
 def _parse_token(buf, i, end, pow10):
     """Parse one token starting at buf[i] (not whitespace). Returns (value, next_index, status)."""
@@ -78,9 +91,9 @@ def _parse_token(buf, i, end, pow10):
             n += 1
         if n == 1 and buf[i] == 42 and i == start:  # '*'
             return _NAN, j, OK
-        if n == 3 and _lower(buf[i]) == 110 and _lower(buf[i + 1]) == 97 and _lower(buf[i + 2]) == 110:
+        if n == 3 and _matches(buf, i, 3, _NAN_WORD):
             return _NAN, j, OK
-        if (n == 3 or n == 8) and _lower(buf[i]) == 105 and _lower(buf[i + 1]) == 110 and _lower(buf[i + 2]) == 102:
+        if (n == 3 or n == 8) and _matches(buf, i, n, _INFINITY):
             return (-_INF if neg else _INF), j, OK
         return 0.0, j, BAD_TOKEN
     if i < end and (buf[i] == 101 or buf[i] == 69):  # e E

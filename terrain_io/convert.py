@@ -125,8 +125,8 @@ def read_ascii_header(src) -> GridHeader:
             key, _, value = text.partition(":")
         else:
             parts = text.split()
-            if not parts[0][:1].isalpha() or parts[0].lower() in ("nan", "inf", "-inf"):
-                break
+            if not parts[0][:1].isalpha() or parts[0].lower() in ("nan", "inf", "infinity"):
+                break  # the first grid row
         if cut and len(head) == 1 << 16:
             raise InputError(f"{src}: header longer than 64 KiB")
         if not grass:

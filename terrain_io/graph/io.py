@@ -117,7 +117,7 @@ def _read_csv(path: Path, n: int | None) -> EdgeList:
     any irregular file goes through the line-by-line reader, which names the offending line."""
     with open(path, "r", encoding="utf-8", errors="replace") as f:
         head = [line.strip() for _, line in zip(range(200), f)]
-    data = [x for x in head if x and not x.startswith("#")]
+    data = [x for x in head if x and not x.startswith("#") and _split_fields(x)]
     if not data:
         return _read_csv_lines(path, n)
     skip = 0 if _numeric(_split_fields(data[0])[0]) else 1
@@ -182,6 +182,7 @@ def check_forest(forest: EdgeList, truth: EdgeList, distinct_weights: bool, rtol
 
 def _read_csv_lines(path: Path, n: int | None) -> EdgeList:
     rows: list[list[str]] = []
+    header_seen = False
     with open(path, "r", encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -189,8 +190,11 @@ def _read_csv_lines(path: Path, n: int | None) -> EdgeList:
                 continue
             fields = line.replace(";", ",").replace("\t", ",").replace(" ", ",").split(",")
             fields = [x for x in fields if x != ""]
-            if not rows and not _numeric(fields[0]):
-                continue  # header line
+            if not fields:
+                raise InputError(f"{path}:{lineno}: expected 'u,v' or 'u,v,w', got separators only")
+            if not rows and not header_seen and not _numeric(fields[0]):
+                header_seen = True
+                continue  # the header line (only the first line may be one)
             if len(fields) not in (2, 3):
                 raise InputError(f"{path}:{lineno}: expected 'u,v' or 'u,v,w', got {len(fields)} fields")
             if rows and len(fields) != len(rows[0]):
