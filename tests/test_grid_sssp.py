@@ -226,3 +226,33 @@ def test_paged_merge_under_small_budget_equals_in_memory(tmp_path):
     np.testing.assert_allclose(d_small, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
     np.testing.assert_array_equal(d_small, d_big)
     check_predecessors(d_small, p_small, vals, [(50, 50)], "absdiff")
+
+
+MEMORY_SCRIPT = r"""
+import sys, gc, numpy as np
+from terrain_io.synth import synthesize
+from terrain_io.grid.sssp import sssp
+from terrain_io.memory import peak_rss
+folder, n, budget = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+small = synthesize(folder + "/small.zarr", 128, tile=64, shard=4)
+big = synthesize(folder + "/big.zarr", n, tile=64, shard=4)
+sssp(small, (5, 5), cell=True, progress=False, cluster=8, memory="64KB")  # compile every kernel first
+gc.collect()
+before = peak_rss()
+r = sssp(big, (n // 2, n // 3), cell=True, progress=False, cluster=8, memory=budget)
+d = big.group["sssp/" + r.name + "/distance"][n // 2 - 2 : n // 2 + 3, n // 3 - 2 : n // 3 + 3]
+print(peak_rss() - before, r.reached, float(d[2, 2]), int(np.isfinite(d).sum()))
+"""
+
+
+def test_out_of_core_peak_memory_within_budget(tmp_path):
+    """A 2048^2 float32 store (16 MiB) under a 4 MiB budget: G' (~200 MiB) is paged, and the peak
+    resident memory of the run grows by no more than the budget."""
+    n, budget = 2048, 4 << 20
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path), str(n), str(budget)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    grown, reached, d0, finite = out.stdout.split()
+    assert int(reached) == n * n and float(d0) == 0.0 and int(finite) == 25
+    assert 4 * budget <= n * n * 4
+    assert int(grown) <= budget, f"peak RSS grew by {int(grown) / 2**20:.1f} MiB, budget {budget / 2**20:.0f} MiB"

@@ -21,6 +21,8 @@ unusable cost); edge weights come from :func:`terrain_io.weights.edge_weight`.
 """
 from __future__ import annotations
 
+import ctypes
+
 import numba
 import numpy as np
 from numba import prange
@@ -168,12 +170,32 @@ def cluster_dijkstra(vals, kind, steps, dist, root, pred, fixed, hk, hr, hv):
 
 
 # -- phase 1 ----------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def cluster_weights(sub, kind, steps):
+    """Weights of the 8 edges of every cell of a cluster (inf where the edge is not in the graph)."""
+    h, w = sub.shape
+    wts = np.full((h * w, 8), np.inf)
+    for i in range(h):
+        for j in range(w):
+            x = sub[i, j]
+            if np.isnan(x):
+                continue
+            for k in range(8):
+                ii = i + DR[k]
+                jj = j + DC[k]
+                if 0 <= ii < h and 0 <= jj < w and not np.isnan(sub[ii, jj]):
+                    wts[i * w + j, k] = edge_weight(kind, x, sub[ii, jj], steps[k])
+    return wts
+
+
 @numba.njit(parallel=True, cache=True)
 def boundary_phase(vals, c, kind, steps, out_d, out_v):
     """G' blocks of every cluster of ``vals`` (a tile, its origin on the cluster grid).
 
     ``out_d[a, b, s, t]``: float32 shortest distance inside cluster (a, b) from boundary cell s to
     boundary cell t (inf if unreachable or not vertices); ``out_v[a, b, t]``: the value of cell t.
+    The weight models are symmetric, so the Dijkstra from s stops once every boundary cell
+    numbered above s is settled; the rest of its row is the column already computed.
     """
     H, W = vals.shape
     mr = (H + c - 1) // c
@@ -190,13 +212,13 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
         nb = bi.shape[0]
         for t in range(nb):
             out_v[a, b, t] = sub[bi[t], bj[t]]
+        wts = cluster_weights(sub, kind, steps)
         lidx = np.full(h * w, -1, np.int64)
         for t in range(nb):
             lidx[bi[t] * w + bj[t]] = t
-        nvalid = 0
-        for t in range(nb):
-            if not np.isnan(sub[bi[t], bj[t]]):
-                nvalid += 1
+        later = np.zeros(nb + 1, np.int64)  # valid boundary cells numbered >= t
+        for t in range(nb - 1, -1, -1):
+            later[t] = later[t + 1] + (0 if np.isnan(sub[bi[t], bj[t]]) else 1)
         dist = np.empty(h * w, np.float64)
         done = np.empty(h * w, np.bool_)
         cap = 8 * h * w + 8
@@ -206,13 +228,15 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
         for s in range(nb):
             if np.isnan(sub[bi[s], bj[s]]):
                 continue
+            for t in range(s):
+                out_d[a, b, s, t] = out_d[a, b, t, s]
             dist[:] = np.inf
             done[:] = False
             s0 = bi[s] * w + bj[s]
             dist[s0] = 0.0
             n = _push(hk, hr, hv, 0, 0.0, 0, s0)
-            found = 0
-            while n > 0 and found < nvalid:
+            need = later[s]
+            while n > 0 and need > 0:
                 d = hk[0]
                 p = hv[0]
                 n = _pop(hk, hr, hv, n)
@@ -220,22 +244,19 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
                     continue
                 done[p] = True
                 t = lidx[p]
-                if t >= 0:
+                if t >= s:
                     out_d[a, b, s, t] = d
-                    found += 1
+                    need -= 1
                 i = p // w
                 j = p - i * w
-                x = sub[i, j]
                 for k in range(8):
-                    ii = i + DR[k]
-                    jj = j + DC[k]
-                    if ii < 0 or ii >= h or jj < 0 or jj >= w:
+                    wk = wts[p, k]
+                    if wk == np.inf:
                         continue
-                    y = sub[ii, jj]
-                    pp = ii * w + jj
-                    if np.isnan(y) or done[pp]:
+                    pp = (i + DR[k]) * w + j + DC[k]
+                    if done[pp]:
                         continue
-                    nd = d + edge_weight(kind, x, y, steps[k])
+                    nd = d + wk
                     if nd < dist[pp]:
                         dist[pp] = nd
                         n = _push(hk, hr, hv, n, nd, 0, pp)
@@ -296,16 +317,46 @@ def heap_set(heap, hpos, key, k, value):
 
 
 @numba.njit(cache=True)
+def crossing_table(c):
+    """Grid edges leaving a full c x c cluster: per boundary number t, up to 5 entries of
+    (direction, cluster row offset, cluster col offset, boundary number in that neighbour)."""
+    B = 4 * c - 4
+    tab = np.full((B, 5, 4), -1, np.int64)
+    cnt = np.zeros(B, np.int64)
+    bi, bj = boundary_cells(c, c)
+    for t in range(B):
+        for k in range(8):
+            ii = bi[t] + DR[k]
+            jj = bj[t] + DC[k]
+            if 0 <= ii < c and 0 <= jj < c:
+                continue
+            dy = -1 if ii < 0 else (1 if ii >= c else 0)
+            dx = -1 if jj < 0 else (1 if jj >= c else 0)
+            e = cnt[t]
+            tab[t, e, 0] = k
+            tab[t, e, 1] = dy
+            tab[t, e, 2] = dx
+            tab[t, e, 3] = local_index(ii - dy * c, jj - dx * c, c, c)
+            cnt[t] = e + 1
+    return tab, cnt
+
+
+@numba.njit(cache=True)
 def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-              ckey, heap, hpos, counters):
+              ckey, cbest, heap, hpos, counters, tab, tcnt):
     """Dijkstra over G' with the cluster priority queue until done (-1) or a chunk is missing.
 
     Chunks are store tiles (m x m clusters). ``slot_of[chunk]`` is its slot or -1; the kernel
     returns the id of the first missing chunk among the 3 x 3 around the top cluster's chunk and
     leaves that chunk's id in ``counters[2]`` (the chunks Python must keep). ``counters[0]`` is
-    the next settle rank, ``counters[1]`` a use clock for eviction.
+    the next settle rank, ``counters[1]`` a use clock for eviction. ``ckey[k]``/``cbest[k]``: the
+    smallest tentative distance among cluster k's unsettled boundary cells and its number.
+    ``tab, tcnt``: :func:`crossing_table`.
     """
+    ncr = (rows + c - 1) // c
     ncc = (cols + c - 1) // c
+    full_r = rows // c  # clusters in rows < full_r (cols < full_c) are full c x c squares
+    full_c = cols // c
     TR = (rows + c * m - 1) // (c * m)
     TC = (cols + c * m - 1) // (c * m)
     while hpos[-1] > 0:
@@ -315,90 +366,121 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
         tr = cr // m
         tc = cc // m
         counters[1] += 1
-        for dy in range(-1, 2):
-            for dx in range(-1, 2):
-                y = tr + dy
-                x = tc + dx
-                if 0 <= y < TR and 0 <= x < TC:
-                    ch = y * TC + x
-                    if slot_of[ch] < 0:
-                        counters[2] = tr * TC + tc
-                        return ch
-                    last_use[slot_of[ch]] = counters[1]
+        counters[2] = tr * TC + tc
+        if slot_of[tr * TC + tc] < 0:
+            return tr * TC + tc
+        h = min(c, rows - cr * c)
+        w = min(c, cols - cc * c)
+        best = cbest[k]
+        # the chunks that the settled cell's grid edges reach must be resident too
+        bi, bj = _position(best, h, w)
+        for dd in range(8):
+            ni = cr * c + bi + DR[dd]
+            nj = cc * c + bj + DC[dd]
+            if 0 <= ni < rows and 0 <= nj < cols:
+                ch = (ni // (c * m)) * TC + nj // (c * m)
+                if slot_of[ch] < 0:
+                    return ch
+                last_use[slot_of[ch]] = counters[1]
         s = slot_of[tr * TC + tc]
         a = cr - tr * m
         b = cc - tc * m
-        h = min(c, rows - cr * c)
-        w = min(c, cols - cc * c)
         nb = boundary_count(h, w)
-        best = -1
-        bd = np.inf
-        for t in range(nb):
-            if not sSet[s, a, b, t] and sDist[s, a, b, t] < bd:
-                bd = sDist[s, a, b, t]
-                best = t
-        if best < 0:
-            heap_set(heap, hpos, ckey, k, np.inf)
-            continue
-        sSet[s, a, b, best] = True
+        dv = sDist[s, a, b]
+        sv = sSet[s, a, b]
+        hv = sHow[s, a, b]
+        bd = ckey[k]
+        sv[best] = True
         sRank[s, a, b, best] = counters[0]
         counters[0] += 1
         # intra-cluster edges of G' (the row of the block), tracking the cluster's new minimum
         row = sD[s, a, b, best]
         newkey = np.inf
+        newbest = -1
         for t in range(nb):
-            if sSet[s, a, b, t]:
+            if sv[t]:
                 continue
             nd = bd + row[t]
-            if nd < sDist[s, a, b, t]:
-                sDist[s, a, b, t] = nd
-                sHow[s, a, b, t] = HOW_INTRA
-            if sDist[s, a, b, t] < newkey:
-                newkey = sDist[s, a, b, t]
+            if nd < dv[t]:
+                dv[t] = nd
+                hv[t] = HOW_INTRA
+            if dv[t] < newkey:
+                newkey = dv[t]
+                newbest = t
         # grid edges into neighbouring clusters
-        bi = 0
-        bj = 0
-        # position of boundary number `best` (inverse of local_index)
-        if best < w:
-            bi, bj = 0, best
-        elif best < w + h - 1:
-            bi, bj = best - (w - 1), w - 1
-        elif best < 2 * (w - 1) + h:
-            bi, bj = h - 1, (w - 1) - (best - (w - 1) - (h - 1))
-        else:
-            bi, bj = (h - 1) - (best - 2 * (w - 1) - (h - 1)), 0
-        gi = cr * c + bi
-        gj = cc * c + bj
         x = sV[s, a, b, best]
-        for dd in range(8):
-            ni = gi + DR[dd]
-            nj = gj + DC[dd]
-            if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
-                continue
-            cr2 = ni // c
-            cc2 = nj // c
-            if cr2 == cr and cc2 == cc:
-                continue
-            s2 = slot_of[(cr2 // m) * TC + cc2 // m]
-            a2 = cr2 - (cr2 // m) * m
-            b2 = cc2 - (cc2 // m) * m
-            h2 = min(c, rows - cr2 * c)
-            w2 = min(c, cols - cc2 * c)
-            t2 = local_index(ni - cr2 * c, nj - cc2 * c, h2, w2)
-            if sSet[s2, a2, b2, t2]:
-                continue
-            y = sV[s2, a2, b2, t2]
-            if np.isnan(y):
-                continue
-            nd = bd + edge_weight(kind, x, y, steps[dd])
-            if nd < sDist[s2, a2, b2, t2]:
-                sDist[s2, a2, b2, t2] = nd
-                sHow[s2, a2, b2, t2] = (dd + 4) & 7
-                k2 = cr2 * ncc + cc2
-                if nd < ckey[k2]:
-                    heap_set(heap, hpos, ckey, k2, nd)
+        if h == c and w == c:
+            for e in range(tcnt[best]):
+                cr2 = cr + tab[best, e, 1]
+                cc2 = cc + tab[best, e, 2]
+                if cr2 < 0 or cr2 >= ncr or cc2 < 0 or cc2 >= ncc:
+                    continue
+                dd = tab[best, e, 0]
+                if cr2 < full_r and cc2 < full_c:
+                    t2 = tab[best, e, 3]
+                else:
+                    bi, bj = _position(best, h, w)
+                    ni = cr * c + bi + DR[dd]
+                    nj = cc * c + bj + DC[dd]
+                    t2 = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
+                _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hpos, kind, steps,
+                             x, bd, dd, cr2, cc2, t2)
+        else:
+            bi, bj = _position(best, h, w)
+            gi = cr * c + bi
+            gj = cc * c + bj
+            for dd in range(8):
+                ni = gi + DR[dd]
+                nj = gj + DC[dd]
+                if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
+                    continue
+                cr2 = ni // c
+                cc2 = nj // c
+                if cr2 == cr and cc2 == cc:
+                    continue
+                t2 = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
+                _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hpos, kind, steps,
+                             x, bd, dd, cr2, cc2, t2)
+        cbest[k] = newbest
         heap_set(heap, hpos, ckey, k, newkey)
     return -1
+
+
+@numba.njit(inline="always", cache=True)
+def _position(t, h, w):
+    """(row, col) of boundary number t of an h x w cluster (inverse of :func:`local_index`)."""
+    if t < w:
+        return 0, t
+    if t < w + h - 1:
+        return t - (w - 1), w - 1
+    if t < 2 * (w - 1) + h:
+        return h - 1, (w - 1) - (t - (w - 1) - (h - 1))
+    return (h - 1) - (t - 2 * (w - 1) - (h - 1)), 0
+
+
+@numba.njit(inline="always", cache=True)
+def _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hpos, kind, steps,
+                 x, bd, dd, cr2, cc2, t2):
+    """Relax the grid edge in direction dd from a settled cell (value x, distance bd) into
+    boundary number t2 of cluster (cr2, cc2)."""
+    tr2 = cr2 // m
+    tc2 = cc2 // m
+    s2 = slot_of[tr2 * TC + tc2]
+    a2 = cr2 - tr2 * m
+    b2 = cc2 - tc2 * m
+    if sSet[s2, a2, b2, t2]:
+        return
+    y = sV[s2, a2, b2, t2]
+    if np.isnan(y):
+        return
+    nd = bd + edge_weight(kind, x, y, steps[dd])
+    if nd < sDist[s2, a2, b2, t2]:
+        sDist[s2, a2, b2, t2] = nd
+        sHow[s2, a2, b2, t2] = (dd + 4) & 7
+        k2 = cr2 * ncc + cc2
+        if nd < ckey[k2]:
+            cbest[k2] = t2
+            heap_set(heap, hpos, ckey, k2, nd)
 
 
 # -- phase 3 ----------------------------------------------------------------------------------
@@ -472,3 +554,79 @@ def source_boundary(vals, kind, steps, src_i, src_j):
     cluster_dijkstra(vals, kind, steps, dist, root, pred, fixed, np.empty(cap, np.float64),
                      np.empty(cap, np.int64), np.empty(cap, np.int64))
     return dist
+
+
+# -- paging of G' chunks inside compiled code (no return to Python per chunk) ----------------
+_libc = ctypes.CDLL(None, use_errno=True)
+_pread = _libc.pread
+_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+_pread.restype = ctypes.c_ssize_t
+_pwrite = _libc.pwrite
+_pwrite.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+_pwrite.restype = ctypes.c_ssize_t
+
+
+@numba.njit
+def merge_run_paged(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
+                    ckey, cbest, heap, hpos, counters, tab, tcnt, chunk_in, saved, fd_flat, fd_state):
+    """:func:`merge_run` with chunks paged in and out by pread/pwrite on two scratch files: the
+    flat index (per chunk: its G' blocks, then its values) and the evicted vertex state. Returns
+    0, or -1 on an I/O error. (Not cached: it calls libc through ctypes.)"""
+    TC = (cols + c * m - 1) // (c * m)
+    S = chunk_in.shape[0]
+    n = sDist[0].size
+    nd = sD[0].size * 4
+    rec = nd + n * 8
+    st = n * 18
+    while True:
+        ch = merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
+                       ckey, cbest, heap, hpos, counters, tab, tcnt)
+        if ch < 0:
+            return 0
+        cy = counters[2] // TC
+        cx = counters[2] - cy * TC
+        s = -1
+        oldest = np.iinfo(np.int64).max
+        for q in range(S):
+            held = chunk_in[q]
+            if held < 0:
+                s = q
+                break
+            hy = held // TC
+            hx = held - hy * TC
+            if abs(hy - cy) <= 1 and abs(hx - cx) <= 1:
+                continue
+            if last_use[q] < oldest:
+                oldest = last_use[q]
+                s = q
+        held = chunk_in[s]
+        if held >= 0:
+            off = held * st
+            ok = _pwrite(fd_state, sDist[s].ctypes.data, 8 * n, off) == 8 * n
+            ok &= _pwrite(fd_state, sRank[s].ctypes.data, 8 * n, off + 8 * n) == 8 * n
+            ok &= _pwrite(fd_state, sHow[s].ctypes.data, n, off + 16 * n) == n
+            ok &= _pwrite(fd_state, sSet[s].ctypes.data, n, off + 17 * n) == n
+            if not ok:
+                return -1
+            saved[held] = True
+            slot_of[held] = -1
+        if _pread(fd_flat, sD[s].ctypes.data, nd, ch * rec) != nd:
+            return -1
+        if _pread(fd_flat, sV[s].ctypes.data, 8 * n, ch * rec + nd) != 8 * n:
+            return -1
+        if saved[ch]:
+            off = ch * st
+            ok = _pread(fd_state, sDist[s].ctypes.data, 8 * n, off) == 8 * n
+            ok &= _pread(fd_state, sRank[s].ctypes.data, 8 * n, off + 8 * n) == 8 * n
+            ok &= _pread(fd_state, sHow[s].ctypes.data, n, off + 16 * n) == n
+            ok &= _pread(fd_state, sSet[s].ctypes.data, n, off + 17 * n) == n
+            if not ok:
+                return -1
+        else:
+            sDist[s].ravel()[:] = np.inf
+            sRank[s].ravel()[:] = -1
+            sHow[s].ravel()[:] = HOW_NONE
+            sSet[s].ravel()[:] = False
+        slot_of[ch] = s
+        chunk_in[s] = ch
+        last_use[s] = counters[1]

@@ -91,27 +91,38 @@ def default_name(cells) -> str:
 class MergeState:
     """Phase 2's data: the cluster heap (in RAM) and G' chunks with their vertex state in slots.
 
-    A chunk is one store tile's m x m clusters. When more chunks are needed than the slots hold,
-    the least recently used one not near the current cluster is evicted: its vertex state goes
-    to a scratch file, its G' block is read again from the index when next needed.
+    A chunk is a g x g group of clusters (a whole store tile when everything fits). When the
+    budget holds fewer slots than there are chunks, the index is first copied into a flat scratch
+    file, one record per chunk, and chunks are paged: the least recently used one not next to the
+    current cluster is evicted, its vertex state written to the scratch file, its G' block read
+    again when next needed. ``g`` is the largest group size whose slots still cover an estimated
+    Dijkstra frontier (a few rings of chunks), so paging stays rare.
     """
 
     def __init__(self, store: TerrainStore, index, budget: int, scratch_dir):
         self.store = store
         self.index = index
         c = self.c = index.cluster
-        self.m = m = store.tile_size // c
         self.B = B = 4 * c - 4
         rows, cols = store.shape
-        self.ncr, self.ncc = -(-rows // c), -(-cols // c)
-        self.TR, self.TC = store.tile_grid
+        self.ncr, self.ncc = ncr, ncc = -(-rows // c), -(-cols // c)
+        self.mt = store.tile_size // c  # clusters per tile side (the index's chunks)
+        ncl = ncr * ncc
+        fixed = ncl * (8 + 8 + 8 + 8)
+        per_cluster = B * B * 4 + B * 8 + B * (8 + 8 + 1 + 1)
+        g = self.mt
+        while True:
+            nchunks = -(-ncr // g) * -(-ncc // g)
+            slots = int((budget - fixed - nchunks * 24) // (g * g * per_cluster))
+            frontier = 4 * (-(-ncr // g) + -(-ncc // g))
+            if slots >= nchunks or slots >= frontier or g == 1:
+                break
+            g //= 2
+        self.m = m = g
+        self.TR, self.TC = -(-ncr // g), -(-ncc // g)
         nchunks = self.TR * self.TC
+        self.S = S = min(nchunks, max(min(9, nchunks), slots))
         self.state_bytes = m * m * B * (8 + 8 + 1 + 1)
-        slot_bytes = m * m * B * B * 4 + m * m * B * 8 + self.state_bytes
-        ncl = self.ncr * self.ncc
-        fixed = ncl * (8 + 8 + 8) + nchunks * 16
-        nslots = max(min(9, nchunks), int((budget - fixed) // slot_bytes))
-        self.S = S = min(nchunks, nslots)
         self.sD = np.empty((S, m, m, B, B), np.float32)
         self.sV = np.empty((S, m, m, B))
         self.sDist = np.empty((S, m, m, B))
@@ -123,16 +134,45 @@ class MergeState:
         self.last_use = np.zeros(S, np.int64)
         self.saved = np.zeros(nchunks, np.bool_)
         self.ckey = np.full(ncl, np.inf)
+        self.cbest = np.full(ncl, -1, np.int64)
+        self.tab, self.tcnt = K.crossing_table(c)
         self.heap = np.zeros(ncl, np.int64)
         self.hpos = np.full(ncl + 1, -1, np.int64)
         self.hpos[-1] = 0
         self.counters = np.zeros(3, np.int64)
         self.loads = 0
-        self.scratch = None
+        self.scratch = self.flat = None
         if S < nchunks:
-            fd, path = tempfile.mkstemp(prefix=".sssp-merge-", dir=scratch_dir)
-            self.scratch = os.fdopen(fd, "w+b")
-            os.unlink(path)
+            self.scratch = self._tempfile(scratch_dir)
+            self.flat = self._tempfile(scratch_dir)
+            self._copy_index()
+
+    @staticmethod
+    def _tempfile(folder):
+        fd, path = tempfile.mkstemp(prefix=".sssp-merge-", dir=folder)
+        os.unlink(path)
+        return os.fdopen(fd, "w+b")
+
+    @property
+    def record_bytes(self) -> int:
+        return self.m * self.m * self.B * (self.B * 4 + 8)
+
+    def _copy_index(self) -> None:
+        """The index, tile chunk by tile chunk, as one flat record (G' block, values) per group."""
+        m, mt = self.m, self.mt
+        for a0 in range(0, self.ncr, mt):
+            for b0 in range(0, self.ncc, mt):
+                d = self.index.d[a0 : a0 + mt, b0 : b0 + mt]
+                v = self.index.v[a0 : a0 + mt, b0 : b0 + mt]
+                for ga in range(0, d.shape[0], m):
+                    for gb in range(0, d.shape[1], m):
+                        bd = np.full((m, m, self.B, self.B), np.inf, np.float32)
+                        bv = np.full((m, m, self.B), np.nan)
+                        dd = d[ga : ga + m, gb : gb + m]
+                        bd[: dd.shape[0], : dd.shape[1]] = dd
+                        bv[: dd.shape[0], : dd.shape[1]] = v[ga : ga + m, gb : gb + m]
+                        ch = ((a0 + ga) // m) * self.TC + (b0 + gb) // m
+                        os.pwrite(self.flat.fileno(), bd.tobytes() + bv.tobytes(), ch * self.record_bytes)
 
     def chunk_of_cluster(self, cr: int, cc: int) -> int:
         return (cr // self.m) * self.TC + cc // self.m
@@ -155,59 +195,76 @@ class MergeState:
             s = next(int(x) for x in order if int(self.chunk_in[x]) not in keep)
             self._save(s)
         m, B = self.m, self.B
-        tr, tc = divmod(ch, self.TC)
-        a0, b0 = tr * m, tc * m
-        a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
-        self.sD[s] = np.inf
-        self.sD[s, : a1 - a0, : b1 - b0] = self.index.d[a0:a1, b0:b1]
-        self.sV[s] = np.nan
-        self.sV[s, : a1 - a0, : b1 - b0] = self.index.v[a0:a1, b0:b1]
-        if self.saved[ch]:
-            self.scratch.seek(ch * self.state_bytes)
-            raw = np.frombuffer(bytearray(self.scratch.read(self.state_bytes)), np.uint8)
-            n = m * m * B
-            self.sDist[s].reshape(-1)[:] = raw[: 8 * n].view(np.float64)
-            self.sRank[s].reshape(-1)[:] = raw[8 * n : 16 * n].view(np.int64)
-            self.sHow[s].reshape(-1)[:] = raw[16 * n : 17 * n]
-            self.sSet[s].reshape(-1)[:] = raw[17 * n :].view(np.bool_)
+        if self.flat is not None:
+            raw = os.pread(self.flat.fileno(), self.record_bytes, ch * self.record_bytes)
+            nd = m * m * B * B * 4
+            self.sD[s] = np.frombuffer(raw[:nd], np.float32).reshape(m, m, B, B)
+            self.sV[s] = np.frombuffer(raw[nd:], np.float64).reshape(m, m, B)
         else:
-            self._init_state(s)
+            tr, tc = divmod(ch, self.TC)
+            a0, b0 = tr * m, tc * m
+            a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
+            self.sD[s] = np.inf
+            self.sD[s, : a1 - a0, : b1 - b0] = self.index.d[a0:a1, b0:b1]
+            self.sV[s] = np.nan
+            self.sV[s, : a1 - a0, : b1 - b0] = self.index.v[a0:a1, b0:b1]
+        if self.saved[ch]:
+            dist, rank, how, settled = self._read_state(ch)
+            self.sDist[s], self.sRank[s], self.sHow[s], self.sSet[s] = dist, rank, how, settled
+        else:
+            self.sDist[s] = np.inf
+            self.sRank[s] = -1
+            self.sHow[s] = K.HOW_NONE
+            self.sSet[s] = False
         self.slot_of[ch] = s
         self.chunk_in[s] = ch
         self.last_use[s] = self.counters[1]
         self.loads += 1
         return s
 
-    def _init_state(self, s) -> None:
-        self.sDist[s] = np.inf
-        self.sRank[s] = -1
-        self.sHow[s] = K.HOW_NONE
-        self.sSet[s] = False
-
     def _save(self, s: int) -> None:
         ch = int(self.chunk_in[s])
-        self.scratch.seek(ch * self.state_bytes)
-        for arr in (self.sDist, self.sRank, self.sHow, self.sSet):
-            self.scratch.write(np.ascontiguousarray(arr[s]).tobytes())
+        data = b"".join(np.ascontiguousarray(a[s]).tobytes() for a in (self.sDist, self.sRank, self.sHow, self.sSet))
+        os.pwrite(self.scratch.fileno(), data, ch * self.state_bytes)
         self.saved[ch] = True
         self.slot_of[ch] = -1
         self.chunk_in[s] = -1
 
+    def _read_state(self, ch: int):
+        m, B = self.m, self.B
+        raw = os.pread(self.scratch.fileno(), self.state_bytes, ch * self.state_bytes)
+        n = m * m * B
+        return (np.frombuffer(raw[: 8 * n], np.float64).reshape(m, m, B),
+                np.frombuffer(raw[8 * n : 16 * n], np.int64).reshape(m, m, B),
+                np.frombuffer(raw[16 * n : 17 * n], np.uint8).reshape(m, m, B),
+                np.frombuffer(raw[17 * n :], np.bool_).reshape(m, m, B))
+
     def state(self, ch: int):
-        """(dist, rank, how, settled) of chunk ``ch`` for the final phase (copies)."""
+        """(dist, rank, how, settled) of chunk ``ch`` (views or read-only arrays)."""
         s = self.slot_of[ch]
         if s >= 0:
-            return self.sDist[s].copy(), self.sRank[s].copy(), self.sHow[s].copy(), self.sSet[s].copy()
-        m, B = self.m, self.B
-        if not self.saved[ch]:
-            shape = (m, m, B)
-            return (np.full(shape, np.inf), np.full(shape, -1, np.int64), np.full(shape, K.HOW_NONE, np.uint8),
-                    np.zeros(shape, np.bool_))
-        self.scratch.seek(ch * self.state_bytes)
-        raw = np.frombuffer(bytearray(self.scratch.read(self.state_bytes)), np.uint8)
-        n = m * m * B
-        return (raw[: 8 * n].view(np.float64).reshape(m, m, B), raw[8 * n : 16 * n].view(np.int64).reshape(m, m, B),
-                raw[16 * n : 17 * n].reshape(m, m, B), raw[17 * n :].view(np.bool_).reshape(m, m, B))
+            return self.sDist[s], self.sRank[s], self.sHow[s], self.sSet[s]
+        if self.saved[ch]:
+            return self._read_state(ch)
+        shape = (self.m, self.m, self.B)
+        return (np.full(shape, np.inf), np.full(shape, -1, np.int64), np.full(shape, K.HOW_NONE, np.uint8),
+                np.zeros(shape, np.bool_))
+
+    def tile_state(self, tr: int, tc: int):
+        """The merge's results for the clusters of store tile (tr, tc), shaped (mt, mt, B)."""
+        m, mt, B = self.m, self.mt, self.B
+        if m == mt:
+            return tuple(np.ascontiguousarray(a) for a in self.state(tr * self.TC + tc))
+        out = (np.full((mt, mt, B), np.inf), np.full((mt, mt, B), -1, np.int64),
+               np.full((mt, mt, B), K.HOW_NONE, np.uint8), np.zeros((mt, mt, B), np.bool_))
+        for ga in range(0, mt, m):
+            for gb in range(0, mt, m):
+                cr, cc = tr * mt + ga, tc * mt + gb
+                if cr >= self.ncr or cc >= self.ncc:
+                    continue
+                for o, a in zip(out, self.state(self.chunk_of_cluster(cr, cc))):
+                    o[ga : ga + m, gb : gb + m] = a
+        return out
 
     def seed(self, field: Field, cells) -> None:
         """Distances from the sources to the boundary of their clusters: G' starts there."""
@@ -233,23 +290,35 @@ class MergeState:
                 if d < self.sDist[s, a, b, t]:
                     self.sDist[s, a, b, t] = d
                     self.sHow[s, a, b, t] = K.HOW_SOURCE if (int(bi[t]), int(bj[t])) in srcs else K.HOW_INTRA
-            key = float(self.sDist[s, a, b][~self.sSet[s, a, b]].min())
-            K.heap_set(self.heap, self.hpos, self.ckey, cr * self.ncc + cc, key)
+            free = np.where(self.sSet[s, a, b, : bi.size], np.inf, self.sDist[s, a, b, : bi.size])
+            self.cbest[cr * self.ncc + cc] = int(np.argmin(free))
+            K.heap_set(self.heap, self.hpos, self.ckey, cr * self.ncc + cc, float(free.min()))
 
     def run(self, field: Field) -> None:
         rows, cols = self.store.shape
         steps = field.steps()
+        if self.flat is not None:
+            for f in (self.flat, self.scratch):
+                f.flush()
+            self.scratch.truncate(self.TR * self.TC * self.state_bytes)
+            if K.merge_run_paged(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV, self.sDist,
+                                 self.sRank, self.sHow, self.sSet, self.slot_of, self.last_use, self.ckey,
+                                 self.cbest, self.heap, self.hpos, self.counters, self.tab, self.tcnt,
+                                 self.chunk_in, self.saved, self.flat.fileno(), self.scratch.fileno()) < 0:
+                raise OSError("sssp merge: reading or writing its scratch files failed (disk full?)")
+            return
         while True:
             need = K.merge_run(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV, self.sDist,
                                self.sRank, self.sHow, self.sSet, self.slot_of, self.last_use, self.ckey,
-                               self.heap, self.hpos, self.counters)
+                               self.cbest, self.heap, self.hpos, self.counters, self.tab, self.tcnt)
             if need < 0:
                 return
             self.load(int(need), center=int(self.counters[2]))
 
     def close(self) -> None:
-        if self.scratch is not None:
-            self.scratch.close()
+        for f in (self.scratch, self.flat):
+            if f is not None:
+                f.close()
 
 
 def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
@@ -305,7 +374,7 @@ def build_gpu_or_cpu(store, field, cluster, device, progress):
 
 
 def _final(store, field, merge, cells, name, model, index, timings, progress, reused):
-    c, m = merge.c, merge.m
+    c = merge.c
     t = store.tile_size
     steps = field.steps()
     src = np.array(cells, np.int64).reshape(-1, 2)
@@ -338,8 +407,7 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
                 for c0 in range(win.c0, win.c1, t):
                     lr, lc = r0 - win.r0, c0 - win.c0
                     vals = np.ascontiguousarray(vals_shard[lr : lr + t, lc : lc + t])
-                    ch = (r0 // t) * merge.TC + c0 // t
-                    dist, rank, how, settled = merge.state(ch)
+                    dist, rank, how, settled = merge.tile_state(r0 // t, c0 // t)
                     inside = (src[:, 0] >= r0) & (src[:, 0] < r0 + t) & (src[:, 1] >= c0) & (src[:, 1] < c0 + t)
                     h, wd = vals.shape
                     K.final_phase(vals, c, model.kind, steps, dist, rank, how, settled,
