@@ -67,6 +67,9 @@ def _exit_interrupted(exc: KeyboardInterrupt):
     once (os._exit) keeps worker threads still inside numba or zarr from crashing the interpreter's
     shutdown.
     """
+    from terrain_io.atomic import sweep_temporaries
+
+    sweep_temporaries()
     terminated = isinstance(exc, Terminated)
     click.echo(f"terrain: {'terminated' if terminated else 'interrupted'}", err=True)
     sys.stdout.flush()

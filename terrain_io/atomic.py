@@ -24,6 +24,19 @@ from urllib.parse import quote, unquote
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-f]+(?P<old>\.old)?$")
 
 
+# Temporaries of this process not yet renamed into place. A zarr call interrupted by Ctrl-C can
+# finish writing in zarr's own I/O thread after the temporary was removed; the command line sweeps
+# these once more (sweep_temporaries) just before it exits.
+_OWN: set[Path] = set()
+
+
+def sweep_temporaries() -> None:
+    """Remove every temporary this process made and did not complete (last act before exiting)."""
+    for path in list(_OWN):
+        _remove(path)
+        _OWN.discard(path)
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -92,9 +105,11 @@ def atomic_directory(final, tmp_parent=None):
     final = Path(final)
     tmp = temporary_name(final, parent=tmp_parent)
     clean_stale(tmp.parent, _relative(final, tmp))
+    _OWN.add(tmp)
     try:
         yield tmp
         replace(tmp, final)
+        _OWN.discard(tmp)
     except BaseException:
         _remove(tmp)
         raise
@@ -117,9 +132,11 @@ def atomic_file(final):
     final = Path(final)
     tmp = temporary_name(final)
     clean_stale(tmp.parent, _relative(final, tmp))
+    _OWN.add(tmp)
     try:
         yield tmp
         os.replace(tmp, final)
+        _OWN.discard(tmp)
     except BaseException:
         _remove(tmp)
         Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
@@ -135,10 +152,12 @@ def scratch_directory(near, label: str):
     path = temporary_name(Path(near).parent / label, kind="scratch")
     clean_stale(path.parent, label)
     path.mkdir()
+    _OWN.add(path)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        _OWN.discard(path)
 
 
 @contextlib.contextmanager
