@@ -344,7 +344,9 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(merger.stop)
             pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
-            io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(1))
+            # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
+            writers = 2 if k == store.shard_size else 1
+            io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
             bar = cleanup.enter_context(_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
             pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
             for bi, b in enumerate(batches):
@@ -364,7 +366,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 nv, vid, vh, vm, ne, eu, ev, ew, ec, bsum = out
                 buckets += bsum
                 t0 = time.perf_counter()
-                while len(writes) > 1:
+                while len(writes) > writers:
                     writes.popleft().result()
                 writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
                 timings["write"] += time.perf_counter() - t0
@@ -410,7 +412,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         n_edges = 0
         # whole shards in parallel (one byte per cell each); parts of a shard one after another, as
         # zarr rewrites the whole shard on every partial write
-        workers = max(1, min(4, os.cpu_count() or 1)) if k == store.shard_size else 1
+        workers = max(1, min(8, os.cpu_count() or 1)) if k == store.shard_size else 1
         with _bar(progress, len(batches), "expand") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
             for count in ex.map(expand, batches):
                 n_edges += count
