@@ -165,8 +165,13 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
     return Index(name, c, group["d"], group["v"], attrs)
 
 
-def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False) -> Index:
-    """Phase 1: the G' blocks of every cluster, tile by tile, written as ``index/<weight>``."""
+def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
+                device: str = "cpu") -> Index:
+    """Phase 1: the G' blocks of every cluster, written as ``index/<weight>``.
+
+    CPU: numba, tile by tile (clusters of a tile in parallel). GPU (clusters up to 16^2): the CuPy
+    kernel of :mod:`._sssp_gpu`, a whole shard of clusters per launch.
+    """
     c = cluster_size(store, cluster)
     t0 = time.perf_counter()
     rows, cols = store.shape
@@ -181,9 +186,22 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
                                  fill_value=float("inf"), compressors=None)
         v = w.group.create_array("v", shape=(ncr, ncc, B), chunks=(m, m, B), dtype="float64",
                                  fill_value=float("nan"), compressors=None)
+        gpu = device == "gpu" and c <= 16
+        attrs["device"] = "gpu" if gpu else "cpu"
+        w.attrs["device"] = attrs["device"]
         for win in store.shards():
             shard_vals = field.read(win)
             t = store.tile_size
+            if gpu:
+                from ._sssp_gpu import boundary_phase_gpu
+
+                out_d, out_v = boundary_phase_gpu(shard_vals, c, field.model.kind, steps)
+                a, b = win.r0 // c, win.c0 // c
+                d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d.get()
+                v[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_v.get()
+                del out_d, out_v
+                bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
+                continue
             for r0 in range(win.r0, win.r1, t):
                 for c0 in range(win.c0, win.c1, t):
                     vals = shard_vals[r0 - win.r0 : r0 - win.r0 + t, c0 - win.c0 : c0 - win.c0 + t]

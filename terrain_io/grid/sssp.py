@@ -369,8 +369,8 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
 
 
 def build_gpu_or_cpu(store, field, cluster, device, progress):
-    """Phase 1 on the chosen device (the CPU kernels serve both until a GPU kernel is present)."""
-    return build_index(store, field, cluster, progress=progress)
+    """Phase 1 on the chosen device (GPU: clusters up to 16^2; larger ones run on the CPU)."""
+    return build_index(store, field, cluster, progress=progress, device=device)
 
 
 def _final(store, field, merge, cells, name, model, index, timings, progress, reused):

@@ -1,0 +1,45 @@
+"""The GPU boundary phase (CuPy kernel) against the CPU one, and the whole pipeline on the GPU
+against scipy's Dijkstra; run on a GPU machine with ``pytest -m gpu``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from terrain_io.grid import _sssp_cpu as K
+from terrain_io.grid.sssp import sssp
+
+from test_grid_sssp import check_predecessors, make_store, random_dem, reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("c", [4, 8, 16])
+@pytest.mark.parametrize("kind", [1, 2, 3])
+def test_gpu_boundary_blocks_equal_cpu(c, kind):
+    from terrain_io.grid._sssp_gpu import boundary_phase_gpu
+
+    vals = random_dem((75, 90), seed=c + kind, holes=0.1).astype(np.float64)
+    steps = K.steps_of(2.0, 3.0)
+    mr, mc, B = -(-75 // c), -(-90 // c), 4 * c - 4
+    cpu_d = np.full((mr, mc, B, B), np.inf, np.float32)
+    cpu_v = np.full((mr, mc, B), np.nan)
+    K.boundary_phase(vals, c, kind, steps, cpu_d, cpu_v)
+    gpu_d, gpu_v = boundary_phase_gpu(vals, c, kind, steps)
+    np.testing.assert_allclose(gpu_d.get(), cpu_d, rtol=1e-6)
+    np.testing.assert_array_equal(gpu_v.get(), cpu_v)
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface"])
+@pytest.mark.parametrize("cluster", [8, 16])
+def test_gpu_pipeline_matches_scipy(tmp_path, kind, cluster):
+    vals = random_dem((70, 83), seed=cluster, holes=0.07)
+    vals[32, 32] = vals[5, 70] = 1.0
+    sources = [(32, 32), (5, 70)]
+    st = make_store(tmp_path, vals, tile=32, dx=2.0, dy=2.0)
+    r = sssp(st, sources, weight=kind, cell=True, progress=False, device="gpu", cluster=cluster)
+    assert st.group["index/" + kind].attrs["device"] == "gpu"
+    d = st.group[f"sssp/{r.name}/distance"][:].astype(np.float64)
+    p = st.group[f"sssp/{r.name}/predecessor"][:]
+    ref = reference(vals.astype(np.float64), sources, kind, 2.0, 2.0)
+    np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+    check_predecessors(d, p, vals, sources, kind, 2.0, 2.0)
