@@ -116,14 +116,24 @@ def atomic_directory(final, tmp_parent=None):
 
 
 def replace(tmp: Path, final: Path) -> None:
-    """Move the complete ``tmp`` to ``final``, replacing what is there (directories too)."""
-    if final.is_dir() and not final.is_symlink():
-        old = tmp.with_name(tmp.name + ".old")
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    """Move the complete ``tmp`` to ``final``, replacing what is there (directories too).
+
+    A directory cannot be renamed over a non-empty one, so the old one is moved aside first; the
+    two renames happen under a lock on the parent folder, so concurrent writers of the same name
+    take turns (the last one wins, and each swap is whole).
+    """
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if final.is_dir() and not final.is_symlink():
+            old = tmp.with_name(tmp.name + ".old")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -217,3 +217,33 @@ def test_read_only_output_folder_is_a_clear_error(world, tmp_path, cmd):
         _make_writable(tmp_path)
     assert leftovers(tmp_path) == [] and not (tmp_path / "out.zarr").exists()
     assert snapshot(target if cmd == "mst" else tmp_path, "mst") is None
+
+
+def test_concurrent_sssp_runs_on_one_store_are_both_correct(world, tmp_path):
+    """Two sources at once on a store without an index (both may build it), and `terrain info`
+    polling meanwhile: both results equal their sequential runs; info never sees a half result."""
+    shutil.copytree(world["base"], tmp_path / "dem.zarr")
+    store = tmp_path / "dem.zarr"
+    z = zarr.open_array(str(store / "elevation"), mode="r")[:]
+    valid = np.argwhere(np.isfinite(z))
+    picks = valid[[len(valid) // 5, 4 * len(valid) // 5]]
+    runs = {"a": f"{picks[0][0]},{picks[0][1]}", "b": f"{picks[1][0]},{picks[1][1]}"}
+    procs = [terrain("sssp", store, "--cell", "--source", src, "--name", name, "--device", "cpu")
+             for name, src in runs.items()]
+    polls = 0
+    while any(p.poll() is None for p in procs):
+        info = subprocess.run([sys.executable, "-m", "cli", "info", str(store), "--json"], capture_output=True,
+                              text=True)
+        assert info.returncode == 0, info.stderr
+        polls += 1
+    for p in procs:
+        out, err = p.communicate()
+        assert p.returncode == 0, err
+    assert polls > 0
+    for name, src in runs.items():
+        seq = tmp_path / f"seq-{name}"
+        seq.mkdir()
+        shutil.copytree(world["base"], seq / "dem.zarr")
+        run_ok("sssp", seq / "dem.zarr", "--cell", "--source", src, "--name", name, "--device", "cpu")
+        assert_same(snapshot(store, f"sssp/{name}"), snapshot(seq / "dem.zarr", f"sssp/{name}"))
+    assert leftovers(tmp_path) == []
