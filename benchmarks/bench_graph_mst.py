@@ -116,7 +116,7 @@ def main():
                 t = gpu_time(lambda: minimum_spanning_forest((u, v, w), n, method=method), args.repeat)
                 f = minimum_spanning_forest((u, v, w), n, method=method)
             else:
-                minimum_spanning_forest((u[:1000], v[:1000], w[:1000]), n, method=method)  # compile
+                minimum_spanning_forest((u[:5000], v[:5000], w[:5000]), n, method=method, threshold=500)  # compile
                 t0 = time.perf_counter()
                 f = minimum_spanning_forest((u, v, w), n, method=method)
                 t = time.perf_counter() - t0
