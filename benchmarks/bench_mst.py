@@ -7,7 +7,7 @@ positive because scipy drops zero entries), and the MST itself. Import and JIT-c
 are excluded for both (ours is warmed up on a small store first). The total weights must agree:
 the weight of a minimum spanning forest is unique.
 
-    python benchmarks/bench_mst.py --sizes 1024 2048 4096 [--workdir /tmp/bench_mst]
+    python benchmarks/bench_mst.py --sizes 1024 2048 4096 [--repeat 3] [--workdir /tmp/bench_mst]
 """
 from __future__ import annotations
 
@@ -90,6 +90,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/bench_mst"))
     ap.add_argument("--tile", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per contender and size; the fastest is kept")
     args = ap.parse_args()
     from terrain_io.synth import synthesize
 
@@ -102,8 +103,9 @@ def main():
         path = args.workdir / f"synth{n}.zarr"
         if not path.exists():
             synthesize(path, n, tile=args.tile, shard=8)
-        ours = run(_OURS, path, warm)
-        ref = run(_SCIPY, path)
+        # the fastest of --repeat runs each: this machine is shared, other jobs come and go
+        ours = min((run(_OURS, path, warm) for _ in range(args.repeat)), key=lambda r: r["seconds"])
+        ref = min((run(_SCIPY, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
         agree = abs(ours["weight"] - ref["weight"]) <= 1e-9 * abs(ref["weight"]) and ours["edges"] == ref["edges"]
         rows.append({"size": n, "ours": ours, "scipy": ref, "weights_agree": agree})
         print(f"{n}^2: ours {ours['seconds']:.2f} s, peak RSS {ours['peak'] / 2**20:.0f} MiB "
@@ -112,7 +114,7 @@ def main():
               f"memory (growth) {ref['grown'] / max(ours['grown'], 1):.1f}x less; weights agree: {agree}",
               flush=True)
     print(f"\n{platform.node()}, {os.cpu_count()} CPU cores, {datetime.date.today()}, tile {args.tile}, "
-          "synthetic terrain (terrain_io.synth), weight max")
+          f"synthetic terrain (terrain_io.synth), weight max, fastest of {args.repeat}")
     print("| size | ours (s) | scipy (s) | speed-up | ours peak RSS / growth (MiB) | scipy peak RSS / growth (MiB) "
           "| memory ratio (growth) | same weight |")
     print("|---|---|---|---|---|---|---|---|")

@@ -62,14 +62,14 @@ def tile_kernel_times(store: TerrainStore, tile: int = 256, repeats: int = 5) ->
         times.append(gpu.kernel_seconds - before)
     gpu_ms = float(np.median(times)) / ntiles * 1e3
     v, ok = values[:tile, :tile], valid[:tile, :tile]
-    hk = K.order_key32(v)
+    hk, float_bits = K.key_source(v)
     cap = 8 * tile + 8
     rows, cols = store.shape
 
     def cpu_once():
         bits = np.zeros((tile, tile), np.uint8)
         t0 = time.perf_counter()
-        K.tile_forest_max(hk, ok, 0, 0, tile, tile, bits)
+        K.tile_forest_max(hk, float_bits, ok, 0, 0, tile, tile, bits)
         t1 = time.perf_counter()
         K.contract_tile(v, ok, bits, 0, 0, tile, tile, tile, tile, 0, 0, rows, cols, 0,
                         np.empty(cap, np.int64), np.empty(cap), np.empty(cap, np.uint8), np.empty(cap, np.int64),

@@ -114,6 +114,13 @@ def test_all_equal(tmp_path):
     check(tmp_path, np.zeros((45, 61), dtype=np.float32), tile=8, shard=2)
 
 
+def test_signed_zeros_and_negatives(tmp_path):
+    """-0.0 and 0.0 are one weight (ties broken by cell ids), negative elevations order below."""
+    rng = np.random.default_rng(8)
+    vals = rng.choice(np.array([-0.0, 0.0, -1.5, 2.0, -3.0], dtype=np.float32), size=(40, 52))
+    check(tmp_path, vals, tile=8, shard=2)
+
+
 def test_nodata_islands_int16(tmp_path):
     rng = np.random.default_rng(7)
     vals = rng.integers(-20, 20, size=(90, 110)).astype(np.int16)

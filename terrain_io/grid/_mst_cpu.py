@@ -163,13 +163,14 @@ def _radix_sort32(keys, vals):
 
 
 @numba.njit(cache=True)
-def tile_forest_max(hkey, valid, i0, j0, h, w, bits):
+def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
     """Kruskal for the ``max`` model, sorting cells instead of edges (4x fewer keys).
 
     An edge weighs the elevation of its higher endpoint, so the edges of weight h are those from
     each cell of elevation h to its neighbours that are lower, or equal and of smaller id. Cells
-    sorted by (h, id) -- a stable radix sort of ``hkey``, an order-preserving 32-bit image of the
-    elevation, over cells listed by id -- give the edges weight class by weight class; inside a class they are sorted by
+    sorted by (h, id) -- a stable radix sort of order-preserving 32-bit images of the elevations
+    (``_order_key`` of ``hkey``, see ``key_source``), over cells listed by id -- give the edges
+    weight class by weight class; inside a class they are sorted by
     code, which makes the order exactly the strict (weight, smaller id, larger id).
     """
     n = h * w
@@ -179,7 +180,7 @@ def tile_forest_max(hkey, valid, i0, j0, h, w, bits):
     for i in range(h):
         for j in range(w):
             if valid[i0 + i, j0 + j]:
-                keys[m] = hkey[i0 + i, j0 + j]
+                keys[m] = _order_key(hkey[i0 + i, j0 + j], float_bits)
                 ids[m] = i * w + j
                 m += 1
     keys, ids = _radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
@@ -204,7 +205,7 @@ def tile_forest_max(hkey, valid, i0, j0, h, w, bits):
                 jj = j + DC[d]
                 if ii < 0 or ii >= h or jj < 0 or jj >= w or not valid[i0 + ii, j0 + jj]:
                     continue
-                hu = hkey[i0 + ii, j0 + jj]
+                hu = _order_key(hkey[i0 + ii, j0 + jj], float_bits)
                 u = ii * w + jj
                 if hu < hk or (hu == hk and u < v):
                     if d < 4:
@@ -376,26 +377,38 @@ FOREST_CELLS = 2  # Kruskal sorting cells (model ``max``, elevations of at most 
 
 
 def cells_sortable(dtype) -> bool:
-    """Elevations that :func:`order_key32` maps to uint32 keys in order (FOREST_CELLS possible)."""
+    """Elevations that :func:`_order_key` maps to uint32 keys in order (FOREST_CELLS possible)."""
     dtype = np.dtype(dtype)
     return dtype == np.float32 or (dtype.kind == "i" and dtype.itemsize <= 4) or (
         dtype.kind == "u" and dtype.itemsize <= 2)
 
 
-def order_key32(values: np.ndarray) -> np.ndarray:
-    """An order-preserving uint32 image of elevations of at most 32 bits (for FOREST_CELLS).
-
-    Floats: the IEEE trick (flip all bits of negatives, the sign bit of positives), after
-    ``+ 0`` so that -0.0 and 0.0, equal weights, get one key.
-    """
+def key_source(values: np.ndarray) -> tuple[np.ndarray, bool]:
+    """What FOREST_CELLS reads its order keys from: float32 bits (a view, no copy), or the integers."""
     if values.dtype == np.float32:
-        u = (values + np.float32(0)).view(np.uint32)
-        return np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
-    return (values.astype(np.int64) + 2**31).astype(np.uint32)
+        return values.view(np.uint32), True
+    return values, False
+
+
+@numba.njit(inline="always", cache=True)
+def _order_key(x, float_bits):
+    """An order-preserving uint32 image of an elevation of at most 32 bits.
+
+    Float bits: the IEEE trick (flip all bits of negatives, the sign bit of positives), with -0.0
+    taken as 0.0 (equal weights, one key). Integers: shifted by 2**31.
+    """
+    if float_bits:
+        u = np.uint32(x)
+        if u == np.uint32(0x80000000):
+            u = np.uint32(0)
+        if u >> np.uint32(31):
+            return np.uint32(0xFFFFFFFF) ^ u
+        return u | np.uint32(0x80000000)
+    return np.uint32(np.int64(x) + 2147483648)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def tile_phase_batch(vals, valid, hkey, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest):
+def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest):
     """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores.
 
     ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch arrays, in Morton order.
@@ -420,7 +433,7 @@ def tile_phase_batch(vals, valid, hkey, bits, tiles, gr0, gc0, rows, cols, kind,
         if forest == FOREST_EDGES:
             tile_forest(vals, valid, i0, j0, h, w, kind, bits)
         elif forest == FOREST_CELLS:
-            tile_forest_max(hkey, valid, i0, j0, h, w, bits)
+            tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits)
         a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
                              vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
         nv[t] = a

@@ -319,7 +319,6 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     valid_cells = 0
     timings = {"read": 0.0, "gpu": 0.0, "wait": 0.0, "tile": 0.0, "write": 0.0}
     gpu = None  # the GPU tile kernel, when device == 'gpu'
-    no_keys = np.zeros((1, 1), dtype=np.uint32)
     if device == "gpu":
         forest = K.FOREST_GIVEN
         from ._mst_gpu import GpuTileForest
@@ -359,9 +358,9 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                     pending.append(pool.submit(prepare, batches[bi + lookahead]))
                 valid_cells += int(np.count_nonzero(valid))
                 t0 = time.perf_counter()
-                hkey = K.order_key32(values) if forest == K.FOREST_CELLS else no_keys
-                out = K.tile_phase_batch(values, valid, hkey, bits, b.tiles, b.window.r0, b.window.c0, rows, cols,
-                                         model.kind, cap, forest)
+                hkey, float_bits = K.key_source(values)
+                out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0, b.window.c0,
+                                         rows, cols, model.kind, cap, forest)
                 timings["tile"] += time.perf_counter() - t0
                 nv, vid, vh, vm, ne, eu, ev, ew, ec, bsum = out
                 buckets += bsum
