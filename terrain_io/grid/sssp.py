@@ -146,6 +146,32 @@ class MergeState:
             self.scratch = self._tempfile(scratch_dir)
             self.flat = self._tempfile(scratch_dir)
             self._copy_index()
+        else:
+            self._preload()
+
+    def _preload(self) -> None:
+        """Everything fits: read the index a row of tiles per call (zarr reads the chunks of a call
+        concurrently; one call per chunk costs milliseconds each on large stores)."""
+        m = self.m
+        for tr in range(self.TR):
+            a0, a1 = tr * m, min((tr + 1) * m, self.ncr)
+            d = self.index.d[a0:a1]
+            v = self.index.v[a0:a1]
+            for tc in range(self.TC):
+                b0, b1 = tc * m, min((tc + 1) * m, self.ncc)
+                ch = tr * self.TC + tc
+                s = ch
+                self.sD[s] = np.inf
+                self.sD[s, : a1 - a0, : b1 - b0] = d[:, b0:b1]
+                self.sV[s] = np.nan
+                self.sV[s, : a1 - a0, : b1 - b0] = v[:, b0:b1]
+                self.sDist[s] = np.inf
+                self.sRank[s] = -1
+                self.sHow[s] = K.HOW_NONE
+                self.sSet[s] = False
+                self.slot_of[ch] = s
+                self.chunk_in[s] = ch
+            del d, v
 
     @staticmethod
     def _tempfile(folder):
