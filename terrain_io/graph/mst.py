@@ -8,9 +8,11 @@ Borůvka for large sparse graphs on the GPU (in the manner of Harish & Narayanan
 Every method compares edges in one strict total order: (weight, smaller end, larger end, edge id).
 The forest is then unique, and every method and device returns the same edge ids.
 
-- CPU (numba): ``kruskal`` and ``filter_kruskal`` sort and partition the edge arrays in place
-  (quicksort partitions, insertion sort at the leaves); ``boruvka`` scans the remaining edges per
-  round and contracts.
+- CPU: ``filter_kruskal`` partitions the edge arrays in place (numba, Hoare partition in the
+  strict order), filters each part against the union-find (path halving, union by size), sorts the
+  small parts with NumPy's SIMD sort and scans them; ``kruskal`` is the same without the filter (a
+  lazily sorted Kruskal that stops once the forest is complete); ``boruvka`` (numba) scans the
+  remaining edges per round and contracts.
 - GPU (CuPy, terrain_io/kernels/mst.cu): ``boruvka`` sorts the edges once into the strict order
   (two stable radix sorts), then each round takes the lightest edge per component by atomicMin on
   its 32-bit position, hooks, pointer-jumps and compacts the crossing edges. ``kruskal`` and
