@@ -125,8 +125,9 @@ def _parse_token(buf, i, end, pow10):
 
 
 @nb.njit(cache=True, nogil=True)
-def _parse_line(buf, start, end, out_row, pow10):
-    """Parse buf[start:end] into out_row. Returns (status, detail)."""
+def _parse_line(buf, start, end, out_row, pow10, nodata):
+    """Parse buf[start:end] into out_row; values equal to ``nodata[0]`` (if given) become NaN.
+    Returns (status, detail)."""
     ncols = out_row.shape[0]
     i = start
     k = 0
@@ -145,6 +146,8 @@ def _parse_line(buf, start, end, out_row, pow10):
             out_row[k] = v  # float64 -> output dtype: one more IEEE rounding, as numpy's astype
             if np.isinf(out_row[k]) and not np.isinf(v):
                 return OVERFLOW, i
+            if nodata.shape[0] and out_row[k] == nodata[0]:  # compared in the output's precision
+                out_row[k] = np.nan
         k += 1
         i = i2
     if k != ncols:
@@ -155,13 +158,14 @@ def _parse_line(buf, start, end, out_row, pow10):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True)
-def parse_lines(buf, starts, ends, out, status, detail):
+def parse_lines(buf, starts, ends, out, status, detail, nodata):
     """Parse line i = buf[starts[i]:ends[i]] into out[i, :] for every i (in parallel).
 
-    ``out`` may be float64 or float32 (numba compiles one version for each)."""
+    ``out`` may be float64 or float32 (numba compiles one version for each); ``nodata`` is an
+    array of out's dtype holding the nodata value (stored as NaN), or empty."""
     pow10 = _POW10
     for i in nb.prange(starts.shape[0]):
-        st, d = _parse_line(buf, starts[i], ends[i], out[i], pow10)
+        st, d = _parse_line(buf, starts[i], ends[i], out[i], pow10, nodata)
         status[i] = st
         detail[i] = d
 

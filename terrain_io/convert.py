@@ -233,6 +233,7 @@ def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None, dtype=
     src = Path(src)
     cols = hdr.cols
     band = np.empty((band_rows, cols), dtype=dtype)
+    nodata = np.array([] if hdr.nodata is None else [hdr.nodata], dtype=dtype)  # becomes NaN while parsing
     filled = 0
     row = 0
     lineno = hdr.body_line
@@ -272,9 +273,10 @@ def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None, dtype=
                 s, e = starts[pos : pos + take], ends[pos : pos + take]
                 status = np.empty(take, dtype=np.int8)
                 detail = np.empty(take, dtype=np.int64)
-                ap.parse_lines(buf, s, e, band[filled : filled + take], status, detail)
+                ap.parse_lines(buf, s, e, band[filled : filled + take], status, detail, nodata)
                 if status.any():
-                    _resolve_status(src, buf, s, e, status, detail, linenos[pos : pos + take], band[filled:], cols)
+                    _resolve_status(src, buf, s, e, status, detail, linenos[pos : pos + take], band[filled:], cols,
+                                    nodata)
                 filled += take
                 pos += take
                 if filled == band_rows or row + filled == hdr.rows:
@@ -292,7 +294,7 @@ def _maybe_blank(buf, starts, ends) -> bool:
     return bool(np.any((ends - starts) < 2)) or bool(np.any(buf[starts] <= 32))
 
 
-def _resolve_status(src, buf, starts, ends, status, detail, linenos, out, cols):
+def _resolve_status(src, buf, starts, ends, status, detail, linenos, out, cols, nodata):
     for i in np.flatnonzero(status):
         ln = int(linenos[i])
         if status[i] == ap.WRONG_COUNT:
@@ -310,6 +312,8 @@ def _resolve_status(src, buf, starts, ends, status, detail, linenos, out, cols):
             out[i] = exact
         if np.isinf(out[i]).any() and not np.isinf(exact).all(where=np.isinf(out[i])):
             raise InputError(f"{src}, line {ln}: a value is beyond the range of {out.dtype} (use --dtype float64)")
+        if len(nodata):
+            out[i][out[i] == nodata[0]] = np.nan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,7 +513,7 @@ class _AsciiSource:
         try:
             for row0, band in iter_ascii_bands(self.src, self.header, store.tile_size, bar,
                                                np.float32 if direct else np.float64):
-                values = cast(band)
+                values = band if direct else cast(band)  # direct: parsed to float32, nodata already NaN
                 stats.add(values, store.nodata)
                 writer.add_band(row0, values)
         finally:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numba
 import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
@@ -342,19 +343,43 @@ class Statistics:
     cells: int = 0
 
     def add(self, values: np.ndarray, nodata) -> None:
-        ok = valid_mask(values, nodata)
+        values = np.asarray(values)
+        if values.dtype.kind not in "iuf":
+            raise StoreError(f"DEM values must be numbers, got {values.dtype}")
+        skip = np.array([] if values.dtype.kind == "f" or nodata is None else [nodata], dtype=values.dtype)
+        lo, hi, n = _range_and_count(values.reshape(values.shape[0], -1) if values.ndim > 1 else values[None, :],
+                                     skip)
         self.cells += values.size
-        n = int(ok.sum())
         if n:
-            v = values[ok]
-            self.minimum = min(self.minimum, float(v.min()))
-            self.maximum = max(self.maximum, float(v.max()))
-            self.valid += n
+            self.minimum = min(self.minimum, float(lo))
+            self.maximum = max(self.maximum, float(hi))
+            self.valid += int(n)
 
     def as_attrs(self) -> dict:
         has = self.valid > 0
         return {"min": self.minimum if has else None, "max": self.maximum if has else None,
                 "valid_count": self.valid, "cell_count": self.cells}
+
+
+@numba.njit(cache=True, parallel=True, nogil=True)
+def _range_and_count(values, skip):
+    """(min, max, count) of a 2-D array's vertices -- not NaN, not ``skip[0]`` -- in one parallel pass."""
+    rows = values.shape[0]
+    los = np.empty(rows, dtype=np.float64)
+    his = np.empty(rows, dtype=np.float64)
+    counts = np.zeros(rows, dtype=np.int64)
+    for i in numba.prange(rows):
+        lo, hi, n = np.inf, -np.inf, 0
+        for j in range(values.shape[1]):
+            v = values[i, j]
+            if v != v or (skip.shape[0] and v == skip[0]):
+                continue
+            fv = float(v)
+            lo = min(lo, fv)
+            hi = max(hi, fv)
+            n += 1
+        los[i], his[i], counts[i] = lo, hi, n
+    return los.min() if rows else np.inf, his.max() if rows else -np.inf, counts.sum()
 
 
 def statistics(values: np.ndarray, nodata) -> Statistics:
