@@ -74,6 +74,7 @@ def test_apsp_edge_list_and_matrix(graph_csv, tmp_path, method):
     ("apsp", "matrixnan", "NaN weight"),
     ("apsp", "garbage.npy", "not a readable .npy file"),
     ("apsp", "negcycle", "negative cycle"),
+    ("apsp", "0,1,1\n1,4000000000,2\n", "a dense APSP needs about"),
 ])
 def test_clear_errors(tmp_path, command, content, message):
     path = tmp_path / "in.csv"

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..backend import device_of, is_cupy, to_device
 from ..errors import InputError
+from ..memory import available_memory, format_bytes
 
 METHODS = ("auto", "minplus", "floyd_warshall", "blocked")
 # Saturating infinity for integer matrices (also in kernels/apsp.cu): a + b stays inside int32.
@@ -187,6 +188,10 @@ def dense_from_edges(u, v, w, n: int, directed: bool = True, dtype=None):
         small = w.dtype.kind in "iub" and (not len(w) or int(np.abs(w).max()) * max(n, 1) < _INT_LIMIT)
         dtype = np.int32 if small else np.float64
     dtype = np.dtype(dtype)
+    need = 3 * n * n * dtype.itemsize  # matrix, working copy, result
+    if need > available_memory():
+        raise InputError(f"{n} vertices: a dense APSP needs about {format_bytes(need)}, more than the "
+                         f"{format_bytes(available_memory())} of free memory")
     none = np.inf if dtype.kind == "f" else np.iinfo(dtype).max
     W = np.full((n, n), none, dtype=dtype)
     if not directed:
