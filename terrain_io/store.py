@@ -163,6 +163,7 @@ class TerrainStore:
         meta.update(attrs or {})
         group.attrs.update(meta)
         create_tiled_array(group, ELEVATION, (rows, cols), dtype, tile, shard, fill_value_for(dtype, meta["nodata"]))
+        write_coordinates(group, (rows, cols), meta.get("transform"), meta.get("crs"))
         return cls(group, Path(path))
 
     @classmethod
@@ -299,7 +300,7 @@ class TerrainStore:
         """Every array of the store other than ``elevation``: path -> attributes (with shape, dtype)."""
         found = {}
         for name, node in self.group.members(max_depth=None):
-            if isinstance(node, zarr.Array) and name != ELEVATION:
+            if isinstance(node, zarr.Array) and name != ELEVATION and name.rsplit("/", 1)[-1] not in COORDINATES:
                 found[name] = {"shape": tuple(node.shape), "dtype": str(node.dtype), **dict(node.attrs)}
         for name, node in self.group.members(max_depth=None):
             if isinstance(node, zarr.Group) and node.attrs:
@@ -394,8 +395,12 @@ class ResultWriter:
     def __init__(self, store: TerrainStore, group: zarr.Group):
         self.store = store
         self.group = group
+        self._coordinates = False
 
     def create_array(self, name: str, dtype, fill_value, attrs: dict | None = None) -> zarr.Array:
+        if not self._coordinates:  # each result group carries x, y, spatial_ref: it opens alone in xarray
+            write_coordinates(self.group, self.store.shape, self.store.transform, self.store.crs)
+            self._coordinates = True
         arr = create_tiled_array(self.group, name, self.store.shape, np.dtype(dtype),
                                  self.store.tile_size, self.store.shard_size, fill_value)
         if attrs:
@@ -408,11 +413,15 @@ class ResultWriter:
 
 
 def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, shard: int, fill_value) -> zarr.Array:
-    """A 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed, dims named (y, x)."""
+    """A 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed, dims named (y, x).
+
+    Its attributes point xarray/rioxarray at the group's ``spatial_ref`` (CRS and transform), and
+    the group's 1-D ``x`` and ``y`` arrays (cell centres) become its coordinates.
+    """
     st = tile * shard
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zarr warns when a shard is larger than a small array
-        return group.create_array(
+        arr = group.create_array(
             name,
             shape=tuple(shape),
             chunks=(tile, tile),
@@ -422,6 +431,31 @@ def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, sh
             compressors=_COMPRESSOR,
             dimension_names=("y", "x"),
         )
+    arr.attrs.update({"grid_mapping": "spatial_ref", "coordinates": "spatial_ref"})
+    return arr
+
+
+COORDINATES = ("x", "y", "spatial_ref")
+
+
+def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
+    """The CF / rioxarray georeferencing of a group's 2-D arrays.
+
+    ``x`` and ``y``: cell-centre map coordinates (cell indices + 0.5 without a transform);
+    ``spatial_ref``: a scalar whose attributes carry ``crs_wkt`` / ``spatial_ref`` (WKT) and
+    ``GeoTransform`` (GDAL order), the convention rioxarray and GDAL read.
+    """
+    rows, cols = (int(v) for v in shape)
+    x0, dx, rx, y0, ry, dy = transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy)):
+        coord = group.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype="float64",
+                                   dimension_names=(name,), fill_value=0.0)
+        coord[:] = origin + (np.arange(n) + 0.5) * step
+        coord.attrs.update({"axis": name.upper(), "units": "cell" if transform is None else "map units"})
+    ref = group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0)
+    ref.attrs.update({"GeoTransform": " ".join(repr(float(v)) for v in (x0, dx, rx, y0, ry, dy))})
+    if crs:
+        ref.attrs.update({"crs_wkt": crs, "spatial_ref": crs})
 
 
 def check_result_name(name: str) -> list[str]:

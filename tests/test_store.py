@@ -62,6 +62,31 @@ def test_plain_zarr_and_xarray_see_a_2d_array(dem):
     np.testing.assert_array_equal(ds["elevation"].values, values)
 
 
+def test_xarray_and_rioxarray_see_coordinates_crs_and_transform(tmp_path, sample_data):
+    """Elevation and every result array open in xarray with cell-centre coordinates, CRS, transform."""
+    xr = pytest.importorskip("xarray")
+    rioxarray = pytest.importorskip("rioxarray")  # noqa: F841 -- registers the .rio accessor
+    import rasterio
+
+    from terrain_io.convert import convert
+
+    src = sample_data / "topobathy_land.tif"
+    store = TerrainStore.open(convert(src, tmp_path / "t.zarr", tile=32, shard=2).path)
+    with store.write_result("sssp/demo") as w:
+        w.create_array("distance", "float32", np.nan)[:] = 1.0
+    with rasterio.open(src) as ref:
+        ref_crs, ref_transform = ref.crs, ref.transform
+        xs, ys = rasterio.transform.xy(ref.transform, [0, 5], [0, 7])  # cell centres, rasterio's own
+    for group, var in ((None, "elevation"), ("sssp/demo", "distance")):
+        ds = xr.open_zarr(store.path, group=group, consolidated=False, decode_coords="all")
+        da = ds[var]
+        assert da.rio.crs == ref_crs
+        assert da.rio.transform() == ref_transform
+        np.testing.assert_allclose([float(da.x[0]), float(da.x[7])], xs)
+        np.testing.assert_allclose([float(da.y[0]), float(da.y[5])], ys)
+    assert "sssp/demo/x" not in store.results() and "x" not in store.results()
+
+
 def test_statistics_attributes(dem):
     store, values = dem
     assert store.attrs["valid_count"] == int(np.isfinite(values).sum())
