@@ -28,6 +28,7 @@ import numpy as np
 from . import _ascii_parse as ap
 from .errors import InputError, TerrainError
 from .atomic import atomic_directory
+from .progress import progress_bar
 from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, check_tiling
 
 READ_BLOCK = 8 << 20  # bytes of ASCII text per read
@@ -485,15 +486,6 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
     return ConvertSummary(out, hdr.rows, hdr.cols, stats.valid, src.stat().st_size, time.perf_counter() - t0)
 
 
-def _progress_bar(enabled: bool, total: int, desc: str, unit: str = "B"):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
-                leave=False, disable=None)  # disable=None: no bar when stderr is not a terminal
-
-
 class _AsciiSource:
     def __init__(self, src: Path):
         self.src = src
@@ -507,7 +499,7 @@ class _AsciiSource:
 
     def write(self, store: TerrainStore, stats: Statistics, cast, progress: bool) -> None:
         size = self.src.stat().st_size - self.header.body_offset
-        bar = _progress_bar(progress, size, f"convert {self.src.name}")
+        bar = progress_bar(progress, size, f"convert {self.src.name}", unit="B")
         writer = ShardRowWriter(store, store.path.parent)
         direct = store.dtype == np.float32 and self.header.multiplier is None
         try:
@@ -518,8 +510,7 @@ class _AsciiSource:
                 writer.add_band(row0, values)
         finally:
             writer.close()
-            if bar is not None:
-                bar.close()
+            bar.close()
 
 
 class _RasterSource:
@@ -580,7 +571,7 @@ class _RasterSource:
         striped = self.ds.block_shapes[0][1] >= cols
         band_bytes = min(st, rows) * cols * np.dtype(self.ds.dtypes[0]).itemsize
         band_rows = st if striped and band_bytes <= SHARD_ROW_RAM else None
-        bar = _progress_bar(progress, rows * cols, f"convert {self.src.name}", unit="cell")
+        bar = progress_bar(progress, rows * cols, f"convert {self.src.name}", unit="cell")
         try:
             for r0 in range(0, rows, st):
                 r1 = min(r0 + st, rows)
@@ -591,8 +582,6 @@ class _RasterSource:
                     values = cast(raw)
                     stats.add(values, store.nodata)
                     store.elevation[r0:r1, c0:c1] = values
-                    if bar is not None:
-                        bar.update(values.size)
+                    bar.update(values.size)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()

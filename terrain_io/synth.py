@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import TerrainError
 from .atomic import atomic_directory
+from .progress import progress_bar
 from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore
 
 
@@ -150,19 +151,12 @@ def synthesize(out, size: int, *, cols: int | None = None, seed: int = 0, nodata
     with atomic_directory(out) as tmp:
         store = TerrainStore.create(tmp, (rows, cols), "float32", tile=tile, shard=shard, attrs=attrs)
         windows = list(store.shards())
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=rows * cols, desc="synth", unit="cell", unit_scale=True, leave=False, disable=None)
-        for win in windows:
-            h, w = win.shape
-            block = synth_array(h, w, seed, nodata_fraction, r0=win.r0, c0=win.c0)
-            stats.add(block, None)
-            store.elevation[win.r0 : win.r1, win.c0 : win.c1] = block
-            if bar is not None:
+        with progress_bar(progress, rows * cols, "synth", unit="cell") as bar:
+            for win in windows:
+                h, w = win.shape
+                block = synth_array(h, w, seed, nodata_fraction, r0=win.r0, c0=win.c0)
+                stats.add(block, None)
+                store.elevation[win.r0 : win.r1, win.c0 : win.c1] = block
                 bar.update(block.size)
-        if bar is not None:
-            bar.close()
         store.update_attrs(**stats.as_attrs(), seconds=round(time.perf_counter() - t0, 3))
     return TerrainStore.open(out)
