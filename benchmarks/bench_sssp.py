@@ -104,7 +104,7 @@ def grass_rcost(tif: Path, n: int, out: str) -> dict | None:
 
 def spawn(what, store, n, device, cluster, out) -> dict:
     cmd = [sys.executable, __file__, "--one", what, store, str(n), device, str(cluster), out]
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     if p.returncode:
         raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -116,7 +116,7 @@ def make_store(folder: Path, n: int):
     from terrain_io.store import TerrainStore
     from terrain_io.synth import synthesize
 
-    st = synthesize(folder / f"dem{n}.zarr", n, seed=1, cell_size=10.0)
+    st = synthesize(folder / f"dem{n}.zarr", n, seed=1, cell_size=10.0, overwrite=True)
     # cost raster for the cell model: 1 + slope-like |dh| to the east neighbour, per shard
     with st.write_result("cost", attrs={"what": "1 + |dh east| / 10"}) as w:
         arr = w.create_array("c", "float32", float("nan"))
@@ -146,6 +146,7 @@ def main():
     ap.add_argument("--cluster", type=int, default=8)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-cell", action="store_true")
+    ap.add_argument("--first-only", action="store_true", help="skip the further source (large sizes)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -168,7 +169,7 @@ def main():
         models = ["absdiff"] + ([] if args.no_cell else ["cell"])
         for model in models:
             tag = "" if model == "absdiff" else "-cell"
-            for what in (f"ours{tag}-first", f"ours{tag}-again"):
+            for what in (f"ours{tag}-first",) + (() if args.first_only else (f"ours{tag}-again",)):
                 runs[what] = spawn(what, store, n, device, args.cluster, "")
                 r = runs[what]
                 print(f"  {what:16s} {r['seconds']:8.2f} s  peak {format_bytes(r['peak_rss'])}  {r['timings']}",
@@ -196,7 +197,7 @@ def main():
 
                     with rasterio.open(str(work / f"grass{n}") + ".tif") as ds:
                         # r.cost counts steps in cells (1 or sqrt 2), not map units: scale to the cell size
-                    np.save(work / f"grass{n}.npy", (ds.read(1) * 10.0).astype(np.float32))
+                        np.save(work / f"grass{n}.npy", (ds.read(1) * 10.0).astype(np.float32))
                     g["max_rel_diff"] = compare(store, f"ours{tag}-again", str(work / f"grass{n}.npy"))
                     runs["grass"] = g
             for what in peers + (["grass"] if model == "cell" and "grass" in runs else []):

@@ -25,7 +25,7 @@ weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="ab
 cost_option = click.option("--cost", help="Cost raster for --weight cell: a GeoTIFF/ASCII file aligned with the DEM, "
                                           "or the name of an array in the store.")
 cluster_option = click.option("--cluster", type=int, default=None,
-                              help="Cluster side in cells (power of two, at most the tile size) [default: 16].")
+                              help="Cluster side in cells (power of two, at most the tile size) [default: 8, or the stored index's].")
 memory_option = click.option("--memory", default=None, help="Memory budget, e.g. 2GB [default: half the free RAM].")
 
 

@@ -29,7 +29,7 @@ from ..errors import InputError, StoreError
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
 
-DEFAULT_CLUSTER = 16
+DEFAULT_CLUSTER = 8
 INDEX_VERSION = 1
 
 
