@@ -12,6 +12,12 @@ device_option = click.option(
     help="Compute device: the GPU (CuPy) when usable, else the CPU (numba).")
 
 
+scheduler_option = click.option(
+    "--scheduler", default="local", show_default=True, metavar="local|threads|processes|ADDRESS",
+    help="Where shard tasks run: this process, Dask threads or processes, or a dask.distributed scheduler "
+         "address (tcp://host:8786).")
+
+
 def quiet(ctx: click.Context | None = None) -> bool:
     """True when ``terrain -q`` was given (no progress bars, no summary)."""
     ctx = ctx or click.get_current_context()

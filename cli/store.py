@@ -10,7 +10,7 @@ import click
 from terrain_io.memory import format_bytes
 from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
 
-from .common import Timer, quiet, say
+from .common import Timer, quiet, say, scheduler_option
 from .main import cli
 
 tile_option = click.option("--tile", type=int, default=DEFAULT_TILE, show_default=True,
@@ -113,14 +113,16 @@ def _disk_size(path: Path) -> int:
 @click.option("--cell-size", type=float, default=10.0, show_default=True, help="Cell size in metres.")
 @tile_option
 @shard_option
+@scheduler_option
 @overwrite_option
-def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, overwrite):
+def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, scheduler, overwrite):
     """Generate fractal test terrain (ridges, valleys, plateaus, flats), shard by shard."""
     from terrain_io.synth import synthesize
 
     timer = Timer()
     st = synthesize(out, size, cols=cols, seed=seed, nodata_fraction=nodata_fraction, tile=tile, shard=shard,
-                    cell_size=cell_size, overwrite=overwrite, progress=not quiet())
+                    cell_size=cell_size, overwrite=overwrite, progress=not quiet(), scheduler=scheduler,
+                    announce=say)
     n = st.shape[0] * st.shape[1]
     say(f"{out}: {st.shape[0]} x {st.shape[1]} = {n:,} cells ({st.attrs['valid_count']:,} valid) in "
         f"{timer.elapsed:.2f} s, {n / 1e6 / timer.elapsed:.1f} Mcells/s")

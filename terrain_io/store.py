@@ -356,6 +356,13 @@ class Statistics:
             self.maximum = max(self.maximum, float(hi))
             self.valid += int(n)
 
+    def merge(self, other: "Statistics") -> None:
+        """Fold in the statistics of another part of the DEM."""
+        self.minimum = min(self.minimum, other.minimum)
+        self.maximum = max(self.maximum, other.maximum)
+        self.valid += other.valid
+        self.cells += other.cells
+
     def as_attrs(self) -> dict:
         has = self.valid > 0
         return {"min": self.minimum if has else None, "max": self.maximum if has else None,

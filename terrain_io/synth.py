@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numba as nb
 import numpy as np
+import zarr
 
 from .errors import TerrainError
 from .atomic import atomic_directory
 from .progress import progress_bar
-from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore
+from .parallel import check_scheduler, map_shards
+from .store import DEFAULT_SHARD, DEFAULT_TILE, ELEVATION, Statistics, TerrainStore, Window, statistics
 
 
 @nb.njit(cache=True, inline="always")
@@ -133,30 +136,49 @@ def synth_array(rows: int, cols: int, seed: int = 0, nodata_fraction: float = 0.
 
 def synthesize(out, size: int, *, cols: int | None = None, seed: int = 0, nodata_fraction: float = 0.0,
                tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD, cell_size: float = 10.0,
-               overwrite: bool = False, progress: bool = False) -> TerrainStore:
-    """Write a ``size x cols`` synthetic DEM store at ``out`` (cell size in metres, local CRS)."""
+               overwrite: bool = False, progress: bool = False, scheduler: str | None = "local",
+               announce=None) -> TerrainStore:
+    """Write a ``size x cols`` synthetic DEM store at ``out`` (cell size in metres, local CRS).
+
+    One task per shard on ``scheduler`` (see :func:`terrain_io.parallel.map_shards`); the result
+    is the same bytes on every scheduler.
+    """
     rows, cols = int(size), int(cols or size)
     if rows <= 0 or cols <= 0:
         raise TerrainError(f"size must be positive, got {rows} x {cols}")
     if not 0.0 <= nodata_fraction < 1.0:
         raise TerrainError("--nodata-fraction must be in [0, 1)")
+    scheduler = check_scheduler(scheduler)
     out = Path(out)
     if out.exists() and not overwrite:
         raise TerrainError(f"{out}: already exists (use --overwrite to replace it)")
-    stats = Statistics()
     t0 = time.perf_counter()
     attrs = {"transform": [0.0, cell_size, 0.0, rows * cell_size, 0.0, -cell_size],
              "cell_size": [cell_size, cell_size], "crs": None, "source": f"terrain synth seed={seed}",
              "source_format": "synthetic", "synth": {"seed": seed, "nodata_fraction": nodata_fraction}}
     with atomic_directory(out) as tmp:
         store = TerrainStore.create(tmp, (rows, cols), "float32", tile=tile, shard=shard, attrs=attrs)
-        windows = list(store.shards())
-        with progress_bar(progress, rows * cols, "synth", unit="cell") as bar:
-            for win in windows:
-                h, w = win.shape
-                block = synth_array(h, w, seed, nodata_fraction, r0=win.r0, c0=win.c0)
-                stats.add(block, None)
-                store.elevation[win.r0 : win.r1, win.c0 : win.c1] = block
-                bar.update(block.size)
+        tasks = [_SynthShard(str(tmp), win, seed, nodata_fraction) for win in store.shards()]
+        with progress_bar(progress, len(tasks), "synth", unit="shard") as bar:
+            parts = map_shards(_synth_shard, tasks, scheduler, progress=bar, announce=announce)
+        stats = Statistics()
+        for part in parts:
+            stats.merge(part)
         store.update_attrs(**stats.as_attrs(), seconds=round(time.perf_counter() - t0, 3))
     return TerrainStore.open(out)
+
+
+@dataclass(frozen=True)
+class _SynthShard:
+    store: str
+    window: Window
+    seed: int
+    nodata_fraction: float
+
+
+def _synth_shard(task: _SynthShard) -> Statistics:
+    """Generate and write one shard (a task: whole shard, so a rerun writes the same bytes)."""
+    win = task.window
+    block = synth_array(*win.shape, task.seed, task.nodata_fraction, r0=win.r0, c0=win.c0)
+    zarr.open_array(f"{task.store}/{ELEVATION}", mode="r+")[win.r0 : win.r1, win.c0 : win.c1] = block
+    return statistics(block, None)

@@ -1,0 +1,75 @@
+"""Shard tasks on Dask: every scheduler gives the same store, byte for byte; a killed worker is survived."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from terrain_io.errors import TerrainError
+from terrain_io.parallel import check_scheduler
+from terrain_io.store import TerrainStore
+from terrain_io.synth import synthesize
+
+distributed = pytest.importorskip("distributed")
+
+ARGS = dict(cols=700, seed=9, nodata_fraction=0.2, tile=32, shard=2)
+
+
+def same_store(a: TerrainStore, b: TerrainStore):
+    np.testing.assert_array_equal(a.elevation[:], b.elevation[:])
+    drop = {"created", "seconds"}
+    assert {k: v for k, v in a.attrs.items() if k not in drop} == {k: v for k, v in b.attrs.items() if k not in drop}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("ref") / "ref.zarr", 500, **ARGS)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c:
+        yield c
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_dask_local_schedulers_give_the_same_store(tmp_path, reference, scheduler):
+    same_store(synthesize(tmp_path / "s.zarr", 500, scheduler=scheduler, **ARGS), reference)
+
+
+def test_distributed_cluster_gives_the_same_store(tmp_path, reference, cluster):
+    said = []
+    st = synthesize(tmp_path / "c.zarr", 500, scheduler=cluster.scheduler_address, announce=said.append, **ARGS)
+    same_store(st, reference)
+    assert said and said[0].startswith("dask dashboard:")
+
+
+def test_killed_worker_is_survived(tmp_path, reference, cluster):
+    """SIGKILL one worker process while the shards are being made: its tasks run again elsewhere."""
+    client = distributed.Client(cluster.scheduler_address)
+    try:
+        pids = list(client.run(os.getpid).values())
+    finally:
+        client.close()
+    killer = threading.Timer(0.3, lambda: os.kill(pids[0], signal.SIGKILL))
+    killer.start()
+    try:
+        st = synthesize(tmp_path / "k.zarr", 500, scheduler=cluster.scheduler_address, **ARGS)
+    finally:
+        killer.cancel()
+    same_store(st, reference)
+    assert not list(tmp_path.glob(".*partial*"))
+    assert not killer.is_alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)  # the worker really was killed during the run
+
+
+def test_unknown_scheduler_is_a_clear_error():
+    with pytest.raises(TerrainError, match="unknown scheduler"):
+        check_scheduler("mpi")
+    with pytest.raises(TerrainError, match="cannot reach the Dask scheduler"):
+        from terrain_io.parallel import map_shards
+
+        map_shards(abs, [1], "tcp://127.0.0.1:9")
