@@ -264,34 +264,39 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
 
 # -- phase 2 ----------------------------------------------------------------------------------
 @numba.njit(cache=True)
-def _heap_sift(heap, hpos, key, i):
-    """Restore the indexed cluster heap around position i (up, then down)."""
+def _heap_sift(heap, hkey, hpos, i):
+    """Restore the indexed cluster heap around position i (up, then down). Keys are kept inline
+    (``hkey[i]`` is the key of ``heap[i]``): one memory access per level instead of two."""
     n = hpos[-1]
     k = heap[i]
+    kk = hkey[i]
     while i > 0:
         p = (i - 1) >> 1
-        if key[heap[p]] <= key[k]:
+        if hkey[p] <= kk:
             break
         heap[i] = heap[p]
+        hkey[i] = hkey[p]
         hpos[heap[i]] = i
         i = p
     while True:
         ch = 2 * i + 1
         if ch >= n:
             break
-        if ch + 1 < n and key[heap[ch + 1]] < key[heap[ch]]:
+        if ch + 1 < n and hkey[ch + 1] < hkey[ch]:
             ch += 1
-        if key[heap[ch]] >= key[k]:
+        if hkey[ch] >= kk:
             break
         heap[i] = heap[ch]
+        hkey[i] = hkey[ch]
         hpos[heap[i]] = i
         i = ch
     heap[i] = k
+    hkey[i] = kk
     hpos[k] = i
 
 
 @numba.njit(cache=True)
-def heap_set(heap, hpos, key, k, value):
+def heap_set(heap, hkey, hpos, key, k, value):
     """Set cluster k's key; insert it if absent, remove it when the key becomes inf."""
     key[k] = value
     i = hpos[k]
@@ -301,8 +306,9 @@ def heap_set(heap, hpos, key, k, value):
         i = hpos[-1]
         hpos[-1] = i + 1
         heap[i] = k
+        hkey[i] = value
         hpos[k] = i
-        _heap_sift(heap, hpos, key, i)
+        _heap_sift(heap, hkey, hpos, i)
         return
     if value == np.inf:
         n = hpos[-1] - 1
@@ -310,10 +316,12 @@ def heap_set(heap, hpos, key, k, value):
         hpos[k] = -1
         if i < n:
             heap[i] = heap[n]
+            hkey[i] = hkey[n]
             hpos[heap[i]] = i
-            _heap_sift(heap, hpos, key, i)
+            _heap_sift(heap, hkey, hpos, i)
         return
-    _heap_sift(heap, hpos, key, i)
+    hkey[i] = value
+    _heap_sift(heap, hkey, hpos, i)
 
 
 @numba.njit(cache=True)
@@ -343,7 +351,7 @@ def crossing_table(c):
 
 @numba.njit(cache=True)
 def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-              ckey, cbest, heap, hpos, counters, tab, tcnt):
+              ckey, cbest, heap, hkey, hpos, counters, tab, tcnt):
     """Dijkstra over G' with the cluster priority queue until done (-1) or a chunk is missing.
 
     Chunks are store tiles (m x m clusters). ``slot_of[chunk]`` is its slot or -1; the kernel
@@ -359,29 +367,37 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
     full_c = cols // c
     TR = (rows + c * m - 1) // (c * m)
     TC = (cols + c * m - 1) // (c * m)
+    paged = np.any(slot_of < 0)  # else every chunk is resident: no checks per settle
+    lm = 0
+    while (1 << lm) < m:
+        lm += 1
+    lcm = lm
+    while (1 << lcm) < c * m:
+        lcm += 1
     while hpos[-1] > 0:
         k = heap[0]
         cr = k // ncc
         cc = k - cr * ncc
-        tr = cr // m
-        tc = cc // m
-        counters[1] += 1
-        counters[2] = tr * TC + tc
-        if slot_of[tr * TC + tc] < 0:
-            return tr * TC + tc
+        tr = cr >> lm
+        tc = cc >> lm
         h = min(c, rows - cr * c)
         w = min(c, cols - cc * c)
         best = cbest[k]
-        # the chunks that the settled cell's grid edges reach must be resident too
-        bi, bj = _position(best, h, w)
-        for dd in range(8):
-            ni = cr * c + bi + DR[dd]
-            nj = cc * c + bj + DC[dd]
-            if 0 <= ni < rows and 0 <= nj < cols:
-                ch = (ni // (c * m)) * TC + nj // (c * m)
-                if slot_of[ch] < 0:
-                    return ch
-                last_use[slot_of[ch]] = counters[1]
+        if paged:
+            counters[1] += 1
+            counters[2] = tr * TC + tc
+            if slot_of[tr * TC + tc] < 0:
+                return tr * TC + tc
+            # the chunks that the settled cell's grid edges reach must be resident too
+            bi, bj = _position(best, h, w)
+            for dd in range(8):
+                ni = cr * c + bi + DR[dd]
+                nj = cc * c + bj + DC[dd]
+                if 0 <= ni < rows and 0 <= nj < cols:
+                    ch = (ni >> lcm) * TC + (nj >> lcm)
+                    if slot_of[ch] < 0:
+                        return ch
+                    last_use[slot_of[ch]] = counters[1]
         s = slot_of[tr * TC + tc]
         a = cr - tr * m
         b = cc - tc * m
@@ -423,7 +439,7 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
                     ni = cr * c + bi + DR[dd]
                     nj = cc * c + bj + DC[dd]
                     t2 = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
-                _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hpos, kind, steps,
+                _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
                              x, bd, dd, cr2, cc2, t2)
         else:
             bi, bj = _position(best, h, w)
@@ -439,10 +455,10 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
                 if cr2 == cr and cc2 == cc:
                     continue
                 t2 = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
-                _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hpos, kind, steps,
+                _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
                              x, bd, dd, cr2, cc2, t2)
         cbest[k] = newbest
-        heap_set(heap, hpos, ckey, k, newkey)
+        heap_set(heap, hkey, hpos, ckey, k, newkey)
     return -1
 
 
@@ -459,15 +475,15 @@ def _position(t, h, w):
 
 
 @numba.njit(inline="always", cache=True)
-def _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hpos, kind, steps,
+def _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
                  x, bd, dd, cr2, cc2, t2):
     """Relax the grid edge in direction dd from a settled cell (value x, distance bd) into
     boundary number t2 of cluster (cr2, cc2)."""
-    tr2 = cr2 // m
-    tc2 = cc2 // m
+    tr2 = cr2 >> lm
+    tc2 = cc2 >> lm
     s2 = slot_of[tr2 * TC + tc2]
-    a2 = cr2 - tr2 * m
-    b2 = cc2 - tc2 * m
+    a2 = cr2 - (tr2 << lm)
+    b2 = cc2 - (tc2 << lm)
     if sSet[s2, a2, b2, t2]:
         return
     y = sV[s2, a2, b2, t2]
@@ -480,7 +496,7 @@ def _relax_cross(c, m, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, hea
         k2 = cr2 * ncc + cc2
         if nd < ckey[k2]:
             cbest[k2] = t2
-            heap_set(heap, hpos, ckey, k2, nd)
+            heap_set(heap, hkey, hpos, ckey, k2, nd)
 
 
 # -- phase 3 ----------------------------------------------------------------------------------
@@ -568,7 +584,7 @@ _pwrite.restype = ctypes.c_ssize_t
 
 @numba.njit
 def merge_run_paged(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-                    ckey, cbest, heap, hpos, counters, tab, tcnt, chunk_in, saved, fd_flat, fd_state):
+                    ckey, cbest, heap, hkey, hpos, counters, tab, tcnt, chunk_in, saved, fd_flat, fd_state):
     """:func:`merge_run` with chunks paged in and out by pread/pwrite on two scratch files: the
     flat index (per chunk: its G' blocks, then its values) and the evicted vertex state. Returns
     0, or -1 on an I/O error. (Not cached: it calls libc through ctypes.)"""
@@ -580,7 +596,7 @@ def merge_run_paged(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, s
     st = n * 18
     while True:
         ch = merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-                       ckey, cbest, heap, hpos, counters, tab, tcnt)
+                       ckey, cbest, heap, hkey, hpos, counters, tab, tcnt)
         if ch < 0:
             return 0
         cy = counters[2] // TC

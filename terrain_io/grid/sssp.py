@@ -108,7 +108,7 @@ class MergeState:
         self.ncr, self.ncc = ncr, ncc = -(-rows // c), -(-cols // c)
         self.mt = store.tile_size // c  # clusters per tile side (the index's chunks)
         ncl = ncr * ncc
-        fixed = ncl * (8 + 8 + 8 + 8)
+        fixed = ncl * (8 + 8 + 8 + 8 + 8)
         per_cluster = B * B * 4 + B * 8 + B * (8 + 8 + 1 + 1)
         g = self.mt
         while True:
@@ -137,6 +137,7 @@ class MergeState:
         self.cbest = np.full(ncl, -1, np.int64)
         self.tab, self.tcnt = K.crossing_table(c)
         self.heap = np.zeros(ncl, np.int64)
+        self.hkey = np.zeros(ncl)
         self.hpos = np.full(ncl + 1, -1, np.int64)
         self.hpos[-1] = 0
         self.counters = np.zeros(3, np.int64)
@@ -318,7 +319,7 @@ class MergeState:
                     self.sHow[s, a, b, t] = K.HOW_SOURCE if (int(bi[t]), int(bj[t])) in srcs else K.HOW_INTRA
             free = np.where(self.sSet[s, a, b, : bi.size], np.inf, self.sDist[s, a, b, : bi.size])
             self.cbest[cr * self.ncc + cc] = int(np.argmin(free))
-            K.heap_set(self.heap, self.hpos, self.ckey, cr * self.ncc + cc, float(free.min()))
+            K.heap_set(self.heap, self.hkey, self.hpos, self.ckey, cr * self.ncc + cc, float(free.min()))
 
     def run(self, field: Field) -> None:
         rows, cols = self.store.shape
@@ -329,14 +330,14 @@ class MergeState:
             self.scratch.truncate(self.TR * self.TC * self.state_bytes)
             if K.merge_run_paged(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV, self.sDist,
                                  self.sRank, self.sHow, self.sSet, self.slot_of, self.last_use, self.ckey,
-                                 self.cbest, self.heap, self.hpos, self.counters, self.tab, self.tcnt,
+                                 self.cbest, self.heap, self.hkey, self.hpos, self.counters, self.tab, self.tcnt,
                                  self.chunk_in, self.saved, self.flat.fileno(), self.scratch.fileno()) < 0:
                 raise OSError("sssp merge: reading or writing its scratch files failed (disk full?)")
             return
         while True:
             need = K.merge_run(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV, self.sDist,
                                self.sRank, self.sHow, self.sSet, self.slot_of, self.last_use, self.ckey,
-                               self.cbest, self.heap, self.hpos, self.counters, self.tab, self.tcnt)
+                               self.cbest, self.heap, self.hkey, self.hpos, self.counters, self.tab, self.tcnt)
             if need < 0:
                 return
             self.load(int(need), center=int(self.counters[2]))
