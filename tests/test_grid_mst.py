@@ -6,7 +6,6 @@ weights; networkx on tiny grids; scipy.ndimage.label (8-connectivity) for the nu
 """
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys

@@ -470,9 +470,9 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     nv = vid.shape[0]
     # separator edges of this level, and the outmasks against the new block
     nsep = 0
-    for k in range(nv):
-        if vmask[k] & 0x0F:  # separator edges start at their smaller end: forward directions
-            nsep += 4
+    for k in range(nv):  # separator edges start at their smaller end: forward directions
+        m = vmask[k]
+        nsep += (m & 1) + ((m >> 1) & 1) + ((m >> 2) & 1) + ((m >> 3) & 1)
     su = np.empty(nsep, dtype=np.int64)
     sv = np.empty(nsep, dtype=np.int64)
     sw = np.empty(nsep, dtype=np.float64)
@@ -610,7 +610,6 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
             e = adj[p]
             if not alive[e]:
                 continue
-            prev = k
             cur = au[e] if av[e] == k else av[e]
             best = e
             path_e = e
@@ -621,7 +620,6 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
                         break
                 if _key_less(aw[best], ac[best], aw[e2], ac[e2]):
                     best = e2
-                prev = cur
                 cur = au[e2] if av[e2] == cur else av[e2]
                 path_e = e2
             if k < cur:  # each path once; its non-maximal edges are final
@@ -630,7 +628,6 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
                 oew[oe] = aw[best]
                 oec[oe] = ac[best]
                 oe += 1
-                prev = k
                 cur = au[e] if av[e] == k else av[e]
                 path_e = e
                 while True:

@@ -21,16 +21,15 @@ result is a forest, one tree per connected island of valid cells.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import functools
-import concurrent.futures
 import math
 import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 
 import numba
