@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import numba
 import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
@@ -347,14 +346,21 @@ class Statistics:
         values = np.asarray(values)
         if values.dtype.kind not in "iuf":
             raise StoreError(f"DEM values must be numbers, got {values.dtype}")
-        skip = np.array([] if values.dtype.kind == "f" or nodata is None else [nodata], dtype=values.dtype)
-        lo, hi, n = _range_and_count(values.reshape(values.shape[0], -1) if values.ndim > 1 else values[None, :],
-                                     skip)
         self.cells += values.size
+        if values.dtype.kind == "f":  # NaN-aware reductions: no masked copy of the band
+            n = values.size - int(np.count_nonzero(np.isnan(values)))
+            if n:
+                lo, hi = np.nanmin(values), np.nanmax(values)
+        else:
+            ok = valid_mask(values, nodata)
+            n = int(np.count_nonzero(ok))
+            if n:
+                info = np.iinfo(values.dtype)
+                lo, hi = values.min(where=ok, initial=info.max), values.max(where=ok, initial=info.min)
         if n:
             self.minimum = min(self.minimum, float(lo))
             self.maximum = max(self.maximum, float(hi))
-            self.valid += int(n)
+            self.valid += n
 
     def merge(self, other: "Statistics") -> None:
         """Fold in the statistics of another part of the DEM."""
@@ -367,27 +373,6 @@ class Statistics:
         has = self.valid > 0
         return {"min": self.minimum if has else None, "max": self.maximum if has else None,
                 "valid_count": self.valid, "cell_count": self.cells}
-
-
-@numba.njit(cache=True, parallel=True, nogil=True)
-def _range_and_count(values, skip):
-    """(min, max, count) of a 2-D array's vertices -- not NaN, not ``skip[0]`` -- in one parallel pass."""
-    rows = values.shape[0]
-    los = np.empty(rows, dtype=np.float64)
-    his = np.empty(rows, dtype=np.float64)
-    counts = np.zeros(rows, dtype=np.int64)
-    for i in numba.prange(rows):
-        lo, hi, n = np.inf, -np.inf, 0
-        for j in range(values.shape[1]):
-            v = values[i, j]
-            if v != v or (skip.shape[0] and v == skip[0]):
-                continue
-            fv = float(v)
-            lo = min(lo, fv)
-            hi = max(hi, fv)
-            n += 1
-        los[i], his[i], counts[i] = lo, hi, n
-    return los.min() if rows else np.inf, his.max() if rows else -np.inf, counts.sum()
 
 
 def statistics(values: np.ndarray, nodata) -> Statistics:
