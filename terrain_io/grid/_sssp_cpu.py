@@ -265,13 +265,14 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
 # -- phase 2 ----------------------------------------------------------------------------------
 @numba.njit(cache=True)
 def _heap_sift(heap, hkey, hpos, i):
-    """Restore the indexed cluster heap around position i (up, then down). Keys are kept inline
-    (``hkey[i]`` is the key of ``heap[i]``): one memory access per level instead of two."""
+    """Restore the indexed 4-ary cluster heap around position i (up, then down). Keys are kept
+    inline (``hkey[i]`` is the key of ``heap[i]``; a node's 4 children share a cache line): half
+    the levels of a binary heap, one memory access per level."""
     n = hpos[-1]
     k = heap[i]
     kk = hkey[i]
     while i > 0:
-        p = (i - 1) >> 1
+        p = (i - 1) >> 2
         if hkey[p] <= kk:
             break
         heap[i] = heap[p]
@@ -279,11 +280,13 @@ def _heap_sift(heap, hkey, hpos, i):
         hpos[heap[i]] = i
         i = p
     while True:
-        ch = 2 * i + 1
-        if ch >= n:
+        first = 4 * i + 1
+        if first >= n:
             break
-        if ch + 1 < n and hkey[ch + 1] < hkey[ch]:
-            ch += 1
+        ch = first
+        for q in range(first + 1, min(first + 4, n)):
+            if hkey[q] < hkey[ch]:
+                ch = q
         if hkey[ch] >= kk:
             break
         heap[i] = heap[ch]
