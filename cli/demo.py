@@ -37,12 +37,22 @@ def demo(ctx, out):
                f"elevation {st.attrs['min']:.0f}..{st.attrs['max']:.0f} m ({summary.seconds:.2f} s)")
     export(store_path, "elevation", out / "elevation.png", overwrite=True)
     click.echo(f"2. picture  {out / 'elevation.png'} (hillshaded elevation)")
+    _demo_mst(st)
     _demo_sssp(st, store_path, out)
     click.echo(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
 
 
+def _demo_mst(st) -> None:
+    """Step 3: the minimum spanning tree of the grid graph (weight max(h_i, h_j), the thesis's)."""
+    from terrain_io.grid.mst import mst
+
+    res = mst(st, progress=False)
+    click.echo(f"3. mst      {res.edges:,} edges in {res.trees:,} tree(s), total weight {res.total_weight:.10g} "
+               f"[{res.weight}] ({res.seconds:.2f} s, {res.device}) -> {st.path / 'mst' / 'edges'}")
+
+
 def _demo_sssp(st, store_path: Path, out: Path) -> None:
-    """Steps 3-4: shortest paths from the DEM's centre (cost |dh|, the thesis's), a path to a corner."""
+    """Steps 4-5: shortest paths from the DEM's centre (cost |dh|, the thesis's), a path to a corner."""
     from terrain_io.grid.path import trace, write_geojson
     from terrain_io.grid.sssp import sssp
     from terrain_io.export import export
@@ -51,10 +61,10 @@ def _demo_sssp(st, store_path: Path, out: Path) -> None:
     x, y = (float(v) for v in st.cell_to_map(rows // 2, cols // 2))
     res = sssp(st, (x, y), weight="absdiff", name="centre", progress=False)
     export(store_path, "sssp/centre/distance", out / "distance.png", overwrite=True)
-    click.echo(f"3. sssp     from ({x:.5f}, {y:.5f}), cost |dh| summed: {res.reached:,} cells reached, farthest "
+    click.echo(f"4. sssp     from ({x:.5f}, {y:.5f}), cost |dh| summed: {res.reached:,} cells reached, farthest "
                f"{res.max_distance:.0f} m (index {res.timings['boundary']:.2f} s, merge {res.timings['merge']:.2f} s, "
                f"final {res.timings['final']:.2f} s) -> {out / 'distance.png'}")
     tx, ty = (float(v) for v in st.cell_to_map(rows // 8, cols // 8))
     path = trace(st, (tx, ty), name="centre")
     write_geojson(st, path, out / "path.geojson")
-    click.echo(f"4. path     to ({tx:.5f}, {ty:.5f}): {len(path.cells)} cells, {path.cost:.0f} m -> {out / 'path.geojson'}")
+    click.echo(f"5. path     to ({tx:.5f}, {ty:.5f}): {len(path.cells)} cells, {path.cost:.0f} m -> {out / 'path.geojson'}")
