@@ -13,10 +13,11 @@ DPX __viaddmin_s32 for int32; "% peak" is the APSP rate over that ceiling.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
+
+from common import gpu_median  # benchmarks/ is on sys.path when run as a script
 
 SEED_M2090_MS = {512: 6.558, 1024: 33.225, 2048: 227.238, 3072: 736.571, 4096: 1756.861}
 
@@ -45,22 +46,6 @@ extern "C" __global__ void peak_i32(int* out, int iters, int b) {
 """
 
 
-def gpu_time(fn, repeat):
-    import cupy
-
-    fn()
-    cupy.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeat):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return statistics.median(times)
-
-
 def gpu_peak(kind: str) -> float:
     """Measured (add, min) pairs per second of a register-only kernel."""
     import cupy
@@ -71,7 +56,7 @@ def gpu_peak(kind: str) -> float:
     blocks, threads, iters = sms * 8, 256, 20000
     out = cupy.empty(blocks * threads, dtype=np.float32 if kind == "f32" else np.int32)
     b = np.float32(0.5) if kind == "f32" else np.int32(3)
-    t = gpu_time(lambda: f((blocks,), (threads,), (out, np.int32(iters), b)), 5)
+    t = gpu_median(lambda: f((blocks,), (threads,), (out, np.int32(iters), b)), 5) / 1e3
     return blocks * threads * iters * 8 / t
 
 
@@ -119,7 +104,7 @@ def main():
                         import cupy
 
                         Wd = cupy.asarray(W)
-                        t = gpu_time(lambda: apsp(Wd, method=method, return_predecessors=pred), args.repeat)
+                        t = gpu_median(lambda: apsp(Wd, method=method, return_predecessors=pred), args.repeat) / 1e3
                         D = apsp(Wd, method=method)
                         D = D.get()
                     else:

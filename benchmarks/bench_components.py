@@ -23,7 +23,7 @@ from scipy.sparse.csgraph import connected_components as scipy_cc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_listrank import cpu_median, gpu_median, parse_count  # noqa: E402
+from common import cpu_median, gpu_median, parse_count  # noqa: E402
 
 from terrain_io.backend import gpu_available, to_host  # noqa: E402
 from terrain_io.graph import generate  # noqa: E402

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import time
 
 import numpy as np
+
+from common import gpu_median  # benchmarks/ is on sys.path when run as a script
 
 
 def family_graph(family: str, m: int, xp):
@@ -66,21 +67,6 @@ def scipy_mst(u, v, w, n):
     return time.perf_counter() - t0, float(T.sum()), T.nnz
 
 
-def gpu_time(fn, repeat):
-    import cupy
-
-    fn()
-    times = []
-    for _ in range(repeat):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return statistics.median(times)
-
-
 def main():
     from terrain_io.graph.mst import minimum_spanning_forest
     from terrain_io.memory import format_bytes, peak_rss
@@ -113,7 +99,7 @@ def main():
             ts, ws, size = float("nan"), None, None
         for method in methods:
             if args.device == "gpu":
-                t = gpu_time(lambda: minimum_spanning_forest((u, v, w), n, method=method), args.repeat)
+                t = gpu_median(lambda: minimum_spanning_forest((u, v, w), n, method=method), args.repeat) / 1e3
                 f = minimum_spanning_forest((u, v, w), n, method=method)
             else:
                 minimum_spanning_forest((u[:5000], v[:5000], w[:5000]), n, method=method, threshold=500)  # compile

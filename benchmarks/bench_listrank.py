@@ -12,53 +12,19 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common import cpu_median, gpu_median, parse_count  # noqa: E402  (benchmarks/ is on the path)
 from terrain_io.backend import gpu_available, to_host  # noqa: E402
 from terrain_io.graph import generate  # noqa: E402
 from terrain_io.graph.listrank import auto_stride, list_rank  # noqa: E402
 from terrain_io.memory import format_bytes, peak_rss  # noqa: E402
 
 PAPER = {32 << 20: {"gtx280_rhj_ms": 1093, "cpu_seq_ms": 4442}, 64 << 20: {"gtx280_rhj_ms": 2555, "cpu_seq_ms": 9572}}
-
-
-def parse_count(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(float(text[:-1]) * mult[text[-1]]) if text[-1] in mult else int(text)
-
-
-def gpu_median(fn, reps: int = 5) -> float:
-    """Median milliseconds of ``fn()`` timed with CUDA events after one warm-up call."""
-    import cupy
-
-    fn()
-    cupy.cuda.Device().synchronize()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
-
-
-def cpu_median(fn, reps: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def check_ranks(succ, ranks) -> None:
