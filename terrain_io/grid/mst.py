@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import math
 import os
 import queue
@@ -38,7 +37,8 @@ import numpy as np
 from .. import weights as weight_models
 from ..backend import resolve_device
 from ..errors import InputError
-from ..memory import format_bytes, memory_budget
+from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from ..zorder import morton_decode, morton_encode, morton_order
 from . import _mst_cpu as K
@@ -252,23 +252,6 @@ def _plan_batches(store: TerrainStore, k: int) -> list[_Batch]:
     return batches
 
 
-@functools.cache
-def _return_large_blocks_to_the_os() -> None:
-    """Make glibc serve every allocation of 1 MiB or more by mmap, given back on free.
-
-    Its default threshold grows to the largest block freed so far, after which batch-sized arrays
-    come from per-thread heaps that keep their freed pages: with the pipeline's threads (reader,
-    writers, merges, numba) resident memory then creeps well past the budget (measured: +98 MiB
-    on an 8192^2 store under a 64 MiB budget, +55 MiB with this). Process-wide; Linux/glibc only.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
     """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``.
 
@@ -293,23 +276,6 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
     return k
 
 
-class _NoBar(contextlib.AbstractContextManager):
-    def __exit__(self, *exc):
-        return None
-
-    def update(self, n=1):
-        pass
-
-
-def _bar(progress: bool, total: int, desc: str):
-    if not progress:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tile" if desc.startswith("tile") else "batch",
-                disable=not progress, leave=False, dynamic_ncols=True)
-
-
 def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
         batch_tiles: int | None = None) -> MSTResult:
     """Minimum spanning forest of the DEM in ``store`` (a TerrainStore or a path); writes ``mst/edges``.
@@ -319,7 +285,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     ``batch_tiles``: force the batch side in tiles (a power of two <= the shard size).
     """
     t_start = time.perf_counter()
-    _return_large_blocks_to_the_os()
+    return_freed_memory_to_os()
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     model = weight_models.get(weight)
@@ -364,7 +330,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
             # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
             writers = 2 if k == store.shard_size else 1
             io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
-            bar = cleanup.enter_context(_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
+            bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
             pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
             for bi, b in enumerate(batches):
                 t0 = time.perf_counter()
@@ -430,7 +396,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         # whole shards in parallel (one byte per cell each); parts of a shard one after another, as
         # zarr rewrites the whole shard on every partial write
         workers = max(1, min(8, os.cpu_count() or 1)) if k == store.shard_size else 1
-        with _bar(progress, len(batches), "expand") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        with progress_bar(progress, len(batches), "expand", unit="batch") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
             for count in ex.map(expand, batches):
                 n_edges += count
                 bar.update(1)
