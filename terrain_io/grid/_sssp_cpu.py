@@ -357,10 +357,11 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
               ckey, cbest, heap, hkey, hpos, counters, tab, tcnt):
     """Dijkstra over G' with the cluster priority queue until done (-1) or a chunk is missing.
 
-    Chunks are store tiles (m x m clusters). ``slot_of[chunk]`` is its slot or -1; the kernel
-    returns the id of the first missing chunk among the 3 x 3 around the top cluster's chunk and
-    leaves that chunk's id in ``counters[2]`` (the chunks Python must keep). ``counters[0]`` is
-    the next settle rank, ``counters[1]`` a use clock for eviction. ``ckey[k]``/``cbest[k]``: the
+    Chunks are groups of m x m clusters (m a power of two). ``slot_of[chunk]`` is its slot or -1;
+    when some chunk is not resident (paging), the kernel returns the id of the first missing one
+    among the top cluster's chunk and those its settling cell's grid edges reach, and leaves the
+    top cluster's chunk id in ``counters[2]`` (the 3 x 3 chunks around it must stay).
+    ``counters[0]`` is the next settle rank, ``counters[1]`` a use clock for eviction. ``ckey[k]``/``cbest[k]``: the
     smallest tentative distance among cluster k's unsettled boundary cells and its number.
     ``tab, tcnt``: :func:`crossing_table`.
     """
