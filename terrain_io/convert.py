@@ -29,7 +29,8 @@ from . import _ascii_parse as ap
 from .errors import InputError, TerrainError
 from .atomic import atomic_directory
 from .progress import progress_bar
-from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, check_tiling
+from .parallel import check_scheduler, map_shards
+from .store import DEFAULT_SHARD, DEFAULT_TILE, ELEVATION, Statistics, TerrainStore, Window, check_tiling, statistics
 
 READ_BLOCK = 8 << 20  # bytes of ASCII text per read
 SHARD_ROW_RAM = 128 << 20  # shard rows larger than this are spilled to a scratch file
@@ -431,6 +432,19 @@ def _cast_band(values: np.ndarray, nodata_in, dtype: np.dtype, nodata_out, multi
     return out
 
 
+@dataclass(frozen=True)
+class _Cast:
+    """Source values -> store values (picklable, for shard tasks on other processes)."""
+
+    nodata_in: float | None
+    dtype: str
+    nodata_out: int | None
+    multiplier: float | None = None
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        return _cast_band(values, self.nodata_in, np.dtype(self.dtype), self.nodata_out, self.multiplier)
+
+
 def _int_nodata(dtype: np.dtype, nodata):
     if dtype.kind == "f":
         return None
@@ -442,11 +456,13 @@ def _int_nodata(dtype: np.dtype, nodata):
 
 
 def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD, dtype: str | None = None,
-            overwrite: bool = False, progress: bool = False) -> ConvertSummary:
+            overwrite: bool = False, progress: bool = False, scheduler: str | None = "local",
+            announce=None) -> ConvertSummary:
     """Convert an ASCII grid or any GDAL raster at ``src`` into a new store at ``out``.
 
     ``out`` defaults to ``src`` with the suffix ``.zarr``. Returns a summary; raises InputError
-    for unusable input and leaves no store behind on any failure.
+    for unusable input and leaves no store behind on any failure. ``scheduler`` (rasters only):
+    one task per shard window on Dask (see :func:`terrain_io.parallel.map_shards`).
     """
     t0 = time.perf_counter()
     src = Path(src)
@@ -460,8 +476,11 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
         raise TerrainError(f"{out}: already exists (use --overwrite to replace it)")
     if out.resolve() == src.resolve():
         raise TerrainError(f"{out}: output would overwrite the input")
+    scheduler = check_scheduler(scheduler)
     ascii_grid = is_ascii_grid(src)
-    reader = _AsciiSource(src) if ascii_grid else _RasterSource(src)
+    if ascii_grid and scheduler != "local":
+        raise TerrainError("an ASCII grid is parsed as one stream: --scheduler applies to GeoTIFF and other rasters")
+    reader = _AsciiSource(src) if ascii_grid else _RasterSource(src, scheduler, announce)
     with reader:
         hdr = reader.header
         out_dtype = _output_dtype(dtype, hdr)
@@ -478,8 +497,7 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
         with atomic_directory(out) as tmp:
             store = TerrainStore.create(tmp, (hdr.rows, hdr.cols), out_dtype, tile=tile, shard=shard,
                                         nodata=nodata_out, attrs=attrs)
-            reader.write(store, stats, lambda v: _cast_band(v, hdr.nodata, out_dtype, nodata_out, hdr.multiplier),
-                         progress)
+            reader.write(store, stats, _Cast(hdr.nodata, str(out_dtype), nodata_out, hdr.multiplier), progress)
             store.update_attrs(**stats.as_attrs())
     if stats.valid == 0:
         warnings.warn(f"{src}: every cell is nodata: the DEM has no vertices", stacklevel=2)
@@ -516,7 +534,8 @@ class _AsciiSource:
 class _RasterSource:
     """Any raster GDAL reads, through rasterio, one shard window at a time (band 1)."""
 
-    def __init__(self, src: Path):
+    def __init__(self, src: Path, scheduler: str = "local", announce=None):
+        self.scheduler, self.announce = scheduler, announce
         import rasterio
         from rasterio.errors import RasterioIOError
 
@@ -564,6 +583,14 @@ class _RasterSource:
     def write(self, store: TerrainStore, stats: Statistics, cast, progress: bool) -> None:
         from rasterio.windows import Window as RioWindow
 
+        if self.scheduler != "local":
+            tasks = [_RasterShard(str(self.src), str(store.path), win, cast) for win in store.shards()]
+            with progress_bar(progress, len(tasks), f"convert {self.src.name}", unit="shard") as bar:
+                for part in map_shards(_convert_raster_shard, tasks, self.scheduler, progress=bar,
+                                       announce=self.announce):
+                    stats.merge(part)
+            return
+
         rows, cols = store.shape
         st = store.tile_size * store.shard_size
         # Striped rasters (blocks as wide as the raster) are read a shard row at a time, so each strip
@@ -585,3 +612,25 @@ class _RasterSource:
                     bar.update(values.size)
         finally:
             bar.close()
+
+
+@dataclass(frozen=True)
+class _RasterShard:
+    src: str
+    store: str
+    window: Window
+    cast: _Cast
+
+
+def _convert_raster_shard(task: _RasterShard) -> Statistics:
+    """One shard window of a raster into the store (a task: whole shard, rerunnable)."""
+    import rasterio
+    import zarr
+    from rasterio.windows import Window as RioWindow
+
+    win = task.window
+    with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024), rasterio.open(task.src) as ds:
+        raw = ds.read(1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
+    values = task.cast(raw)
+    zarr.open_array(f"{task.store}/{ELEVATION}", mode="r+")[win.r0 : win.r1, win.c0 : win.c1] = values
+    return statistics(values, task.cast.nodata_out)

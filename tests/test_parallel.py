@@ -18,7 +18,7 @@ ARGS = dict(cols=700, seed=9, nodata_fraction=0.2, tile=32, shard=2)
 
 def same_store(a: TerrainStore, b: TerrainStore):
     np.testing.assert_array_equal(a.elevation[:], b.elevation[:])
-    drop = {"created", "seconds"}
+    drop = {"created", "seconds", "source"}
     assert {k: v for k, v in a.attrs.items() if k not in drop} == {k: v for k, v in b.attrs.items() if k not in drop}
 
 
@@ -63,6 +63,20 @@ def test_killed_worker_is_survived(tmp_path, reference, cluster):
     assert not killer.is_alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)  # the worker really was killed during the run
+
+
+@pytest.mark.parametrize("where", ["processes", "cluster"])
+def test_raster_conversion_on_dask_gives_the_same_store(tmp_path, reference, cluster, where):
+    from terrain_io.convert import convert
+    from terrain_io.export import export
+
+    tif = export(reference.path, "elevation", tmp_path / "r.tif")
+    local = TerrainStore.open(convert(tif, tmp_path / "local.zarr", tile=32, shard=2).path)
+    scheduler = cluster.scheduler_address if where == "cluster" else where
+    remote = TerrainStore.open(convert(tif, tmp_path / "dask.zarr", tile=32, shard=2, scheduler=scheduler).path)
+    same_store(remote, local)
+    with pytest.raises(TerrainError, match="ASCII grid is parsed as one stream"):
+        convert(export(reference.path, "elevation", tmp_path / "r.asc"), tmp_path / "a.zarr", scheduler="threads")
 
 
 def test_unknown_scheduler_is_a_clear_error():
