@@ -256,3 +256,15 @@ def test_out_of_core_peak_memory_within_budget(tmp_path):
     assert int(reached) == n * n and float(d0) == 0.0 and int(finite) == 25
     assert 4 * budget <= n * n * 4
     assert int(grown) <= budget, f"peak RSS grew by {int(grown) / 2**20:.1f} MiB, budget {budget / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (9, 1), (2, 9), (3, 3), (17, 10)])
+def test_thin_and_partial_clusters(tmp_path, shape):
+    """DEMs narrower than a cluster: clusters of 1 or 2 rows/cols, where every cell is a boundary cell."""
+    vals = random_dem(shape, seed=sum(shape))
+    st = make_store(tmp_path, vals, tile=8)
+    for c in (2, 8):
+        _, d, p = run(st, [(shape[0] - 1, 0)], "absdiff", cluster=c, name=f"c{c}")
+        ref = reference(vals.astype(np.float64), [(shape[0] - 1, 0)])
+        np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-5)
+        check_predecessors(d, p, vals, [(shape[0] - 1, 0)], "absdiff")
