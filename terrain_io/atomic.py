@@ -17,6 +17,7 @@ import fcntl
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -32,6 +33,8 @@ _OWN: set[Path] = set()
 
 def sweep_temporaries() -> None:
     """Remove every temporary this process made and did not complete (last act before exiting)."""
+    if _OWN:
+        time.sleep(0.05)  # let an I/O thread of an interrupted zarr call finish its write first
     for path in list(_OWN):
         _remove(path)
         _OWN.discard(path)
@@ -50,10 +53,19 @@ def _alive(pid: int) -> bool:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    """Remove a file or folder that another thread may still be creating (a few tries)."""
+    for _ in range(5):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue  # it changed under us (a folder appeared, a file was added): try again
+        if not os.path.lexists(path):
+            return
 
 
 def clean_stale(parent, name: str | None = None) -> list[Path]:

@@ -220,12 +220,19 @@ def test_paged_merge_under_small_budget_equals_in_memory(tmp_path):
     vals = random_dem((96, 96), seed=5, holes=0.05)
     vals[50, 50] = 1.0
     st = make_store(tmp_path, vals, tile=8, shard=2)
-    _, d_small, p_small = run(st, [(50, 50)], "absdiff", cluster=4, memory="40KB", name="small")
+    _, d_small, p_small = run(st, [(50, 50)], "absdiff", cluster=4, memory="48KB", name="small")
     _, d_big, _ = run(st, [(50, 50)], "absdiff", cluster=4, name="big")
     ref = reference(vals.astype(np.float64), [(50, 50)])
     np.testing.assert_allclose(d_small, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
     np.testing.assert_array_equal(d_small, d_big)
     check_predecessors(d_small, p_small, vals, [(50, 50)], "absdiff")
+
+
+def test_budget_too_small_for_one_tile_is_a_clear_error(tmp_path):
+    st = make_store(tmp_path, random_dem((96, 96), seed=5, holes=0.0), tile=8, shard=2)
+    with pytest.raises(InputError, match="too small for this store: the SSSP needs at least"):
+        run(st, [(5, 5)], "absdiff", cluster=4, memory="8KB", name="tiny")
+    assert "sssp/tiny" not in st.results()
 
 
 MEMORY_SCRIPT = r"""
@@ -236,7 +243,7 @@ from terrain_io.memory import peak_rss
 folder, n, budget = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 small = synthesize(folder + "/small.zarr", 128, tile=64, shard=4)
 big = synthesize(folder + "/big.zarr", n, tile=64, shard=4)
-sssp(small, (5, 5), cell=True, progress=False, cluster=8, memory="64KB")  # compile every kernel first
+sssp(small, (5, 5), cell=True, progress=False, cluster=8, memory="256KB")  # compile every kernel first
 gc.collect()
 before = peak_rss()
 r = sssp(big, (n // 2, n // 3), cell=True, progress=False, cluster=8, memory=budget)

@@ -67,7 +67,7 @@ def snapshot(store: Path, result: str) -> dict | None:
     snap = {"attrs": {k: v for k, v in group.attrs.items() if k not in VOLATILE}}
     for name, node in group.members(max_depth=None):
         if isinstance(node, zarr.Array):
-            snap[name] = node[:]
+            snap[name] = node[...]
     return snap
 
 

@@ -16,8 +16,7 @@ SSSP with the same settings skips phase 1.
 """
 from __future__ import annotations
 
-import os
-import tempfile
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import weights as weight_models
-from ..errors import InputError, StoreError
+from ..atomic import scratch_directory
+from ..errors import InputError
+from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
 
@@ -71,8 +72,8 @@ class Field:
             raise InputError(f"cost raster {cost!r}: no such file and no such array in the store")
         from ..convert import convert
 
-        self._tmp = tempfile.TemporaryDirectory(prefix=".cost-", dir=st.path.parent)
-        tmp = Path(self._tmp.name) / "cost.zarr"
+        self._tmp = contextlib.ExitStack()  # a scratch folder beside the store, cleaned even after a kill
+        tmp = self._tmp.enter_context(scratch_directory(st.path, "cost")) / "cost.zarr"
         convert(src, tmp, tile=st.tile_size, shard=st.shard_size, dtype="float64", progress=False)
         cs = TerrainStore.open(tmp, mode="r")
         if cs.shape != st.shape:
@@ -102,7 +103,7 @@ class Field:
 
     def close(self) -> None:
         if self._tmp is not None:
-            self._tmp.cleanup()
+            self._tmp.close()
             self._tmp = None
 
 
@@ -180,7 +181,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     B = 4 * c - 4
     steps = field.steps()
     attrs = _wanted_attrs(store, field, c)
-    bar = _bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp index")
+    bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp index")
     with store.write_result(index_name(field.model), attrs=attrs) as w:
         d = w.group.create_array("d", shape=(ncr, ncc, B, B), chunks=(m, m, B, B), dtype="float32",
                                  fill_value=float("inf"), compressors=None)
@@ -219,7 +220,3 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     return Index(index_name(field.model), c, group["d"], group["v"], dict(group.attrs))
 
 
-def _bar(enabled: bool, total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tile", disable=not enabled, leave=False)

@@ -23,17 +23,18 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field as dc_field
-from pathlib import Path
 
 import numpy as np
 
 from .. import weights as weight_models
 from ..backend import resolve_device
 from ..errors import InputError
-from ..memory import memory_budget
+from ..atomic import scratch_directory
+from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
-from .index import Field, build_index, cluster_size, open_index
+from .index import Field, build_index, open_index
 
 DISTANCE_DTYPE = "float32"
 
@@ -121,6 +122,17 @@ class MergeState:
         self.m = m = g
         self.TR, self.TC = -(-ncr // g), -(-ncc // g)
         nchunks = self.TR * self.TC
+        def least(g):  # chunk table + 9 slots (a chunk and its neighbours) of g x g clusters
+            n = -(-ncr // g) * -(-ncc // g)
+            return n * 24 + min(9, n) * g * g * per_cluster
+
+        # the least that must fit: the per-cluster state, the best chunking's slots, and one tile of
+        # the final phase (values, distances, ranks, codes: ~32 bytes a cell)
+        need = fixed + min(least(1 << k) for k in range(self.mt.bit_length())) + 32 * store.tile_size ** 2
+        if budget < need:
+            raise InputError(f"memory budget {format_bytes(budget)} too small for this store: the SSSP needs at least "
+                             f"{format_bytes(need)} with {store.tile_size} x {store.tile_size} tiles and {c} x {c} "
+                             "clusters (raise --memory)")
         self.S = S = min(nchunks, max(min(9, nchunks), slots))
         self.state_bytes = m * m * B * (8 + 8 + 1 + 1)
         self.sD = np.empty((S, m, m, B, B), np.float32)
@@ -366,6 +378,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     cells = parse_sources(store, sources, cell)
     name = name or default_name(cells)
     budget = memory_budget(memory)
+    return_freed_memory_to_os()
     timings = {}
     field = Field(store, model, cost)
     try:
@@ -376,7 +389,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
             index = build_gpu_or_cpu(store, field, cluster, dev, progress)
         timings["boundary"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix=".sssp-", dir=store.path.parent) as scratch_dir:
+        with scratch_directory(store.path, "sssp") as scratch_dir:
             merge = MergeState(store, index, budget, scratch_dir)
             try:
                 merge.seed(field, cells)
@@ -419,10 +432,7 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
     }
     reached = 0
     dmax = 0.0
-    from tqdm import tqdm
-
-    bar = tqdm(total=store.tile_grid[0] * store.tile_grid[1], desc="sssp final", unit="tile",
-               disable=not progress, leave=False)
+    bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp final")
     with store.write_result(f"sssp/{name}", attrs=attrs) as w:
         dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
         pred_arr = w.create_array("predecessor", "uint8", K.NO_PRED)
