@@ -73,21 +73,19 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
 def index_command(store, weight, cost, cluster, device, rebuild):
     """Build the SSSP boundary index (phase 1) for a weight model, so later sources skip it."""
     from terrain_io.backend import resolve_device
-    from terrain_io.grid.index import Field, open_index
-    from terrain_io.grid.sssp import build_gpu_or_cpu
+    from terrain_io.grid.index import Field, ensure_index
     from terrain_io.store import TerrainStore
 
     st = TerrainStore.open(store)
     timer = Timer()
     field = Field(st, weight, cost)
     try:
-        idx = None if rebuild else open_index(st, field, cluster)
-        if idx is not None:
-            say(f"{idx.name}: already built (cluster {idx.cluster}); use --rebuild to redo it")
-            return
-        idx = build_gpu_or_cpu(st, field, cluster, resolve_device(device), not quiet())
+        idx, reused = ensure_index(st, field, cluster, resolve_device(device), not quiet(), rebuild=rebuild)
     finally:
         field.close()
+    if reused:
+        say(f"{idx.name}: already built (cluster {idx.cluster}); use --rebuild to redo it")
+        return
     say(f"{idx.name}: clusters of {idx.cluster}^2, {idx.d.shape[0]} x {idx.d.shape[1]} blocks of "
         f"{idx.d.shape[2]}^2 boundary distances in {timer.elapsed:.2f} s")
 

@@ -220,8 +220,8 @@ def test_read_only_output_folder_is_a_clear_error(world, tmp_path, cmd):
 
 
 def test_concurrent_sssp_runs_on_one_store_are_both_correct(world, tmp_path):
-    """Two sources at once on a store without an index (both may build it), and `terrain info`
-    polling meanwhile: both results equal their sequential runs; info never sees a half result."""
+    """Two sources at once on a store without an index, and `terrain info` polling meanwhile: the
+    index is built once, both results equal their sequential runs, info never sees a half result."""
     shutil.copytree(world["base"], tmp_path / "dem.zarr")
     store = tmp_path / "dem.zarr"
     z = zarr.open_array(str(store / "elevation"), mode="r")[:]
@@ -240,6 +240,8 @@ def test_concurrent_sssp_runs_on_one_store_are_both_correct(world, tmp_path):
         out, err = p.communicate()
         assert p.returncode == 0, err
     assert polls > 0
+    reused = sorted(zarr.open_group(str(store / "sssp" / name), mode="r").attrs["index_reused"] for name in runs)
+    assert reused == [False, True]  # the second run waited for the index the first one built
     for name, src in runs.items():
         seq = tmp_path / f"seq-{name}"
         seq.mkdir()

@@ -151,6 +151,20 @@ def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
             "cell_size": list(step_size(store)), "cost": field.cost_id}
 
 
+def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, device: str = "cpu",
+                 progress: bool = False, rebuild: bool = False) -> tuple[Index, bool]:
+    """The stored index for these settings, built first when missing (or when ``rebuild``): (index, reused).
+
+    Under an inter-process lock per (store, weight model), so a run that wants an index another
+    run is building waits for it and reuses it instead of building it a second time.
+    """
+    with store.lock(index_name(field.model)):
+        index = None if rebuild else open_index(store, field, cluster)
+        if index is not None:
+            return index, True
+        return build_index(store, field, cluster, progress=progress, device=device), False
+
+
 def open_index(store: TerrainStore, field: Field, cluster: int | None = None) -> Index | None:
     """The stored index for these settings, or None when there is none (or it was built for others)."""
     name = index_name(field.model)

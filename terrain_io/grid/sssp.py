@@ -34,7 +34,7 @@ from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
-from .index import Field, build_index, open_index
+from .index import Field, ensure_index
 
 DISTANCE_DTYPE = "float32"
 
@@ -383,10 +383,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     field = Field(store, model, cost)
     try:
         t0 = time.perf_counter()
-        index = None if rebuild_index else open_index(store, field, cluster)
-        reused = index is not None
-        if index is None:
-            index = build_gpu_or_cpu(store, field, cluster, dev, progress)
+        index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index)
         timings["boundary"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with scratch_directory(store.path, "sssp") as scratch_dir:
@@ -406,11 +403,6 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
                         {k: round(v, 3) for k, v in timings.items()}, dev)
     store.group[f"sssp/{name}"].attrs.update({"timings": result.timings})
     return result
-
-
-def build_gpu_or_cpu(store, field, cluster, device, progress):
-    """Phase 1 on the chosen device (GPU: clusters up to 16^2; larger ones run on the CPU)."""
-    return build_index(store, field, cluster, progress=progress, device=device)
 
 
 def _final(store, field, merge, cells, name, model, index, timings, progress, reused):
