@@ -1,7 +1,6 @@
 """Conversion round trips (source -> store -> GeoTIFF) against independent readers, and bad input."""
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
