@@ -74,9 +74,9 @@ def info(store, as_json):
         f"on disk:    {format_bytes(_disk_size(st.path))}",
     ]
     if results:
-        lines.append("results:")
+        lines.append("results:    (terrain info --json for every attribute)")
         for name, attrs in results.items():
-            shown = {k: v for k, v in attrs.items() if k not in ("shape",)}
+            shown = {k: v for k, v in attrs.items() if k not in _QUIET_ATTRS}
             lines.append(f"  {name}: " + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
     else:
         lines.append("results:    none")
@@ -96,7 +96,14 @@ def _crs_name(wkt: str | None) -> str:
         return wkt[:80]
 
 
+# documentation strings, CF plumbing and timings: in --json, not in the summary
+_QUIET_ATTRS = {"shape", "grid_mapping", "coordinates", "timings", "edges_encoding", "unreached",
+                "predecessor_codes", "total_weight_exact"}
+
+
 def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.10g}"
     text = json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
     return text if len(text) <= 80 else text[:77] + "..."
 
