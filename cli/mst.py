@@ -7,7 +7,7 @@ import click
 
 from terrain_io import weights
 
-from .common import device_option, quiet, say
+from .common import device_option, quiet, say, scheduler_option
 from .main import cli
 
 
@@ -18,7 +18,8 @@ from .main import cli
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",
               help="Memory budget, e.g. 2GB (default: half the free RAM).")
-def mst(store, weight, device, memory):
+@scheduler_option
+def mst(store, weight, device, memory, scheduler):
     """Minimum spanning forest of the DEM's 8-connected grid graph, written to STORE/mst/edges.
 
     Out of core: tiles are read in z-order, their spanning forests contracted and merged up the
@@ -27,5 +28,6 @@ def mst(store, weight, device, memory):
     """
     from terrain_io.grid.mst import mst as run_mst
 
-    result = run_mst(store, weight=weight, device=device, memory=memory, progress=not quiet())
+    result = run_mst(store, weight=weight, device=device, memory=memory, progress=not quiet(), scheduler=scheduler,
+                     announce=say)
     say(result.summary())

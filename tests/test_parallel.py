@@ -79,6 +79,22 @@ def test_raster_conversion_on_dask_gives_the_same_store(tmp_path, reference, clu
         convert(export(reference.path, "elevation", tmp_path / "r.asc"), tmp_path / "a.zarr", scheduler="threads")
 
 
+@pytest.mark.parametrize("where", ["threads", "cluster"])
+def test_mst_tile_phase_on_dask_gives_the_same_forest(tmp_path, reference, cluster, where):
+    """The MST tile phase as one task per shard (merges on the client): identical mst/edges and totals."""
+    from terrain_io.grid.mst import mst
+
+    local_store = TerrainStore.from_array(tmp_path / "l.zarr", reference.elevation[:], tile=32, shard=2)
+    dask_store = TerrainStore.from_array(tmp_path / "d.zarr", reference.elevation[:], tile=32, shard=2)
+    local = mst(local_store, device="cpu", progress=False)
+    scheduler = cluster.scheduler_address if where == "cluster" else where
+    remote = mst(dask_store, device="cpu", progress=False, scheduler=scheduler)
+    np.testing.assert_array_equal(TerrainStore.open(dask_store.path).group["mst/edges"][:],
+                                  TerrainStore.open(local_store.path).group["mst/edges"][:])
+    assert (remote.edges, remote.trees, remote.total_weight_exact) == (local.edges, local.trees,
+                                                                        local.total_weight_exact)
+
+
 def test_unknown_scheduler_is_a_clear_error():
     with pytest.raises(TerrainError, match="unknown scheduler"):
         check_scheduler("mpi")

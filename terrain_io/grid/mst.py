@@ -38,6 +38,7 @@ from .. import weights as weight_models
 from ..backend import resolve_device
 from ..errors import InputError
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from ..zorder import morton_decode, morton_encode, morton_order
@@ -226,6 +227,43 @@ class _Batch:
     tiles: np.ndarray  # (n, 4): i0, j0, h, w inside the window
 
 
+def _blocks(b: _Batch, out) -> list[_Block]:
+    """The contracted graphs of a batch's tiles, from ``tile_phase_batch``'s output, as merge blocks."""
+    nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
+    return [_Block(0, int(b.codes[ti]), vid[ti, :nv[ti]], vh[ti, :nv[ti]], vm[ti, :nv[ti]],
+                   eu[ti, :ne[ti]], ev[ti, :ne[ti]], ew[ti, :ne[ti]], ec[ti, :ne[ti]])
+            for ti in range(len(b.codes))]
+
+
+@dataclass(frozen=True, eq=False)
+class _TileTask:
+    """One shard of the tile phase as a Dask task: read it, forests + contraction, write its bits."""
+
+    store: str
+    edges: str  # the temporary ``mst/edges`` array
+    window: Window
+    tiles: np.ndarray
+    kind: int
+    forest: int
+    cap: int
+
+
+def _tile_task(task: _TileTask):
+    """Runs on a worker; returns (valid cells, tile_phase_batch output) -- the small merge data."""
+    import zarr
+
+    store = TerrainStore.open(task.store, mode="r")
+    rows, cols = store.shape
+    values = store.read(task.window)
+    valid = store.valid(values)
+    bits = np.zeros(values.shape, dtype=np.uint8)
+    hkey, float_bits = K.key_source(values)
+    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, task.window.r0, task.window.c0,
+                             rows, cols, task.kind, task.cap, task.forest)
+    zarr.open_array(task.edges, mode="r+")[task.window.slices] = bits  # a whole shard: rerunnable
+    return int(np.count_nonzero(valid)), out
+
+
 def _plan_batches(store: TerrainStore, k: int) -> list[_Batch]:
     t = store.tile_size
     rows, cols = store.shape
@@ -277,7 +315,7 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
 
 
 def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
-        batch_tiles: int | None = None) -> MSTResult:
+        batch_tiles: int | None = None, scheduler: str | None = "local", announce=None) -> MSTResult:
     """Minimum spanning forest of the DEM in ``store`` (a TerrainStore or a path); writes ``mst/edges``.
 
     ``weight``: an edge-weight model name (``max`` or ``absdiff``, see terrain_io.weights);
@@ -292,7 +330,13 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     device = resolve_device(device)
     budget = memory_budget(memory)
     forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
+    scheduler = check_scheduler(scheduler)
+    if scheduler != "local" and device == "gpu":
+        raise InputError("the MST tile phase runs on Dask with the CPU kernels: use --device cpu with --scheduler")
     k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
+    if scheduler != "local" and k != store.shard_size:
+        raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory budget "
+                         f"{format_bytes(budget)} (raise --memory)")
     if k & (k - 1) or k > store.shard_size:
         raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}, got {k}")
     batches = _plan_batches(store, k)
@@ -324,44 +368,56 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         lookahead = 2 if gpu is not None else 1
         writes: collections.deque = collections.deque()
         merger.start(workers=min(4, os.cpu_count() or 1))
-        with contextlib.ExitStack() as cleanup:
-            cleanup.callback(merger.stop)
-            pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
-            # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
-            writers = 2 if k == store.shard_size else 1
-            io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
-            bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
-            pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
-            for bi, b in enumerate(batches):
-                t0 = time.perf_counter()
-                values, valid, bits, dt_read, dt_gpu = pending.popleft().result()
-                timings["wait"] += time.perf_counter() - t0
-                timings["read"] += dt_read
-                timings["gpu"] += dt_gpu
-                if bi + lookahead < len(batches):
-                    pending.append(pool.submit(prepare, batches[bi + lookahead]))
-                valid_cells += int(np.count_nonzero(valid))
-                t0 = time.perf_counter()
-                hkey, float_bits = K.key_source(values)
-                out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0, b.window.c0,
-                                         rows, cols, model.kind, cap, forest)
-                timings["tile"] += time.perf_counter() - t0
-                nv, vid, vh, vm, ne, eu, ev, ew, ec, bsum = out
-                buckets += bsum
-                t0 = time.perf_counter()
-                while len(writes) > writers:
-                    writes.popleft().result()
-                writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
-                timings["write"] += time.perf_counter() - t0
-                tiles = [_Block(0, int(b.codes[ti]), vid[ti, :nv[ti]], vh[ti, :nv[ti]], vm[ti, :nv[ti]],
-                                eu[ti, :ne[ti]], ev[ti, :ne[ti]], ew[ti, :ne[ti]], ec[ti, :ne[ti]])
-                         for ti in range(len(b.codes))]
-                merger.submit(tiles, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
-                bar.update(len(b.codes))
-            for f in writes:
-                f.result()
-            timings["tile_phase"] = time.perf_counter() - t_phase
-            timings["merge_wait"] = merger.finish()
+        if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
+            tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.kind,
+                               forest, cap) for b in batches]
+            with contextlib.ExitStack() as cleanup:
+                cleanup.callback(merger.stop)
+                bar = cleanup.enter_context(progress_bar(progress, len(batches), "tile phase", unit="shard"))
+                t_phase = time.perf_counter()
+                outs = map_shards(_tile_task, tasks, scheduler, progress=bar, announce=announce)
+                timings["tile"] = time.perf_counter() - t_phase
+                for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
+                    valid_cells += n_valid
+                    buckets += out[-1]
+                    merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                timings["tile_phase"] = time.perf_counter() - t_phase
+                timings["merge_wait"] = merger.finish()
+        else:
+            with contextlib.ExitStack() as cleanup:
+                cleanup.callback(merger.stop)
+                pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
+                # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
+                writers = 2 if k == store.shard_size else 1
+                io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
+                bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
+                pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
+                for bi, b in enumerate(batches):
+                    t0 = time.perf_counter()
+                    values, valid, bits, dt_read, dt_gpu = pending.popleft().result()
+                    timings["wait"] += time.perf_counter() - t0
+                    timings["read"] += dt_read
+                    timings["gpu"] += dt_gpu
+                    if bi + lookahead < len(batches):
+                        pending.append(pool.submit(prepare, batches[bi + lookahead]))
+                    valid_cells += int(np.count_nonzero(valid))
+                    t0 = time.perf_counter()
+                    hkey, float_bits = K.key_source(values)
+                    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0, b.window.c0,
+                                             rows, cols, model.kind, cap, forest)
+                    timings["tile"] += time.perf_counter() - t0
+                    buckets += out[-1]
+                    t0 = time.perf_counter()
+                    while len(writes) > writers:
+                        writes.popleft().result()
+                    writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
+                    timings["write"] += time.perf_counter() - t0
+                    merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                    bar.update(len(b.codes))
+                for f in writes:
+                    f.result()
+                timings["tile_phase"] = time.perf_counter() - t_phase
+                timings["merge_wait"] = merger.finish()
         timings["merge"] = merger.seconds
         if gpu is not None:
             timings["gpu_kernel"] = gpu.kernel_seconds
