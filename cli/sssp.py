@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .common import Timer, device_option, quiet, say
+from .common import Timer, device_option, quiet, say, scheduler_option
 from .main import cli
 
 WEIGHTS = ["absdiff", "surface", "cell"]
@@ -42,7 +42,9 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
 @device_option
 @memory_option
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
-def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, rebuild_index):
+@scheduler_option
+def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, rebuild_index,
+                 scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
     Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata) and sssp/NAME/predecessor
@@ -55,7 +57,8 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
         raise click.UsageError("--cell and --crs-coords exclude each other")
     timer = Timer()
     res = sssp(store, [_pair(s) for s in sources], weight=weight, name=name, device=device, memory=memory,
-               progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index)
+               progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index,
+               scheduler=scheduler, announce=say)
     t = res.timings
     say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
         f"max distance {res.max_distance:.6g}; boundary {t['boundary']:.2f} s"
@@ -70,7 +73,8 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
 @cluster_option
 @device_option
 @click.option("--rebuild", is_flag=True, help="Rebuild even if an index for these settings is stored.")
-def index_command(store, weight, cost, cluster, device, rebuild):
+@scheduler_option
+def index_command(store, weight, cost, cluster, device, rebuild, scheduler):
     """Build the SSSP boundary index (phase 1) for a weight model, so later sources skip it."""
     from terrain_io.backend import resolve_device
     from terrain_io.grid.index import Field, ensure_index
@@ -80,7 +84,8 @@ def index_command(store, weight, cost, cluster, device, rebuild):
     timer = Timer()
     field = Field(st, weight, cost)
     try:
-        idx, reused = ensure_index(st, field, cluster, resolve_device(device), not quiet(), rebuild=rebuild)
+        idx, reused = ensure_index(st, field, cluster, resolve_device(device), not quiet(), rebuild=rebuild,
+                                   scheduler=scheduler, announce=say)
     finally:
         field.close()
     if reused:

@@ -95,6 +95,29 @@ def test_mst_tile_phase_on_dask_gives_the_same_forest(tmp_path, reference, clust
                                                                         local.total_weight_exact)
 
 
+@pytest.mark.parametrize("weight", ["absdiff", "cell"])
+def test_sssp_index_on_dask_gives_the_same_distances(tmp_path, reference, cluster, weight):
+    """Phase 1 (the boundary index) as one task per shard, a cost raster file included."""
+    from terrain_io.export import export
+    from terrain_io.grid.sssp import sssp
+
+    values = reference.elevation[:]
+    cost = None
+    if weight == "cell":
+        cost = str(export(reference.path, "elevation", tmp_path / "cost.tif"))  # elevation as the cost raster
+    results = []
+    for tag, scheduler in (("local", "local"), ("dask", cluster.scheduler_address)):
+        st = TerrainStore.from_array(tmp_path / f"{tag}.zarr", values, tile=32, shard=2,
+                                     attrs={"transform": list(reference.transform)})
+        valid = np.argwhere(np.isfinite(values))[len(np.argwhere(np.isfinite(values))) // 2]
+        r = sssp(st, tuple(int(x) for x in valid), cell=True, weight=weight, cost=cost, progress=False,
+                 device="cpu", name="s", scheduler=scheduler)
+        g = TerrainStore.open(st.path).group
+        results.append((g["index/" + weight + "/d"][...], g["sssp/s/distance"][:], g["sssp/s/predecessor"][:], r.reached))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_unknown_scheduler_is_a_clear_error():
     with pytest.raises(TerrainError, match="unknown scheduler"):
         check_scheduler("mpi")

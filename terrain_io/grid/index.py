@@ -26,6 +26,7 @@ import numpy as np
 from .. import weights as weight_models
 from ..atomic import scratch_directory
 from ..errors import InputError
+from ..parallel import map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
@@ -101,6 +102,21 @@ class Field:
     def steps(self) -> np.ndarray:
         return K.steps_of(*step_size(self.store))
 
+    # pickled by paths, so that Dask workers (same file system) reopen the stores themselves
+    def __getstate__(self) -> dict:
+        cost = None if self.cost_array is None else str(self.cost_store.path)
+        return {"store": str(self.store.path), "model": self.model.name, "cost_store": cost,
+                "cost_array": self.cost_array, "cost_id": self.cost_id}
+
+    def __setstate__(self, state: dict) -> None:
+        self.store = TerrainStore.open(state["store"], mode="r")
+        self.model = weight_models.get(state["model"])
+        self._tmp = None
+        self.cost_array, self.cost_id = state["cost_array"], state["cost_id"]
+        same = state["cost_store"] == state["store"]
+        self.cost_store = self.store if same else (
+            TerrainStore.open(state["cost_store"], mode="r") if state["cost_store"] else None)
+
     def close(self) -> None:
         if self._tmp is not None:
             self._tmp.close()
@@ -152,7 +168,8 @@ def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
 
 
 def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, device: str = "cpu",
-                 progress: bool = False, rebuild: bool = False) -> tuple[Index, bool]:
+                 progress: bool = False, rebuild: bool = False, scheduler: str | None = "local",
+                 announce=None) -> tuple[Index, bool]:
     """The stored index for these settings, built first when missing (or when ``rebuild``): (index, reused).
 
     Under an inter-process lock per (store, weight model), so a run that wants an index another
@@ -162,7 +179,8 @@ def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, 
         index = None if rebuild else open_index(store, field, cluster)
         if index is not None:
             return index, True
-        return build_index(store, field, cluster, progress=progress, device=device), False
+        return build_index(store, field, cluster, progress=progress, device=device, scheduler=scheduler,
+                           announce=announce), False
 
 
 def open_index(store: TerrainStore, field: Field, cluster: int | None = None) -> Index | None:
@@ -180,12 +198,50 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
     return Index(name, c, group["d"], group["v"], attrs)
 
 
+def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d, v, bar=None) -> None:
+    """Phase 1 on the CPU for the tiles of one shard: each tile's clusters in parallel (numba)."""
+    B = 4 * c - 4
+    for r0 in range(win.r0, win.r1, t):
+        for c0 in range(win.c0, win.c1, t):
+            vals = shard_vals[r0 - win.r0 : r0 - win.r0 + t, c0 - win.c0 : c0 - win.c0 + t]
+            mr, mc = -(-vals.shape[0] // c), -(-vals.shape[1] // c)
+            out_d = np.full((mr, mc, B, B), np.inf, np.float32)
+            out_v = np.full((mr, mc, B), np.nan)
+            K.boundary_phase(np.ascontiguousarray(vals), c, kind, steps, out_d, out_v)
+            a, b = r0 // c, c0 // c
+            d[a : a + mr, b : b + mc] = out_d
+            v[a : a + mr, b : b + mc] = out_v
+            if bar is not None:
+                bar.update(1)
+
+
+@dataclass(frozen=True, eq=False)
+class _IndexShard:
+    """One shard of phase 1 as a Dask task (it writes only its own tiles' index chunks)."""
+
+    field: Field
+    d: str
+    v: str
+    window: Window
+    cluster: int
+    steps: np.ndarray
+
+
+def _index_shard(task: _IndexShard) -> None:
+    import zarr
+
+    d, v = zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+")
+    _boundary_tiles(task.field.read(task.window), task.window, task.field.store.tile_size, task.cluster,
+                    task.field.model.kind, task.steps, d, v)
+
+
 def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
-                device: str = "cpu") -> Index:
+                device: str = "cpu", scheduler: str | None = "local", announce=None) -> Index:
     """Phase 1: the G' blocks of every cluster, written as ``index/<weight>``.
 
-    CPU: numba, tile by tile (clusters of a tile in parallel). GPU (clusters up to 16^2): the CuPy
-    kernel of :mod:`._sssp_gpu`, a whole shard of clusters per launch.
+    CPU: numba, tile by tile (clusters of a tile in parallel); with a Dask ``scheduler``, one task
+    per shard. GPU (clusters up to 16^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of
+    clusters per launch.
     """
     c = cluster_size(store, cluster)
     t0 = time.perf_counter()
@@ -201,33 +257,29 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
                                  fill_value=float("inf"), compressors=None)
         v = w.group.create_array("v", shape=(ncr, ncc, B), chunks=(m, m, B), dtype="float64",
                                  fill_value=float("nan"), compressors=None)
-        gpu = device == "gpu" and c <= 16
+        local = (scheduler or "local") == "local"
+        gpu = device == "gpu" and c <= 16 and local
         attrs["device"] = "gpu" if gpu else "cpu"
         w.attrs["device"] = attrs["device"]
-        for win in store.shards():
-            shard_vals = field.read(win)
-            t = store.tile_size
-            if gpu:
-                from ._sssp_gpu import boundary_phase_gpu
+        t = store.tile_size
+        if not local:
+            tasks = [_IndexShard(field, f"{d.store.root}/{d.path}", f"{v.store.root}/{v.path}", win, c, steps)
+                     for win in store.shards()]
+            bar.total = len(tasks)
+            map_shards(_index_shard, tasks, scheduler, progress=bar, announce=announce)
+        elif gpu:
+            from ._sssp_gpu import boundary_phase_gpu
 
-                out_d, out_v = boundary_phase_gpu(shard_vals, c, field.model.kind, steps)
+            for win in store.shards():
+                out_d, out_v = boundary_phase_gpu(field.read(win), c, field.model.kind, steps)
                 a, b = win.r0 // c, win.c0 // c
                 d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d.get()
                 v[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_v.get()
                 del out_d, out_v
                 bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
-                continue
-            for r0 in range(win.r0, win.r1, t):
-                for c0 in range(win.c0, win.c1, t):
-                    vals = shard_vals[r0 - win.r0 : r0 - win.r0 + t, c0 - win.c0 : c0 - win.c0 + t]
-                    mr, mc = -(-vals.shape[0] // c), -(-vals.shape[1] // c)
-                    out_d = np.full((mr, mc, B, B), np.inf, np.float32)
-                    out_v = np.full((mr, mc, B), np.nan)
-                    K.boundary_phase(np.ascontiguousarray(vals), c, field.model.kind, steps, out_d, out_v)
-                    a, b = r0 // c, c0 // c
-                    d[a : a + mr, b : b + mc] = out_d
-                    v[a : a + mr, b : b + mc] = out_v
-                    bar.update(1)
+        else:
+            for win in store.shards():
+                _boundary_tiles(field.read(win), win, t, c, field.model.kind, steps, d, v, bar)
         w.attrs["seconds"] = round(time.perf_counter() - t0, 3)
     bar.close()
     group = store.group[index_name(field.model)]

@@ -362,13 +362,14 @@ class MergeState:
 
 def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
          memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
-         rebuild_index: bool = False) -> SSSPResult:
+         rebuild_index: bool = False, scheduler: str | None = "local", announce=None) -> SSSPResult:
     """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
 
     ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list.
     ``weight``: ``absdiff`` (default), ``surface`` or ``cell`` (with ``cost``: a store array name or
     a raster file aligned with the DEM). ``memory``: budget such as ``"2GB"`` (default: half the
-    free RAM). The boundary index is built on first use and reused afterwards.
+    free RAM). The boundary index is built on first use and reused afterwards; ``scheduler``
+    runs its tile phase (phase 1) as Dask tasks, one per shard (see terrain_io.parallel).
     """
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
     model = weight_models.get(weight)
@@ -383,7 +384,8 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     field = Field(store, model, cost)
     try:
         t0 = time.perf_counter()
-        index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index)
+        index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index,
+                                     scheduler=scheduler, announce=announce)
         timings["boundary"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with scratch_directory(store.path, "sssp") as scratch_dir:
