@@ -5,15 +5,13 @@ from pathlib import Path
 
 import click
 
-from terrain_io import weights
-
 from .common import device_option, quiet, say, scheduler_option
 from .main import cli
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--weight", type=click.Choice(weights.names()), default="max", show_default=True,
+@click.option("--weight", type=click.Choice(["max", "absdiff"]), default="max", show_default=True,
               help="Edge weight: max = max(h_i, h_j) (the thesis's MST), absdiff = |h_i - h_j|.")
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",

@@ -327,6 +327,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     model = weight_models.get(weight)
+    if model.kind not in (weight_models.MAX, weight_models.ABSDIFF):
+        raise InputError(f"weight model {model.name!r} is not an MST model: use max or absdiff")
     device = resolve_device(device)
     budget = memory_budget(memory)
     forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
