@@ -52,6 +52,7 @@ def _on_cluster(func, items, address, retries, progress, announce):
         from distributed import Client, as_completed
     except ImportError:
         raise TerrainError("--scheduler ADDRESS needs dask.distributed: pip install 'dask[distributed]'") from None
+    _probe(address)
     try:
         client = Client(address, timeout="10s")
     except (OSError, TimeoutError) as exc:
@@ -67,6 +68,20 @@ def _on_cluster(func, items, address, retries, progress, announce):
             if progress is not None:
                 progress.update(1)
         return out
+
+
+def _probe(address: str) -> None:
+    """Fail at once on a refused TCP connection (distributed would retry until its timeout)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or not parts.hostname or not parts.port:
+        return  # other transports (tls, ucx, inproc): leave it to distributed
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+    except OSError as exc:
+        raise TerrainError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
 
 
 def check_scheduler(scheduler: str | None) -> str:
