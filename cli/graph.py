@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from terrain_io.atomic import atomic_file
 from terrain_io.backend import to_host
 from terrain_io.errors import InputError, TerrainError
 
@@ -49,9 +50,8 @@ def apsp_command(source, output, method, undirected, device):
     n = D.shape[0]
     unreachable = int(np.sum(~np.isfinite(D))) if D.dtype.kind == "f" else int(np.sum(D == np.iinfo(D.dtype).max))
     if output:
-        tmp = Path(output).with_name(f".{Path(output).name}.partial.npy")
-        np.save(tmp, D)
-        tmp.replace(output)
+        with atomic_file(output) as tmp, open(tmp, "wb") as f:
+            np.save(f, D)  # a file object: np.save would append ".npy" to the temporary's name
     say(f"apsp: {n} vertices, {n * n - unreachable} reachable pairs, {timer.elapsed:.3f} s"
         + (f" -> {output}" if output else ""))
 
@@ -103,17 +103,13 @@ def _read_graph_input(source, vertices):
 def _write_table(path, names, columns):
     """Write columns as .npy (2-D int64) or CSV with a header, atomically (temporary file, rename)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial{path.suffix}")
     table = np.column_stack([to_host(c).astype(np.int64) for c in columns])
-    try:
+    with atomic_file(path) as tmp:
         if path.suffix.lower() == ".npy":
-            np.save(tmp, table)
+            with open(tmp, "wb") as f:
+                np.save(f, table)  # a file object: np.save would append ".npy" to the temporary's name
         else:
             np.savetxt(tmp, table, fmt="%d", delimiter=",", header=",".join(names), comments="")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @graph.command("listrank")

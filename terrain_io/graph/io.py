@@ -10,12 +10,12 @@ Vertex ids are non-negative integers; the vertex count is ``max id + 1`` unless 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_file
 from ..errors import InputError
 
 _ALIASES = (("u", "v", "w"), ("src", "dst", "weight"), ("source", "target", "weight"))
@@ -222,15 +222,9 @@ def _numeric(s: str) -> bool:
 
 def write_edge_list(path, u, v, w=None, header: bool = True) -> None:
     """Write a CSV edge list ``source,target[,weight]`` atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     cols = [np.asarray(u), np.asarray(v)] + ([np.asarray(w)] if w is not None else [])
     names = "source,target" + (",weight" if w is not None else "")
     fmt = ["%d", "%d"] + (["%.17g" if np.asarray(w).dtype.kind == "f" else "%d"] if w is not None else [])
-    try:
+    with atomic_file(path) as tmp:
         np.savetxt(tmp, np.column_stack(cols).astype(object) if w is not None else np.column_stack(cols),
                    delimiter=",", fmt=fmt, header=names if header else "", comments="")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_file
 from ..errors import InputError, StoreError
 from ..store import TerrainStore
 from ._sssp_cpu import DC, DR, NO_PRED
@@ -112,9 +113,8 @@ def write_geojson(store, path: TracedPath, out) -> Path:
     if crs:
         fc["crs"] = {"type": "name", "properties": {"name": crs}}
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    tmp.write_text(json.dumps(fc))
-    os.replace(tmp, out)
+    with atomic_file(out) as tmp:
+        tmp.write_text(json.dumps(fc))
     return out
 
 
