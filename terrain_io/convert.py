@@ -30,7 +30,8 @@ from .errors import InputError, TerrainError
 from .atomic import atomic_directory
 from .progress import progress_bar
 from .parallel import check_scheduler, map_shards
-from .store import DEFAULT_SHARD, DEFAULT_TILE, ELEVATION, Statistics, TerrainStore, Window, check_tiling, statistics
+from .store import (DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, check_tiling,
+                    write_elevation_window)
 
 READ_BLOCK = 8 << 20  # bytes of ASCII text per read
 SHARD_ROW_RAM = 128 << 20  # shard rows larger than this are spilled to a scratch file
@@ -625,12 +626,9 @@ class _RasterShard:
 def _convert_raster_shard(task: _RasterShard) -> Statistics:
     """One shard window of a raster into the store (a task: whole shard, rerunnable)."""
     import rasterio
-    import zarr
     from rasterio.windows import Window as RioWindow
 
     win = task.window
     with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024), rasterio.open(task.src) as ds:
         raw = ds.read(1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
-    values = task.cast(raw)
-    zarr.open_array(f"{task.store}/{ELEVATION}", mode="r+")[win.r0 : win.r1, win.c0 : win.c1] = values
-    return statistics(values, task.cast.nodata_out)
+    return write_elevation_window(task.store, win, task.cast(raw), task.cast.nodata_out)

@@ -375,6 +375,13 @@ class Statistics:
                 "valid_count": self.valid, "cell_count": self.cells}
 
 
+def write_elevation_window(store_path, window: Window, values: np.ndarray, nodata=None) -> Statistics:
+    """Write ``values`` to ``window`` of the store's elevation (opened by path: usable in a Dask task)
+    and return their statistics."""
+    zarr.open_array(f"{store_path}/{ELEVATION}", mode="r+")[window.slices] = values
+    return statistics(values, nodata)
+
+
 def statistics(values: np.ndarray, nodata) -> Statistics:
     stats = Statistics()
     stats.add(values, nodata)

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numba as nb
 import numpy as np
-import zarr
 
 from .errors import TerrainError
 from .atomic import atomic_directory
 from .progress import progress_bar
 from .parallel import check_scheduler, map_shards
-from .store import DEFAULT_SHARD, DEFAULT_TILE, ELEVATION, Statistics, TerrainStore, Window, statistics
+from .store import DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, write_elevation_window
 
 
 @nb.njit(cache=True, inline="always")
@@ -180,5 +179,4 @@ def _synth_shard(task: _SynthShard) -> Statistics:
     """Generate and write one shard (a task: whole shard, so a rerun writes the same bytes)."""
     win = task.window
     block = synth_array(*win.shape, task.seed, task.nodata_fraction, r0=win.r0, c0=win.c0)
-    zarr.open_array(f"{task.store}/{ELEVATION}", mode="r+")[win.r0 : win.r1, win.c0 : win.c1] = block
-    return statistics(block, None)
+    return write_elevation_window(task.store, win, block)

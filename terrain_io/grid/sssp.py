@@ -178,13 +178,17 @@ class MergeState:
                 self.sD[s, : a1 - a0, : b1 - b0] = d[:, b0:b1]
                 self.sV[s] = np.nan
                 self.sV[s, : a1 - a0, : b1 - b0] = v[:, b0:b1]
-                self.sDist[s] = np.inf
-                self.sRank[s] = -1
-                self.sHow[s] = K.HOW_NONE
-                self.sSet[s] = False
+                self._clear_state(s)
                 self.slot_of[ch] = s
                 self.chunk_in[s] = ch
             del d, v
+
+    def _clear_state(self, s: int) -> None:
+        """Slot ``s`` holds clusters nobody has reached yet."""
+        self.sDist[s] = np.inf
+        self.sRank[s] = -1
+        self.sHow[s] = K.HOW_NONE
+        self.sSet[s] = False
 
     @staticmethod
     def _tempfile(folder):
@@ -251,10 +255,7 @@ class MergeState:
             dist, rank, how, settled = self._read_state(ch)
             self.sDist[s], self.sRank[s], self.sHow[s], self.sSet[s] = dist, rank, how, settled
         else:
-            self.sDist[s] = np.inf
-            self.sRank[s] = -1
-            self.sHow[s] = K.HOW_NONE
-            self.sSet[s] = False
+            self._clear_state(s)
         self.slot_of[ch] = s
         self.chunk_in[s] = ch
         self.last_use[s] = self.counters[1]
