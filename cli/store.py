@@ -143,13 +143,19 @@ def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, schedu
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="OUT.tif (tiled, compressed GeoTIFF), OUT.asc (Esri ASCII) or OUT.png (picture).")
 @click.option("--decimals", type=int, help="Decimals in ASCII output [default: 3, 0 for integers].")
+@scheduler_option
 @overwrite_option
-def export(store, array, out, decimals, overwrite):
-    """Export ARRAY of a store (default: elevation; e.g. sssp/NAME/distance) to a file."""
+def export(store, array, out, decimals, scheduler, overwrite):
+    """Export ARRAY of a store (default: elevation; e.g. sssp/NAME/distance) to a file.
+
+    With --scheduler, workers read (and for .asc format, for .png downsample) the shards; this
+    process writes the one file, the same bytes as without.
+    """
     from terrain_io.export import export as run
 
     timer = Timer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning for PNG pictures
-        run(store, array, out, overwrite=overwrite, decimals=decimals)
+        run(store, array, out, overwrite=overwrite, decimals=decimals, scheduler=scheduler, progress=not quiet(),
+            announce=say)
     say(f"{out}: written in {timer.elapsed:.2f} s ({format_bytes(out.stat().st_size)})")

@@ -2,10 +2,18 @@
 
 Every writer streams shard by shard (or band by band), so memory stays bounded for any DEM size,
 and writes under a temporary name that is renamed when the file is complete.
+
+With a Dask ``scheduler`` the per-shard work runs as tasks (:func:`terrain_io.parallel.imap_shards`),
+a bounded number in flight, and this process writes the one output file in order: GeoTIFF -- the
+workers read and decode the store's shards, GDAL compresses and writes them here; ASCII -- the
+workers format the text of shard-row bands; PNG -- the workers read and downsample their shards,
+the picture (at most 2048 cells a side) is coloured here. The local path runs the same task
+functions in order, so the file is the same, byte for byte.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numba as nb
@@ -13,9 +21,12 @@ import numpy as np
 
 from .errors import InputError, StoreError
 from .atomic import atomic_file
-from .store import TerrainStore, valid_mask
+from .parallel import check_scheduler, imap_shards
+from .progress import progress_bar
+from .store import TerrainStore, Window, valid_mask
 
 PNG_MAX_SIDE = 2048
+IN_FLIGHT_BYTES = 512 * 1024 * 1024  # about this much of shard-task results held at once (Dask)
 
 
 def _array(store: TerrainStore, name: str):
@@ -34,8 +45,14 @@ def _nodata_of(store: TerrainStore, name: str, arr):
     return store.nodata if name == "elevation" else arr.attrs.get("nodata", arr.fill_value)
 
 
-def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int | None = None) -> Path:
-    """Write array ``name`` of the store to ``out`` (.tif/.tiff, .asc, .png by suffix)."""
+def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int | None = None,
+           scheduler: str | None = "local", progress: bool = False, announce=None) -> Path:
+    """Write array ``name`` of the store to ``out`` (.tif/.tiff, .asc, .png by suffix).
+
+    ``scheduler``: where the per-shard work runs (``local``, ``threads``, ``processes`` or a
+    ``dask.distributed`` address; see the module docstring); the file is the same either way.
+    """
+    scheduler = check_scheduler(scheduler)
     store = TerrainStore.open(store_path, mode="r")
     arr = _array(store, name)
     out = Path(out)
@@ -45,15 +62,53 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     writers = {".tif": _write_geotiff, ".tiff": _write_geotiff, ".asc": _write_ascii, ".png": _write_png}
     if suffix not in writers:
         raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
+    run = _Runner(scheduler, progress, announce)
     with atomic_file(out) as tmp:
         if suffix == ".asc":
-            _write_ascii(store, name, arr, tmp, decimals)
+            _write_ascii(store, name, arr, tmp, decimals, run)
         else:
-            writers[suffix](store, name, arr, tmp)
+            writers[suffix](store, name, arr, tmp, run)
     return out
 
 
-def _write_geotiff(store: TerrainStore, name: str, arr, out: Path) -> None:
+@dataclass
+class _Runner:
+    """Runs an export's shard tasks on the scheduler: results in order, a bounded number held."""
+
+    scheduler: str
+    progress: bool
+    announce: object
+
+    def __call__(self, func, tasks: list, result_bytes: int):
+        in_flight = max(2, IN_FLIGHT_BYTES // max(1, result_bytes))
+        with progress_bar(self.progress, len(tasks), "export", unit="shard") as bar:
+            yield from imap_shards(func, tasks, self.scheduler, in_flight=in_flight, progress=bar,
+                                   announce=self.announce)
+
+
+@dataclass(frozen=True)
+class _ShardTask:
+    """A shard (or a band of shard rows) of the array to export; workers open the store by path."""
+
+    store: str
+    name: str
+    window: Window
+    factor: int = 1  # PNG: every factor-th cell of the whole grid
+    decimals: int = 0  # ASCII
+    nodata: object = None  # ASCII: the integer nodata value (None: NaN)
+    nodata_text: str = "-9999"
+
+
+def _open(task: _ShardTask):
+    return TerrainStore.open(task.store, mode="r").group[task.name]
+
+
+def _read_block(task: _ShardTask) -> np.ndarray:
+    w = task.window
+    return _open(task)[w.r0 : w.r1, w.c0 : w.c1]
+
+
+def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
     import rasterio
     from rasterio.crs import CRS
     from rasterio.transform import Affine
@@ -73,9 +128,11 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path) -> None:
     if rows < 256 or cols < 256:
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
+    wins = list(store.shards())
+    tasks = [_ShardTask(str(store.path), name, win) for win in wins]
+    shard_bytes = (store.tile_size * store.shard_size) ** 2 * arr.dtype.itemsize
     with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
-        for win in store.shards():
-            block = arr[win.r0 : win.r1, win.c0 : win.c1]
+        for block, win in zip(run(_read_block, tasks, shard_bytes), wins):
             ds.write(block, 1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
 
 
@@ -117,7 +174,18 @@ def _format_rows(values, decimals, nodata_text, out):
     return pos
 
 
-def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int | None) -> None:
+def _ascii_band(task: _ShardTask) -> bytes:
+    """The text rows of a band of the array (a row of shards)."""
+    w = task.window
+    block = np.asarray(_open(task)[w.r0 : w.r1, w.c0 : w.c1], dtype=np.float64)
+    if task.nodata is not None:
+        block[block == task.nodata] = np.nan
+    buf = np.empty(block.size * (24 + task.decimals) + block.shape[0], dtype=np.uint8)
+    n = _format_rows(block, task.decimals, np.frombuffer(task.nodata_text.encode(), np.uint8), buf)
+    return buf[:n].tobytes()
+
+
+def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int | None, run: _Runner) -> None:
     rows, cols = arr.shape
     t = store.transform or (0.0, 1.0, 0.0, float(rows), 0.0, -1.0)
     if t[2] or t[4] or t[5] >= 0:
@@ -131,28 +199,32 @@ def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int |
     header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
               f"{size}NODATA_value {nodata_text}\n")
     band = store.tile_size * store.shard_size
-    width = 24 + decimals
+    tasks = [_ShardTask(str(store.path), name, Window(r0, min(r0 + band, rows), 0, cols), decimals=decimals,
+                        nodata=nodata, nodata_text=nodata_text) for r0 in range(0, rows, band)]
     with open(out, "wb") as f:
         f.write(header.encode())
-        for r0 in range(0, rows, band):
-            block = np.asarray(arr[r0 : min(r0 + band, rows), :], dtype=np.float64)
-            if nodata is not None:
-                block[block == nodata] = np.nan
-            buf = np.empty(block.size * width + block.shape[0], dtype=np.uint8)
-            n = _format_rows(block, decimals, np.frombuffer(nodata_text.encode(), np.uint8), buf)
-            f.write(buf[:n].tobytes())
+        for text in run(_ascii_band, tasks, band * cols * (8 + decimals)):
+            f.write(text)
 
 
 # -- PNG pictures ------------------------------------------------------------------------------
-def _downsampled(store: TerrainStore, arr, factor: int) -> np.ndarray:
+def _downsampled_shard(task: _ShardTask) -> np.ndarray:
+    """Every ``factor``-th cell (of the whole array's grid) in one shard."""
+    win, factor = task.window, task.factor
+    rs, cs = (-win.r0) % factor, (-win.c0) % factor
+    return np.asarray(_open(task)[win.r0 + rs : win.r1 : factor, win.c0 + cs : win.c1 : factor], dtype=np.float64)
+
+
+def _downsampled(store: TerrainStore, name: str, arr, factor: int, run: _Runner) -> np.ndarray:
     """Every ``factor``-th cell in both directions, read shard by shard."""
     rows, cols = arr.shape
     out = np.empty((-(-rows // factor), -(-cols // factor)), dtype=np.float64)
-    for win in store.shards():
-        rs, cs = (-win.r0) % factor, (-win.c0) % factor
-        block = np.asarray(arr[win.r0 + rs : win.r1 : factor, win.c0 + cs : win.c1 : factor], dtype=np.float64)
-        out[(win.r0 + rs) // factor : (win.r0 + rs) // factor + block.shape[0],
-            (win.c0 + cs) // factor : (win.c0 + cs) // factor + block.shape[1]] = block
+    wins = list(store.shards())
+    tasks = [_ShardTask(str(store.path), name, win, factor=factor) for win in wins]
+    side = -(-store.tile_size * store.shard_size // factor)
+    for block, win in zip(run(_downsampled_shard, tasks, side * side * 8), wins):
+        r, c = -(-win.r0 // factor), -(-win.c0 // factor)
+        out[r : r + block.shape[0], c : c + block.shape[1]] = block
     return out
 
 
@@ -187,12 +259,12 @@ def colorize(values: np.ndarray, ramp: np.ndarray) -> np.ndarray:
     return np.stack([np.interp(x, ramp[:, 0], ramp[:, k]) for k in (1, 2, 3)], axis=-1)
 
 
-def _write_png(store: TerrainStore, name: str, arr, out: Path) -> None:
+def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
     import rasterio
 
     rows, cols = arr.shape
     factor = max(1, math.ceil(max(rows, cols) / PNG_MAX_SIDE))
-    z = _downsampled(store, arr, factor)
+    z = _downsampled(store, name, arr, factor, run)
     nodata = _nodata_of(store, name, arr)
     ok = valid_mask(z, nodata) & np.isfinite(z)
     z = np.where(ok, z, np.nan)

@@ -9,7 +9,11 @@ default ``local`` scheduler imports no Dask at all.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import collections
+import contextlib
+import itertools
+import os
+from typing import Callable, Iterable, Iterator
 
 from .errors import TerrainError
 
@@ -47,9 +51,66 @@ def map_shards(func: Callable, items: Iterable, scheduler: str | None = "local",
     return _on_cluster(func, items, scheduler, retries, progress, announce)
 
 
-def _on_cluster(func, items, address, retries, progress, announce):
+def imap_shards(func: Callable, items: Iterable, scheduler: str | None = "local", *, in_flight: int | None = None,
+                retries: int = 3, progress=None, announce: Callable[[str], None] | None = None) -> Iterator:
+    """``func(item)`` for each item on ``scheduler``, yielded in the order of ``items``, with at most
+    twice the workers' threads (and at most ``in_flight``) items submitted and not yet yielded.
+
+    For large payloads or results (tile states shipped to tasks, blocks coming back to be written
+    into one file): ``items`` may be a lazy iterable, only ``in_flight`` of them exist at a time.
+    """
+    scheduler = scheduler or "local"
+    items = iter(items)
+    if scheduler == "local":
+        for item in items:
+            yield func(item)
+            if progress is not None:
+                progress.update(1)
+        return
     try:
-        from distributed import Client, as_completed
+        import dask
+    except ImportError:
+        raise TerrainError("--scheduler needs Dask: pip install 'dask[distributed]'") from None
+    if scheduler in ("threads", "processes"):
+        n = max(1, min(in_flight or 1 << 30, 2 * (os.cpu_count() or 1)))
+        with contextlib.ExitStack() as stack:
+            options = {"scheduler": scheduler}
+            if scheduler == "processes":  # one pool for all batches (Dask would start one per compute)
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                options["pool"] = stack.enter_context(ProcessPoolExecutor(
+                    os.cpu_count(), mp_context=multiprocessing.get_context(dask.config.get(
+                        "multiprocessing.context", "spawn"))))
+            while batch := list(itertools.islice(items, n)):
+                for out in dask.compute(*[dask.delayed(func, pure=False)(item) for item in batch], **options):
+                    yield out
+                    if progress is not None:
+                        progress.update(1)
+        return
+    with _client(scheduler, announce) as client:
+        n = max(1, min(in_flight or 1 << 30, 2 * sum(client.nthreads().values())))
+        pending: collections.deque = collections.deque()
+        while True:
+            while len(pending) < n and (item := next(items, _END)) is not _END:
+                pending.append(client.submit(func, item, retries=retries, pure=False))
+                del item
+            if not pending:
+                return
+            future = pending.popleft()
+            out = future.result()
+            future.release()
+            yield out
+            if progress is not None:
+                progress.update(1)
+
+
+_END = object()
+
+
+def _client(address: str, announce):
+    try:
+        from distributed import Client
     except ImportError:
         raise TerrainError("--scheduler ADDRESS needs dask.distributed: pip install 'dask[distributed]'") from None
     _probe(address)
@@ -57,9 +118,15 @@ def _on_cluster(func, items, address, retries, progress, announce):
         client = Client(address, timeout="10s")
     except (OSError, TimeoutError) as exc:
         raise TerrainError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
-    with client:
-        if announce is not None:
-            announce(f"dask dashboard: {client.dashboard_link}")
+    if announce is not None:
+        announce(f"dask dashboard: {client.dashboard_link}")
+    return client
+
+
+def _on_cluster(func, items, address, retries, progress, announce):
+    from distributed import as_completed
+
+    with _client(address, announce) as client:
         futures = client.map(func, items, retries=retries, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         out = [None] * len(items)

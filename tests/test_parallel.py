@@ -125,3 +125,29 @@ def test_unknown_scheduler_is_a_clear_error():
         from terrain_io.parallel import map_shards
 
         map_shards(abs, [1], "tcp://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("where", ["processes", "cluster"])
+def test_export_on_dask_writes_the_same_files(tmp_path, reference, cluster, where, monkeypatch):
+    """GeoTIFF, ASCII and PNG (downsampled across shard edges), float with NaN and integer with a
+    nodata value: the same bytes as the local export; the local path imports no Dask."""
+    import subprocess
+    import sys
+
+    from terrain_io import export as ex
+
+    monkeypatch.setattr(ex, "PNG_MAX_SIDE", 300)  # factor 3: a stride that does not divide the 64-cell shards
+    values = reference.elevation[:]
+    ints = np.where(np.isfinite(values), np.nan_to_num(values) * 7, -32768).astype(np.int16)
+    istore = TerrainStore.from_array(tmp_path / "i.zarr", ints, tile=32, shard=2, nodata=-32768,
+                                     attrs={"transform": list(reference.transform)})
+    scheduler = cluster.scheduler_address if where == "cluster" else where
+    for src in (reference.path, istore.path):
+        for suffix in (".tif", ".asc", ".png"):
+            local = ex.export(src, "elevation", tmp_path / f"l{suffix}", overwrite=True)
+            remote = ex.export(src, "elevation", tmp_path / f"d{suffix}", overwrite=True, scheduler=scheduler)
+            assert local.read_bytes() == remote.read_bytes(), (src, suffix)
+    code = (f"import sys; from terrain_io.export import export; export({str(istore.path)!r}, 'elevation', "
+            f"{str(tmp_path / 'x.tif')!r}); print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('dask', 'distributed')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
