@@ -1,33 +1,61 @@
-"""GPU tile phase of the grid MST: Boruvka on all tiles of a batch at once (CuPy RawModule).
+"""GPU tile phase of the grid MST: forests and their contraction for all tiles of a batch (CuPy RawModules).
 
-Harish et al.'s data-parallel Boruvka as used by the terrain thesis (part II ch. 3), with the
-strict edge order packed into 64-bit atomicMin keys (a float32 weight and a 22-bit edge code
-instead of the thesis's 32-bit key with 10-bit weights), or, for float64 weights, two atomic
-passes (weight, then code). Kernels: ``terrain_io/kernels/mst_tile.cu``. The result is the
-tiles' spanning forests as a bitmask, bit for bit what the numba Kruskal computes; the CPU then
-contracts them (``_mst_cpu.contract_tile``).
+Forests: Harish et al.'s data-parallel Boruvka as used by the terrain thesis (part II ch. 3),
+with the strict edge order packed into 64-bit atomicMin keys (a float32 weight and a 22-bit edge
+code instead of the thesis's 32-bit key with 10-bit weights), or, for float64 weights, two atomic
+passes (weight, then code). Kernels: ``terrain_io/kernels/mst_tile.cu``. The result is the tiles'
+spanning forests as a bitmask, bit for bit what the numba Kruskal computes.
 
-Transfers use pinned host buffers and a non-blocking stream; the pipeline calls :meth:`forest`
-from a worker thread, so the GPU works on one batch while the CPU reads the next one from the
-store and contracts the previous one.
+Contraction (thesis part II ch. 2-3, after Haverkort): dead ends stripped by parallel leaf-pruning
+rounds, then one walk per (kept vertex, direction) replacing each degree-2 path by its maximum
+edge, one thread block per tile. Kernel: ``terrain_io/kernels/mst_contract.cu``. It returns what
+the numba reference ``_mst_cpu.contract_tile`` returns -- the same vertex and super-edge arrays in
+the same order, and the same exact weight sum -- so the CPU only merges.
+
+Overlap: the pipeline calls :meth:`tile_phase` from worker threads; each call takes one of two
+*lanes* (a non-blocking CUDA stream with its own pinned host buffers), so one batch's transfers
+and host synchronisations overlap the other's kernels, while the CPU reads the next batch from the
+store and merges earlier ones.
 """
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from . import _mst_cpu as K
+
 _CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "uint8": "unsigned char",
            "int16": "short", "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int"}
-_SOURCE = Path(__file__).resolve().parents[1] / "kernels" / "mst_tile.cu"
+_KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 _BLOCK = 256
+_CONTRACT_BLOCK = 1024  # BLOCK in mst_contract.cu: one block per tile
+
+
+class _Lane:
+    """A CUDA stream and its pinned host buffers; one batch at a time."""
+
+    def __init__(self, cp):
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.pinned: dict = {}
+
+    def pin(self, name, shape, dtype):
+        import cupyx
+
+        key = (name, tuple(shape), np.dtype(dtype).str)
+        buf = self.pinned.get(key)
+        if buf is None:
+            buf = self.pinned[key] = cupyx.empty_pinned(shape, dtype)
+        return buf
 
 
 class GpuTileForest:
-    """Spanning forests of every T x T tile of a batch, computed on the GPU."""
+    """Spanning forests of every T x T tile of a batch, and their contraction, on the GPU."""
 
-    def __init__(self, tile: int, model, dtype):
+    def __init__(self, tile: int, model, dtype, lanes: int = 2):
         import cupy as cp
 
         dtype = np.dtype(dtype)
@@ -37,75 +65,167 @@ class GpuTileForest:
             raise InputError(f"GPU MST: unsupported elevation type {dtype}")
         self.cp = cp
         self.tile = int(tile)
+        self.kind = model.kind
         self.packed = model.fits_float32(dtype)
         options = (f"-DVAL_T={_CTYPES[dtype.name]}", f"-DKIND={model.kind}", f"-DPACKED={int(self.packed)}")
-        module = cp.RawModule(code=_SOURCE.read_text(), options=options)
+        module = cp.RawModule(code=(_KERNELS / "mst_tile.cu").read_text(), options=options)
         self.k = {name: module.get_function(name)
                   for name in ("find_min", "find_min_code", "hook", "break_pairs", "find_roots")}
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.lock = threading.Lock()
-        self._pinned: dict = {}
+        contract = cp.RawModule(code=(_KERNELS / "mst_contract.cu").read_text(), options=options[:2])
+        self.k["contract_tiles"] = contract.get_function("contract_tiles")
+        self._lanes: queue.Queue = queue.Queue()
+        for _ in range(max(1, lanes)):
+            self._lanes.put(_Lane(cp))
+        self._stats = threading.Lock()
         self.kernel_seconds = 0.0  # GPU time of the Boruvka loops (CUDA events)
+        self.contract_seconds = 0.0  # GPU time of the contraction kernels (CUDA events)
         self.rounds = 0
 
-    def _pin(self, name, shape, dtype):
-        import cupyx
+    @contextlib.contextmanager
+    def _lane(self):
+        lane = self._lanes.get()
+        try:
+            with lane.stream:
+                yield lane
+        finally:
+            self._lanes.put(lane)
 
-        key = (name, tuple(shape), np.dtype(dtype).str)
-        buf = self._pinned.get(key)
-        if buf is None:
-            buf = self._pinned[key] = cupyx.empty_pinned(shape, dtype)
-        return buf
+    def _timed(self, lane, attr, fn, *args):
+        """Run ``fn`` on the lane's stream; add its GPU time (CUDA events) to ``self.<attr>``."""
+        cp = self.cp
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(lane.stream)
+        out = fn(*args)
+        stop.record(lane.stream)
+        stop.synchronize()
+        with self._stats:
+            setattr(self, attr, getattr(self, attr) + cp.cuda.get_elapsed_time(start, stop) / 1000.0)
+        return out
 
+    def _upload(self, lane, name, a: np.ndarray):
+        h = lane.pin(name, a.shape, a.dtype)
+        h[...] = a
+        d = self.cp.empty(a.shape, a.dtype)
+        d.set(h, stream=lane.stream)
+        return d
+
+    def _download(self, lane, arrays: dict) -> dict:
+        """Device arrays to new host arrays (through the lane's pinned buffers, one synchronisation)."""
+        pinned = {}
+        for name, d in arrays.items():
+            pinned[name] = lane.pin(name, d.shape, d.dtype)
+            d.get(out=pinned[name], stream=lane.stream)
+        lane.stream.synchronize()
+        return {name: np.array(h) for name, h in pinned.items()}
+
+    # -- Boruvka ---------------------------------------------------------------------------------
+    def _boruvka(self, lane, d_vals, d_valid):
+        """The tiles' forests as a device uint8 bitmask (bit d: forward direction d)."""
+        cp = self.cp
+        H, W = d_vals.shape
+        n = H * W
+        grid = ((n + _BLOCK - 1) // _BLOCK,)
+        comp = cp.where(d_valid.ravel(), cp.arange(n, dtype=cp.int32), cp.int32(-1))
+        parent = comp.copy()
+        bits = cp.zeros(n, dtype=cp.uint32)
+        best = cp.empty(n, dtype=cp.uint64)
+        best_code = cp.empty(n if not self.packed else 1, dtype=cp.uint32)
+        changed = cp.zeros(1, dtype=cp.int32)
+        h_changed = lane.pin("changed", (1,), np.int32)
+        args_dim = (np.int32(H), np.int32(W), np.int32(self.tile))
+        rounds = 0
+        while True:
+            best.fill(np.uint64(0xFFFFFFFFFFFFFFFF))
+            self.k["find_min"](grid, (_BLOCK,), (d_vals, d_valid, comp, best) + args_dim)
+            if not self.packed:
+                best_code.fill(np.uint32(0xFFFFFFFF))
+                self.k["find_min_code"](grid, (_BLOCK,), (d_vals, d_valid, comp, best, best_code) + args_dim)
+            changed.fill(0)
+            self.k["hook"](grid, (_BLOCK,), (comp, best, best_code, parent, bits, changed) + args_dim)
+            changed.get(out=h_changed, stream=lane.stream)
+            lane.stream.synchronize()
+            if not h_changed[0]:
+                break
+            rounds += 1
+            self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
+            self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
+            comp[...] = parent
+        with self._stats:
+            self.rounds += rounds
+        return bits.astype(cp.uint8).reshape(H, W)
+
+    # -- contraction -------------------------------------------------------------------------------
+    def _contract(self, d_vals, d_valid, d_bits, tiles: np.ndarray, gr0, gc0, rows, cols, cap) -> dict:
+        """Launch ``contract_tiles``: one block per tile; returns the device output arrays."""
+        cp = self.cp
+        H, W = d_vals.shape
+        T = self.tile
+        tiles = np.ascontiguousarray(tiles, dtype=np.int64)
+        n = len(tiles)
+        if H * W >= 2**31 or n * T * T >= 2**31:
+            raise ValueError("GPU MST contraction: batch too large for 32-bit cell indices")
+        if n and (tiles[:, 2].max() > T or tiles[:, 3].max() > T):
+            raise ValueError("GPU MST contraction: a tile larger than the tile size")
+        out = {"nv": cp.empty(n, cp.int64), "vid": cp.empty((n, cap), cp.int64), "vh": cp.empty((n, cap), cp.float64),
+               "vmask": cp.empty((n, cap), cp.uint8), "ne": cp.empty(n, cp.int64),
+               "eu": cp.empty((n, cap), cp.int64), "ev": cp.empty((n, cap), cp.int64),
+               "ew": cp.empty((n, cap), cp.float64), "ecode": cp.empty((n, cap), cp.int64),
+               "buckets": cp.zeros((2, K.N_EXP), cp.int64)}
+        if n == 0:
+            out["nv"].fill(0)
+            out["ne"].fill(0)
+            return out
+        alive = cp.empty(H * W, cp.uint32)
+        outm = cp.empty(H * W, cp.uint8)
+        q = cp.empty(n * T * T, cp.int32)
+        vcell = cp.empty(n * cap, cp.int32)
+        slots = n * cap * 8
+        sflag, sother = cp.empty(slots, cp.uint8), cp.empty(slots, cp.int64)
+        sw, scode = cp.empty(slots, cp.float64), cp.empty(slots, cp.int64)
+        self.k["contract_tiles"](
+            (n,), (_CONTRACT_BLOCK,),
+            (d_vals, d_valid, d_bits, cp.asarray(tiles), np.int32(T), np.int32(H), np.int32(W),
+             np.int64(gr0), np.int64(gc0), np.int64(rows), np.int64(cols), np.int32(cap),
+             alive, outm, q, vcell, sflag, sother, sw, scode,
+             out["nv"], out["vid"], out["vh"], out["vmask"], out["ne"], out["eu"], out["ev"], out["ew"],
+             out["ecode"], out["buckets"]))
+        return out
+
+    @staticmethod
+    def _as_tuple(h: dict) -> tuple:
+        """The host arrays in the order of ``_mst_cpu.tile_phase_batch``'s result."""
+        return tuple(h[k] for k in ("nv", "vid", "vh", "vmask", "ne", "eu", "ev", "ew", "ecode", "buckets"))
+
+    # -- public ------------------------------------------------------------------------------------
     def forest(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """uint8 bitmask (bit d: forward direction d) of the tiles' minimum spanning forests."""
-        cp = self.cp
-        H, W = values.shape
-        n = H * W
-        T = np.int32(self.tile)
-        grid = ((n + _BLOCK - 1) // _BLOCK,)
-        with self.lock, self.stream:
-            h_vals = self._pin("vals", values.shape, values.dtype)
-            h_valid = self._pin("valid", valid.shape, np.bool_)
-            h_vals[...] = values
-            h_valid[...] = valid
-            d_vals = cp.empty(values.shape, values.dtype)
-            d_valid = cp.empty(valid.shape, cp.bool_)
-            d_vals.set(h_vals, stream=self.stream)
-            d_valid.set(h_valid, stream=self.stream)
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(self.stream)
-            comp = cp.where(d_valid.ravel(), cp.arange(n, dtype=cp.int32), cp.int32(-1))
-            parent = comp.copy()
-            bits = cp.zeros(n, dtype=cp.uint32)
-            best = cp.empty(n, dtype=cp.uint64)
-            best_code = cp.empty(n if not self.packed else 1, dtype=cp.uint32)
-            changed = cp.zeros(1, dtype=cp.int32)
-            h_changed = self._pin("changed", (1,), np.int32)
-            args_dim = (np.int32(H), np.int32(W), T)
-            while True:
-                best.fill(np.uint64(0xFFFFFFFFFFFFFFFF))
-                self.k["find_min"](grid, (_BLOCK,), (d_vals, d_valid, comp, best) + args_dim)
-                if not self.packed:
-                    best_code.fill(np.uint32(0xFFFFFFFF))
-                    self.k["find_min_code"](grid, (_BLOCK,), (d_vals, d_valid, comp, best, best_code) + args_dim)
-                changed.fill(0)
-                self.k["hook"](grid, (_BLOCK,), (comp, best, best_code, parent, bits, changed) + args_dim)
-                if not self._flag(changed, h_changed):
-                    break
-                self.rounds += 1
-                self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
-                self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
-                comp[...] = parent
-            out = bits.astype(cp.uint8).reshape(H, W)
-            stop.record(self.stream)
-            h_bits = self._pin("bits", (H, W), np.uint8)
-            out.get(out=h_bits, stream=self.stream)
-            self.stream.synchronize()
-            self.kernel_seconds += cp.cuda.get_elapsed_time(start, stop) / 1000.0
-            return np.array(h_bits)
+        with self._lane() as lane:
+            d_vals, d_valid = self._upload(lane, "vals", values), self._upload(lane, "valid", valid)
+            bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, d_valid)
+            return self._download(lane, {"bits": bits})["bits"]
 
-    def _flag(self, changed, h_changed) -> bool:
-        changed.get(out=h_changed, stream=self.stream)
-        self.stream.synchronize()
-        return bool(h_changed[0])
+    def contract(self, values: np.ndarray, valid: np.ndarray, bits: np.ndarray, tiles: np.ndarray,
+                 gr0: int, gc0: int, rows: int, cols: int, cap: int) -> tuple:
+        """Contract given forests (``bits``, e.g. the CPU's): ``tile_phase_batch``'s result tuple."""
+        with self._lane() as lane:
+            d_vals, d_valid = self._upload(lane, "vals", values), self._upload(lane, "valid", valid)
+            d_bits = self._upload(lane, "bits_in", bits.astype(np.uint8, copy=False))
+            out = self._timed(lane, "contract_seconds", self._contract, d_vals, d_valid, d_bits, tiles,
+                              gr0, gc0, rows, cols, cap)
+            return self._as_tuple(self._download(lane, out))
+
+    def tile_phase(self, values: np.ndarray, valid: np.ndarray, tiles: np.ndarray,
+                   gr0: int, gc0: int, rows: int, cols: int, cap: int) -> tuple[np.ndarray, tuple]:
+        """The whole tile phase of a batch: (forest bitmask, ``tile_phase_batch``'s result tuple).
+
+        ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch; ``gr0, gc0``: the global cell of
+        batch cell (0, 0); ``rows, cols``: the DEM's shape; ``cap``: entries per tile row.
+        """
+        with self._lane() as lane:
+            d_vals, d_valid = self._upload(lane, "vals", values), self._upload(lane, "valid", valid)
+            d_bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, d_valid)
+            out = self._timed(lane, "contract_seconds", self._contract, d_vals, d_valid, d_bits, tiles,
+                              gr0, gc0, rows, cols, cap)
+            out["bits"] = d_bits
+            h = self._download(lane, out)
+            return h.pop("bits"), self._as_tuple(h)

@@ -6,7 +6,8 @@ Haverkort; DESIGN.md "MST pipeline":
 1. Tile phase -- for every tile, the minimum spanning forest of its induced subgraph (numba
    Kruskal on the CPU, Boruvka after Harish et al. on the GPU), written to ``mst/edges``, then
    contracted to a graph on the tile's boundary cells and branch vertices (dead ends removed,
-   degree-2 paths replaced by their maximum edge).
+   degree-2 paths replaced by their maximum edge; on the GPU by leaf-pruning rounds and path
+   walks, one thread block per tile, see ``_mst_gpu``).
 2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
    (Kruskal) and contracted against the block's own boundary. Only the blocks on the current
@@ -315,12 +316,15 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
 
 
 def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
-        batch_tiles: int | None = None, scheduler: str | None = "local", announce=None) -> MSTResult:
+        batch_tiles: int | None = None, scheduler: str | None = "local", announce=None,
+        gpu_contract: bool = True) -> MSTResult:
     """Minimum spanning forest of the DEM in ``store`` (a TerrainStore or a path); writes ``mst/edges``.
 
     ``weight``: an edge-weight model name (``max`` or ``absdiff``, see terrain_io.weights);
     ``device``: ``auto|cpu|gpu``; ``memory``: the budget (``"2GB"``; default half the free RAM);
-    ``batch_tiles``: force the batch side in tiles (a power of two <= the shard size).
+    ``batch_tiles``: force the batch side in tiles (a power of two <= the shard size);
+    ``gpu_contract``: on the GPU, contract the tile forests there too (default; False: the numba
+    contraction on the CPU, as before -- for benchmarks and tests, same result).
     """
     t_start = time.perf_counter()
     return_freed_memory_to_os()
@@ -356,18 +360,24 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         gpu = GpuTileForest(store.tile_size, model, store.dtype)
 
     def prepare(b: _Batch):
-        """Read a batch (worker thread) and, on the GPU, compute its tile forests."""
+        """Read a batch (worker thread) and, on the GPU, run its tile phase: forests (and contraction)."""
         t0 = time.perf_counter()
         values = store.read(b.window)
         valid = store.valid(values)
         t1 = time.perf_counter()
-        bits = gpu.forest(values, valid) if gpu is not None else np.zeros(values.shape, dtype=np.uint8)
-        return values, valid, bits, t1 - t0, time.perf_counter() - t1
+        out = None
+        if gpu is None:
+            bits = np.zeros(values.shape, dtype=np.uint8)
+        elif gpu_contract:
+            bits, out = gpu.tile_phase(values, valid, b.tiles, b.window.r0, b.window.c0, rows, cols, cap)
+        else:
+            bits = gpu.forest(values, valid)
+        return values, valid, bits, out, t1 - t0, time.perf_counter() - t1
 
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         t_phase = time.perf_counter()
-        lookahead = 2 if gpu is not None else 1
+        lookahead = 2 if gpu is not None else 1  # GPU: two batches in flight, one per CUDA stream
         writes: collections.deque = collections.deque()
         merger.start(workers=min(4, os.cpu_count() or 1))
         if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
@@ -396,18 +406,19 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
                 for bi, b in enumerate(batches):
                     t0 = time.perf_counter()
-                    values, valid, bits, dt_read, dt_gpu = pending.popleft().result()
+                    values, valid, bits, out, dt_read, dt_gpu = pending.popleft().result()
                     timings["wait"] += time.perf_counter() - t0
                     timings["read"] += dt_read
                     timings["gpu"] += dt_gpu
                     if bi + lookahead < len(batches):
                         pending.append(pool.submit(prepare, batches[bi + lookahead]))
                     valid_cells += int(np.count_nonzero(valid))
-                    t0 = time.perf_counter()
-                    hkey, float_bits = K.key_source(values)
-                    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0, b.window.c0,
-                                             rows, cols, model.kind, cap, forest)
-                    timings["tile"] += time.perf_counter() - t0
+                    if out is None:  # CPU tile phase, or the CPU contracts the GPU's forests
+                        t0 = time.perf_counter()
+                        hkey, float_bits = K.key_source(values)
+                        out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0,
+                                                 b.window.c0, rows, cols, model.kind, cap, forest)
+                        timings["tile"] += time.perf_counter() - t0
                     buckets += out[-1]
                     t0 = time.perf_counter()
                     while len(writes) > writers:
@@ -423,6 +434,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         timings["merge"] = merger.seconds
         if gpu is not None:
             timings["gpu_kernel"] = gpu.kernel_seconds
+            timings["gpu_contract"] = gpu.contract_seconds
             timings["gpu_rounds"] = gpu.rounds
 
         # expand
