@@ -396,7 +396,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
                 merge.run(field)
                 timings["merge"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                reached, dmax = _final(store, field, merge, cells, name, model, index, timings, progress, reused)
+                reached, dmax = _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler)
                 timings["final"] = time.perf_counter() - t0
             finally:
                 merge.close()
@@ -408,7 +408,10 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     return result
 
 
-def _final(store, field, merge, cells, name, model, index, timings, progress, reused):
+def _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler="local",
+           announce=None):
+    """Phase 3, shard by shard: here, or with a Dask ``scheduler`` as one task per shard that gets
+    its tiles' merge results and writes its shard of ``distance`` and ``predecessor`` itself."""
     c = merge.c
     t = store.tile_size
     steps = field.steps()
@@ -431,27 +434,102 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
     with store.write_result(f"sssp/{name}", attrs=attrs) as w:
         dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
         pred_arr = w.create_array("predecessor", "uint8", K.NO_PRED)
-        for win in store.shards():
-            vals_shard = field.read(win)
-            out_d = np.empty(win.shape, np.float32)
-            out_p = np.empty(win.shape, np.uint8)
-            for r0 in range(win.r0, win.r1, t):
-                for c0 in range(win.c0, win.c1, t):
-                    lr, lc = r0 - win.r0, c0 - win.c0
-                    vals = np.ascontiguousarray(vals_shard[lr : lr + t, lc : lc + t])
-                    dist, rank, how, settled = merge.tile_state(r0 // t, c0 // t)
-                    inside = (src[:, 0] >= r0) & (src[:, 0] < r0 + t) & (src[:, 1] >= c0) & (src[:, 1] < c0 + t)
-                    h, wd = vals.shape
-                    K.final_phase(vals, c, model.kind, steps, dist, rank, how, settled,
-                                  np.ascontiguousarray(src[inside, 0] - r0), np.ascontiguousarray(src[inside, 1] - c0),
-                                  out_d[lr : lr + h, lc : lc + wd], out_p[lr : lr + h, lc : lc + wd])
-                    bar.update(1)
-            finite = np.isfinite(out_d)
-            reached += int(finite.sum())
-            if finite.any():
-                dmax = max(dmax, float(out_d[finite].max()))
-            dist_arr[win.slices] = out_d
-            pred_arr[win.slices] = out_p
+        if (scheduler or "local") != "local":
+            reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar)
+        else:
+            for win in store.shards():
+                states = (merge.tile_state(r0 // t, c0 // t) for r0, c0 in _shard_tiles(win, t))
+                out_d, out_p = _final_tiles(field.read(win), win, t, c, model.kind, steps, states, src, bar)
+                n, m = _reach(out_d)
+                reached += n
+                dmax = max(dmax, m)
+                dist_arr[win.slices] = out_d
+                pred_arr[win.slices] = out_p
         w.attrs.update({"reached": reached, "max_distance": dmax})
     bar.close()
+    return reached, dmax
+
+
+def _shard_tiles(win: Window, t: int):
+    """Top-left cells of the store tiles of shard window ``win``, row by row."""
+    return [(r0, c0) for r0 in range(win.r0, win.r1, t) for c0 in range(win.c0, win.c1, t)]
+
+
+def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, states, src, bar=None):
+    """Phase 3 for the tiles of one shard; ``states``: each tile's (dist, rank, how, settled) from
+    the merge, in the order of :func:`_shard_tiles`. Returns the shard's distance and predecessor."""
+    out_d = np.empty(win.shape, np.float32)
+    out_p = np.empty(win.shape, np.uint8)
+    for (r0, c0), (dist, rank, how, settled) in zip(_shard_tiles(win, t), states):
+        lr, lc = r0 - win.r0, c0 - win.c0
+        vals = np.ascontiguousarray(vals_shard[lr : lr + t, lc : lc + t])
+        inside = (src[:, 0] >= r0) & (src[:, 0] < r0 + t) & (src[:, 1] >= c0) & (src[:, 1] < c0 + t)
+        h, wd = vals.shape
+        K.final_phase(vals, c, kind, steps, dist, rank, how, settled,
+                      np.ascontiguousarray(src[inside, 0] - r0), np.ascontiguousarray(src[inside, 1] - c0),
+                      out_d[lr : lr + h, lc : lc + wd], out_p[lr : lr + h, lc : lc + wd])
+        if bar is not None:
+            bar.update(1)
+    return out_d, out_p
+
+
+def _reach(out_d) -> tuple[int, float]:
+    """(cells reached, their largest distance) of a block of distances."""
+    finite = np.isfinite(out_d)
+    return int(finite.sum()), float(out_d[finite].max()) if finite.any() else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class _FinalShard:
+    """One shard of phase 3 as a Dask task: the merge results of its tiles travel with it (about
+    18 bytes per boundary cell), the values are read and the outputs written by the worker."""
+
+    field: Field
+    distance: str  # paths of the result arrays (in the result group being written)
+    predecessor: str
+    window: Window
+    cluster: int
+    steps: np.ndarray
+    sources: np.ndarray  # (n, 2) source cells in this shard
+    states: tuple  # per tile of the shard (see _shard_tiles): (dist, rank, how, settled)
+
+
+def _final_shard(task: _FinalShard) -> tuple[int, float]:
+    import zarr
+
+    win, t = task.window, task.field.store.tile_size
+    out_d, out_p = _final_tiles(task.field.read(win), win, t, task.cluster, task.field.model.kind, task.steps,
+                                task.states, task.sources)
+    zarr.open_array(task.distance, mode="r+")[win.slices] = out_d
+    zarr.open_array(task.predecessor, mode="r+")[win.slices] = out_p
+    return _reach(out_d)
+
+
+FINAL_IN_FLIGHT_BYTES = 512 * 1024 * 1024  # merge results shipped in tasks not yet finished, about
+
+
+def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar):
+    """One task per shard; tile states are gathered lazily, a bounded number of shards' worth at a time."""
+    from ..parallel import imap_shards
+
+    t = store.tile_size
+    wins = list(store.shards())
+    paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
+    steps = field.steps()
+
+    def tasks():
+        for win in wins:
+            inside = (src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)
+            states = tuple(tuple(merge.tile_state(r0 // t, c0 // t)) for r0, c0 in _shard_tiles(win, t))
+            yield _FinalShard(field, *paths, win, merge.c, steps, np.ascontiguousarray(src[inside]), states)
+
+    m, B = merge.mt, merge.B
+    shard_bytes = len(_shard_tiles(wins[0], t)) * m * m * B * (8 + 8 + 1 + 1)
+    reached, dmax = 0, 0.0
+    results = imap_shards(_final_shard, tasks(), scheduler, in_flight=max(1, FINAL_IN_FLIGHT_BYTES // shard_bytes),
+                          announce=announce)
+    for (n, d), win in zip(results, wins):
+        reached += n
+        dmax = max(dmax, d)
+        bar.update(len(_shard_tiles(win, t)))
     return reached, dmax
