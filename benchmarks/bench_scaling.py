@@ -1,57 +1,112 @@
-"""Strong scaling of the tile phases on Dask CPU workers (MST tile phase, SSSP boundary index).
+"""Strong scaling of the tile phases on Dask CPU workers (MST tile phase, SSSP boundary index, SSSP final).
 
 For each worker count W a fresh ``distributed.LocalCluster`` of W single-threaded worker processes
-(numba limited to one thread each) runs the same store; prints the tile-phase time, the parallel
-efficiency T1 / (W * TW), and the time of the MST merge that stays on the client (Amdahl's serial part).
+(numba limited to one thread each) runs the same store. Every worker first runs the whole pipeline
+on a small store of its own, so numba's compiled kernels are loaded before anything is timed.
+Prints the time of each phase, the parallel efficiency T1 / (W * TW), and the merges that stay on
+the client (the MST merge, the SSSP merge phase: Amdahl's serial part); ``--json`` writes them too.
 
     python benchmarks/bench_scaling.py --size 4096 --workers 1,2,4,8,16
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
+import tempfile
 import time
 from pathlib import Path
+
+PHASES = ("mst_tile", "index", "sssp_final")
+
+
+def _warm(size: int, tile: int, shard: int) -> float:
+    """Run MST, index and SSSP on a small store of this process's own: compiles / loads the kernels."""
+    import numpy as np
+
+    from terrain_io.grid.mst import mst
+    from terrain_io.grid.sssp import sssp
+    from terrain_io.synth import synthesize
+
+    t0 = time.perf_counter()
+    folder = Path(tempfile.mkdtemp(prefix="terrain-warm-"))
+    try:
+        st = synthesize(folder / "w.zarr", size, seed=1, tile=tile, shard=shard, progress=False)
+        mst(st, device="cpu", progress=False)
+        valid = np.argwhere(np.isfinite(st.elevation[:]))
+        sssp(st, tuple(int(x) for x in valid[len(valid) // 2]), cell=True, device="cpu", progress=False)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return time.perf_counter() - t0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--shard", type=int, default=2, help="tiles per shard side: the unit of a task")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/terrain-bench-scaling"))
+    ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
-    from distributed import LocalCluster
+    import numpy as np
+    from distributed import Client, LocalCluster
 
     from terrain_io.grid.index import Field, build_index
     from terrain_io.grid.mst import mst
+    from terrain_io.grid.sssp import sssp
     from terrain_io.synth import synthesize
 
+    t0 = time.perf_counter()
+    warm_size = min(args.size, 2 * args.tile * args.shard)
+    print(f"# client warm-up (numba compile or cache load): {_warm(warm_size, args.tile, args.shard):.1f} s",
+          flush=True)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    store = synthesize(args.workdir / f"s{args.size}.zarr", args.size, seed=5, shard=args.shard, overwrite=True)
-    print(f"# {platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, {args.size}^2 synthetic store, "
-          f"tile {store.tile_size}, shard {store.shard_size}")
-    print(f"{'workers':>8}{'mst tile s':>12}{'eff':>7}{'mst merge s':>13}{'index s':>10}{'eff':>7}")
-    base = {}
+    store = synthesize(args.workdir / f"s{args.size}.zarr", args.size, seed=5, tile=args.tile, shard=args.shard,
+                       overwrite=True, progress=False, scheduler="processes")
+    values = store.elevation[:]
+    valid = np.argwhere(np.isfinite(values))
+    source = tuple(int(x) for x in valid[len(valid) // 2])
+    del values, valid
+    shards = store.shard_grid[0] * store.shard_grid[1]
+    head = (f"# {platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, {args.size}^2 synthetic "
+            f"store, tile {store.tile_size}, shard {store.shard_size} ({shards} shard tasks); "
+            f"setup {time.perf_counter() - t0:.1f} s")
+    print(head)
+    print(f"{'workers':>8}{'mst tile s':>12}{'eff':>6}{'mst merge s':>13}{'index s':>10}{'eff':>6}"
+          f"{'sssp merge s':>14}{'final s':>10}{'eff':>6}{'warm s':>8}", flush=True)
+    rows, base = [], {}
     for w in (int(x) for x in args.workers.split(",")):
         with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=":0",
-                          env={"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}) as cluster:
+                          env={"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}) as cluster, \
+                Client(cluster) as client:
             addr = cluster.scheduler_address
-            mst(store, device="cpu", progress=False, scheduler=addr)  # warm the workers (numba caches)
+            t0 = time.perf_counter()
+            client.run(_warm, warm_size, args.tile, args.shard)
+            t_warm = time.perf_counter() - t0
             res = mst(store, device="cpu", progress=False, scheduler=addr)
             field = Field(store, "absdiff")
             t0 = time.perf_counter()
             build_index(store, field, scheduler=addr)
             t_index = time.perf_counter() - t0
             field.close()
-        t_tile = res.timings["tile"]
-        base.setdefault("tile", t_tile)
-        base.setdefault("index", t_index)
-        print(f"{w:>8}{t_tile:>12.2f}{base['tile'] / (w * t_tile):>7.0%}{res.timings['merge']:>13.2f}"
-              f"{t_index:>10.2f}{base['index'] / (w * t_index):>7.0%}", flush=True)
+            r = sssp(store, source, cell=True, device="cpu", progress=False, name="bench", scheduler=addr)
+            assert r.index_reused
+        row = {"workers": w, "mst_tile": res.timings["tile"], "mst_merge": res.timings.get("merge", float("nan")),
+               "index": t_index, "sssp_merge": r.timings["merge"], "sssp_final": r.timings["final"],
+               "warm": t_warm, "reached": r.reached}
+        for k in PHASES:
+            base.setdefault(k, row[k])
+            row[k + "_eff"] = base[k] / (w * row[k])
+        rows.append(row)
+        print(f"{w:>8}{row['mst_tile']:>12.2f}{row['mst_tile_eff']:>6.0%}{row['mst_merge']:>13.2f}"
+              f"{row['index']:>10.2f}{row['index_eff']:>6.0%}{row['sssp_merge']:>14.2f}"
+              f"{row['sssp_final']:>10.2f}{row['sssp_final_eff']:>6.0%}{t_warm:>8.1f}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"header": head, "size": args.size, "rows": rows}, indent=1))
     shutil.rmtree(args.workdir, ignore_errors=True)
 
 
