@@ -1,0 +1,407 @@
+"""Parallel merge phase of the grid SSSP (phase 2 over the boundary graph G', all of it in memory).
+
+The thesis's merge (part III ch. 4) is one Dijkstra over G' with a cluster priority queue: one
+vertex settled at a time, a heap update for every grid edge it relaxes -- inherently sequential,
+and on a 8192^2 DEM (28M vertices, 0.8G edges) about 45 s of a single core. Here the same
+distances come from a bucketed label-correcting search (Meyer & Sanders' Delta-stepping, with
+the bucket bound chosen per round as the ``batch``-th smallest cluster minimum, as in
+"radius stepping"), run on all cores:
+
+1. distances -- each round, the clusters whose smallest pending distance is within the bound
+   *emit* their pending vertices below it; then every emitting cluster and its 8 neighbours
+   *pull* in parallel: grid edges from the neighbours' emitters, the dense G' block rows of their
+   own emitters. A cluster only writes its own vertices, so no locks are needed (a neighbour may
+   read a value while it decreases: both are lengths of real paths). Any vertex that decreases
+   is pending again, so the rounds stop at the one fixpoint of the relaxation equations: the
+   same float64 distances the sequential Dijkstra settles (both are the minimum over all paths
+   of the left-to-right sums of their edge weights).
+2. labels -- the tie-breaking label of a vertex is its hop count in the *tight* subgraph
+   (G' edges with d(u) + w(u, v) == d(v) exactly), found by a level-synchronous BFS from the
+   sources: unique given the distances, so it does not depend on the order of the work. The
+   final phase uses it where the sequential merge used the settle rank: predecessor chains
+   lead to strictly smaller labels and cannot cycle across cluster borders on flat ground.
+3. parents -- a vertex whose tight parent at label - 1 is across a grid edge records that edge
+   (the smallest direction code when several tie), otherwise it was reached inside its cluster.
+
+The results fill the same arrays as the sequential :func:`._sssp_cpu.merge_run` (distance,
+label in place of the rank, parent code, reached flag), which stays in use when G' must be
+paged through a small memory budget.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..weights import edge_weight
+from ._sssp_cpu import (DC, DR, HOW_INTRA, HOW_NONE, HOW_SOURCE, _position, boundary_count,
+                        local_index)
+
+NO_LABEL = np.iinfo(np.int64).max
+
+
+@numba.njit(inline="always", cache=True)
+def _crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, out):
+    """Grid edges from boundary cell t of cluster (cr, cc) into neighbouring clusters, as rows of
+    ``out``: (direction from t, neighbour cluster row, col, its boundary number). Returns the count."""
+    n = 0
+    if h == c and w == c and cr + 1 < full_r and cc + 1 < full_c and cr > 0 and cc > 0:
+        for e in range(tcnt[t]):
+            out[n, 0] = tab[t, e, 0]
+            out[n, 1] = cr + tab[t, e, 1]
+            out[n, 2] = cc + tab[t, e, 2]
+            out[n, 3] = tab[t, e, 3]
+            n += 1
+        return n
+    bi, bj = _position(t, h, w)
+    gi = cr * c + bi
+    gj = cc * c + bj
+    for dd in range(8):
+        ni = gi + DR[dd]
+        nj = gj + DC[dd]
+        if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
+            continue
+        cr2 = ni // c
+        cc2 = nj // c
+        if cr2 == cr and cc2 == cc:
+            continue
+        out[n, 0] = dd
+        out[n, 1] = cr2
+        out[n, 2] = cc2
+        out[n, 3] = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
+        n += 1
+    return n
+
+
+@numba.njit(inline="always", cache=True)
+def _via_grid(dp, xp, xv, kind, step):
+    """Distance to a vertex of value xv over the grid edge from a vertex at distance dp, value xp."""
+    return dp + edge_weight(kind, xp, xv, step)
+
+
+@numba.njit(inline="always", cache=True)
+def _via_block(du, row, t):
+    """Distance to boundary cell t over the G' block row ``row`` of a vertex at distance du."""
+    return du + np.float64(row[t])
+
+
+@numba.njit(cache=True)
+def _neighbourhood(E, ne, ncr, ncc, mark, rnd, P):
+    """The emitting clusters and their 8 neighbours, each once, into P; returns the count."""
+    n = 0
+    for i in range(ne):
+        k = E[i]
+        cr = k // ncc
+        cc = k - cr * ncc
+        for y in range(max(0, cr - 1), min(ncr, cr + 2)):
+            for x in range(max(0, cc - 1), min(ncc, cc + 2)):
+                k2 = y * ncc + x
+                if mark[k2] != rnd:
+                    mark[k2] = rnd
+                    P[n] = k2
+                    n += 1
+    return n
+
+
+@numba.njit(cache=True)
+def _keep_pending(lst, n, P, np_, ckey, inlist):
+    """The work list after a round: clusters that still hold pending vertices, each once."""
+    m = 0
+    for i in range(n):
+        k = lst[i]
+        if ckey[k] < np.inf:
+            lst[m] = k
+            m += 1
+        else:
+            inlist[k] = False
+    for i in range(np_):
+        k = P[i]
+        if ckey[k] < np.inf and not inlist[k]:
+            inlist[k] = True
+            lst[m] = k
+            m += 1
+    return m
+
+
+def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, tab, tcnt,
+                   seed_k, seed_t, seed_d, seed_src, batch=256):
+    """Phase 2 on all cores over resident G' slots (slot of chunk = chunk number, chunks of m x m
+    clusters). Seeds: cluster ``seed_k``, boundary number ``seed_t``, distance ``seed_d`` (from
+    the sources inside their clusters), ``seed_src`` when the cell is a source itself.
+    Fills sDist (distance), sRank (label), sHow (parent code), sSet (reached); returns counters
+    and seconds of the three stages."""
+    import time
+
+    B = 4 * c - 4
+    ncl = -(-rows // c) * -(-cols // c)
+    work = (np.zeros((ncl, B), np.bool_), np.full((ncl, B), -1, np.int32), np.full(ncl, np.inf),
+            np.zeros(ncl, np.bool_), np.full(ncl, -1, np.int64), np.empty(ncl, np.int64),
+            np.empty(ncl, np.int64), np.empty(ncl, np.int64))
+    geometry = (c, m, rows, cols, kind, steps, tab, tcnt)
+    stats = {}
+    t0 = time.perf_counter()
+    stats["rounds"], stats["emissions"] = _distances(*geometry, sD, sV, sDist, seed_k, seed_t, seed_d, batch, *work)
+    t1 = time.perf_counter()
+    stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, seed_k, seed_t, seed_d, seed_src, *work)
+    t2 = time.perf_counter()
+    stats["unlabelled"] = _parents(*geometry, sV, sDist, sRank, sHow, sSet)
+    stats["seconds"] = (round(t1 - t0, 3), round(t2 - t1, 3), round(time.perf_counter() - t2, 3))
+    if stats["unlabelled"]:
+        raise AssertionError(f"sssp merge: {stats['unlabelled']} reached vertices without a label")
+    return stats
+
+
+@numba.njit(inline="always", cache=True)
+def _geometry(c, m, rows, cols):
+    ncr = (rows + c - 1) // c
+    ncc = (cols + c - 1) // c
+    TC = (cols + c * m - 1) // (c * m)
+    lm = 0
+    while (1 << lm) < m:
+        lm += 1
+    return ncr, ncc, rows // c, cols // c, TC, lm
+
+
+@numba.njit(inline="always", cache=True)
+def _slot(k, ncc, lm, TC):
+    """Cluster number -> (slot, row, col in the slot's chunk), slot = chunk number."""
+    cr = k // ncc
+    cc = k - cr * ncc
+    tr = cr >> lm
+    tc = cc >> lm
+    return tr * TC + tc, cr - (tr << lm), cc - (tc << lm)
+
+
+@numba.njit(parallel=True, cache=True)
+def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, seed_t, seed_d, batch,
+               pend, stamp, ckey, inlist, mark, lst, E, P):
+    """Stage 1: distances by bucketed label-correcting rounds. Returns (rounds, emissions)."""
+    B = 4 * c - 4
+    ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
+    n = 0
+    for i in range(seed_k.shape[0]):
+        k = seed_k[i]
+        cr = k // ncc
+        cc = k - cr * ncc
+        s, a, b = _slot(k, ncc, lm, TC)
+        if seed_d[i] < sDist[s, a, b, seed_t[i]]:
+            sDist[s, a, b, seed_t[i]] = seed_d[i]
+        pend[k, seed_t[i]] = True
+        ckey[k] = min(ckey[k], sDist[s, a, b, seed_t[i]])
+        if not inlist[k]:
+            inlist[k] = True
+            lst[n] = k
+            n += 1
+
+    # Delta-stepping phases: the bound theta is set from the work list (the batch-th smallest
+    # cluster key); the rounds under it touch only the clusters around the emitting ones.
+    rnd = 0
+    emissions = 0
+    while n > 0:
+        n = _keep_pending(lst, n, P, 0, ckey, inlist)
+        if n == 0:
+            break
+        keys = ckey[lst[:n]]
+        theta = np.partition(keys, batch)[batch] if n > batch else keys.max()
+        ne = 0
+        for i in range(n):
+            if ckey[lst[i]] <= theta:
+                E[ne] = lst[i]
+                ne += 1
+        while ne > 0:
+            rnd += 1
+            for i in prange(ne):
+                k = E[i]
+                s, a, b = _slot(k, ncc, lm, TC)
+                for t in range(B):
+                    if pend[k, t] and sDist[s, a, b, t] <= theta:
+                        pend[k, t] = False
+                        stamp[k, t] = rnd
+            np_ = _neighbourhood(E, ne, ncr, ncc, mark, rnd, P)
+            emitted = 0
+            for i in prange(np_):
+                k = P[i]
+                cr = k // ncc
+                cc = k - cr * ncc
+                s, a, b = _slot(k, ncc, lm, TC)
+                h = min(c, rows - cr * c)
+                w = min(c, cols - cc * c)
+                nb = boundary_count(h, w)
+                dv = sDist[s, a, b]
+                cross = np.empty((8, 4), np.int64)
+                own = 0
+                for t in range(nb):
+                    if stamp[k, t] == rnd:
+                        own += 1
+                    xv = sV[s, a, b, t]
+                    if np.isnan(xv):
+                        continue
+                    for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+                        k2 = cross[e, 1] * ncc + cross[e, 2]
+                        t2 = cross[e, 3]
+                        if stamp[k2, t2] != rnd:
+                            continue
+                        s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
+                        nd = _via_grid(sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]])
+                        if nd < dv[t]:
+                            dv[t] = nd
+                            pend[k, t] = True
+                if own:
+                    emitted += own
+                    for u in range(nb):
+                        if stamp[k, u] != rnd:
+                            continue
+                        du = dv[u]
+                        row = sD[s, a, b, u]
+                        for t in range(nb):
+                            nd = _via_block(du, row, t)
+                            if nd < dv[t]:
+                                dv[t] = nd
+                                pend[k, t] = True
+                key = np.inf
+                for t in range(nb):
+                    if pend[k, t] and dv[t] < key:
+                        key = dv[t]
+                ckey[k] = key
+            emissions += emitted
+            ne = 0
+            for i in range(np_):
+                k = P[i]
+                if ckey[k] < np.inf and not inlist[k]:
+                    inlist[k] = True
+                    lst[n] = k
+                    n += 1
+                if ckey[k] <= theta and ckey[k] < np.inf:
+                    E[ne] = k
+                    ne += 1
+    return rnd, emissions
+
+
+@numba.njit(parallel=True, cache=True)
+def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed_k, seed_t, seed_d, seed_src,
+            pend, stamp, ckey, inlist, mark, lst, E, P):
+    """Stage 2: labels = hop levels of a BFS from the sources over tight edges. Returns the levels."""
+    ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
+    B = 4 * c - 4
+    stamp[:] = -1
+    pend[:] = False
+    inlist[:] = False
+    mark[:] = -1
+    sRank[:] = NO_LABEL
+    n = 0
+    for i in range(seed_k.shape[0]):
+        k = seed_k[i]
+        s, a, b = _slot(k, ncc, lm, TC)
+        t = seed_t[i]
+        if seed_src[i]:
+            sRank[s, a, b, t] = 0
+        elif sDist[s, a, b, t] == seed_d[i]:  # reached inside the source's cluster
+            sRank[s, a, b, t] = min(sRank[s, a, b, t], 1)
+        else:
+            continue
+        pend[k, t] = True
+        ckey[k] = 0.0
+        if not inlist[k]:
+            inlist[k] = True
+            lst[n] = k
+            n += 1
+    level = 0
+    while n > 0:
+        for i in prange(n):
+            k = lst[i]
+            s, a, b = _slot(k, ncc, lm, TC)
+            emits = False
+            for t in range(B):
+                if pend[k, t] and sRank[s, a, b, t] == level:
+                    pend[k, t] = False
+                    stamp[k, t] = level
+                    emits = True
+            E[i] = k if emits else -1
+        ne = 0
+        for i in range(n):
+            if E[i] >= 0:
+                E[ne] = E[i]
+                ne += 1
+        np_ = _neighbourhood(E, ne, ncr, ncc, mark, level, P)
+        for i in prange(np_):
+            k = P[i]
+            cr = k // ncc
+            cc = k - cr * ncc
+            s, a, b = _slot(k, ncc, lm, TC)
+            h = min(c, rows - cr * c)
+            w = min(c, cols - cc * c)
+            nb = boundary_count(h, w)
+            dv = sDist[s, a, b]
+            lab = sRank[s, a, b]
+            cross = np.empty((8, 4), np.int64)
+            for t in range(nb):
+                if lab[t] <= level + 1 or dv[t] == np.inf:
+                    continue
+                xv = sV[s, a, b, t]
+                for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+                    k2 = cross[e, 1] * ncc + cross[e, 2]
+                    t2 = cross[e, 3]
+                    if stamp[k2, t2] != level:
+                        continue
+                    s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
+                    if _via_grid(sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == dv[t]:
+                        lab[t] = level + 1
+                        pend[k, t] = True
+                        break
+            for u in range(nb):
+                if stamp[k, u] != level:
+                    continue
+                row = sD[s, a, b, u]
+                for t in range(nb):
+                    if lab[t] > level + 1 and dv[t] < np.inf and _via_block(dv[u], row, t) == dv[t]:
+                        lab[t] = level + 1
+                        pend[k, t] = True
+            key = np.inf
+            for t in range(nb):
+                if pend[k, t]:
+                    key = 0.0
+            ckey[k] = key
+        n = _keep_pending(lst, n, P, np_, ckey, inlist)
+        level += 1
+    return level
+
+
+@numba.njit(parallel=True, cache=True)
+def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sV, sDist, sRank, sHow, sSet):
+    """Stage 3: parent codes and reached flags; labels of unreached vertices become -1.
+    Returns the number of reached vertices without a label (0 unless there is a bug)."""
+    ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
+    B = 4 * c - 4
+    ncl = ncr * ncc
+    bad = 0
+    for k in prange(ncl):
+        cr = k // ncc
+        cc = k - cr * ncc
+        s, a, b = _slot(k, ncc, lm, TC)
+        h = min(c, rows - cr * c)
+        w = min(c, cols - cc * c)
+        nb = boundary_count(h, w)
+        cross = np.empty((8, 4), np.int64)
+        for t in range(B):
+            lab = sRank[s, a, b, t]
+            if t >= nb or lab == NO_LABEL:
+                sSet[s, a, b, t] = False
+                sHow[s, a, b, t] = HOW_NONE
+                sRank[s, a, b, t] = -1
+                if t < nb and sDist[s, a, b, t] < np.inf:  # cannot happen: every reached vertex has a label
+                    bad += 1
+                continue
+            sSet[s, a, b, t] = True
+            if lab == 0:
+                sHow[s, a, b, t] = HOW_SOURCE
+                continue
+            best = HOW_INTRA
+            xv = sV[s, a, b, t]
+            for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+                s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
+                t2 = cross[e, 3]
+                if sRank[s2, a2, b2, t2] == lab - 1 and cross[e, 0] < best and _via_grid(
+                        sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == sDist[s, a, b, t]:
+                    best = cross[e, 0]
+            sHow[s, a, b, t] = best
+    return bad
