@@ -157,6 +157,7 @@ class MergeState:
         self.hpos[-1] = 0
         self.counters = np.zeros(3, np.int64)
         self.loads = 0
+        self.budget = budget
         # clusters emitting per round of the parallel merge: enough work for every thread (tuned
         # on 2 and 16 cores, 2048^2 to 8192^2: larger batches cost re-emissions, smaller ones rounds)
         self.batch = 1024 * numba.get_num_threads()
@@ -457,8 +458,6 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
         "unreached": "distance +inf, predecessor 255; nodata cells: distance NaN",
         "predecessor_codes": "direction from a cell to its parent: 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none",
     }
-    reached = 0
-    dmax = 0.0
     bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp final")
     with store.write_result(f"sssp/{name}", attrs=attrs) as w:
         dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
@@ -466,14 +465,40 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
         if (scheduler or "local") != "local":
             reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar)
         else:
-            for win in store.shards():
+            wins = list(store.shards())
+
+            def compute(win, vals):
                 states = (merge.tile_state(r0 // t, c0 // t) for r0, c0 in _shard_tiles(win, t))
-                out_d, out_p = _final_tiles(field.read(win), win, t, c, model.kind, steps, states, src, bar)
-                n, m = _reach(out_d)
-                reached += n
-                dmax = max(dmax, m)
+                return _final_tiles(vals, win, t, c, model.kind, steps, states, src, bar)
+
+            def write(win, out_d, out_p):
                 dist_arr[win.slices] = out_d
                 pred_arr[win.slices] = out_p
+                return _reach(out_d)
+
+            # when G' was paged (a tight budget) one shard at a time; else, with room for three
+            # shards (~21 bytes a cell each: values, distance, code), the next shard is read and the
+            # previous one compressed and written in threads (zarr and numcodecs release the GIL)
+            room = merge.budget - merge.sD.nbytes - 3 * merge.sDist.nbytes
+            if merge.flat is not None or room < 3 * 21 * wins[0].shape[0] * wins[0].shape[1]:
+                done = [write(win, *compute(win, field.read(win))) for win in wins]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(2) as pool:
+                    reads = [pool.submit(field.read, wins[0])]
+                    writes = []
+                    for i, win in enumerate(wins):
+                        if i + 1 < len(wins):
+                            reads.append(pool.submit(field.read, wins[i + 1]))
+                        out = compute(win, reads[i].result())
+                        reads[i] = None
+                        if writes:
+                            writes[-1].result()
+                        writes.append(pool.submit(write, win, *out))
+                    done = [f.result() for f in writes]
+            reached = sum(n for n, _ in done)
+            dmax = max((d for _, d in done), default=0.0)
         w.attrs.update({"reached": reached, "max_distance": dmax})
     bar.close()
     return reached, dmax
