@@ -6,10 +6,12 @@ Haverkort and Arge et al.; DESIGN.md "SSSP pipeline":
 1. Boundary phase (:mod:`.index`) -- per c x c cluster, the shortest distances between all pairs
    of its boundary cells: the boundary graph G', stored in the store as ``index/<weight>`` and
    reused by every later source (same weight model, cluster size and cost raster).
-2. Merge phase -- Dijkstra over G' from the sources (seeded with the distances from each source
-   to its own cluster's boundary), with the thesis's cluster priority queue. G' is paged in
-   tile-sized chunks through a bounded number of memory slots (``memory``), the evicted merge
-   state goes to a scratch file, so G' may be many times larger than memory.
+2. Merge phase -- shortest distances over G' from the sources (seeded with the distances from
+   each source to its own cluster's boundary). When G' fits in the budget: the parallel
+   label-correcting merge of :mod:`._sssp_merge` on all cores. Otherwise the thesis's Dijkstra with
+   the cluster priority queue, G' paged in tile-sized chunks through a bounded number of memory
+   slots (``memory``), the evicted merge state in a scratch file, so G' may be many times larger
+   than memory. Both give the same distances, bit for bit.
 3. Final phase -- per cluster, Dijkstra seeded with its settled boundary distances and its
    sources; distance and predecessor are written shard by shard as ``sssp/NAME/distance``
    (float32: +inf where unreachable, NaN on nodata) and ``sssp/NAME/predecessor`` (uint8
