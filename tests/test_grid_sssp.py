@@ -298,7 +298,6 @@ def test_parallel_merge_equals_sequential_dijkstra(tmp_path, case):
     over G', and every label/parent satisfies the tight-edge invariant the final phase relies on."""
     from terrain_io.grid import _sssp_cpu as K
 
-    rng = np.random.default_rng(3)
     vals = {"random": random_dem((70, 90), seed=4, holes=0.1),
             "flat": np.ones((70, 90), np.float32),
             "terraces": np.floor(random_dem((70, 90), seed=6, holes=0.05) / 10)}[case]
@@ -313,9 +312,8 @@ def test_parallel_merge_equals_sequential_dijkstra(tmp_path, case):
     np.testing.assert_array_equal(par.sSet, seq.sSet)
     # invariants, checked in plain Python over the slots: a grid parent is a tight edge from a vertex
     # labelled one less; an intra-cluster vertex has a tight G' block edge from one labelled one less
-    c, m, B, ncc = par.c, par.m, par.B, par.ncc
+    c, m, ncc = par.c, par.m, par.ncc
     H, W = vals.shape
-    steps = K.steps_of(1.0, 1.0)
 
     def at(cr, cc):
         ch = (cr // m) * par.TC + cc // m

@@ -172,6 +172,17 @@ def _slot(k, ncc, lm, TC):
     return tr * TC + tc, cr - (tr << lm), cc - (tc << lm)
 
 
+@numba.njit(inline="always", cache=True)
+def _cluster(k, c, rows, cols, ncc, lm, TC):
+    """Cluster k: its row and column, slot position, shape and number of boundary cells."""
+    cr = k // ncc
+    cc = k - cr * ncc
+    s, a, b = _slot(k, ncc, lm, TC)
+    h = min(c, rows - cr * c)
+    w = min(c, cols - cc * c)
+    return cr, cc, s, a, b, h, w, boundary_count(h, w)
+
+
 @numba.njit(parallel=True, cache=True)
 def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, seed_t, seed_d, batch,
                pend, stamp, ckey, inlist, mark, lst, E, P):
@@ -181,8 +192,6 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
     n = 0
     for i in range(seed_k.shape[0]):
         k = seed_k[i]
-        cr = k // ncc
-        cc = k - cr * ncc
         s, a, b = _slot(k, ncc, lm, TC)
         if seed_d[i] < sDist[s, a, b, seed_t[i]]:
             sDist[s, a, b, seed_t[i]] = seed_d[i]
@@ -221,12 +230,7 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
             emitted = 0
             for i in prange(np_):
                 k = P[i]
-                cr = k // ncc
-                cc = k - cr * ncc
-                s, a, b = _slot(k, ncc, lm, TC)
-                h = min(c, rows - cr * c)
-                w = min(c, cols - cc * c)
-                nb = boundary_count(h, w)
+                cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
                 dv = sDist[s, a, b]
                 cross = np.empty((8, 4), np.int64)
                 own = 0
@@ -325,12 +329,7 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
         np_ = _neighbourhood(E, ne, ncr, ncc, mark, level, P)
         for i in prange(np_):
             k = P[i]
-            cr = k // ncc
-            cc = k - cr * ncc
-            s, a, b = _slot(k, ncc, lm, TC)
-            h = min(c, rows - cr * c)
-            w = min(c, cols - cc * c)
-            nb = boundary_count(h, w)
+            cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
             dv = sDist[s, a, b]
             lab = sRank[s, a, b]
             cross = np.empty((8, 4), np.int64)
@@ -375,12 +374,7 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sV, sDist, sRank, sHow, s
     ncl = ncr * ncc
     bad = 0
     for k in prange(ncl):
-        cr = k // ncc
-        cc = k - cr * ncc
-        s, a, b = _slot(k, ncc, lm, TC)
-        h = min(c, rows - cr * c)
-        w = min(c, cols - cc * c)
-        nb = boundary_count(h, w)
+        cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
         cross = np.empty((8, 4), np.int64)
         for t in range(B):
             lab = sRank[s, a, b, t]
