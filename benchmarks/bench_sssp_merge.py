@@ -49,20 +49,19 @@ def main():
         return ms, time.perf_counter() - t
 
     merge(sequential=False)
-    results = {}
+    best, distances = float("inf"), []
     for b in args.batches or [None]:
         ms, sec = merge(b)
-        results[b] = ms.sDist.copy() if not args.no_sequential else None
         print(f"parallel merge, batch {ms.batch}: {sec:.2f} s  {ms.stats}", flush=True)
-        best = min(results.get("best", (np.inf,))[0], sec)
-        results["best"] = (best,)
+        best = min(best, sec)
+        if not args.no_sequential:
+            distances.append(ms.sDist.copy())
         del ms
     if not args.no_sequential:
         ms, sec = merge(sequential=True)
-        same = all(np.array_equal(ms.sDist, d) for k, d in results.items() if k != "best")
-        print(f"sequential Dijkstra (thesis): {sec:.2f} s; parallel is {sec / results['best'][0]:.1f}x faster; "
+        same = all(np.array_equal(ms.sDist, d) for d in distances)
+        print(f"sequential Dijkstra (thesis): {sec:.2f} s; parallel is {sec / best:.1f}x faster; "
               f"distances bit-identical: {same}")
-
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,8 @@ paged through a small memory budget.
 """
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 from numba import prange
@@ -104,8 +106,8 @@ def _neighbourhood(E, ne, ncr, ncc, mark, rnd, P):
 
 
 @numba.njit(cache=True)
-def _keep_pending(lst, n, P, np_, ckey, inlist):
-    """The work list after a round: clusters that still hold pending vertices, each once."""
+def _drop_finished(lst, n, ckey, inlist):
+    """Keep in the work list only the clusters that still hold pending vertices; the new count."""
     m = 0
     for i in range(n):
         k = lst[i]
@@ -114,13 +116,19 @@ def _keep_pending(lst, n, P, np_, ckey, inlist):
             m += 1
         else:
             inlist[k] = False
+    return m
+
+
+@numba.njit(cache=True)
+def _add_pending(lst, n, P, np_, ckey, inlist):
+    """Append the clusters of P that hold pending vertices and are not listed yet; the new count."""
     for i in range(np_):
         k = P[i]
         if ckey[k] < np.inf and not inlist[k]:
             inlist[k] = True
-            lst[m] = k
-            m += 1
-    return m
+            lst[n] = k
+            n += 1
+    return n
 
 
 def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, tab, tcnt,
@@ -130,8 +138,6 @@ def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sS
     the sources inside their clusters), ``seed_src`` when the cell is a source itself.
     Fills sDist (distance), sRank (label), sHow (parent code), sSet (reached); returns counters
     and seconds of the three stages."""
-    import time
-
     B = 4 * c - 4
     ncl = -(-rows // c) * -(-cols // c)
     work = (np.zeros((ncl, B), np.bool_), np.full((ncl, B), -1, np.int32), np.full(ncl, np.inf),
@@ -207,7 +213,7 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
     rnd = 0
     emissions = 0
     while n > 0:
-        n = _keep_pending(lst, n, P, 0, ckey, inlist)
+        n = _drop_finished(lst, n, ckey, inlist)
         if n == 0:
             break
         keys = ckey[lst[:n]]
@@ -268,13 +274,10 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
                         key = dv[t]
                 ckey[k] = key
             emissions += emitted
+            n = _add_pending(lst, n, P, np_, ckey, inlist)
             ne = 0
             for i in range(np_):
                 k = P[i]
-                if ckey[k] < np.inf and not inlist[k]:
-                    inlist[k] = True
-                    lst[n] = k
-                    n += 1
                 if ckey[k] <= theta and ckey[k] < np.inf:
                     E[ne] = k
                     ne += 1
@@ -360,7 +363,7 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
                 if pend[k, t]:
                     key = 0.0
             ckey[k] = key
-        n = _keep_pending(lst, n, P, np_, ckey, inlist)
+        n = _add_pending(lst, _drop_finished(lst, n, ckey, inlist), P, np_, ckey, inlist)
         level += 1
     return level
 

@@ -172,34 +172,39 @@ class MergeState:
             self._preload()
 
     def _preload(self) -> None:
-        """Everything fits: each index chunk is decoded by zarr straight into its slot (no
-        intermediate copy), chunks in parallel threads (zarr and NumPy release the GIL)."""
+        """Everything fits: every chunk into the slot of its own number, chunks in parallel
+        threads (zarr and NumPy release the GIL)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from zarr.core.buffer import default_buffer_prototype
-
-        wrap = default_buffer_prototype().nd_buffer.from_numpy_array
-        m = self.m
-
         def load(ch: int) -> None:
-            tr, tc = divmod(ch, self.TC)
-            a0, b0 = tr * m, tc * m
-            a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
-            sel = (slice(a0, a1), slice(b0, b1))
-            if a1 - a0 == m and b1 - b0 == m:
-                self.index.d.get_basic_selection(sel, out=wrap(self.sD[ch]))
-                self.index.v.get_basic_selection(sel, out=wrap(self.sV[ch]))
-            else:
-                self.sD[ch] = np.inf
-                self.sD[ch, : a1 - a0, : b1 - b0] = self.index.d[sel]
-                self.sV[ch] = np.nan
-                self.sV[ch, : a1 - a0, : b1 - b0] = self.index.v[sel]
+            self._read_index_block(ch, ch)
             self._clear_state(ch)
             self.slot_of[ch] = ch
             self.chunk_in[ch] = ch
 
         with ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1))) as pool:
             list(pool.map(load, range(self.TR * self.TC)))
+
+    def _read_index_block(self, ch: int, s: int) -> None:
+        """Chunk ``ch``'s G' blocks and values from the index into slot ``s``; a whole chunk is
+        decoded by zarr straight into the slot (no intermediate copy), one at the DEM's edge is
+        padded (inf distances, NaN values)."""
+        from zarr.core.buffer import default_buffer_prototype
+
+        m = self.m
+        tr, tc = divmod(ch, self.TC)
+        a0, b0 = tr * m, tc * m
+        a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
+        sel = (slice(a0, a1), slice(b0, b1))
+        if a1 - a0 == m and b1 - b0 == m:
+            wrap = default_buffer_prototype().nd_buffer.from_numpy_array
+            self.index.d.get_basic_selection(sel, out=wrap(self.sD[s]))
+            self.index.v.get_basic_selection(sel, out=wrap(self.sV[s]))
+        else:
+            self.sD[s] = np.inf
+            self.sD[s, : a1 - a0, : b1 - b0] = self.index.d[sel]
+            self.sV[s] = np.nan
+            self.sV[s, : a1 - a0, : b1 - b0] = self.index.v[sel]
 
     def _clear_state(self, s: int) -> None:
         """Slot ``s`` holds clusters nobody has reached yet."""
@@ -262,13 +267,7 @@ class MergeState:
             self.sD[s] = np.frombuffer(raw[:nd], np.float32).reshape(m, m, B, B)
             self.sV[s] = np.frombuffer(raw[nd:], np.float64).reshape(m, m, B)
         else:
-            tr, tc = divmod(ch, self.TC)
-            a0, b0 = tr * m, tc * m
-            a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
-            self.sD[s] = np.inf
-            self.sD[s, : a1 - a0, : b1 - b0] = self.index.d[a0:a1, b0:b1]
-            self.sV[s] = np.nan
-            self.sV[s, : a1 - a0, : b1 - b0] = self.index.v[a0:a1, b0:b1]
+            self._read_index_block(ch, s)
         if self.saved[ch]:
             dist, rank, how, settled = self._read_state(ch)
             self.sDist[s], self.sRank[s], self.sHow[s], self.sSet[s] = dist, rank, how, settled
