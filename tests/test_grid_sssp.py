@@ -359,3 +359,33 @@ def test_isolated_source_reaches_only_itself(tmp_path):
     others[10, 10] = False
     assert d[10, 10] == 0.0 and r.reached == 1 and np.all(np.isposinf(d[others]))
     assert np.all(p == 255)
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface", "cell"])
+@pytest.mark.parametrize("c", [4, 8, 32])
+def test_boundary_blocks_equal_dijkstra_per_cluster(kind, c):
+    """Phase 1's G' blocks, bit for bit, against scipy's Dijkstra run inside each cluster from each
+    boundary cell (both take the minimum over paths of the left-to-right float64 sums)."""
+    from terrain_io.grid import _sssp_cpu as K
+
+    kinds = {"absdiff": 1, "surface": 2, "cell": 3}
+    vals = random_dem((2 * c + 5, 2 * c + 3), seed=c, holes=0.1).astype(np.float64)
+    vals[vals < 4] = 3.0  # plateaus: zero-weight edges and ties
+    H, W = vals.shape
+    mr, mc, B = -(-H // c), -(-W // c), 4 * c - 4
+    d = np.full((mr, mc, B, B), np.inf, np.float32)
+    v = np.full((mr, mc, B), np.nan)
+    K.boundary_phase(vals, c, kinds[kind], K.steps_of(2.0, 3.0), d, v)
+    for a in range(mr):
+        for b in range(mc):
+            sub = vals[a * c : (a + 1) * c, b * c : (b + 1) * c]
+            h, w = sub.shape
+            bi, bj = K.boundary_cells(h, w)
+            for s in range(bi.size):
+                if np.isnan(sub[bi[s], bj[s]]):
+                    assert np.all(d[a, b, s] == np.inf)
+                    continue
+                ref = reference(sub, [(bi[s], bj[s])], kind, 2.0, 3.0)
+                want = np.where(np.isnan(ref), np.inf, ref)[bi, bj].astype(np.float32)
+                np.testing.assert_array_equal(d[a, b, s, : bi.size], want)
+            np.testing.assert_array_equal(v[a, b, : bi.size], sub[bi, bj])

@@ -1,4 +1,4 @@
-"""The GPU boundary phase (CuPy kernel) against the CPU one, and the whole pipeline on the GPU
+"""The GPU boundary phase (CuPy kernel) against the CPU one (bit for bit), and the whole pipeline on the GPU
 against scipy's Dijkstra; run on a GPU machine with ``pytest -m gpu``."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_gpu_boundary_blocks_equal_cpu(c, kind):
     cpu_v = np.full((mr, mc, B), np.nan)
     K.boundary_phase(vals, c, kind, steps, cpu_d, cpu_v)
     gpu_d, gpu_v = boundary_phase_gpu(vals, c, kind, steps)
-    np.testing.assert_allclose(gpu_d.get(), cpu_d, rtol=1e-6)
+    np.testing.assert_array_equal(gpu_d.get(), cpu_d)  # bit for bit
     np.testing.assert_array_equal(gpu_v.get(), cpu_v)
 
 

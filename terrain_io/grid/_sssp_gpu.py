@@ -19,7 +19,7 @@ def _kernel():
     import cupy as cp
 
     src = (Path(__file__).resolve().parents[1] / "kernels" / "sssp.cu").read_text()
-    return cp.RawKernel(src, "sssp_boundary_phase", options=("--std=c++17",))
+    return cp.RawKernel(src, "sssp_boundary_phase", options=("--std=c++17", "--fmad=false"))  # no FMA: the CPU's rounding
 
 
 def boundary_phase_gpu(vals: np.ndarray, c: int, kind: int, steps: np.ndarray):
