@@ -41,7 +41,8 @@ def one(what: str, store: str, n: int, device: str, cluster: int, out: str) -> d
         t = time.perf_counter()
         r = sssp(st, src, weight=weight, cost=cost, cell=True, device=device, cluster=cluster, progress=False,
                  name=what)
-        res.update(seconds=time.perf_counter() - t, timings=r.timings, index_reused=r.index_reused)
+        res.update(seconds=time.perf_counter() - t, timings=r.timings, index_reused=r.index_reused,
+                   merge_stats=r.merge_stats)
     elif what == "scipy":
         import scipy.sparse as sp
         from scipy.sparse.csgraph import dijkstra
@@ -177,7 +178,8 @@ def main():
             for what in (f"ours{tag}-first",) + (() if args.first_only else (f"ours{tag}-again",)):
                 runs[what] = spawn(what, store, n, device, args.cluster, "")
                 r = runs[what]
-                print(f"  {what:16s} {r['seconds']:8.2f} s  peak {format_bytes(r['peak_rss'])}  {r['timings']}",
+                print(f"  {what:16s} {r['seconds']:8.2f} s  peak {format_bytes(r['peak_rss'])}  {r['timings']}  "
+                      f"merge {r['merge_stats'].get('seconds')}",
                       flush=True)
             if args.no_peers:
                 continue

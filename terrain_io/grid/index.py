@@ -169,18 +169,21 @@ def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
 
 def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, device: str = "cpu",
                  progress: bool = False, rebuild: bool = False, scheduler: str | None = "local",
-                 announce=None) -> tuple[Index, bool]:
+                 announce=None, keep=None) -> tuple[Index, bool]:
     """The stored index for these settings, built first when missing (or when ``rebuild``): (index, reused).
 
     Under an inter-process lock per (store, weight model), so a run that wants an index another
-    run is building waits for it and reuses it instead of building it a second time.
+    run is building waits for it and reuses it instead of building it a second time. ``keep``:
+    called with the cluster size just before a build; it may return a ``keep(a, b, d, v)`` that
+    receives every block as it is computed (see :func:`build_index`).
     """
     with store.lock(index_name(field.model)):
         index = None if rebuild else open_index(store, field, cluster)
         if index is not None:
             return index, True
+        sink = keep(cluster_size(store, cluster)) if keep is not None else None
         return build_index(store, field, cluster, progress=progress, device=device, scheduler=scheduler,
-                           announce=announce), False
+                           announce=announce, keep=sink), False
 
 
 def open_index(store: TerrainStore, field: Field, cluster: int | None = None) -> Index | None:
@@ -198,7 +201,7 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
     return Index(name, c, group["d"], group["v"], attrs)
 
 
-def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d, v, bar=None) -> None:
+def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d, v, bar=None, keep=None) -> None:
     """Phase 1 on the CPU for the tiles of one shard: each tile's clusters in parallel (numba)."""
     B = 4 * c - 4
     for r0 in range(win.r0, win.r1, t):
@@ -211,6 +214,8 @@ def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d
             a, b = r0 // c, c0 // c
             d[a : a + mr, b : b + mc] = out_d
             v[a : a + mr, b : b + mc] = out_v
+            if keep is not None:
+                keep(a, b, out_d, out_v)
             if bar is not None:
                 bar.update(1)
 
@@ -236,8 +241,10 @@ def _index_shard(task: _IndexShard) -> None:
 
 
 def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
-                device: str = "cpu", scheduler: str | None = "local", announce=None) -> Index:
-    """Phase 1: the G' blocks of every cluster, written as ``index/<weight>``.
+                device: str = "cpu", scheduler: str | None = "local", announce=None, keep=None) -> Index:
+    """Phase 1: the G' blocks of every cluster, written as ``index/<weight>``; with ``keep``, every
+    block of clusters (a.., b..) computed here also goes to ``keep(a, b, out_d, out_v)`` (the
+    merge's memory, so that a first source does not read G' back; not with a Dask scheduler).
 
     CPU: numba, tile by tile (clusters of a tile in parallel); with a Dask ``scheduler``, one task
     per shard. GPU (clusters up to 16^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of
@@ -273,13 +280,16 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
             for win in store.shards():
                 out_d, out_v = boundary_phase_gpu(field.read(win), c, field.model.kind, steps)
                 a, b = win.r0 // c, win.c0 // c
-                d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d.get()
-                v[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_v.get()
+                out_d, out_v = out_d.get(), out_v.get()
+                d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d
+                v[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_v
+                if keep is not None:
+                    keep(a, b, out_d, out_v)
                 del out_d, out_v
                 bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
         else:
             for win in store.shards():
-                _boundary_tiles(field.read(win), win, t, c, field.model.kind, steps, d, v, bar)
+                _boundary_tiles(field.read(win), win, t, c, field.model.kind, steps, d, v, bar, keep)
         w.attrs["seconds"] = round(time.perf_counter() - t0, 3)
     bar.close()
     group = store.group[index_name(field.model)]

@@ -56,6 +56,7 @@ class SSSPResult:
     max_distance: float
     timings: dict = dc_field(default_factory=dict)
     device: str = "cpu"
+    merge_stats: dict = dc_field(default_factory=dict)  # the parallel merge's rounds, levels, stage seconds
 
     @property
     def seconds(self) -> float:
@@ -93,6 +94,31 @@ def default_name(cells) -> str:
     return f"r{r}c{c}" + (f"+{len(cells) - 1}" if len(cells) > 1 else "")
 
 
+def _read_raw_chunk(arr, coords, out: np.ndarray) -> bool:
+    """Read one chunk of a zarr array on local disk straight into ``out`` when it is stored as plain
+    little-endian bytes (the index: no compression, no sharding, one whole chunk). zarr's own read
+    funnels every chunk through one event-loop thread: 0.7 GB/s here against several GB/s for
+    plain reads in parallel threads. False when the chunk is not of that form (use zarr)."""
+    from zarr.codecs import BytesCodec
+    from zarr.storage import LocalStore
+
+    codecs = getattr(arr.metadata, "codecs", ())
+    if not (isinstance(arr.store, LocalStore) and len(codecs) == 1 and isinstance(codecs[0], BytesCodec)
+            and (codecs[0].endian is None or codecs[0].endian.value == "little") and out.flags.c_contiguous
+            and out.dtype == arr.dtype and tuple(arr.chunks) == out.shape):
+        return False
+    path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key(coords))
+    try:
+        with open(path, "rb", buffering=0) as f:
+            got = f.readinto(memoryview(out).cast("B"))
+    except FileNotFoundError:  # never written: all fill value
+        out[...] = arr.fill_value
+        return True
+    if got != out.nbytes:
+        raise OSError(f"{path}: short chunk ({got} of {out.nbytes} bytes)")
+    return True
+
+
 class MergeState:
     """Phase 2's data: the cluster heap (in RAM) and G' chunks with their vertex state in slots.
 
@@ -102,12 +128,15 @@ class MergeState:
     current cluster is evicted, its vertex state written to the scratch file, its G' block read
     again when next needed. ``g`` is the largest group size whose slots still cover an estimated
     Dijkstra frontier (a few rings of chunks), so paging stays rare.
+
+    ``index`` may come later (:meth:`attach`, with ``cluster`` given here): then phase 1 can hand
+    its blocks straight to the slots (:meth:`keep_blocks`) and G' is never read back.
     """
 
-    def __init__(self, store: TerrainStore, index, budget: int, scratch_dir):
+    def __init__(self, store: TerrainStore, index, budget: int, scratch_dir, cluster: int | None = None):
         self.store = store
-        self.index = index
-        c = self.c = index.cluster
+        self.index = None
+        c = self.c = index.cluster if index is not None else cluster
         self.B = B = 4 * c - 4
         rows, cols = store.shape
         self.ncr, self.ncc = ncr, ncc = -(-rows // c), -(-cols // c)
@@ -164,9 +193,37 @@ class MergeState:
         # on 2 and 16 cores, 2048^2 to 8192^2: larger batches cost re-emissions, smaller ones rounds)
         self.batch = 1024 * numba.get_num_threads()
         self.scratch = self.flat = None
-        if S < nchunks:
-            self.scratch = self._tempfile(scratch_dir)
-            self.flat = self._tempfile(scratch_dir)
+        self.scratch_dir = scratch_dir
+        self.kept = np.zeros(nchunks, np.bool_)  # chunks whose blocks phase 1 handed over
+        if index is not None:
+            self.attach(index)
+
+    @property
+    def resident(self) -> bool:
+        """All of G' fits in the slots (one chunk = one store tile each): no paging."""
+        return self.S >= self.TR * self.TC
+
+    def keep_blocks(self, a: int, b: int, out_d: np.ndarray, out_v: np.ndarray) -> None:
+        """Phase 1's blocks of the clusters from (a, b) on (whole tiles), copied into their slots."""
+        m = self.m
+        for i in range(0, out_d.shape[0], m):
+            for j in range(0, out_d.shape[1], m):
+                ch = ((a + i) // m) * self.TC + (b + j) // m
+                d, v = out_d[i : i + m, j : j + m], out_v[i : i + m, j : j + m]
+                if d.shape[:2] != (m, m):  # a tile at the DEM's edge: pad
+                    self.sD[ch] = np.inf
+                    self.sV[ch] = np.nan
+                self.sD[ch, : d.shape[0], : d.shape[1]] = d
+                self.sV[ch, : d.shape[0], : d.shape[1]] = v
+                self.kept[ch] = True
+
+    def attach(self, index) -> None:
+        """Phase 2 gets its G': the chunks phase 1 did not hand over are read from ``index``
+        (all of them into memory when they fit, else the paging files are set up)."""
+        self.index = index
+        if not self.resident:
+            self.scratch = self._tempfile(self.scratch_dir)
+            self.flat = self._tempfile(self.scratch_dir)
             self._copy_index()
         else:
             self._preload()
@@ -177,7 +234,8 @@ class MergeState:
         from concurrent.futures import ThreadPoolExecutor
 
         def load(ch: int) -> None:
-            self._read_index_block(ch, ch)
+            if not self.kept[ch]:
+                self._read_index_block(ch, ch)
             self._clear_state(ch)
             self.slot_of[ch] = ch
             self.chunk_in[ch] = ch
@@ -196,7 +254,10 @@ class MergeState:
         a0, b0 = tr * m, tc * m
         a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
         sel = (slice(a0, a1), slice(b0, b1))
-        if a1 - a0 == m and b1 - b0 == m:
+        if a1 - a0 == m and b1 - b0 == m and _read_raw_chunk(self.index.d, (tr, tc, 0, 0), self.sD[s]) \
+                and _read_raw_chunk(self.index.v, (tr, tc, 0), self.sV[s]):
+            pass
+        elif a1 - a0 == m and b1 - b0 == m:
             wrap = default_buffer_prototype().nd_buffer.from_numpy_array
             self.index.d.get_basic_selection(sel, out=wrap(self.sD[s]))
             self.index.v.get_basic_selection(sel, out=wrap(self.sV[s]))
@@ -415,13 +476,24 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     timings = {}
     field = Field(store, model, cost)
     try:
-        t0 = time.perf_counter()
-        index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index,
-                                     scheduler=scheduler, announce=announce)
-        timings["boundary"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
         with scratch_directory(store.path, "sssp") as scratch_dir:
-            merge = MergeState(store, index, budget, scratch_dir)
+            made = []
+
+            def keep(c: int):
+                """Phase 1 is about to run: when G' will fit in memory, it goes straight to the merge."""
+                made.append(MergeState(store, None, budget, scratch_dir, cluster=c))
+                return made[0].keep_blocks if made[0].resident else None
+
+            t0 = time.perf_counter()
+            index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index,
+                                         scheduler=scheduler, announce=announce, keep=keep)
+            timings["boundary"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
+            if made:
+                merge.attach(index)
+            timings["load"] = time.perf_counter() - t0  # G' into memory (or the paging set-up)
+            t0 = time.perf_counter()
             try:
                 merge.seed(field, cells)
                 merge.run(field)
@@ -429,12 +501,13 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
                 t0 = time.perf_counter()
                 reached, dmax = _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler)
                 timings["final"] = time.perf_counter() - t0
+                merge_stats = getattr(merge, "stats", {})
             finally:
                 merge.close()
     finally:
         field.close()
     result = SSSPResult(name, model.name, cells, index.cluster, reused, reached, dmax,
-                        {k: round(v, 3) for k, v in timings.items()}, dev)
+                        {k: round(v, 3) for k, v in timings.items()}, dev, merge_stats)
     store.group[f"sssp/{name}"].attrs.update({"timings": result.timings})
     return result
 
@@ -477,26 +550,30 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
                 pred_arr[win.slices] = out_p
                 return _reach(out_d)
 
-            # when G' was paged (a tight budget) one shard at a time; else, with room for three
-            # shards (~21 bytes a cell each: values, distance, code), the next shard is read and the
-            # previous one compressed and written in threads (zarr and numcodecs release the GIL)
+            # when G' was paged (a tight budget) one shard at a time; else up to ``lanes`` shards are
+            # read ahead and as many compressed and written behind the one being computed, in
+            # threads (zarr, numcodecs and NumPy release the GIL; ~21 bytes a cell per shard in flight)
             room = merge.budget - merge.sD.nbytes - 3 * merge.sDist.nbytes
-            if merge.flat is not None or room < 3 * 21 * wins[0].shape[0] * wins[0].shape[1]:
+            lanes = int(min(max(1, (os.cpu_count() or 2) // 2), room // (2 * 21 * wins[0].shape[0] * wins[0].shape[1])))
+            if merge.flat is not None or lanes < 1:
                 done = [write(win, *compute(win, field.read(win))) for win in wins]
             else:
-                from concurrent.futures import ThreadPoolExecutor
+                from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-                with ThreadPoolExecutor(2) as pool:
-                    reads = [pool.submit(field.read, wins[0])]
+                with ThreadPoolExecutor(2 * lanes) as pool:
+                    reads = {i: pool.submit(field.read, wins[i]) for i in range(min(lanes, len(wins)))}
                     writes = []
                     for i, win in enumerate(wins):
-                        if i + 1 < len(wins):
-                            reads.append(pool.submit(field.read, wins[i + 1]))
-                        out = compute(win, reads[i].result())
-                        reads[i] = None
-                        if writes:
-                            writes[-1].result()
+                        vals = reads.pop(i).result()
+                        if i + lanes < len(wins):
+                            reads[i + lanes] = pool.submit(field.read, wins[i + lanes])
+                        out = compute(win, vals)
+                        del vals
+                        pending = [f for f in writes if not f.done()]
+                        if len(pending) >= lanes:
+                            wait(pending, return_when=FIRST_COMPLETED)
                         writes.append(pool.submit(write, win, *out))
+                        del out
                     done = [f.result() for f in writes]
             reached = sum(n for n, _ in done)
             dmax = max((d for _, d in done), default=0.0)
