@@ -520,7 +520,7 @@ def _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, he
 # -- phase 3 ----------------------------------------------------------------------------------
 @numba.njit(parallel=True, cache=True)
 def final_phase(vals, c, kind, steps, mDist, mRank, mHow, mSet, src_r, src_c, out_d, out_p):
-    """Distances and predecessors of every cell of ``vals`` (a tile on the cluster grid).
+    """Distances and predecessors of every cell of ``vals`` (a tile or shard, its origin on the cluster grid).
 
     ``mDist, mRank, mHow, mSet`` (m x m x B): the merge's results for the tile's clusters;
     ``src_r, src_c``: sources inside this tile (tile coordinates).

@@ -1,8 +1,10 @@
-"""CuPy side of the grid SSSP pipeline: phase 1 (the boundary index G') on the GPU.
+"""CuPy side of the grid SSSP pipeline: phases 1 and 3 on the GPU (terrain_io/kernels/sssp.cu).
 
-The kernel (terrain_io/kernels/sssp.cu) runs one thread block per cluster and one thread per
-boundary cell; its output has the layout of :func:`terrain_io.grid._sssp_cpu.boundary_phase`, so
-the merge and final phases do not care which device built the index.
+Phase 1 (the boundary index G') runs one thread block per cluster and one thread per boundary
+cell; its output has the layout of :func:`terrain_io.grid._sssp_cpu.boundary_phase`, bit for bit,
+so the merge does not care which device built the index. Phase 3 runs one thread per cluster, the
+exact port of :func:`terrain_io.grid._sssp_cpu.final_phase` (same heap, same order): the same
+distances and predecessor codes as the CPU.
 """
 from __future__ import annotations
 
@@ -11,15 +13,50 @@ from pathlib import Path
 
 import numpy as np
 
-MAX_CLUSTER = 16  # done flags of 256 cells per thread
+MAX_CLUSTER = 16  # phase 1: done flags of 256 cells per thread; phase 3: arrays of 256 cells per thread
+
+
+SOURCE = Path(__file__).resolve().parents[1] / "kernels" / "sssp.cu"
+OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
 
 
 @functools.cache
 def _kernel():
     import cupy as cp
 
-    src = (Path(__file__).resolve().parents[1] / "kernels" / "sssp.cu").read_text()
-    return cp.RawKernel(src, "sssp_boundary_phase", options=("--std=c++17", "--fmad=false"))  # no FMA: the CPU's rounding
+    return cp.RawKernel(SOURCE.read_text(), "sssp_boundary_phase", options=OPTIONS)
+
+
+@functools.cache
+def _final_kernel(c: int):
+    """Phase 3's kernel for clusters of at most c x c cells (its arrays are sized at compile time)."""
+    import cupy as cp
+
+    return cp.RawModule(code=SOURCE.read_text(), options=OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
+        "sssp_final_phase")
+
+
+def final_phase_gpu(vals: np.ndarray, c: int, kind: int, steps: np.ndarray, m_dist, m_rank, m_how, m_set,
+                    src_r, src_c):
+    """Distances (float32) and predecessor codes (uint8) of every cell of ``vals`` (a shard, origin
+    on the cluster grid) from the merge's results ``m_*`` (cluster rows, cluster cols, B) and the
+    sources (shard coordinates): :func:`terrain_io.grid._sssp_cpu.final_phase` on the GPU."""
+    import cupy as cp
+
+    if c > MAX_CLUSTER:
+        raise ValueError(f"the GPU final phase takes clusters up to {MAX_CLUSTER}, got {c}")
+    H, W = vals.shape
+    nclusters = -(-H // c) * -(-W // c)
+    out_d = cp.empty((H, W), cp.float32)
+    out_p = cp.empty((H, W), cp.uint8)
+    args = [cp.asarray(np.ascontiguousarray(vals, dtype=np.float64)), np.int32(H), np.int32(W), np.int32(c),
+            np.int32(kind), cp.asarray(steps, dtype=cp.float64)]
+    args += [cp.asarray(np.ascontiguousarray(a)) for a in (m_dist, m_rank, m_how, m_set)]
+    args += [np.int32(m_dist.shape[1]), np.int32(m_dist.shape[2]), cp.asarray(np.asarray(src_r, np.int64)),
+             cp.asarray(np.asarray(src_c, np.int64)), np.int32(len(src_r)), out_d, out_p]
+    threads = 64  # the heap (~12 KB a thread for 8 x 8 clusters) lives in local memory
+    _final_kernel(c)((-(-nclusters // threads),), (threads,), tuple(args))
+    return out_d.get(), out_p.get()
 
 
 def boundary_phase_gpu(vals: np.ndarray, c: int, kind: int, steps: np.ndarray):

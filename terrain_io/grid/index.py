@@ -30,6 +30,7 @@ from ..parallel import map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
+from ._sssp_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 
 DEFAULT_CLUSTER = 8
 INDEX_VERSION = 1
@@ -169,13 +170,14 @@ def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
 
 def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, device: str = "cpu",
                  progress: bool = False, rebuild: bool = False, scheduler: str | None = "local",
-                 announce=None, keep=None) -> tuple[Index, bool]:
+                 announce=None, keep=None, memory: int | None = None) -> tuple[Index, bool]:
     """The stored index for these settings, built first when missing (or when ``rebuild``): (index, reused).
 
     Under an inter-process lock per (store, weight model), so a run that wants an index another
     run is building waits for it and reuses it instead of building it a second time. ``keep``:
     called with the cluster size just before a build; it may return a ``keep(a, b, d, v)`` that
-    receives every block as it is computed (see :func:`build_index`).
+    receives every block as it is computed (see :func:`build_index`); ``memory``: the run's budget
+    in bytes (a quarter of it may hold blocks waiting to be written).
     """
     with store.lock(index_name(field.model)):
         index = None if rebuild else open_index(store, field, cluster)
@@ -183,7 +185,7 @@ def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, 
             return index, True
         sink = keep(cluster_size(store, cluster)) if keep is not None else None
         return build_index(store, field, cluster, progress=progress, device=device, scheduler=scheduler,
-                           announce=announce, keep=sink), False
+                           announce=announce, keep=sink, memory=memory), False
 
 
 def open_index(store: TerrainStore, field: Field, cluster: int | None = None) -> Index | None:
@@ -201,8 +203,41 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
     return Index(name, c, group["d"], group["v"], attrs)
 
 
-def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d, v, bar=None, keep=None) -> None:
-    """Phase 1 on the CPU for the tiles of one shard: each tile's clusters in parallel (numba)."""
+class _BlockWriter:
+    """Writes G' blocks into the index arrays from background threads while the next blocks are
+    computed (zarr's writes release the GIL; written in line they cost a third of phase 1 on two
+    cores). At most ``limit`` bytes of blocks wait; :meth:`close` waits for all and raises the
+    first error. ``keep`` also gets every block, in the caller's thread."""
+
+    def __init__(self, d, v, keep=None, limit: int = 64 << 20):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.d, self.v, self.keep, self.limit = d, v, keep, limit
+        self.pool = ThreadPoolExecutor(2)
+        self.pending = []
+
+    def _write(self, a: int, b: int, out_d, out_v) -> None:
+        self.d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d
+        self.v[a : a + out_v.shape[0], b : b + out_v.shape[1]] = out_v
+
+    def __call__(self, a: int, b: int, out_d, out_v) -> None:
+        if self.keep is not None:
+            self.keep(a, b, out_d, out_v)
+        self.pending.append((self.pool.submit(self._write, a, b, out_d, out_v), out_d.nbytes + out_v.nbytes))
+        while sum(n for _, n in self.pending) > self.limit:
+            self.pending.pop(0)[0].result()
+
+    def close(self) -> None:
+        try:
+            for f, _ in self.pending:
+                f.result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d, v, bar=None, sink=None) -> None:
+    """Phase 1 on the CPU for the tiles of one shard: each tile's clusters in parallel (numba);
+    the blocks go to ``sink(a, b, out_d, out_v)`` (a :class:`_BlockWriter`), else into d and v."""
     B = 4 * c - 4
     for r0 in range(win.r0, win.r1, t):
         for c0 in range(win.c0, win.c1, t):
@@ -212,10 +247,11 @@ def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d
             out_v = np.full((mr, mc, B), np.nan)
             K.boundary_phase(np.ascontiguousarray(vals), c, kind, steps, out_d, out_v)
             a, b = r0 // c, c0 // c
-            d[a : a + mr, b : b + mc] = out_d
-            v[a : a + mr, b : b + mc] = out_v
-            if keep is not None:
-                keep(a, b, out_d, out_v)
+            if sink is not None:
+                sink(a, b, out_d, out_v)
+            else:
+                d[a : a + mr, b : b + mc] = out_d
+                v[a : a + mr, b : b + mc] = out_v
             if bar is not None:
                 bar.update(1)
 
@@ -241,13 +277,14 @@ def _index_shard(task: _IndexShard) -> None:
 
 
 def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
-                device: str = "cpu", scheduler: str | None = "local", announce=None, keep=None) -> Index:
+                device: str = "cpu", scheduler: str | None = "local", announce=None, keep=None,
+                memory: int | None = None) -> Index:
     """Phase 1: the G' blocks of every cluster, written as ``index/<weight>``; with ``keep``, every
     block of clusters (a.., b..) computed here also goes to ``keep(a, b, out_d, out_v)`` (the
     merge's memory, so that a first source does not read G' back; not with a Dask scheduler).
 
     CPU: numba, tile by tile (clusters of a tile in parallel); with a Dask ``scheduler``, one task
-    per shard. GPU (clusters up to 16^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of
+    per shard. GPU (clusters up to MAX_GPU_CLUSTER^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of
     clusters per launch.
     """
     c = cluster_size(store, cluster)
@@ -265,7 +302,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
         v = w.group.create_array("v", shape=(ncr, ncc, B), chunks=(m, m, B), dtype="float64",
                                  fill_value=float("nan"), compressors=None)
         local = (scheduler or "local") == "local"
-        gpu = device == "gpu" and c <= 16 and local
+        gpu = device == "gpu" and c <= MAX_GPU_CLUSTER and local
         attrs["device"] = "gpu" if gpu else "cpu"
         w.attrs["device"] = attrs["device"]
         t = store.tile_size
@@ -274,22 +311,21 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
                      for win in store.shards()]
             bar.total = len(tasks)
             map_shards(_index_shard, tasks, scheduler, progress=bar, announce=announce)
-        elif gpu:
-            from ._sssp_gpu import boundary_phase_gpu
-
-            for win in store.shards():
-                out_d, out_v = boundary_phase_gpu(field.read(win), c, field.model.kind, steps)
-                a, b = win.r0 // c, win.c0 // c
-                out_d, out_v = out_d.get(), out_v.get()
-                d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d
-                v[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_v
-                if keep is not None:
-                    keep(a, b, out_d, out_v)
-                del out_d, out_v
-                bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
         else:
-            for win in store.shards():
-                _boundary_tiles(field.read(win), win, t, c, field.model.kind, steps, d, v, bar, keep)
+            sink = _BlockWriter(d, v, keep, limit=memory // 4 if memory else 64 << 20)
+            try:
+                for win in store.shards():
+                    if gpu:
+                        from ._sssp_gpu import boundary_phase_gpu
+
+                        out_d, out_v = boundary_phase_gpu(field.read(win), c, field.model.kind, steps)
+                        sink(win.r0 // c, win.c0 // c, out_d.get(), out_v.get())
+                        del out_d, out_v
+                        bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
+                    else:
+                        _boundary_tiles(field.read(win), win, t, c, field.model.kind, steps, d, v, bar, sink)
+            finally:
+                sink.close()
         w.attrs["seconds"] = round(time.perf_counter() - t0, 3)
     bar.close()
     group = store.group[index_name(field.model)]

@@ -5,7 +5,8 @@ Haverkort and Arge et al.; DESIGN.md "SSSP pipeline":
 
 1. Boundary phase (:mod:`.index`) -- per c x c cluster, the shortest distances between all pairs
    of its boundary cells: the boundary graph G', stored in the store as ``index/<weight>`` and
-   reused by every later source (same weight model, cluster size and cost raster).
+   reused by every later source (same weight model, cluster size and cost raster). When G' fits
+   in the budget, the blocks of a first build also go straight into the merge's memory.
 2. Merge phase -- shortest distances over G' from the sources (seeded with the distances from
    each source to its own cluster's boundary). When G' fits in the budget: the parallel
    label-correcting merge of :mod:`._sssp_merge` on all cores. Otherwise the thesis's Dijkstra with
@@ -37,6 +38,7 @@ from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore, Window
 from . import _sssp_cpu as K
+from ._sssp_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 from ._sssp_merge import merge_parallel
 from .index import Field, ensure_index
 
@@ -486,7 +488,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
 
             t0 = time.perf_counter()
             index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index,
-                                         scheduler=scheduler, announce=announce, keep=keep)
+                                         scheduler=scheduler, announce=announce, keep=keep, memory=budget)
             timings["boundary"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
@@ -499,7 +501,8 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
                 merge.run(field)
                 timings["merge"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                reached, dmax = _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler)
+                reached, dmax = _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler,
+                                       device=dev)
                 timings["final"] = time.perf_counter() - t0
                 merge_stats = getattr(merge, "stats", {})
             finally:
@@ -513,9 +516,10 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
 
 
 def _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler="local",
-           announce=None):
-    """Phase 3, shard by shard: here, or with a Dask ``scheduler`` as one task per shard that gets
-    its tiles' merge results and writes its shard of ``distance`` and ``predecessor`` itself."""
+           announce=None, device="cpu"):
+    """Phase 3, shard by shard: here (on the GPU with ``device="gpu"``: the same bytes), or with a
+    Dask ``scheduler`` as one task per shard that gets its tiles' merge results and writes its
+    shard of ``distance`` and ``predecessor`` itself."""
     c = merge.c
     t = store.tile_size
     steps = field.steps()
@@ -543,7 +547,7 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
 
             def compute(win, vals):
                 states = (merge.tile_state(r0 // t, c0 // t) for r0, c0 in _shard_tiles(win, t))
-                return _final_tiles(vals, win, t, c, model.kind, steps, states, src, bar)
+                return _final_tiles(vals, win, t, c, model.kind, steps, states, src, bar, device)
 
             def write(win, out_d, out_p):
                 dist_arr[win.slices] = out_d
@@ -587,21 +591,32 @@ def _shard_tiles(win: Window, t: int):
     return [(r0, c0) for r0 in range(win.r0, win.r1, t) for c0 in range(win.c0, win.c1, t)]
 
 
-def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, states, src, bar=None):
-    """Phase 3 for the tiles of one shard; ``states``: each tile's (dist, rank, how, settled) from
-    the merge, in the order of :func:`_shard_tiles`. Returns the shard's distance and predecessor."""
-    out_d = np.empty(win.shape, np.float32)
-    out_p = np.empty(win.shape, np.uint8)
-    for (r0, c0), (dist, rank, how, settled) in zip(_shard_tiles(win, t), states):
-        lr, lc = r0 - win.r0, c0 - win.c0
-        vals = np.ascontiguousarray(vals_shard[lr : lr + t, lc : lc + t])
-        inside = (src[:, 0] >= r0) & (src[:, 0] < r0 + t) & (src[:, 1] >= c0) & (src[:, 1] < c0 + t)
-        h, wd = vals.shape
-        K.final_phase(vals, c, kind, steps, dist, rank, how, settled,
-                      np.ascontiguousarray(src[inside, 0] - r0), np.ascontiguousarray(src[inside, 1] - c0),
-                      out_d[lr : lr + h, lc : lc + wd], out_p[lr : lr + h, lc : lc + wd])
-        if bar is not None:
-            bar.update(1)
+def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, states, src, bar=None, device="cpu"):
+    """Phase 3 for the tiles of one shard, all its clusters in one parallel numba call (or one
+    CUDA launch with ``device="gpu"``); ``states``: each tile's (dist, rank, how, settled) from the
+    merge, in the order of :func:`_shard_tiles`. Returns the shard's distance and predecessor."""
+    tiles = _shard_tiles(win, t)
+    states = list(states)
+    mt = states[0][0].shape[0]  # clusters per tile side
+    ntr, ntc = -(-win.shape[0] // t), -(-win.shape[1] // t)
+    merged = [np.empty((ntr * mt, ntc * mt) + a.shape[2:], a.dtype) for a in states[0]]
+    for (r0, c0), tile in zip(tiles, states):
+        i, j = (r0 - win.r0) // t * mt, (c0 - win.c0) // t * mt
+        for whole, part in zip(merged, tile):
+            whole[i : i + mt, j : j + mt] = part
+    inside = (src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)
+    src_r = np.ascontiguousarray(src[inside, 0] - win.r0)
+    src_c = np.ascontiguousarray(src[inside, 1] - win.c0)
+    if device == "gpu" and c <= MAX_GPU_CLUSTER:
+        from ._sssp_gpu import final_phase_gpu
+
+        out_d, out_p = final_phase_gpu(vals_shard, c, kind, steps, *merged, src_r, src_c)
+    else:
+        out_d = np.empty(win.shape, np.float32)
+        out_p = np.empty(win.shape, np.uint8)
+        K.final_phase(np.ascontiguousarray(vals_shard), c, kind, steps, *merged, src_r, src_c, out_d, out_p)
+    if bar is not None:
+        bar.update(len(tiles))
     return out_d, out_p
 
 

@@ -100,3 +100,128 @@ extern "C" __global__ void sssp_boundary_phase(const double* __restrict__ vals, 
         }
     }
 }
+
+#ifdef FINAL_CLUSTER
+// Grid SSSP, phase 3 on the GPU: one thread per cluster of at most FINAL_CLUSTER^2 cells, the
+// exact port of the CPU's final_phase + cluster_dijkstra (terrain_io/grid/_sssp_cpu.py): the same
+// seeds, the same lazy-deletion binary heap with (distance, root rank) keys, the same push and
+// pop order, so distances and predecessor codes are bit-identical to the CPU's. The heap lives in
+// local memory (8 entries a cell + 8, as on the CPU).
+#define FN (FINAL_CLUSTER * FINAL_CLUSTER)
+#define FCAP (8 * FN + 8)
+
+__device__ __forceinline__ bool key_less(double ka, long long ra, double kb, long long rb) {
+    return ka < kb || (ka == kb && ra < rb);
+}
+
+__device__ __forceinline__ int heap_push(double* hk, long long* hr, int* hv, int n, double k, long long r, int v) {
+    int i = n;
+    while (i > 0) {
+        const int p = (i - 1) >> 1;
+        if (!key_less(k, r, hk[p], hr[p])) break;
+        hk[i] = hk[p]; hr[i] = hr[p]; hv[i] = hv[p];
+        i = p;
+    }
+    hk[i] = k; hr[i] = r; hv[i] = v;
+    return n + 1;
+}
+
+__device__ __forceinline__ int heap_pop(double* hk, long long* hr, int* hv, int n) {
+    n -= 1;
+    const double k = hk[n];
+    const long long r = hr[n];
+    const int v = hv[n];
+    int i = 0;
+    while (true) {
+        int ch = 2 * i + 1;
+        if (ch >= n) break;
+        if (ch + 1 < n && key_less(hk[ch + 1], hr[ch + 1], hk[ch], hr[ch])) ch += 1;
+        if (!key_less(hk[ch], hr[ch], k, r)) break;
+        hk[i] = hk[ch]; hr[i] = hr[ch]; hv[i] = hv[ch];
+        i = ch;
+    }
+    if (n > 0) { hk[i] = k; hr[i] = r; hv[i] = v; }
+    return n;
+}
+
+// vals: H x W (a shard, origin on the cluster grid); mDist/mRank/mHow/mSet: (rows of clusters, MC, B)
+// merge results; sources in shard coordinates; out_d (float32) and out_p (uint8): H x W.
+extern "C" __global__ void sssp_final_phase(const double* __restrict__ vals, int H, int W, int c, int kind,
+                                            const double* __restrict__ steps, const double* __restrict__ mDist,
+                                            const long long* __restrict__ mRank, const unsigned char* __restrict__ mHow,
+                                            const bool* __restrict__ mSet, int MC, int B,
+                                            const long long* __restrict__ src_r, const long long* __restrict__ src_c,
+                                            int nsrc, float* __restrict__ out_d, unsigned char* __restrict__ out_p) {
+    const int mr = (H + c - 1) / c, mc = (W + c - 1) / c;
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= mr * mc) return;
+    const int a = q / mc, b = q - (q / mc) * mc;
+    const int r0 = a * c, c0 = b * c;
+    const int h = min(c, H - r0), w = min(c, W - c0);
+    double dist[FN];
+    long long root[FN];
+    unsigned char pred[FN];
+    bool fixed[FN];
+    double hk[FCAP];
+    long long hr[FCAP];
+    int hv[FCAP];
+    for (int p = 0; p < h * w; ++p) {
+        dist[p] = INF; root[p] = 0x7fffffffffffffffLL; pred[p] = 255; fixed[p] = false;
+    }
+    bool any_seed = false;
+    const long long cl = ((long long)a * MC + b) * B;
+    const int nb = boundary_count(h, w);
+    for (int t = 0; t < nb; ++t) {
+        const unsigned char hw = mHow[cl + t];
+        if (mSet[cl + t] && hw < 8) {
+            int i, j;
+            position(t, h, w, &i, &j);
+            const int p = i * w + j;
+            dist[p] = mDist[cl + t]; root[p] = mRank[cl + t]; pred[p] = hw; fixed[p] = true;
+            any_seed = true;
+        }
+    }
+    for (int k = 0; k < nsrc; ++k) {
+        const long long i = src_r[k] - r0, j = src_c[k] - c0;
+        if (0 <= i && i < h && 0 <= j && j < w) {
+            const int p = (int)(i * w + j);
+            dist[p] = 0.0; root[p] = -1; pred[p] = 255; fixed[p] = true;
+            any_seed = true;
+        }
+    }
+    if (any_seed) {
+        int n = 0;
+        for (int p = 0; p < h * w; ++p)
+            if (dist[p] < INF) n = heap_push(hk, hr, hv, n, dist[p], root[p], p);
+        while (n > 0) {
+            const double d = hk[0];
+            const long long r = hr[0];
+            const int p = hv[0];
+            n = heap_pop(hk, hr, hv, n);
+            if (d != dist[p] || r != root[p]) continue;  // stale entry
+            const int i = p / w, j = p - (p / w) * w;
+            const double x = vals[(long long)(r0 + i) * W + c0 + j];
+            for (int k = 0; k < 8; ++k) {
+                const int ii = i + DR[k], jj = j + DC[k];
+                if (ii < 0 || ii >= h || jj < 0 || jj >= w) continue;
+                const int pp = ii * w + jj;
+                if (fixed[pp]) continue;
+                const double y = vals[(long long)(r0 + ii) * W + c0 + jj];
+                if (isnan(y)) continue;
+                const double nd = d + edge_weight(kind, x, y, steps[k]);
+                if (key_less(nd, r, dist[pp], root[pp])) {
+                    dist[pp] = nd; root[pp] = r; pred[pp] = (unsigned char)((k + 4) & 7);
+                    n = heap_push(hk, hr, hv, n, nd, r, pp);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < h; ++i)
+        for (int j = 0; j < w; ++j) {
+            const long long o = (long long)(r0 + i) * W + c0 + j;
+            const double x = vals[o];
+            out_d[o] = isnan(x) ? __int_as_float(0x7fc00000) : (float)dist[i * w + j];
+            out_p[o] = pred[i * w + j];
+        }
+}
+#endif
