@@ -63,3 +63,22 @@ def test_gpu_pipeline_bit_identical_to_cpu(tmp_path, kind, cluster):
         out[device] = [g[f"index/{kind}/d"][:], g["sssp/x/distance"][:].view(np.uint32), g["sssp/x/predecessor"][:]]
     for a, b in zip(out["cpu"], out["gpu"]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_gpu_phases_on_dask_workers_equal_local_cpu(tmp_path):
+    """Phases 1 and 3 as Dask shard tasks on GPU workers (two worker processes sharing this GPU, as
+    dask-cuda's workers would each take one): the local CPU run's bytes."""
+    distributed = pytest.importorskip("distributed")
+    vals = random_dem((150, 130), seed=3, holes=0.05)
+    sources = [(70, 60), (5, 120)]
+    out = {}
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl:
+        for tag, device, scheduler in (("cpu", "cpu", "local"), ("dask", "gpu", cl.scheduler_address)):
+            st = make_store(tmp_path, vals, tile=32, shard=2, name=f"{tag}.zarr")
+            sssp(st, sources, cell=True, progress=False, device=device, cluster=8, name="x", scheduler=scheduler)
+            g = st.group
+            out[tag] = [g["index/absdiff/d"][:], g["sssp/x/distance"][:].view(np.uint32), g["sssp/x/predecessor"][:]]
+            if tag == "dask":
+                assert g["index/absdiff"].attrs["device"] == "gpu"
+    for a, b in zip(out["cpu"], out["dask"]):
+        np.testing.assert_array_equal(a, b)

@@ -266,14 +266,24 @@ class _IndexShard:
     window: Window
     cluster: int
     steps: np.ndarray
+    device: str = "cpu"  # "gpu": the worker's GPU (dask-cuda gives each worker its own)
 
 
 def _index_shard(task: _IndexShard) -> None:
     import zarr
 
     d, v = zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+")
-    _boundary_tiles(task.field.read(task.window), task.window, task.field.store.tile_size, task.cluster,
-                    task.field.model.kind, task.steps, d, v)
+    vals = task.field.read(task.window)
+    if task.device == "gpu":
+        from ._sssp_gpu import boundary_phase_gpu
+
+        out_d, out_v = boundary_phase_gpu(vals, task.cluster, task.field.model.kind, task.steps)
+        a, b = task.window.r0 // task.cluster, task.window.c0 // task.cluster
+        d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d.get()
+        v[a : a + out_v.shape[0], b : b + out_v.shape[1]] = out_v.get()
+        return
+    _boundary_tiles(vals, task.window, task.field.store.tile_size, task.cluster, task.field.model.kind, task.steps,
+                    d, v)
 
 
 def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
@@ -283,9 +293,9 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     block of clusters (a.., b..) computed here also goes to ``keep(a, b, out_d, out_v)`` (the
     merge's memory, so that a first source does not read G' back; not with a Dask scheduler).
 
-    CPU: numba, tile by tile (clusters of a tile in parallel); with a Dask ``scheduler``, one task
-    per shard. GPU (clusters up to MAX_GPU_CLUSTER^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of
-    clusters per launch.
+    CPU: numba, tile by tile (clusters of a tile in parallel). GPU (clusters up to
+    MAX_GPU_CLUSTER^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of clusters per launch.
+    With a Dask ``scheduler``: one task per shard, on the workers' CPUs or GPUs (``device``).
     """
     c = cluster_size(store, cluster)
     t0 = time.perf_counter()
@@ -302,13 +312,13 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
         v = w.group.create_array("v", shape=(ncr, ncc, B), chunks=(m, m, B), dtype="float64",
                                  fill_value=float("nan"), compressors=None)
         local = (scheduler or "local") == "local"
-        gpu = device == "gpu" and c <= MAX_GPU_CLUSTER and local
+        gpu = device == "gpu" and c <= MAX_GPU_CLUSTER
         attrs["device"] = "gpu" if gpu else "cpu"
         w.attrs["device"] = attrs["device"]
         t = store.tile_size
         if not local:
-            tasks = [_IndexShard(field, f"{d.store.root}/{d.path}", f"{v.store.root}/{v.path}", win, c, steps)
-                     for win in store.shards()]
+            tasks = [_IndexShard(field, f"{d.store.root}/{d.path}", f"{v.store.root}/{v.path}", win, c, steps,
+                                 "gpu" if gpu else "cpu") for win in store.shards()]
             bar.total = len(tasks)
             map_shards(_index_shard, tasks, scheduler, progress=bar, announce=announce)
         else:

@@ -541,7 +541,8 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
         dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
         pred_arr = w.create_array("predecessor", "uint8", K.NO_PRED)
         if (scheduler or "local") != "local":
-            reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar)
+            reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar,
+                                           device)
         else:
             wins = list(store.shards())
 
@@ -639,6 +640,7 @@ class _FinalShard:
     steps: np.ndarray
     sources: np.ndarray  # (n, 2) source cells in this shard
     states: tuple  # per tile of the shard (see _shard_tiles): (dist, rank, how, settled)
+    device: str = "cpu"  # "gpu": the worker's GPU
 
 
 def _final_shard(task: _FinalShard) -> tuple[int, float]:
@@ -646,7 +648,7 @@ def _final_shard(task: _FinalShard) -> tuple[int, float]:
 
     win, t = task.window, task.field.store.tile_size
     out_d, out_p = _final_tiles(task.field.read(win), win, t, task.cluster, task.field.model.kind, task.steps,
-                                task.states, task.sources)
+                                task.states, task.sources, device=task.device)
     zarr.open_array(task.distance, mode="r+")[win.slices] = out_d
     zarr.open_array(task.predecessor, mode="r+")[win.slices] = out_p
     return _reach(out_d)
@@ -655,7 +657,7 @@ def _final_shard(task: _FinalShard) -> tuple[int, float]:
 FINAL_IN_FLIGHT_BYTES = 512 * 1024 * 1024  # merge results shipped in tasks not yet finished, about
 
 
-def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar):
+def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar, device="cpu"):
     """One task per shard; tile states are gathered lazily, a bounded number of shards' worth at a time."""
     from ..parallel import imap_shards
 
@@ -668,7 +670,7 @@ def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, anno
         for win in wins:
             inside = (src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)
             states = tuple(tuple(merge.tile_state(r0 // t, c0 // t)) for r0, c0 in _shard_tiles(win, t))
-            yield _FinalShard(field, *paths, win, merge.c, steps, np.ascontiguousarray(src[inside]), states)
+            yield _FinalShard(field, *paths, win, merge.c, steps, np.ascontiguousarray(src[inside]), states, device)
 
     m, B = merge.mt, merge.B
     shard_bytes = len(_shard_tiles(wins[0], t)) * m * m * B * (8 + 8 + 1 + 1)
