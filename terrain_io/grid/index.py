@@ -203,7 +203,16 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
     return Index(name, c, group["d"], group["v"], attrs)
 
 
-class _BlockWriter:
+def _block_writer(d, v):
+    """``write(a, b, out_d, out_v)``: blocks of the clusters from (a, b) on into the index arrays."""
+    def write(a: int, b: int, out_d, out_v) -> None:
+        d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d
+        v[a : a + out_v.shape[0], b : b + out_v.shape[1]] = out_v
+
+    return write
+
+
+class _BackgroundWriter:
     """Writes G' blocks into the index arrays from background threads while the next blocks are
     computed (zarr's writes release the GIL; written in line they cost a third of phase 1 on two
     cores). At most ``limit`` bytes of blocks wait; :meth:`close` waits for all and raises the
@@ -212,18 +221,14 @@ class _BlockWriter:
     def __init__(self, d, v, keep=None, limit: int = 64 << 20):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.d, self.v, self.keep, self.limit = d, v, keep, limit
+        self.write, self.keep, self.limit = _block_writer(d, v), keep, limit
         self.pool = ThreadPoolExecutor(2)
         self.pending = []
-
-    def _write(self, a: int, b: int, out_d, out_v) -> None:
-        self.d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d
-        self.v[a : a + out_v.shape[0], b : b + out_v.shape[1]] = out_v
 
     def __call__(self, a: int, b: int, out_d, out_v) -> None:
         if self.keep is not None:
             self.keep(a, b, out_d, out_v)
-        self.pending.append((self.pool.submit(self._write, a, b, out_d, out_v), out_d.nbytes + out_v.nbytes))
+        self.pending.append((self.pool.submit(self.write, a, b, out_d, out_v), out_d.nbytes + out_v.nbytes))
         while sum(n for _, n in self.pending) > self.limit:
             self.pending.pop(0)[0].result()
 
@@ -235,23 +240,26 @@ class _BlockWriter:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _boundary_tiles(shard_vals, win: Window, t: int, c: int, kind: int, steps, d, v, bar=None, sink=None) -> None:
-    """Phase 1 on the CPU for the tiles of one shard: each tile's clusters in parallel (numba);
-    the blocks go to ``sink(a, b, out_d, out_v)`` (a :class:`_BlockWriter`), else into d and v."""
+def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device: str, sink, bar=None) -> None:
+    """Phase 1 for one shard; every block of clusters (a.., b..) goes to ``sink(a, b, out_d, out_v)``.
+    GPU: the whole shard in one launch. CPU: tile by tile, each tile's clusters in parallel (numba)."""
+    if device == "gpu":
+        from ._sssp_gpu import boundary_phase_gpu
+
+        out_d, out_v = boundary_phase_gpu(vals, c, kind, steps)
+        sink(win.r0 // c, win.c0 // c, out_d.get(), out_v.get())
+        if bar is not None:
+            bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
+        return
     B = 4 * c - 4
     for r0 in range(win.r0, win.r1, t):
         for c0 in range(win.c0, win.c1, t):
-            vals = shard_vals[r0 - win.r0 : r0 - win.r0 + t, c0 - win.c0 : c0 - win.c0 + t]
-            mr, mc = -(-vals.shape[0] // c), -(-vals.shape[1] // c)
+            tile = vals[r0 - win.r0 : r0 - win.r0 + t, c0 - win.c0 : c0 - win.c0 + t]
+            mr, mc = -(-tile.shape[0] // c), -(-tile.shape[1] // c)
             out_d = np.full((mr, mc, B, B), np.inf, np.float32)
             out_v = np.full((mr, mc, B), np.nan)
-            K.boundary_phase(np.ascontiguousarray(vals), c, kind, steps, out_d, out_v)
-            a, b = r0 // c, c0 // c
-            if sink is not None:
-                sink(a, b, out_d, out_v)
-            else:
-                d[a : a + mr, b : b + mc] = out_d
-                v[a : a + mr, b : b + mc] = out_v
+            K.boundary_phase(np.ascontiguousarray(tile), c, kind, steps, out_d, out_v)
+            sink(r0 // c, c0 // c, out_d, out_v)
             if bar is not None:
                 bar.update(1)
 
@@ -273,17 +281,8 @@ def _index_shard(task: _IndexShard) -> None:
     import zarr
 
     d, v = zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+")
-    vals = task.field.read(task.window)
-    if task.device == "gpu":
-        from ._sssp_gpu import boundary_phase_gpu
-
-        out_d, out_v = boundary_phase_gpu(vals, task.cluster, task.field.model.kind, task.steps)
-        a, b = task.window.r0 // task.cluster, task.window.c0 // task.cluster
-        d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d.get()
-        v[a : a + out_v.shape[0], b : b + out_v.shape[1]] = out_v.get()
-        return
-    _boundary_tiles(vals, task.window, task.field.store.tile_size, task.cluster, task.field.model.kind, task.steps,
-                    d, v)
+    _boundary_shard(task.field.read(task.window), task.window, task.field.store.tile_size, task.cluster,
+                    task.field.model.kind, task.steps, task.device, _block_writer(d, v))
 
 
 def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
@@ -322,18 +321,11 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
             bar.total = len(tasks)
             map_shards(_index_shard, tasks, scheduler, progress=bar, announce=announce)
         else:
-            sink = _BlockWriter(d, v, keep, limit=memory // 4 if memory else 64 << 20)
+            sink = _BackgroundWriter(d, v, keep, limit=memory // 4 if memory else 64 << 20)
             try:
                 for win in store.shards():
-                    if gpu:
-                        from ._sssp_gpu import boundary_phase_gpu
-
-                        out_d, out_v = boundary_phase_gpu(field.read(win), c, field.model.kind, steps)
-                        sink(win.r0 // c, win.c0 // c, out_d.get(), out_v.get())
-                        del out_d, out_v
-                        bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
-                    else:
-                        _boundary_tiles(field.read(win), win, t, c, field.model.kind, steps, d, v, bar, sink)
+                    _boundary_shard(field.read(win), win, t, c, field.model.kind, steps, "gpu" if gpu else "cpu",
+                                    sink, bar)
             finally:
                 sink.close()
         w.attrs["seconds"] = round(time.perf_counter() - t0, 3)

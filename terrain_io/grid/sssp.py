@@ -246,9 +246,9 @@ class MergeState:
             list(pool.map(load, range(self.TR * self.TC)))
 
     def _read_index_block(self, ch: int, s: int) -> None:
-        """Chunk ``ch``'s G' blocks and values from the index into slot ``s``; a whole chunk is
-        decoded by zarr straight into the slot (no intermediate copy), one at the DEM's edge is
-        padded (inf distances, NaN values)."""
+        """Chunk ``ch``'s G' blocks and values from the index into slot ``s``; a whole chunk is read
+        as plain bytes (:func:`_read_raw_chunk`) or decoded by zarr straight into the slot (no
+        intermediate copy), one at the DEM's edge is padded (inf distances, NaN values)."""
         from zarr.core.buffer import default_buffer_prototype
 
         m = self.m
@@ -256,10 +256,11 @@ class MergeState:
         a0, b0 = tr * m, tc * m
         a1, b1 = min(a0 + m, self.ncr), min(b0 + m, self.ncc)
         sel = (slice(a0, a1), slice(b0, b1))
-        if a1 - a0 == m and b1 - b0 == m and _read_raw_chunk(self.index.d, (tr, tc, 0, 0), self.sD[s]) \
-                and _read_raw_chunk(self.index.v, (tr, tc, 0), self.sV[s]):
-            pass
-        elif a1 - a0 == m and b1 - b0 == m:
+        whole = a1 - a0 == m and b1 - b0 == m
+        if whole and _read_raw_chunk(self.index.d, (tr, tc, 0, 0), self.sD[s]) and _read_raw_chunk(
+                self.index.v, (tr, tc, 0), self.sV[s]):
+            return
+        if whole:
             wrap = default_buffer_prototype().nd_buffer.from_numpy_array
             self.index.d.get_basic_selection(sel, out=wrap(self.sD[s]))
             self.index.v.get_basic_selection(sel, out=wrap(self.sV[s]))
