@@ -15,13 +15,16 @@ the bucket bound chosen per round as the ``batch``-th smallest cluster minimum, 
    is pending again, so the rounds stop at the one fixpoint of the relaxation equations: the
    same float64 distances the sequential Dijkstra settles (both are the minimum over all paths
    of the left-to-right sums of their edge weights).
-2. labels -- the tie-breaking label of a vertex is its hop count in the *tight* subgraph
-   (G' edges with d(u) + w(u, v) == d(v) exactly), found by a level-synchronous BFS from the
-   sources: unique given the distances, so it does not depend on the order of the work. The
-   final phase uses it where the sequential merge used the settle rank: predecessor chains
-   lead to strictly smaller labels and cannot cycle across cluster borders on flat ground.
-3. parents -- a vertex whose tight parent at label - 1 is across a grid edge records that edge
-   (the smallest direction code when several tie), otherwise it was reached inside its cluster.
+2. labels -- the tie-breaking label of a vertex: 0 for a source, 1 for a vertex with a *tight*
+   parent (d(u) + w(u, v) == d(v) exactly) at a strictly smaller distance, else its hop count
+   over tight edges inside its plateau of equal distance (a level-synchronous BFS that only
+   walks the plateaus, so its levels are the plateaus' depths, not the whole tree's): unique
+   given the distances, so it does not depend on the order of the work. The final phase uses it
+   where the sequential merge used the settle rank: along a predecessor chain (distance, label)
+   strictly decreases, so chains cannot cycle across cluster borders on flat ground.
+3. parents -- a vertex whose tight parent one step before it in that order (at a smaller distance
+   for label 1, at label - 1 on its plateau) is across a grid edge records that edge (the
+   smallest direction code when several tie), otherwise it was reached inside its cluster.
 
 The results fill the same arrays as the sequential :func:`._sssp_cpu.merge_run` (distance,
 label in place of the rank, parent code, reached flag), which stays in use when G' must be
@@ -150,7 +153,7 @@ def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sS
     t1 = time.perf_counter()
     stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, seed_k, seed_t, seed_d, seed_src, *work)
     t2 = time.perf_counter()
-    stats["unlabelled"] = _parents(*geometry, sV, sDist, sRank, sHow, sSet)
+    stats["unlabelled"] = _parents(*geometry, sD, sV, sDist, sRank, sHow, sSet, seed_k, seed_t, seed_d)
     stats["seconds"] = (round(t1 - t0, 3), round(t2 - t1, 3), round(time.perf_counter() - t2, 3))
     if stats["unlabelled"]:
         raise AssertionError(f"sssp merge: {stats['unlabelled']} reached vertices without a label")
@@ -287,15 +290,16 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
 @numba.njit(parallel=True, cache=True)
 def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed_k, seed_t, seed_d, seed_src,
             pend, stamp, ckey, inlist, mark, lst, E, P):
-    """Stage 2: labels = hop levels of a BFS from the sources over tight edges. Returns the levels."""
+    """Stage 2: labels (sources 0; 1 with a tight parent at a smaller distance; else hop levels of
+    a BFS over the tight edges of equal-distance plateaus). Returns the levels."""
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     stamp[:] = -1
     pend[:] = False
     inlist[:] = False
     mark[:] = -1
+    ckey[:] = np.inf
     sRank[:] = NO_LABEL
-    n = 0
     for i in range(seed_k.shape[0]):
         k = seed_k[i]
         s, a, b = _slot(k, ncc, lm, TC)
@@ -308,7 +312,36 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
             continue
         pend[k, t] = True
         ckey[k] = 0.0
-        if not inlist[k]:
+    # label 1: a tight parent at a strictly smaller distance, over a grid edge or a G' block row
+    for k in prange(ncr * ncc):
+        cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
+        dv = sDist[s, a, b]
+        lab = sRank[s, a, b]
+        cross = np.empty((8, 4), np.int64)
+        for t in range(nb):
+            d = dv[t]
+            if d == np.inf or lab[t] <= 1:
+                continue
+            below = False
+            xv = sV[s, a, b, t]
+            for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+                s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
+                du = sDist[s2, a2, b2, cross[e, 3]]
+                if du < d and _via_grid(du, sV[s2, a2, b2, cross[e, 3]], xv, kind, steps[cross[e, 0]]) == d:
+                    below = True
+                    break
+            if not below:
+                for u in range(nb):
+                    if dv[u] < d and _via_block(dv[u], sD[s, a, b, u], t) == d:
+                        below = True
+                        break
+            if below:
+                lab[t] = 1
+                pend[k, t] = True
+                ckey[k] = 0.0
+    n = 0
+    for k in range(ncr * ncc):
+        if ckey[k] == 0.0:
             inlist[k] = True
             lst[n] = k
             n += 1
@@ -346,7 +379,8 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
                     if stamp[k2, t2] != level:
                         continue
                     s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
-                    if _via_grid(sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == dv[t]:
+                    du = sDist[s2, a2, b2, t2]
+                    if du == dv[t] and _via_grid(du, sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == dv[t]:
                         lab[t] = level + 1
                         pend[k, t] = True
                         break
@@ -355,7 +389,7 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
                     continue
                 row = sD[s, a, b, u]
                 for t in range(nb):
-                    if lab[t] > level + 1 and dv[t] < np.inf and _via_block(dv[u], row, t) == dv[t]:
+                    if lab[t] > level + 1 and dv[t] == dv[u] and _via_block(dv[u], row, t) == dv[t]:
                         lab[t] = level + 1
                         pend[k, t] = True
             key = np.inf
@@ -369,12 +403,23 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
 
 
 @numba.njit(parallel=True, cache=True)
-def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sV, sDist, sRank, sHow, sSet):
+def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow, sSet, seed_k, seed_t, seed_d):
     """Stage 3: parent codes and reached flags; labels of unreached vertices become -1.
-    Returns the number of reached vertices without a label (0 unless there is a bug)."""
+    Returns the number of reached vertices without a label (0 unless there is a bug).
+
+    A label-1 vertex takes the tight parent that the sequential Dijkstra would settle first: the one
+    at the smallest distance (a source counting as smaller), a grid edge on a tie with a block edge;
+    one reached first from a source inside its own cluster is intra-cluster. So both merges pick
+    the same seeds for the final phase (and give the same final distances) unless two parents of
+    different kinds lie at exactly the same distance."""
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     ncl = ncr * ncc
+    from_source = np.zeros((ncl, B), np.bool_)
+    for i in range(seed_k.shape[0]):
+        s, a, b = _slot(seed_k[i], ncc, lm, TC)
+        if sDist[s, a, b, seed_t[i]] == seed_d[i]:
+            from_source[seed_k[i], seed_t[i]] = True
     bad = 0
     for k in prange(ncl):
         cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
@@ -394,11 +439,28 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sV, sDist, sRank, sHow, s
                 continue
             best = HOW_INTRA
             xv = sV[s, a, b, t]
+            d = sDist[s, a, b, t]
+            if lab == 1 and from_source[k, t]:
+                sHow[s, a, b, t] = HOW_INTRA
+                continue
+            first = np.inf  # label 1: the smallest distance of a tight intra-cluster parent
+            if lab == 1:
+                for u in range(nb):
+                    du = sDist[s, a, b, u]
+                    if du < first and (du < d or sRank[s, a, b, u] == 0) and _via_block(du, sD[s, a, b, u], t) == d:
+                        first = du
+            grid = np.inf
             for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
                 s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                 t2 = cross[e, 3]
-                if sRank[s2, a2, b2, t2] == lab - 1 and cross[e, 0] < best and _via_grid(
-                        sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == sDist[s, a, b, t]:
+                du = sDist[s2, a2, b2, t2]
+                if lab == 1:
+                    before = du < d or sRank[s2, a2, b2, t2] == 0
+                else:
+                    before = du == d and sRank[s2, a2, b2, t2] == lab - 1
+                if before and (du < grid or (du == grid and cross[e, 0] < best)) and _via_grid(
+                        du, sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == d:
+                    grid = du
                     best = cross[e, 0]
-            sHow[s, a, b, t] = best
+            sHow[s, a, b, t] = best if lab > 1 or grid <= first else HOW_INTRA
     return bad
