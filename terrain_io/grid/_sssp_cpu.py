@@ -202,9 +202,11 @@ def _pull(D, wts, p, w, mark, stamp):
     fell = False
     for k in range(8):
         wk = wts[p, k]
-        if wk == np.inf or mark[(i + DR[k]) * w + j + DC[k]] < stamp - 1:
+        if wk == np.inf:  # also every neighbour outside the cluster
             continue
         q = (i + DR[k]) * w + j + DC[k]
+        if mark[q] < stamp - 1:
+            continue
         lower = False
         for s in range(D.shape[1]):
             x = D[q, s] + wk

@@ -90,6 +90,33 @@ def _via_block(du, row, t):
     return du + np.float64(row[t])
 
 
+@numba.njit(inline="always", cache=True)
+def _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind, steps, sD, sV, sDist, sRank,
+                     cr, cc, s, a, b, h, w, nb, t, cross):
+    """The tight parents of boundary vertex t of cluster (cr, cc) that come before it: at a smaller
+    distance, or sources (label 0) at its distance. Returns (the smallest such distance over a grid
+    edge, its direction code -- the smallest on a tie --, the smallest over a G' block row of its
+    own cluster); inf / HOW_INTRA where there is none."""
+    d = sDist[s, a, b, t]
+    xv = sV[s, a, b, t]
+    intra = np.inf
+    for u in range(nb):
+        du = sDist[s, a, b, u]
+        if du < intra and (du < d or sRank[s, a, b, u] == 0) and _via_block(du, sD[s, a, b, u], t) == d:
+            intra = du
+    grid = np.inf
+    direction = HOW_INTRA
+    for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+        s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
+        t2 = cross[e, 3]
+        du = sDist[s2, a2, b2, t2]
+        if (du < d or sRank[s2, a2, b2, t2] == 0) and (du < grid or (du == grid and cross[e, 0] < direction)) \
+                and _via_grid(du, sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == d:
+            grid = du
+            direction = cross[e, 0]
+    return grid, direction, intra
+
+
 @numba.njit(cache=True)
 def _neighbourhood(E, ne, ncr, ncc, mark, rnd, P):
     """The emitting clusters and their 8 neighbours, each once, into P; returns the count."""
@@ -312,30 +339,18 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
             continue
         pend[k, t] = True
         ckey[k] = 0.0
-    # label 1: a tight parent at a strictly smaller distance, over a grid edge or a G' block row
+    # label 1: a tight parent at a strictly smaller distance (or a source at the same), over a grid
+    # edge or a G' block row (labels written here are 1, never the 0 that _earlier_parents reads)
     for k in prange(ncr * ncc):
         cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
-        dv = sDist[s, a, b]
         lab = sRank[s, a, b]
         cross = np.empty((8, 4), np.int64)
         for t in range(nb):
-            d = dv[t]
-            if d == np.inf or lab[t] <= 1:
+            if sDist[s, a, b, t] == np.inf or lab[t] <= 1:
                 continue
-            below = False
-            xv = sV[s, a, b, t]
-            for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
-                s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
-                du = sDist[s2, a2, b2, cross[e, 3]]
-                if du < d and _via_grid(du, sV[s2, a2, b2, cross[e, 3]], xv, kind, steps[cross[e, 0]]) == d:
-                    below = True
-                    break
-            if not below:
-                for u in range(nb):
-                    if dv[u] < d and _via_block(dv[u], sD[s, a, b, u], t) == d:
-                        below = True
-                        break
-            if below:
+            grid, _, intra = _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind, steps,
+                                              sD, sV, sDist, sRank, cr, cc, s, a, b, h, w, nb, t, cross)
+            if min(grid, intra) < np.inf:
                 lab[t] = 1
                 pend[k, t] = True
                 ckey[k] = 0.0
@@ -437,30 +452,25 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHo
             if lab == 0:
                 sHow[s, a, b, t] = HOW_SOURCE
                 continue
+            if lab == 1:
+                if from_source[k, t]:
+                    sHow[s, a, b, t] = HOW_INTRA
+                    continue
+                grid, direction, intra = _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC,
+                                                          kind, steps, sD, sV, sDist, sRank, cr, cc, s, a, b, h, w,
+                                                          nb, t, cross)
+                sHow[s, a, b, t] = direction if grid <= intra else HOW_INTRA
+                continue
+            # on a plateau: a grid parent at the same distance labelled one less
             best = HOW_INTRA
             xv = sV[s, a, b, t]
             d = sDist[s, a, b, t]
-            if lab == 1 and from_source[k, t]:
-                sHow[s, a, b, t] = HOW_INTRA
-                continue
-            first = np.inf  # label 1: the smallest distance of a tight intra-cluster parent
-            if lab == 1:
-                for u in range(nb):
-                    du = sDist[s, a, b, u]
-                    if du < first and (du < d or sRank[s, a, b, u] == 0) and _via_block(du, sD[s, a, b, u], t) == d:
-                        first = du
-            grid = np.inf
             for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
                 s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                 t2 = cross[e, 3]
                 du = sDist[s2, a2, b2, t2]
-                if lab == 1:
-                    before = du < d or sRank[s2, a2, b2, t2] == 0
-                else:
-                    before = du == d and sRank[s2, a2, b2, t2] == lab - 1
-                if before and (du < grid or (du == grid and cross[e, 0] < best)) and _via_grid(
+                if du == d and sRank[s2, a2, b2, t2] == lab - 1 and cross[e, 0] < best and _via_grid(
                         du, sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == d:
-                    grid = du
                     best = cross[e, 0]
-            sHow[s, a, b, t] = best if lab > 1 or grid <= first else HOW_INTRA
+            sHow[s, a, b, t] = best
     return bad

@@ -593,6 +593,12 @@ def _shard_tiles(win: Window, t: int):
     return [(r0, c0) for r0 in range(win.r0, win.r1, t) for c0 in range(win.c0, win.c1, t)]
 
 
+def _sources_in(src: np.ndarray, win: Window) -> np.ndarray:
+    """The rows (row, col) of ``src`` inside window ``win``."""
+    inside = (src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)
+    return np.ascontiguousarray(src[inside])
+
+
 def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, states, src, bar=None, device="cpu"):
     """Phase 3 for the tiles of one shard, all its clusters in one parallel numba call (or one
     CUDA launch with ``device="gpu"``); ``states``: each tile's (dist, rank, how, settled) from the
@@ -606,9 +612,9 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
         i, j = (r0 - win.r0) // t * mt, (c0 - win.c0) // t * mt
         for whole, part in zip(merged, tile):
             whole[i : i + mt, j : j + mt] = part
-    inside = (src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)
-    src_r = np.ascontiguousarray(src[inside, 0] - win.r0)
-    src_c = np.ascontiguousarray(src[inside, 1] - win.c0)
+    inside = _sources_in(src, win)
+    src_r = np.ascontiguousarray(inside[:, 0] - win.r0)
+    src_c = np.ascontiguousarray(inside[:, 1] - win.c0)
     if device == "gpu" and c <= MAX_GPU_CLUSTER:
         from ._sssp_gpu import final_phase_gpu
 
@@ -669,9 +675,8 @@ def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, anno
 
     def tasks():
         for win in wins:
-            inside = (src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)
             states = tuple(tuple(merge.tile_state(r0 // t, c0 // t)) for r0, c0 in _shard_tiles(win, t))
-            yield _FinalShard(field, *paths, win, merge.c, steps, np.ascontiguousarray(src[inside]), states, device)
+            yield _FinalShard(field, *paths, win, merge.c, steps, _sources_in(src, win), states, device)
 
     m, B = merge.mt, merge.B
     shard_bytes = len(_shard_tiles(wins[0], t)) * m * m * B * (8 + 8 + 1 + 1)
