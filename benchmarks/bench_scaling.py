@@ -7,8 +7,8 @@ the time of each phase, the parallel efficiency T1 / (W * TW), and the merges th
 client (the MST merge, the SSSP merge phase: Amdahl's serial part); ``--json`` writes them too.
 
 ``--gpus 1,2``: one worker per GPU instead (dask-cuda's ``LocalCUDACluster`` when installed, else
-``dask worker`` processes each given its own ``CUDA_VISIBLE_DEVICES``), the SSSP phases on the
-workers' GPUs (the MST tile phase runs on Dask with the CPU kernels only, so it is not timed there).
+``dask worker`` processes each given its own ``CUDA_VISIBLE_DEVICES``), the MST tile phase and the
+SSSP phases on the workers' GPUs.
 
     python benchmarks/bench_scaling.py --size 4096 --workers 1,2,4,8,16
     python benchmarks/bench_scaling.py --size 16384 --shard 4 --gpus 1,2       # a 2-GPU machine
@@ -42,7 +42,7 @@ def _warm(size: int, tile: int, shard: int, device: str = "cpu") -> float:
     folder = Path(tempfile.mkdtemp(prefix="terrain-warm-"))
     try:
         st = synthesize(folder / "w.zarr", size, seed=1, tile=tile, shard=shard, progress=False)
-        mst(st, device="cpu", progress=False)
+        mst(st, device=device, progress=False)
         valid = np.argwhere(np.isfinite(st.elevation[:]))
         sssp(st, tuple(int(x) for x in valid[len(valid) // 2]), cell=True, device=device, progress=False)
     finally:
@@ -132,8 +132,7 @@ def main():
             t0 = time.perf_counter()
             client.run(_warm, warm_size, args.tile, args.shard, device)
             t_warm = time.perf_counter() - t0
-            mst_times = ({"tile": float("nan")} if device == "gpu" else
-                         mst(store, device="cpu", progress=False, scheduler=addr).timings)
+            mst_times = mst(store, device=device, progress=False, scheduler=addr).timings
             field = Field(store, "absdiff")
             t0 = time.perf_counter()
             build_index(store, field, scheduler=addr, device=device)

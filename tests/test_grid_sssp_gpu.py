@@ -66,19 +66,27 @@ def test_gpu_pipeline_bit_identical_to_cpu(tmp_path, kind, cluster):
 
 
 def test_gpu_phases_on_dask_workers_equal_local_cpu(tmp_path):
-    """Phases 1 and 3 as Dask shard tasks on GPU workers (two worker processes sharing this GPU, as
-    dask-cuda's workers would each take one): the local CPU run's bytes."""
+    """The MST tile phase and SSSP phases 1 and 3 as Dask shard tasks on GPU workers (two worker
+    processes sharing this GPU, as dask-cuda's workers would each take one): the local CPU run's bytes."""
     distributed = pytest.importorskip("distributed")
+    from terrain_io.grid.mst import mst
+
     vals = random_dem((150, 130), seed=3, holes=0.05)
     sources = [(70, 60), (5, 120)]
     out = {}
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cl:
         for tag, device, scheduler in (("cpu", "cpu", "local"), ("dask", "gpu", cl.scheduler_address)):
             st = make_store(tmp_path, vals, tile=32, shard=2, name=f"{tag}.zarr")
+            for weight in ("max", "absdiff"):
+                r = mst(st, weight=weight, device=device, progress=False, scheduler=scheduler)
+                out[tag, weight] = (st.group["mst/edges"][:], r.total_weight_exact, r.trees)
             sssp(st, sources, cell=True, progress=False, device=device, cluster=8, name="x", scheduler=scheduler)
             g = st.group
             out[tag] = [g["index/absdiff/d"][:], g["sssp/x/distance"][:].view(np.uint32), g["sssp/x/predecessor"][:]]
             if tag == "dask":
                 assert g["index/absdiff"].attrs["device"] == "gpu"
+    for weight in ("max", "absdiff"):
+        np.testing.assert_array_equal(out["cpu", weight][0], out["dask", weight][0])
+        assert out["cpu", weight][1:] == out["dask", weight][1:]
     for a, b in zip(out["cpu"], out["dask"]):
         np.testing.assert_array_equal(a, b)

@@ -20,6 +20,7 @@ store and merges earlier ones.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 from pathlib import Path
@@ -229,3 +230,12 @@ class GpuTileForest:
             out["bits"] = d_bits
             h = self._download(lane, out)
             return h.pop("bits"), self._as_tuple(h)
+
+
+@functools.cache
+def worker_tile_forest(tile: int, weight: str, dtype: str) -> GpuTileForest:
+    """One compiled :class:`GpuTileForest` per Dask worker process and store layout (a worker runs one
+    shard task at a time, so one lane is enough)."""
+    from .. import weights
+
+    return GpuTileForest(tile, weights.get(weight), np.dtype(dtype), lanes=1)

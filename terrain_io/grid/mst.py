@@ -244,9 +244,10 @@ class _TileTask:
     edges: str  # the temporary ``mst/edges`` array
     window: Window
     tiles: np.ndarray
-    kind: int
+    weight: str
     forest: int
     cap: int
+    device: str = "cpu"  # "gpu": the worker's GPU (dask-cuda gives each worker its own)
 
 
 def _tile_task(task: _TileTask):
@@ -257,10 +258,17 @@ def _tile_task(task: _TileTask):
     rows, cols = store.shape
     values = store.read(task.window)
     valid = store.valid(values)
-    bits = np.zeros(values.shape, dtype=np.uint8)
-    hkey, float_bits = K.key_source(values)
-    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, task.window.r0, task.window.c0,
-                             rows, cols, task.kind, task.cap, task.forest)
+    win = task.window
+    if task.device == "gpu":
+        from ._mst_gpu import worker_tile_forest
+
+        gpu = worker_tile_forest(store.tile_size, task.weight, store.dtype.str)
+        bits, out = gpu.tile_phase(values, valid, task.tiles, win.r0, win.c0, rows, cols, task.cap)
+    else:
+        bits = np.zeros(values.shape, dtype=np.uint8)
+        hkey, float_bits = K.key_source(values)
+        out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
+                                 weight_models.get(task.weight).kind, task.cap, task.forest)
     zarr.open_array(task.edges, mode="r+")[task.window.slices] = bits  # a whole shard: rerunnable
     return int(np.count_nonzero(valid)), out
 
@@ -337,8 +345,6 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     budget = memory_budget(memory)
     forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
     scheduler = check_scheduler(scheduler)
-    if scheduler != "local" and device == "gpu":
-        raise InputError("the MST tile phase runs on Dask with the CPU kernels: use --device cpu with --scheduler")
     k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
     if scheduler != "local" and k != store.shard_size:
         raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory budget "
@@ -352,8 +358,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
     timings = {"read": 0.0, "gpu": 0.0, "wait": 0.0, "tile": 0.0, "write": 0.0}
-    gpu = None  # the GPU tile kernel, when device == 'gpu'
-    if device == "gpu":
+    gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
+    if device == "gpu" and scheduler == "local":
         forest = K.FOREST_GIVEN
         from ._mst_gpu import GpuTileForest
 
@@ -381,8 +387,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         writes: collections.deque = collections.deque()
         merger.start(workers=min(4, os.cpu_count() or 1))
         if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
-            tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.kind,
-                               forest, cap) for b in batches]
+            tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
+                               forest, cap, device) for b in batches]
             with contextlib.ExitStack() as cleanup:
                 cleanup.callback(merger.stop)
                 bar = cleanup.enter_context(progress_bar(progress, len(batches), "tile phase", unit="shard"))
