@@ -28,7 +28,7 @@ from ..atomic import scratch_directory
 from ..errors import InputError
 from ..parallel import map_shards
 from ..progress import progress_bar
-from ..store import TerrainStore, Window
+from ..store import TerrainStore, Window, write_block
 from . import _sssp_cpu as K
 from ._sssp_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 
@@ -206,8 +206,8 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
 def _block_writer(d, v):
     """``write(a, b, out_d, out_v)``: blocks of the clusters from (a, b) on into the index arrays."""
     def write(a: int, b: int, out_d, out_v) -> None:
-        d[a : a + out_d.shape[0], b : b + out_d.shape[1]] = out_d
-        v[a : a + out_v.shape[0], b : b + out_v.shape[1]] = out_v
+        write_block(d, (a, b, 0, 0), out_d)
+        write_block(v, (a, b, 0), out_v)
 
     return write
 
