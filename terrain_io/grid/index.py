@@ -203,27 +203,23 @@ def open_index(store: TerrainStore, field: Field, cluster: int | None = None) ->
     return Index(name, c, group["d"], group["v"], attrs)
 
 
-def _block_writer(d, v):
-    """``write(a, b, out_d, out_v)``: blocks of the clusters from (a, b) on into the index arrays."""
-    def write(a: int, b: int, out_d, out_v) -> None:
-        write_block(d, (a, b, 0, 0), out_d)
-        write_block(v, (a, b, 0), out_v)
-
-    return write
-
-
 class _BackgroundWriter:
-    """Writes G' blocks into the index arrays from background threads while the next blocks are
-    computed (zarr's writes release the GIL; written in line they cost a third of phase 1 on two
-    cores). At most ``limit`` bytes of blocks wait; :meth:`close` waits for all and raises the
-    first error. ``keep`` also gets every block, in the caller's thread."""
+    """``sink(a, b, out_d, out_v)``: writes the G' blocks of the clusters from (a, b) on into the
+    index arrays from two background threads while the next blocks are computed (plain file writes
+    release the GIL; written in line they cost a third of phase 1 on two cores). At most ``limit``
+    bytes of blocks wait; :meth:`close` waits for all and raises the first error. ``keep`` also gets
+    every block, in the caller's thread."""
 
     def __init__(self, d, v, keep=None, limit: int = 64 << 20):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.write, self.keep, self.limit = _block_writer(d, v), keep, limit
+        self.d, self.v, self.keep, self.limit = d, v, keep, limit
         self.pool = ThreadPoolExecutor(2)
         self.pending = []
+
+    def write(self, a: int, b: int, out_d, out_v) -> None:
+        write_block(self.d, (a, b, 0, 0), out_d)
+        write_block(self.v, (a, b, 0), out_v)
 
     def __call__(self, a: int, b: int, out_d, out_v) -> None:
         if self.keep is not None:
@@ -247,7 +243,10 @@ def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device:
         from ._sssp_gpu import boundary_phase_gpu
 
         out_d, out_v = boundary_phase_gpu(vals, c, kind, steps)
-        sink(win.r0 // c, win.c0 // c, out_d.get(), out_v.get())
+        out_d, out_v = out_d.get(), out_v.get()
+        m = t // c  # one row of index chunks at a time: the sink's writer threads share the shard
+        for i in range(0, out_d.shape[0], m):
+            sink(win.r0 // c + i, win.c0 // c, out_d[i : i + m], out_v[i : i + m])
         if bar is not None:
             bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
         return
@@ -280,9 +279,12 @@ class _IndexShard:
 def _index_shard(task: _IndexShard) -> None:
     import zarr
 
-    d, v = zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+")
-    _boundary_shard(task.field.read(task.window), task.window, task.field.store.tile_size, task.cluster,
-                    task.field.model.kind, task.steps, task.device, _block_writer(d, v))
+    sink = _BackgroundWriter(zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+"))
+    try:  # a tile's blocks are written while the next tile's are computed
+        _boundary_shard(task.field.read(task.window), task.window, task.field.store.tile_size, task.cluster,
+                        task.field.model.kind, task.steps, task.device, sink)
+    finally:
+        sink.close()
 
 
 def build_index(store: TerrainStore, field: Field, cluster: int | None = None, progress: bool = False,
