@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+from pathlib import Path
 
 import numpy as np
 
 from .errors import DeviceError
 
 DEVICES = ("auto", "cpu", "gpu")
+KERNELS = Path(__file__).resolve().parent / "kernels"
+
+
+def kernel_source(name: str) -> str:
+    """The CUDA source ``terrain_io/kernels/<name>`` with its ``#include "x.cuh"`` lines replaced by
+    those files: CuPy caches compiled kernels by their source text, so an edited header must be
+    part of it (an include path would leave stale binaries in the cache)."""
+    return re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: (KERNELS / m.group(1)).read_text(),
+                  (KERNELS / name).read_text(), flags=re.M)
 
 
 @functools.cache

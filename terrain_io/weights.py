@@ -26,6 +26,11 @@ ABSDIFF = 1
 SURFACE = 2
 CELL = 3
 
+# The 8-neighbourhood, direction codes 0=E, 1=SE, 2=S, 3=SW, 4=W, 5=NW, 6=N, 7=NE (row grows
+# southward; d and d ^ 4 are opposite). The CUDA kernels have the same in kernels/grid.cuh.
+DR = np.array([0, 1, 1, 1, 0, -1, -1, -1], dtype=np.int64)
+DC = np.array([1, 1, 0, -1, -1, -1, 0, 1], dtype=np.int64)
+
 
 @dataclass(frozen=True)
 class WeightModel:

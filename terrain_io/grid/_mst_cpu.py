@@ -29,11 +29,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..weights import edge_weight
+from ..weights import DC, DR, edge_weight
 
-# Direction codes 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE (row grows southward).
-DR = np.array([0, 1, 1, 1, 0, -1, -1, -1], dtype=np.int64)
-DC = np.array([1, 1, 0, -1, -1, -1, 0, 1], dtype=np.int64)
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
 

@@ -23,15 +23,14 @@ import contextlib
 import functools
 import queue
 import threading
-from pathlib import Path
 
 import numpy as np
 
+from ..backend import kernel_source
 from . import _mst_cpu as K
 
 _CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "uint8": "unsigned char",
            "int16": "short", "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int"}
-_KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 _BLOCK = 256
 _CONTRACT_BLOCK = 1024  # BLOCK in mst_contract.cu: one block per tile
 
@@ -69,10 +68,10 @@ class GpuTileForest:
         self.kind = model.kind
         self.packed = model.fits_float32(dtype)
         options = (f"-DVAL_T={_CTYPES[dtype.name]}", f"-DKIND={model.kind}", f"-DPACKED={int(self.packed)}")
-        module = cp.RawModule(code=(_KERNELS / "mst_tile.cu").read_text(), options=options)
+        module = cp.RawModule(code=kernel_source("mst_tile.cu"), options=options)
         self.k = {name: module.get_function(name)
                   for name in ("find_min", "find_min_code", "hook", "break_pairs", "find_roots")}
-        contract = cp.RawModule(code=(_KERNELS / "mst_contract.cu").read_text(), options=options[:2])
+        contract = cp.RawModule(code=kernel_source("mst_contract.cu"), options=options[:2])
         self.k["contract_tiles"] = contract.get_function("contract_tiles")
         self._lanes: queue.Queue = queue.Queue()
         for _ in range(max(1, lanes)):

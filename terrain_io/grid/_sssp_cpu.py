@@ -29,11 +29,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..weights import edge_weight
+from ..weights import DC, DR, edge_weight
 
-# Direction codes 0=E, 1=SE, 2=S, 3=SW, 4=W, 5=NW, 6=N, 7=NE (row grows southward).
-DR = np.array([0, 1, 1, 1, 0, -1, -1, -1], dtype=np.int64)
-DC = np.array([1, 1, 0, -1, -1, -1, 0, 1], dtype=np.int64)
 NO_PRED = 255
 HOW_INTRA = 254   # settled in the merge over a path inside its own cluster
 HOW_SOURCE = 253  # a source
@@ -385,7 +382,6 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
     ncc = (cols + c - 1) // c
     full_r = rows // c  # clusters in rows < full_r (cols < full_c) are full c x c squares
     full_c = cols // c
-    TR = (rows + c * m - 1) // (c * m)
     TC = (cols + c * m - 1) // (c * m)
     paged = np.any(slot_of < 0)  # else every chunk is resident: no checks per settle
     lm = 0

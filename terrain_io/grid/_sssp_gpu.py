@@ -9,14 +9,12 @@ distances and predecessor codes as the CPU.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
 
+from ..backend import kernel_source
+
 MAX_CLUSTER = 16  # phase 1: done flags of 256 cells per thread; phase 3: arrays of 256 cells per thread
-
-
-SOURCE = Path(__file__).resolve().parents[1] / "kernels" / "sssp.cu"
 OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
 
 
@@ -24,7 +22,7 @@ OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's round
 def _kernel():
     import cupy as cp
 
-    return cp.RawKernel(SOURCE.read_text(), "sssp_boundary_phase", options=OPTIONS)
+    return cp.RawKernel(kernel_source("sssp.cu"), "sssp_boundary_phase", options=OPTIONS)
 
 
 @functools.cache
@@ -32,7 +30,7 @@ def _final_kernel(c: int):
     """Phase 3's kernel for clusters of at most c x c cells (its arrays are sized at compile time)."""
     import cupy as cp
 
-    return cp.RawModule(code=SOURCE.read_text(), options=OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
+    return cp.RawModule(code=kernel_source("sssp.cu"), options=OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
         "sssp_final_phase")
 
 

@@ -35,19 +35,7 @@ typedef long long i64;
 #define EXP_OFFSET 1100  // _mst_cpu.EXP_OFFSET
 #define LO_BITS 26       // _mst_cpu._LO_BITS
 
-__constant__ int DR[8] = {0, 1, 1, 1, 0, -1, -1, -1};
-__constant__ int DC[8] = {1, 1, 0, -1, -1, -1, 0, 1};
-__constant__ int DIR_TO_RANK[4] = {0, 3, 2, 1};
-
-// weights.edge_weight in float64, arguments in the same order as the numba code (the sign of a
-// zero maximum depends on it).
-__device__ __forceinline__ double edge_weight(double a, double b) {
-#if KIND == 0
-    return a >= b ? a : b;
-#else
-    return fabs(a - b);
-#endif
-}
+#include "grid.cuh"
 
 // A thread's running share of the exact sum: one exponent at a time (neighbouring cells mostly
 // share it), flushed into the block's shared buckets when the exponent changes.

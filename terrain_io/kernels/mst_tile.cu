@@ -14,18 +14,9 @@
 
 typedef unsigned long long u64;
 
-__constant__ int DR[8] = {0, 1, 1, 1, 0, -1, -1, -1};
-__constant__ int DC[8] = {1, 1, 0, -1, -1, -1, 0, 1};
-__constant__ int DIR_TO_RANK[4] = {0, 3, 2, 1};
-__constant__ int RANK_TO_DIR[4] = {0, 3, 2, 1};
+#include "grid.cuh"
 
-__device__ __forceinline__ double edge_weight(double a, double b) {
-#if KIND == 0
-    return a >= b ? a : b;
-#else
-    return fabs(a - b);
-#endif
-}
+__constant__ int RANK_TO_DIR[4] = {0, 3, 2, 1};
 
 __device__ __forceinline__ unsigned order32(float w) {
     unsigned u = __float_as_uint(w + 0.0f);  // -0 and +0: one key

@@ -37,8 +37,7 @@ __device__ __forceinline__ double edge_weight(int kind, double a, double b, doub
     return fabs(a - b);
 }
 
-__constant__ int DR[8] = {0, 1, 1, 1, 0, -1, -1, -1};
-__constant__ int DC[8] = {1, 1, 0, -1, -1, -1, 0, 1};
+#include "grid.cuh"
 
 extern "C" __global__ void sssp_boundary_phase(const double* __restrict__ vals, int H, int W, int c, int kind,
                                                const double* __restrict__ steps, float* __restrict__ out_d,
