@@ -221,9 +221,9 @@ class MergeState:
             list(pool.map(load, range(self.TR * self.TC)))
 
     def _read_index_block(self, ch: int, s: int) -> None:
-        """Chunk ``ch``'s G' blocks and values from the index into slot ``s``; a whole chunk is read
-        as plain bytes (:func:`read_plain_chunk`) or decoded by zarr straight into the slot (no
-        intermediate copy), one at the DEM's edge is padded (inf distances, NaN values)."""
+        """Chunk ``ch``'s G' blocks and values from the index into slot ``s``: read as plain bytes
+        (:func:`read_plain_chunk`; a chunk at the DEM's edge is stored padded with inf distances and
+        NaN values), else decoded by zarr straight into the slot (no intermediate copy) or padded."""
         from zarr.core.buffer import default_buffer_prototype
 
         m = self.m

@@ -1,5 +1,5 @@
-// The 8-neighbourhood of the grid kernels (terrain_io/grid/_mst_cpu.py and _sssp_cpu.py use the
-// same order): direction d = 0..7 is E, SE, S, SW, W, NW, N, NE; d and d ^ 4 are opposite, and
+// The 8-neighbourhood of the grid kernels (the numba kernels' weights.DR / weights.DC, in the same
+// order): direction d = 0..7 is E, SE, S, SW, W, NW, N, NE; d and d ^ 4 are opposite, and
 // d < 4 are the forward directions (towards the larger cell id in row-major order).
 // Inlined into a kernel's source by terrain_io.backend.kernel_source ('#include "grid.cuh"').
 
