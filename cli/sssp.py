@@ -72,12 +72,14 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
 @cost_option
 @cluster_option
 @device_option
+@memory_option
 @click.option("--rebuild", is_flag=True, help="Rebuild even if an index for these settings is stored.")
 @scheduler_option
-def index_command(store, weight, cost, cluster, device, rebuild, scheduler):
+def index_command(store, weight, cost, cluster, device, memory, rebuild, scheduler):
     """Build the SSSP boundary index (phase 1) for a weight model, so later sources skip it."""
     from terrain_io.backend import resolve_device
     from terrain_io.grid.index import Field, ensure_index
+    from terrain_io.memory import memory_budget
     from terrain_io.store import TerrainStore
 
     st = TerrainStore.open(store)
@@ -85,7 +87,7 @@ def index_command(store, weight, cost, cluster, device, rebuild, scheduler):
     field = Field(st, weight, cost)
     try:
         idx, reused = ensure_index(st, field, cluster, resolve_device(device), not quiet(), rebuild=rebuild,
-                                   scheduler=scheduler, announce=say)
+                                   scheduler=scheduler, announce=say, memory=memory_budget(memory))
     finally:
         field.close()
     if reused:

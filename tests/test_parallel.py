@@ -118,6 +118,25 @@ def test_sssp_index_on_dask_gives_the_same_distances(tmp_path, reference, cluste
         np.testing.assert_array_equal(a, b)
 
 
+def test_shard_tasks_over_the_memory_budget_are_refused_before_any_work(tmp_path, reference):
+    """A worker holds a whole shard: when that needs more than --memory, a one-line error, no index."""
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+    from terrain_io.grid.sssp import sssp
+
+    _register()
+    st = TerrainStore.from_array(tmp_path / "m.zarr", reference.elevation[:256, :256], tile=64, shard=4)
+    out = CliRunner().invoke(cli, ["index", str(st.path), "--memory", "1MB", "--scheduler", "threads"])
+    assert out.exit_code != 0 and "phase 1 needs" in out.output and "raise --memory" in out.output
+    assert len(out.output.strip().splitlines()) == 1 and "index" not in TerrainStore.open(st.path).group
+    with pytest.raises(TerrainError, match="final phase needs .* more than the memory budget"):
+        sssp(st, (100, 100), cell=True, progress=False, device="cpu", memory="1MB", scheduler="threads")
+    assert "index" not in TerrainStore.open(st.path).group and "sssp" not in TerrainStore.open(st.path).group
+    out = CliRunner().invoke(cli, ["index", str(st.path), "--memory", "8MB", "--scheduler", "threads"])
+    assert out.exit_code == 0, out.output  # enough: the same shards run
+
+
 def test_unknown_scheduler_is_a_clear_error():
     with pytest.raises(TerrainError, match="unknown scheduler"):
         check_scheduler("mpi")

@@ -26,6 +26,7 @@ import numpy as np
 from .. import weights as weight_models
 from ..atomic import scratch_directory
 from ..errors import InputError
+from ..memory import format_bytes, memory_budget
 from ..parallel import map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, write_block
@@ -263,6 +264,17 @@ def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device:
                 bar.update(1)
 
 
+def index_task_bytes(store: TerrainStore, c: int, gpu: bool) -> int:
+    """Host memory of one phase-1 shard task before its write queue: the shard's values (float64,
+    and the store's read) and the G' blocks in hand -- a tile's and the one just handed to the
+    writer on the CPU, the whole shard's on the GPU."""
+    B = 4 * c - 4
+    per_cluster = B * B * 4 + B * 8
+    cells = (store.tile_size * store.shard_size) ** 2
+    blocks = cells if gpu else 2 * store.tile_size ** 2
+    return 16 * cells + blocks // (c * c) * per_cluster
+
+
 @dataclass(frozen=True, eq=False)
 class _IndexShard:
     """One shard of phase 1 as a Dask task (it writes only its own tiles' index chunks)."""
@@ -274,12 +286,14 @@ class _IndexShard:
     cluster: int
     steps: np.ndarray
     device: str = "cpu"  # "gpu": the worker's GPU (dask-cuda gives each worker its own)
+    write_limit: int = 64 << 20  # bytes of blocks waiting to be written
 
 
 def _index_shard(task: _IndexShard) -> None:
     import zarr
 
-    sink = _BackgroundWriter(zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+"))
+    sink = _BackgroundWriter(zarr.open_array(task.d, mode="r+"), zarr.open_array(task.v, mode="r+"),
+                             limit=task.write_limit)
     try:  # a tile's blocks are written while the next tile's are computed
         _boundary_shard(task.field.read(task.window), task.window, task.field.store.tile_size, task.cluster,
                         task.field.model.kind, task.steps, task.device, sink)
@@ -296,9 +310,17 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
 
     CPU: numba, tile by tile (clusters of a tile in parallel). GPU (clusters up to
     MAX_GPU_CLUSTER^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of clusters per launch.
-    With a Dask ``scheduler``: one task per shard, on the workers' CPUs or GPUs (``device``).
+    With a Dask ``scheduler``: one task per shard, on the workers' CPUs or GPUs (``device``), each
+    within ``memory`` (default: half the free RAM here).
     """
     c = cluster_size(store, cluster)
+    budget = memory if memory is not None else memory_budget()
+    gpu = device == "gpu" and c <= MAX_GPU_CLUSTER
+    local = (scheduler or "local") == "local"
+    need = index_task_bytes(store, c, gpu) * 4 // 3  # a quarter of the budget for the write queue
+    if not local and need > budget:
+        raise InputError(f"with --scheduler every task is a whole shard, whose phase 1 needs {format_bytes(need)}, "
+                         f"more than the memory budget {format_bytes(budget)} (raise --memory or use smaller shards)")
     t0 = time.perf_counter()
     rows, cols = store.shape
     ncr, ncc = -(-rows // c), -(-cols // c)
@@ -312,18 +334,16 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
                                  fill_value=float("inf"), compressors=None)
         v = w.group.create_array("v", shape=(ncr, ncc, B), chunks=(m, m, B), dtype="float64",
                                  fill_value=float("nan"), compressors=None)
-        local = (scheduler or "local") == "local"
-        gpu = device == "gpu" and c <= MAX_GPU_CLUSTER
         attrs["device"] = "gpu" if gpu else "cpu"
         w.attrs["device"] = attrs["device"]
         t = store.tile_size
         if not local:
             tasks = [_IndexShard(field, f"{d.store.root}/{d.path}", f"{v.store.root}/{v.path}", win, c, steps,
-                                 "gpu" if gpu else "cpu") for win in store.shards()]
+                                 "gpu" if gpu else "cpu", budget // 4) for win in store.shards()]
             bar.total = len(tasks)
             map_shards(_index_shard, tasks, scheduler, progress=bar, announce=announce)
         else:
-            sink = _BackgroundWriter(d, v, keep, limit=memory // 4 if memory else 64 << 20)
+            sink = _BackgroundWriter(d, v, keep, limit=budget // 4)
             try:
                 for win in store.shards():
                     _boundary_shard(field.read(win), win, t, c, field.model.kind, steps, "gpu" if gpu else "cpu",

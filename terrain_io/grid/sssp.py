@@ -40,7 +40,7 @@ from ..store import TerrainStore, Window, read_plain_chunk
 from . import _sssp_cpu as K
 from ._sssp_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 from ._sssp_merge import merge_parallel
-from .index import Field, ensure_index
+from .index import Field, cluster_size, ensure_index
 
 DISTANCE_DTYPE = "float32"
 
@@ -450,6 +450,12 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     cells = parse_sources(store, sources, cell)
     name = name or default_name(cells)
     budget = memory_budget(memory)
+    if (scheduler or "local") != "local":  # before any work: every final-phase task holds a whole shard
+        need = _final_task_bytes(store, cluster_size(store, cluster))
+        if need > budget:
+            raise InputError(f"with --scheduler every task is a whole shard, whose final phase needs "
+                             f"{format_bytes(need)}, more than the memory budget {format_bytes(budget)} "
+                             "(raise --memory or use smaller shards)")
     return_freed_memory_to_os()
     timings = {}
     field = Field(store, model, cost)
@@ -639,6 +645,19 @@ def _final_shard(task: _FinalShard) -> tuple[int, float]:
 FINAL_IN_FLIGHT_BYTES = 512 * 1024 * 1024  # merge results shipped in tasks not yet finished, about
 
 
+def _shard_state_bytes(store: TerrainStore, c: int) -> int:
+    """The merge results a final-phase task ships for one shard: per cluster boundary cell a distance,
+    a rank (float64, int64), a how and a settled byte."""
+    B = 4 * c - 4
+    return store.shard_size ** 2 * (store.tile_size // c) ** 2 * B * (8 + 8 + 1 + 1)
+
+
+def _final_task_bytes(store: TerrainStore, c: int) -> int:
+    """Memory of one final-phase task: the shipped merge results and the shard's copy of them, its
+    values (float64), distances and predecessors, and their compressed copies."""
+    return 2 * _shard_state_bytes(store, c) + 21 * (store.tile_size * store.shard_size) ** 2
+
+
 def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar, device="cpu"):
     """One task per shard; tile states are gathered lazily, a bounded number of shards' worth at a time."""
     from ..parallel import imap_shards
@@ -653,8 +672,7 @@ def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, anno
             states = tuple(tuple(merge.tile_state(r0 // t, c0 // t)) for r0, c0 in _shard_tiles(win, t))
             yield _FinalShard(field, *paths, win, merge.c, steps, _sources_in(src, win), states, device)
 
-    m, B = merge.mt, merge.B
-    shard_bytes = len(_shard_tiles(wins[0], t)) * m * m * B * (8 + 8 + 1 + 1)
+    shard_bytes = _shard_state_bytes(store, merge.c)
     reached, dmax = 0, 0.0
     results = imap_shards(_final_shard, tasks(), scheduler, in_flight=max(1, FINAL_IN_FLIGHT_BYTES // shard_bytes),
                           announce=announce)
