@@ -365,6 +365,42 @@ def crossing_table(c):
     return tab, cnt
 
 
+@numba.njit(inline="always", cache=True)
+def crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, out):
+    """Grid edges from boundary cell t of cluster (cr, cc) (h x w cells) into neighbouring clusters,
+    in direction order, as rows of ``out`` (8 x 4): (direction from t, neighbour cluster row, col,
+    its boundary number). Returns the count. Interior clusters read them from ``tab, tcnt``
+    (:func:`crossing_table`)."""
+    n = 0
+    if h == c and w == c and cr + 1 < full_r and cc + 1 < full_c and cr > 0 and cc > 0:
+        for e in range(tcnt[t]):
+            out[n, 0] = tab[t, e, 0]
+            out[n, 1] = cr + tab[t, e, 1]
+            out[n, 2] = cc + tab[t, e, 2]
+            out[n, 3] = tab[t, e, 3]
+            n += 1
+        return n
+    bi, bj = _position(t, h, w)
+    gi = cr * c + bi
+    gj = cc * c + bj
+    for dd in range(8):
+        ni = gi + DR[dd]
+        nj = gj + DC[dd]
+        if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
+            continue
+        cr2 = ni // c
+        cc2 = nj // c
+        if cr2 == cr and cc2 == cc:
+            continue
+        out[n, 0] = dd
+        out[n, 1] = cr2
+        out[n, 2] = cc2
+        out[n, 3] = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
+        n += 1
+    return n
+
+
+
 @numba.njit(cache=True)
 def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
               ckey, cbest, heap, hkey, hpos, counters, tab, tcnt):
@@ -378,7 +414,6 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
     smallest tentative distance among cluster k's unsettled boundary cells and its number.
     ``tab, tcnt``: :func:`crossing_table`.
     """
-    ncr = (rows + c - 1) // c
     ncc = (cols + c - 1) // c
     full_r = rows // c  # clusters in rows < full_r (cols < full_c) are full c x c squares
     full_c = cols // c
@@ -390,6 +425,7 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
     lcm = lm
     while (1 << lcm) < c * m:
         lcm += 1
+    cross = np.empty((8, 4), np.int64)
     while hpos[-1] > 0:
         k = heap[0]
         cr = k // ncc
@@ -441,38 +477,9 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
                 newbest = t
         # grid edges into neighbouring clusters
         x = sV[s, a, b, best]
-        if h == c and w == c:
-            for e in range(tcnt[best]):
-                cr2 = cr + tab[best, e, 1]
-                cc2 = cc + tab[best, e, 2]
-                if cr2 < 0 or cr2 >= ncr or cc2 < 0 or cc2 >= ncc:
-                    continue
-                dd = tab[best, e, 0]
-                if cr2 < full_r and cc2 < full_c:
-                    t2 = tab[best, e, 3]
-                else:
-                    bi, bj = _position(best, h, w)
-                    ni = cr * c + bi + DR[dd]
-                    nj = cc * c + bj + DC[dd]
-                    t2 = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
-                _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
-                             x, bd, dd, cr2, cc2, t2)
-        else:
-            bi, bj = _position(best, h, w)
-            gi = cr * c + bi
-            gj = cc * c + bj
-            for dd in range(8):
-                ni = gi + DR[dd]
-                nj = gj + DC[dd]
-                if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
-                    continue
-                cr2 = ni // c
-                cc2 = nj // c
-                if cr2 == cr and cc2 == cc:
-                    continue
-                t2 = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
-                _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
-                             x, bd, dd, cr2, cc2, t2)
+        for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, best, cross)):
+            _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
+                         x, bd, cross[e, 0], cross[e, 1], cross[e, 2], cross[e, 3])
         cbest[k] = newbest
         heap_set(heap, hkey, hpos, ckey, k, newkey)
     return -1

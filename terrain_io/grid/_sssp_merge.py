@@ -39,43 +39,9 @@ import numpy as np
 from numba import prange
 
 from ..weights import edge_weight
-from ._sssp_cpu import (DC, DR, HOW_INTRA, HOW_NONE, HOW_SOURCE, _position, boundary_count,
-                        local_index)
+from ._sssp_cpu import HOW_INTRA, HOW_NONE, HOW_SOURCE, boundary_count, crossings
 
 NO_LABEL = np.iinfo(np.int64).max
-
-
-@numba.njit(inline="always", cache=True)
-def _crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, out):
-    """Grid edges from boundary cell t of cluster (cr, cc) into neighbouring clusters, as rows of
-    ``out``: (direction from t, neighbour cluster row, col, its boundary number). Returns the count."""
-    n = 0
-    if h == c and w == c and cr + 1 < full_r and cc + 1 < full_c and cr > 0 and cc > 0:
-        for e in range(tcnt[t]):
-            out[n, 0] = tab[t, e, 0]
-            out[n, 1] = cr + tab[t, e, 1]
-            out[n, 2] = cc + tab[t, e, 2]
-            out[n, 3] = tab[t, e, 3]
-            n += 1
-        return n
-    bi, bj = _position(t, h, w)
-    gi = cr * c + bi
-    gj = cc * c + bj
-    for dd in range(8):
-        ni = gi + DR[dd]
-        nj = gj + DC[dd]
-        if ni < 0 or ni >= rows or nj < 0 or nj >= cols:
-            continue
-        cr2 = ni // c
-        cc2 = nj // c
-        if cr2 == cr and cc2 == cc:
-            continue
-        out[n, 0] = dd
-        out[n, 1] = cr2
-        out[n, 2] = cc2
-        out[n, 3] = local_index(ni - cr2 * c, nj - cc2 * c, min(c, rows - cr2 * c), min(c, cols - cc2 * c))
-        n += 1
-    return n
 
 
 @numba.njit(inline="always", cache=True)
@@ -106,7 +72,7 @@ def _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind
             intra = du
     grid = np.inf
     direction = HOW_INTRA
-    for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+    for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
         s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
         t2 = cross[e, 3]
         du = sDist[s2, a2, b2, t2]
@@ -276,7 +242,7 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
                     xv = sV[s, a, b, t]
                     if np.isnan(xv):
                         continue
-                    for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+                    for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
                         k2 = cross[e, 1] * ncc + cross[e, 2]
                         t2 = cross[e, 3]
                         if stamp[k2, t2] != rnd:
@@ -388,7 +354,7 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
                 if lab[t] <= level + 1 or dv[t] == np.inf:
                     continue
                 xv = sV[s, a, b, t]
-                for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+                for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
                     k2 = cross[e, 1] * ncc + cross[e, 2]
                     t2 = cross[e, 3]
                     if stamp[k2, t2] != level:
@@ -465,7 +431,7 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHo
             best = HOW_INTRA
             xv = sV[s, a, b, t]
             d = sDist[s, a, b, t]
-            for e in range(_crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
+            for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
                 s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                 t2 = cross[e, 3]
                 du = sDist[s2, a2, b2, t2]
