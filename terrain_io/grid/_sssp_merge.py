@@ -144,7 +144,7 @@ def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sS
     t0 = time.perf_counter()
     stats["rounds"], stats["emissions"] = _distances(*geometry, sD, sV, sDist, seed_k, seed_t, seed_d, batch, *work)
     t1 = time.perf_counter()
-    stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, seed_k, seed_t, seed_d, seed_src, *work)
+    stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src, *work)
     t2 = time.perf_counter()
     stats["unlabelled"] = _parents(*geometry, sD, sV, sDist, sRank, sHow, sSet, seed_k, seed_t, seed_d)
     stats["seconds"] = (round(t1 - t0, 3), round(t2 - t1, 3), round(time.perf_counter() - t2, 3))
@@ -281,10 +281,13 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
 
 
 @numba.njit(parallel=True, cache=True)
-def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed_k, seed_t, seed_d, seed_src,
+def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src,
             pend, stamp, ckey, inlist, mark, lst, E, P):
     """Stage 2: labels (sources 0; 1 with a tight parent at a smaller distance; else hop levels of
-    a BFS over the tight edges of equal-distance plateaus). Returns the levels."""
+    a BFS over the tight edges of equal-distance plateaus). Returns the levels. A label-1 vertex not
+    reached from a source inside its own cluster gets its parent code here, as the sequential
+    Dijkstra settles it: the tight parent at the smallest distance (a source counting as smaller),
+    a grid edge on a tie with a block edge."""
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     stamp[:] = -1
@@ -306,7 +309,8 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
         pend[k, t] = True
         ckey[k] = 0.0
     # label 1: a tight parent at a strictly smaller distance (or a source at the same), over a grid
-    # edge or a G' block row (labels written here are 1, never the 0 that _earlier_parents reads)
+    # edge or a G' block row (labels written here are 1, never the 0 that _earlier_parents reads,
+    # so the parents found do not depend on the order)
     for k in prange(ncr * ncc):
         cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
         lab = sRank[s, a, b]
@@ -314,10 +318,11 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, seed
         for t in range(nb):
             if sDist[s, a, b, t] == np.inf or lab[t] <= 1:
                 continue
-            grid, _, intra = _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind, steps,
-                                              sD, sV, sDist, sRank, cr, cc, s, a, b, h, w, nb, t, cross)
+            grid, direction, intra = _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind,
+                                                      steps, sD, sV, sDist, sRank, cr, cc, s, a, b, h, w, nb, t, cross)
             if min(grid, intra) < np.inf:
                 lab[t] = 1
+                sHow[s, a, b, t] = direction if grid <= intra else HOW_INTRA
                 pend[k, t] = True
                 ckey[k] = 0.0
     n = 0
@@ -388,11 +393,10 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHo
     """Stage 3: parent codes and reached flags; labels of unreached vertices become -1.
     Returns the number of reached vertices without a label (0 unless there is a bug).
 
-    A label-1 vertex takes the tight parent that the sequential Dijkstra would settle first: the one
-    at the smallest distance (a source counting as smaller), a grid edge on a tie with a block edge;
-    one reached first from a source inside its own cluster is intra-cluster. So both merges pick
-    the same seeds for the final phase (and give the same final distances) unless two parents of
-    different kinds lie at exactly the same distance."""
+    A label-1 vertex has the parent code that :func:`_labels` chose as the sequential Dijkstra
+    settles it; one reached first from a source inside its own cluster is intra-cluster. So both
+    merges pick the same seeds for the final phase (and give the same final distances) unless two
+    parents of different kinds lie at exactly the same distance."""
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     ncl = ncr * ncc
@@ -418,14 +422,9 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHo
             if lab == 0:
                 sHow[s, a, b, t] = HOW_SOURCE
                 continue
-            if lab == 1:
+            if lab == 1:  # else its parent code is the labels stage's
                 if from_source[k, t]:
                     sHow[s, a, b, t] = HOW_INTRA
-                    continue
-                grid, direction, intra = _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC,
-                                                          kind, steps, sD, sV, sDist, sRank, cr, cc, s, a, b, h, w,
-                                                          nb, t, cross)
-                sHow[s, a, b, t] = direction if grid <= intra else HOW_INTRA
                 continue
             # on a plateau: a grid parent at the same distance labelled one less
             best = HOW_INTRA
