@@ -15,7 +15,8 @@ import itertools
 import os
 from typing import Callable, Iterable, Iterator
 
-from .errors import TerrainError
+from .errors import InputError, TerrainError
+from .memory import format_bytes
 
 SCHEDULERS = ("local", "threads", "processes")
 
@@ -149,6 +150,14 @@ def _probe(address: str) -> None:
         socket.create_connection((parts.hostname, parts.port), timeout=5).close()
     except OSError as exc:
         raise TerrainError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+
+
+def check_task_memory(need: int, budget: int, phase: str) -> None:
+    """A shard task holds a whole shard on its worker: refuse, before any work starts, one whose
+    ``phase`` needs more than the memory budget."""
+    if need > budget:
+        raise InputError(f"with --scheduler every task is a whole shard, whose {phase} needs {format_bytes(need)}, "
+                         f"more than the memory budget {format_bytes(budget)} (raise --memory or use smaller shards)")
 
 
 def check_scheduler(scheduler: str | None) -> str:

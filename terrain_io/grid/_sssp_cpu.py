@@ -400,7 +400,6 @@ def crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, out):
     return n
 
 
-
 @numba.njit(cache=True)
 def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
               ckey, cbest, heap, hkey, hpos, counters, tab, tcnt):

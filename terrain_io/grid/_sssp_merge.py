@@ -146,7 +146,7 @@ def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sS
     t1 = time.perf_counter()
     stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src, *work)
     t2 = time.perf_counter()
-    stats["unlabelled"] = _parents(*geometry, sD, sV, sDist, sRank, sHow, sSet, seed_k, seed_t, seed_d)
+    stats["unlabelled"] = _parents(*geometry, sV, sDist, sRank, sHow, sSet)
     stats["seconds"] = (round(t1 - t0, 3), round(t2 - t1, 3), round(time.perf_counter() - t2, 3))
     if stats["unlabelled"]:
         raise AssertionError(f"sssp merge: {stats['unlabelled']} reached vertices without a label")
@@ -284,10 +284,10 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
 def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src,
             pend, stamp, ckey, inlist, mark, lst, E, P):
     """Stage 2: labels (sources 0; 1 with a tight parent at a smaller distance; else hop levels of
-    a BFS over the tight edges of equal-distance plateaus). Returns the levels. A label-1 vertex not
-    reached from a source inside its own cluster gets its parent code here, as the sequential
-    Dijkstra settles it: the tight parent at the smallest distance (a source counting as smaller),
-    a grid edge on a tie with a block edge."""
+    a BFS over the tight edges of equal-distance plateaus). Returns the levels. A label-1 vertex gets
+    its parent code here, as the sequential Dijkstra settles it: intra-cluster when a source inside
+    its own cluster reaches it first, else the tight parent at the smallest distance (a source
+    counting as smaller), a grid edge on a tie with a block edge."""
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     stamp[:] = -1
@@ -302,8 +302,9 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow
         t = seed_t[i]
         if seed_src[i]:
             sRank[s, a, b, t] = 0
-        elif sDist[s, a, b, t] == seed_d[i]:  # reached inside the source's cluster
+        elif sDist[s, a, b, t] == seed_d[i]:  # reached first inside the source's cluster
             sRank[s, a, b, t] = min(sRank[s, a, b, t], 1)
+            sHow[s, a, b, t] = HOW_INTRA
         else:
             continue
         pend[k, t] = True
@@ -389,22 +390,16 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow
 
 
 @numba.njit(parallel=True, cache=True)
-def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow, sSet, seed_k, seed_t, seed_d):
+def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sV, sDist, sRank, sHow, sSet):
     """Stage 3: parent codes and reached flags; labels of unreached vertices become -1.
     Returns the number of reached vertices without a label (0 unless there is a bug).
 
-    A label-1 vertex has the parent code that :func:`_labels` chose as the sequential Dijkstra
-    settles it; one reached first from a source inside its own cluster is intra-cluster. So both
-    merges pick the same seeds for the final phase (and give the same final distances) unless two
-    parents of different kinds lie at exactly the same distance."""
+    A label-1 vertex keeps the parent code that :func:`_labels` chose as the sequential Dijkstra
+    settles it, so both merges pick the same seeds for the final phase (and give the same final
+    distances) unless two parents of different kinds lie at exactly the same distance."""
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     ncl = ncr * ncc
-    from_source = np.zeros((ncl, B), np.bool_)
-    for i in range(seed_k.shape[0]):
-        s, a, b = _slot(seed_k[i], ncc, lm, TC)
-        if sDist[s, a, b, seed_t[i]] == seed_d[i]:
-            from_source[seed_k[i], seed_t[i]] = True
     bad = 0
     for k in prange(ncl):
         cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
@@ -422,9 +417,7 @@ def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHo
             if lab == 0:
                 sHow[s, a, b, t] = HOW_SOURCE
                 continue
-            if lab == 1:  # else its parent code is the labels stage's
-                if from_source[k, t]:
-                    sHow[s, a, b, t] = HOW_INTRA
+            if lab == 1:  # its parent code is the labels stage's
                 continue
             # on a plateau: a grid parent at the same distance labelled one less
             best = HOW_INTRA

@@ -26,8 +26,8 @@ import numpy as np
 from .. import weights as weight_models
 from ..atomic import scratch_directory
 from ..errors import InputError
-from ..memory import format_bytes, memory_budget
-from ..parallel import map_shards
+from ..memory import memory_budget
+from ..parallel import check_task_memory, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, write_block
 from . import _sssp_cpu as K
@@ -264,7 +264,7 @@ def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device:
                 bar.update(1)
 
 
-def index_task_bytes(store: TerrainStore, c: int, gpu: bool) -> int:
+def _index_task_bytes(store: TerrainStore, c: int, gpu: bool) -> int:
     """Host memory of one phase-1 shard task before its write queue: the shard's values (float64,
     and the store's read) and the G' blocks in hand -- a tile's and the one just handed to the
     writer on the CPU, the whole shard's on the GPU."""
@@ -317,10 +317,8 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     budget = memory if memory is not None else memory_budget()
     gpu = device == "gpu" and c <= MAX_GPU_CLUSTER
     local = (scheduler or "local") == "local"
-    need = index_task_bytes(store, c, gpu) * 4 // 3  # a quarter of the budget for the write queue
-    if not local and need > budget:
-        raise InputError(f"with --scheduler every task is a whole shard, whose phase 1 needs {format_bytes(need)}, "
-                         f"more than the memory budget {format_bytes(budget)} (raise --memory or use smaller shards)")
+    if not local:  # a quarter of the budget for the write queue
+        check_task_memory(_index_task_bytes(store, c, gpu) * 4 // 3, budget, "phase 1")
     t0 = time.perf_counter()
     rows, cols = store.shape
     ncr, ncc = -(-rows // c), -(-cols // c)

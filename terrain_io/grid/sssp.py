@@ -35,6 +35,7 @@ from ..backend import resolve_device
 from ..errors import InputError
 from ..atomic import scratch_directory
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..parallel import check_task_memory, imap_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_plain_chunk
 from . import _sssp_cpu as K
@@ -450,12 +451,8 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     cells = parse_sources(store, sources, cell)
     name = name or default_name(cells)
     budget = memory_budget(memory)
-    if (scheduler or "local") != "local":  # before any work: every final-phase task holds a whole shard
-        need = _final_task_bytes(store, cluster_size(store, cluster))
-        if need > budget:
-            raise InputError(f"with --scheduler every task is a whole shard, whose final phase needs "
-                             f"{format_bytes(need)}, more than the memory budget {format_bytes(budget)} "
-                             "(raise --memory or use smaller shards)")
+    if (scheduler or "local") != "local":  # before any work (phase 1 checks its own tasks)
+        check_task_memory(_final_task_bytes(store, cluster_size(store, cluster)), budget, "final phase")
     return_freed_memory_to_os()
     timings = {}
     field = Field(store, model, cost)
@@ -660,8 +657,6 @@ def _final_task_bytes(store: TerrainStore, c: int) -> int:
 
 def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar, device="cpu"):
     """One task per shard; tile states are gathered lazily, a bounded number of shards' worth at a time."""
-    from ..parallel import imap_shards
-
     t = store.tile_size
     wins = list(store.shards())
     paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
