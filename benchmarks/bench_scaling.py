@@ -101,7 +101,7 @@ def main():
     import numpy as np
     from distributed import Client
 
-    from terrain_io.grid.index import Field, build_index
+    from terrain_io.grid.sssp.index import Field, build_index
     from terrain_io.grid.mst import mst
     from terrain_io.grid.sssp import sssp
     from terrain_io.synth import synthesize

@@ -26,10 +26,10 @@ def main():
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
-    from terrain_io.grid.index import Field, ensure_index
+    from terrain_io.grid.sssp.index import Field, ensure_index
     from terrain_io.synth import synthesize
 
-    sssp_mod = importlib.import_module("terrain_io.grid.sssp")
+    sssp_mod = importlib.import_module("terrain_io.grid.sssp.pipeline")
     work = Path(args.workdir or tempfile.mkdtemp())
     n = args.size
     path = work / f"dem{n}.zarr"

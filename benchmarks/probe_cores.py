@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from terrain_io.grid import _sssp_cpu as K  # noqa: E402
+from terrain_io.grid.sssp import _pipeline_cpu as K  # noqa: E402
 
 TILE, CLUSTER, TILES = 256, 8, 16
 

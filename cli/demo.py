@@ -53,7 +53,7 @@ def _demo_mst(st) -> None:
 
 def _demo_sssp(st, store_path: Path, out: Path) -> None:
     """Steps 4-5: shortest paths from the DEM's centre (cost |dh|, the thesis's), a path to a corner."""
-    from terrain_io.grid.path import trace, write_geojson
+    from terrain_io.grid.sssp.path import trace, write_geojson
     from terrain_io.grid.sssp import sssp
     from terrain_io.export import export
 

@@ -41,15 +41,19 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
 @cluster_option
 @device_option
 @memory_option
+@click.option("--method", type=click.Choice(["auto", "incore", "index"]), default="auto", show_default=True,
+              help="incore: the whole grid in memory (GPU memory with --device gpu); index: the out-of-core "
+                   "pipeline over the stored boundary index (fast for every further source); auto: the stored "
+                   "index if there is one, else incore if it fits --memory, else index. Same results from each.")
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
 @scheduler_option
-def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, rebuild_index,
-                 scheduler):
+def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, method,
+                 rebuild_index, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
     Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata) and sssp/NAME/predecessor
-    (direction code of the parent, 255 at sources and unreached cells). The boundary index of
-    phase 1 is kept in the store and reused by later sources.
+    (direction code of the parent, 255 at sources and unreached cells). The index method keeps its
+    boundary index (phase 1) in the store for later sources.
     """
     from terrain_io.grid.sssp import sssp
 
@@ -58,12 +62,15 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
     timer = Timer()
     res = sssp(store, [_pair(s) for s in sources], weight=weight, name=name, device=device, memory=memory,
                progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index,
-               scheduler=scheduler, announce=say)
+               scheduler=scheduler, announce=say, method=method)
     t = res.timings
+    if res.method == "index":
+        phases = (f"boundary {t['boundary']:.2f} s{' (index reused)' if res.index_reused else ''}, "
+                  f"merge {t['merge']:.2f} s, final {t['final']:.2f} s")
+    else:
+        phases = f"in-core on the {res.device.upper()}: read {t['read']:.2f} s, solve {t['solve']:.2f} s, write {t['write']:.2f} s"
     say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
-        f"max distance {res.max_distance:.6g}; boundary {t['boundary']:.2f} s"
-        f"{' (index reused)' if res.index_reused else ''}, merge {t['merge']:.2f} s, final {t['final']:.2f} s; "
-        f"total {timer.elapsed:.2f} s")
+        f"max distance {res.max_distance:.6g}; {phases}; total {timer.elapsed:.2f} s")
 
 
 @cli.command("index")
@@ -78,7 +85,7 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
 def index_command(store, weight, cost, cluster, device, memory, rebuild, scheduler):
     """Build the SSSP boundary index (phase 1) for a weight model, so later sources skip it."""
     from terrain_io.backend import resolve_device
-    from terrain_io.grid.index import Field, ensure_index
+    from terrain_io.grid.sssp.index import Field, ensure_index
     from terrain_io.memory import memory_budget
     from terrain_io.store import TerrainStore
 
@@ -106,7 +113,7 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="GeoJSON file for the path [default: print the summary only].")
 def path_command(store, target, as_cell, name, out):
     """Follow the predecessors from a target back to the source; write a GeoJSON LineString with its cost."""
-    from terrain_io.grid.path import trace, write_geojson
+    from terrain_io.grid.sssp.path import trace, write_geojson
 
     p = trace(store, _pair(target), name=name, cell=as_cell)
     if out is not None:

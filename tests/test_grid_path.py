@@ -1,4 +1,4 @@
-"""``terrain path`` / terrain_io.grid.path, and the SSSP commands end to end through the CLI.
+"""``terrain path`` / terrain_io.grid.sssp.path, and the SSSP commands end to end through the CLI.
 
 The traced path is checked by a sequential walk: consecutive cells are neighbours, it starts at
 the source, and the sum of its edge weights equals scipy's shortest distance to the target."""
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import _register, cli
-from terrain_io.grid.path import trace
+from terrain_io.grid.sssp.path import trace
 from terrain_io.grid.sssp import sssp
 from terrain_io.store import TerrainStore
 
@@ -35,7 +35,7 @@ def test_path_cost_equals_scipy_distance(tmp_path, kind):
     vals = random_dem((40, 36), seed=11, holes=0.1)
     vals[2, 3] = vals[37, 30] = 4.0
     st = make_store(tmp_path, vals, tile=8, dx=5.0, dy=5.0)
-    sssp(st, (2, 3), weight=kind, cell=True, progress=False, cluster=4, name="a")
+    sssp(st, (2, 3), weight=kind, cell=True, progress=False, cluster=4, name="a", method="index")
     p = trace(st, (37, 30), cell=True)
     assert tuple(p.cells[0]) == (2, 3) and tuple(p.cells[-1]) == (37, 30)
     ref = reference(vals.astype(np.float64), [(2, 3)], kind, 5.0, 5.0)

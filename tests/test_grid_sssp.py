@@ -87,8 +87,10 @@ def make_store(tmp_path, vals, tile=16, shard=2, name="dem.zarr", dx=1.0, dy=1.0
     return TerrainStore.from_array(tmp_path / name, vals, tile=tile, shard=shard, attrs=attrs)
 
 
-def run(store, sources, kind, **kw):
-    r = sssp(store, sources, weight=kind, cell=True, progress=False, **kw)
+def run(store, sources, kind, method="index", **kw):
+    if method == "incore":
+        kw.pop("cluster", None)
+    r = sssp(store, sources, weight=kind, cell=True, progress=False, method=method, **kw)
     g = store.group[f"sssp/{r.name}"]
     return r, g["distance"][:].astype(np.float64), g["predecessor"][:]
 
@@ -103,30 +105,33 @@ def random_dem(shape, seed, holes=0.0):
 
 @pytest.mark.parametrize("kind", ["absdiff", "surface"])
 @pytest.mark.parametrize("tile,cluster", [(8, 8), (16, 4), (32, 16)])
-def test_random_dem_matches_scipy(tmp_path, kind, tile, cluster):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_random_dem_matches_scipy(tmp_path, method, kind, tile, cluster):
     vals = random_dem((45, 61), seed=tile + cluster, holes=0.08)
     vals[0, 0] = vals[31, 31] = vals[16, 17] = 5.0
     # sources on a tile corner, a cluster edge and inside
     sources = [(31, 31)] if tile == 32 else [(16, 17), (0, 0)]
     st = make_store(tmp_path, vals, tile=tile, dx=2.0, dy=3.0)
-    r, d, p = run(st, sources, kind, cluster=cluster)
+    r, d, p = run(st, sources, kind, cluster=cluster, method=method)
     ref = reference(vals.astype(np.float64), sources, kind, dx=2.0, dy=3.0)
     np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
     check_predecessors(d, p, vals, sources, kind, dx=2.0, dy=3.0)
 
 
-def test_flat_dem_zero_weights_no_cycles(tmp_path):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_flat_dem_zero_weights_no_cycles(tmp_path, method):
     vals = np.full((40, 40), 7.0, np.float32)
     vals[10:30, 20] = np.nan  # a wall with gaps
     vals[15, 20] = 7.0
     st = make_store(tmp_path, vals, tile=8)
-    r, d, p = run(st, [(39, 39), (0, 0)], "absdiff", cluster=4)
+    r, d, p = run(st, [(39, 39), (0, 0)], "absdiff", cluster=4, method=method)
     ref = reference(vals.astype(np.float64), [(39, 39), (0, 0)], "absdiff")
     np.testing.assert_allclose(d, ref, atol=1e-9, equal_nan=True)
     check_predecessors(d, p, vals, [(39, 39), (0, 0)], "absdiff")
 
 
-def test_real_dem_matches_scipy(tmp_path, sample_data):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_real_dem_matches_scipy(tmp_path, method, sample_data):
     from terrain_io.convert import convert
 
     src = sorted(sample_data.glob("*.asc"))[0]
@@ -138,13 +143,14 @@ def test_real_dem_matches_scipy(tmp_path, sample_data):
                      dy=st.cell_size[1])
     rc = next((r, c) for r in range(40, 96) for c in range(64, 128) if not np.isnan(win[r, c]))
     for kind in ("absdiff", "surface"):
-        r, d, p = run(sub, [rc], kind, cluster=8)
+        r, d, p = run(sub, [rc], kind, cluster=8, method=method)
         ref = reference(win, [rc], kind, *st.cell_size)
         np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-3, equal_nan=True)
         check_predecessors(d, p, win.astype(np.float32), [rc], kind, *st.cell_size)
 
 
-def test_cell_model_matches_skimage_mcp_geometric(tmp_path):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_cell_model_matches_skimage_mcp_geometric(tmp_path, method):
     from skimage.graph import MCP_Geometric
 
     rng = np.random.default_rng(3)
@@ -154,13 +160,14 @@ def test_cell_model_matches_skimage_mcp_geometric(tmp_path):
     with st.write_result("costs", attrs={}) as w:
         w.create_array("c", "float64", float("nan"))[:] = cost
     sources = [(16, 16), (49, 0)]
-    r, d, p = run(st, sources, "cell", cost="costs/c", cluster=8)
+    r, d, p = run(st, sources, "cell", cost="costs/c", cluster=8, method=method)
     ref, _ = MCP_Geometric(cost, fully_connected=True).find_costs(sources)
     np.testing.assert_allclose(d, ref, rtol=1e-5)
     check_predecessors(d, p, cost.astype(np.float32), sources, "cell")
 
 
-def test_cell_cost_from_geotiff_file(tmp_path):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_cell_cost_from_geotiff_file(tmp_path, method):
     import rasterio
     from rasterio.transform import from_origin
     from skimage.graph import MCP_Geometric
@@ -174,7 +181,7 @@ def test_cell_cost_from_geotiff_file(tmp_path):
     with rasterio.open(tif, "w", driver="GTiff", width=40, height=24, count=1, dtype="float32",
                        transform=from_origin(100.0, 500.0, 1.0, 1.0)) as ds:
         ds.write(cost, 1)
-    r, d, p = run(st, [(0, 0)], "cell", cost=str(tif), cluster=4)
+    r, d, p = run(st, [(0, 0)], "cell", cost=str(tif), cluster=4, method=method)
     ref, _ = MCP_Geometric(np.where(cost < 0, np.inf, cost).astype(np.float64), fully_connected=True).find_costs([(0, 0)])
     ref[cost < 0] = np.nan
     np.testing.assert_allclose(d, ref, rtol=1e-5, equal_nan=True)
@@ -190,8 +197,8 @@ def test_index_reused_and_unreachable(tmp_path):
     vals = random_dem((33, 33), seed=9)
     vals[:, 16] = np.nan  # two halves, no edge between them (also no diagonal)
     st = make_store(tmp_path, vals, tile=16)
-    r1 = sssp(st, (3, 3), cell=True, progress=False, cluster=8)
-    r2 = sssp(st, [(30, 5)], cell=True, progress=False, cluster=8, name="second")
+    r1 = sssp(st, (3, 3), cell=True, progress=False, cluster=8, method="index")
+    r2 = sssp(st, [(30, 5)], cell=True, progress=False, cluster=8, name="second")  # auto: the stored index
     assert not r1.index_reused and r2.index_reused
     d = st.group["sssp/second/distance"][:]
     p = st.group["sssp/second/predecessor"][:]
@@ -201,7 +208,7 @@ def test_index_reused_and_unreachable(tmp_path):
     np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
     # the first run's merge took G' straight from phase 1, a later one reads it from the store:
     # the same source again gives the same bytes
-    r3 = sssp(st, (3, 3), cell=True, progress=False, cluster=8, name="again")
+    r3 = sssp(st, (3, 3), cell=True, progress=False, cluster=8, name="again", method="index")
     assert r3.index_reused
     for a in ("distance", "predecessor"):
         np.testing.assert_array_equal(st.group[f"sssp/again/{a}"][:], st.group[f"sssp/{r1.name}/{a}"][:])
@@ -249,10 +256,10 @@ from terrain_io.memory import peak_rss
 folder, n, budget = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 small = synthesize(folder + "/small.zarr", 128, tile=64, shard=4)
 big = synthesize(folder + "/big.zarr", n, tile=64, shard=4)
-sssp(small, (5, 5), cell=True, progress=False, cluster=8, memory="256KB")  # compile every kernel first
+sssp(small, (5, 5), cell=True, progress=False, cluster=8, memory="256KB", method="index")  # compile every kernel first
 gc.collect()
 before = peak_rss()
-r = sssp(big, (n // 2, n // 3), cell=True, progress=False, cluster=8, memory=budget)
+r = sssp(big, (n // 2, n // 3), cell=True, progress=False, cluster=8, memory=budget, method="index")
 d = big.group["sssp/" + r.name + "/distance"][n // 2 - 2 : n // 2 + 3, n // 3 - 2 : n // 3 + 3]
 print(peak_rss() - before, r.reached, float(d[2, 2]), int(np.isfinite(d).sum()))
 """
@@ -272,12 +279,13 @@ def test_out_of_core_peak_memory_within_budget(tmp_path):
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 7), (9, 1), (2, 9), (3, 3), (17, 10)])
-def test_thin_and_partial_clusters(tmp_path, shape):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_thin_and_partial_clusters(tmp_path, method, shape):
     """DEMs narrower than a cluster: clusters of 1 or 2 rows/cols, where every cell is a boundary cell."""
     vals = random_dem(shape, seed=sum(shape))
     st = make_store(tmp_path, vals, tile=8)
     for c in (2, 8):
-        _, d, p = run(st, [(shape[0] - 1, 0)], "absdiff", cluster=c, name=f"c{c}")
+        _, d, p = run(st, [(shape[0] - 1, 0)], "absdiff", cluster=c, name=f"c{c}", method=method)
         ref = reference(vals.astype(np.float64), [(shape[0] - 1, 0)])
         np.testing.assert_allclose(d, ref, rtol=1e-5, atol=1e-5)
         check_predecessors(d, p, vals, [(shape[0] - 1, 0)], "absdiff")
@@ -287,9 +295,9 @@ def _merged(st, sources, kind="absdiff", cluster=4, sequential=False):
     """Phase 2's arrays for ``sources`` (cells), by the parallel merge or the sequential Dijkstra."""
     import importlib
 
-    from terrain_io.grid.index import Field, ensure_index
+    from terrain_io.grid.sssp.index import Field, ensure_index
 
-    S = importlib.import_module("terrain_io.grid.sssp")
+    S = importlib.import_module("terrain_io.grid.sssp.pipeline")
     field = Field(st, kind)
     index, _ = ensure_index(st, field, cluster)
     ms = S.MergeState(st, index, 1 << 30, st.path.parent)
@@ -302,7 +310,7 @@ def _merged(st, sources, kind="absdiff", cluster=4, sequential=False):
 def test_parallel_merge_equals_sequential_dijkstra(tmp_path, case):
     """The label-correcting merge reaches exactly the float64 distances of the thesis's Dijkstra
     over G', and every label/parent satisfies the tight-edge invariant the final phase relies on."""
-    from terrain_io.grid import _sssp_cpu as K
+    from terrain_io.grid.sssp import _pipeline_cpu as K
 
     vals = {"random": random_dem((70, 90), seed=4, holes=0.1),
             "flat": np.ones((70, 90), np.float32),
@@ -359,12 +367,13 @@ def test_parallel_merge_equals_sequential_dijkstra(tmp_path, case):
     assert checked > 100
 
 
-def test_isolated_source_reaches_only_itself(tmp_path):
+@pytest.mark.parametrize("method", ["incore", "index"])
+def test_isolated_source_reaches_only_itself(tmp_path, method):
     vals = random_dem((40, 40), seed=2)
     vals[9:12, 9:12] = np.nan
     vals[10, 10] = 5.0
     st = make_store(tmp_path, vals, tile=16)
-    r, d, p = run(st, [(10, 10)], "absdiff", cluster=8)
+    r, d, p = run(st, [(10, 10)], "absdiff", cluster=8, method=method)
     others = ~np.isnan(vals)
     others[10, 10] = False
     assert d[10, 10] == 0.0 and r.reached == 1 and np.all(np.isposinf(d[others]))
@@ -376,7 +385,7 @@ def test_isolated_source_reaches_only_itself(tmp_path):
 def test_boundary_blocks_equal_dijkstra_per_cluster(kind, c):
     """Phase 1's G' blocks, bit for bit, against scipy's Dijkstra run inside each cluster from each
     boundary cell (both take the minimum over paths of the left-to-right float64 sums)."""
-    from terrain_io.grid import _sssp_cpu as K
+    from terrain_io.grid.sssp import _pipeline_cpu as K
 
     kinds = {"absdiff": 1, "surface": 2, "cell": 3}
     vals = random_dem((2 * c + 5, 2 * c + 3), seed=c, holes=0.1).astype(np.float64)

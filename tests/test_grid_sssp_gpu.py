@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from terrain_io.grid import _sssp_cpu as K
+from terrain_io.grid.sssp import _pipeline_cpu as K
 from terrain_io.grid.sssp import sssp
 
 from test_grid_sssp import check_predecessors, make_store, random_dem, reference
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("c", [4, 8, 16])
 @pytest.mark.parametrize("kind", [1, 2, 3])
 def test_gpu_boundary_blocks_equal_cpu(c, kind):
-    from terrain_io.grid._sssp_gpu import boundary_phase_gpu
+    from terrain_io.grid.sssp._pipeline_gpu import boundary_phase_gpu
 
     vals = random_dem((75, 90), seed=c + kind, holes=0.1).astype(np.float64)
     steps = K.steps_of(2.0, 3.0)
@@ -36,7 +36,7 @@ def test_gpu_pipeline_matches_scipy(tmp_path, kind, cluster):
     vals[32, 32] = vals[5, 70] = 1.0
     sources = [(32, 32), (5, 70)]
     st = make_store(tmp_path, vals, tile=32, dx=2.0, dy=2.0)
-    r = sssp(st, sources, weight=kind, cell=True, progress=False, device="gpu", cluster=cluster)
+    r = sssp(st, sources, weight=kind, cell=True, progress=False, device="gpu", cluster=cluster, method="index")
     assert st.group["index/" + kind].attrs["device"] == "gpu"
     d = st.group[f"sssp/{r.name}/distance"][:].astype(np.float64)
     p = st.group[f"sssp/{r.name}/predecessor"][:]
@@ -58,7 +58,7 @@ def test_gpu_pipeline_bit_identical_to_cpu(tmp_path, kind, cluster):
     out = {}
     for device in ("cpu", "gpu"):
         st = make_store(tmp_path, vals, tile=32, name=f"{device}.zarr", dx=2.0, dy=3.0)
-        sssp(st, sources, weight=kind, cell=True, progress=False, device=device, cluster=cluster, name="x")
+        sssp(st, sources, weight=kind, cell=True, progress=False, device=device, cluster=cluster, name="x", method="index")
         g = st.group
         out[device] = [g[f"index/{kind}/d"][:], g["sssp/x/distance"][:].view(np.uint32), g["sssp/x/predecessor"][:]]
     for a, b in zip(out["cpu"], out["gpu"]):

@@ -111,7 +111,7 @@ def test_sssp_index_on_dask_gives_the_same_distances(tmp_path, reference, cluste
                                      attrs={"transform": list(reference.transform)})
         valid = np.argwhere(np.isfinite(values))[len(np.argwhere(np.isfinite(values))) // 2]
         r = sssp(st, tuple(int(x) for x in valid), cell=True, weight=weight, cost=cost, progress=False,
-                 device="cpu", name="s", scheduler=scheduler)
+                 device="cpu", name="s", scheduler=scheduler, method="index")
         g = TerrainStore.open(st.path).group
         results.append((g["index/" + weight + "/d"][...], g["sssp/s/distance"][:], g["sssp/s/predecessor"][:], r.reached))
     for a, b in zip(*results):
@@ -190,7 +190,7 @@ def test_sssp_final_phase_on_dask_gives_the_same_result(tmp_path, reference, clu
         st = TerrainStore.from_array(tmp_path / f"{tag}.zarr", values, tile=tile, shard=shard,
                                      attrs={"transform": list(reference.transform)})
         r = sssp(st, sources, cell=True, progress=False, device="cpu", name="s", cluster=c, memory=memory,
-                 scheduler=scheduler)
+                 scheduler=scheduler, method="index")
         g = TerrainStore.open(st.path).group
         runs.append((g["sssp/s/distance"][:], g["sssp/s/predecessor"][:], r.reached, r.max_distance))
     (d0, p0, n0, m0), (d1, p1, n1, m1) = runs

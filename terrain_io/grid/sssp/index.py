@@ -23,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import weights as weight_models
-from ..atomic import scratch_directory
-from ..errors import InputError
-from ..memory import memory_budget
-from ..parallel import check_task_memory, map_shards
-from ..progress import progress_bar
-from ..store import TerrainStore, Window, write_block
-from . import _sssp_cpu as K
-from ._sssp_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
+from ... import weights as weight_models
+from ...atomic import scratch_directory
+from ...errors import InputError
+from ...memory import memory_budget
+from ...parallel import check_task_memory, map_shards
+from ...progress import progress_bar
+from ...store import TerrainStore, Window, write_block
+from . import _pipeline_cpu as K
+from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 
 DEFAULT_CLUSTER = 8
 INDEX_VERSION = 1
@@ -73,7 +73,7 @@ class Field:
         src = Path(cost)
         if not src.exists():
             raise InputError(f"cost raster {cost!r}: no such file and no such array in the store")
-        from ..convert import convert
+        from ...convert import convert
 
         self._tmp = contextlib.ExitStack()  # a scratch folder beside the store, cleaned even after a kill
         tmp = self._tmp.enter_context(scratch_directory(st.path, "cost")) / "cost.zarr"
@@ -241,7 +241,7 @@ def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device:
     """Phase 1 for one shard; every block of clusters (a.., b..) goes to ``sink(a, b, out_d, out_v)``.
     GPU: the whole shard in one launch. CPU: tile by tile, each tile's clusters in parallel (numba)."""
     if device == "gpu":
-        from ._sssp_gpu import boundary_phase_gpu
+        from ._pipeline_gpu import boundary_phase_gpu
 
         out_d, out_v = boundary_phase_gpu(vals, c, kind, steps)
         out_d, out_v = out_d.get(), out_v.get()
@@ -309,7 +309,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     merge's memory, so that a first source does not read G' back; not with a Dask scheduler).
 
     CPU: numba, tile by tile (clusters of a tile in parallel). GPU (clusters up to
-    MAX_GPU_CLUSTER^2): the CuPy kernel of :mod:`._sssp_gpu`, a whole shard of clusters per launch.
+    MAX_GPU_CLUSTER^2): the CuPy kernel of :mod:`._pipeline_gpu`, a whole shard of clusters per launch.
     With a Dask ``scheduler``: one task per shard, on the workers' CPUs or GPUs (``device``), each
     within ``memory`` (default: half the free RAM here).
     """

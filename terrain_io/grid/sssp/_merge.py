@@ -26,7 +26,7 @@ the bucket bound chosen per round as the ``batch``-th smallest cluster minimum, 
    for label 1, at label - 1 on its plateau) is across a grid edge records that edge (the
    smallest direction code when several tie), otherwise it was reached inside its cluster.
 
-The results fill the same arrays as the sequential :func:`._sssp_cpu.merge_run` (distance,
+The results fill the same arrays as the sequential :func:`._pipeline_cpu.merge_run` (distance,
 label in place of the rank, parent code, reached flag), which stays in use when G' must be
 paged through a small memory budget.
 """
@@ -38,8 +38,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..weights import edge_weight
-from ._sssp_cpu import HOW_INTRA, HOW_NONE, HOW_SOURCE, boundary_count, crossings
+from ...weights import edge_weight
+from ._pipeline_cpu import HOW_INTRA, HOW_NONE, HOW_SOURCE, boundary_count, crossings
 
 NO_LABEL = np.iinfo(np.int64).max
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_file
-from ..errors import InputError, StoreError
-from ..store import TerrainStore
-from ._sssp_cpu import DC, DR, NO_PRED
+from ...atomic import atomic_file
+from ...errors import InputError, StoreError
+from ...store import TerrainStore
+from ._pipeline_cpu import DC, DR, NO_PRED
 
 
 @dataclass

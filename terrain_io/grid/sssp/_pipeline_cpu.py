@@ -14,7 +14,7 @@ unusable cost); edge weights come from :func:`terrain_io.weights.edge_weight`.
   that vertex, relaxes its row of the block and its grid edges into neighbouring clusters).
   Cluster blocks live in "slots" (tile-sized chunks of the index); the kernel returns to Python
   whenever it needs a chunk that is not resident, so G' can be far larger than memory. (When G' is
-  resident the pipeline uses the parallel merge of :mod:`._sssp_merge` instead.)
+  resident the pipeline uses the parallel merge of :mod:`._merge` instead.)
 * :func:`final_phase` -- phase 3: per cluster, Dijkstra seeded with the settled boundary cells
   that were reached over a grid edge from a neighbouring cluster (their predecessor is that edge)
   and with the sources. Keys are (distance, merge rank of the seed the cell descends from), so
@@ -29,7 +29,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..weights import DC, DR, edge_weight
+from ...weights import DC, DR, edge_weight
 
 NO_PRED = 255
 HOW_INTRA = 254   # settled in the merge over a path inside its own cluster

@@ -9,7 +9,7 @@ Haverkort and Arge et al.; DESIGN.md "SSSP pipeline":
    in the budget, the blocks of a first build also go straight into the merge's memory.
 2. Merge phase -- shortest distances over G' from the sources (seeded with the distances from
    each source to its own cluster's boundary). When G' fits in the budget: the parallel
-   label-correcting merge of :mod:`._sssp_merge` on all cores. Otherwise the thesis's Dijkstra with
+   label-correcting merge of :mod:`._merge` on all cores. Otherwise the thesis's Dijkstra with
    the cluster priority queue, G' paged in tile-sized chunks through a bounded number of memory
    slots (``memory``), the evicted merge state in a scratch file, so G' may be many times larger
    than memory. Both give the same distances, bit for bit.
@@ -25,77 +25,22 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-from .. import weights as weight_models
-from ..backend import resolve_device
-from ..errors import InputError
-from ..atomic import scratch_directory
-from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ..parallel import check_task_memory, imap_shards
-from ..progress import progress_bar
-from ..store import TerrainStore, Window, read_plain_chunk
-from . import _sssp_cpu as K
-from ._sssp_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
-from ._sssp_merge import merge_parallel
+from ...errors import InputError
+from ...atomic import scratch_directory
+from ...memory import format_bytes, return_freed_memory_to_os
+from ...parallel import check_task_memory, imap_shards
+from ...progress import progress_bar
+from ...store import TerrainStore, Window, read_plain_chunk
+from . import _pipeline_cpu as K
+from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
+from ._merge import merge_parallel
+from .engine import DISTANCE_DTYPE, SSSPResult
 from .index import Field, cluster_size, ensure_index
-
-DISTANCE_DTYPE = "float32"
-
-
-@dataclass
-class SSSPResult:
-    """What :func:`sssp` computed; the same facts are the attributes of ``sssp/NAME``."""
-
-    name: str
-    weight: str
-    sources: list  # (row, col) cells
-    cluster: int
-    index_reused: bool
-    reached: int
-    max_distance: float
-    timings: dict = dc_field(default_factory=dict)
-    device: str = "cpu"
-    merge_stats: dict = dc_field(default_factory=dict)  # the parallel merge's rounds, levels, stage seconds
-
-    @property
-    def seconds(self) -> float:
-        return sum(self.timings.values())
-
-
-def parse_sources(store: TerrainStore, sources, cell: bool = False) -> list[tuple[int, int]]:
-    """Source cells from (x, y) map coordinates, or (row, col) with ``cell``; clear errors when off the DEM."""
-    if isinstance(sources, tuple) and len(sources) == 2 and np.isscalar(sources[0]):
-        sources = [sources]
-    rows, cols = store.shape
-    cells = []
-    for src in sources:
-        if len(src) != 2:
-            raise InputError(f"a source is two numbers, got {src!r}")
-        if cell:
-            r, c = int(src[0]), int(src[1])
-            what = f"cell {r},{c}"
-        else:
-            r, c = store.map_to_cell(float(src[0]), float(src[1]))
-            what = f"point {src[0]},{src[1]}"
-        if not (0 <= r < rows and 0 <= c < cols):
-            raise InputError(f"source {what} lies outside the DEM ({rows} x {cols} cells)")
-        v = store.read(Window(r, r + 1, c, c + 1))
-        if not store.valid(v)[0, 0]:
-            raise InputError(f"source {what} lies on a nodata cell")
-        cells.append((r, c))
-    if not cells:
-        raise InputError("no source given")
-    return cells
-
-
-def default_name(cells) -> str:
-    r, c = cells[0]
-    return f"r{r}c{c}" + (f"+{len(cells) - 1}" if len(cells) > 1 else "")
-
 
 class MergeState:
     """Phase 2's data: the cluster heap (in RAM) and G' chunks with their vertex state in slots.
@@ -121,7 +66,7 @@ class MergeState:
         self.mt = store.tile_size // c  # clusters per tile side (the index's chunks)
         ncl = ncr * ncc
         fixed = ncl * (8 + 8 + 8 + 8 + 8)
-        # G' block, values, merge state, and the parallel merge's work arrays (_sssp_merge)
+        # G' block, values, merge state, and the parallel merge's work arrays (_merge)
         per_cluster = B * B * 4 + B * 8 + B * (8 + 8 + 1 + 1) + B * (1 + 4) + 49
         g = self.mt
         while True:
@@ -432,89 +377,59 @@ class MergeState:
                 f.close()
 
 
-def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
-         memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
-         rebuild_index: bool = False, scheduler: str | None = "local", announce=None) -> SSSPResult:
-    """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
-
-    ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list.
-    ``weight``: ``absdiff`` (default), ``surface`` or ``cell`` (with ``cost``: a store array name or
-    a raster file aligned with the DEM). ``memory``: budget such as ``"2GB"`` (default: half the
-    free RAM). The boundary index is built on first use and reused afterwards; ``scheduler``
-    runs its tile phase (phase 1) as Dask tasks, one per shard (see terrain_io.parallel).
-    """
-    store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
-    model = weight_models.get(weight)
-    if model.kind not in (weight_models.ABSDIFF, weight_models.SURFACE, weight_models.CELL):
-        raise InputError(f"weight model {model.name!r} is not an SSSP model: use absdiff, surface or cell")
-    dev = resolve_device(device)
-    cells = parse_sources(store, sources, cell)
-    name = name or default_name(cells)
-    budget = memory_budget(memory)
+def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, budget: int, progress: bool,
+              attrs: dict, cluster: int | None = None, rebuild_index: bool = False, scheduler: str | None = "local",
+              announce=None) -> SSSPResult:
+    """The index method: phases 1-3 above (phase 1 skipped when a stored index fits); writes
+    ``sssp/NAME`` with ``attrs`` added. The boundary index is built on first use and reused
+    afterwards; ``scheduler`` runs phases 1 and 3 as Dask tasks, one per shard (terrain_io.parallel)."""
+    model = field.model
     if (scheduler or "local") != "local":  # before any work (phase 1 checks its own tasks)
         check_task_memory(_final_task_bytes(store, cluster_size(store, cluster)), budget, "final phase")
     return_freed_memory_to_os()
     timings = {}
-    field = Field(store, model, cost)
-    try:
-        with scratch_directory(store.path, "sssp") as scratch_dir:
-            made = []
+    with scratch_directory(store.path, "sssp") as scratch_dir:
+        made = []
 
-            def keep(c: int):
-                """Phase 1 is about to run: when G' will fit in memory, it goes straight to the merge."""
-                made.append(MergeState(store, None, budget, scratch_dir, cluster=c))
-                return made[0].keep_blocks if made[0].resident else None
+        def keep(c: int):
+            """Phase 1 is about to run: when G' will fit in memory, it goes straight to the merge."""
+            made.append(MergeState(store, None, budget, scratch_dir, cluster=c))
+            return made[0].keep_blocks if made[0].resident else None
 
+        t0 = time.perf_counter()
+        index, reused = ensure_index(store, field, cluster, device, progress, rebuild=rebuild_index,
+                                     scheduler=scheduler, announce=announce, keep=keep, memory=budget)
+        timings["boundary"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
+        if made:
+            merge.attach(index)
+        timings["load"] = time.perf_counter() - t0  # G' into memory (or the paging set-up)
+        t0 = time.perf_counter()
+        try:
+            merge.seed(field, cells)
+            merge.run(field)
+            timings["merge"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            index, reused = ensure_index(store, field, cluster, dev, progress, rebuild=rebuild_index,
-                                         scheduler=scheduler, announce=announce, keep=keep, memory=budget)
-            timings["boundary"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
-            if made:
-                merge.attach(index)
-            timings["load"] = time.perf_counter() - t0  # G' into memory (or the paging set-up)
-            t0 = time.perf_counter()
-            try:
-                merge.seed(field, cells)
-                merge.run(field)
-                timings["merge"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                reached, dmax = _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler,
-                                       device=dev)
-                timings["final"] = time.perf_counter() - t0
-                merge_stats = getattr(merge, "stats", {})
-            finally:
-                merge.close()
-    finally:
-        field.close()
-    result = SSSPResult(name, model.name, cells, index.cluster, reused, reached, dmax,
-                        {k: round(v, 3) for k, v in timings.items()}, dev, merge_stats)
-    store.group[f"sssp/{name}"].attrs.update({"timings": result.timings})
-    return result
+            attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
+            reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler, device=device)
+            timings["final"] = time.perf_counter() - t0
+            merge_stats = getattr(merge, "stats", {})
+        finally:
+            merge.close()
+    return SSSPResult(name, model.name, cells, "index", reached, dmax, {k: round(v, 3) for k, v in timings.items()},
+                      device, index.cluster, reused, merge_stats)
 
 
-def _final(store, field, merge, cells, name, model, index, timings, progress, reused, scheduler="local",
-           announce=None, device="cpu"):
+def _final(store, field, merge, cells, name, attrs, progress, scheduler="local", announce=None, device="cpu"):
     """Phase 3, shard by shard: here (on the GPU with ``device="gpu"``: the same bytes), or with a
     Dask ``scheduler`` as one task per shard that gets its tiles' merge results and writes its
     shard of ``distance`` and ``predecessor`` itself."""
     c = merge.c
     t = store.tile_size
     steps = field.steps()
+    kind = field.model.kind
     src = np.array(cells, np.int64).reshape(-1, 2)
-    attrs = {
-        "weight": model.name,
-        "source_cells": [list(map(int, rc)) for rc in cells],
-        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells],
-        "cluster": c,
-        "index": index.name,
-        "index_reused": reused,
-        "distance_dtype": DISTANCE_DTYPE,
-        "cost": field.cost_id,
-        "unreached": "distance +inf, predecessor 255; nodata cells: distance NaN",
-        "predecessor_codes": "direction from a cell to its parent: 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none",
-    }
     bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp final")
     with store.write_result(f"sssp/{name}", attrs=attrs) as w:
         dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
@@ -527,7 +442,7 @@ def _final(store, field, merge, cells, name, model, index, timings, progress, re
 
             def compute(win, vals):
                 states = (merge.tile_state(r0 // t, c0 // t) for r0, c0 in _shard_tiles(win, t))
-                return _final_tiles(vals, win, t, c, model.kind, steps, states, src, bar, device)
+                return _final_tiles(vals, win, t, c, kind, steps, states, src, bar, device)
 
             def write(win, out_d, out_p):
                 dist_arr[win.slices] = out_d
@@ -594,7 +509,7 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
     src_r = np.ascontiguousarray(inside[:, 0] - win.r0)
     src_c = np.ascontiguousarray(inside[:, 1] - win.c0)
     if device == "gpu" and c <= MAX_GPU_CLUSTER:
-        from ._sssp_gpu import final_phase_gpu
+        from ._pipeline_gpu import final_phase_gpu
 
         out_d, out_p = final_phase_gpu(vals_shard, c, kind, steps, *merged, src_r, src_c)
     else:

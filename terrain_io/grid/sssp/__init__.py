@@ -1,0 +1,9 @@
+"""Single-source shortest paths on a DEM's 8-connected grid graph (``terrain sssp``).
+
+One home per method: :mod:`.engine` (the public :func:`sssp` and the choice of method),
+:mod:`.incore` (the whole grid in memory; numba :mod:`._incore_cpu`, CuPy :mod:`._incore_gpu`),
+:mod:`.pipeline` (the terrain thesis's three phases over the stored boundary index of
+:mod:`.index`; kernels :mod:`._pipeline_cpu`, :mod:`._pipeline_gpu`, merge :mod:`._merge`) and
+:mod:`.path` (tracing predecessors back to a source).
+"""
+from .engine import METHODS, SSSPResult, sssp  # noqa: F401

@@ -1,0 +1,281 @@
+"""numba kernels of the in-core SSSP engine (DESIGN.md "SSSP engines"): one block of cells solved
+whole in memory. The rules they compute are in :mod:`.incore`; this module only follows them.
+
+A block is an (h + 2) x (w + 2) array with a one-cell ring around its h x w interior, flattened
+row-major. Ring cells are not solved: their values (a neighbouring block's cells, or NaN outside
+the DEM) and their distances and plateau levels are given, fixed, and only flow inwards.
+
+* :func:`solve_distances` -- Dijkstra with a 4-ary heap (lazy deletion) over the interior,
+  seeded from the sources and from every ring cell with a finite distance.
+* :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
+  strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
+  lie at the same distance): a breadth-first search over equal-distance plateaus.
+* :func:`predecessors` -- the parent code of every interior cell from distances and levels.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ...weights import DC, DR, edge_weight
+
+NO_PRED = 255
+NO_LEVEL = np.int32(2**31 - 1)
+
+
+@numba.njit(cache=True)
+def _offsets(W2):
+    off = np.empty(8, np.int64)
+    for k in range(8):
+        off[k] = DR[k] * W2 + DC[k]
+    return off
+
+
+# a 4-ary heap of (distance, cell) with lazy deletion: shallower than a binary heap, and the four
+# children of a node share a cache line
+@numba.njit(inline="always", cache=True)
+def _push(hk, hv, n, key, v):
+    i = n
+    while i > 0:
+        p = (i - 1) >> 2
+        if hk[p] <= key:
+            break
+        hk[i] = hk[p]
+        hv[i] = hv[p]
+        i = p
+    hk[i] = key
+    hv[i] = v
+
+
+@numba.njit(inline="always", cache=True)
+def _pop(hk, hv, n):
+    """Remove the top of a heap of n entries (read it first)."""
+    n -= 1
+    key = hk[n]
+    v = hv[n]
+    i = 0
+    while True:
+        c = 4 * i + 1
+        if c >= n:
+            break
+        m = c
+        mk = hk[c]
+        for j in range(c + 1, min(c + 4, n)):
+            if hk[j] < mk:
+                mk = hk[j]
+                m = j
+        if key <= mk:
+            break
+        hk[i] = mk
+        hv[i] = hv[m]
+        i = m
+    if n > 0:
+        hk[i] = key
+        hv[i] = v
+
+
+@numba.njit(cache=True)
+def solve_distances(vals, h, w, kind, steps, dist):
+    """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
+
+    On entry ``dist`` holds the seeds: 0 at the sources, the fixed distances of ring cells, +inf
+    elsewhere. On return every interior cell holds the least left-to-right float64 sum over paths
+    from a seed (the fixpoint of d[v] = min_u d[u] + w(u, v)). Returns the number of heap pops.
+    """
+    W2 = w + 2
+    off = _offsets(W2)
+    cap = 1024
+    hk = np.empty(cap, np.float64)
+    hv = np.empty(cap, np.int64)
+    n = 0
+    # the ring flows inwards once: each ring cell relaxes its interior neighbours
+    for r in range(h + 2):
+        step_c = 1 if (r == 0 or r == h + 1) else w + 1
+        for c in range(0, w + 2, step_c):
+            u = r * W2 + c
+            du = dist[u]
+            if not du < np.inf or np.isnan(vals[u]):
+                continue
+            for k in range(8):
+                rr, cc = r + DR[k], c + DC[k]
+                if rr < 1 or rr > h or cc < 1 or cc > w:
+                    continue
+                v = u + off[k]
+                if np.isnan(vals[v]):
+                    continue
+                nd = du + edge_weight(kind, vals[u], vals[v], steps[k])
+                if nd < dist[v]:
+                    dist[v] = nd
+    for r in range(1, h + 1):
+        for c in range(1, w + 1):
+            v = r * W2 + c
+            if dist[v] < np.inf and not np.isnan(vals[v]):
+                if n == cap:
+                    cap *= 2
+                    hk, hv = _grow(hk, hv, cap)
+                _push(hk, hv, n, dist[v], v)
+                n += 1
+    pops = 0
+    while n > 0:
+        du = hk[0]
+        u = hv[0]
+        _pop(hk, hv, n)
+        n -= 1
+        if du > dist[u]:
+            continue  # stale entry
+        pops += 1
+        r = u // W2
+        c = u - r * W2
+        a = vals[u]
+        inner = 1 < r < h and 1 < c < w  # no neighbour on the ring: no bounds checks
+        for k in range(8):
+            if not inner:
+                rr, cc = r + DR[k], c + DC[k]
+                if rr < 1 or rr > h or cc < 1 or cc > w:
+                    continue
+            v = u + off[k]
+            b = vals[v]
+            if np.isnan(b):
+                continue
+            nd = du + edge_weight(kind, a, b, steps[k])
+            if nd < dist[v]:
+                dist[v] = nd
+                if n == cap:
+                    cap *= 2
+                    hk, hv = _grow(hk, hv, cap)
+                _push(hk, hv, n, nd, v)
+                n += 1
+    return pops
+
+
+@numba.njit(cache=True)
+def _grow(hk, hv, cap):
+    nk = np.empty(cap, np.float64)
+    nv = np.empty(cap, np.int64)
+    nk[: hk.size] = hk
+    nv[: hv.size] = hv
+    return nk, nv
+
+
+@numba.njit(inline="always", cache=True)
+def _tight(vals, dist, kind, steps, u, v, k):
+    """Edge u -> v (v's neighbour u in direction k) lies on a shortest path: d[u] + w == d[v]."""
+    return dist[u] + edge_weight(kind, vals[u], vals[v], steps[k]) == dist[v]
+
+
+@numba.njit(parallel=True, cache=True)
+def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
+    """Plateau levels of the interior cells, in place in ``level`` (int32, the block's shape, flat;
+    the ring's entries are given, NO_LEVEL where unknown). ``sources``: flat indices of interior
+    sources. Returns the number of plateau cells (level > 0)."""
+    W2 = w + 2
+    off = _offsets(W2)
+    # 1. level 0 where a tight parent is strictly nearer; NO_LEVEL (a plateau cell) elsewhere
+    for r in prange(1, h + 1):
+        for c in range(1, w + 1):
+            v = r * W2 + c
+            level[v] = NO_LEVEL
+            if np.isnan(vals[v]) or not dist[v] < np.inf:
+                continue
+            for k in range(8):
+                u = v + off[k]
+                if not np.isnan(vals[u]) and dist[u] < dist[v] and _tight(vals, dist, kind, steps, u, v, k):
+                    level[v] = 0
+                    break
+    for s in sources:
+        level[s] = 0
+    # 2. a plateau cell's first level from parents already known: interior level-0 cells, the ring
+    count = 0
+    for r in range(1, h + 1):
+        for c in range(1, w + 1):
+            v = r * W2 + c
+            count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
+    if count == 0:
+        return 0
+    seed = np.empty(count, np.int64)
+    seed_level = np.empty(count, np.int64)
+    m = 0
+    for r in range(1, h + 1):
+        for c in range(1, w + 1):
+            v = r * W2 + c
+            if level[v] != NO_LEVEL or not dist[v] < np.inf or np.isnan(vals[v]):
+                continue
+            best = np.int64(NO_LEVEL)
+            for k in range(8):
+                u = v + off[k]
+                # known levels: interior cells of level 0 and the ring's (interior plateau
+                # parents are still NO_LEVEL: the search below finds them)
+                if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
+                    continue
+                if _tight(vals, dist, kind, steps, u, v, k) and level[u] + 1 < best:
+                    best = level[u] + 1
+            seed[m] = v
+            seed_level[m] = best
+            m += 1
+    # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
+    order = np.argsort(seed_level, kind="mergesort")
+    queue = np.empty(count, np.int64)
+    qlevel = np.empty(count, np.int64)
+    head = tail = 0
+    si = 0
+    while True:
+        if head < tail and (si >= count or qlevel[head] <= seed_level[order[si]]):
+            v = queue[head]
+            lv = qlevel[head]
+            head += 1
+        elif si < count:
+            v = seed[order[si]]
+            lv = seed_level[order[si]]
+            si += 1
+            if lv >= NO_LEVEL:
+                break  # the rest are unreached from any known parent yet
+            if lv >= level[v]:
+                continue
+            level[v] = lv
+        else:
+            break
+        if lv > level[v]:
+            continue
+        r = v // W2
+        c = v - r * W2
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if np.isnan(vals[x]) or dist[x] != dist[v] or level[x] <= lv + 1:
+                continue
+            if _tight(vals, dist, kind, steps, v, x, k ^ 4):
+                level[x] = lv + 1
+                queue[tail] = x
+                qlevel[tail] = lv + 1
+                tail += 1
+    return count
+
+
+@numba.njit(parallel=True, cache=True)
+def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
+    """Parent codes of the interior cells into ``out`` (uint8, h x w): of the tight parents, the
+    one with the least key (0 if strictly nearer, else its plateau level + 1), then the least
+    direction code; NO_PRED at the sources (flat indices) and at unreached cells."""
+    W2 = w + 2
+    off = _offsets(W2)
+    for r in prange(1, h + 1):
+        for c in range(1, w + 1):
+            v = r * W2 + c
+            best = NO_PRED
+            if not np.isnan(vals[v]) and dist[v] < np.inf:
+                best_key = np.int64(2**62)
+                for k in range(8):
+                    u = v + off[k]
+                    if np.isnan(vals[u]) or not _tight(vals, dist, kind, steps, u, v, k):
+                        continue
+                    key = 0 if dist[u] < dist[v] else np.int64(level[u]) + 1
+                    if key < best_key:
+                        best_key = key
+                        best = k
+            out[r - 1, c - 1] = best
+    for s in sources:
+        r = s // W2
+        out[r - 1, s - r * W2 - 1] = NO_PRED

@@ -1,0 +1,95 @@
+"""CuPy side of the in-core SSSP engine (terrain_io/kernels/sssp_incore.cu): rounds of tile
+relaxation over a work list of active tiles, for the distances and then the plateau levels, and
+one pass for the parent codes. The same bytes as :mod:`._incore_cpu` (see :mod:`.incore`)."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...backend import kernel_source
+
+TILE = 32  # TS in the kernel source
+ROWS_PER_PASS = 8  # BY
+OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
+
+
+@functools.cache
+def _module(value_type: str, kind: int):
+    import cupy as cp
+
+    return cp.RawModule(code=kernel_source("sssp_incore.cu"),
+                        options=OPTIONS + (f"-DVAL={value_type}", f"-DKIND={kind}"))
+
+
+class _WorkLists:
+    """Two lists of tile numbers with a flag per tile: the current round's and the next one's."""
+
+    def __init__(self, ntiles: int):
+        import cupy as cp
+
+        self.flags = [cp.zeros(ntiles, cp.int32), cp.zeros(ntiles, cp.int32)]
+        self.lists = [cp.empty(ntiles, cp.int32), cp.empty(ntiles, cp.int32)]
+        self.count = cp.zeros(1, cp.int32)
+
+    def run(self, kernel, args, first) -> int:
+        """Rounds from the tiles ``first`` (a CuPy int32 array) until no tile is queued; the rounds."""
+        import cupy as cp
+
+        n = int(first.size)
+        cur = 0
+        self.lists[0][:n] = first
+        self.flags[0][first] = 1
+        rounds = 0
+        while n:
+            nxt = 1 - cur
+            self.count.fill(0)
+            kernel((n,), (TILE, ROWS_PER_PASS), args + (self.lists[cur], self.flags[cur], self.flags[nxt],
+                                                       self.lists[nxt], self.count))
+            n = int(self.count.get()[0])
+            cur = nxt
+            rounds += 1
+        cp.cuda.get_current_stream().synchronize()
+        return rounds
+
+
+def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level):
+    """:func:`.incore.solve_block` on the GPU: ``vals``/``dist``/``level`` NumPy or CuPy arrays of
+    the ringed block's shape; returns CuPy (dist, level, pred)."""
+    import cupy as cp
+
+    vals = cp.asarray(vals)
+    if vals.dtype not in (cp.float32, cp.float64):
+        vals = vals.astype(cp.float64)
+    H2, W2 = vals.shape
+    h, w = H2 - 2, W2 - 2
+    mod = _module("float" if vals.dtype == cp.float32 else "double", int(kind))
+    d = cp.asarray(dist, dtype=cp.float64)
+    d[1:-1, 1:-1] = cp.inf
+    lv = cp.asarray(level, dtype=cp.int32)
+    src = cp.asarray(np.asarray(flat_src, np.int64))
+    d.reshape(-1)[src] = 0.0
+    st = cp.asarray(np.asarray(steps, np.float64))
+    ntr, ntc = -(-h // TILE), -(-w // TILE)
+    lists = _WorkLists(ntr * ntc)
+    ring_seeded = bool(cp.isfinite(d[0]).any() or cp.isfinite(d[-1]).any() or cp.isfinite(d[:, 0]).any()
+                       or cp.isfinite(d[:, -1]).any())
+    if ring_seeded:
+        first = cp.arange(ntr * ntc, dtype=cp.int32)
+    else:
+        rows, cols = src // W2 - 1, src % W2 - 1
+        first = cp.unique((rows // TILE) * ntc + cols // TILE).astype(cp.int32)
+    args = (vals, d, np.int32(h), np.int32(w), st)
+    rounds = lists.run(mod.get_function("relax_distances"), args, first)
+    threads = 256
+    blocks = min(-(-h * w // threads), 65536)
+    mod.get_function("initial_levels")((blocks,), (threads,), (vals, d, lv, np.int32(h), np.int32(w), st))
+    lv.reshape(-1)[src] = 0
+    lists.run(mod.get_function("relax_levels"), (vals, d, lv, np.int32(h), np.int32(w), st),
+              cp.arange(ntr * ntc, dtype=cp.int32))
+    pred = cp.empty((h, w), cp.uint8)
+    mod.get_function("parent_codes")((blocks,), (threads,), (vals, d, lv, pred, np.int32(h), np.int32(w), st))
+    rr, cc = src // W2 - 1, src % W2 - 1
+    pred[rr, cc] = 255
+    solve_block_gpu.rounds = rounds
+    return d, lv, pred

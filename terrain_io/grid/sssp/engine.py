@@ -1,0 +1,149 @@
+"""``sssp()``: shortest paths over a store's grid graph by one of three methods, the same bytes from each.
+
+DESIGN.md "SSSP engines": ``incore`` solves the whole grid in memory (:mod:`.incore`; the GPU's
+memory with ``device="gpu"``); ``index`` runs the terrain thesis's three phases over the stored
+boundary graph G' (:mod:`.pipeline`), out of core and cheap for every further source once the
+index exists; ``auto`` takes ``index`` when a usable index is stored, else ``incore`` when the
+grid fits the budget, else ``index``. The answers (distances, and predecessors by the tie rule of
+:mod:`.incore`) do not depend on the method, device, tiling or budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field as dc_field
+
+import numpy as np
+
+from ... import weights as weight_models
+from ...backend import resolve_device
+from ...errors import InputError
+from ...memory import memory_budget
+from ...store import TerrainStore, Window
+from .index import Field, open_index
+
+DISTANCE_DTYPE = "float32"
+METHODS = ("auto", "incore", "index")
+
+
+@dataclass
+class SSSPResult:
+    """What :func:`sssp` computed; the same facts are the attributes of ``sssp/NAME``."""
+
+    name: str
+    weight: str
+    sources: list  # (row, col) cells
+    method: str  # "incore" or "index"
+    reached: int
+    max_distance: float
+    timings: dict = dc_field(default_factory=dict)
+    device: str = "cpu"
+    cluster: int | None = None  # the index method's cluster size
+    index_reused: bool = False
+    merge_stats: dict = dc_field(default_factory=dict)  # the parallel merge's rounds, levels, stage seconds
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.timings.values())
+
+
+def parse_sources(store: TerrainStore, sources, cell: bool = False) -> list[tuple[int, int]]:
+    """Source cells from (x, y) map coordinates, or (row, col) with ``cell``; clear errors when off the DEM."""
+    if isinstance(sources, tuple) and len(sources) == 2 and np.isscalar(sources[0]):
+        sources = [sources]
+    rows, cols = store.shape
+    cells = []
+    for src in sources:
+        if len(src) != 2:
+            raise InputError(f"a source is two numbers, got {src!r}")
+        if cell:
+            r, c = int(src[0]), int(src[1])
+            what = f"cell {r},{c}"
+        else:
+            r, c = store.map_to_cell(float(src[0]), float(src[1]))
+            what = f"point {src[0]},{src[1]}"
+        if not (0 <= r < rows and 0 <= c < cols):
+            raise InputError(f"source {what} lies outside the DEM ({rows} x {cols} cells)")
+        v = store.read(Window(r, r + 1, c, c + 1))
+        if not store.valid(v)[0, 0]:
+            raise InputError(f"source {what} lies on a nodata cell")
+        cells.append((r, c))
+    if not cells:
+        raise InputError("no source given")
+    return cells
+
+
+def default_name(cells) -> str:
+    r, c = cells[0]
+    return f"r{r}c{c}" + (f"+{len(cells) - 1}" if len(cells) > 1 else "")
+
+
+def choose_method(method: str, store: TerrainStore, field: Field, device: str, budget: int,
+                  cluster: int | None = None) -> str:
+    """``incore`` or ``index`` for ``method`` (``auto``: a stored index first, then in-core if it fits)."""
+    from .incore import fits_in_core
+
+    method = (method or "auto").lower()
+    if method not in METHODS:
+        raise InputError(f"unknown SSSP method {method!r}: choose one of {', '.join(METHODS)}")
+    if method != "auto":
+        return method
+    if open_index(store, field, cluster) is not None:
+        return "index"
+    return "incore" if fits_in_core(store, field, device, budget) else "index"
+
+
+def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
+         memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
+         rebuild_index: bool = False, scheduler: str | None = "local", announce=None,
+         method: str = "auto") -> SSSPResult:
+    """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
+
+    ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
+    (several sources give the distance to the nearest). ``weight``: ``absdiff`` (default),
+    ``surface`` or ``cell`` (with ``cost``: a store array name or a raster file aligned with the
+    DEM). ``memory``: budget such as ``"2GB"`` (default: half the free RAM). ``method``:
+    ``auto|incore|index`` (module docstring); ``cluster``, ``rebuild_index`` and ``scheduler``
+    (Dask tasks, see terrain_io.parallel) apply to the index method (``auto`` takes it when they are asked for).
+    """
+    store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
+    model = weight_models.get(weight)
+    if model.kind not in (weight_models.ABSDIFF, weight_models.SURFACE, weight_models.CELL):
+        raise InputError(f"weight model {model.name!r} is not an SSSP model: use absdiff, surface or cell")
+    dev = resolve_device(device)
+    cells = parse_sources(store, sources, cell)
+    name = name or default_name(cells)
+    budget = memory_budget(memory)
+    field = Field(store, model, cost)
+    try:
+        if (method or "auto") == "auto" and (rebuild_index or (scheduler or "local") != "local"):
+            method = "index"  # what only the index method does: (re)build G', Dask tasks
+        chosen = choose_method(method, store, field, dev, budget, cluster)
+        attrs = result_attrs(store, field, cells, chosen)
+        if chosen == "incore":
+            from .incore import run_incore
+
+            result = run_incore(store, field, cells, name, dev, budget, progress, attrs)
+        else:
+            from .pipeline import run_index
+
+            result = run_index(store, field, cells, name, dev, budget, progress, attrs, cluster, rebuild_index,
+                               scheduler, announce)
+    finally:
+        field.close()
+    store.group[f"sssp/{name}"].attrs.update({"timings": result.timings})
+    return result
+
+
+def result_attrs(store: TerrainStore, field: Field, cells, method: str) -> dict:
+    """The attributes every SSSP result group carries (a method adds its own)."""
+    return {
+        "weight": field.model.name,
+        "method": method,
+        "source_cells": [list(map(int, rc)) for rc in cells],
+        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells],
+        "distance_dtype": DISTANCE_DTYPE,
+        "cost": field.cost_id,
+        "unreached": "distance +inf, predecessor 255; nodata cells: distance NaN",
+        "predecessor_codes": "direction from a cell to its parent: 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none",
+        "predecessor_rule": "the tight parent with the least key (0 if strictly nearer, else its plateau level + 1), "
+                            "then the least direction code",
+    }

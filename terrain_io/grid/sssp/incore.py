@@ -1,0 +1,178 @@
+"""The in-core SSSP engine: a block of the grid solved whole in memory (DESIGN.md "SSSP engines").
+
+Every SSSP method of the tool gives these answers, byte for byte:
+
+* **Distance**: the fixpoint of d(v) = min over neighbours u of fl(d(u) + w(u, v)) in float64,
+  d = 0 at the sources -- the least left-to-right float64 sum over all paths. Rounding is
+  monotone, so the fixpoint is unique and every label-correcting order (Dijkstra on the CPU,
+  tile relaxation on the GPU, shard by shard out of core) reaches the same bits. Stored as float32.
+* **Plateau level** L(v) (the tie rule's helper): an edge u -> v is *tight* when
+  fl(d(u) + w(u, v)) == d(v). L(v) = 0 at a source or where a tight parent is strictly nearer;
+  otherwise all tight parents lie at the same distance (zero-weight edges, flat ground) and
+  L(v) = 1 + min L(u) over them: the hop count across the plateau from where it was entered.
+* **Predecessor**: among v's tight parents, the one with the least key -- 0 when it is strictly
+  nearer, else L(u) + 1 -- and of those the least direction code (0=E ... 7=NE). Keys fall along
+  every chain ((d, L) decreases lexicographically), so chains never cycle and end at a source.
+
+A block is an (h + 2) x (w + 2) array with a one-cell ring: NaN outside the DEM for a whole-grid
+solve, a neighbouring shard's cells (with their distances and levels fixed) for a shard solve.
+CPU: :mod:`._incore_cpu` (numba); GPU: :mod:`._incore_gpu` (CuPy, tiles relaxed in shared memory).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...backend import resolve_device
+from . import _incore_cpu as K
+
+NO_LEVEL = int(K.NO_LEVEL)
+NO_PRED = K.NO_PRED
+
+
+def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
+    """Host memory of one block solve: values, distances (float64), levels (int32), codes and the
+    float32 output, plus the heap's frontier (a few bytes a cell at most in practice)."""
+    return (h + 2) * (w + 2) * (value_itemsize + 8 + 4) + h * w * (1 + 4 + 4)
+
+
+def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: np.ndarray | None = None,
+                level: np.ndarray | None = None, device: str = "cpu"):
+    """Solve the interior of a ringed block.
+
+    ``vals``: (h + 2, w + 2) float32/float64 values, NaN where a cell is not a vertex; ``sources``:
+    (n, 2) interior cells as (row, col) of the interior (0-based); ``dist``/``level``: the ring's
+    fixed distances (float64) and plateau levels (int32, NO_LEVEL unknown) in arrays of the block's
+    shape (their interior is overwritten), or None for an all-NaN ring. Returns ``(dist, level,
+    pred)``: the block's float64 distances and int32 levels (ring unchanged) and the interior's
+    uint8 parent codes. ``device="gpu"`` solves on the GPU (the same bytes; arrays come back as
+    CuPy arrays)."""
+    H2, W2 = vals.shape
+    h, w = H2 - 2, W2 - 2
+    gpu = resolve_device(device) == "gpu"
+    xp = np
+    if gpu:
+        import cupy as xp
+    if dist is None:
+        dist = xp.full((H2, W2), np.inf)
+    if level is None:
+        level = xp.full((H2, W2), NO_LEVEL, np.int32)
+    src = np.asarray(sources, np.int64).reshape(-1, 2)
+    flat_src = (src[:, 0] + 1) * W2 + src[:, 1] + 1
+    if gpu:
+        from ._incore_gpu import solve_block_gpu
+
+        return solve_block_gpu(vals, kind, steps, flat_src, dist, level)
+    dist[1:-1, 1:-1] = np.inf
+    fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
+    fd[flat_src] = 0.0
+    K.solve_distances(fv, h, w, kind, steps, fd)
+    K.plateau_levels(fv, h, w, kind, steps, fd, fl, flat_src)
+    pred = np.empty((h, w), np.uint8)
+    K.predecessors(fv, h, w, kind, steps, fd, fl, flat_src, pred)
+    return dist, level, pred
+
+
+def ringed(values: np.ndarray, dtype=None) -> np.ndarray:
+    """``values`` (h x w, NaN = not a vertex) inside a NaN ring: the block of a whole-grid solve."""
+    h, w = values.shape
+    out = np.full((h + 2, w + 2), np.nan, dtype or (values.dtype if values.dtype.kind == "f" else np.float64))
+    out[1:-1, 1:-1] = values
+    return out
+
+
+def output_distance(dist: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """The stored distances of a block's interior: float32, +inf unreached, NaN where no vertex."""
+    out = dist[1:-1, 1:-1].astype(np.float32)
+    out[np.isnan(vals[1:-1, 1:-1])] = np.nan
+    return out
+
+
+def value_dtype(field) -> np.dtype:
+    """float32 when every value of ``field`` is exactly a float32 (a float32 or small-integer DEM,
+    no cost raster), else float64: the block then takes half the memory and the same weights."""
+    dt = field.store.dtype
+    small = dt == np.float32 or (dt.kind in "iu" and dt.itemsize <= 2)
+    return np.dtype(np.float32 if small and field.cost_array is None else np.float64)
+
+
+def fits_in_core(store, field, device: str, budget: int) -> bool:
+    """The whole grid fits: in ``budget`` bytes of host memory, or in the GPU's free memory."""
+    h, w = store.shape
+    need = block_bytes(h, w, value_dtype(field).itemsize)
+    if device == "gpu":
+        import cupy
+
+        free, _ = cupy.cuda.Device().mem_info
+        return need <= 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
+    return need <= budget
+
+
+def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict):
+    """The in-core method on a store: read every shard into one ringed block (host or GPU), solve
+    it, write ``sssp/NAME`` shard by shard (reads and writes in threads)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ...progress import progress_bar
+    from .engine import DISTANCE_DTYPE, SSSPResult
+
+    if not fits_in_core(store, field, device, budget):
+        raise _too_large(store, field, device, budget)
+    h, w = store.shape
+    wins = list(store.shards())
+    timings = {}
+    t0 = time.perf_counter()
+    xp = np
+    if device == "gpu":
+        import cupy as xp
+    vals = xp.full((h + 2, w + 2), np.nan, value_dtype(field))
+
+    def read(win):
+        block = field.read(win)
+        vals[win.r0 + 1 : win.r1 + 1, win.c0 + 1 : win.c1 + 1] = xp.asarray(block)
+
+    threads = max(1, min(8, len(wins)))
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read, wins))
+    timings["read"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device)
+    del level
+    timings["solve"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bar = progress_bar(progress, len(wins), "sssp write")
+    with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
+        dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
+        pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
+
+        def write(win):
+            sl = (slice(win.r0 + 1, win.r1 + 1), slice(win.c0 + 1, win.c1 + 1))
+            d = dist[sl].astype(np.float32)
+            d[xp.isnan(vals[sl])] = np.nan
+            d, p = (d.get(), pred[win.slices].get()) if xp is not np else (d, pred[win.slices])
+            dist_arr[win.slices] = d
+            pred_arr[win.slices] = p
+            bar.update(1)
+            finite = np.isfinite(d)
+            return int(finite.sum()), float(d[finite].max()) if finite.any() else 0.0
+
+        with ThreadPoolExecutor(threads) as pool:
+            done = list(pool.map(write, wins))
+        reached = sum(n for n, _ in done)
+        dmax = max((m for _, m in done), default=0.0)
+        wr.attrs.update({"reached": reached, "max_distance": dmax})
+    bar.close()
+    timings["write"] = time.perf_counter() - t0
+    return SSSPResult(name, field.model.name, cells, "incore", reached, dmax,
+                      {k: round(v, 3) for k, v in timings.items()}, device)
+
+
+def _too_large(store, field, device, budget):
+    from ...errors import InputError
+    from ...memory import format_bytes
+
+    h, w = store.shape
+    need = block_bytes(h, w, value_dtype(field).itemsize)
+    where = "the GPU's free memory" if device == "gpu" else f"the memory budget {format_bytes(budget)}"
+    return InputError(f"the in-core SSSP needs {format_bytes(need)} for {h} x {w} cells, more than {where} "
+                      "(raise --memory, or use --method index)")

@@ -1,0 +1,251 @@
+// The in-core SSSP engine on the GPU (terrain_io/grid/sssp/incore.py has the rules; the numba
+// kernels of _incore_cpu.py compute the same bytes).
+//
+// The ringed block ((h + 2) x (w + 2), row-major) is cut into TS x TS tiles of its interior. A
+// round runs one thread block per tile of a work list: the tile and its one-cell halo go into
+// shared memory, the tile is relaxed there to local convergence (pull relaxation, in place:
+// labels only fall, so reading a neighbour mid-update is safe), improved cells are written back,
+// and a tile whose border cells improved puts its neighbours on the next round's list (a flag per
+// tile keeps each once). Rounds repeat until a list is empty: the fixpoint, the same bits as
+// Dijkstra whatever the order (incore.py). Distances first, then plateau levels the same way
+// with the distances fixed, then the parent codes cell by cell.
+// Compile-time: VAL (value type), KIND (weight model: 1 absdiff, 2 surface, 3 cell).
+
+#include "grid.cuh"
+
+#define TS 32
+#define BY 8
+#define HS (TS + 2)
+#define NO_LEVEL 2147483647
+#define NO_PRED 255
+
+__device__ __forceinline__ double sssp_weight(double a, double b, double step) {
+#if KIND == 2
+    return sqrt(step * step + (a - b) * (a - b));
+#elif KIND == 3
+    return (a + b) * 0.5 * step;
+#else
+    return fabs(a - b);
+#endif
+}
+
+// Load the tile (tr, tc) with its halo: values (NaN beyond the block) and labels.
+template <typename L>
+__device__ __forceinline__ void load_tile(const VAL* __restrict__ vals, const L* __restrict__ lab, L beyond,
+                                          int h, int w, int tr, int tc, double (*sv)[HS], L (*sl)[HS]) {
+    const long long W2 = w + 2;
+    for (int i = threadIdx.y; i < HS; i += BY) {
+        for (int j = threadIdx.x; j < HS; j += TS) {
+            const int R = tr * TS + i, C = tc * TS + j;  // padded coordinates (tile interior from 1)
+            if (R <= h + 1 && C <= w + 1) {
+                sv[i][j] = (double)vals[R * W2 + C];
+                sl[i][j] = lab[R * W2 + C];
+            } else {
+                sv[i][j] = __longlong_as_double(0x7ff8000000000000LL);
+                sl[i][j] = beyond;
+            }
+        }
+    }
+}
+
+// After a tile's round: queue the neighbours next to the border cells that improved.
+__device__ __forceinline__ void queue_neighbours(int (*mark)[3], int tr, int tc, int ntr, int ntc,
+                                                 int* __restrict__ own_flag, int* __restrict__ next_flag,
+                                                 int* __restrict__ next_work, int* __restrict__ next_count) {
+    __syncthreads();
+    const int t = threadIdx.y * TS + threadIdx.x;
+    if (t < 9) {
+        const int di = t / 3 - 1, dj = t % 3 - 1;
+        const int nr = tr + di, nc = tc + dj;
+        if ((di || dj) && mark[di + 1][dj + 1] && nr >= 0 && nr < ntr && nc >= 0 && nc < ntc) {
+            const int nt = nr * ntc + nc;
+            if (atomicExch(&next_flag[nt], 1) == 0) next_work[atomicAdd(next_count, 1)] = nt;
+        }
+    }
+}
+
+__device__ __forceinline__ void mark_border(int (*mark)[3], int i, int j) {
+    const int di = i == 1 ? 0 : (i == TS ? 2 : 1), dj = j == 1 ? 0 : (j == TS ? 2 : 1);
+    if (di != 1) mark[di][1] = 1;
+    if (dj != 1) mark[1][dj] = 1;
+    if (di != 1 && dj != 1) mark[di][dj] = 1;
+}
+
+extern "C" __global__ void __launch_bounds__(TS * BY)
+relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, int w, const double* __restrict__ steps,
+                const int* __restrict__ work, int* __restrict__ own_flag, int* __restrict__ next_flag,
+                int* __restrict__ next_work, int* __restrict__ next_count) {
+    __shared__ double sv[HS][HS];
+    __shared__ double sd[HS][HS];
+    __shared__ int mark[3][3];
+    const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
+    const int t = work[blockIdx.x];
+    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
+    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
+    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
+    load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tr, tc, sv, sd);
+    __syncthreads();
+    double st[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) st[k] = steps[k];
+    const int j = 1 + threadIdx.x;
+    // a partial tile at the block's edge: its cells beyond the interior (the ring) stay fixed
+    const bool col_in = tc * TS + j <= w;
+    double before[TS / BY];
+    bool solve[TS / BY];
+#pragma unroll
+    for (int m = 0; m < TS / BY; ++m) {
+        const int i = 1 + threadIdx.y + BY * m;
+        before[m] = sd[i][j];
+        solve[m] = col_in && tr * TS + i <= h && !isnan(sv[i][j]);
+    }
+    bool changed;
+    do {
+        changed = false;
+#pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            if (!solve[m]) continue;
+            const int i = 1 + threadIdx.y + BY * m;
+            const double b = sv[i][j];
+            double best = sd[i][j];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const double a = sv[i + DR[k]][j + DC[k]];
+                if (isnan(a)) continue;
+                const double nd = sd[i + DR[k]][j + DC[k]] + sssp_weight(a, b, st[k]);
+                if (nd < best) best = nd;
+            }
+            if (best < sd[i][j]) {
+                sd[i][j] = best;
+                changed = true;
+            }
+        }
+    } while (__syncthreads_or(changed));
+    const long long W2 = w + 2;
+#pragma unroll
+    for (int m = 0; m < TS / BY; ++m) {
+        const int i = 1 + threadIdx.y + BY * m;
+        if (solve[m] && sd[i][j] < before[m]) {
+            dist[(long long)(tr * TS + i) * W2 + tc * TS + j] = sd[i][j];
+            mark_border(mark, i, j);
+        }
+    }
+    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+}
+
+// Level 0 at sources (set by the caller) and at cells with a strictly nearer tight parent; the
+// other reached cells start at NO_LEVEL (plateau cells). Interior cells only.
+extern "C" __global__ void initial_levels(const VAL* __restrict__ vals, const double* __restrict__ dist,
+                                          int* __restrict__ level, int h, int w, const double* __restrict__ steps) {
+    const long long n = (long long)h * w;
+    const long long W2 = w + 2;
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
+        const long long v = (q / w + 1) * W2 + q % w + 1;
+        const double b = (double)vals[v], dv = dist[v];
+        int lv = NO_LEVEL;
+        if (!isnan(b) && dv < __longlong_as_double(0x7ff0000000000000LL)) {
+            for (int k = 0; k < 8; ++k) {
+                const long long u = v + DR[k] * W2 + DC[k];
+                const double a = (double)vals[u];
+                if (!isnan(a) && dist[u] < dv && dist[u] + sssp_weight(a, b, steps[k]) == dv) {
+                    lv = 0;
+                    break;
+                }
+            }
+        }
+        level[v] = lv;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(TS * BY)
+relax_levels(const VAL* __restrict__ vals, const double* __restrict__ dist, int* __restrict__ level, int h, int w,
+             const double* __restrict__ steps, const int* __restrict__ work, int* __restrict__ own_flag,
+             int* __restrict__ next_flag, int* __restrict__ next_work, int* __restrict__ next_count) {
+    __shared__ double sv[HS][HS];
+    __shared__ double sd[HS][HS];
+    __shared__ int sl[HS][HS];
+    __shared__ int mark[3][3];
+    const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
+    const int t = work[blockIdx.x];
+    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
+    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
+    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
+    load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tr, tc, sv, sd);
+    load_tile<int>(vals, level, NO_LEVEL, h, w, tr, tc, sv, sl);
+    __syncthreads();
+    const int j = 1 + threadIdx.x;
+    const bool col_in = tc * TS + j <= w;
+    // each interior cell's plateau parents (tight, same distance) as a bit mask, found once
+    unsigned parents[TS / BY];
+    int before[TS / BY];
+#pragma unroll
+    for (int m = 0; m < TS / BY; ++m) {
+        const int i = 1 + threadIdx.y + BY * m;
+        before[m] = sl[i][j];
+        parents[m] = 0;
+        const double b = sv[i][j], dv = sd[i][j];
+        if (!col_in || tr * TS + i > h || sl[i][j] == 0 || isnan(b) || !(dv < __longlong_as_double(0x7ff0000000000000LL))) continue;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const double a = sv[i + DR[k]][j + DC[k]], du = sd[i + DR[k]][j + DC[k]];
+            if (!isnan(a) && du == dv && du + sssp_weight(a, b, steps[k]) == dv) parents[m] |= 1u << k;
+        }
+    }
+    bool changed;
+    do {
+        changed = false;
+#pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            if (!parents[m]) continue;
+            const int i = 1 + threadIdx.y + BY * m;
+            int best = sl[i][j];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                if (!(parents[m] >> k & 1)) continue;
+                const int lu = sl[i + DR[k]][j + DC[k]];
+                if (lu != NO_LEVEL && lu + 1 < best) best = lu + 1;
+            }
+            if (best < sl[i][j]) {
+                sl[i][j] = best;
+                changed = true;
+            }
+        }
+    } while (__syncthreads_or(changed));
+    const long long W2 = w + 2;
+#pragma unroll
+    for (int m = 0; m < TS / BY; ++m) {
+        const int i = 1 + threadIdx.y + BY * m;
+        if (parents[m] && sl[i][j] < before[m]) {
+            level[(long long)(tr * TS + i) * W2 + tc * TS + j] = sl[i][j];
+            mark_border(mark, i, j);
+        }
+    }
+    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+}
+
+// The parent code of every interior cell: the tight parent with the least (key, direction).
+extern "C" __global__ void parent_codes(const VAL* __restrict__ vals, const double* __restrict__ dist,
+                                        const int* __restrict__ level, unsigned char* __restrict__ pred, int h, int w,
+                                        const double* __restrict__ steps) {
+    const long long n = (long long)h * w;
+    const long long W2 = w + 2;
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
+        const long long v = (q / w + 1) * W2 + q % w + 1;
+        const double b = (double)vals[v], dv = dist[v];
+        int best = NO_PRED;
+        if (!isnan(b) && dv < __longlong_as_double(0x7ff0000000000000LL)) {
+            long long best_key = 1LL << 62;
+            for (int k = 0; k < 8; ++k) {
+                const long long u = v + DR[k] * W2 + DC[k];
+                const double a = (double)vals[u];
+                if (isnan(a) || !(dist[u] + sssp_weight(a, b, steps[k]) == dv)) continue;
+                const long long key = dist[u] < dv ? 0 : (long long)level[u] + 1;
+                if (key < best_key) {
+                    best_key = key;
+                    best = k;
+                }
+            }
+        }
+        pred[q] = (unsigned char)best;
+    }
+}

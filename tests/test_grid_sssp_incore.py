@@ -1,0 +1,141 @@
+"""The in-core SSSP engine against independent references: distances bit for bit equal to
+scipy.sparse.csgraph.dijkstra (which sums left to right in float64, like the engine), and
+predecessors equal to the documented tie rule applied, in this file, to scipy's distances."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from terrain_io.grid.sssp import sssp
+from terrain_io.grid.sssp._pipeline_cpu import steps_of
+from terrain_io.grid.sssp.incore import NO_LEVEL, output_distance, ringed, solve_block
+from test_grid_sssp import DC, DR, make_store, random_dem, reference
+
+KINDS = {"absdiff": 1, "surface": 2, "cell": 3}
+
+
+def weight(kind, a, b, k, dx, dy):
+    """w(a -> b) over direction k, as IEEE float64 operations (squares as products: pow() can be
+    1 ulp off)."""
+    step = float(np.hypot(dx * abs(DC[k]), dy * abs(DR[k])))
+    return {"absdiff": lambda: abs(a - b), "surface": lambda: float(np.sqrt(step * step + (a - b) * (a - b))),
+            "cell": lambda: (a + b) * 0.5 * step}[kind]()
+
+
+def rule_predecessors(vals, dist, sources, kind, dx=1.0, dy=1.0):
+    """The tie rule from its definition (engine docstring), by a plain breadth-first search.
+
+    Tight edge u -> v: dist[u] + w(u, v) == dist[v]. Level 0 at sources and cells with a strictly
+    nearer tight parent; else 1 + the least level of the (equal-distance) tight parents. Parent:
+    the least key (0 strictly nearer, else level + 1), then the least direction code."""
+    H, W = vals.shape
+    src = set(map(tuple, sources))
+
+    def parents(r, c):
+        for k in range(8):
+            pr, pc = r + DR[k], c + DC[k]
+            if 0 <= pr < H and 0 <= pc < W and not np.isnan(vals[pr, pc]) and np.isfinite(dist[pr, pc]):
+                if dist[pr, pc] + weight(kind, float(vals[pr, pc]), float(vals[r, c]), k, dx, dy) == dist[r, c]:
+                    yield k, pr, pc
+
+    level = np.full((H, W), NO_LEVEL, np.int64)
+    reached = np.isfinite(dist) & ~np.isnan(vals)
+    queue = deque()
+    for r, c in zip(*np.nonzero(reached)):
+        if (r, c) in src or any(dist[pr, pc] < dist[r, c] for _, pr, pc in parents(r, c)):
+            level[r, c] = 0
+            queue.append((r, c))
+    while queue:  # plateau cells, in order of level
+        r, c = queue.popleft()
+        for k in range(8):
+            x, y = r - DR[k], c - DC[k]  # the cell whose neighbour in direction k is (r, c)
+            if 0 <= x < H and 0 <= y < W and reached[x, y] and level[x, y] == NO_LEVEL and dist[x, y] == dist[r, c]:
+                if any((pr, pc) == (r, c) for _, pr, pc in parents(x, y)):
+                    level[x, y] = level[r, c] + 1
+                    queue.append((x, y))
+    pred = np.full((H, W), 255, np.uint8)
+    for r, c in zip(*np.nonzero(reached)):
+        if (r, c) in src:
+            continue
+        keys = [(0 if dist[pr, pc] < dist[r, c] else level[pr, pc] + 1, k) for k, pr, pc in parents(r, c)]
+        pred[r, c] = min(keys)[1]
+    return pred
+
+
+def terraced(shape, seed, step=10.0):
+    return (np.floor(random_dem(shape, seed) / step) * step).astype(np.float32)
+
+
+CASES = {
+    "random": lambda: random_dem((37, 53), 1, holes=0.08),
+    "terraced": lambda: terraced((40, 40), 2),  # exact ties and zero-weight plateaus
+    "flat": lambda: np.full((30, 33), 7.0, np.float32),
+    "holes": lambda: np.where(random_dem((41, 29), 3) > 40, np.nan, terraced((41, 29), 4, 25.0)).astype(np.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kind", ["absdiff", "surface", "cell"])
+def test_block_solve_equals_scipy_and_the_tie_rule(case, kind):
+    v = CASES[case]()
+    if kind == "cell":
+        v = np.where(np.isnan(v), np.nan, np.abs(v) + 0.5).astype(np.float32)
+    ok = np.argwhere(~np.isnan(v))
+    sources = [tuple(ok[0]), tuple(ok[len(ok) // 2]), tuple(ok[-1])]  # corner-ish, middle, last
+    dx, dy = 2.0, 3.0
+    ref = reference(v.astype(np.float64), sources, kind, dx, dy)
+    block = ringed(v)
+    dist, level, pred = solve_block(block, KINDS[kind], steps_of(dx, dy), sources)
+    inner = dist[1:-1, 1:-1].copy()
+    inner[np.isnan(v)] = np.nan
+    np.testing.assert_array_equal(inner, ref)  # bit for bit, float64
+    np.testing.assert_array_equal(pred, rule_predecessors(v, ref, sources, kind, dx, dy))
+    np.testing.assert_array_equal(output_distance(dist, block), ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("case", ["random", "terraced", "flat"])
+def test_a_ringed_block_with_true_ring_values_reproduces_the_whole_solve(case):
+    """What a shard solve relies on: given the whole solve's distances and levels on its ring,
+    a sub-block's solve gives the same distances, levels and codes inside."""
+    v = CASES[case]()
+    steps = steps_of(1.0, 1.0)
+    sources = [(3, 4)]
+    whole = ringed(v)
+    dist, level, pred = solve_block(whole, 1, steps, sources)
+    r0, r1, c0, c1 = 6, 25, 9, 30  # interior rows r0..r1-1, cols c0..c1-1 of the DEM
+    sub = whole[r0 : r1 + 2, c0 : c1 + 2].copy()  # ring = the DEM cells around the window
+    sd = dist[r0 : r1 + 2, c0 : c1 + 2].copy()
+    sl = level[r0 : r1 + 2, c0 : c1 + 2].copy()
+    d2, l2, p2 = solve_block(sub, 1, steps, np.empty((0, 2), np.int64), sd, sl)
+    np.testing.assert_array_equal(d2[1:-1, 1:-1], dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(l2[1:-1, 1:-1], level[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(p2, pred[r0:r1, c0:c1])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (2, 2), (3, 17)])
+def test_thin_grids(shape):
+    v = random_dem(shape, sum(shape))
+    ref = reference(v.astype(np.float64), [(0, 0)])
+    dist, _, pred = solve_block(ringed(v), 1, steps_of(1.0, 1.0), [(0, 0)])
+    np.testing.assert_array_equal(dist[1:-1, 1:-1], ref)
+    np.testing.assert_array_equal(pred, rule_predecessors(v, ref, [(0, 0)], "absdiff"))
+
+
+def test_store_incore_method_and_auto(tmp_path):
+    v = CASES["holes"]()
+    st = make_store(tmp_path, v, tile=8, shard=2)
+    sources = [tuple(np.argwhere(~np.isnan(v))[5])]
+    r = sssp(st, sources, cell=True, progress=False)  # auto: no index stored, fits in memory
+    assert r.method == "incore" and st.group[f"sssp/{r.name}"].attrs["method"] == "incore"
+    d = st.group[f"sssp/{r.name}/distance"][:]
+    p = st.group[f"sssp/{r.name}/predecessor"][:]
+    ref = reference(v.astype(np.float64), sources)
+    np.testing.assert_array_equal(d, ref.astype(np.float32))
+    np.testing.assert_array_equal(p, rule_predecessors(v, ref, sources, "absdiff"))
+    from terrain_io.errors import InputError
+
+    with pytest.raises(InputError, match="in-core SSSP needs"):
+        sssp(st, sources, cell=True, progress=False, method="incore", memory="1KB", name="x")
+    assert "sssp/x" not in st.results()

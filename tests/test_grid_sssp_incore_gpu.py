@@ -1,0 +1,76 @@
+"""The in-core SSSP engine on the GPU (CuPy tile relaxation) against the CPU engine, byte for
+byte, and against scipy's Dijkstra; run on a GPU machine with ``pytest -m gpu``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from terrain_io.grid.sssp import sssp
+from terrain_io.grid.sssp._pipeline_cpu import steps_of
+from terrain_io.grid.sssp.incore import ringed, solve_block
+from test_grid_sssp import make_store, random_dem, reference
+from test_grid_sssp_incore import CASES, KINDS, rule_predecessors, terraced
+
+pytestmark = pytest.mark.gpu
+
+
+def both(block, kind, steps, sources, dist=None, level=None):
+    cpu = solve_block(block.copy(), kind, steps, sources, None if dist is None else dist.copy(),
+                      None if level is None else level.copy())
+    gpu = solve_block(block, kind, steps, sources, dist, level, device="gpu")
+    return cpu, tuple(a.get() for a in gpu)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("kind", ["absdiff", "surface", "cell"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_block_equals_cpu_and_scipy(case, kind, dtype):
+    v = CASES[case]()
+    if kind == "cell":
+        v = np.where(np.isnan(v), np.nan, np.abs(v) + 0.5).astype(np.float32)
+    ok = np.argwhere(~np.isnan(v))
+    sources = [tuple(ok[0]), tuple(ok[len(ok) // 2])]
+    block = ringed(v.astype(dtype))
+    (dc, lc, pc), (dg, lg, pg) = both(block, KINDS[kind], steps_of(2.0, 3.0), sources)
+    np.testing.assert_array_equal(dg, dc)
+    np.testing.assert_array_equal(lg, lc)
+    np.testing.assert_array_equal(pg, pc)
+    ref = reference(v.astype(np.float64), sources, kind, 2.0, 3.0)
+    inner = dg[1:-1, 1:-1].copy()
+    inner[np.isnan(v)] = np.nan
+    np.testing.assert_array_equal(inner, ref)
+    np.testing.assert_array_equal(pg, rule_predecessors(v, ref, sources, kind, 2.0, 3.0))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 70), (70, 1), (33, 65), (300, 257), (640, 512)])
+def test_gpu_many_tiles_and_partial_tiles(shape):
+    v = terraced(shape, sum(shape), step=7.0)
+    v[np.random.default_rng(1).random(shape) < 0.03] = np.nan
+    sources = [tuple(a) for a in np.argwhere(~np.isnan(v))[[0, -1]]]
+    (dc, lc, pc), (dg, lg, pg) = both(ringed(v), 1, steps_of(1.0, 1.0), sources)
+    np.testing.assert_array_equal(dg, dc)
+    np.testing.assert_array_equal(lg, lc)
+    np.testing.assert_array_equal(pg, pc)
+
+
+def test_gpu_ringed_block_equals_cpu():
+    v = CASES["terraced"]()
+    whole = ringed(v)
+    dist, level, _ = solve_block(whole, 1, steps_of(1.0, 1.0), [(3, 4)])
+    sub = whole[6:27, 9:32].copy()
+    (dc, lc, pc), (dg, lg, pg) = both(sub, 1, steps_of(1.0, 1.0), np.empty((0, 2), np.int64),
+                                      dist[6:27, 9:32].copy(), level[6:27, 9:32].copy())
+    np.testing.assert_array_equal(dg, dc)
+    np.testing.assert_array_equal(lg, lc)
+    np.testing.assert_array_equal(pg, pc)
+
+
+def test_gpu_store_incore_equals_cpu(tmp_path):
+    v = random_dem((300, 200), 5, holes=0.05)
+    st = make_store(tmp_path, v, tile=32, shard=2)
+    src = [tuple(a) for a in np.argwhere(~np.isnan(v))[[10, 2000]]]
+    for device in ("cpu", "gpu"):
+        r = sssp(st, src, cell=True, progress=False, device=device, method="incore", name=device)
+        assert r.method == "incore" and r.device == device
+    for a in ("distance", "predecessor"):
+        np.testing.assert_array_equal(st.group[f"sssp/gpu/{a}"][:], st.group[f"sssp/cpu/{a}"][:])
