@@ -62,8 +62,7 @@ def _demo_sssp(st, store_path: Path, out: Path) -> None:
     res = sssp(st, (x, y), weight="absdiff", name="centre", progress=False)
     export(store_path, "sssp/centre/distance", out / "distance.png", overwrite=True)
     click.echo(f"4. sssp     from ({x:.5f}, {y:.5f}), cost |dh| summed: {res.reached:,} cells reached, farthest "
-               f"{res.max_distance:.0f} m (index {res.timings['boundary']:.2f} s, merge {res.timings['merge']:.2f} s, "
-               f"final {res.timings['final']:.2f} s) -> {out / 'distance.png'}")
+               f"{res.max_distance:.0f} m ({res.phases()}) -> {out / 'distance.png'}")
     tx, ty = (float(v) for v in st.cell_to_map(rows // 8, cols // 8))
     path = trace(st, (tx, ty), name="centre")
     write_geojson(st, path, out / "path.geojson")

@@ -63,14 +63,8 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
     res = sssp(store, [_pair(s) for s in sources], weight=weight, name=name, device=device, memory=memory,
                progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index,
                scheduler=scheduler, announce=say, method=method)
-    t = res.timings
-    if res.method == "index":
-        phases = (f"boundary {t['boundary']:.2f} s{' (index reused)' if res.index_reused else ''}, "
-                  f"merge {t['merge']:.2f} s, final {t['final']:.2f} s")
-    else:
-        phases = f"in-core on the {res.device.upper()}: read {t['read']:.2f} s, solve {t['solve']:.2f} s, write {t['write']:.2f} s"
     say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
-        f"max distance {res.max_distance:.6g}; {phases}; total {timer.elapsed:.2f} s")
+        f"max distance {res.max_distance:.6g}; {res.phases()}; total {timer.elapsed:.2f} s")
 
 
 @cli.command("index")

@@ -139,3 +139,41 @@ def test_store_incore_method_and_auto(tmp_path):
     with pytest.raises(InputError, match="in-core SSSP needs"):
         sssp(st, sources, cell=True, progress=False, method="incore", memory="1KB", name="x")
     assert "sssp/x" not in st.results()
+
+
+def test_cost_distance_on_numpy_and_xarray():
+    import xarray as xr
+
+    from terrain_io.grid import cost_distance
+
+    v = CASES["holes"]()
+    src = tuple(np.argwhere(~np.isnan(v))[7])
+    ref = reference(v.astype(np.float64), [src], "surface", 2.0, 3.0)
+    d, p = cost_distance(v, src, weight="surface", cell_size=(2.0, 3.0))
+    np.testing.assert_array_equal(d, ref.astype(np.float32))
+    np.testing.assert_array_equal(p, rule_predecessors(v, ref, [src], "surface", 2.0, 3.0))
+    # xarray: coordinates and attributes kept, the cell size read from them, sources as a raster
+    h, w = v.shape
+    da = xr.DataArray(v, dims=("y", "x"), coords={"y": 500.0 - 3.0 * np.arange(h), "x": 100.0 + 2.0 * np.arange(w)},
+                      attrs={"crs": "EPSG:32633"})
+    mask = np.zeros(v.shape, np.uint8)
+    mask[src] = 1
+    dx, px = cost_distance(da, mask, weight="surface")
+    assert isinstance(dx, xr.DataArray) and dx.dims == ("y", "x") and dx.attrs["crs"] == "EPSG:32633"
+    np.testing.assert_array_equal(dx.x.values, da.x.values)
+    np.testing.assert_array_equal(dx.values, d)
+    np.testing.assert_array_equal(px.values, p)
+    # the cell model on a cost raster, against scikit-image
+    from skimage.graph import MCP_Geometric
+
+    cost = np.abs(np.nan_to_num(v, nan=1.0)).astype(np.float64) + 0.5
+    dc, _ = cost_distance(v, [src], weight="cell", cost=cost)
+    ref_c, _ = MCP_Geometric(np.where(np.isnan(v), np.inf, cost), fully_connected=True).find_costs([src])
+    ok = ~np.isnan(v) & np.isfinite(ref_c)
+    np.testing.assert_allclose(dc[ok], ref_c[ok], rtol=1e-6)
+    from terrain_io.errors import InputError
+
+    with pytest.raises(InputError, match="nodata"):
+        cost_distance(v, tuple(np.argwhere(np.isnan(v))[0]))
+    with pytest.raises(InputError, match="outside"):
+        cost_distance(v, (h, 0))

@@ -74,3 +74,17 @@ def test_gpu_store_incore_equals_cpu(tmp_path):
         assert r.method == "incore" and r.device == device
     for a in ("distance", "predecessor"):
         np.testing.assert_array_equal(st.group[f"sssp/gpu/{a}"][:], st.group[f"sssp/cpu/{a}"][:])
+
+
+def test_cost_distance_on_cupy_equals_numpy():
+    import cupy as cp
+
+    from terrain_io.grid import cost_distance
+
+    v = CASES["holes"]()
+    src = [tuple(a) for a in np.argwhere(~np.isnan(v))[[3, 300]]]
+    d, p = cost_distance(v, src, weight="surface", cell_size=(2.0, 3.0))
+    dg, pg = cost_distance(cp.asarray(v), src, weight="surface", cell_size=(2.0, 3.0))
+    assert isinstance(dg, cp.ndarray) and isinstance(pg, cp.ndarray)
+    np.testing.assert_array_equal(dg.get(), d)
+    np.testing.assert_array_equal(pg.get(), p)

@@ -97,7 +97,8 @@ def world(tmp_path_factory):
     commands = {
         "convert": lambda d: ["convert", src, "-o", d / "out.zarr", "--tile", "64", "--shard", "2", "--overwrite"],
         "mst": lambda d: ["mst", d / "dem.zarr", "--device", "cpu"],
-        "sssp": lambda d: ["sssp", d / "dem.zarr", "--cell", "--source", "300,400", "--name", "k", "--device", "cpu"],
+        "sssp": lambda d: ["sssp", d / "dem.zarr", "--cell", "--source", "300,400", "--name", "k", "--device", "cpu",
+                           "--method", "index"],
     }
     outputs = {"convert": ("out.zarr", "elevation"), "mst": ("dem.zarr", "mst"), "sssp": ("dem.zarr", "sssp/k")}
     clean, duration = {}, {}
@@ -228,7 +229,7 @@ def test_concurrent_sssp_runs_on_one_store_are_both_correct(world, tmp_path):
     valid = np.argwhere(np.isfinite(z))
     picks = valid[[len(valid) // 5, 4 * len(valid) // 5]]
     runs = {"a": f"{picks[0][0]},{picks[0][1]}", "b": f"{picks[1][0]},{picks[1][1]}"}
-    procs = [terrain("sssp", store, "--cell", "--source", src, "--name", name, "--device", "cpu")
+    procs = [terrain("sssp", store, "--cell", "--source", src, "--name", name, "--device", "cpu", "--method", "index")
              for name, src in runs.items()]
     polls = 0
     while any(p.poll() is None for p in procs):
@@ -246,6 +247,7 @@ def test_concurrent_sssp_runs_on_one_store_are_both_correct(world, tmp_path):
         seq = tmp_path / f"seq-{name}"
         seq.mkdir()
         shutil.copytree(world["base"], seq / "dem.zarr")
-        run_ok("sssp", seq / "dem.zarr", "--cell", "--source", src, "--name", name, "--device", "cpu")
+        run_ok("sssp", seq / "dem.zarr", "--cell", "--source", src, "--name", name, "--device", "cpu", "--method",
+               "index")
         assert_same(snapshot(store, f"sssp/{name}"), snapshot(seq / "dem.zarr", f"sssp/{name}"))
     assert leftovers(tmp_path) == []

@@ -116,6 +116,11 @@ def solve_distances(vals, h, w, kind, steps, dist):
                     hk, hv = _grow(hk, hv, cap)
                 _push(hk, hv, n, dist[v], v)
                 n += 1
+    # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
+    # it), so that popped cells need no bounds checks
+    ring = _ring_cells(h, w)
+    saved = dist[ring]
+    dist[ring] = -np.inf
     pops = 0
     while n > 0:
         du = hk[0]
@@ -125,28 +130,42 @@ def solve_distances(vals, h, w, kind, steps, dist):
         if du > dist[u]:
             continue  # stale entry
         pops += 1
-        r = u // W2
-        c = u - r * W2
         a = vals[u]
-        inner = 1 < r < h and 1 < c < w  # no neighbour on the ring: no bounds checks
         for k in range(8):
-            if not inner:
-                rr, cc = r + DR[k], c + DC[k]
-                if rr < 1 or rr > h or cc < 1 or cc > w:
-                    continue
             v = u + off[k]
+            dv = dist[v]
+            if dv <= du:  # settled, on the ring, or no weight can help it: skip the weight
+                continue
             b = vals[v]
             if np.isnan(b):
                 continue
             nd = du + edge_weight(kind, a, b, steps[k])
-            if nd < dist[v]:
+            if nd < dv:
                 dist[v] = nd
                 if n == cap:
                     cap *= 2
                     hk, hv = _grow(hk, hv, cap)
                 _push(hk, hv, n, nd, v)
                 n += 1
+    dist[ring] = saved
     return pops
+
+
+@numba.njit(cache=True)
+def _ring_cells(h, w):
+    """Flat indices of the ring of an (h + 2) x (w + 2) block."""
+    W2 = w + 2
+    out = np.empty(2 * (w + 2) + 2 * h, np.int64)
+    m = 0
+    for c in range(W2):
+        out[m] = c
+        out[m + 1] = (h + 1) * W2 + c
+        m += 2
+    for r in range(1, h + 1):
+        out[m] = r * W2
+        out[m + 1] = r * W2 + w + 1
+        m += 2
+    return out
 
 
 @numba.njit(cache=True)

@@ -44,6 +44,14 @@ class SSSPResult:
     def seconds(self) -> float:
         return sum(self.timings.values())
 
+    def phases(self) -> str:
+        """The method and its phase times, for a summary line."""
+        t = self.timings
+        if self.method == "index":
+            return (f"index method: boundary {t['boundary']:.2f} s{' (index reused)' if self.index_reused else ''}, "
+                    f"merge {t['merge']:.2f} s, final {t['final']:.2f} s")
+        return f"in-core on the {self.device.upper()}: read {t['read']:.2f} s, solve {t['solve']:.2f} s, write {t['write']:.2f} s"
+
 
 def parse_sources(store: TerrainStore, sources, cell: bool = False) -> list[tuple[int, int]]:
     """Source cells from (x, y) map coordinates, or (row, col) with ``cell``; clear errors when off the DEM."""

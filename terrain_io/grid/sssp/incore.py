@@ -110,10 +110,12 @@ def fits_in_core(store, field, device: str, budget: int) -> bool:
 def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict):
     """The in-core method on a store: read every shard into one ringed block (host or GPU), solve
     it, write ``sssp/NAME`` shard by shard (reads and writes in threads)."""
+    import os
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     from ...progress import progress_bar
+    from ...store import write_shard
     from .engine import DISTANCE_DTYPE, SSSPResult
 
     if not fits_in_core(store, field, device, budget):
@@ -131,7 +133,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         block = field.read(win)
         vals[win.r0 + 1 : win.r1 + 1, win.c0 + 1 : win.c1 + 1] = xp.asarray(block)
 
-    threads = max(1, min(8, len(wins)))
+    threads = max(1, min(os.cpu_count() or 1, len(wins)))  # shards decode and encode in parallel
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(read, wins))
     timings["read"] = time.perf_counter() - t0
@@ -150,8 +152,9 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
             d = dist[sl].astype(np.float32)
             d[xp.isnan(vals[sl])] = np.nan
             d, p = (d.get(), pred[win.slices].get()) if xp is not np else (d, pred[win.slices])
-            dist_arr[win.slices] = d
-            pred_arr[win.slices] = p
+            sr, sc = win.r0 // dist_arr.shards[0], win.c0 // dist_arr.shards[1]
+            write_shard(dist_arr, sr, sc, d)
+            write_shard(pred_arr, sr, sc, np.ascontiguousarray(p))
             bar.update(1)
             finite = np.isfinite(d)
             return int(finite.sum()), float(d[finite].max()) if finite.any() else 0.0

@@ -1,0 +1,120 @@
+"""``cost_distance``: shortest paths over an in-memory raster, for notebooks, in the manner of
+xarray-spatial (one function; NumPy, CuPy or xarray in, the same kind out).
+
+The in-core engine of :mod:`.incore` on the array itself: no store, no files. The answers are
+those of ``terrain sssp`` on a store of the same values (distances bit for bit, the same
+predecessor codes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import weights as weight_models
+from ...backend import device_of, is_cupy, to_host
+from ...errors import InputError
+from ._pipeline_cpu import steps_of
+from .incore import ringed, solve_block
+
+
+def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=None, nodata=None,
+                  device: str | None = None):
+    """Distance to the nearest source and the predecessor code of every cell of a 2-D raster.
+
+    ``dem``: a NumPy or CuPy array, or an xarray DataArray of them (dims (y, x)); NaN, or the value
+    ``nodata``, marks cells that are not vertices. ``sources``: (row, col) cells -- one pair or a
+    list -- or a raster of the DEM's shape whose non-zero cells are sources (xarray-spatial's
+    convention). ``weight``: ``absdiff`` |dh|, ``surface`` sqrt(step^2 + dh^2), or ``cell``
+    (c_i + c_j) / 2 * step over ``cost`` (a raster of the DEM's shape; NaN, negative or infinite
+    costs are barriers). ``cell_size``: (dx, dy) for the steps; default from a DataArray's x/y
+    coordinates, else 1. ``device``: ``cpu|gpu``, default the input's (CuPy -> GPU).
+
+    Returns ``(distance, predecessor)``: float32 (+inf unreached, NaN where no vertex) and uint8
+    direction codes of the parent (0=E, 1=SE, ..., 7=NE; 255 at sources and unreached cells),
+    NumPy or CuPy like the input, or DataArrays with the input's coordinates and attributes.
+    """
+    model = weight_models.get(weight)
+    if model.kind not in (weight_models.ABSDIFF, weight_models.SURFACE, weight_models.CELL):
+        raise InputError(f"weight model {model.name!r} is not an SSSP model: use absdiff, surface or cell")
+    template = dem if _is_dataarray(dem) else None
+    data = dem.data if template is not None else dem
+    if getattr(data, "ndim", None) != 2:
+        raise InputError(f"the DEM must be a 2-D array, got shape {getattr(data, 'shape', None)}")
+    dev = device_of(data, device=device)
+    xp = np
+    if dev == "gpu":
+        import cupy as xp
+    vals = xp.asarray(data)
+    ok = ~xp.isnan(vals) if vals.dtype.kind == "f" else xp.ones(vals.shape, bool)
+    if nodata is not None:
+        ok &= vals != nodata
+    if model.kind == weight_models.CELL:
+        if cost is None:
+            raise InputError("weight model 'cell' needs a cost raster (cost=...)")
+        c = xp.asarray(cost.data if _is_dataarray(cost) else cost, dtype=np.float64)
+        if c.shape != vals.shape:
+            raise InputError(f"cost raster has shape {c.shape}, the DEM {vals.shape}")
+        ok &= xp.isfinite(c) & (c >= 0)
+        vals = c
+    elif cost is not None:
+        raise InputError(f"cost applies to the weight model 'cell', not {model.name!r}")
+    exact32 = vals.dtype == np.float32 or (vals.dtype.kind in "iu" and vals.dtype.itemsize <= 2)
+    vals = xp.where(ok, vals, np.nan).astype(np.float32 if exact32 else np.float64)
+    cells = _source_cells(sources, vals.shape, to_host(ok))
+    dx, dy = cell_size if cell_size is not None else _coordinate_steps(template)
+    block = ringed(vals) if xp is np else _ringed_gpu(vals)
+    dist, _, pred = solve_block(block, model.kind, steps_of(float(dx), float(dy)), cells, device=dev)
+    out = dist[1:-1, 1:-1].astype(np.float32)
+    out[xp.isnan(vals)] = np.nan
+    if template is None:
+        return out, pred
+    import xarray as xr
+
+    def like(values, name, attrs):
+        return xr.DataArray(values, coords=template.coords, dims=template.dims, name=name,
+                            attrs={**template.attrs, **attrs})
+
+    return (like(out, "distance", {"weight": model.name, "units": "cost"}),
+            like(pred, "predecessor", {"codes": "0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none"}))
+
+
+def _is_dataarray(x) -> bool:
+    return type(x).__name__ == "DataArray" and hasattr(x, "dims")
+
+
+def _ringed_gpu(vals):
+    import cupy as cp
+
+    out = cp.full((vals.shape[0] + 2, vals.shape[1] + 2), np.nan, vals.dtype)
+    out[1:-1, 1:-1] = vals
+    return out
+
+
+def _source_cells(sources, shape, ok) -> np.ndarray:
+    """(n, 2) source cells from (row, col) pairs or a raster whose non-zero cells are sources."""
+    if is_cupy(sources) or (hasattr(sources, "shape") and tuple(sources.shape) == tuple(shape)) or _is_dataarray(sources):
+        mask = to_host(sources.data if _is_dataarray(sources) else sources)
+        cells = np.argwhere(np.nan_to_num(mask) != 0)
+    else:
+        cells = np.asarray(sources, np.int64).reshape(-1, 2)
+    if cells.size == 0:
+        raise InputError("no source given")
+    for r, c in cells:
+        if not (0 <= r < shape[0] and 0 <= c < shape[1]):
+            raise InputError(f"source cell {r},{c} lies outside the DEM ({shape[0]} x {shape[1]} cells)")
+        if not ok[r, c]:
+            raise InputError(f"source cell {r},{c} lies on a nodata cell")
+    return cells
+
+
+def _coordinate_steps(template) -> tuple[float, float]:
+    """Cell size from a DataArray's 1-D x/y coordinates (regular grids), else (1, 1)."""
+    if template is None:
+        return 1.0, 1.0
+    steps = []
+    for dim in (template.dims[1], template.dims[0]):
+        coord = template.coords.get(dim)
+        if coord is None or coord.size < 2:
+            steps.append(1.0)
+        else:
+            steps.append(float(abs(coord.values[1] - coord.values[0])))
+    return steps[0], steps[1]
