@@ -1,10 +1,12 @@
 """``sssp()``: shortest paths over a store's grid graph by one of three methods, the same bytes from each.
 
 DESIGN.md "SSSP engines": ``incore`` solves the whole grid in memory (:mod:`.incore`; the GPU's
-memory with ``device="gpu"``); ``index`` runs the terrain thesis's three phases over the stored
-boundary graph G' (:mod:`.pipeline`), out of core and cheap for every further source once the
-index exists; ``auto`` takes ``index`` when a usable index is stored, else ``incore`` when the
-grid fits the budget, else ``index``. The answers (distances, and predecessors by the tie rule of
+memory with ``device="gpu"``); ``shards`` solves it out of core, unit by unit of whole shards in
+a Dijkstra over units, with no boundary graph (:mod:`.shards`); ``index`` runs the terrain
+thesis's three phases over the stored boundary graph G' (:mod:`.pipeline`), cheap for every
+further source once the index exists; ``auto`` takes ``index`` when a usable index is stored,
+else ``incore`` when the grid fits the budget (and no Dask scheduler is asked for), else
+``shards``. The answers (distances, and predecessors by the tie rule of
 :mod:`.incore`) do not depend on the method, device, tiling or budget.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ...store import TerrainStore, Window
 from .index import Field, open_index
 
 DISTANCE_DTYPE = "float32"
-METHODS = ("auto", "incore", "index")
+METHODS = ("auto", "incore", "shards", "index")
 
 
 @dataclass
@@ -31,14 +33,14 @@ class SSSPResult:
     name: str
     weight: str
     sources: list  # (row, col) cells
-    method: str  # "incore" or "index"
+    method: str  # "incore", "shards" or "index"
     reached: int
     max_distance: float
     timings: dict = dc_field(default_factory=dict)
     device: str = "cpu"
     cluster: int | None = None  # the index method's cluster size
     index_reused: bool = False
-    merge_stats: dict = dc_field(default_factory=dict)  # the parallel merge's rounds, levels, stage seconds
+    merge_stats: dict = dc_field(default_factory=dict)  # the index merge's rounds and stages; the shard schedule's
 
     @property
     def seconds(self) -> float:
@@ -50,6 +52,10 @@ class SSSPResult:
         if self.method == "index":
             return (f"index method: boundary {t['boundary']:.2f} s{' (index reused)' if self.index_reused else ''}, "
                     f"merge {t['merge']:.2f} s, final {t['final']:.2f} s")
+        if self.method == "shards":
+            m = self.merge_stats
+            return (f"shard method on the {self.device.upper()}: {m['units']} units of {m['unit']}^2, "
+                    f"{m['solves']} solves ({m['solves_per_unit']:.2f} a reached unit), {t['solve']:.2f} s")
         return f"in-core on the {self.device.upper()}: read {t['read']:.2f} s, solve {t['solve']:.2f} s, write {t['write']:.2f} s"
 
 
@@ -85,8 +91,9 @@ def default_name(cells) -> str:
 
 
 def choose_method(method: str, store: TerrainStore, field: Field, device: str, budget: int,
-                  cluster: int | None = None) -> str:
-    """``incore`` or ``index`` for ``method`` (``auto``: a stored index first, then in-core if it fits)."""
+                  cluster: int | None = None, scheduler: str | None = "local") -> str:
+    """The method to run for ``method`` (``auto``: a stored index first, then in-core if it fits
+    and no Dask scheduler is asked for, else the shard method)."""
     from .incore import fits_in_core
 
     method = (method or "auto").lower()
@@ -96,21 +103,25 @@ def choose_method(method: str, store: TerrainStore, field: Field, device: str, b
         return method
     if open_index(store, field, cluster) is not None:
         return "index"
-    return "incore" if fits_in_core(store, field, device, budget) else "index"
+    if (scheduler or "local") == "local" and fits_in_core(store, field, device, budget):
+        return "incore"
+    return "shards"
 
 
 def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
          memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
          rebuild_index: bool = False, scheduler: str | None = "local", announce=None,
-         method: str = "auto") -> SSSPResult:
+         method: str = "auto", unit: int | None = None) -> SSSPResult:
     """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
 
     ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
     (several sources give the distance to the nearest). ``weight``: ``absdiff`` (default),
     ``surface`` or ``cell`` (with ``cost``: a store array name or a raster file aligned with the
     DEM). ``memory``: budget such as ``"2GB"`` (default: half the free RAM). ``method``:
-    ``auto|incore|index`` (module docstring); ``cluster``, ``rebuild_index`` and ``scheduler``
-    (Dask tasks, see terrain_io.parallel) apply to the index method (``auto`` takes it when they are asked for).
+    ``auto|incore|shards|index`` (module docstring); ``scheduler`` runs the shard method's unit
+    solves or the index method's tile phases as Dask tasks (terrain_io.parallel); ``unit`` sets the
+    shard method's unit side in cells (default: from the budget); ``cluster`` and
+    ``rebuild_index`` apply to the index method (``auto`` takes it when they are asked for).
     """
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
     model = weight_models.get(weight)
@@ -122,14 +133,18 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     budget = memory_budget(memory)
     field = Field(store, model, cost)
     try:
-        if (method or "auto") == "auto" and (rebuild_index or (scheduler or "local") != "local"):
-            method = "index"  # what only the index method does: (re)build G', Dask tasks
-        chosen = choose_method(method, store, field, dev, budget, cluster)
+        if (method or "auto") == "auto" and (rebuild_index or cluster is not None):
+            method = "index"  # what only the index method does: (re)build G' for a cluster size
+        chosen = choose_method(method, store, field, dev, budget, cluster, scheduler)
         attrs = result_attrs(store, field, cells, chosen)
         if chosen == "incore":
             from .incore import run_incore
 
             result = run_incore(store, field, cells, name, dev, budget, progress, attrs)
+        elif chosen == "shards":
+            from .shards import run_shards
+
+            result = run_shards(store, field, cells, name, dev, budget, progress, attrs, scheduler, unit, announce)
         else:
             from .pipeline import run_index
 

@@ -1,0 +1,430 @@
+"""The shard method: shortest paths out of core with no boundary graph G' (DESIGN.md "SSSP engines").
+
+The grid is cut into *units* of whole store shards (k x k of them, the largest that the memory
+budget holds; tile-aligned blocks when even one shard does not fit). A unit is solved in core by
+the engine of :mod:`.incore` (CPU or GPU, :func:`.incore.solve_block`) from its *ring*: the values,
+distances and plateau levels of the cells just outside it, which are boundary cells of the
+neighbouring units. Between solves only these *lines* stay in memory -- the outer rows and
+columns of every unit, O(N / U) numbers for N cells and units of side U -- so the run needs no
+scratch on disk at all: each solve reads its unit from the store and writes its result.
+
+Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
+III, the merge phase) with units for clusters. A unit waits with the least distance among its ring
+cells that changed since its last solve; the least waiting unit is read, solved, written, and
+its boundary compared with what its neighbours last saw; each neighbour whose ring changed waits
+again. Boundary (distance, level) pairs only ever fall (lexicographically), so this ends; when no
+unit waits, every unit's last solve saw its final ring, so every written unit is final, and the
+answers are the in-core method's byte for byte: both are the unique fixpoint of :mod:`.incore`
+(least float64 sums; least plateau levels; the same tie rule). Units no source reaches are
+written once as unreached at the end.
+
+With a Dask ``scheduler`` the waiting units are solved in rounds, each a batch of tasks (the
+least waiting units, no two of them neighbours), every task reading and writing its own shards.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import InputError
+from ...memory import format_bytes, return_freed_memory_to_os
+from ...progress import progress_bar
+from ...store import TerrainStore, Window, write_shard
+from ...weights import DC, DR, edge_weights
+from .incore import NO_LEVEL, NO_PRED, block_bytes, output_distance, solve_block, value_dtype
+
+# (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
+# ("top"/"bottom"/"left"/"right": a whole side; a corner: one end of a side)
+_NEIGHBOURS = {(-1, 0): ("top", None), (1, 0): ("bottom", None), (0, -1): ("left", None), (0, 1): ("right", None),
+               (-1, -1): ("top", 0), (-1, 1): ("top", -1), (1, -1): ("bottom", 0), (1, 1): ("bottom", -1)}
+
+
+def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
+    """Host memory of one unit solve: the in-core block on the CPU; on the GPU only the values
+    read, the ring and the result (the block lives in GPU memory)."""
+    cells = side * side
+    if device == "gpu":
+        return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 4)
+    return block_bytes(side, side, value_itemsize) + cells * (4 + value_itemsize)  # + the shards read, output
+
+
+def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) -> int:
+    """The side of a unit: the largest tile-aligned power of two whose solve fits ``budget``
+    (whole shards when one fits), no larger than the grid needs."""
+    t = store.tile_size
+    h, w = store.shape
+    lines = 2 * (h + w) * (8 + 4 + itemsize) * 4  # the lines kept between solves, generously
+    gpu_free = None
+    if device == "gpu":
+        import cupy
+
+        free, _ = cupy.cuda.Device().mem_info
+        gpu_free = 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
+    side = t
+    top = 1 << max(0, (max(h, w) - 1).bit_length())
+    while side < top:
+        nxt = side * 2
+        if unit_bytes(nxt, itemsize, device) + lines > budget:
+            break
+        if gpu_free is not None and block_bytes(nxt, nxt, itemsize) > gpu_free:
+            break
+        side = nxt
+    if unit_bytes(side, itemsize, device) + lines > budget:
+        raise InputError(f"the shard method needs {format_bytes(unit_bytes(side, itemsize, device) + lines)} "
+                         f"for one {side} x {side} unit, more than the memory budget {format_bytes(budget)}")
+    return side
+
+
+class Lines:
+    """The outer rows and columns of every unit, four fields each: values (NaN until read),
+    distances (float64, +inf), plateau levels (int32, NO_LEVEL) and parent codes (uint8).
+    ``rows[f][i, 0]`` is field f of unit row i's top grid row and ``rows[f][i, 1]`` of its bottom
+    one, the DEM's whole width; ``cols[f][j, 0|1]`` likewise for unit column j."""
+
+    FIELDS = ("v", "d", "l", "p")
+
+    def __init__(self, shape, side: int, vdtype, kind: int, steps):
+        h, w = shape
+        self.shape, self.side = (h, w), side
+        self.kind, self.steps = kind, np.asarray(steps, np.float64)
+        self.nur, self.nuc = -(-h // side), -(-w // side)
+        init = {"v": (np.nan, vdtype), "d": (np.inf, np.float64), "l": (NO_LEVEL, np.int32), "p": (NO_PRED, np.uint8)}
+        self.rows = {f: np.full((self.nur, 2, w), *init[f]) for f in self.FIELDS}
+        self.cols = {f: np.full((self.nuc, 2, h), *init[f]) for f in self.FIELDS}
+        self.solved = np.zeros((self.nur, self.nuc), bool)  # its boundary is in the lines
+
+    def window(self, i: int, j: int) -> Window:
+        s, (h, w) = self.side, self.shape
+        return Window(i * s, min((i + 1) * s, h), j * s, min((j + 1) * s, w))
+
+    def ring(self, i: int, j: int, vals, dist, level) -> None:
+        """Fill the ring of unit (i, j)'s blocks ((h + 2) x (w + 2)) from the neighbours' lines."""
+        win = self.window(i, j)
+        h, w = win.shape
+        a, b = max(win.c0 - 1, 0), min(win.c1 + 1, self.shape[1])  # grid columns of the top/bottom ring rows
+        blocks = {"v": vals, "d": dist, "l": level}
+        for ring_row, band, end in ((0, i - 1, 1), (h + 1, i + 1, 0)):
+            if 0 <= band < self.nur:
+                for f, blk in blocks.items():
+                    blk[ring_row, a - win.c0 + 1 : b - win.c0 + 1] = self.rows[f][band, end, a:b]
+        for ring_col, band, end in ((0, j - 1, 1), (w + 1, j + 1, 0)):
+            if 0 <= band < self.nuc:
+                for f, blk in blocks.items():
+                    blk[1 : h + 1, ring_col] = self.cols[f][band, end, win.r0 : win.r1]
+
+    def _side(self, i: int, j: int, name: str):
+        """(lines, band, end, cells slice, grid rows, grid cols) of one side of unit (i, j)."""
+        win = self.window(i, j)
+        rows, cols = np.arange(win.r0, win.r1), np.arange(win.c0, win.c1)
+        if name in ("top", "bottom"):
+            r = win.r0 if name == "top" else win.r1 - 1
+            return self.rows, i, int(name == "bottom"), slice(win.c0, win.c1), np.full(cols.size, r), cols
+        c = win.c0 if name == "left" else win.c1 - 1
+        return self.cols, j, int(name == "right"), slice(win.r0, win.r1), rows, np.full(rows.size, c)
+
+    def update(self, i: int, j: int, sides: dict) -> dict:
+        """Store unit (i, j)'s new boundary ``sides`` (name -> fields v, d, l, p); return the
+        neighbours whose solution the change can alter, each with the least changed distance."""
+        changed, where = {}, {}
+        for name, new in sides.items():
+            lines, band, end, part, r, c = self._side(i, j, name)
+            old = {f: lines[f][band, end, part] for f in self.FIELDS}
+            changed[name] = (new["d"] != old["d"]) | (new["l"] != old["l"]) | (new["p"] != old["p"])
+            for f in self.FIELDS:
+                old[f][...] = new[f]
+            where[name] = (r, c)
+        self.solved[i, j] = True
+        out = {}
+        for (di, dj), (name, end) in _NEIGHBOURS.items():
+            ni, nj = i + di, j + dj
+            if not (0 <= ni < self.nur and 0 <= nj < self.nuc):
+                continue
+            part = slice(None) if end is None else slice(end, (end + 1) or None)
+            mask = changed[name][part]
+            if not mask.any():
+                continue
+            u = {f: sides[name][f][part][mask] for f in ("v", "d", "l")}
+            r, c = (x[part][mask] for x in where[name])
+            if not self.solved[ni, nj] or self._matters(ni, nj, r, c, u):
+                out[(ni, nj)] = float(u["d"].min())
+        return out
+
+    def _matters(self, i: int, j: int, r, c, u) -> bool:
+        """Whether ring cells (r, c) of unit (i, j), now with fields ``u``, can alter its solution.
+
+        Only through an edge into one of its boundary cells x: when it gives x a smaller distance,
+        or the same distance through a parent that the tie rule prefers to x's present one (a
+        smaller key -- 0 strictly nearer, else level + 1 -- or the same key and a smaller direction
+        code). The same float64 operations as the kernels, so the test is exact. (A unit not
+        solved yet has no boundary in the lines: any reached cell matters, the caller's test.)"""
+        win = self.window(i, j)
+        for k in range(8):
+            xr, xc = r + DR[k], c + DC[k]
+            inside = (xr >= win.r0) & (xr < win.r1) & (xc >= win.c0) & (xc < win.c1)
+            if not inside.any():
+                continue
+            xr, xc = xr[inside], xc[inside]
+            du, lu, vu = u["d"][inside], u["l"][inside], u["v"][inside].astype(np.float64)
+            x = self._cells(i, j, xr, xc)
+            nd = du + edge_weights(self.kind, vu, x["v"].astype(np.float64), self.steps[k])
+            if np.any(nd < x["d"]):
+                return True
+            # a tie: the parent direction from x to u is k ^ 4; x's present key is 0 or its level
+            key_u = np.where(du < x["d"], 0, lu.astype(np.int64) + 1)
+            key_x = x["l"].astype(np.int64)
+            tie = (nd == x["d"]) & (x["p"] != NO_PRED)
+            if np.any(tie & ((key_u < key_x) | ((key_u == key_x) & ((k ^ 4) < x["p"])))):
+                return True
+        return False
+
+    def _cells(self, i: int, j: int, r, c) -> dict:
+        """Fields of boundary cells (r, c) of unit (i, j)."""
+        win = self.window(i, j)
+        top, bottom, left = r == win.r0, r == win.r1 - 1, c == win.c0
+        return {f: np.where(top, self.rows[f][i, 0, c], np.where(bottom, self.rows[f][i, 1, c], np.where(
+            left, self.cols[f][j, 0, r], self.cols[f][j, 1, r]))) for f in self.FIELDS}
+
+
+def boundary_sides(vals, dist, level, pred) -> dict:
+    """A solved block's outer interior rows and columns: name -> fields v, d, l (ringed blocks) and
+    p (the interior's parent codes)."""
+    h, w = vals.shape[0] - 2, vals.shape[1] - 2
+    cut = {"top": (1, slice(1, w + 1)), "bottom": (h, slice(1, w + 1)),
+           "left": (slice(1, h + 1), 1), "right": (slice(1, h + 1), w)}
+    out = {}
+    for name, (a, b) in cut.items():
+        pa = a - 1 if isinstance(a, int) else slice(0, h)
+        pb = b - 1 if isinstance(b, int) else slice(0, w)
+        out[name] = {"v": vals[a, b], "d": dist[a, b], "l": level[a, b], "p": pred[pa, pb]}
+    return out
+
+
+@dataclass
+class UnitResult:
+    """What one unit solve hands back to the schedule (small: its boundary and counts)."""
+
+    i: int
+    j: int
+    sides: dict
+    reached: int
+    max_distance: float
+    pops: int = 0
+
+
+@dataclass
+class UnitTask:
+    """One unit solve, self-contained (pickled to a Dask worker with its ring)."""
+
+    field: object  # index.Field (pickles by paths)
+    distance: str  # paths of the result arrays (in the result group being written)
+    predecessor: str
+    i: int
+    j: int
+    window: Window
+    ring: tuple  # (values, distances, levels) blocks with only the ring filled, or None: unreached
+    sources: np.ndarray  # (n, 2) interior cells of the unit
+    device: str
+    threads: int
+
+
+def _read_values(field, win: Window, vdtype, threads: int) -> np.ndarray:
+    """The unit's cells (NaN where not a vertex), its store shards decoded in parallel threads."""
+    st = field.store
+    out = np.empty(win.shape, vdtype)
+    s = st.tile_size * st.shard_size
+    parts = [Window(r, min(r + s, win.r1), c, min(c + s, win.c1))
+             for r in range(win.r0, win.r1, s) for c in range(win.c0, win.c1, s)]
+
+    def read(p):
+        out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p)
+
+    if len(parts) == 1:
+        read(parts[0])
+    else:
+        with ThreadPoolExecutor(min(threads, len(parts))) as pool:
+            list(pool.map(read, parts))
+    return out
+
+
+def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarray, threads: int) -> None:
+    """Write a unit's result: whole shards by :func:`write_shard` in parallel threads, else by zarr."""
+    sh0, sh1 = dist_arr.shards
+    if win.r0 % sh0 or win.c0 % sh1 or (win.r1 % sh0 and win.r1 != dist_arr.shape[0]) or (
+            win.c1 % sh1 and win.c1 != dist_arr.shape[1]):
+        dist_arr[win.slices] = d32
+        pred_arr[win.slices] = pred
+        return
+    jobs = [(sr, sc) for sr in range(win.r0 // sh0, -(-win.r1 // sh0)) for sc in range(win.c0 // sh1, -(-win.c1 // sh1))]
+
+    def write(job):
+        sr, sc = job
+        r0, c0 = sr * sh0 - win.r0, sc * sh1 - win.c0
+        part = (slice(r0, r0 + sh0), slice(c0, c0 + sh1))
+        write_shard(dist_arr, sr, sc, np.ascontiguousarray(d32[part]))
+        write_shard(pred_arr, sr, sc, np.ascontiguousarray(pred[part]))
+
+    if len(jobs) == 1:
+        write(jobs[0])
+    else:
+        with ThreadPoolExecutor(min(threads, len(jobs))) as pool:
+            list(pool.map(write, jobs))
+
+
+def solve_unit(task: UnitTask) -> UnitResult:
+    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back."""
+    import zarr
+
+    field = task.field
+    dist_arr, pred_arr = (zarr.open_array(p, mode="r+") for p in (task.distance, task.predecessor))
+    win = task.window
+    h, w = win.shape
+    interior = _read_values(field, win, value_dtype(field), task.threads)
+    if task.ring is None:  # never reached: +inf on its vertices, no parents
+        d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
+        _write_unit(dist_arr, pred_arr, win, d32, np.full((h, w), NO_PRED, np.uint8), task.threads)
+        return UnitResult(task.i, task.j, {}, 0, 0.0)
+    vals, dist, level = task.ring
+    vals[1:-1, 1:-1] = interior
+    d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device)
+    if task.device == "gpu":
+        import cupy as cp
+
+        sides = boundary_sides(cp.asarray(vals), d, lv, pred)
+        sides = {k: {f: cp.asnumpy(a) for f, a in v.items()} for k, v in sides.items()}
+        d32 = d[1:-1, 1:-1].astype(cp.float32)
+        d32[cp.isnan(cp.asarray(vals)[1:-1, 1:-1])] = np.nan
+        d32, pred = cp.asnumpy(d32), cp.asnumpy(pred)
+    else:
+        sides = {k: {f: np.array(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
+        d32 = output_distance(d, vals)
+    _write_unit(dist_arr, pred_arr, win, d32, pred, task.threads)
+    finite = np.isfinite(d32)
+    return UnitResult(task.i, task.j, sides, int(finite.sum()), float(d32[finite].max()) if finite.any() else 0.0)
+
+
+class _IOCounter:
+    """Bytes this process read and wrote through system calls (Linux /proc/self/io), for the
+    bytes-per-cell figures; zeros where unavailable."""
+
+    @staticmethod
+    def now() -> tuple[int, int]:
+        try:
+            with open("/proc/self/io") as f:
+                kv = dict(line.split(": ") for line in f.read().splitlines())
+            return int(kv["rchar"]), int(kv["wchar"])
+        except (OSError, KeyError, ValueError):
+            return 0, 0
+
+
+def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
+               scheduler: str | None = "local", unit: int | None = None, announce=None):
+    """The shard method on a store; writes ``sssp/NAME`` with ``attrs`` and the schedule's figures.
+    ``unit``: the unit side in cells (a multiple of the tile size; default from the budget)."""
+    from ...parallel import check_scheduler, map_shards
+    from .engine import DISTANCE_DTYPE, SSSPResult
+
+    return_freed_memory_to_os()
+    scheduler = check_scheduler(scheduler)
+    vdtype = value_dtype(field)
+    side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
+    if side % store.tile_size:
+        raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
+    lines = Lines(store.shape, side, vdtype, field.model.kind, field.steps())
+    nur, nuc = lines.nur, lines.nuc
+    threads = max(1, min(os.cpu_count() or 1, 16))
+    src = np.asarray(cells, np.int64).reshape(-1, 2)
+    waiting = np.full((nur, nuc), np.inf)
+    heap = []
+    for r, c in src:
+        i, j = int(r) // side, int(c) // side
+        if waiting[i, j] > 0:
+            waiting[i, j] = 0.0
+            heapq.heappush(heap, (0.0, i, j))
+    solves = np.zeros((nur, nuc), np.int32)
+    reach = {}
+    io0 = _IOCounter.now()
+    t0 = time.perf_counter()
+    bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
+    with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
+        dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
+        pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
+        paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
+
+        def task(i, j, reached=True):
+            win = lines.window(i, j)
+            ring = None
+            if reached:
+                h, w = win.shape
+                ring = (np.full((h + 2, w + 2), np.nan, vdtype), np.full((h + 2, w + 2), np.inf),
+                        np.full((h + 2, w + 2), NO_LEVEL, np.int32))
+                lines.ring(i, j, *ring)
+            inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
+            return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
+                            threads if scheduler == "local" else 1)
+
+        def absorb(res: UnitResult):
+            if solves[res.i, res.j] == 0:
+                bar.update(1)
+            solves[res.i, res.j] += 1
+            reach[(res.i, res.j)] = (res.reached, res.max_distance)
+            for (ni, nj), key in lines.update(res.i, res.j, res.sides).items():
+                if key < waiting[ni, nj]:
+                    waiting[ni, nj] = key
+                    heapq.heappush(heap, (key, ni, nj))
+
+        rounds = 0
+        while heap:
+            batch = _next_batch(heap, waiting, 1 if scheduler == "local" else _batch_size(scheduler))
+            rounds += 1
+            for ij in batch:
+                waiting[ij] = np.inf
+            results = map_shards(solve_unit, [task(i, j) for i, j in batch], scheduler, announce=announce)
+            for res in results:
+                absorb(res)
+        unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
+        map_shards(solve_unit, [task(i, j, reached=False) for i, j in unreached], scheduler, progress=bar,
+                   announce=announce)
+        reached = sum(n for n, _ in reach.values())
+        dmax = max((m for _, m in reach.values()), default=0.0)
+        io1 = _IOCounter.now()
+        n_cells = store.shape[0] * store.shape[1]
+        stats = {"unit": side, "units": nur * nuc, "solves": int(solves.sum()), "rounds": rounds,
+                 "solves_per_unit": round(float(solves[solves > 0].mean()) if (solves > 0).any() else 0.0, 3),
+                 "max_solves": int(solves.max()), "unreached_units": len(unreached),
+                 "read_bytes_per_cell": round((io1[0] - io0[0]) / n_cells, 3),
+                 "written_bytes_per_cell": round((io1[1] - io0[1]) / n_cells, 3)}
+        wr.attrs.update({"reached": reached, "max_distance": dmax, "shards": stats})
+    bar.close()
+    timings = {"solve": round(time.perf_counter() - t0, 3)}
+    return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings, device, merge_stats=stats)
+
+
+def _batch_size(scheduler: str) -> int:
+    """How many units a Dask round solves: the workers' threads (2 x the cores for local Dask)."""
+    if scheduler in ("threads", "processes"):
+        return os.cpu_count() or 1
+    from ...parallel import _client
+
+    return max(1, sum(_client(scheduler, None).nthreads().values()))
+
+
+def _next_batch(heap, waiting, size: int) -> list:
+    """The least waiting units, at most ``size`` of them and no two neighbours (a neighbour of a
+    unit in the batch would be solved from a ring about to change)."""
+    batch, skipped = [], []
+    while heap and len(batch) < size:
+        key, i, j = heapq.heappop(heap)
+        if key != waiting[i, j]:
+            continue  # stale entry
+        if any(abs(i - a) <= 1 and abs(j - b) <= 1 for a, b in batch):
+            skipped.append((key, i, j))
+            continue
+        batch.append((i, j))
+    for item in skipped:
+        heapq.heappush(heap, item)
+    return batch
