@@ -41,10 +41,12 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
 @cluster_option
 @device_option
 @memory_option
-@click.option("--method", type=click.Choice(["auto", "incore", "index"]), default="auto", show_default=True,
-              help="incore: the whole grid in memory (GPU memory with --device gpu); index: the out-of-core "
-                   "pipeline over the stored boundary index (fast for every further source); auto: the stored "
-                   "index if there is one, else incore if it fits --memory, else index. Same results from each.")
+@click.option("--method", type=click.Choice(["auto", "incore", "shards", "index"]), default="auto", show_default=True,
+              help="incore: the whole grid in memory (GPU memory with --device gpu); shards: out of core, "
+                   "blocks of shards solved in turn within --memory (Dask tasks with --scheduler); index: the "
+                   "three-phase pipeline over the stored boundary index (fast for every further source); auto: "
+                   "the stored index if there is one, else incore if it fits --memory, else shards. Same "
+                   "results from each.")
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
 @scheduler_option
 def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, method,

@@ -45,39 +45,46 @@ _NEIGHBOURS = {(-1, 0): ("top", None), (1, 0): ("bottom", None), (0, -1): ("left
 
 
 def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
-    """Host memory of one unit solve: the in-core block on the CPU; on the GPU only the values
-    read, the ring and the result (the block lives in GPU memory)."""
+    """Host memory of one unit solve. CPU: the in-core block, the cells read, the float32 and
+    code outputs with their compressed copies, and the heap's frontier (8 bytes a cell, ample in
+    practice). GPU: only the values read, the ring, the outputs (the block lives in GPU memory)."""
     cells = side * side
     if device == "gpu":
-        return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 4)
-    return block_bytes(side, side, value_itemsize) + cells * (4 + value_itemsize)  # + the shards read, output
+        return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 8)
+
+
+def lines_bytes(shape, side: int, value_itemsize: int) -> int:
+    """Memory of the lines (:class:`Lines`) for units of ``side``: two rows of the DEM's width per
+    unit row, two columns per unit column, a value, distance, level and code a cell."""
+    h, w = shape
+    return 2 * (w * -(-h // side) + h * -(-w // side)) * (value_itemsize + 8 + 4 + 1)
 
 
 def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) -> int:
-    """The side of a unit: the largest tile-aligned power of two whose solve fits ``budget``
-    (whole shards when one fits), no larger than the grid needs."""
+    """The side of a unit: the largest tile-aligned power of two (whole shards when one fits) for
+    which one solve and the lines fit ``budget`` -- and, on the GPU, the block its memory -- no
+    larger than the grid needs. Bigger units mean fewer lines and fewer re-solves."""
     t = store.tile_size
     h, w = store.shape
-    lines = 2 * (h + w) * (8 + 4 + itemsize) * 4  # the lines kept between solves, generously
     gpu_free = None
     if device == "gpu":
         import cupy
 
         free, _ = cupy.cuda.Device().mem_info
         gpu_free = 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
-    side = t
-    top = 1 << max(0, (max(h, w) - 1).bit_length())
-    while side < top:
-        nxt = side * 2
-        if unit_bytes(nxt, itemsize, device) + lines > budget:
-            break
-        if gpu_free is not None and block_bytes(nxt, nxt, itemsize) > gpu_free:
-            break
-        side = nxt
-    if unit_bytes(side, itemsize, device) + lines > budget:
-        raise InputError(f"the shard method needs {format_bytes(unit_bytes(side, itemsize, device) + lines)} "
-                         f"for one {side} x {side} unit, more than the memory budget {format_bytes(budget)}")
-    return side
+
+    def need(side):
+        return unit_bytes(side, itemsize, device) + lines_bytes((h, w), side, itemsize)
+
+    top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
+    sides = [s for s in (t << k for k in range(32)) if s <= top]
+    fits = [s for s in sides if need(s) <= budget and (gpu_free is None or block_bytes(s, s, itemsize) <= gpu_free)]
+    if not fits:
+        least = min(sides, key=need)
+        raise InputError(f"the shard method needs at least {format_bytes(need(least))} for this store "
+                         f"({least} x {least} units), more than the memory budget {format_bytes(budget)}")
+    return fits[-1]
 
 
 class Lines:
@@ -304,7 +311,7 @@ def solve_unit(task: UnitTask) -> UnitResult:
         d32 = output_distance(d, vals)
     _write_unit(dist_arr, pred_arr, win, d32, pred, task.threads)
     finite = np.isfinite(d32)
-    return UnitResult(task.i, task.j, sides, int(finite.sum()), float(d32[finite].max()) if finite.any() else 0.0)
+    return UnitResult(task.i, task.j, sides, int(finite.sum()), float(np.max(d32, where=finite, initial=0.0)))
 
 
 class _IOCounter:
