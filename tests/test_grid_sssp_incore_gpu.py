@@ -88,3 +88,19 @@ def test_cost_distance_on_cupy_equals_numpy():
     assert isinstance(dg, cp.ndarray) and isinstance(pg, cp.ndarray)
     np.testing.assert_array_equal(dg.get(), d)
     np.testing.assert_array_equal(pg.get(), p)
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface"])
+def test_gpu_shard_method_equals_cpu(tmp_path, kind):
+    v = terraced((200, 168), 7, step=6.0)
+    v[np.random.default_rng(2).random(v.shape) < 0.04] = np.nan
+    st = make_store(tmp_path, v, tile=16, shard=2)
+    src = [(31, 31), (32, 32), (150, 3)]
+    for device in ("cpu", "gpu"):
+        r = sssp(st, src, weight=kind, cell=True, progress=False, device=device, method="shards", unit=32,
+                 name=device)
+        assert r.method == "shards" and r.device == device
+    r = sssp(st, src, weight=kind, cell=True, progress=False, device="gpu", method="incore", name="whole")
+    for a in ("distance", "predecessor"):
+        np.testing.assert_array_equal(st.group[f"sssp/gpu/{a}"][:], st.group[f"sssp/cpu/{a}"][:])
+        np.testing.assert_array_equal(st.group[f"sssp/whole/{a}"][:], st.group[f"sssp/cpu/{a}"][:])
