@@ -109,7 +109,9 @@ def fits_in_core(store, field, device: str, budget: int) -> bool:
 
 def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict):
     """The in-core method on a store: read every shard into one ringed block (host or GPU), solve
-    it, write ``sssp/NAME`` shard by shard (reads and writes in threads)."""
+    it, write ``sssp/NAME``. Shards are decoded and encoded in parallel threads (zstd releases the
+    GIL); on the GPU they travel one band of shard rows at a time, one copy each way, so the
+    threads never touch the device and host memory stays at a band or two."""
     import os
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -121,48 +123,67 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     if not fits_in_core(store, field, device, budget):
         raise _too_large(store, field, device, budget)
     h, w = store.shape
-    wins = list(store.shards())
+    nsr, nsc = store.shard_grid
+    bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
     timings = {}
     t0 = time.perf_counter()
+    gpu = device == "gpu"
     xp = np
-    if device == "gpu":
+    if gpu:
         import cupy as xp
-    vals = xp.full((h + 2, w + 2), np.nan, value_dtype(field))
-
-    def read(win):
-        block = field.read(win)
-        vals[win.r0 + 1 : win.r1 + 1, win.c0 + 1 : win.c1 + 1] = xp.asarray(block)
-
-    threads = max(1, min(os.cpu_count() or 1, len(wins)))  # shards decode and encode in parallel
+    vdtype = value_dtype(field)
+    vals = xp.full((h + 2, w + 2), np.nan, vdtype)
+    threads = max(1, min(os.cpu_count() or 1, nsr * nsc))
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(read, wins))
+        for band in bands:
+            r0, r1 = band[0].r0, band[0].r1
+            host = np.empty((r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
+
+            def read(win, host=host, r0=r0):
+                host[:, win.c0 : win.c1] = field.read(win)
+
+            list(pool.map(read, band))
+            if gpu:
+                vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
     timings["read"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device)
     del level
     timings["solve"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    bar = progress_bar(progress, len(wins), "sssp write")
+    bar = progress_bar(progress, nsr * nsc, "sssp write")
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
         dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
         pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
+        d32 = dist[1:-1, 1:-1].astype(np.float32)
+        d32[xp.isnan(vals[1:-1, 1:-1])] = np.nan
+        finite = xp.isfinite(d32)
+        reached = int(finite.sum())
+        dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
+        del finite
 
-        def write(win):
-            sl = (slice(win.r0 + 1, win.r1 + 1), slice(win.c0 + 1, win.c1 + 1))
-            d = dist[sl].astype(np.float32)
-            d[xp.isnan(vals[sl])] = np.nan
-            d, p = (d.get(), pred[win.slices].get()) if xp is not np else (d, pred[win.slices])
+        def write(win, d_band, p_band, r0):
+            part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0, win.c1))
             sr, sc = win.r0 // dist_arr.shards[0], win.c0 // dist_arr.shards[1]
-            write_shard(dist_arr, sr, sc, d)
-            write_shard(pred_arr, sr, sc, np.ascontiguousarray(p))
+            write_shard(dist_arr, sr, sc, np.ascontiguousarray(d_band[part]))
+            write_shard(pred_arr, sr, sc, np.ascontiguousarray(p_band[part]))
             bar.update(1)
-            finite = np.isfinite(d)
-            return int(finite.sum()), float(d[finite].max()) if finite.any() else 0.0
 
         with ThreadPoolExecutor(threads) as pool:
-            done = list(pool.map(write, wins))
-        reached = sum(n for n, _ in done)
-        dmax = max((m for _, m in done), default=0.0)
+            pending = []
+            for band in bands:
+                r0, r1 = band[0].r0, band[0].r1
+                d_band, p_band = d32[r0:r1], pred[r0:r1]
+                if gpu:  # one copy a band; its shards are encoded while the next band comes over
+                    d_band, p_band = d_band.get(), p_band.get()
+                for f in [f for f in pending if f.done()]:
+                    f.result()  # raises a failed write's error here
+                pending = [f for f in pending if not f.done()]
+                pending += [pool.submit(write, win, d_band, p_band, r0) for win in band]
+                while len(pending) > 2 * len(band):  # at most about two bands waiting
+                    pending.pop(0).result()
+            for f in pending:
+                f.result()
         wr.attrs.update({"reached": reached, "max_distance": dmax})
     bar.close()
     timings["write"] = time.perf_counter() - t0
