@@ -298,3 +298,10 @@ def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
     for s in sources:
         r = s // W2
         out[r - 1, s - r * W2 - 1] = NO_PRED
+
+
+# Below about a million cells the thread pool's start-up outweighs the parallel loops (a shard
+# method's units, small arrays): the same functions compiled without threads.
+SERIAL_BELOW = 1 << 20
+plateau_levels_serial = numba.njit(cache=True)(plateau_levels.py_func)
+predecessors_serial = numba.njit(cache=True)(predecessors.py_func)

@@ -66,9 +66,10 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
     K.solve_distances(fv, h, w, kind, steps, fd)
-    K.plateau_levels(fv, h, w, kind, steps, fd, fl, flat_src)
+    small = h * w < K.SERIAL_BELOW
+    (K.plateau_levels_serial if small else K.plateau_levels)(fv, h, w, kind, steps, fd, fl, flat_src)
     pred = np.empty((h, w), np.uint8)
-    K.predecessors(fv, h, w, kind, steps, fd, fl, flat_src, pred)
+    (K.predecessors_serial if small else K.predecessors)(fv, h, w, kind, steps, fd, fl, flat_src, pred)
     return dist, level, pred
 
 

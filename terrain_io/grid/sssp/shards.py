@@ -23,6 +23,7 @@ least waiting units, no two of them neighbours), every task reading and writing 
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import time
@@ -282,12 +283,18 @@ def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarr
             list(pool.map(write, jobs))
 
 
-def solve_unit(task: UnitTask) -> UnitResult:
-    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back."""
+@functools.lru_cache(maxsize=4)
+def _result_array(path: str):
+    """A result array being written, opened once per process (paths are unique to a run)."""
     import zarr
 
+    return zarr.open_array(path, mode="r+")
+
+
+def solve_unit(task: UnitTask) -> UnitResult:
+    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back."""
     field = task.field
-    dist_arr, pred_arr = (zarr.open_array(p, mode="r+") for p in (task.distance, task.predecessor))
+    dist_arr, pred_arr = _result_array(task.distance), _result_array(task.predecessor)
     win = task.window
     h, w = win.shape
     interior = _read_values(field, win, value_dtype(field), task.threads)
