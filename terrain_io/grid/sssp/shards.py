@@ -47,12 +47,12 @@ _NEIGHBOURS = {(-1, 0): ("top", None), (1, 0): ("bottom", None), (0, -1): ("left
 
 def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
     """Host memory of one unit solve. CPU: the in-core block, the cells read, the float32 and
-    code outputs with their compressed copies, and the heap's frontier (8 bytes a cell, ample in
-    practice). GPU: only the values read, the ring, the outputs (the block lives in GPU memory)."""
+    code outputs with their compressed copies, and the heap (16 bytes an entry, about one entry a
+    cell at its largest, and half again while it grows). GPU: only the values read, the ring, the outputs (the block lives in GPU memory)."""
     cells = side * side
     if device == "gpu":
         return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
-    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 8)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24)
 
 
 def lines_bytes(shape, side: int, value_itemsize: int) -> int:
