@@ -52,7 +52,10 @@ def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
     cells = side * side
     if device == "gpu":
         return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
-    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 64)
+
+
+PROCESS_BYTES = 1 << 20  # the run's own: reader/writer threads and their malloc arenas, result arrays, schedule
 
 
 def lines_bytes(shape, side: int, value_itemsize: int) -> int:
@@ -76,7 +79,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
         gpu_free = 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
     def need(side):
-        return unit_bytes(side, itemsize, device) + lines_bytes((h, w), side, itemsize)
+        return unit_bytes(side, itemsize, device) + lines_bytes((h, w), side, itemsize) + PROCESS_BYTES
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
     sides = [s for s in (t << k for k in range(32)) if s <= top]
@@ -240,6 +243,13 @@ class UnitTask:
     threads: int
 
 
+@functools.lru_cache(maxsize=2)
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One pool of reader/writer threads for every unit of this process: new threads for each
+    unit would each grow a malloc arena of their own."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="sssp-units")
+
+
 def _read_values(field, win: Window, vdtype, threads: int) -> np.ndarray:
     """The unit's cells (NaN where not a vertex), its store shards decoded in parallel threads."""
     st = field.store
@@ -251,11 +261,11 @@ def _read_values(field, win: Window, vdtype, threads: int) -> np.ndarray:
     def read(p):
         out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p)
 
-    if len(parts) == 1:
-        read(parts[0])
+    if len(parts) == 1 or threads == 1:
+        for p in parts:
+            read(p)
     else:
-        with ThreadPoolExecutor(min(threads, len(parts))) as pool:
-            list(pool.map(read, parts))
+        list(_pool(threads).map(read, parts))
     return out
 
 
@@ -276,11 +286,11 @@ def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarr
         write_shard(dist_arr, sr, sc, np.ascontiguousarray(d32[part]))
         write_shard(pred_arr, sr, sc, np.ascontiguousarray(pred[part]))
 
-    if len(jobs) == 1:
-        write(jobs[0])
+    if len(jobs) == 1 or threads == 1:
+        for job in jobs:
+            write(job)
     else:
-        with ThreadPoolExecutor(min(threads, len(jobs))) as pool:
-            list(pool.map(write, jobs))
+        list(_pool(threads).map(write, jobs))
 
 
 @functools.lru_cache(maxsize=4)
