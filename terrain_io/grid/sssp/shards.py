@@ -9,8 +9,8 @@ columns of every unit, O(N / U) numbers for N cells and units of side U -- so th
 scratch on disk at all: each solve reads its unit from the store and writes its result.
 
 Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
-III, the merge phase) with units for clusters. A unit waits with the least distance among its ring
-cells that changed since its last solve; the least waiting unit is read, solved, written, and
+III, the merge phase) with units for clusters. A unit waits with the least (distance, plateau
+level) among its ring cells that changed since its last solve (levels order the flats); the least waiting unit is read, solved, written, and
 its boundary compared with what its neighbours last saw; each neighbour whose ring changed waits
 again. Boundary (distance, level) pairs only ever fall (lexicographically), so this ends; when no
 unit waits, every unit's last solve saw its final ring, so every written unit is final, and the
@@ -52,7 +52,7 @@ def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
     cells = side * side
     if device == "gpu":
         return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
-    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 64)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24)
 
 
 PROCESS_BYTES = 1 << 20  # the run's own: reader/writer threads and their malloc arenas, result arrays, schedule
@@ -140,7 +140,8 @@ class Lines:
 
     def update(self, i: int, j: int, sides: dict) -> dict:
         """Store unit (i, j)'s new boundary ``sides`` (name -> fields v, d, l, p); return the
-        neighbours whose solution the change can alter, each with the least changed distance."""
+        neighbours whose solution the change can alter, each with its key: the least changed
+        (distance, plateau level)."""
         changed, where = {}, {}
         for name, new in sides.items():
             lines, band, end, part, r, c = self._side(i, j, name)
@@ -162,7 +163,8 @@ class Lines:
             u = {f: sides[name][f][part][mask] for f in ("v", "d", "l")}
             r, c = (x[part][mask] for x in where[name])
             if not self.solved[ni, nj] or self._matters(ni, nj, r, c, u):
-                out[(ni, nj)] = float(u["d"].min())
+                dmin = u["d"].min()
+                out[(ni, nj)] = (float(dmin), int(u["l"][u["d"] == dmin].min()))
         return out
 
     def _matters(self, i: int, j: int, r, c, u) -> bool:
@@ -362,13 +364,13 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     nur, nuc = lines.nur, lines.nuc
     threads = max(1, min(os.cpu_count() or 1, 16))
     src = np.asarray(cells, np.int64).reshape(-1, 2)
-    waiting = np.full((nur, nuc), np.inf)
+    waiting = {}  # (i, j) -> key of a unit to solve: the least changed (distance, level) of its ring
     heap = []
     for r, c in src:
-        i, j = int(r) // side, int(c) // side
-        if waiting[i, j] > 0:
-            waiting[i, j] = 0.0
-            heapq.heappush(heap, (0.0, i, j))
+        ij = (int(r) // side, int(c) // side)
+        if ij not in waiting:
+            waiting[ij] = (0.0, 0)
+            heapq.heappush(heap, ((0.0, 0), ij))
     solves = np.zeros((nur, nuc), np.int32)
     reach = {}
     io0 = _IOCounter.now()
@@ -396,17 +398,17 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                 bar.update(1)
             solves[res.i, res.j] += 1
             reach[(res.i, res.j)] = (res.reached, res.max_distance)
-            for (ni, nj), key in lines.update(res.i, res.j, res.sides).items():
-                if key < waiting[ni, nj]:
-                    waiting[ni, nj] = key
-                    heapq.heappush(heap, (key, ni, nj))
+            for ij, key in lines.update(res.i, res.j, res.sides).items():
+                if ij not in waiting or key < waiting[ij]:
+                    waiting[ij] = key
+                    heapq.heappush(heap, (key, ij))
 
         rounds = 0
         while heap:
             batch = _next_batch(heap, waiting, 1 if scheduler == "local" else _batch_size(scheduler))
             rounds += 1
             for ij in batch:
-                waiting[ij] = np.inf
+                del waiting[ij]
             results = map_shards(solve_unit, [task(i, j) for i, j in batch], scheduler, announce=announce)
             for res in results:
                 absorb(res)
@@ -437,16 +439,16 @@ def _batch_size(scheduler: str) -> int:
     return max(1, sum(_client(scheduler, None).nthreads().values()))
 
 
-def _next_batch(heap, waiting, size: int) -> list:
+def _next_batch(heap, waiting: dict, size: int) -> list:
     """The least waiting units, at most ``size`` of them and no two neighbours (a neighbour of a
     unit in the batch would be solved from a ring about to change)."""
     batch, skipped = [], []
     while heap and len(batch) < size:
-        key, i, j = heapq.heappop(heap)
-        if key != waiting[i, j]:
+        key, (i, j) = heapq.heappop(heap)
+        if waiting.get((i, j)) != key:
             continue  # stale entry
         if any(abs(i - a) <= 1 and abs(j - b) <= 1 for a, b in batch):
-            skipped.append((key, i, j))
+            skipped.append((key, (i, j)))
             continue
         batch.append((i, j))
     for item in skipped:
