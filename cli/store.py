@@ -1,4 +1,4 @@
-"""Store commands: ``terrain convert``, ``info``, ``synth``, ``export``."""
+"""Store commands: ``terrain convert``, ``info``, ``verify``, ``synth``, ``export``."""
 from __future__ import annotations
 
 import json
@@ -110,6 +110,35 @@ def _short(v) -> str:
 
 def _disk_size(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--threads", type=int, help="Parallel readers [default: 2 x cores, at most 16].")
+def verify(store, as_json, threads):
+    """Read every chunk of every array of a store and check its checksum and the array's manifest.
+
+    Lists damaged, missing and unexpected chunk files; exit status 0 only when all is sound.
+    """
+    from terrain_io.integrity import verify as run
+
+    if not (store / "zarr.json").is_file():
+        TerrainStore.open(store, mode="r")  # the usual one-line error for a path that is no store
+    report = run(store, progress=not quiet() and not as_json, threads=threads)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        for p in report.problems:
+            click.echo(f"{store}: {p.line()}")
+        if not report.checksums:
+            click.echo(f"terrain: note: {store}: format_version {report.format_version}: its chunks carry no "
+                       "checksums; only shard indexes and zstd frames were checked", err=True)
+        state = "sound" if report.sound else f"DAMAGED: {len(report.problems)} problem(s)"
+        say(f"{store}: {report.arrays} arrays, {report.files} files, {report.chunks:,} chunks, "
+            f"{format_bytes(report.bytes)} read in {report.seconds:.2f} s: {state}")
+    if not report.sound:
+        click.get_current_context().exit(1)
 
 
 @cli.command()
