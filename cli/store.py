@@ -50,11 +50,16 @@ def convert(src, out, tile, shard, dtype, scheduler, overwrite):
 @click.option("--json", "as_json", is_flag=True, help="Print the store's attributes and results as JSON.")
 def info(store, as_json):
     """Describe a store: shape, CRS, cell size, tiles, values, nodata, and the results it holds."""
+    from terrain_io.integrity import check_manifests
+
     st = TerrainStore.open(store, mode="r")
     results = st.results()
+    problems = check_manifests(st.path)  # sizes only: `terrain verify` reads the chunks
     if as_json:
-        click.echo(json.dumps({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs, "results": results},
-                              indent=2, default=str))
+        click.echo(json.dumps({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs, "results": results,
+                               "format_version": st.format_version,
+                               "damage": [p.line() for p in problems]}, indent=2, default=str))
+        _report_damage(store, problems)
         return
     rows, cols = st.shape
     a = st.attrs
@@ -72,6 +77,9 @@ def info(store, as_json):
         + (f"{1 - valid / (rows * cols):.2%} of cells" if valid is not None else "share unknown"),
         f"source:     {a.get('source')} ({a.get('source_format')})",
         f"on disk:    {format_bytes(_disk_size(st.path))}",
+        "integrity:  " + ("no checksums (format_version 1)" if st.format_version < 2 else
+                          "shard files match their manifests" if not problems else
+                          f"DAMAGED ({len(problems)} problem(s))") + "; `terrain verify` reads every chunk",
     ]
     if results:
         lines.append("results:    (terrain info --json for every attribute)")
@@ -81,6 +89,15 @@ def info(store, as_json):
     else:
         lines.append("results:    none")
     click.echo("\n".join(lines))
+    _report_damage(store, problems)
+
+
+def _report_damage(store, problems) -> None:
+    """One error line per damaged, missing or unexpected shard file, then exit 1."""
+    if problems:
+        for p in problems:
+            click.echo(f"terrain: error: {store}: {p.line()}", err=True)
+        click.get_current_context().exit(1)
 
 
 def _crs_name(wkt: str | None) -> str:

@@ -351,6 +351,37 @@ class VerifyReport:
                               "unit": p.unit, "problem": p.problem} for p in self.problems]}
 
 
+def check_manifests(path) -> list[Problem]:
+    """The cheap part of :func:`verify` (no chunk is read): every array's chunk files against its
+    manifest -- missing, of another size, or not listed; format 2 arrays without a manifest."""
+    root = Path(path)
+    with open(root / "zarr.json") as f:
+        version = int(json.load(f).get("attributes", {}).get("format_version", 1))
+    problems = []
+    for name, array_dir, meta in _array_dirs(root):
+        unit = "shard" if layout_from_metadata(meta).kind == "sharded" else "chunk"
+        try:
+            manifest = read_manifest(array_dir)
+        except DamagedStoreError as exc:
+            problems.append(Problem(name, None, unit, exc.problem))
+            continue
+        if manifest is None:
+            if version >= 2:
+                problems.append(Problem(name, None, unit, f"no manifest ({MANIFEST})"))
+            continue
+        on_disk = chunk_files(array_dir)
+        for key in sorted(set(manifest) | set(on_disk)):
+            want, got = manifest.get(key), on_disk.get(key)
+            if want is None:
+                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is not in the manifest"))
+            elif got is None:
+                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is missing"))
+            elif got != want:
+                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is {got} bytes, "
+                                        f"the manifest lists {want}"))
+    return problems
+
+
 def _check_one(root: Path, name: str, layout: Layout, key: str, want: int | None, decode: bool):
     """(problems, chunks checked, bytes read) of one chunk file listed in a manifest or on disk."""
     path = root / name / key
