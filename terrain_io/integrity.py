@@ -209,9 +209,17 @@ class Integrity:
             got = self._arrays[name] = (layout, manifest)
         return got
 
-    def check_entry(self, name: str, key: str, size: int | None) -> bool:
+    def check_entry(self, name: str, key: str, size: int | None, _again: bool = True) -> bool:
         """Check a chunk file against the manifest: ``size`` is its size on disk, None when missing.
-        Returns whether the file exists; raises DamagedStoreError if it should not be as it is."""
+        Returns whether the file exists; raises DamagedStoreError if it should not be as it is (after
+        reading the manifest once more: another process may have replaced the result since)."""
+        if _again:
+            try:
+                return self.check_entry(name, key, size, _again=False)
+            except DamagedStoreError:
+                self._arrays.pop(name, None)
+                path = self.root / name / key
+                size = os.stat(path).st_size if path.is_file() else None
         layout, manifest = self.array(name)
         if manifest is None:
             return size is not None
@@ -353,7 +361,20 @@ class VerifyReport:
 
 def check_manifests(path) -> list[Problem]:
     """The cheap part of :func:`verify` (no chunk is read): every array's chunk files against its
-    manifest -- missing, of another size, or not listed; format 2 arrays without a manifest."""
+    manifest -- missing, of another size, or not listed; format 2 arrays without a manifest.
+    A problem is reported only if a second look a moment later finds it too (a result being swapped
+    into place by another process is briefly absent)."""
+    import time
+
+    first = _check_manifests(path)
+    if not first:
+        return first
+    time.sleep(0.2)
+    again = {p.line() for p in _check_manifests(path)}
+    return [p for p in first if p.line() in again]
+
+
+def _check_manifests(path) -> list[Problem]:
     root = Path(path)
     with open(root / "zarr.json") as f:
         version = int(json.load(f).get("attributes", {}).get("format_version", 1))
