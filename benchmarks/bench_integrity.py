@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--after", type=Path, default=HERE)
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--jobs", default="convert,mst,verify", help="which of convert, mst, verify to time")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/terrain-bench-integrity"))
     args = ap.parse_args()
     wd = args.workdir
@@ -85,25 +86,33 @@ def main():
     print(f"# {platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; ASCII {args.size}^2 = "
           f"{mb:.0f} MB; reps {args.reps}, alternating")
     trees = {"before": args.before, "after": args.after}
+    jobs = args.jobs.split(",")
     times = {(k, job): [] for k in trees for job in ("convert", "mst", "verify")}
     for rep in range(args.reps):
         for k, tree in (trees.items() if rep % 2 == 0 else reversed(list(trees.items()))):
             store = wd / f"{k}.zarr"
-            t = child(tree, CONVERT, asc, store)
-            times[k, "convert"].append(t)
-            times[k, "mst"].append(child(tree, MST, store))
-            if k == "after":
+            line = f"rep {rep} {k:<6}:"
+            if "convert" in jobs or not store.exists():
+                t = child(tree, CONVERT, asc, store)
+                times[k, "convert"].append(t)
+                line += f" convert {t:.2f} s ({mb / t:.1f} MB/s)"
+            if "mst" in jobs:
+                times[k, "mst"].append(child(tree, MST, store))
+                line += f" mst {times[k, 'mst'][-1]:.2f} s"
+            if k == "after" and "verify" in jobs:
                 times[k, "verify"].append(child(tree, VERIFY, store))
-            print(f"rep {rep} {k:<6}: convert {t:.2f} s ({mb / t:.1f} MB/s), mst {times[k, 'mst'][-1]:.2f} s"
-                  + (f", verify {times[k, 'verify'][-1]:.2f} s" if k == "after" else ""), flush=True)
+                line += f" verify {times[k, 'verify'][-1]:.2f} s"
+            print(line, flush=True)
     med = {key: statistics.median(v) for key, v in times.items() if v}
     for job in ("convert", "mst"):
-        b, a = med["before", job], med["after", job]
-        extra = f" ({mb / b:.1f} -> {mb / a:.1f} MB/s)" if job == "convert" else ""
-        print(f"{job:<8} median before {b:.2f} s, after {a:.2f} s: {100 * (a / b - 1):+.1f}%{extra}")
-    size = sum(p.stat().st_size for p in (wd / "after.zarr").rglob("*") if p.is_file())
-    print(f"verify   median {med['after', 'verify']:.2f} s for {size / 1e6:.0f} MB "
-          f"({size / 1e6 / med['after', 'verify']:.0f} MB/s)")
+        if job in jobs:
+            b, a = med["before", job], med["after", job]
+            extra = f" ({mb / b:.1f} -> {mb / a:.1f} MB/s)" if job == "convert" else ""
+            print(f"{job:<8} median before {b:.2f} s, after {a:.2f} s: {100 * (a / b - 1):+.1f}%{extra}")
+    if "verify" in jobs:
+        size = sum(p.stat().st_size for p in (wd / "after.zarr").rglob("*") if p.is_file())
+        print(f"verify   median {med['after', 'verify']:.2f} s for {size / 1e6:.0f} MB "
+              f"({size / 1e6 / med['after', 'verify']:.0f} MB/s)")
 
 
 if __name__ == "__main__":

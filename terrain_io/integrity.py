@@ -271,11 +271,11 @@ def split_key(key: str) -> tuple[str, str] | None:
         return None
     if key.startswith("c/") or key == "c":
         return "", key
-    head, sep, tail = key.partition("/c/")
+    if key.endswith("/c"):  # the one chunk of a 0-d array
+        return key[:-2], "c"
+    head, sep, tail = key.rpartition("/c/")  # the last "c" segment: chunk coordinates are numbers
     if sep:
         return head, "c/" + tail
-    if key.endswith("/c"):
-        return key[:-2], "c"
     return None
 
 
