@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from zarr.storage import LocalStore
 
-from .errors import DamagedStoreError
+from .errors import DamagedStoreError, StoreError
 
 MANIFEST = "terrain-manifest.json"
 CRC_BYTES = 4
@@ -124,8 +124,9 @@ def check_file_bytes(layout: Layout, raw, where) -> list[tuple[tuple[int, ...], 
 # ---------------------------------------------------------------------------------------------
 # Manifests
 # ---------------------------------------------------------------------------------------------
-def _array_dirs(root: Path):
-    """(array path relative to ``root``, its folder) for every zarr array under ``root``."""
+def _array_dirs(root: Path, unreadable: list | None = None):
+    """(array path relative to ``root``, its folder, its metadata) for every zarr array under ``root``;
+    the paths of nodes whose zarr.json cannot be read go to ``unreadable``."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         if "zarr.json" not in filenames:
@@ -133,9 +134,12 @@ def _array_dirs(root: Path):
         try:
             with open(os.path.join(dirpath, "zarr.json")) as f:
                 meta = json.load(f)
-        except (OSError, ValueError):
+            kind = meta.get("node_type")
+        except (OSError, ValueError, AttributeError):
+            if unreadable is not None:
+                unreadable.append(os.path.relpath(dirpath, root).replace(os.sep, "/"))
             continue
-        if meta.get("node_type") == "array":
+        if kind == "array":
             dirnames[:] = []  # an array's folder holds chunks, not nodes
             yield os.path.relpath(dirpath, root).replace(os.sep, "/"), Path(dirpath), meta
 
@@ -298,9 +302,19 @@ class CheckedStore(LocalStore):
         if parts is not None and (self.root / parts[0] / "zarr.json").is_file():
             self.integrity.check_file(*parts)
 
+    def _check_metadata(self, key: str, buf) -> None:
+        if buf is not None and key.endswith("zarr.json"):
+            try:
+                json.loads(buf.to_bytes())
+            except ValueError as exc:
+                node = key[: -len("zarr.json")].rstrip("/") or "/"
+                raise DamagedStoreError(self.root, node, None, f"its zarr.json is not valid JSON ({exc})") from None
+
     async def get(self, key, prototype=None, byte_range=None):
         await asyncio.to_thread(self._check, key)
-        return await super().get(key, prototype, byte_range)
+        buf = await super().get(key, prototype, byte_range)
+        self._check_metadata(key, buf)
+        return buf
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
@@ -310,7 +324,9 @@ class CheckedStore(LocalStore):
 
     def get_sync(self, key, *, prototype=None, byte_range=None):
         self._check(key)
-        return super().get_sync(key, prototype=prototype, byte_range=byte_range)
+        buf = super().get_sync(key, prototype=prototype, byte_range=byte_range)
+        self._check_metadata(key, buf)
+        return buf
 
 
 def _rebuild_store(root, read_only, integrity):
@@ -451,11 +467,15 @@ def verify(path, progress: bool = False, threads: int | None = None) -> VerifyRe
 
     t0 = time.perf_counter()
     root = Path(path)
-    with open(root / "zarr.json") as f:
-        version = int(json.load(f).get("attributes", {}).get("format_version", 1))
+    try:
+        with open(root / "zarr.json") as f:
+            version = int(json.load(f).get("attributes", {}).get("format_version", 1))
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise StoreError(f"{path}: cannot read the store's zarr.json: {exc}") from None
     report = VerifyReport(str(path), version)
     jobs = []
-    for name, array_dir, meta in _array_dirs(root):
+    unreadable: list[str] = []
+    for name, array_dir, meta in _array_dirs(root, unreadable):
         report.arrays += 1
         layout = layout_from_metadata(meta)
         try:
@@ -476,6 +496,7 @@ def verify(path, progress: bool = False, threads: int | None = None) -> VerifyRe
             keys = []  # nothing to check in plain unchecksummed chunks
         for key in keys:
             jobs.append((name, layout, key, (manifest or {}).get(key), not layout.chunk_crc))
+    report.problems += [Problem(name, None, "chunk", "its zarr.json cannot be read") for name in unreadable]
     report.files = len(jobs)
     bar = progress_bar(progress, len(jobs), f"verify {root.name}", unit="file")
     try:

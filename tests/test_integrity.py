@@ -366,3 +366,17 @@ def test_seeded_damage_is_always_reported_never_silent(clean, tmp_path):
             assert {"mst", "sssp index", "sssp incore", "export elevation"} <= set(t["failed"]), t
     if os.environ.get("TERRAIN_DAMAGE_LOG"):
         Path(os.environ["TERRAIN_DAMAGE_LOG"]).write_text(json.dumps(log, indent=1))
+
+
+def test_unreadable_array_metadata_is_damage_too(clean, tmp_path):
+    store, _ = clean
+    copy = tmp_path / "m.zarr"
+    shutil.copytree(store, copy)
+    meta = copy / "sssp" / "s" / "distance" / "zarr.json"
+    meta.write_bytes(meta.read_bytes()[:40])  # cut: no longer JSON
+    code, out = run("verify", copy)
+    assert code == 1 and f"{copy}: array sssp/s/distance: its zarr.json cannot be read" in out
+    code, out = run("-q", "export", copy, "sssp/s/distance", "-o", tmp_path / "d.asc")
+    lines = [line for line in out.splitlines() if line.startswith("terrain: error:")]
+    assert code == 1 and len(lines) == 1 and "array sssp/s/distance: its zarr.json is not valid JSON" in lines[0]
+    assert not (tmp_path / "d.asc").exists()
