@@ -55,12 +55,21 @@ print(time.perf_counter() - t)
 
 
 def child(tree: Path, code: str, *args) -> float:
+    """Wall seconds of the timed part; the CPU seconds of the timed part go to CPU_TIMES."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, capture_output=True, text=True,
+    timed = code.replace("t = time.perf_counter()", "import resource as _r\n_u = _r.getrusage(_r.RUSAGE_SELF)\n"
+                         "t = time.perf_counter()")
+    timed += "\n_v = _r.getrusage(_r.RUSAGE_SELF)\nprint(_v.ru_utime + _v.ru_stime - _u.ru_utime - _u.ru_stime)\n"
+    out = subprocess.run([sys.executable, "-c", timed, *map(str, args)], env=env, capture_output=True, text=True,
                          cwd=tree)
     if out.returncode != 0:
         raise SystemExit(f"{tree}: {out.stderr.strip()[-2000:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    CPU_TIMES.append(float(lines[-1]))
+    return float(lines[-2])
+
+
+CPU_TIMES: list[float] = []
 
 
 def main():
@@ -88,6 +97,7 @@ def main():
     trees = {"before": args.before, "after": args.after}
     jobs = args.jobs.split(",")
     times = {(k, job): [] for k in trees for job in ("convert", "mst", "verify")}
+    cpu = {(k, job): [] for k in trees for job in ("convert", "mst")}
     for rep in range(args.reps):
         for k, tree in (trees.items() if rep % 2 == 0 else reversed(list(trees.items()))):
             store = wd / f"{k}.zarr"
@@ -95,10 +105,12 @@ def main():
             if "convert" in jobs or not store.exists():
                 t = child(tree, CONVERT, asc, store)
                 times[k, "convert"].append(t)
-                line += f" convert {t:.2f} s ({mb / t:.1f} MB/s)"
+                cpu[k, "convert"].append(CPU_TIMES[-1])
+                line += f" convert {t:.2f} s ({mb / t:.1f} MB/s, cpu {CPU_TIMES[-1]:.2f} s)"
             if "mst" in jobs:
                 times[k, "mst"].append(child(tree, MST, store))
-                line += f" mst {times[k, 'mst'][-1]:.2f} s"
+                cpu[k, "mst"].append(CPU_TIMES[-1])
+                line += f" mst {times[k, 'mst'][-1]:.2f} s (cpu {CPU_TIMES[-1]:.2f} s)"
             if k == "after" and "verify" in jobs:
                 times[k, "verify"].append(child(tree, VERIFY, store))
                 line += f" verify {times[k, 'verify'][-1]:.2f} s"
@@ -109,6 +121,8 @@ def main():
             b, a = med["before", job], med["after", job]
             extra = f" ({mb / b:.1f} -> {mb / a:.1f} MB/s)" if job == "convert" else ""
             print(f"{job:<8} median before {b:.2f} s, after {a:.2f} s: {100 * (a / b - 1):+.1f}%{extra}")
+            b, a = statistics.median(cpu["before", job]), statistics.median(cpu["after", job])
+            print(f"{job:<8} median CPU before {b:.2f} s, after {a:.2f} s: {100 * (a / b - 1):+.1f}%")
     if "verify" in jobs:
         size = sum(p.stat().st_size for p in (wd / "after.zarr").rglob("*") if p.is_file())
         print(f"verify   median {med['after', 'verify']:.2f} s for {size / 1e6:.0f} MB "
