@@ -380,3 +380,38 @@ def test_unreadable_array_metadata_is_damage_too(clean, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("terrain: error:")]
     assert code == 1 and len(lines) == 1 and "array sssp/s/distance: its zarr.json is not valid JSON" in lines[0]
     assert not (tmp_path / "d.asc").exists()
+
+
+def test_plain_chunks_with_crc32c_written_directly_are_zarrs_and_checked(tmp_path):
+    """write_block writes whole plain chunks itself (edge chunks padded), the rest through zarr; with the
+    crc32c codec zarr reads (and checks) every chunk, read_plain_chunk reads zarr's, and a flipped byte
+    or a cut file is DamagedStoreError naming the chunk."""
+    from zarr.codecs import Crc32cCodec
+
+    from terrain_io.store import read_plain_chunk, write_block
+
+    rng = np.random.default_rng(0)
+    shape, chunks = (11, 7, 3, 3), (4, 4, 3, 3)
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=shape, chunks=chunks, dtype="float32", fill_value=np.inf,
+                            compressors=Crc32cCodec())
+    want = np.full(shape, np.inf, np.float32)
+    for start, size in [((0, 0), (8, 4)), ((8, 4), (3, 3)), ((8, 0), (3, 4)), ((1, 5), (2, 1)), ((0, 4), (4, 3))]:
+        block = rng.random(size + (3, 3)).astype(np.float32)
+        write_block(arr, start + (0, 0), block)
+        want[start[0] : start[0] + size[0], start[1] : start[1] + size[1]] = block
+    np.testing.assert_array_equal(arr[:], want)
+    f = tmp_path / "a.zarr" / "c" / "2" / "1" / "0" / "0"
+    raw = f.read_bytes()
+    assert len(raw) == 4 * 4 * 3 * 3 * 4 + 4  # whole chunk (padded at the edge) + its crc32c
+    assert raw[-4:] == np.uint32(google_crc32c.value(raw[:-4])).tobytes()
+    out = np.empty(chunks, np.float32)
+    assert read_plain_chunk(arr, (2, 1, 0, 0), out)
+    edge = np.full(chunks, np.inf, np.float32)
+    edge[:3, :3] = want[8:11, 4:7]
+    np.testing.assert_array_equal(out, edge)
+    f.write_bytes(raw[:100] + bytes([raw[100] ^ 4]) + raw[101:])
+    with pytest.raises(DamagedStoreError, match=r"chunk \(2, 1, 0, 0\): chunk fails its checksum"):
+        read_plain_chunk(arr, (2, 1, 0, 0), out)
+    f.write_bytes(raw[:-9])
+    with pytest.raises(DamagedStoreError, match=r"chunk \(2, 1, 0, 0\)"):
+        read_plain_chunk(arr, (2, 1, 0, 0), out)
