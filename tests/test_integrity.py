@@ -415,3 +415,21 @@ def test_plain_chunks_with_crc32c_written_directly_are_zarrs_and_checked(tmp_pat
     f.write_bytes(raw[:-9])
     with pytest.raises(DamagedStoreError, match=r"chunk \(2, 1, 0, 0\)"):
         read_plain_chunk(arr, (2, 1, 0, 0), out)
+
+
+def test_damage_found_by_a_dask_worker_is_the_same_one_line(clean, tmp_path):
+    """A worker process raises DamagedStoreError; it crosses the process boundary whole."""
+    pytest.importorskip("distributed")
+    store, _ = clean
+    copy = tmp_path / "w.zarr"
+    shutil.copytree(store, copy)
+    f = copy / "elevation" / "c" / "0" / "2"
+    raw = bytearray(f.read_bytes())
+    index = shard_index(bytes(raw), SHARD * SHARD)
+    raw[int(index[3][0]) + 7] ^= 0x20  # inside inner chunk (1, 1) of shard (0, 2): tile (1, 5)
+    f.write_bytes(bytes(raw))
+    before = tree_digest(copy / "mst")
+    code, out = run("-q", "mst", copy, "--scheduler", "processes")
+    lines = [line for line in out.splitlines() if line.startswith("terrain: error:")]
+    assert code == 1 and lines == [f"terrain: error: {copy}: array elevation chunk (1, 5): chunk fails its checksum"]
+    assert tree_digest(copy / "mst") == before
