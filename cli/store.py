@@ -151,7 +151,8 @@ def verify(store, as_json, threads):
         if not report.checksums:
             click.echo(f"terrain: note: {store}: format_version {report.format_version}: its chunks carry no "
                        "checksums; only shard indexes and zstd frames were checked", err=True)
-        state = "sound" if report.sound else f"DAMAGED: {len(report.problems)} problem(s)"
+        state = (f"DAMAGED: {len(report.problems)} problem(s)" if not report.sound else "sound" if report.checksums
+                 else "no damage found (no checksums: damage inside a chunk cannot be seen)")
         say(f"{store}: {report.arrays} arrays, {report.files} files, {report.chunks:,} chunks, "
             f"{format_bytes(report.bytes)} read in {report.seconds:.2f} s: {state}")
     if not report.sound:
