@@ -77,7 +77,23 @@ def _exit_interrupted(exc: KeyboardInterrupt):
     os._exit(143 if terminated else 130)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None):
+    """Store notes (a format-1 store without checksums) as one line; other warnings as Python shows them."""
+    from terrain_io.errors import UnverifiedStoreWarning
+
+    if issubclass(category, UnverifiedStoreWarning):
+        click.echo(f"terrain: note: {message}", err=True)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> None:
+    import functools
+    import warnings
+
+    if not getattr(warnings.showwarning, "_terrain", False):
+        warnings.showwarning = functools.partial(_show_warning, _default=warnings.showwarning)
+        warnings.showwarning._terrain = True
     # A file-size limit (RLIMIT_FSIZE) then makes writes fail with EFBIG -- reported as one line and
     # cleaned up -- instead of killing the process with SIGXFSZ and leaving temporaries behind.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -1,4 +1,4 @@
-"""Store commands: ``terrain convert``, ``info``, ``synth``, ``export``."""
+"""Store commands: ``terrain convert``, ``info``, ``verify``, ``synth``, ``export``."""
 from __future__ import annotations
 
 import json
@@ -50,11 +50,16 @@ def convert(src, out, tile, shard, dtype, scheduler, overwrite):
 @click.option("--json", "as_json", is_flag=True, help="Print the store's attributes and results as JSON.")
 def info(store, as_json):
     """Describe a store: shape, CRS, cell size, tiles, values, nodata, and the results it holds."""
+    from terrain_io.integrity import check_manifests
+
     st = TerrainStore.open(store, mode="r")
     results = st.results()
+    problems = check_manifests(st.path)  # sizes only: `terrain verify` reads the chunks
     if as_json:
-        click.echo(json.dumps({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs, "results": results},
-                              indent=2, default=str))
+        click.echo(json.dumps({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs, "results": results,
+                               "format_version": st.format_version,
+                               "damage": [p.line() for p in problems]}, indent=2, default=str))
+        _report_damage(store, problems)
         return
     rows, cols = st.shape
     a = st.attrs
@@ -72,6 +77,9 @@ def info(store, as_json):
         + (f"{1 - valid / (rows * cols):.2%} of cells" if valid is not None else "share unknown"),
         f"source:     {a.get('source')} ({a.get('source_format')})",
         f"on disk:    {format_bytes(_disk_size(st.path))}",
+        "integrity:  " + ("no checksums (format_version 1)" if st.format_version < 2 else
+                          "shard files match their manifests" if not problems else
+                          f"DAMAGED ({len(problems)} problem(s))") + "; `terrain verify` reads every chunk",
     ]
     if results:
         lines.append("results:    (terrain info --json for every attribute)")
@@ -81,6 +89,15 @@ def info(store, as_json):
     else:
         lines.append("results:    none")
     click.echo("\n".join(lines))
+    _report_damage(store, problems)
+
+
+def _report_damage(store, problems) -> None:
+    """One error line per damaged, missing or unexpected shard file, then exit 1."""
+    if problems:
+        for p in problems:
+            click.echo(f"terrain: error: {store}: {p.line()}", err=True)
+        click.get_current_context().exit(1)
 
 
 def _crs_name(wkt: str | None) -> str:
@@ -110,6 +127,36 @@ def _short(v) -> str:
 
 def _disk_size(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--threads", type=int, help="Parallel readers [default: 2 x cores, at most 16].")
+def verify(store, as_json, threads):
+    """Read every chunk of every array of a store and check its checksum and the array's manifest.
+
+    Lists damaged, missing and unexpected chunk files; exit status 0 only when all is sound.
+    """
+    from terrain_io.integrity import verify as run
+
+    if not (store / "zarr.json").is_file():
+        TerrainStore.open(store, mode="r")  # the usual one-line error for a path that is no store
+    report = run(store, progress=not quiet() and not as_json, threads=threads)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        for p in report.problems:
+            click.echo(f"{store}: {p.line()}")
+        if not report.checksums:
+            click.echo(f"terrain: note: {store}: format_version {report.format_version}: its chunks carry no "
+                       "checksums; only shard indexes and zstd frames were checked", err=True)
+        state = (f"DAMAGED: {len(report.problems)} problem(s)" if not report.sound else "sound" if report.checksums
+                 else "no damage found (no checksums: damage inside a chunk cannot be seen)")
+        say(f"{store}: {report.arrays} arrays, {report.files} files, {report.chunks:,} chunks, "
+            f"{format_bytes(report.bytes)} read in {report.seconds:.2f} s: {state}")
+    if not report.sound:
+        click.get_current_context().exit(1)
 
 
 @cli.command()

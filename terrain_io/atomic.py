@@ -30,6 +30,20 @@ _PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-
 # these once more (sweep_temporaries) just before it exits.
 _OWN: set[Path] = set()
 
+# What must run when a temporary is complete, just before it is renamed into place (a store's
+# manifests: terrain_io.integrity.seal), by temporary.
+_BEFORE_COMMIT: dict[Path, list] = {}
+
+
+def before_commit(path, fn) -> bool:
+    """Run ``fn()`` when the atomic directory ``path`` (a temporary of this process, not yet renamed)
+    is complete, just before the rename. False (and nothing registered) if ``path`` is not one."""
+    path = Path(path)
+    if path not in _OWN:
+        return False
+    _BEFORE_COMMIT.setdefault(path, []).append(fn)
+    return True
+
 
 def sweep_temporaries() -> None:
     """Remove every temporary this process made and did not complete (last act before exiting)."""
@@ -120,9 +134,12 @@ def atomic_directory(final, tmp_parent=None):
     _OWN.add(tmp)
     try:
         yield tmp
+        for fn in _BEFORE_COMMIT.pop(tmp, []):
+            fn()
         replace(tmp, final)
         _OWN.discard(tmp)
     except BaseException:
+        _BEFORE_COMMIT.pop(tmp, None)
         _remove(tmp)
         raise
 

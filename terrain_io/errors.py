@@ -15,3 +15,24 @@ class DeviceError(TerrainError, RuntimeError):
 
 class StoreError(TerrainError):
     """A store is missing, incomplete, or does not hold the requested array."""
+
+
+class DamagedStoreError(StoreError):
+    """A chunk of a store fails its checksum, or a shard file the array's manifest lists is missing or
+    has the wrong size: the data cannot be trusted, so nothing is computed from it.
+
+    ``str()`` is one line: ``STORE: array ARRAY chunk (r, c): PROBLEM``.
+    """
+
+    def __init__(self, store, array: str, chunk, problem: str, unit: str = "chunk"):
+        self.store, self.array, self.problem, self.unit = str(store), array, problem, unit
+        self.chunk = tuple(int(i) for i in chunk) if chunk is not None else None
+        where = f" {unit} {self.chunk}" if self.chunk is not None else ""
+        super().__init__(f"{self.store}: array {array}{where}: {problem}")
+
+    def __reduce__(self):  # raised in Dask workers and thread pools: it must survive pickling
+        return type(self), (self.store, self.array, self.chunk, self.problem, self.unit)
+
+
+class UnverifiedStoreWarning(UserWarning):
+    """A store of format_version 1: its chunks carry no checksums, so damage inside one goes unseen."""

@@ -9,6 +9,10 @@ Morton order, tile after tile in Morton order inside each shard.
 Results (``mst/edges``, ``sssp/NAME/distance``, ...) are arrays of the same group, chunked and
 sharded like ``elevation``; each is written under a temporary directory beside the store and
 renamed into place when complete, so no reader ever sees a half-written result.
+
+Integrity (format_version 2, :mod:`terrain_io.integrity`): every chunk ends in a crc32c (zarr's
+codec) and every array holds a manifest of its shard files, written just before the store or result
+is renamed into place; every read here checks them and raises DamagedStoreError on damage.
 """
 from __future__ import annotations
 
@@ -24,17 +28,19 @@ from typing import Iterator
 
 import numpy as np
 import zarr
-from zarr.codecs import ZstdCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from .atomic import atomic_directory, locked
-from .errors import StoreError
+from . import integrity
+from .atomic import atomic_directory, before_commit, locked
+from .errors import DamagedStoreError, StoreError, UnverifiedStoreWarning
 from .zorder import morton_order
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: chunk checksums (crc32c) and shard manifests; 1: neither (still read)
 DEFAULT_TILE = 256
 DEFAULT_SHARD = 8
 ELEVATION = "elevation"
 _COMPRESSOR = ZstdCodec(level=1)  # ~1 GB/s decode per core: cheaper than re-reading raw bytes
+_CHECKSUM = Crc32cCodec()  # last codec of every chunk: damage is an error, not different numbers
 
 
 def _is_pow2(n: int) -> bool:
@@ -121,6 +127,22 @@ class TerrainStore:
             raise StoreError(f"{path}: not a terrain store (no '{ELEVATION}' array)")
         self.elevation = group[ELEVATION]
 
+    @property
+    def format_version(self) -> int:
+        return int(self.attrs.get("format_version", 1))
+
+    @staticmethod
+    def _open_group(path: Path, mode: str) -> zarr.Group:
+        """The store's group on a :class:`~terrain_io.integrity.CheckedStore`: every chunk zarr reads
+        is checked against its array's manifest and checksums first."""
+        import json
+
+        with open(path / "zarr.json") as f:
+            version = int(json.load(f).get("attributes", {}).get("format_version", 1))
+        checked = integrity.CheckedStore(path, read_only=mode == "r",
+                                         integrity=integrity.Integrity(path, strict=version >= 2))
+        return zarr.open_group(store=checked, mode=mode)
+
     # -- construction ---------------------------------------------------------------------
     @classmethod
     def open(cls, path, mode: str = "r+") -> "TerrainStore":
@@ -128,10 +150,16 @@ class TerrainStore:
         if not (path / "zarr.json").is_file():
             raise StoreError(f"{path}: no such store (expected a Zarr v3 group made by 'terrain convert')")
         try:
-            group = zarr.open_group(str(path), mode=mode)
+            group = cls._open_group(path, mode)
         except Exception as exc:  # corrupt metadata
             raise StoreError(f"{path}: cannot open store: {exc}") from exc
-        return cls(group, path)
+        store = cls(group, path)
+        if store.format_version < 2 and str(path.resolve()) not in _WARNED:
+            _WARNED.add(str(path.resolve()))
+            warnings.warn(f"{path}: format_version {store.format_version}: its chunks carry no checksums, so "
+                          "damage inside one cannot be detected (convert it again to add them)",
+                          UnverifiedStoreWarning, stacklevel=2)
+        return store
 
     @classmethod
     def create(
@@ -166,7 +194,17 @@ class TerrainStore:
         group.attrs.update(meta)
         create_tiled_array(group, ELEVATION, (rows, cols), dtype, tile, shard, fill_value_for(dtype, meta["nodata"]))
         write_coordinates(group, (rows, cols), meta.get("transform"), meta.get("crs"))
-        return cls(group, Path(path))
+        store = cls(group, Path(path))
+        before_commit(path, store.seal)  # made under an atomic temporary (convert, synth): sealed when complete
+        return store
+
+    def seal(self) -> None:
+        """Write the manifest of every array of the store (:func:`terrain_io.integrity.seal`): call it
+        once the arrays are written. Stores made by :func:`terrain_io.convert.convert`,
+        :func:`terrain_io.synth.synthesize` and :meth:`from_array` are sealed already."""
+        integrity.seal(self.path)
+        self.group = self._open_group(self.path, "r+")
+        self.elevation = self.group[ELEVATION]
 
     @classmethod
     def from_array(cls, path, values: np.ndarray, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD,
@@ -178,6 +216,8 @@ class TerrainStore:
         store = cls.create(path, values.shape, values.dtype, tile=tile, shard=shard, nodata=nodata, attrs=attrs)
         store.elevation[...] = values
         store.update_attrs(**statistics(values, store.nodata).as_attrs())
+        if not before_commit(path, store.seal):
+            store.seal()
         return store
 
     # -- geometry -------------------------------------------------------------------------
@@ -326,11 +366,13 @@ class TerrainStore:
         for i in range(1, len(parts)):  # intermediate groups (zarr v3 needs their zarr.json)
             self.group.require_group("/".join(parts[:i]))
         with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path.parent) as tmp:
-            group = zarr.open_group(str(tmp), mode="w-")
+            group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-")._async_group)
             if attrs:
                 group.attrs.update(attrs)
             yield ResultWriter(self, group)
-        self.group = zarr.open_group(str(self.path), mode="r+")
+            integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
+        self.group = self._open_group(self.path, "r+")
+        self.elevation = self.group[ELEVATION]
 
     def lock(self, name: str = "store", shared: bool = False, wait: bool = True):
         """An advisory inter-process lock named ``name`` on this store (a lock file beside it)."""
@@ -396,6 +438,30 @@ def statistics(values: np.ndarray, nodata) -> Statistics:
     return stats
 
 
+_WARNED: set[str] = set()
+
+
+def with_checksum(compressors):
+    """``compressors`` (zarr's argument: None, a codec, a list, or "auto") with the crc32c codec last."""
+    if compressors is None:
+        compressors = ()
+    elif compressors == "auto":
+        compressors = (ZstdCodec(level=0),)  # zarr's own default for numbers
+    elif not isinstance(compressors, (list, tuple)):
+        compressors = (compressors,)
+    compressors = tuple(compressors)
+    return compressors if compressors and isinstance(compressors[-1], Crc32cCodec) else compressors + (_CHECKSUM,)
+
+
+class _ChecksumGroup(zarr.Group):
+    """The group of a result being written: every array created in it carries chunk checksums, whatever
+    compressors its caller asked for (so the SSSP index's plain chunks end in a crc32c too)."""
+
+    def create_array(self, name, **kwargs):
+        kwargs["compressors"] = with_checksum(kwargs.get("compressors", "auto"))
+        return super().create_array(name, **kwargs)
+
+
 class ResultWriter:
     """Creates result arrays tiled and sharded like ``elevation`` inside a temporary result group."""
 
@@ -435,28 +501,48 @@ def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, sh
             shards=(st, st),
             dtype=dtype,
             fill_value=fill_value,
-            compressors=_COMPRESSOR,
+            compressors=(_COMPRESSOR, _CHECKSUM),
             dimension_names=("y", "x"),
         )
     arr.attrs.update({"grid_mapping": "spatial_ref", "coordinates": "spatial_ref"})
     return arr
 
 
+def _plain_checksum(arr: zarr.Array) -> bool | None:
+    """Whether the plain chunks of ``arr`` end in a crc32c; None when they are not plain (see below)."""
+    from zarr.codecs import BytesCodec
+    from zarr.storage import LocalStore
+
+    codecs = tuple(getattr(arr.metadata, "codecs", ()))
+    crc = len(codecs) == 2 and isinstance(codecs[1], Crc32cCodec)
+    if not (isinstance(arr.store, LocalStore) and len(codecs) == 1 + crc and isinstance(codecs[0], BytesCodec)
+            and (codecs[0].endian is None or codecs[0].endian.value == "little") and sys.byteorder == "little"):
+        return None
+    return crc
+
+
 def plain_chunk_file(arr: zarr.Array, coords) -> str | None:
     """The file of chunk ``coords`` of ``arr`` when its chunks are stored as plain little-endian bytes
-    on local disk (no compression, no sharding: the SSSP index), else None.
+    on local disk (no compression, no sharding: the SSSP index), followed by their crc32c (format 2)
+    or not (format 1), else None.
 
     zarr funnels every chunk read and write through one event-loop thread (0.3-0.7 GB/s here); such
     chunks are read and written as files directly instead, at disk speed from parallel threads.
     """
-    from zarr.codecs import BytesCodec
-    from zarr.storage import LocalStore
-
-    codecs = getattr(arr.metadata, "codecs", ())
-    if not (isinstance(arr.store, LocalStore) and len(codecs) == 1 and isinstance(codecs[0], BytesCodec)
-            and (codecs[0].endian is None or codecs[0].endian.value == "little") and sys.byteorder == "little"):
+    if _plain_checksum(arr) is None:
         return None
     return os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key(tuple(coords)))
+
+
+def _integrity_of(arr: zarr.Array):
+    """The :class:`~terrain_io.integrity.Integrity` of the store ``arr`` was opened from (a
+    TerrainStore), else None (an array being written, or opened by plain zarr)."""
+    return getattr(arr.store, "integrity", None)
+
+
+def _damaged(arr: zarr.Array, chunk, problem: str, unit: str = "chunk"):
+    root = getattr(arr.store, "root", "store")
+    return DamagedStoreError(root, arr.path, chunk, problem, unit=unit)
 
 
 def read_plain_chunk(arr: zarr.Array, coords, out: np.ndarray) -> bool:
@@ -465,14 +551,25 @@ def read_plain_chunk(arr: zarr.Array, coords, out: np.ndarray) -> bool:
     path = plain_chunk_file(arr, coords)
     if path is None or not out.flags.c_contiguous or out.dtype != arr.dtype or tuple(arr.chunks) != out.shape:
         return False
+    crc = _plain_checksum(arr)
+    key = arr.metadata.encode_chunk_key(tuple(coords))
+    check = _integrity_of(arr)
     try:
         with open(path, "rb", buffering=0) as f:
             got = f.readinto(memoryview(out).cast("B"))
-    except FileNotFoundError:  # never written: all fill value
+            stored = f.read(integrity.CRC_BYTES + 1) if crc else b""
+    except FileNotFoundError:  # never written: all fill value (unless the manifest lists it)
+        if check is not None:
+            check.check_entry(arr.path, key, None)
         out[...] = arr.fill_value
         return True
-    if got != out.nbytes:
-        raise OSError(f"{path}: short chunk ({got} of {out.nbytes} bytes)")
+    size = got + len(stored)
+    if check is not None:
+        check.check_entry(arr.path, key, size)
+    if got != out.nbytes or len(stored) != (integrity.CRC_BYTES if crc else 0):
+        raise _damaged(arr, coords, f"chunk file {key} is {size} bytes, not {out.nbytes + (4 if crc else 0)}")
+    if crc and integrity.crc32c(out) != stored:
+        raise _damaged(arr, coords, "chunk fails its checksum")
     return True
 
 
@@ -499,15 +596,19 @@ def write_block(arr: zarr.Array, start, block: np.ndarray) -> None:
             whole[tuple(slice(0, n) for n in part.shape)] = part
             part = whole
         path = plain_chunk_file(arr, idx)
+        part = np.ascontiguousarray(part, dtype=arr.dtype)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb", buffering=0) as f:
-            f.write(memoryview(np.ascontiguousarray(part, dtype=arr.dtype)).cast("B"))
+            f.write(memoryview(part).cast("B"))
+            if _plain_checksum(arr):
+                f.write(integrity.crc32c(part))
 
 
 def _direct_shards(arr: zarr.Array):
-    """(chunk shape, zstd level) when ``arr`` is stored as this tool writes its tiled arrays -- on
-    local disk, sharded, each chunk little-endian bytes + zstd, the shard index (bytes + crc32c)
-    at the end -- else None: then :func:`read_shard` and :func:`write_shard` leave it to zarr."""
+    """(chunk shape, zstd level, chunk crc32c) when ``arr`` is stored as this tool writes its tiled
+    arrays -- on local disk, sharded, each chunk little-endian bytes + zstd (+ crc32c from format 2
+    on), the shard index (bytes + crc32c) at the end -- else None: then :func:`read_shard` and
+    :func:`write_shard` leave it to zarr."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
     from zarr.storage import LocalStore
 
@@ -518,11 +619,12 @@ def _direct_shards(arr: zarr.Array):
     sh = codecs[0]
     inner, index = tuple(sh.codecs), tuple(sh.index_codecs)
     little = lambda c: isinstance(c, BytesCodec) and (c.endian is None or c.endian.value == "little")  # noqa: E731
-    if (len(inner) != 2 or not little(inner[0]) or not isinstance(inner[1], ZstdCodec) or inner[1].checksum
+    crc = len(inner) == 3 and isinstance(inner[2], Crc32cCodec)
+    if (len(inner) != 2 + crc or not little(inner[0]) or not isinstance(inner[1], ZstdCodec) or inner[1].checksum
             or len(index) != 2 or not little(index[0]) or not isinstance(index[1], Crc32cCodec)
             or sh.index_location.value != "end"):
         return None
-    return tuple(sh.chunk_shape), inner[1].level
+    return tuple(sh.chunk_shape), inner[1].level, crc
 
 
 _EMPTY = np.uint64(2**64 - 1)
@@ -538,38 +640,59 @@ def read_shard(arr: zarr.Array, sr: int, sc: int) -> np.ndarray:
 
     zarr decodes every chunk in one event-loop thread (0.3-0.7 GB/s); this reads the shard file
     and decodes its chunks here, so that parallel threads read parallel shards (zstd releases the
-    GIL). The shard index's crc32c is checked, as zarr does. Other layouts: through zarr."""
+    GIL). The shard index's crc32c is checked, as zarr does, and each chunk's (format 2), and the
+    file against the array's manifest: damage raises DamagedStoreError. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     fmt = _direct_shards(arr)
     if fmt is None:
         return arr[r0:r1, c0:c1]
-    import google_crc32c
     from numcodecs import Zstd
 
-    (t0, t1), _ = fmt
-    path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
+    (t0, t1), _, crc = fmt
+    key = arr.metadata.encode_chunk_key((sr, sc))
+    path = os.path.join(arr.store.root, arr.path, key)
+    check = _integrity_of(arr)
     out = np.full((r1 - r0, c1 - c0), arr.fill_value, dtype=arr.dtype)
     try:
         with open(path, "rb") as f:
             raw = f.read()
-    except FileNotFoundError:  # never written: all fill value
+    except FileNotFoundError:  # never written: all fill value (unless the manifest lists it)
+        if check is not None:
+            check.check_entry(arr.path, key, None)
         return out
+    if check is not None:
+        check.check_entry(arr.path, key, len(raw))
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     size = n0 * n1 * 16
     if len(raw) < size + 4:
-        raise OSError(f"{path}: truncated shard ({len(raw)} bytes)")
+        raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({len(raw)} bytes)", unit="shard")
     index_bytes = raw[-size - 4 : -4]
-    if np.uint32(google_crc32c.value(index_bytes)).tobytes() != raw[-4:]:
-        raise OSError(f"{path}: the shard index fails its checksum")
+    if integrity.crc32c(index_bytes) != raw[-4:]:
+        raise _damaged(arr, (sr, sc), "the shard index fails its checksum", unit="shard")
     index = np.frombuffer(index_bytes, "<u8").reshape(n0, n1, 2)
     zstd = Zstd()
+    body = len(raw) - size - 4
     for i in range(n0):
         for j in range(n1):
-            off, nb = index[i, j]
+            off, nb = (int(v) for v in index[i, j])
             a0, b0 = i * t0, j * t1
             if off == _EMPTY or a0 >= out.shape[0] or b0 >= out.shape[1]:
                 continue
-            chunk = np.frombuffer(zstd.decode(raw[off : off + nb]), dtype=arr.dtype).reshape(t0, t1)
+            where = (sr * n0 + i, sc * n1 + j)
+            if off + nb > body or nb < 4 * crc:
+                raise _damaged(arr, where, "chunk lies outside its shard file (bad index)")
+            data = raw[off : off + nb]
+            if crc:
+                data, stored = data[:-4], data[-4:]
+                if integrity.crc32c(data) != stored:
+                    raise _damaged(arr, where, "chunk fails its checksum")
+            try:
+                decoded = zstd.decode(data)
+            except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
+                raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
+            if len(decoded) != t0 * t1 * arr.dtype.itemsize:
+                raise _damaged(arr, where, f"chunk decodes to {len(decoded)} bytes")
+            chunk = np.frombuffer(decoded, dtype=arr.dtype).reshape(t0, t1)
             out[a0 : a0 + t0, b0 : b0 + t1] = chunk[: out.shape[0] - a0, : out.shape[1] - b0]
     return out
 
@@ -586,11 +709,9 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     if fmt is None:
         arr[r0:r1, c0:c1] = block
         return
-    import google_crc32c
     from numcodecs import Zstd
 
-
-    (t0, t1), level = fmt
+    (t0, t1), level, crc = fmt
     zstd = Zstd(level=level)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     index = np.full((n0, n1, 2), _EMPTY, "<u8")
@@ -608,6 +729,8 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
         if _all_fill(part, fill):
             continue
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
+        if crc:
+            data += integrity.crc32c(data)
         index[i, j] = offset, len(data)
         parts.append(data)
         offset += len(data)
@@ -619,7 +742,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     index_bytes = index.tobytes()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
-        f.write(b"".join(parts) + index_bytes + np.uint32(google_crc32c.value(index_bytes)).tobytes())
+        f.write(b"".join(parts) + index_bytes + integrity.crc32c(index_bytes))
 
 
 def _all_fill(part: np.ndarray, fill: np.ndarray) -> bool:
@@ -642,10 +765,10 @@ def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
     x0, dx, rx, y0, ry, dy = transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
     for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy)):
         coord = group.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype="float64",
-                                   dimension_names=(name,), fill_value=0.0)
+                                   dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"))
         coord[:] = origin + (np.arange(n) + 0.5) * step
         coord.attrs.update({"axis": name.upper(), "units": "cell" if transform is None else "map units"})
-    ref = group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0)
+    ref = group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None))
     ref.attrs.update({"GeoTransform": " ".join(repr(float(v)) for v in (x0, dx, rx, y0, ry, dy))})
     if crs:
         ref.attrs.update({"crs_wkt": crs, "spatial_ref": crs})

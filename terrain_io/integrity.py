@@ -1,0 +1,514 @@
+"""Store integrity: checksummed chunks, shard manifests, checked reads and ``terrain verify``.
+
+A damaged or missing chunk must be an error, never a silently different result. Two layers:
+
+1. Every chunk carries a crc32c (zarr's ``crc32c`` codec, last in the chunk's codec chain: after
+   zstd in the sharded arrays, after the raw bytes in the plain-file arrays of the SSSP index), and
+   every shard carries zarr's crc32c of its index. Plain zarr checks them too.
+2. A manifest per array (``ARRAY/terrain-manifest.json``: every chunk or shard file and its size),
+   written when the array is complete, just before its store or result is renamed into place
+   (:func:`seal`). zarr reads a missing file as fill value (nodata); with the manifest, a listed
+   file that is missing or of another size is damage, and a file it does not list is too. An
+   all-fill shard that was never written is not listed, and reads as fill value as before.
+
+Every read goes through one of three doors, and each checks: :class:`CheckedStore` (the zarr store
+under :attr:`TerrainStore.group`: it checks a file's manifest entry and every checksum in it the
+first time zarr asks for any part of it), ``store.read_shard`` and ``store.read_plain_chunk`` (the
+direct decoders: they check each chunk they decode). A failure raises
+:class:`~terrain_io.errors.DamagedStoreError`: ``STORE: array ARRAY chunk (r, c): PROBLEM``.
+
+Stores of ``format_version`` 1 have no chunk checksums and no manifests: they open (with a
+:class:`~terrain_io.errors.UnverifiedStoreWarning`), their shard indexes are still checked, and
+:func:`verify` can only decode their chunks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from zarr.storage import LocalStore
+
+from .errors import DamagedStoreError, StoreError
+
+MANIFEST = "terrain-manifest.json"
+CRC_BYTES = 4
+_EMPTY = 2**64 - 1
+
+
+def crc32c(data) -> bytes:
+    """The crc32c of ``data`` (bytes or a C-contiguous numpy array) as zarr's codec stores it."""
+    import google_crc32c
+
+    return np.uint32(google_crc32c.value(data)).astype("<u4").tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout of an array, from its zarr.json
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """How an array's chunk files are built (only what checking them needs)."""
+
+    kind: str  # "sharded" (sharding codec, index at the end), "plain" (one chunk per file), "other"
+    chunk_crc: bool  # each (inner) chunk ends in a crc32c
+    per_shard: tuple[int, ...] = ()  # sharded: inner chunks per shard along each axis
+    index_crc: bool = False  # sharded: the shard index ends in a crc32c
+    zstd: bool = False  # chunks are zstd frames (before the crc, if any)
+
+    @property
+    def index_bytes(self) -> int:
+        return int(np.prod(self.per_shard)) * 16 + (CRC_BYTES if self.index_crc else 0)
+
+
+def layout_from_metadata(meta: dict) -> Layout:
+    codecs = meta.get("codecs") or []
+    names = [c.get("name") for c in codecs]
+    if names and names[0] == "sharding_indexed":
+        cfg = codecs[0].get("configuration", {})
+        inner = [c.get("name") for c in cfg.get("codecs", [])]
+        index = [c.get("name") for c in cfg.get("index_codecs", [])]
+        shard = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        per = tuple(int(s) // int(c) for s, c in zip(shard, cfg["chunk_shape"]))
+        if cfg.get("index_location", "end") != "end":
+            return Layout("other", inner[-1:] == ["crc32c"])
+        return Layout("sharded", inner[-1:] == ["crc32c"], per, index[-1:] == ["crc32c"], "zstd" in inner)
+    return Layout("plain", names[-1:] == ["crc32c"], zstd="zstd" in names)
+
+
+def chunk_coords(key: str) -> tuple[int, ...]:
+    """(i, j, ...) of a chunk key ``c/i/j`` (zarr v3 default encoding); () for a 0-d array's ``c``."""
+    parts = key.split("/")
+    return tuple(int(p) for p in parts[1:]) if parts[0] == "c" else ()
+
+
+def check_file_bytes(layout: Layout, raw, where) -> list[tuple[tuple[int, ...], str]]:
+    """Problems found in the bytes of one chunk/shard file: ``[(chunk, problem)]`` (empty: sound).
+
+    ``where`` is the file's chunk-grid coordinates (the shard's, for a sharded array); the chunks
+    named in problems are global chunk coordinates (the shard's own when the shard as a whole is bad).
+    """
+    if layout.kind == "sharded":
+        size = layout.index_bytes
+        if len(raw) < size:
+            return [(where, f"shard file truncated ({len(raw)} bytes, its index alone is {size})")]
+        index_raw = raw[len(raw) - size:]
+        if layout.index_crc and crc32c(index_raw[:-CRC_BYTES]) != bytes(index_raw[-CRC_BYTES:]):
+            return [(where, "the shard index fails its checksum")]
+        index = np.frombuffer(index_raw[: size - (CRC_BYTES if layout.index_crc else 0)], "<u8")
+        index = index.reshape(*layout.per_shard, 2)
+        problems = []
+        body = len(raw) - size
+        for inner in np.ndindex(*layout.per_shard):
+            off, nb = (int(v) for v in index[inner])
+            if off == _EMPTY and nb == _EMPTY:
+                continue
+            chunk = tuple(w * p + i for w, p, i in zip(where, layout.per_shard, inner))
+            if off + nb > body:
+                problems.append((chunk, "chunk lies outside its shard file (truncated or bad index)"))
+            elif layout.chunk_crc and (nb < CRC_BYTES or crc32c(raw[off : off + nb - CRC_BYTES])
+                                       != bytes(raw[off + nb - CRC_BYTES : off + nb])):
+                problems.append((chunk, "chunk fails its checksum"))
+        return problems
+    if layout.chunk_crc:
+        if len(raw) < CRC_BYTES or crc32c(raw[:-CRC_BYTES]) != bytes(raw[-CRC_BYTES:]):
+            return [(where, "chunk fails its checksum")]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests
+# ---------------------------------------------------------------------------------------------
+def _array_dirs(root: Path, unreadable: list | None = None):
+    """(array path relative to ``root``, its folder, its metadata) for every zarr array under ``root``;
+    the paths of nodes whose zarr.json cannot be read go to ``unreadable``."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if "zarr.json" not in filenames:
+            continue
+        try:
+            with open(os.path.join(dirpath, "zarr.json")) as f:
+                meta = json.load(f)
+            kind = meta.get("node_type")
+        except (OSError, ValueError, AttributeError):
+            if unreadable is not None:
+                unreadable.append(os.path.relpath(dirpath, root).replace(os.sep, "/"))
+            continue
+        if kind == "array":
+            dirnames[:] = []  # an array's folder holds chunks, not nodes
+            yield os.path.relpath(dirpath, root).replace(os.sep, "/"), Path(dirpath), meta
+
+
+def chunk_files(array_dir: Path) -> dict[str, int]:
+    """Every chunk/shard file of an array on disk: chunk key -> size."""
+    found = {}
+    base = array_dir / "c"
+    if base.is_file():
+        return {"c": base.stat().st_size}
+    for dirpath, _, filenames in os.walk(base):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            found[os.path.relpath(p, array_dir).replace(os.sep, "/")] = os.stat(p).st_size
+    return found
+
+
+def seal(root) -> None:
+    """Write the manifest of every array under ``root`` (a store or a result group being completed):
+    the chunk files it holds now, with their sizes. Called once the arrays are written, before the
+    store or result is renamed into place."""
+    for _, array_dir, _meta in _array_dirs(Path(root)):
+        files = chunk_files(array_dir)
+        tmp = array_dir / (MANIFEST + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"chunks": dict(sorted(files.items()))}, f, separators=(",", ":"))
+        os.replace(tmp, array_dir / MANIFEST)
+
+
+def read_manifest(array_dir: Path) -> dict[str, int] | None:
+    try:
+        with open(array_dir / MANIFEST) as f:
+            return {str(k): int(v) for k, v in json.load(f)["chunks"].items()}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DamagedStoreError(array_dir.parent, array_dir.name, None, f"unreadable manifest ({exc})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking reads
+# ---------------------------------------------------------------------------------------------
+class Integrity:
+    """What the readers of one opened store know: the layouts and manifests of its arrays, and the
+    files already found sound (by path, size and modification time)."""
+
+    def __init__(self, root, strict: bool):
+        self.root = Path(root)
+        self.strict = strict  # format_version >= 2: an array without a manifest is damage
+        self._arrays: dict[str, tuple[Layout, dict | None]] = {}
+        self._sound: set = set()
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"root": self.root, "strict": self.strict}
+
+    def __setstate__(self, state):
+        self.__init__(state["root"], state["strict"])
+
+    def array(self, name: str) -> tuple[Layout, dict | None]:
+        """(layout, manifest or None) of array ``name`` (its path in the store)."""
+        got = self._arrays.get(name)
+        if got is None:
+            array_dir = self.root / name
+            with open(array_dir / "zarr.json") as f:
+                layout = layout_from_metadata(json.load(f))
+            manifest = read_manifest(array_dir)
+            if manifest is None and self.strict:
+                raise DamagedStoreError(self.root, name, None, f"no manifest ({MANIFEST}): the list of its "
+                                        "shard files is lost, so a missing one could not be told")
+            got = self._arrays[name] = (layout, manifest)
+        return got
+
+    def check_entry(self, name: str, key: str, size: int | None, _again: bool = True) -> bool:
+        """Check a chunk file against the manifest: ``size`` is its size on disk, None when missing.
+        Returns whether the file exists; raises DamagedStoreError if it should not be as it is (after
+        reading the manifest once more: another process may have replaced the result since)."""
+        if _again:
+            try:
+                return self.check_entry(name, key, size, _again=False)
+            except DamagedStoreError:
+                self._arrays.pop(name, None)
+                path = self.root / name / key
+                size = os.stat(path).st_size if path.is_file() else None
+        layout, manifest = self.array(name)
+        if manifest is None:
+            return size is not None
+        want = manifest.get(key)
+        unit = "shard" if layout.kind == "sharded" else "chunk"
+        if want is None and size is not None:
+            raise DamagedStoreError(self.root, name, chunk_coords(key), f"{unit} file {key} is not in the "
+                                    "array's manifest (written after the array was completed)", unit=unit)
+        if want is not None and size is None:
+            raise DamagedStoreError(self.root, name, chunk_coords(key), f"{unit} file {key} is missing "
+                                    f"(the manifest lists {want} bytes)", unit=unit)
+        if want is not None and size != want:
+            raise DamagedStoreError(self.root, name, chunk_coords(key), f"{unit} file {key} is {size} bytes, "
+                                    f"the manifest lists {want} (truncated or overwritten)", unit=unit)
+        return size is not None
+
+    def check_file(self, name: str, key: str) -> None:
+        """Check chunk file ``key`` of array ``name`` whole (manifest entry and every checksum), once
+        per file version; raises DamagedStoreError on the first problem."""
+        path = self.root / name / key
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        if not self.check_entry(name, key, st.st_size if st is not None else None):
+            return
+        stamp = (name, key, st.st_size, st.st_mtime_ns, st.st_ino)
+        if stamp in self._sound:
+            return
+        layout, _ = self.array(name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        problems = check_file_bytes(layout, raw, chunk_coords(key))
+        if problems:
+            chunk, problem = problems[0]
+            unit = "shard" if layout.kind == "sharded" and chunk == chunk_coords(key) and "shard" in problem \
+                else "chunk"
+            raise DamagedStoreError(self.root, name, chunk, problem, unit=unit)
+        with self._lock:
+            self._sound.add(stamp)
+
+    def raise_damage(self, name: str, chunk, problem: str, unit: str = "chunk"):
+        raise DamagedStoreError(self.root, name, chunk, problem, unit=unit)
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """(array path, chunk key) of a store key that names a chunk file, else None (metadata)."""
+    if key.endswith("zarr.json") or key.endswith(MANIFEST):
+        return None
+    if key.startswith("c/") or key == "c":
+        return "", key
+    if key.endswith("/c"):  # the one chunk of a 0-d array
+        return key[:-2], "c"
+    head, sep, tail = key.rpartition("/c/")  # the last "c" segment: chunk coordinates are numbers
+    if sep:
+        return head, "c/" + tail
+    return None
+
+
+class CheckedStore(LocalStore):
+    """A zarr LocalStore that checks every chunk file against its array's manifest and checksums the
+    first time any part of it is read (:meth:`Integrity.check_file`), then reads as LocalStore does."""
+
+    def __init__(self, root, *, read_only: bool = False, integrity: Integrity | None = None):
+        super().__init__(root, read_only=read_only)
+        self.integrity = integrity if integrity is not None else Integrity(root, strict=False)
+
+    def with_read_only(self, read_only: bool = False):
+        return type(self)(self.root, read_only=read_only, integrity=self.integrity)
+
+    def __reduce__(self):
+        return (_rebuild_store, (str(self.root), self.read_only, self.integrity))
+
+    def _check(self, key: str) -> None:
+        parts = split_key(key)
+        if parts is not None and (self.root / parts[0] / "zarr.json").is_file():
+            self.integrity.check_file(*parts)
+
+    def _check_metadata(self, key: str, buf) -> None:
+        if buf is not None and key.endswith("zarr.json"):
+            try:
+                json.loads(buf.to_bytes())
+            except ValueError as exc:
+                node = key[: -len("zarr.json")].rstrip("/") or "/"
+                raise DamagedStoreError(self.root, node, None, f"its zarr.json is not valid JSON ({exc})") from None
+
+    async def get(self, key, prototype=None, byte_range=None):
+        await asyncio.to_thread(self._check, key)
+        buf = await super().get(key, prototype, byte_range)
+        self._check_metadata(key, buf)
+        return buf
+
+    async def get_partial_values(self, prototype, key_ranges):
+        key_ranges = list(key_ranges)
+        for key in {k for k, _ in key_ranges}:
+            await asyncio.to_thread(self._check, key)
+        return await super().get_partial_values(prototype, key_ranges)
+
+    def get_sync(self, key, *, prototype=None, byte_range=None):
+        self._check(key)
+        buf = super().get_sync(key, prototype=prototype, byte_range=byte_range)
+        self._check_metadata(key, buf)
+        return buf
+
+
+def _rebuild_store(root, read_only, integrity):
+    return CheckedStore(root, read_only=read_only, integrity=integrity)
+
+
+# ---------------------------------------------------------------------------------------------
+# terrain verify
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Problem:
+    array: str
+    chunk: tuple[int, ...] | None
+    unit: str
+    problem: str
+
+    def line(self) -> str:
+        where = f" {self.unit} {self.chunk}" if self.chunk is not None else ""
+        return f"array {self.array}{where}: {self.problem}"
+
+
+@dataclass
+class VerifyReport:
+    store: str
+    format_version: int
+    arrays: int = 0
+    files: int = 0
+    chunks: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def checksums(self) -> bool:
+        return self.format_version >= 2
+
+    @property
+    def sound(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        return {"store": self.store, "format_version": self.format_version, "checksums": self.checksums,
+                "sound": self.sound, "arrays": self.arrays, "files": self.files, "chunks": self.chunks,
+                "bytes": self.bytes, "seconds": round(self.seconds, 3),
+                "problems": [{"array": p.array, "chunk": list(p.chunk) if p.chunk is not None else None,
+                              "unit": p.unit, "problem": p.problem} for p in self.problems]}
+
+
+def check_manifests(path) -> list[Problem]:
+    """The cheap part of :func:`verify` (no chunk is read): every array's chunk files against its
+    manifest -- missing, of another size, or not listed; format 2 arrays without a manifest.
+    A problem is reported only if a second look a moment later finds it too (a result being swapped
+    into place by another process is briefly absent)."""
+    import time
+
+    first = _check_manifests(path)
+    if not first:
+        return first
+    time.sleep(0.2)
+    again = {p.line() for p in _check_manifests(path)}
+    return [p for p in first if p.line() in again]
+
+
+def _check_manifests(path) -> list[Problem]:
+    root = Path(path)
+    with open(root / "zarr.json") as f:
+        version = int(json.load(f).get("attributes", {}).get("format_version", 1))
+    problems = []
+    for name, array_dir, meta in _array_dirs(root):
+        unit = "shard" if layout_from_metadata(meta).kind == "sharded" else "chunk"
+        try:
+            manifest = read_manifest(array_dir)
+        except DamagedStoreError as exc:
+            problems.append(Problem(name, None, unit, exc.problem))
+            continue
+        if manifest is None:
+            if version >= 2:
+                problems.append(Problem(name, None, unit, f"no manifest ({MANIFEST})"))
+            continue
+        on_disk = chunk_files(array_dir)
+        for key in sorted(set(manifest) | set(on_disk)):
+            want, got = manifest.get(key), on_disk.get(key)
+            if want is None:
+                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is not in the manifest"))
+            elif got is None:
+                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is missing"))
+            elif got != want:
+                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is {got} bytes, "
+                                        f"the manifest lists {want}"))
+    return problems
+
+
+def _check_one(root: Path, name: str, layout: Layout, key: str, want: int | None, decode: bool):
+    """(problems, chunks checked, bytes read) of one chunk file listed in a manifest or on disk."""
+    path = root / name / key
+    unit = "shard" if layout.kind == "sharded" else "chunk"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return [Problem(name, chunk_coords(key), unit, f"{unit} file {key} is missing"
+                        + (f" (the manifest lists {want} bytes)" if want is not None else ""))], 0, 0
+    except OSError as exc:
+        return [Problem(name, chunk_coords(key), unit, f"{unit} file {key} unreadable: {exc.strerror or exc}")], 0, 0
+    if want is not None and len(raw) != want:
+        return [Problem(name, chunk_coords(key), unit, f"{unit} file {key} is {len(raw)} bytes, the manifest "
+                        f"lists {want} (truncated or overwritten)")], 0, len(raw)
+    found = check_file_bytes(layout, raw, chunk_coords(key))
+    problems = [Problem(name, c, "shard" if "shard" in p and c == chunk_coords(key) and layout.kind == "sharded"
+                        else "chunk", p) for c, p in found]
+    chunks = 1
+    if layout.kind == "sharded" and len(raw) >= layout.index_bytes:
+        index = np.frombuffer(raw[len(raw) - layout.index_bytes:][: int(np.prod(layout.per_shard)) * 16], "<u8")
+        chunks = int(np.count_nonzero(index.reshape(-1, 2)[:, 0] != _EMPTY))
+        if decode and not problems and layout.zstd:  # no checksums (format 1): zstd frames at least decode
+            from numcodecs import Zstd
+
+            zstd = Zstd()
+            for inner in np.ndindex(*layout.per_shard):
+                off, nb = (int(v) for v in index.reshape(*layout.per_shard, 2)[inner])
+                if off == _EMPTY:
+                    continue
+                try:
+                    zstd.decode(raw[off : off + nb])
+                except Exception as exc:  # noqa: BLE001 -- any decoder failure is damage
+                    chunk = tuple(w * p + i for w, p, i in zip(chunk_coords(key), layout.per_shard, inner))
+                    problems.append(Problem(name, chunk, "chunk", f"chunk does not decode ({exc})"))
+    return problems, chunks, len(raw)
+
+
+def verify(path, progress: bool = False, threads: int | None = None) -> VerifyReport:
+    """Read every chunk file of every array of the store at ``path`` and check it: its manifest entry
+    (missing, truncated, unlisted files), its shard index checksum and every chunk's checksum
+    (format 1 stores: shard index checksums and zstd decoding only). Files are read by parallel threads."""
+    import time
+
+    from .progress import progress_bar
+
+    t0 = time.perf_counter()
+    root = Path(path)
+    try:
+        with open(root / "zarr.json") as f:
+            version = int(json.load(f).get("attributes", {}).get("format_version", 1))
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise StoreError(f"{path}: cannot read the store's zarr.json: {exc}") from None
+    report = VerifyReport(str(path), version)
+    jobs = []
+    unreadable: list[str] = []
+    for name, array_dir, meta in _array_dirs(root, unreadable):
+        report.arrays += 1
+        layout = layout_from_metadata(meta)
+        try:
+            manifest = read_manifest(array_dir)
+        except DamagedStoreError as exc:
+            report.problems.append(Problem(name, None, "chunk", exc.problem))
+            manifest = None
+        on_disk = chunk_files(array_dir)
+        if manifest is None and version >= 2:
+            report.problems.append(Problem(name, None, "chunk", f"no manifest ({MANIFEST}): a missing shard "
+                                           "file could not be told"))
+        if manifest is not None:
+            for key in sorted(set(on_disk) - set(manifest)):
+                report.problems.append(Problem(name, chunk_coords(key), "shard" if layout.kind == "sharded"
+                                               else "chunk", f"file {key} is not in the array's manifest"))
+        keys = sorted(set(manifest or {}) | (set(on_disk) if manifest is None else set()))
+        if version < 2 and not layout.chunk_crc and layout.kind == "plain" and not layout.zstd:
+            keys = []  # nothing to check in plain unchecksummed chunks
+        for key in keys:
+            jobs.append((name, layout, key, (manifest or {}).get(key), not layout.chunk_crc))
+    report.problems += [Problem(name, None, "chunk", "its zarr.json cannot be read") for name in unreadable]
+    report.files = len(jobs)
+    bar = progress_bar(progress, len(jobs), f"verify {root.name}", unit="file")
+    try:
+        with ThreadPoolExecutor(threads or max(2, min(16, 2 * (os.cpu_count() or 1)))) as pool:
+            for (name, layout, key, want, decode), (problems, chunks, nbytes) in zip(
+                    jobs, pool.map(lambda j: _check_one(root, *j), jobs)):
+                report.problems.extend(problems)
+                report.chunks += chunks
+                report.bytes += nbytes
+                bar.update(1)
+    finally:
+        bar.close()
+    report.problems.sort(key=lambda p: (p.array, p.chunk or ()))
+    report.seconds = time.perf_counter() - t0
+    return report
