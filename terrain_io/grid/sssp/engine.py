@@ -6,8 +6,10 @@ a Dijkstra over units, with no boundary graph (:mod:`.shards`); ``index`` runs t
 thesis's three phases over the stored boundary graph G' (:mod:`.pipeline`), cheap for every
 further source once the index exists; ``auto`` takes ``index`` when a usable index is stored,
 else ``incore`` when the grid fits the budget (and no Dask scheduler is asked for), else
-``shards``. The answers (distances, and predecessors by the tie rule of
-:mod:`.incore`) do not depend on the method, device, tiling or budget.
+``shards``. ``incore`` and ``shards`` give the same bytes (distances, and predecessors by the tie
+rule of :mod:`.incore`) whatever the device, tiling, unit or budget; ``index`` the same distances
+but where shortest paths of different kinds tie exactly (the last bit), and on exact ties parents
+by its own rule (README, "Grid pipelines").
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The in-core SSSP engine: a block of the grid solved whole in memory (DESIGN.md "SSSP engines").
 
-Every SSSP method of the tool gives these answers, byte for byte:
+The in-core and shard methods give these answers, byte for byte (the index method its own
+predecessors on exact ties):
 
 * **Distance**: the fixpoint of d(v) = min over neighbours u of fl(d(u) + w(u, v)) in float64,
   d = 0 at the sources -- the least left-to-right float64 sum over all paths. Rounding is
