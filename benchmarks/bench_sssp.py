@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one(what: str, store: str, n: int, device: str, cluster: int, out: str) -> dict:
+def one(what: str, store: str, n: int, device: str, cluster: int, out: str, method: str = "auto") -> dict:
     """One measurement in this (fresh) process."""
     import numpy as np
 
@@ -39,8 +39,8 @@ def one(what: str, store: str, n: int, device: str, cluster: int, out: str) -> d
         if what.endswith("first"):
             shutil.rmtree(Path(store) / "index", ignore_errors=True)
         t = time.perf_counter()
-        r = sssp(st, src, weight=weight, cost=cost, cell=True, device=device, cluster=cluster, progress=False,
-                 name=what)
+        r = sssp(st, src, weight=weight, cost=cost, cell=True, device=device, progress=False, name=what,
+                 method=method, **({"cluster": cluster} if method in ("auto", "index") else {}))
         res.update(seconds=time.perf_counter() - t, timings=r.timings, index_reused=r.index_reused,
                    merge_stats=r.merge_stats)
     elif what == "scipy":
@@ -103,8 +103,11 @@ def grass_rcost(tif: Path, n: int, out: str) -> dict | None:
     return res
 
 
+METHOD = "auto"  # --method: ours by this SSSP method
+
+
 def spawn(what, store, n, device, cluster, out) -> dict:
-    cmd = [sys.executable, __file__, "--one", what, store, str(n), device, str(cluster), out]
+    cmd = [sys.executable, __file__, "--one", what, store, str(n), device, str(cluster), out, METHOD]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     if p.returncode:
         raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
@@ -148,9 +151,12 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-cell", action="store_true")
     ap.add_argument("--first-only", action="store_true", help="skip the further source (large sizes)")
+    ap.add_argument("--method", default="auto", help="our SSSP method (auto|incore|shards|index)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    global METHOD
+    METHOD = args.method
     import numpy as np
 
     from terrain_io.backend import resolve_device
@@ -160,7 +166,7 @@ def main():
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-sssp-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"device {device}, cluster {args.cluster}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}")
+    print(f"device {device}, method {args.method}, cluster {args.cluster}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}")
     # numba compiles the kernels once per installation (cached on disk): do it outside the timings
     warm = make_store(work, 256)
     for model in ["absdiff"] + ([] if args.no_cell else ["cell"]):
@@ -187,7 +193,7 @@ def main():
             for what in peers:
                 out = str(work / f"{what}{n}.npy")
                 runs[what] = spawn(what, store, n, device, args.cluster, out)
-                runs[what]["max_rel_diff"] = compare(store, f"ours{tag}-again", out)
+                runs[what]["max_rel_diff"] = compare(store, f"ours{tag}-" + ("first" if args.first_only else "again"), out)
             if model == "cell":
                 tif = work / f"cost{n}.tif"
                 import rasterio
@@ -205,15 +211,15 @@ def main():
                     with rasterio.open(str(work / f"grass{n}") + ".tif") as ds:
                         # r.cost counts steps in cells (1 or sqrt 2), not map units: scale to the cell size
                         np.save(work / f"grass{n}.npy", (ds.read(1) * 10.0).astype(np.float32))
-                    g["max_rel_diff"] = compare(store, f"ours{tag}-again", str(work / f"grass{n}.npy"))
+                    g["max_rel_diff"] = compare(store, f"ours{tag}-" + ("first" if args.first_only else "again"), str(work / f"grass{n}.npy"))
                     runs["grass"] = g
             for what in peers + (["grass"] if model == "cell" and "grass" in runs else []):
                 r = runs[what]
-                mine_first, mine_again = runs[f"ours{tag}-first"], runs[f"ours{tag}-again"]
+                mine_first, mine_again = runs[f"ours{tag}-first"], runs.get(f"ours{tag}-again")
+                again = f", again {r['seconds'] / mine_again['seconds']:.2f}x" if mine_again else ""
                 print(f"  {what:16s} {r['seconds']:8.2f} s  peak "
                       f"{format_bytes(r['peak_rss']) if r['peak_rss'] else '?'}  max rel diff {r['max_rel_diff']:.1e}"
-                      f"  -> ours first {r['seconds'] / mine_first['seconds']:.2f}x, "
-                      f"again {r['seconds'] / mine_again['seconds']:.2f}x faster", flush=True)
+                      f"  -> ours first {r['seconds'] / mine_first['seconds']:.2f}x{again} faster", flush=True)
         rows.append({"n": n, "device": device, "cluster": args.cluster, "runs": runs})
         shutil.rmtree(st.path, ignore_errors=True)
     if args.json:
@@ -222,7 +228,7 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        what, store, n, device, cluster, out = sys.argv[2:8]
-        print(json.dumps(one(what, store, int(n), device, int(cluster), out)))
+        what, store, n, device, cluster, out, method = sys.argv[2:9]
+        print(json.dumps(one(what, store, int(n), device, int(cluster), out, method)))
     else:
         main()

@@ -302,6 +302,6 @@ def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
 
 # Below about a million cells the thread pool's start-up outweighs the parallel loops (a shard
 # method's units, small arrays): the same functions compiled without threads.
-SERIAL_BELOW = 1 << 20
+SERIAL_BELOW = 1 << 22
 plateau_levels_serial = numba.njit(cache=True)(plateau_levels.py_func)
 predecessors_serial = numba.njit(cache=True)(predecessors.py_func)
