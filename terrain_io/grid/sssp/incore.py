@@ -82,8 +82,9 @@ def ringed(values: np.ndarray, dtype=None) -> np.ndarray:
     return out
 
 
-def output_distance(dist: np.ndarray, vals: np.ndarray) -> np.ndarray:
-    """The stored distances of a block's interior: float32, +inf unreached, NaN where no vertex."""
+def output_distance(dist, vals):
+    """The stored distances of a block's interior: float32, +inf unreached, NaN where no vertex
+    (NumPy or CuPy arrays, the result on theirs)."""
     out = dist[1:-1, 1:-1].astype(np.float32)
     out[np.isnan(vals[1:-1, 1:-1])] = np.nan
     return out
@@ -157,8 +158,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
         dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
         pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
-        d32 = dist[1:-1, 1:-1].astype(np.float32)
-        d32[xp.isnan(vals[1:-1, 1:-1])] = np.nan
+        d32 = output_distance(dist, vals)
         finite = xp.isfinite(d32)
         reached = int(finite.sum())
         dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0

@@ -35,6 +35,7 @@ import numpy as np
 from ...errors import InputError
 from ...memory import format_bytes, return_freed_memory_to_os
 from ...progress import progress_bar
+from ...backend import to_host
 from ...store import TerrainStore, Window, write_shard
 from ...weights import DC, DR, edge_weights
 from .incore import NO_LEVEL, NO_PRED, block_bytes, output_distance, solve_block, value_dtype
@@ -226,7 +227,6 @@ class UnitResult:
     sides: dict
     reached: int
     max_distance: float
-    pops: int = 0
 
 
 @dataclass
@@ -316,35 +316,28 @@ def solve_unit(task: UnitTask) -> UnitResult:
         return UnitResult(task.i, task.j, {}, 0, 0.0)
     vals, dist, level = task.ring
     vals[1:-1, 1:-1] = interior
-    d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device)
     if task.device == "gpu":
         import cupy as cp
 
-        sides = boundary_sides(cp.asarray(vals), d, lv, pred)
-        sides = {k: {f: cp.asnumpy(a) for f, a in v.items()} for k, v in sides.items()}
-        d32 = d[1:-1, 1:-1].astype(cp.float32)
-        d32[cp.isnan(cp.asarray(vals)[1:-1, 1:-1])] = np.nan
-        d32, pred = cp.asnumpy(d32), cp.asnumpy(pred)
-    else:
-        sides = {k: {f: np.array(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
-        d32 = output_distance(d, vals)
+        vals = cp.asarray(vals)
+    d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device)
+    host = to_host if task.device == "gpu" else np.array  # copies: the sides outlive the blocks
+    sides = {k: {f: host(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
+    d32, pred = to_host(output_distance(d, vals)), to_host(pred)
     _write_unit(dist_arr, pred_arr, win, d32, pred, task.threads)
     finite = np.isfinite(d32)
     return UnitResult(task.i, task.j, sides, int(finite.sum()), float(np.max(d32, where=finite, initial=0.0)))
 
 
-class _IOCounter:
+def _io_bytes() -> tuple[int, int]:
     """Bytes this process read and wrote through system calls (Linux /proc/self/io), for the
-    bytes-per-cell figures; zeros where unavailable."""
-
-    @staticmethod
-    def now() -> tuple[int, int]:
-        try:
-            with open("/proc/self/io") as f:
-                kv = dict(line.split(": ") for line in f.read().splitlines())
-            return int(kv["rchar"]), int(kv["wchar"])
-        except (OSError, KeyError, ValueError):
-            return 0, 0
+    bytes-per-cell figures (Dask workers' own are not counted); zeros where unavailable."""
+    try:
+        with open("/proc/self/io") as f:
+            kv = dict(line.split(": ") for line in f.read().splitlines())
+        return int(kv["rchar"]), int(kv["wchar"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
 
 
 def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
@@ -373,7 +366,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             heapq.heappush(heap, ((0.0, 0), ij))
     solves = np.zeros((nur, nuc), np.int32)
     reach = {}
-    io0 = _IOCounter.now()
+    io0 = _io_bytes()
     t0 = time.perf_counter()
     bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
@@ -417,7 +410,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                    announce=announce)
         reached = sum(n for n, _ in reach.values())
         dmax = max((m for _, m in reach.values()), default=0.0)
-        io1 = _IOCounter.now()
+        io1 = _io_bytes()
         n_cells = store.shape[0] * store.shape[1]
         stats = {"unit": side, "units": nur * nuc, "solves": int(solves.sum()), "rounds": rounds,
                  "solves_per_unit": round(float(solves[solves > 0].mean()) if (solves > 0).any() else 0.0, 3),
