@@ -41,7 +41,7 @@ from ..errors import InputError
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
-from ..store import TerrainStore, Window
+from ..store import TerrainStore, Window, read_shard, write_shard
 from ..zorder import morton_decode, morton_encode, morton_order
 from . import _mst_cpu as K
 
@@ -299,19 +299,26 @@ def _plan_batches(store: TerrainStore, k: int) -> list[_Batch]:
     return batches
 
 
+def _readers(device: str) -> int:
+    """Threads reading (and decoding) batches ahead of the tile phase: half the cores, at least the
+    GPU's two lanes, at most 8."""
+    return max(2 if device == "gpu" else 1, min(8, (os.cpu_count() or 1) // 2))
+
+
 def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
     """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``.
 
     Held at once: the merge data, O(N/T) (decisions, ~ 1.5 codes per tile side cell); per worker
     thread one tile's Kruskal and contraction arrays (40 or 140 bytes per cell); the
-    batches in flight (values, masks, bits) and the current batch's temporaries.
+    batches in flight (values, masks, bits: one per reader thread, the one in the tile phase, on
+    the GPU one more) and the current batch's temporaries.
     """
     t = store.tile_size
     ntr, ntc = store.tile_grid
     threads = numba.get_num_threads() if device == "cpu" else numba.get_num_threads() // 2 + 1
     per_tile_cell = 140 if sorts_edges else 40  # Kruskal's keys, union-find, contraction arrays
     fixed = ntr * ntc * 4 * t * 12 + threads * per_tile_cell * t * t
-    in_flight = 3 if device == "gpu" else 2  # batches being read, on the GPU, contracted
+    in_flight = _readers(device) + (2 if device == "gpu" else 1)
     per_cell = in_flight * (store.dtype.itemsize + 2) + 16  # + bits, order keys, temporaries
     k = store.shard_size
     while k > 1 and fixed + per_cell * (k * t) ** 2 > budget:
@@ -321,6 +328,68 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
                          f"least {format_bytes(fixed + per_cell * t * t)} with {t} x {t} tiles "
                          "(raise --memory or use smaller tiles)")
     return k
+
+
+def _write_bits(edges, window: Window, bits: np.ndarray, whole_shard: bool) -> None:
+    """Write a batch's bits: a whole shard encoded here (parallel threads scale), a part through zarr."""
+    if whole_shard:
+        sh0, sh1 = edges.shards
+        write_shard(edges, window.r0 // sh0, window.c0 // sh1, bits)
+    else:
+        edges[window.slices] = bits
+
+
+def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, removed: np.ndarray,
+            kept: np.ndarray, progress: bool) -> int:
+    """Phase 3: apply the merge decisions to ``mst/edges``, each shard read and written once, shards in
+    parallel threads (decoding and encoding release the GIL); returns the edge count.
+
+    The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
+    tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
+    the whole shard on a partial write).
+    """
+    rows, cols = store.shape
+    span_shard = store.shard_size * store.tile_size
+    workers = max(1, min(16, os.cpu_count() or 1))
+    shard_cells = min(span_shard, rows) * min(span_shard, cols)
+    if k == store.shard_size or workers * 2 * shard_cells <= budget // 2:
+        span = span_shard
+        units = list(store.shards())
+    else:
+        span, workers = k * store.tile_size, 1
+        units = [b.window for b in batches]
+
+    def unit_key(codes):
+        lo = codes >> 2
+        return morton_encode(lo // cols // span, lo % cols // span).astype(np.int64)
+
+    removed = removed[np.argsort(unit_key(removed), kind="stable")]
+    kept = kept[np.argsort(unit_key(kept), kind="stable")]
+    rem_keys, kept_keys = unit_key(removed), unit_key(kept)
+
+    def expand(win: Window) -> int:
+        key = int(morton_encode(win.r0 // span, win.c0 // span))
+        rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
+        ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
+        if span == span_shard:
+            bits = read_shard(edges, win.r0 // span, win.c0 // span)
+        else:
+            bits = edges[win.slices]
+        if rs.start != rs.stop or ks.start != ks.stop:
+            K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
+            if span == span_shard:
+                write_shard(edges, win.r0 // span, win.c0 // span, bits)
+            else:
+                edges[win.slices] = bits
+        return int(K.count_edges(bits))
+
+    n_edges = 0
+    with progress_bar(progress, len(units), "expand", unit="shard" if span == span_shard else "batch") as bar, \
+            concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        for count in ex.map(expand, units):
+            n_edges += count
+            bar.update(1)
+    return n_edges
 
 
 def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
@@ -383,7 +452,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         t_phase = time.perf_counter()
-        lookahead = 2 if gpu is not None else 1  # GPU: two batches in flight, one per CUDA stream
+        lookahead = _readers(device)  # batches read ahead (on the GPU: its two lanes busy too)
+        whole_shards = k == store.shard_size
         writes: collections.deque = collections.deque()
         merger.start(workers=min(4, os.cpu_count() or 1))
         if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
@@ -406,7 +476,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 cleanup.callback(merger.stop)
                 pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
                 # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
-                writers = 2 if k == store.shard_size else 1
+                writers = max(2, lookahead) if whole_shards else 1
                 io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
                 bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
                 pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
@@ -429,7 +499,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                     t0 = time.perf_counter()
                     while len(writes) > writers:
                         writes.popleft().result()
-                    writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
+                    writes.append(io_pool.submit(_write_bits, edges, b.window, bits, whole_shards))
                     timings["write"] += time.perf_counter() - t0
                     merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                     bar.update(len(b.codes))
@@ -448,34 +518,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         rem_c, kept_c = merger.decisions()
         buckets += merger.buckets
         decisions = len(rem_c) + len(kept_c)
-        span = k * store.tile_size
-
-        def batch_key(codes):
-            lo = codes >> 2
-            return morton_encode(lo // cols // span, lo % cols // span).astype(np.int64)
-
-        rem_c = rem_c[np.argsort(batch_key(rem_c), kind="stable")]
-        kept_c = kept_c[np.argsort(batch_key(kept_c), kind="stable")]
-        rem_keys, kept_keys = batch_key(rem_c), batch_key(kept_c)
-
-        def expand(b: _Batch) -> int:
-            key = int(morton_encode(b.window.r0 // span, b.window.c0 // span))
-            rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
-            ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
-            bits = edges[b.window.slices]
-            if rs.start != rs.stop or ks.start != ks.stop:
-                K.apply_decisions(bits, b.window.r0, b.window.c0, cols, rem_c[rs], kept_c[ks])
-                edges[b.window.slices] = bits
-            return int(K.count_edges(bits))
-
-        n_edges = 0
-        # whole shards in parallel (one byte per cell each); parts of a shard one after another, as
-        # zarr rewrites the whole shard on every partial write
-        workers = max(1, min(8, os.cpu_count() or 1)) if k == store.shard_size else 1
-        with progress_bar(progress, len(batches), "expand", unit="batch") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
-            for count in ex.map(expand, batches):
-                n_edges += count
-                bar.update(1)
+        n_edges = _expand(store, edges, batches, k, budget, rem_c, kept_c, progress)
         timings["expand"] = time.perf_counter() - t_phase
         exact = K.exact_total(buckets)
         seconds = time.perf_counter() - t_start
