@@ -669,3 +669,114 @@ def count_edges(bits):
             b = bits[i, j]
             total += (b & 1) + ((b >> 1) & 1) + ((b >> 2) & 1) + ((b >> 3) & 1)
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Merge phase inside a batch: every level of its quadtree in one compiled call
+# ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _grow(a, n):
+    """``a`` with room for at least ``n`` entries (doubling), the first entries kept."""
+    if n <= a.shape[0]:
+        return a
+    b = np.empty(max(n, 2 * a.shape[0]), dtype=a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_batch(nv, vid, vh, vmask, ne, eu, ev, ew, ecode, tr, tc, levels, rows, cols, tile, kind):
+    """All merges inside a full batch of ``4**levels`` tiles, bottom-up, in one call (no Python per block).
+
+    Input: ``tile_phase_batch``'s per-tile rows (padded to ``cap``, counts ``nv``/``ne``), the tiles
+    in Morton order with their tile rows/columns ``tr``/``tc``. Level by level, every 4 consecutive
+    blocks (siblings, by the Morton order) are merged by :func:`merge_blocks` -- the children's
+    vertices and edges lie next to each other in flat arrays, so their concatenation is a slice.
+    Returns the batch's block graph and all decisions, as ``merge_blocks`` does for one merge.
+    """
+    n = nv.shape[0]
+    tot_v = 0
+    tot_e = 0
+    for t in range(n):
+        tot_v += nv[t]
+        tot_e += ne[t]
+    # flat arrays of the current level's blocks; voff/eoff: block b's vertices/edges at [off[b], off[b+1])
+    fvid = np.empty(tot_v, dtype=np.int64)
+    fvh = np.empty(tot_v, dtype=np.float64)
+    fvm = np.empty(tot_v, dtype=np.uint8)
+    feu = np.empty(max(tot_e, tot_v), dtype=np.int64)
+    fev = np.empty(max(tot_e, tot_v), dtype=np.int64)
+    few = np.empty(max(tot_e, tot_v), dtype=np.float64)
+    fec = np.empty(max(tot_e, tot_v), dtype=np.int64)
+    voff = np.zeros(n + 1, dtype=np.int64)
+    eoff = np.zeros(n + 1, dtype=np.int64)
+    for t in range(n):
+        a = voff[t]
+        voff[t + 1] = a + nv[t]
+        fvid[a:a + nv[t]] = vid[t, :nv[t]]
+        fvh[a:a + nv[t]] = vh[t, :nv[t]]
+        fvm[a:a + nv[t]] = vmask[t, :nv[t]]
+        a = eoff[t]
+        eoff[t + 1] = a + ne[t]
+        feu[a:a + ne[t]] = eu[t, :ne[t]]
+        fev[a:a + ne[t]] = ev[t, :ne[t]]
+        few[a:a + ne[t]] = ew[t, :ne[t]]
+        fec[a:a + ne[t]] = ecode[t, :ne[t]]
+    rem_c = np.empty(1024, dtype=np.int64)
+    rem_w = np.empty(1024, dtype=np.float64)
+    kep_c = np.empty(1024, dtype=np.int64)
+    kep_w = np.empty(1024, dtype=np.float64)
+    nrem = 0
+    nkep = 0
+    blocks = n
+    for level in range(1, levels + 1):
+        span = tile << level
+        groups = blocks // 4
+        # outputs never outgrow the inputs: kept vertices are input vertices, super-edges < vertices
+        gvid = np.empty(voff[blocks], dtype=np.int64)
+        gvh = np.empty(voff[blocks], dtype=np.float64)
+        gvm = np.empty(voff[blocks], dtype=np.uint8)
+        geu = np.empty(voff[blocks], dtype=np.int64)
+        gev = np.empty(voff[blocks], dtype=np.int64)
+        gew = np.empty(voff[blocks], dtype=np.float64)
+        gec = np.empty(voff[blocks], dtype=np.int64)
+        gvoff = np.zeros(groups + 1, dtype=np.int64)
+        geoff = np.zeros(groups + 1, dtype=np.int64)
+        for g in range(groups):
+            first = g * 4 ** level  # the group's first tile
+            br = tr[first] >> level
+            bc = tc[first] >> level
+            v0, v1 = voff[4 * g], voff[4 * g + 4]
+            e0, e1 = eoff[4 * g], eoff[4 * g + 4]
+            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = merge_blocks(
+                fvid[v0:v1], fvh[v0:v1], fvm[v0:v1], feu[e0:e1], fev[e0:e1], few[e0:e1], fec[e0:e1],
+                br * span, (br + 1) * span, bc * span, (bc + 1) * span, rows, cols, tile, kind)
+            a = gvoff[g]
+            gvoff[g + 1] = a + ovid.shape[0]
+            gvid[a:gvoff[g + 1]] = ovid
+            gvh[a:gvoff[g + 1]] = ovh
+            gvm[a:gvoff[g + 1]] = ovm
+            a = geoff[g]
+            geoff[g + 1] = a + oeu.shape[0]
+            geu[a:geoff[g + 1]] = oeu
+            gev[a:geoff[g + 1]] = oev
+            gew[a:geoff[g + 1]] = oew
+            gec[a:geoff[g + 1]] = oec
+            rem_c = _grow(rem_c, nrem + rc.shape[0])
+            rem_w = _grow(rem_w, nrem + rc.shape[0])
+            rem_c[nrem:nrem + rc.shape[0]] = rc
+            rem_w[nrem:nrem + rc.shape[0]] = rw
+            nrem += rc.shape[0]
+            kep_c = _grow(kep_c, nkep + kc.shape[0])
+            kep_w = _grow(kep_w, nkep + kc.shape[0])
+            kep_c[nkep:nkep + kc.shape[0]] = kc
+            kep_w[nkep:nkep + kc.shape[0]] = kw
+            nkep += kc.shape[0]
+        fvid, fvh, fvm, feu, fev, few, fec = gvid, gvh, gvm, geu, gev, gew, gec
+        voff, eoff = gvoff, geoff
+        blocks = groups
+    nvo = voff[blocks]
+    neo = eoff[blocks]
+    return (fvid[:nvo].copy(), fvh[:nvo].copy(), fvm[:nvo].copy(), feu[:neo].copy(), fev[:neo].copy(),
+            few[:neo].copy(), fec[:neo].copy(), rem_c[:nrem].copy(), rem_w[:nrem].copy(),
+            kep_c[:nkep].copy(), kep_w[:nkep].copy())

@@ -10,10 +10,13 @@ Haverkort; DESIGN.md "MST pipeline":
    walks, one thread block per tile, see ``_mst_gpu``).
 2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
-   (Kruskal) and contracted against the block's own boundary. Only the blocks on the current
-   Morton path and the decisions (O(N/T) codes) are held in memory.
-3. Expand -- one pass over ``mst/edges``: clear the representatives that a merge dropped, set
-   the separator edges that made it into the tree.
+   (Kruskal) and contracted against the block's own boundary. The levels inside a batch are
+   merged in one compiled call per batch (``_mst_cpu.merge_batch``), batches in parallel threads;
+   the levels above, in Morton order as batches complete. Only the blocks on the current Morton
+   path and the decisions (O(N/T) codes) are held in memory.
+3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
+   clear the representatives that a merge dropped, set the separator edges that made it into the
+   tree.
 
 Edges obey one strict order (weight, smaller cell id, larger cell id), so the forest is unique
 and identical for every backend, tile size and batch size. Nodata cells are not vertices: the
@@ -114,6 +117,7 @@ class _Merger:
         self.buckets = np.zeros((2, K.N_EXP), dtype=np.int64)  # exact weight: - removed + kept
         self.seconds = 0.0
         self.merges = 0
+        self._lock = threading.Lock()
 
     def push(self, block: _Block, next_code: int | None) -> None:
         """Add a complete block (a tile, or a whole batch) and merge every block it completes.
@@ -134,21 +138,26 @@ class _Merger:
             self.stack.append(self._record(self._merge(children, level, parent)))
         if next_code is None:  # the root: everything decided
             assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
-        self.seconds += time.perf_counter() - t0
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
 
-    def push_batch(self, tiles: list[_Block], side: int, next_code: int | None) -> None:
-        """Add a full batch of ``side`` x ``side`` tiles (Morton order): its inner levels are merged
-        in parallel threads, group by group, before the batch joins the stream as one block."""
+    def _merge_batch(self, b: "_Batch", out, side: int):
+        """All merges inside a full batch of ``side`` x ``side`` tiles, in one compiled call
+        (``merge_batch``, no GIL: batches merge in parallel threads); returns ``_record``'s input."""
         t0 = time.perf_counter()
-        blocks = tiles
-        for level in range(1, int(math.log2(side)) + 1):
-            groups = [blocks[g:g + 4] for g in range(0, len(blocks), 4)]
-            merged = list(self.pool.map(lambda grp, lv=level: self._merge(grp, lv, grp[0].code >> 2), groups))
-            blocks = [self._record(r) for r in merged]
-        self.seconds += time.perf_counter() - t0
-        self.push(blocks[0], next_code)
+        levels = int(math.log2(side))
+        tr, tc = morton_decode(b.codes.astype(np.uint64))
+        nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
+        (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = K.merge_batch(
+            nv, vid, vh, vm, ne, eu, ev, ew, ec, tr.astype(np.int64), tc.astype(np.int64), levels,
+            self.rows, self.cols, self.tile, self.kind)
+        block = _Block(levels, int(b.codes[0]) >> (2 * levels), ovid, ovh, ovm, oeu, oev, oew, oec)
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
+            self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
+        return block, rc, rw, kc, kw
 
-    # -- running in a thread beside the tile phase (merge_blocks releases the GIL) --------------
+    # -- running in a thread beside the tile phase (the merge kernels release the GIL) -----------
     def start(self, depth: int = 2, workers: int = 1) -> None:
         self.pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -160,20 +169,26 @@ class _Merger:
         while (item := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    blocks, side, next_code = item
-                    if len(blocks) == side * side and side > 1:
-                        self.push_batch(blocks, side, next_code)
+                    work, next_code = item
+                    if isinstance(work, concurrent.futures.Future):  # a full batch, merged in the pool
+                        merged = work.result()
+                        self.push(self._record(merged), next_code)
                     else:  # a batch cut by the DEM's edge: tile by tile
-                        for i, block in enumerate(blocks):
-                            self.push(block, blocks[i + 1].code if i + 1 < len(blocks) else next_code)
+                        for i, block in enumerate(work):
+                            self.push(block, work[i + 1].code if i + 1 < len(work) else next_code)
                 except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
                     self._error = exc
 
-    def submit(self, tiles: list[_Block], side: int, next_code: int | None) -> None:
-        """Queue one batch's tile blocks (Morton order; ``side``: the batch side in tiles) for merging."""
+    def submit(self, b: "_Batch", out, side: int, next_code: int | None) -> None:
+        """Queue one batch's tile-phase output (``tile_phase_batch``'s; ``side``: the batch side in
+        tiles) for merging; a full batch starts merging inside at once, in the pool."""
         if self._error is not None:
             raise self._error
-        self._queue.put((tiles, side, next_code))
+        if len(b.codes) == side * side and side > 1:
+            work = self.pool.submit(self._merge_batch, b, out, side)
+        else:
+            work = _blocks(b, out)
+        self._queue.put((work, next_code))
 
     def finish(self) -> float:
         """Wait until every queued block is merged; returns the seconds waited."""
@@ -455,7 +470,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         lookahead = _readers(device)  # batches read ahead (on the GPU: its two lanes busy too)
         whole_shards = k == store.shard_size
         writes: collections.deque = collections.deque()
-        merger.start(workers=min(4, os.cpu_count() or 1))
+        merger.start(workers=os.cpu_count() or 1)
         if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
             tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
                                forest, cap, device) for b in batches]
@@ -468,7 +483,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
                     valid_cells += n_valid
                     buckets += out[-1]
-                    merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                    merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                 timings["tile_phase"] = time.perf_counter() - t_phase
                 timings["merge_wait"] = merger.finish()
         else:
@@ -501,7 +516,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                         writes.popleft().result()
                     writes.append(io_pool.submit(_write_bits, edges, b.window, bits, whole_shards))
                     timings["write"] += time.perf_counter() - t0
-                    merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                    merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                     bar.update(len(b.codes))
                 for f in writes:
                     f.result()
