@@ -169,42 +169,52 @@ def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
     (``_order_key`` of ``hkey``, see ``key_source``), over cells listed by id -- give the edges
     weight class by weight class; inside a class they are sorted by
     code, which makes the order exactly the strict (weight, smaller id, larger id).
+
+    Cells are numbered in a copy of the tile with a one-cell border (keys -1 there and at nodata):
+    no bounds checks, no divisions; that numbering keeps the order of cell ids, so codes built on
+    it sort alike. Union by size (which root hangs under which changes no connectivity, hence no
+    decision).
     """
     n = h * w
+    W = w + 2
+    pk = np.full((h + 2) * W, -1, dtype=np.int64)  # order keys of the bordered tile, -1: no vertex
     keys = np.empty(n, dtype=np.uint32)
-    ids = np.empty(n, dtype=np.int32)
+    ids = np.empty(n, dtype=np.int32)  # bordered cell numbers
     m = 0
     for i in range(h):
         for j in range(w):
             if valid[i0 + i, j0 + j]:
-                keys[m] = _order_key(hkey[i0 + i, j0 + j], float_bits)
-                ids[m] = i * w + j
+                k = _order_key(hkey[i0 + i, j0 + j], float_bits)
+                keys[m] = k
+                ids[m] = (i + 1) * W + j + 1
+                pk[ids[m]] = k
                 m += 1
     keys, ids = _radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
-    parent = np.arange(n, dtype=np.int32)
+    off = np.empty(8, dtype=np.int64)
+    for d in range(8):
+        off[d] = DR[d] * W + DC[d]
+    parent = np.arange((h + 2) * W, dtype=np.int32)
+    size = np.ones((h + 2) * W, dtype=np.int32)
+    out = np.zeros((h + 2) * W, dtype=np.uint8)
     buf = np.empty(64, dtype=np.int64)
     joined = 0
     g = 0
     while g < m:
-        hk = keys[g]
+        hk = np.int64(keys[g])
         ge = g + 1
-        while ge < m and keys[ge] == hk:
+        while ge < m and keys[ge] == keys[g]:
             ge += 1
         if 8 * (ge - g) > buf.shape[0]:
             buf = np.empty(16 * (ge - g), dtype=np.int64)
         ne = 0
         for x in range(g, ge):  # the edges of this weight class, as codes lo * 4 + rank
             v = np.int64(ids[x])
-            i = v // w
-            j = v % w
             for d in range(8):
-                ii = i + DR[d]
-                jj = j + DC[d]
-                if ii < 0 or ii >= h or jj < 0 or jj >= w or not valid[i0 + ii, j0 + jj]:
+                u = v + off[d]
+                hu = pk[u]
+                if hu < 0 or hu > hk:
                     continue
-                hu = _order_key(hkey[i0 + ii, j0 + jj], float_bits)
-                u = ii * w + jj
-                if hu < hk or (hu == hk and u < v):
+                if hu < hk or u < v:
                     if d < 4:
                         buf[ne] = v * 4 + DIR_TO_RANK[d]
                     else:
@@ -223,19 +233,21 @@ def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
         for x in range(ne):
             a = buf[x] >> 2
             d = RANK_TO_DIR[buf[x] & 3]
-            b = a + DR[d] * w + DC[d]
             ra = _find(parent, a)
-            rb = _find(parent, b)
+            rb = _find(parent, a + off[d])
             if ra != rb:
-                if ra < rb:
-                    parent[rb] = ra
-                else:
-                    parent[ra] = rb
-                bits[i0 + a // w, j0 + a % w] |= np.uint8(1 << d)
+                if size[ra] < size[rb]:
+                    ra, rb = rb, ra
+                parent[rb] = ra
+                size[ra] += size[rb]
+                out[a] |= np.uint8(1 << d)
                 joined += 1
         g = ge
-        if joined == n - 1:
+        if joined == m - 1:
             break
+    for i in range(h):
+        for j in range(w):
+            bits[i0 + i, j0 + j] |= out[(i + 1) * W + j + 1]
 
 
 # ---------------------------------------------------------------------------------------------
