@@ -281,3 +281,21 @@ def test_integer_types(tmp_path, dtype):
     base = rng.integers(0, 50, size=(70, 90)).astype(np.int64)
     vals = (base - 25 if dtype == "int32" else base + 2**31).astype(dtype)  # uint32 beyond int32
     check(tmp_path, vals, tile=16, shard=2)
+
+
+@pytest.mark.parametrize("by_shards", [True, False])
+def test_deep_batches_and_both_expand_paths(tmp_path, monkeypatch, by_shards):
+    """Batches of 8 x 8 tiles (three merge levels inside one ``merge_batch`` call) and batches of
+    2 x 2 inside 8 x 8 shards, with ties and nodata at tile corners; the expand pass over whole
+    shards and, forced, over the tile phase's batches: every way scipy's forest."""
+    monkeypatch.setattr(sys.modules["terrain_io.grid.mst"], "_expand_by_shards", lambda *a: by_shards)
+    vals = terrain(150, 133, seed=7, levels=12)
+    vals[np.random.default_rng(3).random(vals.shape) < 0.05] = np.nan
+    vals[::8, ::8] = np.nan  # tile corners
+    valid = valid_mask(vals, None)
+    want, total = scipy_msf(vals, valid)
+    for batch in (8, 2):
+        res, got, _ = run(tmp_path, vals, tile=8, shard=8, name=f"b{batch}.zarr", batch_tiles=batch)
+        assert res.batch_tiles == batch
+        assert got == want, batch
+        assert Fraction(res.total_weight_exact) == total and res.trees == islands(valid)

@@ -354,6 +354,14 @@ def _write_bits(edges, window: Window, bits: np.ndarray, whole_shard: bool) -> N
         edges[window.slices] = bits
 
 
+def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) -> bool:
+    """Whether the expand pass takes whole shards: the tile phase did, or one shard's bits (and their
+    new encoding) per thread fit half the budget."""
+    span = store.shard_size * store.tile_size
+    shard_cells = min(span, store.shape[0]) * min(span, store.shape[1])
+    return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
+
+
 def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, removed: np.ndarray,
             kept: np.ndarray, progress: bool) -> int:
     """Phase 3: apply the merge decisions to ``mst/edges``, each shard read and written once, shards in
@@ -366,8 +374,7 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
     rows, cols = store.shape
     span_shard = store.shard_size * store.tile_size
     workers = max(1, min(16, os.cpu_count() or 1))
-    shard_cells = min(span_shard, rows) * min(span_shard, cols)
-    if k == store.shard_size or workers * 2 * shard_cells <= budget // 2:
+    if _expand_by_shards(store, k, budget, workers):
         span = span_shard
         units = list(store.shards())
     else:
