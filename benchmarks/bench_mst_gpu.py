@@ -139,7 +139,8 @@ _RUN = textwrap.dedent("""
 
     path, warm, device, memory = sys.argv[1:5]
     memory = None if memory == "-" else memory
-    mst(TerrainStore.open(warm), device=device, progress=False)  # JIT / kernel compilation
+    for k in (None, 2):  # JIT / kernel compilation (2 x 2 batches: the warm store has no full shard)
+        mst(TerrainStore.open(warm), device=device, progress=False, batch_tiles=k)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = status("VmRSS")

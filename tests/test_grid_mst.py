@@ -227,7 +227,8 @@ _MEMORY_SCRIPT = textwrap.dedent("""
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
 
-    mst(TerrainStore.open(sys.argv[2]), device="cpu", progress=False)  # compile / load the kernels
+    for k in (None, 2):  # compile / load the kernels: whole-shard batches, and full 2 x 2 batches (merge_batch)
+        mst(TerrainStore.open(sys.argv[2]), device="cpu", progress=False, batch_tiles=k)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
     base = status("VmRSS")
@@ -299,3 +300,22 @@ def test_deep_batches_and_both_expand_paths(tmp_path, monkeypatch, by_shards):
         assert res.batch_tiles == batch
         assert got == want, batch
         assert Fraction(res.total_weight_exact) == total and res.trees == islands(valid)
+
+
+def test_merge_sorts_against_numpy():
+    """The merge's two sorts: edges in the strict order (weight, code) -- numpy's lexsort, with
+    negative weights, signed zeros (equal), ties, huge codes; vertex ids given as a few sorted runs
+    -- numpy's argsort (and many runs, where it falls back)."""
+    from terrain_io.grid._mst_cpu import _argsort_runs, _argsort_strict
+
+    rng = np.random.default_rng(11)
+    for m in (0, 1, 2, 17, 1000, 5000):
+        w = rng.choice(np.array([-3.5, -0.0, 0.0, 1e-300, 2.0, 2.5, 1e300, -1e300]), m)
+        w[: m // 2] = rng.standard_normal(m // 2).astype(np.float32)
+        code = rng.choice(2**50, m, replace=False).astype(np.int64)
+        want = np.lexsort((code, w + 0.0))  # + 0.0: -0.0 becomes 0.0, equal weights
+        np.testing.assert_array_equal(_argsort_strict(w, code), want)
+    for runs in (1, 2, 4, 5, 40):
+        ids = np.concatenate([np.sort(rng.choice(10**9, 300, replace=False)) + k * 10**9
+                              for k in rng.permutation(runs)])
+        np.testing.assert_array_equal(_argsort_runs(ids), np.argsort(ids))

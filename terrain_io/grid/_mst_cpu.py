@@ -462,6 +462,103 @@ def _is_separator(code, cols, tile):
     return (r // tile != (r + DR[d]) // tile) or (c // tile != (c + DC[d]) // tile)
 
 
+@numba.njit(cache=True)
+def _argsort_runs(a):
+    """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
+    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: argsort."""
+    n = a.shape[0]
+    bounds = [0]
+    for i in range(1, n):
+        if a[i] < a[i - 1]:
+            bounds.append(i)
+            if len(bounds) > 16:
+                return np.argsort(a)
+    bounds.append(n)
+    idx = np.arange(n)
+    tmp = np.empty(n, dtype=np.int64)
+    while len(bounds) > 2:
+        nb = [0]
+        for r in range(0, len(bounds) - 1, 2):
+            lo = bounds[r]
+            if r + 2 >= len(bounds):  # an odd run left over
+                tmp[lo:bounds[r + 1]] = idx[lo:bounds[r + 1]]
+                nb.append(bounds[r + 1])
+                continue
+            mid = bounds[r + 1]
+            hi = bounds[r + 2]
+            x, y, o = lo, mid, lo
+            while x < mid and y < hi:
+                if a[idx[y]] < a[idx[x]]:
+                    tmp[o] = idx[y]
+                    y += 1
+                else:
+                    tmp[o] = idx[x]
+                    x += 1
+                o += 1
+            while x < mid:
+                tmp[o] = idx[x]
+                x += 1
+                o += 1
+            while y < hi:
+                tmp[o] = idx[y]
+                y += 1
+                o += 1
+            nb.append(hi)
+        idx, tmp = tmp, idx
+        bounds = nb
+    return idx
+
+
+@numba.njit(cache=True)
+def _radix_pass_sort(keys, idx, tmp):
+    """Stable LSD radix sort (8-bit digits) of ``idx`` by ``keys[idx]`` (uint64); digits equal
+    everywhere are skipped. Returns the sorted index array (``idx`` or ``tmp``)."""
+    m = idx.shape[0]
+    count = np.empty(256, dtype=np.int64)
+    for shift in range(0, 64, 8):
+        count[:] = 0
+        for x in range(m):
+            count[(keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)] += 1
+        if count.max() == m:
+            continue
+        total = 0
+        for d in range(256):
+            c = count[d]
+            count[d] = total
+            total += c
+        for x in range(m):
+            d = (keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)
+            tmp[count[d]] = idx[x]
+            count[d] += 1
+        idx, tmp = tmp, idx
+    return idx, tmp
+
+
+@numba.njit(cache=True)
+def _argsort_strict(w, code):
+    """Indices of the edges in the strict order (weight, code): radix sorts by code, then (stable)
+    by an order-preserving uint64 image of the weight (IEEE bits, signs folded; -0.0 as 0.0, equal
+    weights, one key). Codes are distinct, so the order is total."""
+    m = w.shape[0]
+    wk = np.empty(m, dtype=np.uint64)
+    ck = np.empty(m, dtype=np.uint64)
+    bits = w.copy()
+    for x in range(m):
+        if bits[x] == 0.0:
+            bits[x] = 0.0  # -0.0 -> +0.0
+    ub = bits.view(np.uint64)
+    top = np.uint64(1) << np.uint64(63)
+    for x in range(m):
+        u = ub[x]
+        wk[x] = ~u if u & top else u | top
+        ck[x] = np.uint64(code[x])
+    idx = np.arange(m)
+    tmp = np.empty(m, dtype=np.int64)
+    idx, tmp = _radix_pass_sort(ck, idx, tmp)
+    idx, tmp = _radix_pass_sort(wk, idx, tmp)
+    return idx
+
+
 @numba.njit(cache=True, nogil=True)
 def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
     """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (thesis part II ch. 2-3).
@@ -472,7 +569,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     paths to their maximum). Returns the new block graph and the decisions: ``removed`` codes
     (tile-internal representatives dropped) and ``kept`` separator codes (final), with weights.
     """
-    order = np.argsort(vid)
+    order = _argsort_runs(vid)
     vid = vid[order]
     vh = vh[order]
     vmask = vmask[order].copy()
@@ -526,8 +623,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     av[nold:] = sv[:ns]
     aw[nold:] = sw[:ns]
     ac[nold:] = sc[:ns]
-    by_code = np.argsort(ac)
-    order = by_code[np.argsort(aw[by_code], kind="mergesort")]
+    order = _argsort_strict(aw, ac)
     removed_c = np.empty(m_all, dtype=np.int64)
     removed_w = np.empty(m_all, dtype=np.float64)
     kept_c = np.empty(m_all, dtype=np.int64)
@@ -535,12 +631,16 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     nrem = 0
     nkept = 0
     parent = np.arange(nv, dtype=np.int64)
+    size = np.ones(nv, dtype=np.int64)
     in_forest = np.zeros(m_all, dtype=np.bool_)
     for k in order:
         ra = _find(parent, au[k])
         rb = _find(parent, av[k])
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
+        if ra != rb:  # union by size: which root hangs under which decides nothing
+            if size[ra] < size[rb]:
+                ra, rb = rb, ra
+            parent[rb] = ra
+            size[ra] += size[rb]
             in_forest[k] = True
         elif not _is_separator(ac[k], cols, tile):
             removed_c[nrem] = ac[k]
