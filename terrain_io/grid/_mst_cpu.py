@@ -27,7 +27,8 @@ import math
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import intrinsic
 
 from ..weights import DC, DR, edge_weight
 
@@ -45,11 +46,39 @@ def _key_less(w1, c1, w2, c2):
     return w1 < w2 or (w1 == w2 and c1 < c2)
 
 
+@intrinsic
+def _float_bits(typingctx, x):
+    """The IEEE-754 bits of a float64 as an int64 (a bitcast, no memory round trip)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return types.int64(types.float64), codegen
+
+
 @numba.njit(inline="always", cache=True)
 def _add_exact(buckets, w, sign):
-    """Add ``sign * w`` to the superaccumulator ``buckets`` (shape (2, N_EXP)) without rounding."""
-    m, e = math.frexp(w)
-    mant = np.int64(m * 9007199254740992.0) * sign  # m * 2**53: exact
+    """Add ``sign * w`` to the superaccumulator ``buckets`` (shape (2, N_EXP)) without rounding.
+
+    ``w = m * 2**e`` as ``math.frexp`` splits it (0.5 <= |m| < 1) and ``m * 2**53`` is an exact
+    integer; for normal numbers both come straight from the IEEE bits (``2**52 + fraction``, biased
+    exponent - 1022), zeros add nothing, the rest (subnormals, inf) go through ``frexp``.
+    """
+    b = _float_bits(w)
+    biased = (b >> 52) & 0x7FF
+    if biased == 0 and (b & 0xFFFFFFFFFFFFF) == 0:
+        return  # +-0.0
+    if biased == 0 or biased == 0x7FF:
+        m, e = math.frexp(w)
+        mant = np.int64(m * 9007199254740992.0) * sign  # m * 2**53: exact
+    else:
+        mant = (b & 0xFFFFFFFFFFFFF) | 0x10000000000000
+        if b < 0:
+            mant = -mant
+        mant *= sign
+        e = biased - 1022
     hi = mant >> _LO_BITS
     buckets[0, e + EXP_OFFSET] += hi
     buckets[1, e + EXP_OFFSET] += mant - (hi << _LO_BITS)
