@@ -1,42 +1,48 @@
-"""Grid MST on the GPU machine: a synthetic 16384^2 DEM (268M cells) end to end from the store.
+"""Grid MST at scale, end to end from the store: phase times, Mcells/s, ratio to one read pass, peak RSS.
 
-Reports, in one run: the store's size and the time of one pass that reads and decodes all of its
-shards (the floor for any pipeline that reads the DEM); ``terrain_io.grid.mst`` with
-``device="gpu"`` per phase and end to end, contracting the tile forests on the GPU (default) and,
-as before, on the CPU (``gpu_contract=False``); the same with ``device="cpu"`` (all cores; skip
-with --skip-cpu) and a check that all wrote the identical ``mst/edges``; the tile kernel time per
-256^2 tile (GPU Boruvka on a batch of 64 tiles, CUDA events; CPU Kruskal + contraction on one
-core), beside the thesis's Table 3.7 (81 ms GPU, 184 ms CPU per 256^2 tile) and Table 3.8
-(Neuse, 221M cells, ~29 min on the GPU); and the contraction of one such batch: GPU kernel vs
-the numba contraction on all cores.
+For each size: a synthetic DEM store (``terrain_io.synth``, tile 256, shard 8; made if missing), one
+pass that reads and decodes every shard (one thread, and all cores in parallel threads: the floor for
+any pipeline that reads the DEM), then ``terrain_io.grid.mst`` per device, each in a fresh process
+(peak RSS = VmHWM; JIT/kernel compilation done first on a small store and excluded), and a check
+that all devices wrote the identical ``mst/edges`` (blake2b) with the same exact weight. ``--kernels``
+adds the tile kernel time per 256^2 tile (GPU Boruvka on a batch of 64 tiles, CUDA events; CPU
+Kruskal + contraction on one core; the thesis's Table 3.7: 81 ms GPU, 184 ms CPU) and the
+contraction of one batch (GPU kernel vs numba on all cores).
 
-    python benchmarks/bench_mst_gpu.py [--size 16384] [--workdir /tmp/bench_mst_gpu] [--json out.json] [--skip-cpu]
+    python benchmarks/bench_mst_gpu.py --sizes 16384 32768 [--devices gpu cpu] [--memory 8GB]
+    python benchmarks/bench_mst_gpu.py --sizes 65536 --devices gpu --memory 8GB
+    python benchmarks/bench_mst_gpu.py --sizes 4096 8192 --devices cpu        (no GPU)
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import hashlib
 import json
 import os
+import platform
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 
 from terrain_io.grid import _mst_cpu as K
-from terrain_io.grid.mst import mst
 from terrain_io.store import TerrainStore, Window
 from terrain_io.synth import synthesize
 from terrain_io.weights import get as weight_model
 
 
-def read_pass(store: TerrainStore) -> float:
+def read_pass(store: TerrainStore, threads: int = 1) -> float:
+    """Seconds to read and decode every shard of ``elevation`` once (``threads`` shards at a time)."""
     t0 = time.perf_counter()
-    for win in store.shards():
-        store.read(win)
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(lambda win: store.read(win).shape, store.shards()):
+            pass
     return time.perf_counter() - t0
 
 
@@ -121,85 +127,109 @@ def contract_times(store: TerrainStore, tile: int = 256, repeats: int = 5) -> di
             "vertices": int(out_c[0].sum()), "super_edges": int(out_c[4].sum())}
 
 
+_RUN = textwrap.dedent("""
+    import json, sys, time
+    from terrain_io.grid.mst import mst
+    from terrain_io.store import TerrainStore
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+    path, warm, device, memory = sys.argv[1:5]
+    memory = None if memory == "-" else memory
+    for k in (None, 2):  # JIT / kernel compilation (2 x 2 batches: the warm store has no full shard)
+        mst(TerrainStore.open(warm), device=device, progress=False, batch_tiles=k)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status("VmRSS")
+    res = mst(TerrainStore.open(path), device=device, memory=memory, progress=False)
+    print(json.dumps({"seconds": res.seconds, "timings": res.timings, "edges": res.edges, "trees": res.trees,
+                      "weight": res.total_weight_exact, "batch_tiles": res.batch_tiles,
+                      "merge_decisions": res.merge_decisions, "peak": status("VmHWM"),
+                      "grown": status("VmHWM") - base}))
+""")
+
+
+def run_mst(path: Path, warm: Path, device: str, memory: str | None) -> dict:
+    """``mst`` in a fresh process (so peak RSS is its own), after compiling on a small store."""
+    out = subprocess.run([sys.executable, "-c", _RUN, str(path), str(warm), device, memory or "-"],
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=16384)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16384])
+    ap.add_argument("--devices", nargs="+", default=["gpu", "cpu"], choices=["gpu", "cpu"])
+    ap.add_argument("--memory", default=None, help="the --memory budget of the runs (default: half the free RAM)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/bench_mst_gpu"))
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--skip-cpu", action="store_true", help="do not run the CPU backend on the large store")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time the tile kernels and the contraction of one batch (needs a GPU)")
+    ap.add_argument("--keep", action="store_true", help="keep the stores (default: remove their mst/ result)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    report = {"date": str(datetime.date.today()), "size": args.size, "cpu_threads": numba.get_num_threads()}
+    report = {"date": str(datetime.date.today()), "host": platform.node(), "cores": os.cpu_count(),
+              "memory": args.memory, "runs": []}
     try:
         import cupy
 
         report["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     except Exception as exc:  # noqa: BLE001
-        report["gpu"] = f"none ({exc})"
-
+        report["gpu"] = f"none ({type(exc).__name__})"
+        if "gpu" in args.devices:
+            raise SystemExit("no usable GPU: run with --devices cpu")
     warm = args.workdir / "warm.zarr"
     if not warm.exists():
         synthesize(warm, 700, tile=256, shard=8)
-    path = args.workdir / f"synth{args.size}.zarr"
-    if not path.exists():
-        t0 = time.perf_counter()
-        synthesize(path, args.size, tile=256, shard=8)
-        report["synth_seconds"] = time.perf_counter() - t0
-    store = TerrainStore.open(path)
-    report["store_bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and "mst" not in f.parts)
-    report["raw_bytes"] = store.shape[0] * store.shape[1] * store.dtype.itemsize
-    report["read_pass_seconds"] = read_pass(store)
-    print(json.dumps(report), flush=True)
-
-    for device in ("gpu", "cpu"):
-        mst(TerrainStore.open(warm), device=device, progress=False)  # compile / load kernels
-    mst(TerrainStore.open(warm), device="gpu", progress=False, gpu_contract=False)
-    ntiles = int(np.prod(store.tile_grid))
-    for name, contract_on_gpu in (("gpu_run", True), ("gpu_cpu_contract_run", False)):
-        res = mst(TerrainStore.open(path), device="gpu", progress=False, gpu_contract=contract_on_gpu)
-        report[name] = {"seconds": res.seconds, "timings": res.timings, "edges": res.edges, "trees": res.trees,
-                        "weight": res.total_weight_exact, "batch_tiles": res.batch_tiles,
-                        "merge_decisions": res.merge_decisions,
-                        "kernel_ms_per_tile": res.timings.get("gpu_kernel", 0) / ntiles * 1e3,
-                        "digest": edges_digest(TerrainStore.open(path))}
-        print(name, json.dumps(report[name]), flush=True)
-    report["gpu_digest"] = report["gpu_run"]["digest"]
-    report["identical"] = (report["gpu_cpu_contract_run"]["digest"] == report["gpu_digest"]
-                           and report["gpu_cpu_contract_run"]["weight"] == report["gpu_run"]["weight"])
-    if not args.skip_cpu:
-        res_c = mst(TerrainStore.open(path), device="cpu", progress=False)
-        report["cpu_run"] = {"seconds": res_c.seconds, "timings": res_c.timings, "weight": res_c.total_weight_exact}
-        report["cpu_digest"] = edges_digest(TerrainStore.open(path))
-        report["identical"] &= report["cpu_digest"] == report["gpu_digest"] and res_c.total_weight_exact == report["gpu_run"]["weight"]
-        print(json.dumps(report["cpu_run"]), flush=True)
-    print("identical:", report["identical"], flush=True)
-    report["tile_kernel"] = tile_kernel_times(store)
-    print(json.dumps(report["tile_kernel"]), flush=True)
-    report["contraction"] = contract_times(store)
-    print("contraction", json.dumps(report["contraction"]), flush=True)
+    for n in args.sizes:
+        path = args.workdir / f"synth{n}.zarr"
+        row = {"size": n, "cells": n * n}
+        if not path.exists():
+            t0 = time.perf_counter()
+            synthesize(path, n, tile=256, shard=8)
+            row["synth_seconds"] = time.perf_counter() - t0
+            print(f"synth {n}^2: {row['synth_seconds']:.1f} s", flush=True)
+        store = TerrainStore.open(path)
+        row["store_bytes"] = sum(f.stat().st_size for f in (path / "elevation").rglob("*") if f.is_file())
+        row["read_pass_seconds"] = read_pass(store, 1)
+        row["read_pass_parallel_seconds"] = read_pass(store, os.cpu_count() or 1)
+        print(json.dumps(row), flush=True)
+        digests = {}
+        for device in args.devices:
+            res = run_mst(path, warm, device, args.memory)
+            digests[device] = (edges_digest(TerrainStore.open(path)), res["weight"])
+            res["mcells_per_s"] = n * n / res["seconds"] / 1e6
+            res["ratio_to_read_pass"] = res["seconds"] / row["read_pass_parallel_seconds"]
+            row[device] = res
+            print(device, json.dumps(res), flush=True)
+        row["identical"] = len(set(digests.values())) == 1
+        report["runs"].append(row)
+        if not args.keep:
+            shutil.rmtree(path / "mst", ignore_errors=True)
+    if args.kernels:
+        store = TerrainStore.open(args.workdir / f"synth{args.sizes[0]}.zarr")
+        report["tile_kernel"] = tile_kernel_times(store)
+        report["contraction"] = contract_times(store)
+        print(json.dumps({k: report[k] for k in ("tile_kernel", "contraction")}), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
-    g = report["gpu_run"]
-    print(f"\n{report['gpu']}, {report['cpu_threads']} CPU threads, {report['date']}: {args.size}^2 = "
-          f"{args.size**2 / 1e6:.0f}M cells, store {report['store_bytes'] / 2**30:.2f} GiB "
-          f"(raw {report['raw_bytes'] / 2**30:.2f} GiB), read+decode pass {report['read_pass_seconds']:.1f} s")
-    print(f"GPU end to end {g['seconds']:.1f} s ({args.size**2 / g['seconds'] / 1e6:.0f} Mcells/s); "
-          f"tile phase / read pass = {g['timings']['tile_phase'] / report['read_pass_seconds']:.2f}; "
-          f"phases {g['timings']}")
-    o = report["gpu_cpu_contract_run"]
-    print(f"GPU with the contraction on the CPU (before): {o['seconds']:.1f} s, tile phase "
-          f"{o['timings']['tile_phase']:.1f} s; phases {o['timings']}")
-    if "cpu_run" in report:
-        print(f"CPU end to end {report['cpu_run']['seconds']:.1f} s")
-    print(f"identical edges and weights: {report['identical']}")
-    c = report["contraction"]
-    print(f"contraction of a batch of {c['tiles']} tiles of 256^2: GPU {c['gpu_ms_per_batch']:.1f} ms, "
-          f"CPU ({report['cpu_threads']} threads) {c['cpu_all_cores_ms_per_batch']:.1f} ms, identical: {c['identical']}")
-    print(f"per 256^2 tile: GPU {report['tile_kernel']['gpu_ms_per_tile']:.2f} ms, CPU (1 core) "
-          f"{report['tile_kernel']['cpu_forest_ms_per_tile'] + report['tile_kernel']['cpu_contract_ms_per_tile']:.1f} ms"
-          " (thesis Table 3.7: 81 ms GPU, 184 ms CPU)")
-    if os.environ.get("BENCH_KEEP") != "1":
-        shutil.rmtree(args.workdir / f"synth{args.size}.zarr" / "mst", ignore_errors=True)
+    print(f"\n{report['host']}, {report['gpu']}, {report['cores']} cores, {report['date']}, tile 256, shard 8, "
+          f"memory {args.memory or 'default'}; in-process seconds, each run in a fresh process (JIT excluded)")
+    print("| size | store GiB | read pass 1 thread / all cores (s) | device | seconds | Mcells/s "
+          "| / read pass | tile phase | merge (thread) | merge wait | expand | peak RSS (MiB) | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in report["runs"]:
+        for device in args.devices:
+            x, t = r[device], r[device]["timings"]
+            print(f"| {r['size']}^2 | {r['store_bytes'] / 2**30:.2f} | {r['read_pass_seconds']:.2f} / "
+                  f"{r['read_pass_parallel_seconds']:.2f} | {device} | {x['seconds']:.2f} | {x['mcells_per_s']:.0f} "
+                  f"| {x['ratio_to_read_pass']:.2f}x | {t['tile_phase']:.2f} | {t['merge']:.2f} | {t['merge_wait']:.2f} "
+                  f"| {t['expand']:.2f} | {x['peak'] / 2**20:.0f} | {r['identical']} |")
 
 
 if __name__ == "__main__":

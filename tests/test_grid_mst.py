@@ -6,6 +6,7 @@ weights; networkx on tiny grids; scipy.ndimage.label (8-connectivity) for the nu
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -227,7 +228,8 @@ _MEMORY_SCRIPT = textwrap.dedent("""
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
 
-    mst(TerrainStore.open(sys.argv[2]), device="cpu", progress=False)  # compile / load the kernels
+    for k in (None, 2):  # compile / load the kernels: whole-shard batches, and full 2 x 2 batches (merge_batch)
+        mst(TerrainStore.open(sys.argv[2]), device="cpu", progress=False, batch_tiles=k)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
     base = status("VmRSS")
@@ -281,3 +283,64 @@ def test_integer_types(tmp_path, dtype):
     base = rng.integers(0, 50, size=(70, 90)).astype(np.int64)
     vals = (base - 25 if dtype == "int32" else base + 2**31).astype(dtype)  # uint32 beyond int32
     check(tmp_path, vals, tile=16, shard=2)
+
+
+@pytest.mark.parametrize("by_shards", [True, False])
+def test_deep_batches_and_both_expand_paths(tmp_path, monkeypatch, by_shards):
+    """Batches of 8 x 8 tiles (three merge levels inside one ``merge_batch`` call) and batches of
+    2 x 2 inside 8 x 8 shards, with ties and nodata at tile corners; the expand pass over whole
+    shards and, forced, over the tile phase's batches: every way scipy's forest."""
+    monkeypatch.setattr(sys.modules["terrain_io.grid.mst"], "_expand_by_shards", lambda *a: by_shards)
+    vals = terrain(150, 133, seed=7, levels=12)
+    vals[np.random.default_rng(3).random(vals.shape) < 0.05] = np.nan
+    vals[::8, ::8] = np.nan  # tile corners
+    valid = valid_mask(vals, None)
+    want, total = scipy_msf(vals, valid)
+    for batch in (8, 2):
+        res, got, _ = run(tmp_path, vals, tile=8, shard=8, name=f"b{batch}.zarr", batch_tiles=batch)
+        assert res.batch_tiles == batch
+        assert got == want, batch
+        assert Fraction(res.total_weight_exact) == total and res.trees == islands(valid)
+
+
+def test_merge_sorts_against_numpy():
+    """The merge's two sorts: edges in the strict order (weight, code) -- numpy's lexsort, with
+    negative weights, signed zeros (equal), ties, huge codes; vertex ids given as a few sorted runs
+    -- numpy's argsort (and many runs, where it falls back)."""
+    from terrain_io.grid._mst_cpu import _argsort_runs, _argsort_strict
+
+    rng = np.random.default_rng(11)
+    for m in (0, 1, 2, 17, 1000, 5000):
+        w = rng.choice(np.array([-3.5, -0.0, 0.0, 1e-300, 2.0, 2.5, 1e300, -1e300]), m)
+        w[: m // 2] = rng.standard_normal(m // 2).astype(np.float32)
+        code = rng.choice(2**50, m, replace=False).astype(np.int64)
+        want = np.lexsort((code, w + 0.0))  # + 0.0: -0.0 becomes 0.0, equal weights
+        np.testing.assert_array_equal(_argsort_strict(w, code), want)
+    for runs in (1, 2, 4, 5, 40):
+        ids = np.concatenate([np.sort(rng.choice(10**9, 300, replace=False)) + k * 10**9
+                              for k in rng.permutation(runs)])
+        np.testing.assert_array_equal(_argsort_runs(ids), np.argsort(ids))
+
+
+def test_exact_weight_sum_against_fractions_and_frexp():
+    """The superaccumulator behind ``total_weight_exact``: the same buckets as math.frexp gives, and
+    the exact sum of Fractions, for doubles of every exponent (subnormals, signed zeros, negatives,
+    float32 values), added and subtracted."""
+    from terrain_io.grid import _mst_cpu as K
+
+    rng = np.random.default_rng(4)
+    bits = rng.integers(0, 2**63, 3000, dtype=np.int64).view(np.float64)  # positive, every exponent
+    w = np.concatenate([bits[np.isfinite(bits)], -bits[np.isfinite(bits)][:500], [0.0, -0.0, 5e-324, -2.5e-310],
+                        rng.standard_normal(500).astype(np.float32), [1e308, -1e308, 2.0**-1022]])
+    for sign in (1, -1):
+        got = np.zeros((2, K.N_EXP), dtype=np.int64)
+        K.add_exact_many(got, w, sign)
+        want = np.zeros((2, K.N_EXP), dtype=np.int64)
+        for x in w.tolist():
+            m, e = math.frexp(x)
+            mant = int(m * 2**53) * sign
+            hi = mant >> 26
+            want[0, e + K.EXP_OFFSET] += hi
+            want[1, e + K.EXP_OFFSET] += mant - (hi << 26)
+        np.testing.assert_array_equal(got, want)
+        assert K.exact_total(got) == sign * sum(Fraction(x) for x in w.tolist())

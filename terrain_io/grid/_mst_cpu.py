@@ -27,7 +27,8 @@ import math
 
 import numba
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import intrinsic
 
 from ..weights import DC, DR, edge_weight
 
@@ -45,11 +46,39 @@ def _key_less(w1, c1, w2, c2):
     return w1 < w2 or (w1 == w2 and c1 < c2)
 
 
+@intrinsic
+def _float_bits(typingctx, x):
+    """The IEEE-754 bits of a float64 as an int64 (a bitcast, no memory round trip)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return types.int64(types.float64), codegen
+
+
 @numba.njit(inline="always", cache=True)
 def _add_exact(buckets, w, sign):
-    """Add ``sign * w`` to the superaccumulator ``buckets`` (shape (2, N_EXP)) without rounding."""
-    m, e = math.frexp(w)
-    mant = np.int64(m * 9007199254740992.0) * sign  # m * 2**53: exact
+    """Add ``sign * w`` to the superaccumulator ``buckets`` (shape (2, N_EXP)) without rounding.
+
+    ``w = m * 2**e`` as ``math.frexp`` splits it (0.5 <= |m| < 1) and ``m * 2**53`` is an exact
+    integer; for normal numbers both come straight from the IEEE bits (``2**52 + fraction``, biased
+    exponent - 1022), zeros add nothing, the rest (subnormals, inf) go through ``frexp``.
+    """
+    b = _float_bits(w)
+    biased = (b >> 52) & 0x7FF
+    if biased == 0 and (b & 0xFFFFFFFFFFFFF) == 0:
+        return  # +-0.0
+    if biased == 0 or biased == 0x7FF:
+        m, e = math.frexp(w)
+        mant = np.int64(m * 9007199254740992.0) * sign  # m * 2**53: exact
+    else:
+        mant = (b & 0xFFFFFFFFFFFFF) | 0x10000000000000
+        if b < 0:
+            mant = -mant
+        mant *= sign
+        e = biased - 1022
     hi = mant >> _LO_BITS
     buckets[0, e + EXP_OFFSET] += hi
     buckets[1, e + EXP_OFFSET] += mant - (hi << _LO_BITS)
@@ -169,42 +198,52 @@ def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
     (``_order_key`` of ``hkey``, see ``key_source``), over cells listed by id -- give the edges
     weight class by weight class; inside a class they are sorted by
     code, which makes the order exactly the strict (weight, smaller id, larger id).
+
+    Cells are numbered in a copy of the tile with a one-cell border (keys -1 there and at nodata):
+    no bounds checks, no divisions; that numbering keeps the order of cell ids, so codes built on
+    it sort alike. Union by size (which root hangs under which changes no connectivity, hence no
+    decision).
     """
     n = h * w
+    W = w + 2
+    pk = np.full((h + 2) * W, -1, dtype=np.int64)  # order keys of the bordered tile, -1: no vertex
     keys = np.empty(n, dtype=np.uint32)
-    ids = np.empty(n, dtype=np.int32)
+    ids = np.empty(n, dtype=np.int32)  # bordered cell numbers
     m = 0
     for i in range(h):
         for j in range(w):
             if valid[i0 + i, j0 + j]:
-                keys[m] = _order_key(hkey[i0 + i, j0 + j], float_bits)
-                ids[m] = i * w + j
+                k = _order_key(hkey[i0 + i, j0 + j], float_bits)
+                keys[m] = k
+                ids[m] = (i + 1) * W + j + 1
+                pk[ids[m]] = k
                 m += 1
     keys, ids = _radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
-    parent = np.arange(n, dtype=np.int32)
+    off = np.empty(8, dtype=np.int64)
+    for d in range(8):
+        off[d] = DR[d] * W + DC[d]
+    parent = np.arange((h + 2) * W, dtype=np.int32)
+    size = np.ones((h + 2) * W, dtype=np.int32)
+    out = np.zeros((h + 2) * W, dtype=np.uint8)
     buf = np.empty(64, dtype=np.int64)
     joined = 0
     g = 0
     while g < m:
-        hk = keys[g]
+        hk = np.int64(keys[g])
         ge = g + 1
-        while ge < m and keys[ge] == hk:
+        while ge < m and keys[ge] == keys[g]:
             ge += 1
         if 8 * (ge - g) > buf.shape[0]:
             buf = np.empty(16 * (ge - g), dtype=np.int64)
         ne = 0
         for x in range(g, ge):  # the edges of this weight class, as codes lo * 4 + rank
             v = np.int64(ids[x])
-            i = v // w
-            j = v % w
             for d in range(8):
-                ii = i + DR[d]
-                jj = j + DC[d]
-                if ii < 0 or ii >= h or jj < 0 or jj >= w or not valid[i0 + ii, j0 + jj]:
+                u = v + off[d]
+                hu = pk[u]
+                if hu < 0 or hu > hk:
                     continue
-                hu = _order_key(hkey[i0 + ii, j0 + jj], float_bits)
-                u = ii * w + jj
-                if hu < hk or (hu == hk and u < v):
+                if hu < hk or u < v:
                     if d < 4:
                         buf[ne] = v * 4 + DIR_TO_RANK[d]
                     else:
@@ -223,19 +262,21 @@ def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
         for x in range(ne):
             a = buf[x] >> 2
             d = RANK_TO_DIR[buf[x] & 3]
-            b = a + DR[d] * w + DC[d]
             ra = _find(parent, a)
-            rb = _find(parent, b)
+            rb = _find(parent, a + off[d])
             if ra != rb:
-                if ra < rb:
-                    parent[rb] = ra
-                else:
-                    parent[ra] = rb
-                bits[i0 + a // w, j0 + a % w] |= np.uint8(1 << d)
+                if size[ra] < size[rb]:
+                    ra, rb = rb, ra
+                parent[rb] = ra
+                size[ra] += size[rb]
+                out[a] |= np.uint8(1 << d)
                 joined += 1
         g = ge
-        if joined == n - 1:
+        if joined == m - 1:
             break
+    for i in range(h):
+        for j in range(w):
+            bits[i0 + i, j0 + j] |= out[(i + 1) * W + j + 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +491,103 @@ def _is_separator(code, cols, tile):
     return (r // tile != (r + DR[d]) // tile) or (c // tile != (c + DC[d]) // tile)
 
 
+@numba.njit(cache=True)
+def _argsort_runs(a):
+    """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
+    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: argsort."""
+    n = a.shape[0]
+    bounds = [0]
+    for i in range(1, n):
+        if a[i] < a[i - 1]:
+            bounds.append(i)
+            if len(bounds) > 16:
+                return np.argsort(a)
+    bounds.append(n)
+    idx = np.arange(n)
+    tmp = np.empty(n, dtype=np.int64)
+    while len(bounds) > 2:
+        nb = [0]
+        for r in range(0, len(bounds) - 1, 2):
+            lo = bounds[r]
+            if r + 2 >= len(bounds):  # an odd run left over
+                tmp[lo:bounds[r + 1]] = idx[lo:bounds[r + 1]]
+                nb.append(bounds[r + 1])
+                continue
+            mid = bounds[r + 1]
+            hi = bounds[r + 2]
+            x, y, o = lo, mid, lo
+            while x < mid and y < hi:
+                if a[idx[y]] < a[idx[x]]:
+                    tmp[o] = idx[y]
+                    y += 1
+                else:
+                    tmp[o] = idx[x]
+                    x += 1
+                o += 1
+            while x < mid:
+                tmp[o] = idx[x]
+                x += 1
+                o += 1
+            while y < hi:
+                tmp[o] = idx[y]
+                y += 1
+                o += 1
+            nb.append(hi)
+        idx, tmp = tmp, idx
+        bounds = nb
+    return idx
+
+
+@numba.njit(cache=True)
+def _radix_pass_sort(keys, idx, tmp):
+    """Stable LSD radix sort (8-bit digits) of ``idx`` by ``keys[idx]`` (uint64); digits equal
+    everywhere are skipped. Returns the sorted index array (``idx`` or ``tmp``)."""
+    m = idx.shape[0]
+    count = np.empty(256, dtype=np.int64)
+    for shift in range(0, 64, 8):
+        count[:] = 0
+        for x in range(m):
+            count[(keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)] += 1
+        if count.max() == m:
+            continue
+        total = 0
+        for d in range(256):
+            c = count[d]
+            count[d] = total
+            total += c
+        for x in range(m):
+            d = (keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)
+            tmp[count[d]] = idx[x]
+            count[d] += 1
+        idx, tmp = tmp, idx
+    return idx, tmp
+
+
+@numba.njit(cache=True)
+def _argsort_strict(w, code):
+    """Indices of the edges in the strict order (weight, code): radix sorts by code, then (stable)
+    by an order-preserving uint64 image of the weight (IEEE bits, signs folded; -0.0 as 0.0, equal
+    weights, one key). Codes are distinct, so the order is total."""
+    m = w.shape[0]
+    wk = np.empty(m, dtype=np.uint64)
+    ck = np.empty(m, dtype=np.uint64)
+    bits = w.copy()
+    for x in range(m):
+        if bits[x] == 0.0:
+            bits[x] = 0.0  # -0.0 -> +0.0
+    ub = bits.view(np.uint64)
+    top = np.uint64(1) << np.uint64(63)
+    for x in range(m):
+        u = ub[x]
+        wk[x] = ~u if u & top else u | top
+        ck[x] = np.uint64(code[x])
+    idx = np.arange(m)
+    tmp = np.empty(m, dtype=np.int64)
+    idx, tmp = _radix_pass_sort(ck, idx, tmp)
+    idx, tmp = _radix_pass_sort(wk, idx, tmp)
+    return idx
+
+
 @numba.njit(cache=True, nogil=True)
 def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
     """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (thesis part II ch. 2-3).
@@ -460,7 +598,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     paths to their maximum). Returns the new block graph and the decisions: ``removed`` codes
     (tile-internal representatives dropped) and ``kept`` separator codes (final), with weights.
     """
-    order = np.argsort(vid)
+    order = _argsort_runs(vid)
     vid = vid[order]
     vh = vh[order]
     vmask = vmask[order].copy()
@@ -514,8 +652,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     av[nold:] = sv[:ns]
     aw[nold:] = sw[:ns]
     ac[nold:] = sc[:ns]
-    by_code = np.argsort(ac)
-    order = by_code[np.argsort(aw[by_code], kind="mergesort")]
+    order = _argsort_strict(aw, ac)
     removed_c = np.empty(m_all, dtype=np.int64)
     removed_w = np.empty(m_all, dtype=np.float64)
     kept_c = np.empty(m_all, dtype=np.int64)
@@ -523,12 +660,16 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     nrem = 0
     nkept = 0
     parent = np.arange(nv, dtype=np.int64)
+    size = np.ones(nv, dtype=np.int64)
     in_forest = np.zeros(m_all, dtype=np.bool_)
     for k in order:
         ra = _find(parent, au[k])
         rb = _find(parent, av[k])
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
+        if ra != rb:  # union by size: which root hangs under which decides nothing
+            if size[ra] < size[rb]:
+                ra, rb = rb, ra
+            parent[rb] = ra
+            size[ra] += size[rb]
             in_forest[k] = True
         elif not _is_separator(ac[k], cols, tile):
             removed_c[nrem] = ac[k]
@@ -669,3 +810,114 @@ def count_edges(bits):
             b = bits[i, j]
             total += (b & 1) + ((b >> 1) & 1) + ((b >> 2) & 1) + ((b >> 3) & 1)
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Merge phase inside a batch: every level of its quadtree in one compiled call
+# ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True)
+def _grow(a, n):
+    """``a`` with room for at least ``n`` entries (doubling), the first entries kept."""
+    if n <= a.shape[0]:
+        return a
+    b = np.empty(max(n, 2 * a.shape[0]), dtype=a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_batch(nv, vid, vh, vmask, ne, eu, ev, ew, ecode, tr, tc, levels, rows, cols, tile, kind):
+    """All merges inside a full batch of ``4**levels`` tiles, bottom-up, in one call (no Python per block).
+
+    Input: ``tile_phase_batch``'s per-tile rows (padded to ``cap``, counts ``nv``/``ne``), the tiles
+    in Morton order with their tile rows/columns ``tr``/``tc``. Level by level, every 4 consecutive
+    blocks (siblings, by the Morton order) are merged by :func:`merge_blocks` -- the children's
+    vertices and edges lie next to each other in flat arrays, so their concatenation is a slice.
+    Returns the batch's block graph and all decisions, as ``merge_blocks`` does for one merge.
+    """
+    n = nv.shape[0]
+    tot_v = 0
+    tot_e = 0
+    for t in range(n):
+        tot_v += nv[t]
+        tot_e += ne[t]
+    # flat arrays of the current level's blocks; voff/eoff: block b's vertices/edges at [off[b], off[b+1])
+    fvid = np.empty(tot_v, dtype=np.int64)
+    fvh = np.empty(tot_v, dtype=np.float64)
+    fvm = np.empty(tot_v, dtype=np.uint8)
+    feu = np.empty(max(tot_e, tot_v), dtype=np.int64)
+    fev = np.empty(max(tot_e, tot_v), dtype=np.int64)
+    few = np.empty(max(tot_e, tot_v), dtype=np.float64)
+    fec = np.empty(max(tot_e, tot_v), dtype=np.int64)
+    voff = np.zeros(n + 1, dtype=np.int64)
+    eoff = np.zeros(n + 1, dtype=np.int64)
+    for t in range(n):
+        a = voff[t]
+        voff[t + 1] = a + nv[t]
+        fvid[a:a + nv[t]] = vid[t, :nv[t]]
+        fvh[a:a + nv[t]] = vh[t, :nv[t]]
+        fvm[a:a + nv[t]] = vmask[t, :nv[t]]
+        a = eoff[t]
+        eoff[t + 1] = a + ne[t]
+        feu[a:a + ne[t]] = eu[t, :ne[t]]
+        fev[a:a + ne[t]] = ev[t, :ne[t]]
+        few[a:a + ne[t]] = ew[t, :ne[t]]
+        fec[a:a + ne[t]] = ecode[t, :ne[t]]
+    rem_c = np.empty(1024, dtype=np.int64)
+    rem_w = np.empty(1024, dtype=np.float64)
+    kep_c = np.empty(1024, dtype=np.int64)
+    kep_w = np.empty(1024, dtype=np.float64)
+    nrem = 0
+    nkep = 0
+    blocks = n
+    for level in range(1, levels + 1):
+        span = tile << level
+        groups = blocks // 4
+        # outputs never outgrow the inputs: kept vertices are input vertices, super-edges < vertices
+        gvid = np.empty(voff[blocks], dtype=np.int64)
+        gvh = np.empty(voff[blocks], dtype=np.float64)
+        gvm = np.empty(voff[blocks], dtype=np.uint8)
+        geu = np.empty(voff[blocks], dtype=np.int64)
+        gev = np.empty(voff[blocks], dtype=np.int64)
+        gew = np.empty(voff[blocks], dtype=np.float64)
+        gec = np.empty(voff[blocks], dtype=np.int64)
+        gvoff = np.zeros(groups + 1, dtype=np.int64)
+        geoff = np.zeros(groups + 1, dtype=np.int64)
+        for g in range(groups):
+            first = g * 4 ** level  # the group's first tile
+            br = tr[first] >> level
+            bc = tc[first] >> level
+            v0, v1 = voff[4 * g], voff[4 * g + 4]
+            e0, e1 = eoff[4 * g], eoff[4 * g + 4]
+            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = merge_blocks(
+                fvid[v0:v1], fvh[v0:v1], fvm[v0:v1], feu[e0:e1], fev[e0:e1], few[e0:e1], fec[e0:e1],
+                br * span, (br + 1) * span, bc * span, (bc + 1) * span, rows, cols, tile, kind)
+            a = gvoff[g]
+            gvoff[g + 1] = a + ovid.shape[0]
+            gvid[a:gvoff[g + 1]] = ovid
+            gvh[a:gvoff[g + 1]] = ovh
+            gvm[a:gvoff[g + 1]] = ovm
+            a = geoff[g]
+            geoff[g + 1] = a + oeu.shape[0]
+            geu[a:geoff[g + 1]] = oeu
+            gev[a:geoff[g + 1]] = oev
+            gew[a:geoff[g + 1]] = oew
+            gec[a:geoff[g + 1]] = oec
+            rem_c = _grow(rem_c, nrem + rc.shape[0])
+            rem_w = _grow(rem_w, nrem + rc.shape[0])
+            rem_c[nrem:nrem + rc.shape[0]] = rc
+            rem_w[nrem:nrem + rc.shape[0]] = rw
+            nrem += rc.shape[0]
+            kep_c = _grow(kep_c, nkep + kc.shape[0])
+            kep_w = _grow(kep_w, nkep + kc.shape[0])
+            kep_c[nkep:nkep + kc.shape[0]] = kc
+            kep_w[nkep:nkep + kc.shape[0]] = kw
+            nkep += kc.shape[0]
+        fvid, fvh, fvm, feu, fev, few, fec = gvid, gvh, gvm, geu, gev, gew, gec
+        voff, eoff = gvoff, geoff
+        blocks = groups
+    nvo = voff[blocks]
+    neo = eoff[blocks]
+    return (fvid[:nvo].copy(), fvh[:nvo].copy(), fvm[:nvo].copy(), feu[:neo].copy(), fev[:neo].copy(),
+            few[:neo].copy(), fec[:neo].copy(), rem_c[:nrem].copy(), rem_w[:nrem].copy(),
+            kep_c[:nkep].copy(), kep_w[:nkep].copy())

@@ -10,10 +10,13 @@ Haverkort; DESIGN.md "MST pipeline":
    walks, one thread block per tile, see ``_mst_gpu``).
 2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
-   (Kruskal) and contracted against the block's own boundary. Only the blocks on the current
-   Morton path and the decisions (O(N/T) codes) are held in memory.
-3. Expand -- one pass over ``mst/edges``: clear the representatives that a merge dropped, set
-   the separator edges that made it into the tree.
+   (Kruskal) and contracted against the block's own boundary. The levels inside a batch are
+   merged in one compiled call per batch (``_mst_cpu.merge_batch``), batches in parallel threads;
+   the levels above, in Morton order as batches complete. Only the blocks on the current Morton
+   path and the decisions (O(N/T) codes) are held in memory.
+3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
+   clear the representatives that a merge dropped, set the separator edges that made it into the
+   tree.
 
 Edges obey one strict order (weight, smaller cell id, larger cell id), so the forest is unique
 and identical for every backend, tile size and batch size. Nodata cells are not vertices: the
@@ -41,7 +44,7 @@ from ..errors import InputError
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
-from ..store import TerrainStore, Window
+from ..store import TerrainStore, Window, read_shard, write_shard
 from ..zorder import morton_decode, morton_encode, morton_order
 from . import _mst_cpu as K
 
@@ -114,6 +117,7 @@ class _Merger:
         self.buckets = np.zeros((2, K.N_EXP), dtype=np.int64)  # exact weight: - removed + kept
         self.seconds = 0.0
         self.merges = 0
+        self._lock = threading.Lock()
 
     def push(self, block: _Block, next_code: int | None) -> None:
         """Add a complete block (a tile, or a whole batch) and merge every block it completes.
@@ -134,21 +138,26 @@ class _Merger:
             self.stack.append(self._record(self._merge(children, level, parent)))
         if next_code is None:  # the root: everything decided
             assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
-        self.seconds += time.perf_counter() - t0
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
 
-    def push_batch(self, tiles: list[_Block], side: int, next_code: int | None) -> None:
-        """Add a full batch of ``side`` x ``side`` tiles (Morton order): its inner levels are merged
-        in parallel threads, group by group, before the batch joins the stream as one block."""
+    def _merge_batch(self, b: "_Batch", out, side: int):
+        """All merges inside a full batch of ``side`` x ``side`` tiles, in one compiled call
+        (``merge_batch``, no GIL: batches merge in parallel threads); returns ``_record``'s input."""
         t0 = time.perf_counter()
-        blocks = tiles
-        for level in range(1, int(math.log2(side)) + 1):
-            groups = [blocks[g:g + 4] for g in range(0, len(blocks), 4)]
-            merged = list(self.pool.map(lambda grp, lv=level: self._merge(grp, lv, grp[0].code >> 2), groups))
-            blocks = [self._record(r) for r in merged]
-        self.seconds += time.perf_counter() - t0
-        self.push(blocks[0], next_code)
+        levels = int(math.log2(side))
+        tr, tc = morton_decode(b.codes.astype(np.uint64))
+        nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
+        (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = K.merge_batch(
+            nv, vid, vh, vm, ne, eu, ev, ew, ec, tr.astype(np.int64), tc.astype(np.int64), levels,
+            self.rows, self.cols, self.tile, self.kind)
+        block = _Block(levels, int(b.codes[0]) >> (2 * levels), ovid, ovh, ovm, oeu, oev, oew, oec)
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
+            self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
+        return block, rc, rw, kc, kw
 
-    # -- running in a thread beside the tile phase (merge_blocks releases the GIL) --------------
+    # -- running in a thread beside the tile phase (the merge kernels release the GIL) -----------
     def start(self, depth: int = 2, workers: int = 1) -> None:
         self.pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -160,20 +169,26 @@ class _Merger:
         while (item := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    blocks, side, next_code = item
-                    if len(blocks) == side * side and side > 1:
-                        self.push_batch(blocks, side, next_code)
+                    work, next_code = item
+                    if isinstance(work, concurrent.futures.Future):  # a full batch, merged in the pool
+                        merged = work.result()
+                        self.push(self._record(merged), next_code)
                     else:  # a batch cut by the DEM's edge: tile by tile
-                        for i, block in enumerate(blocks):
-                            self.push(block, blocks[i + 1].code if i + 1 < len(blocks) else next_code)
+                        for i, block in enumerate(work):
+                            self.push(block, work[i + 1].code if i + 1 < len(work) else next_code)
                 except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
                     self._error = exc
 
-    def submit(self, tiles: list[_Block], side: int, next_code: int | None) -> None:
-        """Queue one batch's tile blocks (Morton order; ``side``: the batch side in tiles) for merging."""
+    def submit(self, b: "_Batch", out, side: int, next_code: int | None) -> None:
+        """Queue one batch's tile-phase output (``tile_phase_batch``'s; ``side``: the batch side in
+        tiles) for merging; a full batch starts merging inside at once, in the pool."""
         if self._error is not None:
             raise self._error
-        self._queue.put((tiles, side, next_code))
+        if len(b.codes) == side * side and side > 1:
+            work = self.pool.submit(self._merge_batch, b, out, side)
+        else:
+            work = _blocks(b, out)
+        self._queue.put((work, next_code))
 
     def finish(self) -> float:
         """Wait until every queued block is merged; returns the seconds waited."""
@@ -299,19 +314,26 @@ def _plan_batches(store: TerrainStore, k: int) -> list[_Batch]:
     return batches
 
 
+def _readers(device: str) -> int:
+    """Threads reading (and decoding) batches ahead of the tile phase: half the cores, at least the
+    GPU's two lanes, at most 8."""
+    return max(2 if device == "gpu" else 1, min(8, (os.cpu_count() or 1) // 2))
+
+
 def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
     """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``.
 
     Held at once: the merge data, O(N/T) (decisions, ~ 1.5 codes per tile side cell); per worker
     thread one tile's Kruskal and contraction arrays (40 or 140 bytes per cell); the
-    batches in flight (values, masks, bits) and the current batch's temporaries.
+    batches in flight (values, masks, bits: one per reader thread, the one in the tile phase, on
+    the GPU one more) and the current batch's temporaries.
     """
     t = store.tile_size
     ntr, ntc = store.tile_grid
     threads = numba.get_num_threads() if device == "cpu" else numba.get_num_threads() // 2 + 1
     per_tile_cell = 140 if sorts_edges else 40  # Kruskal's keys, union-find, contraction arrays
     fixed = ntr * ntc * 4 * t * 12 + threads * per_tile_cell * t * t
-    in_flight = 3 if device == "gpu" else 2  # batches being read, on the GPU, contracted
+    in_flight = _readers(device) + (2 if device == "gpu" else 1)
     per_cell = in_flight * (store.dtype.itemsize + 2) + 16  # + bits, order keys, temporaries
     k = store.shard_size
     while k > 1 and fixed + per_cell * (k * t) ** 2 > budget:
@@ -321,6 +343,75 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
                          f"least {format_bytes(fixed + per_cell * t * t)} with {t} x {t} tiles "
                          "(raise --memory or use smaller tiles)")
     return k
+
+
+def _write_bits(edges, window: Window, bits: np.ndarray, whole_shard: bool) -> None:
+    """Write a batch's bits: a whole shard encoded here (parallel threads scale), a part through zarr."""
+    if whole_shard:
+        sh0, sh1 = edges.shards
+        write_shard(edges, window.r0 // sh0, window.c0 // sh1, bits)
+    else:
+        edges[window.slices] = bits
+
+
+def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) -> bool:
+    """Whether the expand pass takes whole shards: the tile phase did, or one shard's bits (and their
+    new encoding) per thread fit half the budget."""
+    span = store.shard_size * store.tile_size
+    shard_cells = min(span, store.shape[0]) * min(span, store.shape[1])
+    return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
+
+
+def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, removed: np.ndarray,
+            kept: np.ndarray, progress: bool) -> int:
+    """Phase 3: apply the merge decisions to ``mst/edges``, each shard read and written once, shards in
+    parallel threads (decoding and encoding release the GIL); returns the edge count.
+
+    The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
+    tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
+    the whole shard on a partial write).
+    """
+    rows, cols = store.shape
+    span_shard = store.shard_size * store.tile_size
+    workers = max(1, min(16, os.cpu_count() or 1))
+    if _expand_by_shards(store, k, budget, workers):
+        span = span_shard
+        units = list(store.shards())
+    else:
+        span, workers = k * store.tile_size, 1
+        units = [b.window for b in batches]
+
+    def unit_key(codes):
+        lo = codes >> 2
+        return morton_encode(lo // cols // span, lo % cols // span).astype(np.int64)
+
+    removed = removed[np.argsort(unit_key(removed), kind="stable")]
+    kept = kept[np.argsort(unit_key(kept), kind="stable")]
+    rem_keys, kept_keys = unit_key(removed), unit_key(kept)
+
+    def expand(win: Window) -> int:
+        key = int(morton_encode(win.r0 // span, win.c0 // span))
+        rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
+        ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
+        if span == span_shard:
+            bits = read_shard(edges, win.r0 // span, win.c0 // span)
+        else:
+            bits = edges[win.slices]
+        if rs.start != rs.stop or ks.start != ks.stop:
+            K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
+            if span == span_shard:
+                write_shard(edges, win.r0 // span, win.c0 // span, bits)
+            else:
+                edges[win.slices] = bits
+        return int(K.count_edges(bits))
+
+    n_edges = 0
+    with progress_bar(progress, len(units), "expand", unit="shard" if span == span_shard else "batch") as bar, \
+            concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        for count in ex.map(expand, units):
+            n_edges += count
+            bar.update(1)
+    return n_edges
 
 
 def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
@@ -383,9 +474,10 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         t_phase = time.perf_counter()
-        lookahead = 2 if gpu is not None else 1  # GPU: two batches in flight, one per CUDA stream
+        lookahead = _readers(device)  # batches read ahead (on the GPU: its two lanes busy too)
+        whole_shards = k == store.shard_size
         writes: collections.deque = collections.deque()
-        merger.start(workers=min(4, os.cpu_count() or 1))
+        merger.start(workers=os.cpu_count() or 1)
         if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
             tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
                                forest, cap, device) for b in batches]
@@ -398,7 +490,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
                     valid_cells += n_valid
                     buckets += out[-1]
-                    merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                    merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                 timings["tile_phase"] = time.perf_counter() - t_phase
                 timings["merge_wait"] = merger.finish()
         else:
@@ -406,7 +498,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 cleanup.callback(merger.stop)
                 pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
                 # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
-                writers = 2 if k == store.shard_size else 1
+                writers = max(2, lookahead) if whole_shards else 1
                 io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
                 bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
                 pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
@@ -429,9 +521,9 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                     t0 = time.perf_counter()
                     while len(writes) > writers:
                         writes.popleft().result()
-                    writes.append(io_pool.submit(edges.__setitem__, b.window.slices, bits))
+                    writes.append(io_pool.submit(_write_bits, edges, b.window, bits, whole_shards))
                     timings["write"] += time.perf_counter() - t0
-                    merger.submit(_blocks(b, out), k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                    merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                     bar.update(len(b.codes))
                 for f in writes:
                     f.result()
@@ -448,34 +540,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         rem_c, kept_c = merger.decisions()
         buckets += merger.buckets
         decisions = len(rem_c) + len(kept_c)
-        span = k * store.tile_size
-
-        def batch_key(codes):
-            lo = codes >> 2
-            return morton_encode(lo // cols // span, lo % cols // span).astype(np.int64)
-
-        rem_c = rem_c[np.argsort(batch_key(rem_c), kind="stable")]
-        kept_c = kept_c[np.argsort(batch_key(kept_c), kind="stable")]
-        rem_keys, kept_keys = batch_key(rem_c), batch_key(kept_c)
-
-        def expand(b: _Batch) -> int:
-            key = int(morton_encode(b.window.r0 // span, b.window.c0 // span))
-            rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
-            ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
-            bits = edges[b.window.slices]
-            if rs.start != rs.stop or ks.start != ks.stop:
-                K.apply_decisions(bits, b.window.r0, b.window.c0, cols, rem_c[rs], kept_c[ks])
-                edges[b.window.slices] = bits
-            return int(K.count_edges(bits))
-
-        n_edges = 0
-        # whole shards in parallel (one byte per cell each); parts of a shard one after another, as
-        # zarr rewrites the whole shard on every partial write
-        workers = max(1, min(8, os.cpu_count() or 1)) if k == store.shard_size else 1
-        with progress_bar(progress, len(batches), "expand", unit="batch") as bar, concurrent.futures.ThreadPoolExecutor(workers) as ex:
-            for count in ex.map(expand, batches):
-                n_edges += count
-                bar.update(1)
+        n_edges = _expand(store, edges, batches, k, budget, rem_c, kept_c, progress)
         timings["expand"] = time.perf_counter() - t_phase
         exact = K.exact_total(buckets)
         seconds = time.perf_counter() - t_start
