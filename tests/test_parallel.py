@@ -131,7 +131,7 @@ def test_shard_tasks_over_the_memory_budget_are_refused_before_any_work(tmp_path
     assert out.exit_code != 0 and "phase 1 needs" in out.output and "raise --memory" in out.output
     assert len(out.output.strip().splitlines()) == 1 and "index" not in TerrainStore.open(st.path).group
     with pytest.raises(TerrainError, match="final phase needs .* more than the memory budget"):
-        sssp(st, (100, 100), cell=True, progress=False, device="cpu", memory="1MB", scheduler="threads")
+        sssp(st, (100, 100), cell=True, progress=False, device="cpu", memory="1MB", scheduler="threads", method="index")
     assert "index" not in TerrainStore.open(st.path).group and "sssp" not in TerrainStore.open(st.path).group
     out = CliRunner().invoke(cli, ["index", str(st.path), "--memory", "8MB", "--scheduler", "threads"])
     assert out.exit_code == 0, out.output  # enough: the same shards run
