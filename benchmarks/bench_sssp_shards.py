@@ -14,7 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 SCRIPT = r"""
 import sys, time, json

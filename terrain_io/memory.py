@@ -50,12 +50,16 @@ def return_freed_memory_to_os() -> None:
     Its default threshold grows to the largest block freed so far, after which batch-sized arrays
     come from per-thread heaps that keep their freed pages: with the pipeline's threads (reader,
     writers, merges, numba) resident memory then creeps well past the budget (measured: +98 MiB
-    on an 8192^2 store under a 64 MiB budget, +55 MiB with this). Process-wide; Linux/glibc only.
+    on an 8192^2 store under a 64 MiB budget, +55 MiB with this). At most two such heaps
+    (arenas) besides the main one, too: each reader or writer thread would otherwise keep its own,
+    each holding the high-water mark of its small allocations. Process-wide; Linux/glibc only.
     """
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
     except (OSError, AttributeError):
         pass
 

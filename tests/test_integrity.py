@@ -14,7 +14,6 @@ result as it was and no temporaries, or exits 0 with exactly the clean run's out
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -33,6 +32,7 @@ from cli.main import _register, cli
 from terrain_io.errors import DamagedStoreError, UnverifiedStoreWarning
 from terrain_io.store import TerrainStore, read_shard
 from terrain_io.synth import synth_array
+from test_reliability import tree_digest
 
 _register()
 
@@ -63,17 +63,6 @@ def chunk_files(array_dir: Path) -> dict[str, int]:
             p = Path(dirpath) / n
             out[str(p.relative_to(array_dir))] = p.stat().st_size
     return out
-
-
-def tree_digest(path: Path) -> str | None:
-    if not path.exists():
-        return None
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(path)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def shard_index(raw: bytes, n: int):
@@ -388,18 +377,10 @@ def test_plain_chunks_with_crc32c_written_directly_are_zarrs_and_checked(tmp_pat
     or a cut file is DamagedStoreError naming the chunk."""
     from zarr.codecs import Crc32cCodec
 
-    from terrain_io.store import read_plain_chunk, write_block
+    from terrain_io.store import read_plain_chunk
+    from test_store import blocks_written
 
-    rng = np.random.default_rng(0)
-    shape, chunks = (11, 7, 3, 3), (4, 4, 3, 3)
-    arr = zarr.create_array(tmp_path / "a.zarr", shape=shape, chunks=chunks, dtype="float32", fill_value=np.inf,
-                            compressors=Crc32cCodec())
-    want = np.full(shape, np.inf, np.float32)
-    for start, size in [((0, 0), (8, 4)), ((8, 4), (3, 3)), ((8, 0), (3, 4)), ((1, 5), (2, 1)), ((0, 4), (4, 3))]:
-        block = rng.random(size + (3, 3)).astype(np.float32)
-        write_block(arr, start + (0, 0), block)
-        want[start[0] : start[0] + size[0], start[1] : start[1] + size[1]] = block
-    np.testing.assert_array_equal(arr[:], want)
+    arr, want, chunks = blocks_written(tmp_path, Crc32cCodec())
     f = tmp_path / "a.zarr" / "c" / "2" / "1" / "0" / "0"
     raw = f.read_bytes()
     assert len(raw) == 4 * 4 * 3 * 3 * 4 + 4  # whole chunk (padded at the edge) + its crc32c

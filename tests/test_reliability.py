@@ -47,7 +47,10 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def tree_digest(path: Path) -> str:
+def tree_digest(path: Path) -> str | None:
+    """A digest of every file's name and bytes under ``path`` (None when there is no such folder)."""
+    if not path.exists():
+        return None
     h = hashlib.sha256()
     for p in sorted(path.rglob("*")):
         if p.is_file():

@@ -42,6 +42,16 @@ _LO_BITS = 26
 
 
 @numba.njit(inline="always", cache=True)
+def _exclusive_scan(count):
+    """count[d] <- the sum of count[:d] (a radix pass's start of each digit's run), in place."""
+    total = 0
+    for d in range(count.shape[0]):
+        c = count[d]
+        count[d] = total
+        total += c
+
+
+@numba.njit(inline="always", cache=True)
 def _key_less(w1, c1, w2, c2):
     return w1 < w2 or (w1 == w2 and c1 < c2)
 
@@ -173,11 +183,7 @@ def _radix_sort32(keys, vals):
             count[(keys[x] >> shift) & 0xFF] += 1
         if count.max() == m:
             continue  # one digit value: nothing to move
-        total = 0
-        for d in range(256):
-            c = count[d]
-            count[d] = total
-            total += c
+        _exclusive_scan(count)
         for x in range(m):
             d = (keys[x] >> shift) & 0xFF
             k2[count[d]] = keys[x]
@@ -550,11 +556,7 @@ def _radix_pass_sort(keys, idx, tmp):
             count[(keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)] += 1
         if count.max() == m:
             continue
-        total = 0
-        for d in range(256):
-            c = count[d]
-            count[d] = total
-            total += c
+        _exclusive_scan(count)
         for x in range(m):
             d = (keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)
             tmp[count[d]] = idx[x]
