@@ -414,3 +414,26 @@ def test_damage_found_by_a_dask_worker_is_the_same_one_line(clean, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("terrain: error:")]
     assert code == 1 and lines == [f"terrain: error: {copy}: array elevation chunk (1, 5): chunk fails its checksum"]
     assert tree_digest(copy / "mst") == before
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_the_shard_method_refuses_a_damaged_or_missing_shard(clean, tmp_path, damage):
+    """The out-of-core SSSP (units of shards read in turn) stops with one line at the damaged
+    shard and writes no result."""
+    store, _ = clean
+    copy = tmp_path / "u.zarr"
+    shutil.copytree(store, copy)
+    f = copy / "elevation" / "c" / "2" / "3"
+    if damage == "delete":
+        f.unlink()
+    else:
+        raw = bytearray(f.read_bytes())
+        raw[int(shard_index(bytes(raw), SHARD * SHARD)[0][0]) + 5] ^= 0x11
+        f.write_bytes(bytes(raw))
+    code, out = run("-q", "sssp", copy, "--cell", "--source", "%d,%d" % SOURCE, "--name", "u", "--method", "shards",
+                    "--memory", "3MB")
+    lines = [line for line in out.splitlines() if line.startswith("terrain: error:")]
+    assert code == 1 and len(lines) == 1 and f"{copy}: array elevation" in lines[0], out
+    assert ("missing" in lines[0]) == (damage == "delete")
+    assert not (copy / "sssp" / "u").exists()
+    assert not [p for p in tmp_path.iterdir() if ".partial" in p.name or ".scratch" in p.name]
