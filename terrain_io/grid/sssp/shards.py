@@ -397,8 +397,9 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                     heapq.heappush(heap, (key, ij))
 
         rounds = 0
+        per_round = 1 if scheduler == "local" else _batch_size(scheduler)
         while heap:
-            batch = _next_batch(heap, waiting, 1 if scheduler == "local" else _batch_size(scheduler))
+            batch = _next_batch(heap, waiting, per_round)
             rounds += 1
             for ij in batch:
                 del waiting[ij]
@@ -424,7 +425,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
 
 
 def _batch_size(scheduler: str) -> int:
-    """How many units a Dask round solves: the workers' threads (2 x the cores for local Dask)."""
+    """How many units a Dask round solves: the workers' threads (the cores for local Dask)."""
     if scheduler in ("threads", "processes"):
         return os.cpu_count() or 1
     from ...parallel import _client
