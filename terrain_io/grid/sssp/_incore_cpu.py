@@ -76,12 +76,15 @@ def _pop(hk, hv, n):
 
 
 @numba.njit(cache=True)
-def solve_distances(vals, h, w, kind, steps, dist):
+def solve_distances(vals, h, w, kind, steps, dist, warm=False):
     """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
 
     On entry ``dist`` holds the seeds: 0 at the sources, the fixed distances of ring cells, +inf
     elsewhere. On return every interior cell holds the least left-to-right float64 sum over paths
     from a seed (the fixpoint of d[v] = min_u d[u] + w(u, v)). Returns the number of heap pops.
+    ``warm``: the interior already holds the fixpoint for a ring that has since only fallen; only
+    the cells the new ring improves start the heap (label-correcting from a valid upper bound
+    reaches the same unique fixpoint), so the work follows the change, not the block.
     """
     W2 = w + 2
     off = _offsets(W2)
@@ -107,7 +110,15 @@ def solve_distances(vals, h, w, kind, steps, dist):
                 nd = du + edge_weight(kind, vals[u], vals[v], steps[k])
                 if nd < dist[v]:
                     dist[v] = nd
+                    if warm:
+                        if n == cap:
+                            cap *= 2
+                            hk, hv = _grow(hk, hv, cap)
+                        _push(hk, hv, n, nd, v)
+                        n += 1
     for r in range(1, h + 1):
+        if warm:
+            break
         for c in range(1, w + 1):
             v = r * W2 + c
             if dist[v] < np.inf and not np.isnan(vals[v]):

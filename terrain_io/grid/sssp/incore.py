@@ -37,7 +37,7 @@ def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
 
 
 def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: np.ndarray | None = None,
-                level: np.ndarray | None = None, device: str = "cpu"):
+                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False):
     """Solve the interior of a ringed block.
 
     ``vals``: (h + 2, w + 2) float32/float64 values, NaN where a cell is not a vertex; ``sources``:
@@ -46,7 +46,8 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     shape (their interior is overwritten), or None for an all-NaN ring. Returns ``(dist, level,
     pred)``: the block's float64 distances and int32 levels (ring unchanged) and the interior's
     uint8 parent codes. ``device="gpu"`` solves on the GPU (the same bytes; arrays come back as
-    CuPy arrays)."""
+    CuPy arrays). ``warm`` (CPU): ``dist`` already holds this block's solution for a ring whose
+    distances have only fallen since; only what the ring's change reaches is solved again."""
     H2, W2 = vals.shape
     h, w = H2 - 2, W2 - 2
     gpu = resolve_device(device) == "gpu"
@@ -63,10 +64,11 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         from ._incore_gpu import solve_block_gpu
 
         return solve_block_gpu(vals, kind, steps, flat_src, dist, level)
-    dist[1:-1, 1:-1] = np.inf
+    if not warm:
+        dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
-    K.solve_distances(fv, h, w, kind, steps, fd)
+    K.solve_distances(fv, h, w, kind, steps, fd, warm)
     small = h * w < K.SERIAL_BELOW
     (K.plateau_levels_serial if small else K.plateau_levels)(fv, h, w, kind, steps, fd, fl, flat_src)
     pred = np.empty((h, w), np.uint8)

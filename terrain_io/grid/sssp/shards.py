@@ -23,6 +23,7 @@ least waiting units, no two of them neighbours), every task reading and writing 
 """
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import os
@@ -243,6 +244,37 @@ class UnitTask:
     sources: np.ndarray  # (n, 2) interior cells of the unit
     device: str
     threads: int
+    cache: object = None  # a UnitCache (the local CPU schedule), else None
+
+
+class UnitCache:
+    """The solved blocks (values, distances, levels) of recently solved units, least recently used
+    first out, within ``capacity`` bytes. A unit found here is solved again warm: no read, and
+    only what its ring's change reaches (:func:`.incore.solve_block`), the same bytes as a cold
+    solve. Worth most where shortest paths wind back and forth across unit edges."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.used, self.items = max(0, int(capacity)), 0, collections.OrderedDict()
+        self.hits = 0
+
+    def get(self, key):
+        blocks = self.items.get(key)
+        if blocks is not None:
+            self.items.move_to_end(key)
+            self.hits += 1
+        return blocks
+
+    def put(self, key, blocks) -> None:
+        size = sum(b.nbytes for b in blocks)
+        old = self.items.pop(key, None)
+        if old is not None:
+            self.used -= sum(b.nbytes for b in old)
+        while self.items and self.used + size > self.capacity:
+            _, gone = self.items.popitem(last=False)
+            self.used -= sum(b.nbytes for b in gone)
+        if size <= self.capacity:
+            self.items[key] = blocks
+            self.used += size
 
 
 @functools.lru_cache(maxsize=2)
@@ -309,18 +341,28 @@ def solve_unit(task: UnitTask) -> UnitResult:
     dist_arr, pred_arr = _result_array(task.distance), _result_array(task.predecessor)
     win = task.window
     h, w = win.shape
-    interior = _read_values(field, win, value_dtype(field), task.threads)
+    warm = task.cache is not None and task.ring is not None and (task.i, task.j) in task.cache.items
+    interior = None if warm else _read_values(field, win, value_dtype(field), task.threads)
     if task.ring is None:  # never reached: +inf on its vertices, no parents
         d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
         _write_unit(dist_arr, pred_arr, win, d32, np.full((h, w), NO_PRED, np.uint8), task.threads)
         return UnitResult(task.i, task.j, {}, 0, 0.0)
     vals, dist, level = task.ring
-    vals[1:-1, 1:-1] = interior
+    cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
+    if cached is not None:  # warm: the new ring into the kept blocks
+        for kept, new in zip(cached, task.ring):
+            kept[0], kept[-1], kept[:, 0], kept[:, -1] = new[0], new[-1], new[:, 0], new[:, -1]
+        vals, dist, level = cached
+    else:
+        vals[1:-1, 1:-1] = interior
     if task.device == "gpu":
         import cupy as cp
 
         vals = cp.asarray(vals)
-    d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device)
+    d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device,
+                              warm=cached is not None)
+    if task.cache is not None:
+        task.cache.put((task.i, task.j), (vals, d, lv))
     host = to_host if task.device == "gpu" else np.array  # copies: the sides outlive the blocks
     sides = {k: {f: host(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
     d32, pred = to_host(output_distance(d, vals)), to_host(pred)
@@ -351,6 +393,11 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
+    spare = budget - unit_bytes(side, vdtype.itemsize, device) - lines_bytes(store.shape, side, vdtype.itemsize) \
+        - PROCESS_BYTES
+    # a quarter of what the budget leaves spare keeps solved units for warm re-solves (the rest:
+    # the slack of the estimates above)
+    cache = UnitCache(spare // 4) if scheduler == "local" and device == "cpu" else None
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
     lines = Lines(store.shape, side, vdtype, field.model.kind, field.steps())
@@ -384,7 +431,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                 lines.ring(i, j, *ring)
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
-                            threads if scheduler == "local" else 1)
+                            threads if scheduler == "local" else 1, cache if reached else None)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
@@ -416,6 +463,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
         stats = {"unit": side, "units": nur * nuc, "solves": int(solves.sum()), "rounds": rounds,
                  "solves_per_unit": round(float(solves[solves > 0].mean()) if (solves > 0).any() else 0.0, 3),
                  "max_solves": int(solves.max()), "unreached_units": len(unreached),
+                 "warm_solves": cache.hits if cache is not None else 0,
                  "read_bytes_per_cell": round((io1[0] - io0[0]) / n_cells, 3),
                  "written_bytes_per_cell": round((io1[1] - io0[1]) / n_cells, 3)}
         wr.attrs.update({"reached": reached, "max_distance": dmax, "shards": stats})
