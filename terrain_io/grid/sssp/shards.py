@@ -67,10 +67,20 @@ def lines_bytes(shape, side: int, value_itemsize: int) -> int:
     return 2 * (w * -(-h // side) + h * -(-w // side)) * (value_itemsize + 8 + 4 + 1)
 
 
+WARM_UNITS = 4  # solved units kept for warm re-solves when the unit size is chosen (CPU)
+
+
+def cached_bytes(side: int, value_itemsize: int) -> int:
+    """Memory of one unit kept in a :class:`UnitCache`: its ringed values, distances and levels."""
+    return (side + 2) ** 2 * (value_itemsize + 8 + 4)
+
+
 def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) -> int:
     """The side of a unit: the largest tile-aligned power of two (whole shards when one fits) for
     which one solve and the lines fit ``budget`` -- and, on the GPU, the block its memory -- no
-    larger than the grid needs. Bigger units mean fewer lines and fewer re-solves."""
+    larger than the grid needs. Bigger units mean fewer lines and fewer re-solves. On the CPU the
+    largest that also leaves room for WARM_UNITS solved units (warm re-solves cost a fraction of a
+    cold one, and winding paths bounce between neighbours), else the largest that fits."""
     t = store.tile_size
     h, w = store.shape
     gpu_free = None
@@ -90,6 +100,10 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
         least = min(sides, key=need)
         raise InputError(f"the shard method needs at least {format_bytes(need(least))} for this store "
                          f"({least} x {least} units), more than the memory budget {format_bytes(budget)}")
+    if device == "cpu":
+        warm = [s for s in fits if need(s) + 2 * WARM_UNITS * cached_bytes(s, itemsize) <= budget]
+        if warm and warm[-1] < top:
+            return warm[-1]
     return fits[-1]
 
 
@@ -395,9 +409,9 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
     spare = budget - unit_bytes(side, vdtype.itemsize, device) - lines_bytes(store.shape, side, vdtype.itemsize) \
         - PROCESS_BYTES
-    # a quarter of what the budget leaves spare keeps solved units for warm re-solves (the rest:
-    # the slack of the estimates above)
-    cache = UnitCache(spare // 4) if scheduler == "local" and device == "cpu" else None
+    # half of what the budget leaves spare keeps solved units for warm re-solves (the other half:
+    # the slack of the estimates above; choose_unit leaves room for WARM_UNITS of them)
+    cache = UnitCache(spare // 2) if scheduler == "local" and device == "cpu" else None
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
     lines = Lines(store.shape, side, vdtype, field.model.kind, field.steps())
