@@ -55,6 +55,7 @@ def _parse_token(buf, i, end, pow10):
     if c == 43 or c == 45:  # + -
         neg = c == 45
         i += 1
+    after_sign = i
     mant = np.uint64(0)
     ndig = 0  # significant digits kept in mant
     dropped = False  # digits beyond 19 (needs the slow path)
@@ -91,6 +92,8 @@ def _parse_token(buf, i, end, pow10):
             n += 1
         if n == 1 and buf[i] == 42 and i == start:  # '*'
             return _NAN, j, OK
+        if i != after_sign:  # a '.' alone before a word (".nan") is no number
+            return 0.0, j, BAD_TOKEN
         if n == 3 and _matches(buf, i, 3, _NAN_WORD):
             return _NAN, j, OK
         if (n == 3 or n == 8) and _matches(buf, i, n, _INFINITY):

@@ -38,6 +38,7 @@ from .errors import DamagedStoreError, StoreError
 
 MANIFEST = "terrain-manifest.json"
 CRC_BYTES = 4
+MANIFEST_ENTRY_BYTES = 256  # what one manifest entry holds once read (key, size, the JSON read), for budgets
 _EMPTY = 2**64 - 1
 
 

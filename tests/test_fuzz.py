@@ -12,6 +12,7 @@ import re
 import string
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -273,3 +274,12 @@ def test_random_bytes_never_crash_the_edge_list_reader(tmp_path, raw):
         read_edge_list(path)
     except InputError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("token", [".nan", "-.inf", ".Infinity", "+nan", "-inf", "nan", "Inf", ".5", "-.5e1"])
+def test_special_words_after_a_lone_dot_are_no_numbers(tmp_path, token):
+    """Found by the fuzzer: '.nan' was read as NaN; the reference (and Python's float) refuses it."""
+    text = f"ncols 2\nnrows 1\nxllcorner 0\nyllcorner 0\ncellsize 30\n{token} 1\n"
+    path = tmp_path / "t.asc"
+    path.write_text(text)
+    check_against_reference(path, text)

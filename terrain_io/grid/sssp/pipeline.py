@@ -35,6 +35,7 @@ from ...atomic import scratch_directory
 from ...memory import format_bytes, return_freed_memory_to_os
 from ...parallel import check_task_memory, imap_shards
 from ...progress import progress_bar
+from ...integrity import MANIFEST_ENTRY_BYTES
 from ...store import TerrainStore, Window, read_plain_chunk
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
@@ -65,7 +66,8 @@ class MergeState:
         self.ncr, self.ncc = ncr, ncc = -(-rows // c), -(-cols // c)
         self.mt = store.tile_size // c  # clusters per tile side (the index's chunks)
         ncl = ncr * ncc
-        fixed = ncl * (8 + 8 + 8 + 8 + 8)
+        # per cluster state, and the manifests of the index's two arrays (a chunk file a tile)
+        fixed = ncl * (8 + 8 + 8 + 8 + 8) + 2 * -(-ncr // self.mt) * -(-ncc // self.mt) * MANIFEST_ENTRY_BYTES
         # G' block, values, merge state, and the parallel merge's work arrays (_merge)
         per_cluster = B * B * 4 + B * 8 + B * (8 + 8 + 1 + 1) + B * (1 + 4) + 49
         g = self.mt
