@@ -233,7 +233,7 @@ def test_paged_merge_under_small_budget_equals_in_memory(tmp_path):
     vals = random_dem((96, 96), seed=5, holes=0.05)
     vals[50, 50] = 1.0
     st = make_store(tmp_path, vals, tile=8, shard=2)
-    _, d_small, p_small = run(st, [(50, 50)], "absdiff", cluster=4, memory="48KB", name="small")
+    _, d_small, p_small = run(st, [(50, 50)], "absdiff", cluster=4, memory="128KB", name="small")
     _, d_big, _ = run(st, [(50, 50)], "absdiff", cluster=4, name="big")
     ref = reference(vals.astype(np.float64), [(50, 50)])
     np.testing.assert_allclose(d_small, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
