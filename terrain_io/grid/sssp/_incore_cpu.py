@@ -311,7 +311,7 @@ def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
         out[r - 1, s - r * W2 - 1] = NO_PRED
 
 
-# Below about a million cells the thread pool's start-up outweighs the parallel loops (a shard
+# Below about four million cells the thread pool's start-up outweighs the parallel loops (a shard
 # method's units, small arrays): the same functions compiled without threads.
 SERIAL_BELOW = 1 << 22
 plateau_levels_serial = numba.njit(cache=True)(plateau_levels.py_func)

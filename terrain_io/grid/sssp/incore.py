@@ -144,7 +144,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
             r0, r1 = band[0].r0, band[0].r1
             host = np.empty((r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
 
-            def read(win, host=host, r0=r0):
+            def read(win, host=host):
                 host[:, win.c0 : win.c1] = field.read(win)
 
             list(pool.map(read, band))

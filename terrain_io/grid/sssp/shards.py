@@ -67,6 +67,11 @@ def lines_bytes(shape, side: int, value_itemsize: int) -> int:
     return 2 * (w * -(-h // side) + h * -(-w // side)) * (value_itemsize + 8 + 4 + 1)
 
 
+def run_bytes(shape, side: int, value_itemsize: int, device: str) -> int:
+    """Memory of a run with units of ``side``: one unit solve, the lines, the run's own."""
+    return unit_bytes(side, value_itemsize, device) + lines_bytes(shape, side, value_itemsize) + PROCESS_BYTES
+
+
 WARM_UNITS = 4  # solved units kept for warm re-solves when the unit size is chosen (CPU)
 
 
@@ -91,7 +96,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
         gpu_free = 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
     def need(side):
-        return unit_bytes(side, itemsize, device) + lines_bytes((h, w), side, itemsize) + PROCESS_BYTES
+        return run_bytes((h, w), side, itemsize, device)
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
     sides = [s for s in (t << k for k in range(32)) if s <= top]
@@ -407,8 +412,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
-    spare = budget - unit_bytes(side, vdtype.itemsize, device) - lines_bytes(store.shape, side, vdtype.itemsize) \
-        - PROCESS_BYTES
+    spare = budget - run_bytes(store.shape, side, vdtype.itemsize, device)
     # half of what the budget leaves spare keeps solved units for warm re-solves (the other half:
     # the slack of the estimates above; choose_unit leaves room for WARM_UNITS of them)
     cache = UnitCache(spare // 2) if scheduler == "local" and device == "cpu" else None
