@@ -8,7 +8,7 @@ import click
 from .common import Timer, device_option, quiet, say, scheduler_option
 from .main import cli
 
-WEIGHTS = ["absdiff", "surface", "cell"]
+WEIGHTS = ["absdiff", "surface", "cell", "walk"]
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -20,8 +20,9 @@ def _pair(text: str) -> tuple[float, float]:
 
 
 weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="absdiff", show_default=True,
-                             help="Edge weight: |dh| (absdiff), 3-D walking distance (surface), or the cost "
-                                  "raster's (c_i + c_j)/2 * step (cell).")
+                             help="Edge weight: |dh| (absdiff), 3-D walking distance (surface), the cost "
+                                  "raster's (c_i + c_j)/2 * step (cell), or walking time in seconds by "
+                                  "Tobler's hiking function, uphill slower than down (walk).")
 cost_option = click.option("--cost", help="Cost raster for --weight cell: a GeoTIFF/ASCII file aligned with the DEM, "
                                           "or the name of an array in the store.")
 cluster_option = click.option("--cluster", type=int, default=None,
@@ -48,13 +49,19 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
                    "the stored index if there is one, else incore if it fits --memory, else shards. Same "
                    "results from each.")
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
+@click.option("--max-cost", type=float, default=None,
+              help="Leave cells farther than this unreached (+inf); the work then follows the area reached.")
+@click.option("--allocation", is_flag=True,
+              help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
+                   "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
 @scheduler_option
 def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, method,
-                 rebuild_index, scheduler):
+                 rebuild_index, max_cost, allocation, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
-    Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata) and sssp/NAME/predecessor
-    (direction code of the parent, 255 at sources and unreached cells). The index method keeps its
+    Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata; seconds with --weight walk)
+    and sssp/NAME/predecessor (direction code of the parent, 255 at sources and unreached cells),
+    and with --allocation sssp/NAME/source. The index method keeps its
     boundary index (phase 1) in the store for later sources.
     """
     from terrain_io.grid.sssp import sssp
@@ -64,7 +71,7 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
     timer = Timer()
     res = sssp(store, [_pair(s) for s in sources], weight=weight, name=name, device=device, memory=memory,
                progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index,
-               scheduler=scheduler, announce=say, method=method)
+               scheduler=scheduler, announce=say, method=method, max_cost=max_cost, allocation=allocation)
     say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
         f"max distance {res.max_distance:.6g}; {res.phases()}; total {timer.elapsed:.2f} s")
 

@@ -9,8 +9,10 @@ the same bit for bit on the CPU and the GPU.
 
 Each model carries ``kind``, a small integer that the compiled kernels (numba, CUDA) switch on:
 the kernels cannot call Python, so a new model adds its formula to :func:`edge_weight` (numba)
-and to the CUDA sources, keyed by a new ``kind``. The SSSP models ``surface`` and ``cell`` of
-the design will take kinds 2 and 3.
+and to the CUDA sources (kernels/grid.cuh), keyed by a new ``kind``.
+
+``walk`` is directed: w(a, b) is the time to walk from a to b, which differs from b to a. The
+kernels always call the weight with the edge's tail first.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ MAX = 0
 ABSDIFF = 1
 SURFACE = 2
 CELL = 3
+WALK = 4
 
 # The 8-neighbourhood, direction codes 0=E, 1=SE, 2=S, 3=SW, 4=W, 5=NW, 6=N, 7=NE (row grows
 # southward; d and d ^ 4 are opposite). The CUDA kernels have the same in kernels/grid.cuh.
@@ -90,12 +93,56 @@ def names() -> list[str]:
     return sorted(_MODELS)
 
 
+def sssp_model(name: str | WeightModel) -> WeightModel:
+    """The model called ``name`` if shortest paths may use it (not ``max``); else InputError."""
+    model = get(name)
+    if model.kind == MAX:
+        usable = ", ".join(n for n in names() if _MODELS[n].kind != MAX)
+        raise InputError(f"weight model {model.name!r} is not an SSSP model: use {usable}")
+    return model
+
+
 register(WeightModel("max", MAX, "max(h_i, h_j): the height of the higher endpoint (terrain thesis, MST)"))
 register(WeightModel("absdiff", ABSDIFF, "|h_i - h_j|: the height difference (terrain thesis, SSSP)"))
 register(WeightModel("surface", SURFACE, "sqrt(step^2 + (h_i - h_j)^2): 3-D walking distance over the surface",
                      uses_step=True))
 register(WeightModel("cell", CELL, "(c_i + c_j) / 2 * step over a cost raster c (GRASS r.cost, skimage MCP_Geometric)",
                      uses_step=True))
+register(WeightModel("walk", WALK, "walking time in seconds from i to j: step / v with Tobler's hiking function "
+                     "v = 6 exp(-3.5 |dh / step + 0.05|) km/h, dh = h_j - h_i (directed)",
+                     symmetric=False, uses_step=True))
+
+# exp for the walk model from + - * / alone, so that numba and CUDA round every step alike and give
+# the same bits (libm's and CUDA's exp may differ in the last place): Cody-Waite reduction
+# x = k ln2 + r, |r| <= ln2 / 2, and the Taylor series of e^r to degree 13 (error < 1e-17).
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # trailing zeros: k * _LN2_HI is exact
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+_INV_LN2 = float.fromhex("0x1.71547652b82fep+0")
+_EXP_TAYLOR = tuple(float.fromhex(h) for h in (  # 1/n! for n = 13 down to 2 (the same literals in grid.cuh)
+    "0x1.6124613a86d09p-33", "0x1.1eed8eff8d898p-29", "0x1.ae64567f544e4p-26", "0x1.27e4fb7789f5cp-22",
+    "0x1.71de3a556c734p-19", "0x1.a01a01a01a01ap-16", "0x1.a01a01a01a01ap-13", "0x1.6c16c16c16c17p-10",
+    "0x1.1111111111111p-7", "0x1.5555555555555p-5", "0x1.5555555555555p-3", "0x1.0000000000000p-1"))
+
+
+@numba.njit(inline="always", cache=True)
+def portable_exp(x):
+    """e^x for 0 <= x, the same bits on every device (module comment above); +inf beyond 709."""
+    if x > 709.0:
+        return np.inf
+    k = np.floor(x * _INV_LN2 + 0.5)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = _EXP_TAYLOR[0]
+    for c in _EXP_TAYLOR[1:]:
+        p = p * r + c
+    p = (p * r + 1.0) * r + 1.0
+    return np.ldexp(p, np.int64(k))
+
+
+@numba.njit(inline="always", cache=True)
+def walk_time(a, b, step):
+    """Seconds to walk ``step`` metres from height a to height b (Tobler 1993, the hiking function)."""
+    slope = (b - a) / step + 0.05
+    return step * 0.6 * portable_exp(3.5 * abs(slope))  # 3.6 s/km-per-h * step / 6 km/h = 0.6 step
 
 
 @numba.njit(inline="always", cache=True)
@@ -109,7 +156,17 @@ def edge_weight(kind, h_a, h_b, step):
         return np.sqrt(step * step + (a - b) * (a - b))
     if kind == CELL:
         return (a + b) * 0.5 * step
+    if kind == WALK:
+        return walk_time(a, b, step)
     return abs(a - b)
+
+
+@numba.njit(cache=True)
+def _walk_times(h_a, h_b, step):
+    out = np.empty(h_a.size)
+    for i in range(h_a.size):
+        out[i] = walk_time(h_a[i], h_b[i], step[i])
+    return out
 
 
 def edge_weights(kind: int, h_a: np.ndarray, h_b: np.ndarray, step=1.0) -> np.ndarray:
@@ -122,4 +179,7 @@ def edge_weights(kind: int, h_a: np.ndarray, h_b: np.ndarray, step=1.0) -> np.nd
         return np.sqrt(np.square(step) + np.square(h_a - h_b))
     if kind == CELL:
         return (h_a + h_b) * 0.5 * step
+    if kind == WALK:  # the compiled formula itself: the same bits as the kernels
+        h_a, h_b, step = np.broadcast_arrays(h_a, h_b, np.asarray(step, dtype=np.float64))
+        return _walk_times(h_a.ravel(), h_b.ravel(), step.ravel()).reshape(h_a.shape)
     raise ValueError(f"no weight formula for kind {kind}")

@@ -30,7 +30,7 @@ def reference(vals, sources, kind="absdiff", dx=1.0, dy=1.0):
         m = ~np.isnan(a) & ~np.isnan(b)
         step = np.hypot(dx * abs(dc), dy * abs(dr))
         w = {"absdiff": lambda: np.abs(a - b), "surface": lambda: np.sqrt(step**2 + (a - b) ** 2),
-             "cell": lambda: (a + b) / 2 * step}[kind]()
+             "cell": lambda: (a + b) / 2 * step, "walk": lambda: tobler_seconds(a, b, step)}[kind]()
         us.append(ids[r0:r1, c0:c1][m])
         vs.append(ids[r0 + dr : r1 + dr, c0 + dc : c1 + dc][m])
         ws.append(w[m])
@@ -43,9 +43,18 @@ def reference(vals, sources, kind="absdiff", dx=1.0, dy=1.0):
     return d
 
 
+def tobler_seconds(a, b, step):
+    """Seconds to walk from height a to height b over ``step`` metres: Tobler's hiking function
+    v = 6 exp(-3.5 |dh/step + 0.05|) km/h, from its definition (NumPy's exp)."""
+    speed = 6.0 * np.exp(-3.5 * np.abs((b - a) / step + 0.05)) / 3.6  # m/s
+    return step / speed
+
+
 def edge_w(kind, a, b, k, dx=1.0, dy=1.0):
+    """w(a -> b) over direction k."""
     step = np.hypot(dx * abs(DC[k]), dy * abs(DR[k]))
-    return {"absdiff": abs(a - b), "surface": np.sqrt(step**2 + (a - b) ** 2), "cell": (a + b) / 2 * step}[kind]
+    return {"absdiff": abs(a - b), "surface": np.sqrt(step**2 + (a - b) ** 2), "cell": (a + b) / 2 * step,
+            "walk": tobler_seconds(a, b, step)}[kind]
 
 
 def check_predecessors(dist, pred, vals, sources, kind, dx=1.0, dy=1.0):

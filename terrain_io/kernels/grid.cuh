@@ -21,3 +21,28 @@ __device__ __forceinline__ double edge_weight(double a, double b) {
 // edge codes (lo cell * 4 + rank) then order a tile's edges as (smaller id, larger id).
 __constant__ int DIR_TO_RANK[4] = {0, 3, 2, 1};
 #endif
+
+// The SSSP weight models in float64 (terrain_io/weights.py: 1 absdiff, 2 surface, 3 cell, 4 walk),
+// edge a -> b (walk is directed). walk's exp is weights.portable_exp line for line: the same
+// literals and operations (compiled with --fmad=false), so the same bits as numba.
+__device__ __forceinline__ double portable_exp(double x) {
+    if (x > 709.0) return __longlong_as_double(0x7ff0000000000000LL);
+    const double k = floor(x * 0x1.71547652b82fep+0 + 0.5);
+    const double r = (x - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
+    const double c[12] = {0x1.6124613a86d09p-33, 0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26,
+                          0x1.27e4fb7789f5cp-22, 0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16,
+                          0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,
+                          0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0000000000000p-1};
+    double p = c[0];
+#pragma unroll
+    for (int i = 1; i < 12; ++i) p = p * r + c[i];
+    p = (p * r + 1.0) * r + 1.0;
+    return ldexp(p, (int)k);
+}
+
+__device__ __forceinline__ double sssp_edge_weight(int kind, double a, double b, double step) {
+    if (kind == 2) return sqrt(step * step + (a - b) * (a - b));
+    if (kind == 3) return (a + b) * 0.5 * step;
+    if (kind == 4) return step * 0.6 * portable_exp(3.5 * fabs((b - a) / step + 0.05));
+    return fabs(a - b);
+}

@@ -8,7 +8,7 @@
 // (dist[cell * T + thread]) so that a warp's accesses hit consecutive banks.
 // Output: out_d[q][s][t] (float32), the distance from boundary cell s to boundary cell t of
 // cluster q, and out_v[q][t], the value of boundary cell t -- the layout of the CPU kernel.
-// Weight kinds as in terrain_io/weights.py: 1 absdiff, 2 surface, 3 cell.
+// Weight kinds as in terrain_io/weights.py: 1 absdiff, 2 surface, 3 cell, 4 walk (grid.cuh).
 
 #define INF __longlong_as_double(0x7ff0000000000000LL)
 
@@ -29,12 +29,6 @@ __device__ __forceinline__ void position(int t, int h, int w, int* i, int* j) {
     else if (t < w + h - 1) { *i = t - (w - 1); *j = w - 1; }
     else if (t < 2 * (w - 1) + h) { *i = h - 1; *j = (w - 1) - (t - (w - 1) - (h - 1)); }
     else { *i = (h - 1) - (t - 2 * (w - 1) - (h - 1)); *j = 0; }
-}
-
-__device__ __forceinline__ double edge_weight(int kind, double a, double b, double step) {
-    if (kind == 2) return sqrt(step * step + (a - b) * (a - b));
-    if (kind == 3) return (a + b) * 0.5 * step;
-    return fabs(a - b);
 }
 
 #include "grid.cuh"
@@ -94,7 +88,7 @@ extern "C" __global__ void sssp_boundary_phase(const double* __restrict__ vals, 
             const int p = ii * w + jj;
             const double y = sv[p];
             if (isnan(y) || ((done[p >> 6] >> (p & 63)) & 1ULL)) continue;
-            const double nd = bd + edge_weight(kind, x, y, steps[k]);
+            const double nd = bd + sssp_edge_weight(kind, x, y, steps[k]);
             if (nd < dist[p * T + s]) dist[p * T + s] = nd;
         }
     }
@@ -207,7 +201,7 @@ extern "C" __global__ void sssp_final_phase(const double* __restrict__ vals, int
                 if (fixed[pp]) continue;
                 const double y = vals[(long long)(r0 + ii) * W + c0 + jj];
                 if (isnan(y)) continue;
-                const double nd = d + edge_weight(kind, x, y, steps[k]);
+                const double nd = d + sssp_edge_weight(kind, x, y, steps[k]);
                 if (key_less(nd, r, dist[pp], root[pp])) {
                     dist[pp] = nd; root[pp] = r; pred[pp] = (unsigned char)((k + 4) & 7);
                     n = heap_push(hk, hr, hv, n, nd, r, pp);

@@ -9,7 +9,7 @@
 // tile keeps each once). Rounds repeat until a list is empty: the fixpoint, the same bits as
 // Dijkstra whatever the order (incore.py). Distances first, then plateau levels the same way
 // with the distances fixed, then the parent codes cell by cell.
-// Compile-time: VAL (value type), KIND (weight model: 1 absdiff, 2 surface, 3 cell).
+// Compile-time: VAL (value type), KIND (weight model: 1 absdiff, 2 surface, 3 cell, 4 walk).
 
 #include "grid.cuh"
 
@@ -19,14 +19,9 @@
 #define NO_LEVEL 2147483647
 #define NO_PRED 255
 
+// the weight of edge a -> b (grid.cuh), the model fixed at compile time
 __device__ __forceinline__ double sssp_weight(double a, double b, double step) {
-#if KIND == 2
-    return sqrt(step * step + (a - b) * (a - b));
-#elif KIND == 3
-    return (a + b) * 0.5 * step;
-#else
-    return fabs(a - b);
-#endif
+    return sssp_edge_weight(KIND, a, b, step);
 }
 
 // Load the tile (tr, tc) with its halo: values (NaN beyond the block) and labels.
@@ -73,7 +68,7 @@ __device__ __forceinline__ void mark_border(int (*mark)[3], int i, int j) {
 
 extern "C" __global__ void __launch_bounds__(TS * BY)
 relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, int w, const double* __restrict__ steps,
-                const int* __restrict__ work, int* __restrict__ own_flag, int* __restrict__ next_flag,
+                double limit, const int* __restrict__ work, int* __restrict__ own_flag, int* __restrict__ next_flag,
                 int* __restrict__ next_work, int* __restrict__ next_count) {
     __shared__ double sv[HS][HS];
     __shared__ double sd[HS][HS];
@@ -113,7 +108,7 @@ relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, 
                 const double a = sv[i + DR[k]][j + DC[k]];
                 if (isnan(a)) continue;
                 const double nd = sd[i + DR[k]][j + DC[k]] + sssp_weight(a, b, st[k]);
-                if (nd < best) best = nd;
+                if (nd < best && nd <= limit) best = nd;  // beyond the limit: unreached
             }
             if (best < sd[i][j]) {
                 sd[i][j] = best;

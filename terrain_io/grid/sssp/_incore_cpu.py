@@ -76,7 +76,7 @@ def _pop(hk, hv, n):
 
 
 @numba.njit(cache=True)
-def solve_distances(vals, h, w, kind, steps, dist, warm=False):
+def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
     """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
 
     On entry ``dist`` holds the seeds: 0 at the sources, the fixed distances of ring cells, +inf
@@ -85,6 +85,9 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False):
     ``warm``: the interior already holds the fixpoint for a ring that has since only fallen; only
     the cells the new ring improves start the heap (label-correcting from a valid upper bound
     reaches the same unique fixpoint), so the work follows the change, not the block.
+    ``limit``: no distance above it is kept (such cells stay +inf): every path to a cell within the
+    limit stays within it (weights are not negative), so those cells get their full-run values,
+    and the work follows the area reached.
     """
     W2 = w + 2
     off = _offsets(W2)
@@ -108,7 +111,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False):
                 if np.isnan(vals[v]):
                     continue
                 nd = du + edge_weight(kind, vals[u], vals[v], steps[k])
-                if nd < dist[v]:
+                if nd < dist[v] and nd <= limit:
                     dist[v] = nd
                     if warm:
                         if n == cap:
@@ -151,7 +154,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False):
             if np.isnan(b):
                 continue
             nd = du + edge_weight(kind, a, b, steps[k])
-            if nd < dv:
+            if nd < dv and nd <= limit:
                 dist[v] = nd
                 if n == cap:
                     cap *= 2

@@ -53,7 +53,7 @@ class _WorkLists:
         return rounds
 
 
-def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level):
+def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, limit: float = np.inf):
     """:func:`.incore.solve_block` on the GPU: ``vals``/``dist``/``level`` NumPy or CuPy arrays of
     the ringed block's shape; returns CuPy (dist, level, pred)."""
     import cupy as cp
@@ -79,7 +79,7 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level):
     else:
         rows, cols = src // W2 - 1, src % W2 - 1
         first = cp.unique((rows // TILE) * ntc + cols // TILE).astype(cp.int32)
-    args = (vals, d, np.int32(h), np.int32(w), st)
+    args = (vals, d, np.int32(h), np.int32(w), st, np.float64(limit))
     rounds = lists.run(mod.get_function("relax_distances"), args, first)
     threads = 256
     blocks = min(-(-h * w // threads), 65536)

@@ -171,7 +171,8 @@ def cluster_dijkstra(vals, kind, steps, dist, root, pred, fixed, hk, hr, hv):
 # -- phase 1 ----------------------------------------------------------------------------------
 @numba.njit(cache=True)
 def cluster_weights(sub, kind, steps):
-    """Weights of the 8 edges of every cell of a cluster (inf where the edge is not in the graph)."""
+    """Weights of the 8 edges into every cell of a cluster: ``wts[p, k]`` is w(q -> p) for p's
+    neighbour q in direction k (inf where the edge is not in the graph; the walk model is directed)."""
     h, w = sub.shape
     wts = np.full((h * w, 8), np.inf)
     for i in range(h):
@@ -183,7 +184,7 @@ def cluster_weights(sub, kind, steps):
                 ii = i + DR[k]
                 jj = j + DC[k]
                 if 0 <= ii < h and 0 <= jj < w and not np.isnan(sub[ii, jj]):
-                    wts[i * w + j, k] = edge_weight(kind, x, sub[ii, jj], steps[k])
+                    wts[i * w + j, k] = edge_weight(kind, sub[ii, jj], x, steps[k])
     return wts
 
 

@@ -13,11 +13,12 @@ from ... import weights as weight_models
 from ...backend import device_of, is_cupy, to_host
 from ...errors import InputError
 from ._pipeline_cpu import steps_of
+from .allocation import allocate_block, allocate_gpu
 from .incore import ringed, solve_block
 
 
 def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=None, nodata=None,
-                  device: str | None = None):
+                  device: str | None = None, max_cost: float | None = None, allocation: bool = False):
     """Distance to the nearest source and the predecessor code of every cell of a 2-D raster.
 
     ``dem``: a NumPy or CuPy array, or an xarray DataArray of them (dims (y, x)); NaN, or the value
@@ -26,15 +27,16 @@ def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=No
     convention). ``weight``: ``absdiff`` |dh|, ``surface`` sqrt(step^2 + dh^2), or ``cell``
     (c_i + c_j) / 2 * step over ``cost`` (a raster of the DEM's shape; NaN, negative or infinite
     costs are barriers). ``cell_size``: (dx, dy) for the steps; default from a DataArray's x/y
-    coordinates, else 1. ``device``: ``cpu|gpu``, default the input's (CuPy -> GPU).
+    coordinates, else 1. ``device``: ``cpu|gpu``, default the input's (CuPy -> GPU). ``walk``:
+    seconds by Tobler's hiking function (directed). ``max_cost``: cells farther stay unreached.
 
     Returns ``(distance, predecessor)``: float32 (+inf unreached, NaN where no vertex) and uint8
     direction codes of the parent (0=E, 1=SE, ..., 7=NE; 255 at sources and unreached cells),
     NumPy or CuPy like the input, or DataArrays with the input's coordinates and attributes.
+    With ``allocation``, a third: uint32, the number of the nearest source (1, 2, ... in the order
+    given, or of a source raster's cells in row-major order; 0 unreached), as :mod:`.allocation`.
     """
-    model = weight_models.get(weight)
-    if model.kind not in (weight_models.ABSDIFF, weight_models.SURFACE, weight_models.CELL):
-        raise InputError(f"weight model {model.name!r} is not an SSSP model: use absdiff, surface or cell")
+    model = weight_models.sssp_model(weight)
     template = dem if _is_dataarray(dem) else None
     data = dem.data if template is not None else dem
     if getattr(data, "ndim", None) != 2:
@@ -62,19 +64,25 @@ def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=No
     cells = _source_cells(sources, vals.shape, to_host(ok))
     dx, dy = cell_size if cell_size is not None else _coordinate_steps(template)
     block = ringed(vals) if xp is np else _ringed_gpu(vals)
-    dist, _, pred = solve_block(block, model.kind, steps_of(float(dx), float(dy)), cells, device=dev)
+    limit = np.inf if max_cost is None else float(max_cost)
+    dist, _, pred = solve_block(block, model.kind, steps_of(float(dx), float(dy)), cells, device=dev, limit=limit)
     out = dist[1:-1, 1:-1].astype(np.float32)
     out[xp.isnan(vals)] = np.nan
+    outputs = [out, pred]
+    if allocation:
+        outputs.append(allocate_gpu(pred, cells) if dev == "gpu" else allocate_block(pred, cells))
     if template is None:
-        return out, pred
+        return tuple(outputs)
     import xarray as xr
 
     def like(values, name, attrs):
         return xr.DataArray(values, coords=template.coords, dims=template.dims, name=name,
                             attrs={**template.attrs, **attrs})
 
-    return (like(out, "distance", {"weight": model.name, "units": "cost"}),
-            like(pred, "predecessor", {"codes": "0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none"}))
+    named = [("distance", {"weight": model.name, "units": "seconds" if model.name == "walk" else "cost"}),
+             ("predecessor", {"codes": "0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none"}),
+             ("source", {"codes": "the nearest source's number (1, 2, ...); 0 none"})]
+    return tuple(like(values, name, attrs) for values, (name, attrs) in zip(outputs, named))
 
 
 def _is_dataarray(x) -> bool:

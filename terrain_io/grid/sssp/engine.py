@@ -113,7 +113,8 @@ def choose_method(method: str, store: TerrainStore, field: Field, device: str, b
 def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
          memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
          rebuild_index: bool = False, scheduler: str | None = "local", announce=None,
-         method: str = "auto", unit: int | None = None) -> SSSPResult:
+         method: str = "auto", unit: int | None = None, max_cost: float | None = None,
+         allocation: bool = False) -> SSSPResult:
     """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
 
     ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
@@ -124,50 +125,60 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     solves or the index method's tile phases as Dask tasks (terrain_io.parallel); ``unit`` sets the
     shard method's unit side in cells (default: from the budget); ``cluster`` and
     ``rebuild_index`` apply to the index method (``auto`` takes it when they are asked for).
+    ``max_cost``: cells farther than it stay unreached (+inf), the others get the values of a run
+    without it; the in-core and shard methods then only do the work of the area reached.
+    ``allocation``: also write ``sssp/NAME/source``, the nearest source's number (1, 2, ... in
+    the order given; 0 unreached) -- the root of each cell's predecessor chain (:mod:`.allocation`).
     """
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
-    model = weight_models.get(weight)
-    if model.kind not in (weight_models.ABSDIFF, weight_models.SURFACE, weight_models.CELL):
-        raise InputError(f"weight model {model.name!r} is not an SSSP model: use absdiff, surface or cell")
+    model = weight_models.sssp_model(weight)
     dev = resolve_device(device)
     cells = parse_sources(store, sources, cell)
     name = name or default_name(cells)
     budget = memory_budget(memory)
+    limit = np.inf if max_cost is None else float(max_cost)
+    if not limit >= 0:
+        raise InputError(f"--max-cost must be a number >= 0, got {max_cost!r}")
+    options = {"limit": limit, "allocation": bool(allocation)}
     field = Field(store, model, cost)
     try:
         if (method or "auto") == "auto" and (rebuild_index or cluster is not None):
             method = "index"  # what only the index method does: (re)build G' for a cluster size
         chosen = choose_method(method, store, field, dev, budget, cluster, scheduler)
-        attrs = result_attrs(store, field, cells, chosen)
+        attrs = result_attrs(store, field, cells, chosen, limit)
         if chosen == "incore":
             from .incore import run_incore
 
-            result = run_incore(store, field, cells, name, dev, budget, progress, attrs)
+            result = run_incore(store, field, cells, name, dev, budget, progress, attrs, **options)
         elif chosen == "shards":
             from .shards import run_shards
 
-            result = run_shards(store, field, cells, name, dev, budget, progress, attrs, scheduler, unit, announce)
+            result = run_shards(store, field, cells, name, dev, budget, progress, attrs, scheduler, unit, announce,
+                                **options)
         else:
             from .pipeline import run_index
 
             result = run_index(store, field, cells, name, dev, budget, progress, attrs, cluster, rebuild_index,
-                               scheduler, announce)
+                               scheduler, announce, **options)
     finally:
         field.close()
     store.group[f"sssp/{name}"].attrs.update({"timings": result.timings})
     return result
 
 
-def result_attrs(store: TerrainStore, field: Field, cells, method: str) -> dict:
+def result_attrs(store: TerrainStore, field: Field, cells, method: str, limit: float = np.inf) -> dict:
     """The attributes every SSSP result group carries (a method adds its own)."""
     return {
+        "max_cost": None if limit == np.inf else limit,
         "weight": field.model.name,
         "method": method,
         "source_cells": [list(map(int, rc)) for rc in cells],
         "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells],
         "distance_dtype": DISTANCE_DTYPE,
         "cost": field.cost_id,
-        "unreached": "distance +inf, predecessor 255; nodata cells: distance NaN",
+        "unreached": "distance +inf (also beyond max_cost), predecessor 255, source 0; nodata cells: distance NaN",
+        "source_codes": "the number of the source (1, 2, ... in the order of source_cells) at the root of the "
+                        "cell's predecessor chain; 0 none",
         "predecessor_codes": "direction from a cell to its parent: 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none",
         "predecessor_rule": "the tight parent with the least key (0 if strictly nearer, else its plateau level + 1), "
                             "then the least direction code",

@@ -37,7 +37,7 @@ def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
 
 
 def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: np.ndarray | None = None,
-                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False):
+                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False, limit: float = np.inf):
     """Solve the interior of a ringed block.
 
     ``vals``: (h + 2, w + 2) float32/float64 values, NaN where a cell is not a vertex; ``sources``:
@@ -47,7 +47,9 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     pred)``: the block's float64 distances and int32 levels (ring unchanged) and the interior's
     uint8 parent codes. ``device="gpu"`` solves on the GPU (the same bytes; arrays come back as
     CuPy arrays). ``warm`` (CPU): ``dist`` already holds this block's solution for a ring whose
-    distances have only fallen since; only what the ring's change reaches is solved again."""
+    distances have only fallen since; only what the ring's change reaches is solved again.
+    ``limit`` (``--max-cost``): cells farther than it stay unreached; the rest get the values of a
+    run without it, and the work follows the area reached."""
     H2, W2 = vals.shape
     h, w = H2 - 2, W2 - 2
     gpu = resolve_device(device) == "gpu"
@@ -63,12 +65,12 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     if gpu:
         from ._incore_gpu import solve_block_gpu
 
-        return solve_block_gpu(vals, kind, steps, flat_src, dist, level)
+        return solve_block_gpu(vals, kind, steps, flat_src, dist, level, limit)
     if not warm:
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
-    K.solve_distances(fv, h, w, kind, steps, fd, warm)
+    K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
     small = h * w < K.SERIAL_BELOW
     (K.plateau_levels_serial if small else K.plateau_levels)(fv, h, w, kind, steps, fd, fl, flat_src)
     pred = np.empty((h, w), np.uint8)
@@ -100,10 +102,18 @@ def value_dtype(field) -> np.dtype:
     return np.dtype(np.float32 if small and field.cost_array is None else np.float64)
 
 
-def fits_in_core(store, field, device: str, budget: int) -> bool:
-    """The whole grid fits: in ``budget`` bytes of host memory, or in the GPU's free memory."""
+def incore_bytes(store, field, device: str, allocation: bool = False) -> int:
+    """Memory of the in-core method: the block solve, and the allocation's work arrays (GPU: the
+    jumping pointers, two of 4 bytes a cell, and the labels; CPU: the roots, 8 bytes, a flag and a
+    stack of 8, and the labels)."""
     h, w = store.shape
-    need = block_bytes(h, w, value_dtype(field).itemsize)
+    extra = (12 if device == "gpu" else 21) * h * w if allocation else 0
+    return block_bytes(h, w, value_dtype(field).itemsize) + extra
+
+
+def fits_in_core(store, field, device: str, budget: int, allocation: bool = False) -> bool:
+    """The whole grid fits: in ``budget`` bytes of host memory, or in the GPU's free memory."""
+    need = incore_bytes(store, field, device, allocation)
     if device == "gpu":
         import cupy
 
@@ -112,9 +122,10 @@ def fits_in_core(store, field, device: str, budget: int) -> bool:
     return need <= budget
 
 
-def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict):
+def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
+               limit: float = np.inf, allocation: bool = False):
     """The in-core method on a store: read every shard into one ringed block (host or GPU), solve
-    it, write ``sssp/NAME``. Shards are decoded and encoded in parallel threads (zstd releases the
+    it (no farther than ``limit``), write ``sssp/NAME`` (with ``source`` when ``allocation``). Shards are decoded and encoded in parallel threads (zstd releases the
     GIL); on the GPU they travel one band of shard rows at a time, one copy each way, so the
     threads never touch the device and host memory stays at a band or two."""
     import os
@@ -125,8 +136,8 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     from ...store import write_shard
     from .engine import DISTANCE_DTYPE, SSSPResult
 
-    if not fits_in_core(store, field, device, budget):
-        raise _too_large(store, field, device, budget)
+    if not fits_in_core(store, field, device, budget, allocation):
+        raise _too_large(store, field, device, budget, allocation)
     h, w = store.shape
     nsr, nsc = store.shard_grid
     bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
@@ -152,38 +163,48 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                 vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
     timings["read"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device)
+    dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device, limit=limit)
     del level
+    source = None
+    if allocation:
+        from .allocation import allocate_block, allocate_gpu
+
+        source = allocate_gpu(pred, cells) if gpu else allocate_block(pred, cells)
     timings["solve"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     bar = progress_bar(progress, nsr * nsc, "sssp write")
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
-        dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
-        pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
         d32 = output_distance(dist, vals)
+        outputs = [(wr.create_array("distance", DISTANCE_DTYPE, float("nan")), d32),
+                   (wr.create_array("predecessor", "uint8", NO_PRED), pred)]
+        if allocation:
+            from .allocation import ALLOCATION_DTYPE
+
+            outputs.append((wr.create_array("source", ALLOCATION_DTYPE, 0), source))
         finite = xp.isfinite(d32)
         reached = int(finite.sum())
         dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
         del finite
 
-        def write(win, d_band, p_band, r0):
+        def write(win, parts, r0):
             part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0, win.c1))
-            sr, sc = win.r0 // dist_arr.shards[0], win.c0 // dist_arr.shards[1]
-            write_shard(dist_arr, sr, sc, np.ascontiguousarray(d_band[part]))
-            write_shard(pred_arr, sr, sc, np.ascontiguousarray(p_band[part]))
+            side = store.tile_size * store.shard_size
+            sr, sc = win.r0 // side, win.c0 // side
+            for (arr, _), band in zip(outputs, parts):
+                write_shard(arr, sr, sc, np.ascontiguousarray(band[part]))
             bar.update(1)
 
         with ThreadPoolExecutor(threads) as pool:
             pending = []
             for band in bands:
                 r0, r1 = band[0].r0, band[0].r1
-                d_band, p_band = d32[r0:r1], pred[r0:r1]
+                parts = [a[r0:r1] for _, a in outputs]
                 if gpu:  # one copy a band; its shards are encoded while the next band comes over
-                    d_band, p_band = d_band.get(), p_band.get()
+                    parts = [a.get() for a in parts]
                 for f in [f for f in pending if f.done()]:
                     f.result()  # raises a failed write's error here
                 pending = [f for f in pending if not f.done()]
-                pending += [pool.submit(write, win, d_band, p_band, r0) for win in band]
+                pending += [pool.submit(write, win, parts, r0) for win in band]
                 while len(pending) > 2 * len(band):  # at most about two bands waiting
                     pending.pop(0).result()
             for f in pending:
@@ -195,12 +216,12 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                       {k: round(v, 3) for k, v in timings.items()}, device)
 
 
-def _too_large(store, field, device, budget):
+def _too_large(store, field, device, budget, allocation=False):
     from ...errors import InputError
     from ...memory import format_bytes
 
     h, w = store.shape
-    need = block_bytes(h, w, value_dtype(field).itemsize)
+    need = incore_bytes(store, field, device, allocation)
     where = "the GPU's free memory" if device == "gpu" else f"the memory budget {format_bytes(budget)}"
     return InputError(f"the in-core SSSP needs {format_bytes(need)} for {h} x {w} cells, more than {where} "
                       "(raise --memory, or use --method index)")

@@ -381,9 +381,10 @@ class MergeState:
 
 def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, budget: int, progress: bool,
               attrs: dict, cluster: int | None = None, rebuild_index: bool = False, scheduler: str | None = "local",
-              announce=None) -> SSSPResult:
+              announce=None, limit: float = np.inf, allocation: bool = False) -> SSSPResult:
     """The index method: phases 1-3 above (phase 1 skipped when a stored index fits); writes
-    ``sssp/NAME`` with ``attrs`` added. The boundary index is built on first use and reused
+    ``sssp/NAME`` with ``attrs`` added (cells beyond ``limit`` cleared from the final phase's
+    output; ``source`` by a pass over the written predecessors when ``allocation``). The boundary index is built on first use and reused
     afterwards; ``scheduler`` runs phases 1 and 3 as Dask tasks, one per shard (terrain_io.parallel)."""
     model = field.model
     if (scheduler or "local") != "local":  # before any work (phase 1 checks its own tasks)
@@ -414,7 +415,8 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
             timings["merge"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
-            reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler, device=device)
+            reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler, device=device,
+                                   limit=limit, allocation=allocation)
             timings["final"] = time.perf_counter() - t0
             merge_stats = getattr(merge, "stats", {})
         finally:
@@ -423,7 +425,8 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
                       device, index.cluster, reused, merge_stats)
 
 
-def _final(store, field, merge, cells, name, attrs, progress, scheduler="local", announce=None, device="cpu"):
+def _final(store, field, merge, cells, name, attrs, progress, scheduler="local", announce=None, device="cpu",
+           limit=np.inf, allocation=False):
     """Phase 3, shard by shard: here (on the GPU with ``device="gpu"``: the same bytes), or with a
     Dask ``scheduler`` as one task per shard that gets its tiles' merge results and writes its
     shard of ``distance`` and ``predecessor`` itself."""
@@ -438,13 +441,13 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
         pred_arr = w.create_array("predecessor", "uint8", K.NO_PRED)
         if (scheduler or "local") != "local":
             reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar,
-                                           device)
+                                           device, limit)
         else:
             wins = list(store.shards())
 
             def compute(win, vals):
                 states = (merge.tile_state(r0 // t, c0 // t) for r0, c0 in _shard_tiles(win, t))
-                return _final_tiles(vals, win, t, c, kind, steps, states, src, bar, device)
+                return _final_tiles(vals, win, t, c, kind, steps, states, src, bar, device, limit)
 
             def write(win, out_d, out_p):
                 dist_arr[win.slices] = out_d
@@ -478,6 +481,11 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
                     done = [f.result() for f in writes]
             reached = sum(n for n, _ in done)
             dmax = max((d for _, d in done), default=0.0)
+        if allocation:
+            from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
+
+            write_allocation(pred_arr, w.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), src,
+                             store.shape, allocation_threads(store, merge.budget, os.cpu_count() or 1))
         w.attrs.update({"reached": reached, "max_distance": dmax})
     bar.close()
     return reached, dmax
@@ -494,10 +502,13 @@ def _sources_in(src: np.ndarray, win: Window) -> np.ndarray:
     return np.ascontiguousarray(src[inside])
 
 
-def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, states, src, bar=None, device="cpu"):
+def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, states, src, bar=None, device="cpu",
+                 limit=np.inf):
     """Phase 3 for the tiles of one shard, all its clusters in one parallel numba call (or one
     CUDA launch with ``device="gpu"``); ``states``: each tile's (dist, rank, how, settled) from the
-    merge, in the order of :func:`_shard_tiles`. Returns the shard's distance and predecessor."""
+    merge, in the order of :func:`_shard_tiles`. Returns the shard's distance and predecessor,
+    with the cells farther than ``limit`` unreached (their parents are all nearer, so no chain of
+    a kept cell is cut)."""
     tiles = _shard_tiles(win, t)
     states = list(states)
     mt = states[0][0].shape[0]  # clusters per tile side
@@ -518,6 +529,10 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
         out_d = np.empty(win.shape, np.float32)
         out_p = np.empty(win.shape, np.uint8)
         K.final_phase(np.ascontiguousarray(vals_shard), c, kind, steps, *merged, src_r, src_c, out_d, out_p)
+    if limit < np.inf:
+        beyond = out_d > np.float32(limit)
+        out_d[beyond] = np.inf
+        out_p[beyond] = K.NO_PRED
     if bar is not None:
         bar.update(len(tiles))
     return out_d, out_p
@@ -543,6 +558,7 @@ class _FinalShard:
     sources: np.ndarray  # (n, 2) source cells in this shard
     states: tuple  # per tile of the shard (see _shard_tiles): (dist, rank, how, settled)
     device: str = "cpu"  # "gpu": the worker's GPU
+    limit: float = np.inf
 
 
 def _final_shard(task: _FinalShard) -> tuple[int, float]:
@@ -550,7 +566,7 @@ def _final_shard(task: _FinalShard) -> tuple[int, float]:
 
     win, t = task.window, task.field.store.tile_size
     out_d, out_p = _final_tiles(task.field.read(win), win, t, task.cluster, task.field.model.kind, task.steps,
-                                task.states, task.sources, device=task.device)
+                                task.states, task.sources, device=task.device, limit=task.limit)
     zarr.open_array(task.distance, mode="r+")[win.slices] = out_d
     zarr.open_array(task.predecessor, mode="r+")[win.slices] = out_p
     return _reach(out_d)
@@ -572,7 +588,8 @@ def _final_task_bytes(store: TerrainStore, c: int) -> int:
     return 2 * _shard_state_bytes(store, c) + 21 * (store.tile_size * store.shard_size) ** 2
 
 
-def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar, device="cpu"):
+def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar, device="cpu",
+                   limit=np.inf):
     """One task per shard; tile states are gathered lazily, a bounded number of shards' worth at a time."""
     t = store.tile_size
     wins = list(store.shards())
@@ -582,7 +599,7 @@ def _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, anno
     def tasks():
         for win in wins:
             states = tuple(tuple(merge.tile_state(r0 // t, c0 // t)) for r0, c0 in _shard_tiles(win, t))
-            yield _FinalShard(field, *paths, win, merge.c, steps, _sources_in(src, win), states, device)
+            yield _FinalShard(field, *paths, win, merge.c, steps, _sources_in(src, win), states, device, limit)
 
     shard_bytes = _shard_state_bytes(store, merge.c)
     reached, dmax = 0, 0.0

@@ -264,6 +264,7 @@ class UnitTask:
     device: str
     threads: int
     cache: object = None  # a UnitCache (the local CPU schedule), else None
+    limit: float = np.inf  # --max-cost
 
 
 class UnitCache:
@@ -379,7 +380,7 @@ def solve_unit(task: UnitTask) -> UnitResult:
 
         vals = cp.asarray(vals)
     d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device,
-                              warm=cached is not None)
+                              warm=cached is not None, limit=task.limit)
     if task.cache is not None:
         task.cache.put((task.i, task.j), (vals, d, lv))
     host = to_host if task.device == "gpu" else np.array  # copies: the sides outlive the blocks
@@ -402,9 +403,13 @@ def _io_bytes() -> tuple[int, int]:
 
 
 def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
-               scheduler: str | None = "local", unit: int | None = None, announce=None):
+               scheduler: str | None = "local", unit: int | None = None, announce=None, limit: float = np.inf,
+               allocation: bool = False):
     """The shard method on a store; writes ``sssp/NAME`` with ``attrs`` and the schedule's figures.
-    ``unit``: the unit side in cells (a multiple of the tile size; default from the budget)."""
+    ``unit``: the unit side in cells (a multiple of the tile size; default from the budget).
+    ``limit``: no cell farther is reached, and a unit whose ring changed only beyond it is not
+    solved again (nor at all when never within it). ``allocation``: ``source`` too, by a pass over
+    the written predecessors (:func:`.allocation.write_allocation`)."""
     from ...parallel import check_scheduler, map_shards
     from .engine import DISTANCE_DTYPE, SSSPResult
 
@@ -449,7 +454,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                 lines.ring(i, j, *ring)
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
-                            threads if scheduler == "local" else 1, cache if reached else None)
+                            threads if scheduler == "local" else 1, cache if reached else None, limit)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
@@ -457,6 +462,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             solves[res.i, res.j] += 1
             reach[(res.i, res.j)] = (res.reached, res.max_distance)
             for ij, key in lines.update(res.i, res.j, res.sides).items():
+                if key[0] > limit:
+                    continue  # changes beyond the limit reach nothing
                 if ij not in waiting or key < waiting[ij]:
                     waiting[ij] = key
                     heapq.heappush(heap, (key, ij))
@@ -474,6 +481,11 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
         unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
         map_shards(solve_unit, [task(i, j, reached=False) for i, j in unreached], scheduler, progress=bar,
                    announce=announce)
+        if allocation:
+            from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
+
+            write_allocation(pred_arr, wr.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), src,
+                             store.shape, allocation_threads(store, budget, threads))
         reached = sum(n for n, _ in reach.values())
         dmax = max((m for _, m in reach.values()), default=0.0)
         io1 = _io_bytes()

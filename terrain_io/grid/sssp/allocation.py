@@ -1,0 +1,174 @@
+"""Allocation: which source each cell's shortest path comes from (``sssp/NAME/source``).
+
+GRASS r.cost's ``nearest=`` and ArcGIS Cost Allocation: the number (1, 2, ... in the order given)
+of the source at the root of the cell's predecessor chain; 0 where no source reaches a cell and
+on nodata. Following the predecessors makes ties of distance take the tie rule's side, so the
+allocation is the same bytes on every method that gives the same predecessors (in-core, shards).
+
+* In memory (the in-core method): every chain is followed once, memoised
+  (:func:`allocate_block`); on the GPU by pointer jumping -- each cell's pointer replaced by its
+  pointer's pointer until every one points at a root, O(log depth) rounds (Wyllie's list
+  ranking, as in :mod:`terrain_io.graph.listrank`).
+* Out of core (the shard and index methods): two passes over the written predecessors, block by
+  block (:func:`write_allocation`). Pass 1 follows the chains inside each block; a chain that
+  leaves it ends at a frame cell whose parent lies in the next block. Only the frames' answers
+  are kept -- 4 numbers per block side, O(N / S) for blocks of side S -- and the pointers between
+  frames are then resolved in memory. Pass 2 follows the chains again and writes the labels.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+from ...weights import DC, DR
+from .incore import NO_PRED
+
+ALLOCATION_DTYPE = "uint32"
+
+
+@numba.njit(cache=True)
+def _chase(pred, src_label, r0, c0, H, W, out):
+    """Root of every cell's chain inside a block: ``out[i, j]`` = -1 - label at a source (label 0:
+    unreached), else the global id (row * W + col) of the first cell outside the block that the
+    chain steps to. ``pred``: the block's codes; ``src_label``: the block's source labels (0 none)."""
+    h, w = pred.shape
+    done = np.zeros((h, w), np.bool_)
+    stack = np.empty(h * w, np.int64)
+    for i0 in range(h):
+        for j0 in range(w):
+            if done[i0, j0]:
+                continue
+            m = 0
+            i, j = i0, j0
+            root = np.int64(-1)
+            while True:
+                if done[i, j]:
+                    root = out[i, j]
+                    break
+                stack[m] = i * w + j
+                m += 1
+                p = pred[i, j]
+                if p == NO_PRED:
+                    root = -1 - np.int64(src_label[i, j])
+                    break
+                ii, jj = i + DR[p], j + DC[p]
+                if ii < 0 or ii >= h or jj < 0 or jj >= w:
+                    root = (r0 + ii) * np.int64(W) + c0 + jj
+                    break
+                i, j = ii, jj
+            for t in range(m):
+                q = stack[t]
+                out[q // w, q - (q // w) * w] = root
+                done[q // w, q - (q // w) * w] = True
+
+
+def _source_labels(cells, win_r0, win_c0, h, w) -> np.ndarray:
+    """The labels (1-based, the first of equal cells) of the sources in a block, 0 elsewhere."""
+    lab = np.zeros((h, w), np.uint32)
+    for n, (r, c) in reversed(list(enumerate(cells, start=1))):
+        if win_r0 <= r < win_r0 + h and win_c0 <= c < win_c0 + w:
+            lab[r - win_r0, c - win_c0] = n
+    return lab
+
+
+def allocate_block(pred: np.ndarray, cells) -> np.ndarray:
+    """The allocation of a whole grid from its predecessor codes (NumPy, h x w) and its sources."""
+    h, w = pred.shape
+    roots = np.empty((h, w), np.int64)
+    _chase(np.ascontiguousarray(pred), _source_labels(cells, 0, 0, h, w), 0, 0, h, w, roots)
+    return (-1 - roots).astype(np.uint32)  # no chain leaves the whole grid
+
+
+def allocate_gpu(pred, cells):
+    """:func:`allocate_block` on the GPU (CuPy in and out) by pointer jumping."""
+    import cupy as cp
+
+    h, w = pred.shape
+    index = cp.int32 if h * w < 2**31 else cp.int64
+    parent = cp.ElementwiseKernel(
+        "uint8 p, int32 w, raw int32 dr, raw int32 dc", "T nxt",
+        "const long long r = i / w, c = i % w; nxt = p == 255 ? (T)i : (T)((r + dr[p]) * w + c + dc[p]);",
+        "terrain_parent_pointer")
+    nxt = cp.empty(h * w, index)
+    parent(pred.reshape(-1), np.int32(w), cp.asarray(DR, cp.int32), cp.asarray(DC, cp.int32), nxt)
+    while True:
+        jumped = nxt[nxt]
+        if bool((jumped == nxt).all()):
+            break
+        nxt = jumped
+    labels = cp.asarray(_source_labels(cells, 0, 0, h, w).reshape(-1))
+    return labels[nxt].reshape(h, w)
+
+
+def allocation_threads(store, budget: int, most: int) -> int:
+    """Threads of :func:`write_allocation` within ``budget``: each holds a shard's codes, roots,
+    flags, stack and labels (22 bytes a cell) with their compressed copies."""
+    side = store.tile_size * store.shard_size
+    return int(max(1, min(most, budget // (2 * 27 * side * side))))
+
+
+def write_allocation(pred_arr, source_arr, windows, cells, shape, threads: int = 8, bar=None) -> None:
+    """The out-of-core allocation (module docstring): reads ``pred_arr`` (zarr) window by window
+    twice and writes ``source_arr``; ``windows``: the blocks (store shards) covering ``shape``."""
+    H, W = shape
+    windows = list(windows)
+    frames = {}  # global id of a frame cell -> its chain's root (as _chase encodes it)
+
+    def roots(win):
+        pred = np.ascontiguousarray(pred_arr[win.slices])
+        h, w = pred.shape
+        out = np.empty((h, w), np.int64)
+        _chase(pred, _source_labels(cells, win.r0, win.c0, h, w), win.r0, win.c0, H, W, out)
+        return out
+
+    def frame(win):
+        out = roots(win)
+        h, w = out.shape
+        rr = np.r_[np.zeros(w, np.int64), np.full(w, h - 1), np.arange(h), np.arange(h)]
+        cc = np.r_[np.arange(w), np.arange(w), np.zeros(h, np.int64), np.full(h, w - 1)]
+        return (rr + win.r0) * W + cc + win.c0, out[rr, cc]
+
+    with ThreadPoolExecutor(threads) as pool:
+        ids, values = zip(*pool.map(frame, windows))
+    ids, values = np.concatenate(ids), np.concatenate(values)
+    ids, first = np.unique(ids, return_index=True)
+    resolved = _resolve_frames(ids, values[first])
+
+    def label(win):
+        out = roots(win)
+        inside = out < 0
+        labels = np.empty(out.shape, np.uint32)
+        labels[inside] = -1 - out[inside]
+        labels[~inside] = resolved[np.searchsorted(ids, out[~inside])]
+        source_arr[win.slices] = labels
+        if bar is not None:
+            bar.update(1)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(label, windows))
+
+
+@numba.njit(cache=True)
+def _resolve_frames(ids, values):
+    """Labels of the frame cells (sorted global ``ids``) whose chain roots are ``values``: a label
+    (negative, as _chase encodes it) or the id of another frame cell, followed to its label."""
+    n = ids.size
+    out = np.full(n, -1, np.int64)  # -1: not resolved yet
+    stack = np.empty(n, np.int64)
+    for s in range(n):
+        m = 0
+        q = s
+        while out[q] < 0:
+            v = values[q]
+            if v < 0:
+                out[q] = -1 - v
+                break
+            stack[m] = q
+            m += 1
+            q = np.searchsorted(ids, v)
+        lab = out[q]
+        for t in range(m):
+            out[stack[t]] = lab
+    return out.astype(np.uint32)
