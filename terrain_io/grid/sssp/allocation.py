@@ -114,7 +114,6 @@ def write_allocation(pred_arr, source_arr, windows, cells, shape, threads: int =
     twice and writes ``source_arr``; ``windows``: the blocks (store shards) covering ``shape``."""
     H, W = shape
     windows = list(windows)
-    frames = {}  # global id of a frame cell -> its chain's root (as _chase encodes it)
 
     def roots(win):
         pred = np.ascontiguousarray(pred_arr[win.slices])
