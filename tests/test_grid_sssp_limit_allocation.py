@@ -20,7 +20,8 @@ METHODS = {"incore": {}, "shards": {"unit": 16}, "index": {"cluster": 4}}
 def dems():
     holed = terraced((45, 38), 6, step=8.0)
     holed[np.random.default_rng(6).random(holed.shape) < 0.06] = np.nan
-    return {"random": random_dem((41, 47), 11, holes=0.05), "terraced": holed}
+    return {"random": random_dem((41, 47), 11, holes=0.05), "terraced": holed,
+            "no nodata": random_dem((40, 48), 12)}  # unreached units are then written unread
 
 
 def between(values, q):
@@ -36,7 +37,7 @@ def read(st, name, what=("distance", "predecessor", "source")):
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-@pytest.mark.parametrize("case", ["random", "terraced"])
+@pytest.mark.parametrize("case", ["random", "terraced", "no nodata"])
 @pytest.mark.parametrize("kind", ["absdiff", "surface"])
 def test_max_cost_equals_the_full_run_clipped(tmp_path, method, case, kind):
     v = dems()[case]
@@ -58,6 +59,8 @@ def test_max_cost_equals_the_full_run_clipped(tmp_path, method, case, kind):
     assert st.group["sssp/cut"].attrs["max_cost"] == limit
     if method == "shards":  # units wholly beyond the limit are never solved
         assert r.merge_stats["unreached_units"] > 0
+    if case == "no nodata":
+        assert st.attrs["valid_count"] == v.size
 
 
 def test_max_cost_on_the_array_api():

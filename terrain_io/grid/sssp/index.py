@@ -104,6 +104,13 @@ class Field:
     def steps(self) -> np.ndarray:
         return K.steps_of(*step_size(self.store))
 
+    def every_cell_valid(self) -> bool:
+        """True when the store's statistics say every cell is a vertex (no nodata, no cost raster),
+        so that an unreached block's output is known without reading it."""
+        a = self.store.attrs
+        return self.cost_array is None and a.get("valid_count") is not None and a.get("valid_count") == a.get(
+            "cell_count") == self.store.shape[0] * self.store.shape[1]
+
     # pickled by paths, so that Dask workers (same file system) reopen the stores themselves
     def __getstate__(self) -> dict:
         cost = None if self.cost_array is None else str(self.cost_store.path)

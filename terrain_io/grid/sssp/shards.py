@@ -265,6 +265,7 @@ class UnitTask:
     threads: int
     cache: object = None  # a UnitCache (the local CPU schedule), else None
     limit: float = np.inf  # --max-cost
+    every_cell_valid: bool = False  # an unreached unit is then written without being read
 
 
 class UnitCache:
@@ -362,11 +363,15 @@ def solve_unit(task: UnitTask) -> UnitResult:
     win = task.window
     h, w = win.shape
     warm = task.cache is not None and task.ring is not None and (task.i, task.j) in task.cache.items
-    interior = None if warm else _read_values(field, win, value_dtype(field), task.threads)
     if task.ring is None:  # never reached: +inf on its vertices, no parents
-        d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
+        if task.every_cell_valid:
+            d32 = np.full((h, w), np.inf, np.float32)
+        else:
+            interior = _read_values(field, win, value_dtype(field), task.threads)
+            d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
         _write_unit(dist_arr, pred_arr, win, d32, np.full((h, w), NO_PRED, np.uint8), task.threads)
         return UnitResult(task.i, task.j, {}, 0, 0.0)
+    interior = None if warm else _read_values(field, win, value_dtype(field), task.threads)
     vals, dist, level = task.ring
     cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
     if cached is not None:  # warm: the new ring into the kept blocks
@@ -424,6 +429,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
     lines = Lines(store.shape, side, vdtype, field.model.kind, field.steps())
+    every_cell_valid = field.every_cell_valid()
     nur, nuc = lines.nur, lines.nuc
     threads = max(1, min(os.cpu_count() or 1, 16))
     src = np.asarray(cells, np.int64).reshape(-1, 2)
@@ -454,7 +460,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                 lines.ring(i, j, *ring)
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
-                            threads if scheduler == "local" else 1, cache if reached else None, limit)
+                            threads if scheduler == "local" else 1, cache if reached else None, limit,
+                            every_cell_valid)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
