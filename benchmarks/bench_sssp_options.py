@@ -41,7 +41,8 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         st = synthesize(Path(tmp) / "dem.zarr", n, seed=1, cell_size=CELL, progress=False)
         centre = [(n // 2, n // 2)]
-        timed(st, centre, args.device, weight="surface", name="warm", max_cost=CELL)  # compile / load kernels
+        for weight in ("surface", "absdiff", "walk"):  # compile / load the kernels first
+            timed(st, centre, args.device, weight=weight, name="warm", max_cost=CELL, allocation=True)
         radius = 0.01 * n * CELL
         unit = st.tile_size * st.shard_size
         print(f"{n}^2 on the {args.device.upper()}; --max-cost {radius:g} (1% of the width)")
