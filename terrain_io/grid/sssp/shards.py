@@ -24,6 +24,7 @@ least waiting units, no two of them neighbours), every task reading and writing 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import heapq
 import os
@@ -486,8 +487,17 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             for res in results:
                 absorb(res)
         unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
-        map_shards(solve_unit, [task(i, j, reached=False) for i, j in unreached], scheduler, progress=bar,
-                   announce=announce)
+        unreached_tasks = [task(i, j, reached=False) for i, j in unreached]
+        if scheduler == "local" and len(unreached) > 1:
+            # only constant blocks to write (and, with nodata, the values to read): a unit a thread,
+            # as many as the budget holds
+            lanes = int(max(1, min(threads, spare // max(1, unit_bytes(side, vdtype.itemsize, "cpu")))))
+            unreached_tasks = [dataclasses.replace(t, threads=1) for t in unreached_tasks]
+            with ThreadPoolExecutor(lanes) as pool:
+                for _ in pool.map(solve_unit, unreached_tasks):
+                    bar.update(1)
+        else:
+            map_shards(solve_unit, unreached_tasks, scheduler, progress=bar, announce=announce)
         if allocation:
             from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
 
