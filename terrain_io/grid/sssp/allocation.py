@@ -78,7 +78,9 @@ def allocate_block(pred: np.ndarray, cells) -> np.ndarray:
     h, w = pred.shape
     roots = np.empty((h, w), np.int64)
     _chase(np.ascontiguousarray(pred), _source_labels(cells, 0, 0, h, w), 0, 0, h, w, roots)
-    return (-1 - roots).astype(np.uint32)  # no chain leaves the whole grid
+    np.negative(roots, out=roots)  # no chain leaves the whole grid: every root is -1 - label
+    roots -= 1
+    return roots.astype(np.uint32)
 
 
 def allocate_gpu(pred, cells):
