@@ -23,8 +23,9 @@ weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="ab
                              help="Edge weight: |dh| (absdiff), 3-D walking distance (surface), the cost "
                                   "raster's (c_i + c_j)/2 * step (cell), or walking time in seconds by "
                                   "Tobler's hiking function, uphill slower than down (walk).")
-cost_option = click.option("--cost", help="Cost raster for --weight cell: a GeoTIFF/ASCII file aligned with the DEM, "
-                                          "or the name of an array in the store.")
+cost_option = click.option("--cost", help="Cost raster for --weight cell, or friction raster for --weight walk (the "
+                                          "time times the two cells' mean friction): a GeoTIFF/ASCII file aligned "
+                                          "with the DEM, or the name of an array in the store.")
 cluster_option = click.option("--cluster", type=int, default=None,
                               help="Cluster side in cells (power of two, at most the tile size) [default: 8, or the stored index's].")
 memory_option = click.option("--memory", default=None, help="Memory budget, e.g. 2GB [default: half the free RAM].")

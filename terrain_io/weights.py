@@ -12,7 +12,10 @@ the kernels cannot call Python, so a new model adds its formula to :func:`edge_w
 and to the CUDA sources (kernels/grid.cuh), keyed by a new ``kind``.
 
 ``walk`` is directed: w(a, b) is the time to walk from a to b, which differs from b to a. The
-kernels always call the weight with the edge's tail first.
+kernels always call the weight with the edge's tail first. ``walk_friction`` (``--weight walk
+--cost FRICTION``) needs two numbers a cell: its values pack the float32 elevation and friction into
+the two halves of one float64 (:func:`pack_walk_friction`), so every kernel, line and index keeps
+one value a cell; a packed value is never NaN, and a cell that is no vertex is NaN as always.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from numba import types
+from numba.extending import intrinsic
+
 from .errors import InputError
 
 MAX = 0
@@ -28,6 +34,7 @@ ABSDIFF = 1
 SURFACE = 2
 CELL = 3
 WALK = 4
+WALK_FRICTION = 5
 
 # The 8-neighbourhood, direction codes 0=E, 1=SE, 2=S, 3=SW, 4=W, 5=NW, 6=N, 7=NE (row grows
 # southward; d and d ^ 4 are opposite). The CUDA kernels have the same in kernels/grid.cuh.
@@ -111,6 +118,8 @@ register(WeightModel("cell", CELL, "(c_i + c_j) / 2 * step over a cost raster c 
 register(WeightModel("walk", WALK, "walking time in seconds from i to j: step / v with Tobler's hiking function "
                      "v = 6 exp(-3.5 |dh / step + 0.05|) km/h, dh = h_j - h_i (directed)",
                      symmetric=False, uses_step=True))
+register(WeightModel("walk_friction", WALK_FRICTION, "walk's time times the mean (f_i + f_j) / 2 of a friction "
+                     "raster f (--weight walk --cost FRICTION)", symmetric=False, uses_step=True))
 
 # exp for the walk model from + - * / alone, so that numba and CUDA round every step alike and give
 # the same bits (libm's and CUDA's exp may differ in the last place): Cody-Waite reduction
@@ -145,6 +154,49 @@ def walk_time(a, b, step):
     return step * 0.6 * portable_exp(3.5 * abs(slope))  # 3.6 s/km-per-h * step / 6 km/h = 0.6 step
 
 
+@intrinsic
+def float64_bits(typingctx, x):
+    """The IEEE-754 bits of a float64 as an int64 (a bitcast, no memory round trip)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _float32_of_bits(typingctx, x):
+    """The float32 whose IEEE-754 bits are the int32 ``x`` (a bitcast)."""
+    if x != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return types.float32(types.int32), codegen
+
+
+@numba.njit(inline="always", cache=True)
+def unpack_walk_friction(x):
+    """(elevation, friction) of a packed value (:func:`pack_walk_friction`), as float64."""
+    bits = float64_bits(x)
+    return (np.float64(_float32_of_bits(np.int32(bits >> 32))),
+            np.float64(_float32_of_bits(np.int32(bits & 0xFFFFFFFF))))
+
+
+def pack_walk_friction(elevation: np.ndarray, friction: np.ndarray) -> np.ndarray:
+    """float64 values whose high half is the float32 elevation and low half the float32 friction;
+    NaN where either is NaN. The high half is a finite float32, so the double is finite: its
+    exponent field holds the float32's exponent, never all ones."""
+    elevation, friction = elevation.astype(np.float32), friction.astype(np.float32)  # NumPy or CuPy
+    hi = elevation.view(np.uint32).astype(np.uint64) << np.uint64(32)
+    out = (hi | friction.view(np.uint32).astype(np.uint64)).view(np.float64)
+    out[(elevation != elevation) | (friction != friction)] = np.nan
+    return out
+
+
 @numba.njit(inline="always", cache=True)
 def edge_weight(kind, h_a, h_b, step):
     """The weight of one edge in float64 (compiled kernels call this; ``kind`` as in WeightModel)."""
@@ -158,14 +210,18 @@ def edge_weight(kind, h_a, h_b, step):
         return (a + b) * 0.5 * step
     if kind == WALK:
         return walk_time(a, b, step)
+    if kind == WALK_FRICTION:  # the time times the mean friction of the two cells
+        ha, fa = unpack_walk_friction(a)
+        hb, fb = unpack_walk_friction(b)
+        return walk_time(ha, hb, step) * ((fa + fb) * 0.5)
     return abs(a - b)
 
 
 @numba.njit(cache=True)
-def _walk_times(h_a, h_b, step):
+def _compiled_weights(kind, h_a, h_b, step):
     out = np.empty(h_a.size)
     for i in range(h_a.size):
-        out[i] = walk_time(h_a[i], h_b[i], step[i])
+        out[i] = edge_weight(kind, h_a[i], h_b[i], step[i])
     return out
 
 
@@ -179,7 +235,7 @@ def edge_weights(kind: int, h_a: np.ndarray, h_b: np.ndarray, step=1.0) -> np.nd
         return np.sqrt(np.square(step) + np.square(h_a - h_b))
     if kind == CELL:
         return (h_a + h_b) * 0.5 * step
-    if kind == WALK:  # the compiled formula itself: the same bits as the kernels
+    if kind in (WALK, WALK_FRICTION):  # the compiled formula itself: the same bits as the kernels
         h_a, h_b, step = np.broadcast_arrays(h_a, h_b, np.asarray(step, dtype=np.float64))
-        return _walk_times(h_a.ravel(), h_b.ravel(), step.ravel()).reshape(h_a.shape)
+        return _compiled_weights(kind, h_a.ravel(), h_b.ravel(), step.ravel()).reshape(h_a.shape)
     raise ValueError(f"no weight formula for kind {kind}")

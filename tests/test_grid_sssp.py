@@ -27,10 +27,11 @@ def reference(vals, sources, kind="absdiff", dx=1.0, dy=1.0):
         dr, dc = DR[k], DC[k]
         r0, r1, c0, c1 = max(0, -dr), H - max(0, dr), max(0, -dc), W - max(0, dc)
         a, b = vals[r0:r1, c0:c1], vals[r0 + dr : r1 + dr, c0 + dc : c1 + dc]
-        m = ~np.isnan(a) & ~np.isnan(b)
+        m = ~np.isnan(a) & ~np.isnan(b)  # (walk_friction: elevation + 1j * friction)
         step = np.hypot(dx * abs(dc), dy * abs(dr))
         w = {"absdiff": lambda: np.abs(a - b), "surface": lambda: np.sqrt(step**2 + (a - b) ** 2),
-             "cell": lambda: (a + b) / 2 * step, "walk": lambda: tobler_seconds(a, b, step)}[kind]()
+             "cell": lambda: (a + b) / 2 * step, "walk": lambda: tobler_seconds(a, b, step),
+             "walk_friction": lambda: tobler_seconds(a.real, b.real, step) * (a.imag + b.imag) / 2}[kind]()
         us.append(ids[r0:r1, c0:c1][m])
         vs.append(ids[r0 + dr : r1 + dr, c0 + dc : c1 + dc][m])
         ws.append(w[m])
@@ -53,6 +54,8 @@ def tobler_seconds(a, b, step):
 def edge_w(kind, a, b, k, dx=1.0, dy=1.0):
     """w(a -> b) over direction k."""
     step = np.hypot(dx * abs(DC[k]), dy * abs(DR[k]))
+    if kind == "walk_friction":
+        return tobler_seconds(a.real, b.real, step) * (a.imag + b.imag) / 2
     return {"absdiff": abs(a - b), "surface": np.sqrt(step**2 + (a - b) ** 2), "cell": (a + b) / 2 * step,
             "walk": tobler_seconds(a, b, step)}[kind]
 
@@ -74,7 +77,7 @@ def check_predecessors(dist, pred, vals, sources, kind, dx=1.0, dy=1.0):
         assert p < 8, (r, c)
         pr, pc = r + DR[p], c + DC[p]
         assert 0 <= pr < H and 0 <= pc < W and np.isfinite(dist[pr, pc])
-        w = edge_w(kind, float(vals[pr, pc]), float(vals[r, c]), p, dx, dy)
+        w = edge_w(kind, vals[pr, pc], vals[r, c], p, dx, dy)
         assert np.isclose(float(dist[pr, pc]) + w, float(dist[r, c]), rtol=1e-5, atol=1e-4)
     # chains: walk in order of distance so each walk stops at an already verified cell
     ok = np.zeros(dist.shape, bool)

@@ -76,3 +76,51 @@ def test_walk_gpu_equals_cpu(tmp_path, method):
     np.testing.assert_array_equal(d[0].view(np.uint32), d[1].view(np.uint32))
     if method != "index":
         np.testing.assert_array_equal(st.group["sssp/cpu/predecessor"][:], st.group["sssp/gpu/predecessor"][:])
+
+
+def friction_of(v, seed):
+    """A friction raster: 1 on open ground, 3-6 in 'forest' patches, NaN (a barrier) here and there."""
+    rng = np.random.default_rng(seed)
+    f = np.where(rng.random(v.shape) < 0.3, rng.uniform(3.0, 6.0, v.shape), 1.0)
+    f[rng.random(v.shape) < 0.03] = np.nan
+    return f.astype(np.float32)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_walk_with_friction_equals_scipy(tmp_path, method):
+    """--weight walk --cost F: the time times the mean friction (f_i + f_j) / 2 of the two cells."""
+    v = hills((36, 41), 8)
+    f = friction_of(v, 8)
+    st = make_store(tmp_path, v, tile=8, shard=2, dx=10.0, dy=10.0)
+    with st.write_result("friction") as w:
+        w.create_array("f", "float32", float("nan"))[...] = f
+    ok = np.argwhere(~np.isnan(v) & ~np.isnan(f))
+    src = [tuple(ok[5]), tuple(ok[-7])]
+    r = sssp(st, src, weight="walk", cost="friction/f", cell=True, progress=False, method=method, name="wf",
+             **METHODS[method])
+    assert r.weight == "walk_friction"
+    d = st.group["sssp/wf/distance"][:]
+    both = np.where(np.isnan(f), np.nan, v.astype(np.float64) + 1j * f.astype(np.float64))
+    ref = reference(both, src, "walk_friction", 10.0, 10.0)
+    np.testing.assert_allclose(d, ref.astype(np.float32), rtol=2.5e-7 if method != "index" else 1e-6)
+    check_predecessors(d, st.group["sssp/wf/predecessor"][:], both, src, "walk_friction", 10.0, 10.0)
+    if method == "incore":  # the array API gives the same bytes
+        da, pa = cost_distance(v, src, weight="walk", cost=f, cell_size=(10.0, 10.0))
+        np.testing.assert_array_equal(da, d)
+        np.testing.assert_array_equal(pa, st.group["sssp/wf/predecessor"][:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_walk_with_friction_gpu_equals_cpu(tmp_path, method):
+    v = hills((60, 75), 4)
+    st = make_store(tmp_path, v, tile=16, shard=2, dx=10.0, dy=10.0)
+    with st.write_result("friction") as w:
+        w.create_array("f", "float32", float("nan"))[...] = friction_of(v, 4)
+    for device in ("cpu", "gpu"):
+        sssp(st, [(5, 5), (50, 60)], weight="walk", cost="friction/f", cell=True, progress=False, method=method,
+             name=device, device=device, **METHODS[method])
+    d = [st.group[f"sssp/{x}/distance"][:] for x in ("cpu", "gpu")]
+    np.testing.assert_array_equal(d[0].view(np.uint32), d[1].view(np.uint32))
+    if method != "index":
+        np.testing.assert_array_equal(st.group["sssp/cpu/predecessor"][:], st.group["sssp/gpu/predecessor"][:])

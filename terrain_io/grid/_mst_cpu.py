@@ -27,10 +27,9 @@ import math
 
 import numba
 import numpy as np
-from numba import prange, types
-from numba.extending import intrinsic
+from numba import prange
 
-from ..weights import DC, DR, edge_weight
+from ..weights import DC, DR, edge_weight, float64_bits
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
@@ -56,18 +55,6 @@ def _key_less(w1, c1, w2, c2):
     return w1 < w2 or (w1 == w2 and c1 < c2)
 
 
-@intrinsic
-def _float_bits(typingctx, x):
-    """The IEEE-754 bits of a float64 as an int64 (a bitcast, no memory round trip)."""
-    if x != types.float64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-
-    return types.int64(types.float64), codegen
-
-
 @numba.njit(inline="always", cache=True)
 def _add_exact(buckets, w, sign):
     """Add ``sign * w`` to the superaccumulator ``buckets`` (shape (2, N_EXP)) without rounding.
@@ -76,7 +63,7 @@ def _add_exact(buckets, w, sign):
     integer; for normal numbers both come straight from the IEEE bits (``2**52 + fraction``, biased
     exponent - 1022), zeros add nothing, the rest (subnormals, inf) go through ``frexp``.
     """
-    b = _float_bits(w)
+    b = float64_bits(w)
     biased = (b >> 52) & 0x7FF
     if biased == 0 and (b & 0xFFFFFFFFFFFFF) == 0:
         return  # +-0.0

@@ -22,7 +22,7 @@ __device__ __forceinline__ double edge_weight(double a, double b) {
 __constant__ int DIR_TO_RANK[4] = {0, 3, 2, 1};
 #endif
 
-// The SSSP weight models in float64 (terrain_io/weights.py: 1 absdiff, 2 surface, 3 cell, 4 walk),
+// The SSSP weight models in float64 (terrain_io/weights.py: 1 absdiff, 2 surface, 3 cell, 4 walk, 5 walk_friction),
 // edge a -> b (walk is directed). walk's exp is weights.portable_exp line for line: the same
 // literals and operations (compiled with --fmad=false), so the same bits as numba.
 __device__ __forceinline__ double portable_exp(double x) {
@@ -40,9 +40,23 @@ __device__ __forceinline__ double portable_exp(double x) {
     return ldexp(p, (int)k);
 }
 
+__device__ __forceinline__ double walk_time(double a, double b, double step) {
+    return step * 0.6 * portable_exp(3.5 * fabs((b - a) / step + 0.05));
+}
+
+// walk_friction's values: the float32 elevation in the high half of the double, the friction in
+// the low half (weights.pack_walk_friction)
+__device__ __forceinline__ double packed_high(double x) {
+    return (double)__int_as_float((int)(__double_as_longlong(x) >> 32));
+}
+__device__ __forceinline__ double packed_low(double x) {
+    return (double)__int_as_float((int)(__double_as_longlong(x) & 0xFFFFFFFFLL));
+}
+
 __device__ __forceinline__ double sssp_edge_weight(int kind, double a, double b, double step) {
     if (kind == 2) return sqrt(step * step + (a - b) * (a - b));
     if (kind == 3) return (a + b) * 0.5 * step;
-    if (kind == 4) return step * 0.6 * portable_exp(3.5 * fabs((b - a) / step + 0.05));
+    if (kind == 4) return walk_time(a, b, step);
+    if (kind == 5) return walk_time(packed_high(a), packed_high(b), step) * ((packed_low(a) + packed_low(b)) * 0.5);
     return fabs(a - b);
 }

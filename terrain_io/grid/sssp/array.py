@@ -28,7 +28,8 @@ def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=No
     (c_i + c_j) / 2 * step over ``cost`` (a raster of the DEM's shape; NaN, negative or infinite
     costs are barriers). ``cell_size``: (dx, dy) for the steps; default from a DataArray's x/y
     coordinates, else 1. ``device``: ``cpu|gpu``, default the input's (CuPy -> GPU). ``walk``:
-    seconds by Tobler's hiking function (directed). ``max_cost``: cells farther stay unreached.
+    seconds by Tobler's hiking function (directed), times the mean friction of the two cells when
+    ``cost`` is given (elevations then taken as float32). ``max_cost``: cells farther stay unreached.
 
     Returns ``(distance, predecessor)``: float32 (+inf unreached, NaN where no vertex) and uint8
     direction codes of the parent (0=E, 1=SE, ..., 7=NE; 255 at sources and unreached cells),
@@ -49,17 +50,20 @@ def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=No
     ok = ~xp.isnan(vals) if vals.dtype.kind == "f" else xp.ones(vals.shape, bool)
     if nodata is not None:
         ok &= vals != nodata
-    if model.kind == weight_models.CELL:
+    if model.kind == weight_models.WALK and cost is not None:
+        model = weight_models.get("walk_friction")
+    if model.kind in (weight_models.CELL, weight_models.WALK_FRICTION):
         if cost is None:
-            raise InputError("weight model 'cell' needs a cost raster (cost=...)")
+            raise InputError(f"weight model {model.name!r} needs a cost raster (cost=...)")
         c = xp.asarray(cost.data if _is_dataarray(cost) else cost, dtype=np.float64)
         if c.shape != vals.shape:
             raise InputError(f"cost raster has shape {c.shape}, the DEM {vals.shape}")
         ok &= xp.isfinite(c) & (c >= 0)
-        vals = c
+        vals = c if model.kind == weight_models.CELL else weight_models.pack_walk_friction(vals, c)
     elif cost is not None:
-        raise InputError(f"cost applies to the weight model 'cell', not {model.name!r}")
-    exact32 = vals.dtype == np.float32 or (vals.dtype.kind in "iu" and vals.dtype.itemsize <= 2)
+        raise InputError(f"cost applies to the weight models 'cell' and 'walk', not {model.name!r}")
+    exact32 = model.kind != weight_models.WALK_FRICTION and (
+        vals.dtype == np.float32 or (vals.dtype.kind in "iu" and vals.dtype.itemsize <= 2))
     vals = xp.where(ok, vals, np.nan).astype(np.float32 if exact32 else np.float64)
     cells = _source_cells(sources, vals.shape, to_host(ok))
     dx, dy = cell_size if cell_size is not None else _coordinate_steps(template)
@@ -79,7 +83,7 @@ def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=No
         return xr.DataArray(values, coords=template.coords, dims=template.dims, name=name,
                             attrs={**template.attrs, **attrs})
 
-    named = [("distance", {"weight": model.name, "units": "seconds" if model.name == "walk" else "cost"}),
+    named = [("distance", {"weight": model.name, "units": "seconds" if model.name.startswith("walk") else "cost"}),
              ("predecessor", {"codes": "0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none"}),
              ("source", {"codes": "the nearest source's number (1, 2, ...); 0 none"})]
     return tuple(like(values, name, attrs) for values, (name, attrs) in zip(outputs, named))

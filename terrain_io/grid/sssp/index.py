@@ -44,7 +44,9 @@ def index_name(model) -> str:
 class Field:
     """The per-cell values a weight model reads (float64, NaN where a cell is not a vertex).
 
-    ``absdiff``/``surface``: the elevation. ``cell``: the cost raster ``cost`` -- the name of an
+    ``absdiff``/``surface``/``walk``: the elevation. ``walk`` with ``cost``: the model
+    ``walk_friction``, the elevation and the friction packed into one float64 (weights.py).
+    ``cell``: the cost raster ``cost`` -- the name of an
     array of the store, or a GeoTIFF/ASCII file aligned with the DEM (same shape and transform);
     cells with nodata elevation or a cost that is NaN, negative or infinite are not vertices.
     """
@@ -55,12 +57,15 @@ class Field:
         self._tmp = None
         self.cost_array = None
         self.cost_id = None
-        if self.model.kind == weight_models.CELL:
+        if self.model.kind == weight_models.WALK and cost is not None:
+            self.model = weight_models.get("walk_friction")  # walk's time times a friction raster
+        if self.model.kind in (weight_models.CELL, weight_models.WALK_FRICTION):
             if cost is None:
-                raise InputError("weight model 'cell' needs a cost raster (--cost FILE or the name of a store array)")
+                raise InputError(f"weight model {self.model.name!r} needs a cost raster (--cost FILE or the name of a "
+                                 "store array)")
             self._open_cost(cost)
         elif cost is not None:
-            raise InputError(f"--cost applies to the weight model 'cell', not {self.model.name!r}")
+            raise InputError(f"--cost applies to the weight models 'cell' and 'walk', not {self.model.name!r}")
 
     def _open_cost(self, cost) -> None:
         st = self.store
@@ -98,6 +103,8 @@ class Field:
             vals = self.cost_store.read(window, self.cost_array).astype(np.float64)
             ok &= self.cost_store.valid(vals) if self.cost_store is not st else np.isfinite(vals)
             ok &= np.isfinite(vals) & (vals >= 0)
+            if self.model.kind == weight_models.WALK_FRICTION:
+                vals = weight_models.pack_walk_friction(elev, vals)
         vals[~ok] = np.nan
         return vals
 
