@@ -33,7 +33,7 @@ from typing import Callable
 # job should not pay the compilation of the parallel build: the serial twin runs.
 SERIAL_BELOW = 1 << 22
 
-APP_NAME = "terrain-io"
+APP_NAME = "terrain-io"  # the distribution's name (terrain_io.DISTRIBUTION), for the user's cache folder
 
 
 def user_cache_dir(environ=os.environ) -> Path:
@@ -73,6 +73,32 @@ def configure_cache(environ=os.environ, package_dir: Path | None = None) -> Path
     folder = user_cache_dir(environ) / "numba"
     environ["NUMBA_CACHE_DIR"] = str(folder)
     return folder
+
+
+def _marker(folder: Path, tag: str) -> Path:
+    from . import __version__
+
+    try:
+        from importlib.metadata import version
+
+        numba_version = version("numba")
+    except Exception:  # noqa: BLE001 -- no metadata: one marker for any numba
+        numba_version = "any"
+    return folder / f"terrain-io-{__version__}-numba-{numba_version}-py{sys.version_info[0]}{sys.version_info[1]}.{tag}"
+
+
+def compiled_before(folder: Path, tag: str) -> bool:
+    """Whether the kernels of ``tag`` (e.g. ``demo``) were compiled into ``folder`` by this version of
+    the package, numba and Python (a marker file; deleting the cache deletes it too)."""
+    return _marker(Path(folder), tag).exists()
+
+
+def mark_compiled(folder: Path, tag: str) -> None:
+    """Leave :func:`compiled_before`'s marker (best effort: a read-only cache only loses the hint)."""
+    try:
+        _marker(Path(folder), tag).touch()
+    except OSError:
+        pass
 
 
 def announce_compiles(say: Callable[[str], None], where: Path | str) -> None:
