@@ -101,7 +101,7 @@ def mark_compiled(folder: Path, tag: str) -> None:
         pass
 
 
-def announce_compiles(say: Callable[[str], None], where: Path | str) -> None:
+def announce_compiles(say: Callable[[str], None], where: Path | str):
     """Call ``say`` once, with one line, when this process first compiles a kernel of ``terrain_io``.
 
     numba fires its ``numba:compile`` event only on a cache miss, so a warm run says nothing."""
@@ -121,7 +121,9 @@ def announce_compiles(say: Callable[[str], None], where: Path | str) -> None:
         def on_end(self, ev):
             pass
 
-    event.register("numba:compile", _Listener())
+    listener = _Listener()
+    event.register("numba:compile", listener)
+    return listener  # for numba.core.event.unregister
 
 
 def njit_as(func, name: str, **options):
