@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from terrain_io import __version__
+from terrain_io import DISTRIBUTION, __version__
 from terrain_io.errors import TerrainError
 
 
@@ -36,13 +36,22 @@ class TerrainGroup(click.Group):
 
 
 @click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="terrain")
+@click.version_option(__version__, prog_name=DISTRIBUTION, message="%(prog)s %(version)s")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars or summary lines.")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, debug: bool):
     """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths."""
     ctx.obj = {"quiet": quiet, "debug": debug}
+    cache = _state.pop("announce_cache", None)  # set by main(): the terrain command, not a library caller
+    if cache is not None and not quiet and ctx.invoked_subcommand not in _NO_KERNELS:
+        from terrain_io import jit
+
+        jit.announce_compiles(lambda line: click.echo(line, err=True), cache)
+
+
+_state: dict = {}
+_NO_KERNELS = {None, "info", "verify"}  # commands that compile no numba kernel
 
 
 def _register() -> None:
@@ -98,8 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     # cleaned up -- instead of killing the process with SIGXFSZ and leaving temporaries behind.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    from terrain_io import jit
+
+    cache = jit.configure_cache()  # before numba is imported
     try:
         _register()
+        _state["announce_cache"] = cache
         cli.main(args=argv, prog_name="terrain")
     except KeyboardInterrupt as exc:  # arrived before a command started (while importing)
         _exit_interrupted(exc)

@@ -1,6 +1,19 @@
 """terrain: out-of-core terrain processing (z-order tiled Zarr DEM stores, grid MST and SSSP) and
 general graph algorithms, on the CPU (numba) and the GPU (CuPy)."""
 
-__version__ = "0.1.0"
+DISTRIBUTION = "terrain-io"  # the name on PyPI (``pip install terrain-io``); the command is ``terrain``
+
+
+def _version() -> str:
+    """The installed distribution's version; the source tree's when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+__version__ = _version()
 
 from .errors import DeviceError, InputError, StoreError, TerrainError  # noqa: E402,F401

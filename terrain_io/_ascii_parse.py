@@ -11,6 +11,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .jit import serial_twin
+
 # status codes per line
 OK = 0
 WRONG_COUNT = 1  # detail = number of values found
@@ -171,6 +173,10 @@ def parse_lines(buf, starts, ends, out, status, detail, nodata):
         st, d = _parse_line(buf, starts[i], ends[i], out[i], pow10, nodata)
         status[i] = st
         detail[i] = d
+
+
+# Small grids (fewer than SERIAL_BELOW cells) are parsed by the same loop without threads.
+parse_lines_serial = serial_twin(parse_lines)
 
 
 @nb.njit(cache=True, nogil=True)

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import _ascii_parse as ap
 from .errors import InputError, TerrainError
+from .jit import SERIAL_BELOW
 from .atomic import atomic_directory
 from .progress import progress_bar
 from .parallel import check_scheduler, map_shards
@@ -237,6 +238,7 @@ def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None, dtype=
     cols = hdr.cols
     band = np.empty((band_rows, cols), dtype=dtype)
     nodata = np.array([] if hdr.nodata is None else [hdr.nodata], dtype=dtype)  # becomes NaN while parsing
+    parse = ap.parse_lines if hdr.rows * cols >= SERIAL_BELOW else ap.parse_lines_serial
     filled = 0
     row = 0
     lineno = hdr.body_line
@@ -276,7 +278,7 @@ def iter_ascii_bands(src, hdr: GridHeader, band_rows: int, progress=None, dtype=
                 s, e = starts[pos : pos + take], ends[pos : pos + take]
                 status = np.empty(take, dtype=np.int8)
                 detail = np.empty(take, dtype=np.int64)
-                ap.parse_lines(buf, s, e, band[filled : filled + take], status, detail, nodata)
+                parse(buf, s, e, band[filled : filled + take], status, detail, nodata)
                 if status.any():
                     _resolve_status(src, buf, s, e, status, detail, linenos[pos : pos + take], band[filled:], cols,
                                     nodata)

@@ -29,6 +29,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ..jit import njit_as
 from ..weights import DC, DR, edge_weight, float64_bits
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
@@ -438,38 +439,60 @@ def _order_key(x, float_bits):
     return np.uint32(np.int64(x) + 2147483648)
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
-def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest):
-    """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores.
+def _tile_phase_kernel(forest: int, parallel: bool):
+    """The tile phase's kernel for one forest method, with or without threads.
+
+    ``forest`` is a constant of the kernel, so numba compiles only the Kruskal it uses; each
+    variant is cached under its own name (see :mod:`terrain_io.jit`)."""
+
+    def tile_phase(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap):
+        n = tiles.shape[0]
+        bh, bw = vals.shape
+        nv = np.zeros(n, dtype=np.int64)
+        ne = np.zeros(n, dtype=np.int64)
+        vid = np.empty((n, cap), dtype=np.int64)
+        vh = np.empty((n, cap), dtype=np.float64)
+        vmask = np.empty((n, cap), dtype=np.uint8)
+        eu = np.empty((n, cap), dtype=np.int64)
+        ev = np.empty((n, cap), dtype=np.int64)
+        ew = np.empty((n, cap), dtype=np.float64)
+        ecode = np.empty((n, cap), dtype=np.int64)
+        buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
+        for t in prange(n):
+            i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+            if forest == FOREST_EDGES:
+                tile_forest(vals, valid, i0, j0, h, w, kind, bits)
+            elif forest == FOREST_CELLS:
+                tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits)
+            a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                                 vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+            nv[t] = a
+            ne[t] = b
+        return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets.sum(axis=0)
+
+    name = f"tile_phase_{_FOREST_NAMES[forest]}" + ("" if parallel else "_serial")
+    return njit_as(tile_phase, name, parallel=parallel, nogil=True)
+
+
+_FOREST_NAMES = {FOREST_GIVEN: "given", FOREST_EDGES: "edges", FOREST_CELLS: "cells"}
+_TILE_PHASE: dict = {}  # (forest, parallel) -> kernel, built on first use
+
+
+def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
+                     parallel=True):
+    """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores
+    (``parallel=False``: one thread, for small DEMs; see :data:`terrain_io.jit.SERIAL_BELOW`).
 
     ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch arrays, in Morton order.
     ``forest``: FOREST_EDGES / FOREST_CELLS run Kruskal here (CPU backend); FOREST_GIVEN: ``bits``
     already holds the forests (GPU backend). Returns per-tile vertex/edge arrays (rows of ``cap``
     entries) with counts, and the exact weight sum of the forests.
     """
-    n = tiles.shape[0]
-    bh, bw = vals.shape
-    nv = np.zeros(n, dtype=np.int64)
-    ne = np.zeros(n, dtype=np.int64)
-    vid = np.empty((n, cap), dtype=np.int64)
-    vh = np.empty((n, cap), dtype=np.float64)
-    vmask = np.empty((n, cap), dtype=np.uint8)
-    eu = np.empty((n, cap), dtype=np.int64)
-    ev = np.empty((n, cap), dtype=np.int64)
-    ew = np.empty((n, cap), dtype=np.float64)
-    ecode = np.empty((n, cap), dtype=np.int64)
-    buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
-    for t in prange(n):
-        i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-        if forest == FOREST_EDGES:
-            tile_forest(vals, valid, i0, j0, h, w, kind, bits)
-        elif forest == FOREST_CELLS:
-            tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits)
-        a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
-                             vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
-        nv[t] = a
-        ne[t] = b
-    return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets.sum(axis=0)
+    key = (forest, bool(parallel))
+    kernel = _TILE_PHASE.get(key)
+    if kernel is None:
+        kernel = _TILE_PHASE.setdefault(key, _tile_phase_kernel(*key))
+    return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import numpy as np
 from .. import weights as weight_models
 from ..backend import resolve_device
 from ..errors import InputError
+from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
@@ -283,7 +284,8 @@ def _tile_task(task: _TileTask):
         bits = np.zeros(values.shape, dtype=np.uint8)
         hkey, float_bits = K.key_source(values)
         out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
-                                 weight_models.get(task.weight).kind, task.cap, task.forest)
+                                 weight_models.get(task.weight).kind, task.cap, task.forest,
+                                 parallel=rows * cols >= SERIAL_BELOW)
     zarr.open_array(task.edges, mode="r+")[task.window.slices] = bits  # a whole shard: rerunnable
     return int(np.count_nonzero(valid)), out
 
@@ -515,7 +517,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                         t0 = time.perf_counter()
                         hkey, float_bits = K.key_source(values)
                         out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0,
-                                                 b.window.c0, rows, cols, model.kind, cap, forest)
+                                                 b.window.c0, rows, cols, model.kind, cap, forest,
+                                                 parallel=rows * cols >= SERIAL_BELOW)
                         timings["tile"] += time.perf_counter() - t0
                     buckets += out[-1]
                     t0 = time.perf_counter()

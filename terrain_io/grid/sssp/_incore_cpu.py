@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ...jit import serial_twin
 from ...weights import DC, DR, edge_weight
 
 NO_PRED = 255
@@ -314,8 +315,6 @@ def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
         out[r - 1, s - r * W2 - 1] = NO_PRED
 
 
-# Below about four million cells the thread pool's start-up outweighs the parallel loops (a shard
-# method's units, small arrays): the same functions compiled without threads.
-SERIAL_BELOW = 1 << 22
-plateau_levels_serial = numba.njit(cache=True)(plateau_levels.py_func)
-predecessors_serial = numba.njit(cache=True)(predecessors.py_func)
+# Small grids (a shard method's units, small arrays) run the same functions compiled without threads.
+plateau_levels_serial = serial_twin(plateau_levels)
+predecessors_serial = serial_twin(predecessors)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...backend import resolve_device
+from ...jit import SERIAL_BELOW
 from . import _incore_cpu as K
 
 NO_LEVEL = int(K.NO_LEVEL)
@@ -71,7 +72,7 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
     K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
-    small = h * w < K.SERIAL_BELOW
+    small = h * w < SERIAL_BELOW
     (K.plateau_levels_serial if small else K.plateau_levels)(fv, h, w, kind, steps, fd, fl, flat_src)
     pred = np.empty((h, w), np.uint8)
     (K.predecessors_serial if small else K.predecessors)(fv, h, w, kind, steps, fd, fl, flat_src, pred)

@@ -1,0 +1,144 @@
+"""How the numba kernels are compiled and cached: one home for the policy.
+
+numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
+so only the first run pays (seconds per kernel; the demo's kernels about 15 s on two cores) and
+later processes load the code in milliseconds. Three rules keep that first run short and the cache
+where the user can write:
+
+- **Where the cache lives** (:func:`configure_cache`, called by the command line before numba is
+  imported). numba writes next to the sources (``__pycache__``); when the package folder is not
+  writable (an install into a read-only site-packages) it would fall back to ``~/.cache/numba``.
+  We point ``NUMBA_CACHE_DIR`` at ``$XDG_CACHE_HOME/terrain-io/numba`` (default ``~/.cache``)
+  instead, so the kernels of this tool lie in one known place. A ``NUMBA_CACHE_DIR`` the user set
+  is kept.
+- **Serial twins** (:func:`serial_twin`). A ``parallel=True`` kernel compiles several times slower
+  than the same loop without threads, and on small data the thread pool's start-up outweighs the
+  parallel loop: data below :data:`SERIAL_BELOW` cells runs a serial build, so a small job never
+  compiles the parallel one. numba's cache key ignores ``parallel``, so the twin is cached under
+  its own name (``NAME_serial``): two builds of one function under one name overwrite each other
+  and either may load the other's code.
+- **Say it once** (:func:`announce_compiles`): the first compilation in a process prints one line,
+  so a first run that is slow says why.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Callable
+
+# Below about four million cells the thread pool's start-up outweighs a parallel loop, and a small
+# job should not pay the compilation of the parallel build: the serial twin runs.
+SERIAL_BELOW = 1 << 22
+
+APP_NAME = "terrain-io"  # the distribution's name (terrain_io.DISTRIBUTION), for the user's cache folder
+
+
+def user_cache_dir(environ=os.environ) -> Path:
+    """The user's cache folder for this tool: ``$XDG_CACHE_HOME/terrain-io`` (default ``~/.cache``;
+    ``%LOCALAPPDATA%`` on Windows, ``~/Library/Caches`` on macOS)."""
+    if sys.platform == "win32" and environ.get("LOCALAPPDATA"):
+        base = Path(environ["LOCALAPPDATA"])
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / APP_NAME
+
+
+def _writable(folder: Path) -> bool:
+    """numba's own test for its in-tree cache: the folder can be made and a file created in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+        return True
+    except OSError:
+        return False
+
+
+def configure_cache(environ=os.environ, package_dir: Path | None = None) -> Path:
+    """Choose where numba caches this package's kernels; returns the folder.
+
+    Must run before numba is imported (numba reads ``NUMBA_CACHE_DIR`` once, at import). Keeps a
+    ``NUMBA_CACHE_DIR`` that is set; else numba's default, ``__pycache__`` beside the sources, when
+    it is writable; else sets ``NUMBA_CACHE_DIR`` to ``user_cache_dir()/numba``.
+    """
+    if environ.get("NUMBA_CACHE_DIR"):
+        return Path(environ["NUMBA_CACHE_DIR"])
+    package_dir = package_dir or Path(__file__).resolve().parent
+    if _writable(package_dir / "__pycache__"):
+        return package_dir / "__pycache__"
+    folder = user_cache_dir(environ) / "numba"
+    environ["NUMBA_CACHE_DIR"] = str(folder)
+    return folder
+
+
+def _marker(folder: Path, tag: str) -> Path:
+    from . import __version__
+
+    try:
+        from importlib.metadata import version
+
+        numba_version = version("numba")
+    except Exception:  # noqa: BLE001 -- no metadata: one marker for any numba
+        numba_version = "any"
+    return folder / f"terrain-io-{__version__}-numba-{numba_version}-py{sys.version_info[0]}{sys.version_info[1]}.{tag}"
+
+
+def compiled_before(folder: Path, tag: str) -> bool:
+    """Whether the kernels of ``tag`` (e.g. ``demo``) were compiled into ``folder`` by this version of
+    the package, numba and Python (a marker file; deleting the cache deletes it too)."""
+    return _marker(Path(folder), tag).exists()
+
+
+def mark_compiled(folder: Path, tag: str) -> None:
+    """Leave :func:`compiled_before`'s marker (best effort: a read-only cache only loses the hint)."""
+    try:
+        _marker(Path(folder), tag).touch()
+    except OSError:
+        pass
+
+
+def announce_compiles(say: Callable[[str], None], where: Path | str):
+    """Call ``say`` once, with one line, when this process first compiles a kernel of ``terrain_io``.
+
+    numba fires its ``numba:compile`` event only on a cache miss, so a warm run says nothing."""
+    from numba.core import event
+
+    class _Listener(event.Listener):
+        said = False
+
+        def on_start(self, ev):
+            dispatcher = ev.data.get("dispatcher") if ev.data else None
+            module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+            if not self.said and module.startswith("terrain_io"):
+                self.said = True
+                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~15 s; "
+                    f"cached in {where})")
+
+        def on_end(self, ev):
+            pass
+
+    listener = _Listener()
+    event.register("numba:compile", listener)
+    return listener  # for numba.core.event.unregister
+
+
+def njit_as(func, name: str, **options):
+    """``numba.njit(cache=True, **options)`` of a copy of ``func`` named (and cached as) ``name``."""
+    import numba
+
+    copy = types.FunctionType(func.__code__, func.__globals__, name, func.__defaults__, func.__closure__)
+    copy.__kwdefaults__ = func.__kwdefaults__
+    copy.__qualname__ = name
+    copy.__module__ = func.__module__
+    copy.__doc__ = func.__doc__
+    return numba.njit(cache=True, **options)(copy)
+
+
+def serial_twin(kernel):
+    """The same kernel compiled without threads (``prange`` runs as ``range``), cached as ``NAME_serial``."""
+    options = {k: v for k, v in kernel.targetoptions.items() if k not in ("parallel", "nopython")}
+    return njit_as(kernel.py_func, kernel.py_func.__qualname__ + "_serial", **options)
