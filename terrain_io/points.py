@@ -73,7 +73,8 @@ def read_points(source, store, crs=None, skip_invalid: bool = False, what: str =
     ``crs``: the CRS of the coordinates (``"EPSG:4326"``, WKT, ...), overriding the file's own;
     ``what`` names a point in errors (``"source"``, ``"target"``). Raises InputError with one line
     for an unreadable or empty file, geometries that are not points, a missing CRS, and (without
-    ``skip_invalid``) a point outside the DEM or on nodata. Module docstring: formats and rules.
+    ``skip_invalid``) a point outside the DEM or on nodata; with it, the result may hold no point.
+    Module docstring: formats and rules.
 
     >>> pts = read_points("wells.gpkg", TerrainStore.open("dem.zarr"), what="source")  # doctest: +SKIP
     >>> pts.cells[:2]                                                                  # doctest: +SKIP
@@ -351,13 +352,12 @@ def _check(store: TerrainStore, cells, xy, index, label: str, skip_invalid: bool
     if bad.size and not skip_invalid:
         i = int(bad[0])
         where = f"lies outside the DEM ({nrows} x {ncols} cells)" if not inside[i] else "lies on a nodata cell"
-        more = f" ({bad.size - 1} more {what}s off the data; --skip-invalid leaves them out)" if bad.size > 1 else ""
+        n = bad.size - 1
+        more = f" ({n} more {what}{'s' if n > 1 else ''} off the data; --skip-invalid leaves them out)" if n else ""
         raise InputError(f"{name(i)} {where}{more}")
     if bad.size:
         warnings.warn(f"{bad.size} of {len(cells)} {what}s{of} left out: outside the DEM or on nodata",
                       SkippedPointsNote, stacklevel=3)
-    if not ok.any():
-        raise InputError(f"no {what}{of} lies on the DEM's data")
     return Points(cells[ok].astype(np.int64), xy[ok], index[ok], label, len(cells), int(bad.size))
 
 

@@ -78,6 +78,8 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
         pts = read_points(sources, store, crs=crs, skip_invalid=skip_invalid, what="source")
     else:
         pts = from_coordinates(store, sources, cell=cell, skip_invalid=skip_invalid, what="source")
+    if len(pts) == 0:
+        raise InputError(f"no source lies on the DEM's data ({pts.skipped} left out)")
     ids = pts.cells[:, 0] * store.shape[1] + pts.cells[:, 1]
     _, first = np.unique(ids, return_index=True)
     return [(int(r), int(c)) for r, c in pts.cells[np.sort(first)]]
