@@ -27,6 +27,7 @@ from .index import Field, open_index
 
 DISTANCE_DTYPE = "float32"
 METHODS = ("auto", "incore", "shards", "index")
+LISTED_SOURCES = 1000  # the result's attributes list the first sources only: zarr rewrites them whole on each update
 
 
 @dataclass
@@ -164,8 +165,9 @@ def result_attrs(store: TerrainStore, field: Field, cells, method: str) -> dict:
     return {
         "weight": field.model.name,
         "method": method,
-        "source_cells": [list(map(int, rc)) for rc in cells],
-        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells],
+        "source_count": len(cells),
+        "source_cells": [list(map(int, rc)) for rc in cells[:LISTED_SOURCES]],
+        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells[:LISTED_SOURCES]],
         "distance_dtype": DISTANCE_DTYPE,
         "cost": field.cost_id,
         "unreached": "distance +inf, predecessor 255; nodata cells: distance NaN",
