@@ -75,6 +75,8 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
         raise click.UsageError("give the sources: --source X,Y (repeatable) or --sources FILE")
     if sources_crs is not None and sources_file is None:
         raise click.UsageError("--sources-crs applies to --sources FILE")
+    if as_cell and not sources:
+        raise click.UsageError("--cell applies to --source ROW,COL")
     timer = Timer()
     src, cell = [_pair(s) for s in sources], as_cell
     if sources_file is not None and sources:  # both: one list of cells
@@ -153,6 +155,8 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
     if targets_crs is not None and targets_file is None:
         raise click.UsageError("--targets-crs applies to --targets FILE")
+    if as_cell and not to:
+        raise click.UsageError("--cell applies to --to ROW,COL")
     targets = targets_file if targets_file is not None else [_pair(t) for t in to]
     paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs, skip_invalid=skip_invalid)
     reached = [p for p in paths if p.reached]
