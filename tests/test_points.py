@@ -375,3 +375,20 @@ def test_repeated_to_and_unreachable_targets(tmp_path):
         trace(st, (15, 15), cell=True)
     res = run("path", st.path, "--to", "1,1", "--targets", out)
     assert res.exit_code == 2 and "not both" in res.output
+
+
+def test_source_pairs_and_a_file_together(tmp_path):
+    vals = random_dem((24, 30), seed=19)
+    st = utm_store(tmp_path, vals)
+    (tmp_path / "s.csv").write_text(f"easting,northing\n{X0 + 20.5 * DX},{Y0 - 3.5 * DX}\n")
+    res = run("-q", "sssp", st.path, "--sources", tmp_path / "s.csv", "--source", "2,4", "--cell", "--name", "both",
+              "--method", "incore")
+    assert res.exit_code == 0, res.output
+    g = TerrainStore.open(st.path).group["sssp/both"]
+    assert g.attrs["source_cells"] == [[2, 4], [3, 20]] and g.attrs["source_count"] == 2
+    np.testing.assert_allclose(g["distance"][:], reference(vals.astype(np.float64), [(2, 4), (3, 20)]),
+                               rtol=1e-5, atol=1e-5)
+    res = run("sssp", st.path, "--sources-crs", "EPSG:4326", "--source", "2,4")
+    assert res.exit_code == 2 and "--sources-crs applies to --sources FILE" in res.output
+    res = run("sssp", st.path)
+    assert res.exit_code == 2 and "give the sources" in res.output
