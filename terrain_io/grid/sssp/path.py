@@ -69,9 +69,9 @@ def latest_sssp(store: TerrainStore) -> str:
 
 
 class _Tiles:
-    """A small LRU of (distance, predecessor) tiles."""
+    """An LRU of (distance, predecessor) tiles: at most ``keep`` (64 tiles of 256^2: 21 MB)."""
 
-    def __init__(self, store: TerrainStore, name: str, keep: int = 16):
+    def __init__(self, store: TerrainStore, name: str, keep: int = 64):
         self.store, self.keep = store, keep
         self.dist = store.group[f"sssp/{name}/distance"]
         self.pred = store.group[f"sssp/{name}/predecessor"]
@@ -125,35 +125,39 @@ def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=N
     rows, cols = store.shape
     tiles = _Tiles(store, name)
     seen: dict[int, tuple[int, int]] = {}  # cell id -> (path number, position in its target-first walk)
-    walks, costs = [], []
-    for k, (r, c) in enumerate(pts.cells.tolist()):
+    walks: dict[int, np.ndarray] = {}  # target first, (n, 2) int64
+    out: list = [None] * len(pts)
+    t = store.tile_size
+    by_tile = np.argsort((pts.cells[:, 0] // t) * store.tile_grid[1] + pts.cells[:, 1] // t, kind="stable")
+    for k in by_tile.tolist():  # targets tile by tile: their walks share the tiles just read
+        r, c = int(pts.cells[k, 0]), int(pts.cells[k, 1])
         cost, p = tiles.get(r, c)
-        walk = []
+        walk = np.zeros((0, 2), np.int64)
         if np.isfinite(cost):
-            walk, d = [(r, c)], cost
+            new, d, rest = [(r, c)], cost, None
             while p != NO_PRED:
-                if p > 7 or len(walk) > rows * cols:
+                if p > 7 or len(new) > rows * cols:
                     raise StoreError(f"sssp/{name}: broken predecessor chain at cell {r},{c}")
                 r, c = r + int(DR[p]), c + int(DC[p])
                 hit = seen.get(r * cols + c)
                 if hit is not None:  # an earlier path goes on from here
-                    walk.extend(walks[hit[0]][hit[1]:])
+                    rest = walks[hit[0]][hit[1]:]
                     break
                 d, p = tiles.get(r, c)
-                walk.append((r, c))
+                new.append((r, c))
             else:
                 if d != 0:
                     raise StoreError(f"sssp/{name}: predecessor chain ends at cell {r},{c} which is not a source")
-            for i, (wr, wc) in enumerate(walk):
+            for i, (wr, wc) in enumerate(new):  # only the cells walked: the rest is registered already
                 seen.setdefault(wr * cols + wc, (k, i))
-        walks.append(walk)
-        costs.append(cost if np.isfinite(cost) else np.inf)
-    out = []
-    for k, walk in enumerate(walks):
-        cells = np.array(walk[::-1], np.int64).reshape(-1, 2)
+            walk = np.array(new, np.int64) if rest is None else np.concatenate([np.array(new, np.int64), rest])
+        else:
+            cost = np.inf
+        walks[k] = walk
+        cells = walk[::-1]
         x, y = store.cell_to_map(cells[:, 0], cells[:, 1])
-        out.append(TracedPath(name, cells, costs[k], np.column_stack([x, y]), tuple(map(int, pts.cells[k])),
-                              int(pts.index[k])))
+        out[k] = TracedPath(name, cells, cost, np.column_stack([x, y]), (int(pts.cells[k, 0]), int(pts.cells[k, 1])),
+                            int(pts.index[k]))
     return out
 
 
@@ -162,13 +166,16 @@ def write_geojson(store, paths, out) -> Path:
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
     paths = [paths] if isinstance(paths, TracedPath) else list(paths)
     weights = {p.name: store.group[f"sssp/{p.name}"].attrs.get("weight") for p in paths}
-    fc = {"type": "FeatureCollection", "features": [p.feature(store, weights[p.name]) for p in paths]}
+    head = {"type": "FeatureCollection"}
     crs = _crs_name(store.crs)
     if crs:
-        fc["crs"] = {"type": "name", "properties": {"name": crs}}
+        head["crs"] = {"type": "name", "properties": {"name": crs}}
     out = Path(out)
-    with atomic_file(out) as tmp:
-        tmp.write_text(json.dumps(fc))
+    with atomic_file(out) as tmp, open(tmp, "w") as f:  # feature by feature: no string of the whole file
+        f.write(json.dumps(head)[:-1] + ', "features": [')
+        for i, p in enumerate(paths):
+            f.write((", " if i else "") + json.dumps(p.feature(store, weights[p.name])))
+        f.write("]}")
     return out
 
 
