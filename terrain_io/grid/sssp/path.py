@@ -1,9 +1,10 @@
 """Shortest paths from targets back to the source: follow ``sssp/NAME/predecessor`` (``terrain path``).
 
 The predecessor of a cell is the direction code (0=E .. 7=NE) of its parent; the walk ends at a
-source (code 255 with distance 0). Tiles are read once each (an LRU of a few tiles), so a path
-across a large store costs O(path length) reads of cached tiles; many targets share the LRU, and a
-walk that meets a cell of an earlier path takes that path's rest instead of walking it again. The
+source (code 255 with distance 0). Tiles are read once each (an LRU of 64 tiles), so a path
+across a large store costs O(path length) reads of cached tiles; many targets are taken tile by
+tile through the one LRU, and a walk that meets a cell of an earlier path takes that path's rest
+instead of walking it again. The
 result is a GeoJSON FeatureCollection in the store's map coordinates: per target a Feature with a
 LineString of cell centres from the source to the target and its cost; a target the source does
 not reach keeps its Feature, with a null geometry and cost (so features join back to their input).
