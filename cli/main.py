@@ -87,10 +87,10 @@ def _exit_interrupted(exc: KeyboardInterrupt):
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None):
-    """Store notes (a format-1 store without checksums) as one line; other warnings as Python shows them."""
-    from terrain_io.errors import UnverifiedStoreWarning
+    """Notes (a format-1 store without checksums, skipped points) as one line; other warnings as Python shows them."""
+    from terrain_io.errors import TerrainNote
 
-    if issubclass(category, UnverifiedStoreWarning):
+    if issubclass(category, TerrainNote):
         click.echo(f"terrain: note: {message}", err=True)
     else:
         _default(message, category, filename, lineno, file, line)

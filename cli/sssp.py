@@ -5,6 +5,8 @@ from pathlib import Path
 
 import click
 
+from terrain_io.errors import TerrainError
+
 from .common import Timer, device_option, quiet, say, scheduler_option
 from .main import cli
 
@@ -33,9 +35,17 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
 
 @cli.command("sssp")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--source", "sources", multiple=True, required=True,
+@click.option("--source", "sources", multiple=True,
               help="Source X,Y in map coordinates (ROW,COL with --cell); repeat for several sources.")
-@click.option("--cell", "as_cell", is_flag=True, help="Sources are ROW,COL cell indices.")
+@click.option("--sources", "sources_file", default=None, metavar="FILE|ARRAY",
+              help="Sources from a file: points (GeoJSON, GeoPackage, Shapefile, ...; CSV with x,y / lon,lat / "
+                   "easting,northing columns), or a raster aligned with the DEM (GeoTIFF/ASCII, or the name of "
+                   "a store array) whose non-zero cells are sources. With --source, both count.")
+@click.option("--sources-crs", default=None, metavar="CRS",
+              help="CRS of the --sources points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's].")
+@click.option("--skip-invalid", is_flag=True,
+              help="Leave out sources outside the DEM or on nodata (a note says how many) instead of refusing them.")
+@click.option("--cell", "as_cell", is_flag=True, help="--source values are ROW,COL cell indices.")
 @click.option("--crs-coords", "crs_coords", is_flag=True, help="Sources are map coordinates (the default).")
 @weight_option
 @cost_option
@@ -56,8 +66,8 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
 @scheduler_option
-def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluster, device, memory, method,
-                 rebuild_index, max_cost, allocation, scheduler):
+def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
+                 cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
     Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata; seconds with --weight walk)
@@ -69,10 +79,30 @@ def sssp_command(store, sources, as_cell, crs_coords, weight, cost, name, cluste
 
     if as_cell and crs_coords:
         raise click.UsageError("--cell and --crs-coords exclude each other")
+    if not sources and sources_file is None:
+        raise click.UsageError("give the sources: --source X,Y (repeatable) or --sources FILE")
+    if sources_crs is not None and sources_file is None:
+        raise click.UsageError("--sources-crs applies to --sources FILE")
+    if as_cell and not sources:
+        raise click.UsageError("--cell applies to --source ROW,COL")
     timer = Timer()
-    res = sssp(store, [_pair(s) for s in sources], weight=weight, name=name, device=device, memory=memory,
-               progress=not quiet(), cost=cost, cell=as_cell, cluster=cluster, rebuild_index=rebuild_index,
-               scheduler=scheduler, announce=say, method=method, max_cost=max_cost, allocation=allocation)
+    src, cell = [_pair(s) for s in sources], as_cell
+    if sources_file is not None and sources:  # both: one list of cells
+        import numpy as np
+
+        from terrain_io.points import from_coordinates, read_points
+        from terrain_io.store import TerrainStore
+
+        st = TerrainStore.open(store)
+        src = np.concatenate([from_coordinates(st, src, as_cell, skip_invalid, "source").cells,
+                              read_points(sources_file, st, sources_crs, skip_invalid, "source").cells])
+        cell = True
+    elif sources_file is not None:
+        src = sources_file
+    res = sssp(store, src, weight=weight, name=name, device=device, memory=memory,
+               progress=not quiet(), cost=cost, cell=cell, cluster=cluster, rebuild_index=rebuild_index,
+               scheduler=scheduler, announce=say, method=method, sources_crs=sources_crs, skip_invalid=skip_invalid,
+               max_cost=max_cost, allocation=allocation)
     say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
         f"max distance {res.max_distance:.6g}; {res.phases()}; total {timer.elapsed:.2f} s")
 
@@ -110,18 +140,49 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
 
 @cli.command("path")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--to", "target", required=True, help="Target X,Y in map coordinates (ROW,COL with --cell).")
-@click.option("--cell", "as_cell", is_flag=True, help="The target is a ROW,COL cell index.")
+@click.option("--to", "to", multiple=True, help="Target X,Y in map coordinates (ROW,COL with --cell); repeatable.")
+@click.option("--targets", "targets_file", default=None, metavar="FILE|ARRAY",
+              help="Targets from a file, read as --sources of 'terrain sssp' (points, CSV, or a raster's non-zero cells).")
+@click.option("--targets-crs", default=None, metavar="CRS",
+              help="CRS of the --targets points [default: the file's; a CSV's: the DEM's].")
+@click.option("--skip-invalid", is_flag=True,
+              help="Leave out targets outside the DEM or on nodata (a note says how many) instead of refusing them.")
+@click.option("--cell", "as_cell", is_flag=True, help="--to values are ROW,COL cell indices.")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="GeoJSON file for the path [default: print the summary only].")
-def path_command(store, target, as_cell, name, out):
-    """Follow the predecessors from a target back to the source; write a GeoJSON LineString with its cost."""
-    from terrain_io.grid.sssp.path import trace, write_geojson
+              help="GeoJSON file for the paths [default: print the summary only].")
+def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, name, out):
+    """Follow the predecessors from each target back to the source; write a GeoJSON FeatureCollection.
 
-    p = trace(store, _pair(target), name=name, cell=as_cell)
+    One LineString Feature per target (source to target) with properties target (its number in the
+    input, from 0), target_cell, source_cell, cost and cells; a target the source does not reach
+    keeps its Feature with a null geometry and cost (an error when no target is reached).
+    """
+    from terrain_io.grid.sssp.path import trace_all, write_geojson
+
+    if bool(to) == (targets_file is not None):
+        raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
+    if targets_crs is not None and targets_file is None:
+        raise click.UsageError("--targets-crs applies to --targets FILE")
+    if as_cell and not to:
+        raise click.UsageError("--cell applies to --to ROW,COL")
+    targets = targets_file if targets_file is not None else [_pair(t) for t in to]
+    paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs, skip_invalid=skip_invalid)
+    reached = [p for p in paths if p.reached]
+    if not reached:
+        which = f"target {to[0]} is not" if len(to) == 1 else f"none of the {len(paths)} targets is"
+        raise TerrainError(f"{which} reachable from the source(s) of sssp/{paths[0].name}")
     if out is not None:
-        write_geojson(store, p, out)
-    say(f"path sssp/{p.name}: {len(p.cells)} cells from {tuple(map(int, p.cells[0]))} to "
-        f"{tuple(map(int, p.cells[-1]))}, "
-        f"cost {p.cost:.6g}" + (f" -> {out}" if out else ""))
+        write_geojson(store, paths, out)
+    if len(reached) < len(paths):
+        click.echo(f"terrain: note: {len(paths) - len(reached)} of {len(paths)} targets not reached from the "
+                   f"source(s) of sssp/{paths[0].name}: their features have a null geometry and cost", err=True)
+    to_out = f" -> {out}" if out else ""
+    if len(paths) == 1:
+        p = paths[0]
+        say(f"path sssp/{p.name}: {len(p.cells)} cells from {tuple(map(int, p.cells[0]))} to "
+            f"{tuple(map(int, p.cells[-1]))}, cost {p.cost:.6g}{to_out}")
+        return
+    costs = [p.cost for p in reached]
+    say(f"paths sssp/{paths[0].name}: {len(paths)} targets, {len(reached)} reached, "
+        f"{sum(len(p.cells) for p in reached):,} cells, cost {min(costs):.6g} .. {max(costs):.6g}{to_out}")

@@ -634,3 +634,35 @@ def _convert_raster_shard(task: _RasterShard) -> Statistics:
     with rasterio.Env(GDAL_CACHEMAX=64 * 1024 * 1024), rasterio.open(task.src) as ds:
         raw = ds.read(1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
     return write_elevation_window(task.store, win, task.cast(raw), task.cast.nodata_out)
+
+
+def aligned_raster(source, store: TerrainStore, scratch, what: str, dtype: str = "float64") -> tuple[TerrainStore, str]:
+    """A raster given beside ``store`` and aligned with its DEM, as (store, array name) to read windows of.
+
+    ``source``: the name of an array of ``store`` (not ``elevation``), or a GeoTIFF / ASCII grid /
+    GDAL raster file with the DEM's shape and transform, converted into a scratch store beside
+    ``store`` that ``scratch`` (a :class:`contextlib.ExitStack`) removes. ``what`` names the raster in
+    errors (``"cost raster"``, ``"source raster"``).
+    """
+    from .atomic import scratch_directory
+
+    if isinstance(source, str) and source in store.group and source != "elevation" and not Path(source).exists():
+        arr = store.group[source]
+        if not hasattr(arr, "dtype"):
+            raise InputError(f"{what} {source!r}: a group of the store, not an array")
+        if tuple(arr.shape) != store.shape:
+            raise InputError(f"{what} array {source!r} has shape {tuple(arr.shape)}, the DEM {store.shape}")
+        return store, source
+    src = Path(source)
+    if not src.exists():
+        raise InputError(f"{what} {str(source)!r}: no such file and no such array in the store")
+    label = what.split()[0]  # "cost", "source", ...: the scratch folder's name
+    tmp = scratch.enter_context(scratch_directory(store.path, label)) / f"{label}.zarr"
+    convert(src, tmp, tile=store.tile_size, shard=store.shard_size, dtype=dtype, progress=False)
+    other = TerrainStore.open(tmp, mode="r")
+    if other.shape != store.shape:
+        raise InputError(f"{what} {src}: shape {other.shape} differs from the DEM's {store.shape}")
+    st = store.transform
+    if st and other.transform and not np.allclose(other.transform, st, rtol=0, atol=1e-9 * max(1.0, *map(abs, st))):
+        raise InputError(f"{what} {src}: not aligned with the DEM (transform {other.transform} vs {st})")
+    return other, "elevation"

@@ -34,5 +34,13 @@ class DamagedStoreError(StoreError):
         return type(self), (self.store, self.array, self.chunk, self.problem, self.unit)
 
 
-class UnverifiedStoreWarning(UserWarning):
+class TerrainNote(UserWarning):
+    """Something the user should know that is no error (the CLI prints it as ``terrain: note: ...``)."""
+
+
+class UnverifiedStoreWarning(TerrainNote):
     """A store of format_version 1: its chunks carry no checksums, so damage inside one goes unseen."""
+
+
+class SkippedPointsNote(TerrainNote):
+    """Points of an input left out because they lie outside the DEM or on nodata (``skip_invalid``)."""

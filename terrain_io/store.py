@@ -283,16 +283,24 @@ class TerrainStore:
         for sr, sc in morton_order(*self.shard_grid):
             yield self.shard_window(int(sr), int(sc))
 
-    def map_to_cell(self, x: float, y: float) -> tuple[int, int]:
-        """(row, col) of the cell containing map coordinates (x, y); cell coordinates without a transform."""
+    def map_to_cell(self, x, y):
+        """(row, col) of the cell containing map coordinates (x, y); cell coordinates without a transform.
+
+        Arrays give int64 arrays, with -1 (outside any DEM) where a coordinate is not finite or too far off.
+        """
         t = self.transform
         if t is None:
-            return int(np.floor(y)), int(np.floor(x))
-        x0, dx, rx, y0, ry, dy = t
-        det = dx * dy - rx * ry
-        col = ((x - x0) * dy - (y - y0) * rx) / det
-        row = ((y - y0) * dx - (x - x0) * ry) / det
-        return int(np.floor(row)), int(np.floor(col))
+            row, col = np.floor(y), np.floor(x)
+        else:
+            x0, dx, rx, y0, ry, dy = t
+            det = dx * dy - rx * ry
+            col = np.floor(((x - x0) * dy - (y - y0) * rx) / det)
+            row = np.floor(((y - y0) * dx - (x - x0) * ry) / det)
+        if np.ndim(row) == 0 and np.ndim(col) == 0:
+            return int(row), int(col)
+        row, col = np.broadcast_arrays(np.asarray(row, np.float64), np.asarray(col, np.float64))
+        ok = (np.abs(row) < 2.0**62) & (np.abs(col) < 2.0**62)  # NaN and inf fail too
+        return np.where(ok, row, -1).astype(np.int64), np.where(ok, col, -1).astype(np.int64)
 
     def cell_to_map(self, row, col):
         """Map coordinates of cell centres (arrays allowed)."""

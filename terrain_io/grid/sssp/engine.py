@@ -13,6 +13,7 @@ by its own rule (README, "Grid pipelines").
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field as dc_field
 
 import numpy as np
@@ -21,11 +22,12 @@ from ... import weights as weight_models
 from ...backend import resolve_device
 from ...errors import InputError
 from ...memory import memory_budget
-from ...store import TerrainStore, Window
+from ...store import TerrainStore
 from .index import Field, open_index
 
 DISTANCE_DTYPE = "float32"
 METHODS = ("auto", "incore", "shards", "index")
+LISTED_SOURCES = 1000  # the result's attributes list the first sources only: zarr rewrites them whole on each update
 
 
 @dataclass
@@ -61,30 +63,27 @@ class SSSPResult:
         return f"in-core on the {self.device.upper()}: read {t['read']:.2f} s, solve {t['solve']:.2f} s, write {t['write']:.2f} s"
 
 
-def parse_sources(store: TerrainStore, sources, cell: bool = False) -> list[tuple[int, int]]:
-    """Source cells from (x, y) map coordinates, or (row, col) with ``cell``; clear errors when off the DEM."""
-    if isinstance(sources, tuple) and len(sources) == 2 and np.isscalar(sources[0]):
-        sources = [sources]
-    rows, cols = store.shape
-    cells = []
-    for src in sources:
-        if len(src) != 2:
-            raise InputError(f"a source is two numbers, got {src!r}")
+def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
+                  skip_invalid: bool = False) -> list[tuple[int, int]]:
+    """Source cells, distinct, in the order given: from (x, y) map coordinates, (row, col) cells with
+    ``cell``, or a file of points / raster / store array name (:func:`terrain_io.points.read_points`,
+    ``crs`` and ``skip_invalid`` as there). One clear error for a source off the DEM or on nodata;
+    every tile the sources touch is read once (:func:`terrain_io.points.vertex_mask`)."""
+    from ...points import Points, from_coordinates, read_points
+
+    if isinstance(sources, Points):
+        pts = sources
+    elif isinstance(sources, (str, os.PathLike)):
         if cell:
-            r, c = int(src[0]), int(src[1])
-            what = f"cell {r},{c}"
-        else:
-            r, c = store.map_to_cell(float(src[0]), float(src[1]))
-            what = f"point {src[0]},{src[1]}"
-        if not (0 <= r < rows and 0 <= c < cols):
-            raise InputError(f"source {what} lies outside the DEM ({rows} x {cols} cells)")
-        v = store.read(Window(r, r + 1, c, c + 1))
-        if not store.valid(v)[0, 0]:
-            raise InputError(f"source {what} lies on a nodata cell")
-        cells.append((r, c))
-    if not cells:
-        raise InputError("no source given")
-    return cells
+            raise InputError("cell=True applies to coordinate pairs, not to a file of sources")
+        pts = read_points(sources, store, crs=crs, skip_invalid=skip_invalid, what="source")
+    else:
+        pts = from_coordinates(store, sources, cell=cell, skip_invalid=skip_invalid, what="source")
+    if len(pts) == 0:
+        raise InputError(f"no source lies on the DEM's data ({pts.skipped} left out)")
+    ids = pts.cells[:, 0] * store.shape[1] + pts.cells[:, 1]
+    _, first = np.unique(ids, return_index=True)
+    return [(int(r), int(c)) for r, c in pts.cells[np.sort(first)]]
 
 
 def default_name(cells) -> str:
@@ -113,12 +112,15 @@ def choose_method(method: str, store: TerrainStore, field: Field, device: str, b
 def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
          memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
          rebuild_index: bool = False, scheduler: str | None = "local", announce=None,
-         method: str = "auto", unit: int | None = None, max_cost: float | None = None,
-         allocation: bool = False) -> SSSPResult:
+         method: str = "auto", unit: int | None = None, sources_crs=None, skip_invalid: bool = False,
+         max_cost: float | None = None, allocation: bool = False) -> SSSPResult:
     """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
 
     ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
-    (several sources give the distance to the nearest). ``weight``: ``absdiff`` (default),
+    (several sources give the distance to the nearest); or a file of points (GeoJSON, GeoPackage,
+    Shapefile, CSV: reprojected from their CRS or ``sources_crs``), a raster aligned with the DEM
+    or the name of a store array (non-zero cells), see :mod:`terrain_io.points`; ``skip_invalid``
+    leaves out sources off the DEM or on nodata instead of refusing them. ``weight``: ``absdiff`` (default),
     ``surface`` or ``cell`` (with ``cost``: a store array name or a raster file aligned with the
     DEM). ``memory``: budget such as ``"2GB"`` (default: half the free RAM). ``method``:
     ``auto|incore|shards|index`` (module docstring); ``scheduler`` runs the shard method's unit
@@ -133,7 +135,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
     model = weight_models.sssp_model(weight)
     dev = resolve_device(device)
-    cells = parse_sources(store, sources, cell)
+    cells = parse_sources(store, sources, cell, sources_crs, skip_invalid)
     name = name or default_name(cells)
     budget = memory_budget(memory)
     limit = np.inf if max_cost is None else float(max_cost)
@@ -172,13 +174,14 @@ def result_attrs(store: TerrainStore, field: Field, cells, method: str, limit: f
         "max_cost": None if limit == np.inf else limit,
         "weight": field.model.name,
         "method": method,
-        "source_cells": [list(map(int, rc)) for rc in cells],
-        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells],
+        "source_count": len(cells),
+        "source_cells": [list(map(int, rc)) for rc in cells[:LISTED_SOURCES]],
+        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells[:LISTED_SOURCES]],
         "distance_dtype": DISTANCE_DTYPE,
         "cost": field.cost_id,
         "unreached": "distance +inf (also beyond max_cost), predecessor 255, source 0; nodata cells: distance NaN",
-        "source_codes": "the number of the source (1, 2, ... in the order of source_cells) at the root of the "
-                        "cell's predecessor chain; 0 none",
+        "source_codes": "the number of the source (1, 2, ... in the order of source_cells: the sources as given, "
+                        "repeated cells left out) at the root of the cell's predecessor chain; 0 none",
         "predecessor_codes": "direction from a cell to its parent: 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none",
         "predecessor_rule": "the tight parent with the least key (0 if strictly nearer, else its plateau level + 1), "
                             "then the least direction code",

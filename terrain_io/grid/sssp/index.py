@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 from ... import weights as weight_models
-from ...atomic import scratch_directory
 from ...errors import InputError
 from ...memory import memory_budget
 from ...parallel import check_task_memory, map_shards
@@ -68,30 +67,15 @@ class Field:
             raise InputError(f"--cost applies to the weight models 'cell' and 'walk', not {self.model.name!r}")
 
     def _open_cost(self, cost) -> None:
-        st = self.store
-        if isinstance(cost, str) and cost in st.group and cost != "elevation" and not Path(cost).exists():
-            arr = st.group[cost]
-            if tuple(arr.shape) != st.shape:
-                raise InputError(f"cost array {cost!r} has shape {tuple(arr.shape)}, the DEM {st.shape}")
-            self.cost_store, self.cost_array, self.cost_id = st, cost, f"array:{cost}"
-            return
-        src = Path(cost)
-        if not src.exists():
-            raise InputError(f"cost raster {cost!r}: no such file and no such array in the store")
-        from ...convert import convert
+        from ...convert import aligned_raster
 
         self._tmp = contextlib.ExitStack()  # a scratch folder beside the store, cleaned even after a kill
-        tmp = self._tmp.enter_context(scratch_directory(st.path, "cost")) / "cost.zarr"
-        convert(src, tmp, tile=st.tile_size, shard=st.shard_size, dtype="float64", progress=False)
-        cs = TerrainStore.open(tmp, mode="r")
-        if cs.shape != st.shape:
-            raise InputError(f"cost raster {src}: shape {cs.shape} differs from the DEM's {st.shape}")
-        if st.transform and cs.transform and not np.allclose(cs.transform, st.transform, rtol=0, atol=1e-9 * max(
-                1.0, *map(abs, st.transform))):
-            raise InputError(f"cost raster {src}: not aligned with the DEM (transform {cs.transform} vs {st.transform})")
-        stat = src.stat()
-        self.cost_store, self.cost_array = cs, "elevation"
-        self.cost_id = f"file:{src.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+        self.cost_store, self.cost_array = aligned_raster(cost, self.store, self._tmp, "cost raster")
+        if self.cost_store is self.store:
+            self.cost_id = f"array:{cost}"
+        else:
+            stat = Path(cost).stat()
+            self.cost_id = f"file:{Path(cost).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
 
     def read(self, window: Window) -> np.ndarray:
         st = self.store

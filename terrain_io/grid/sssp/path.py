@@ -1,9 +1,13 @@
-"""Shortest path from a cell back to the source: follow ``sssp/NAME/predecessor`` (``terrain path``).
+"""Shortest paths from targets back to the source: follow ``sssp/NAME/predecessor`` (``terrain path``).
 
 The predecessor of a cell is the direction code (0=E .. 7=NE) of its parent; the walk ends at a
-source (code 255 with distance 0). Tiles are read once each (an LRU of a few tiles), so a path
-across a large store costs O(path length) reads of cached tiles. The result is a GeoJSON
-Feature with a LineString of cell centres in the store's map coordinates.
+source (code 255 with distance 0). Tiles are read once each (an LRU of 64 tiles), so a path
+across a large store costs O(path length) reads of cached tiles; many targets are taken tile by
+tile through the one LRU, and a walk that meets a cell of an earlier path takes that path's rest
+instead of walking it again. The
+result is a GeoJSON FeatureCollection in the store's map coordinates: per target a Feature with a
+LineString of cell centres from the source to the target and its cost; a target the source does
+not reach keeps its Feature, with a null geometry and cost (so features join back to their input).
 """
 from __future__ import annotations
 
@@ -23,22 +27,34 @@ from ._pipeline_cpu import DC, DR, NO_PRED
 
 @dataclass
 class TracedPath:
-    """A traced path: cells from the source to the target, and the target's distance."""
+    """A traced path: cells from the source to the target, and the target's distance.
+
+    ``cells`` is empty and ``cost`` +inf when the target is not reached; ``index`` numbers the
+    target in its input (the order of ``--to``, the feature of a file).
+    """
 
     name: str
     cells: np.ndarray  # (n, 2) rows and columns, source first
     cost: float
     xy: np.ndarray  # (n, 2) map coordinates of cell centres
+    target: tuple[int, int] = (-1, -1)
+    index: int = 0
 
-    def feature(self, store: TerrainStore) -> dict:
-        (r0, c0), (r1, c1) = self.cells[0], self.cells[-1]
-        return {
-            "type": "Feature",
-            "geometry": {"type": "LineString", "coordinates": self.xy.tolist()},
-            "properties": {"sssp": self.name, "cost": self.cost, "cells": int(len(self.cells)),
-                           "source_cell": [int(r0), int(c0)], "target_cell": [int(r1), int(c1)],
-                           "weight": store.group[f"sssp/{self.name}"].attrs.get("weight")},
-        }
+    @property
+    def reached(self) -> bool:
+        return len(self.cells) > 0
+
+    def feature(self, store: TerrainStore, weight: str | None = None) -> dict:
+        props = {"target": int(self.index), "target_cell": [int(v) for v in self.target],
+                 "source_cell": [int(v) for v in self.cells[0]] if self.reached else None,
+                 "cost": float(self.cost) if self.reached else None, "cells": int(len(self.cells)),
+                 "sssp": self.name,
+                 "weight": weight if weight is not None else store.group[f"sssp/{self.name}"].attrs.get("weight")}
+        coords = self.xy.tolist()
+        if len(coords) == 1:  # the target is a source: a LineString needs two positions
+            coords = coords * 2
+        geometry = {"type": "LineString", "coordinates": coords} if self.reached else None
+        return {"type": "Feature", "geometry": geometry, "properties": props}
 
 
 def latest_sssp(store: TerrainStore) -> str:
@@ -54,9 +70,9 @@ def latest_sssp(store: TerrainStore) -> str:
 
 
 class _Tiles:
-    """A small LRU of (distance, predecessor) tiles."""
+    """An LRU of (distance, predecessor) tiles: at most ``keep`` (64 tiles of 256^2: 21 MB)."""
 
-    def __init__(self, store: TerrainStore, name: str, keep: int = 16):
+    def __init__(self, store: TerrainStore, name: str, keep: int = 64):
         self.store, self.keep = store, keep
         self.dist = store.group[f"sssp/{name}/distance"]
         self.pred = store.group[f"sssp/{name}/predecessor"]
@@ -76,45 +92,91 @@ class _Tiles:
 
 
 def trace(store, target, name: str | None = None, cell: bool = False) -> TracedPath:
-    """The path from the source(s) of ``sssp/NAME`` to ``target`` ((x, y), or (row, col) with ``cell``)."""
+    """The path from the source(s) of ``sssp/NAME`` to ``target`` ((x, y), or (row, col) with ``cell``);
+    an error when the target is not reached."""
+    (p,) = trace_all(store, [target], name=name, cell=cell)
+    if not p.reached:
+        raise InputError(f"target {target[0]},{target[1]} is not reachable from the source")
+    return p
+
+
+def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=None,
+              skip_invalid: bool = False) -> list[TracedPath]:
+    """The paths from the source(s) of ``sssp/NAME`` to every target, in the targets' order.
+
+    ``targets``: (x, y) pairs, or (row, col) with ``cell``; or a file of points, a raster aligned
+    with the DEM or a store array (:func:`terrain_io.points.read_points`, with ``crs`` and
+    ``skip_invalid``). A target outside the DEM or on nodata is an error (left out with
+    ``skip_invalid``); one the source does not reach gives a path without cells and cost +inf.
+    """
+    from ...points import Points, from_coordinates, read_points
+
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
     name = name or latest_sssp(store)
     if f"sssp/{name}/predecessor" not in store.group:
         raise StoreError(f"{store.path}: no SSSP result {name!r}")
+    if isinstance(targets, Points):
+        pts = targets
+    elif isinstance(targets, (str, os.PathLike)):
+        pts = read_points(targets, store, crs=crs, skip_invalid=skip_invalid, what="target")
+    else:
+        pts = from_coordinates(store, targets, cell=cell, skip_invalid=skip_invalid, what="target")
+    if len(pts) == 0:
+        raise InputError(f"no target lies on the DEM's data ({pts.skipped} left out)")
     rows, cols = store.shape
-    r, c = (int(target[0]), int(target[1])) if cell else store.map_to_cell(float(target[0]), float(target[1]))
-    if not (0 <= r < rows and 0 <= c < cols):
-        raise InputError(f"target {target[0]},{target[1]} lies outside the DEM ({rows} x {cols} cells)")
     tiles = _Tiles(store, name)
-    cost, p = tiles.get(r, c)
-    if np.isnan(cost):
-        raise InputError(f"target {target[0]},{target[1]} lies on a nodata cell")
-    if not np.isfinite(cost):
-        raise InputError(f"target {target[0]},{target[1]} is not reachable from the source")
-    cells = [(r, c)]
-    while p != NO_PRED:
-        if p > 7 or len(cells) > rows * cols:
-            raise StoreError(f"sssp/{name}: broken predecessor chain at cell {r},{c}")
-        r, c = r + int(DR[p]), c + int(DC[p])
-        d, p = tiles.get(r, c)
-        cells.append((r, c))
-    if d != 0:
-        raise StoreError(f"sssp/{name}: predecessor chain ends at cell {r},{c} which is not a source")
-    cells = np.array(cells[::-1], np.int64)
-    x, y = store.cell_to_map(cells[:, 0], cells[:, 1])
-    return TracedPath(name, cells, cost, np.column_stack([x, y]))
+    seen: dict[int, tuple[int, int]] = {}  # cell id -> (path number, position in its target-first walk)
+    walks: dict[int, np.ndarray] = {}  # target first, (n, 2) int64
+    out: list = [None] * len(pts)
+    t = store.tile_size
+    by_tile = np.argsort((pts.cells[:, 0] // t) * store.tile_grid[1] + pts.cells[:, 1] // t, kind="stable")
+    for k in by_tile.tolist():  # targets tile by tile: their walks share the tiles just read
+        r, c = int(pts.cells[k, 0]), int(pts.cells[k, 1])
+        cost, p = tiles.get(r, c)
+        walk = np.zeros((0, 2), np.int64)
+        if np.isfinite(cost):
+            new, d, rest = [(r, c)], cost, None
+            while p != NO_PRED:
+                if p > 7 or len(new) > rows * cols:
+                    raise StoreError(f"sssp/{name}: broken predecessor chain at cell {r},{c}")
+                r, c = r + int(DR[p]), c + int(DC[p])
+                hit = seen.get(r * cols + c)
+                if hit is not None:  # an earlier path goes on from here
+                    rest = walks[hit[0]][hit[1]:]
+                    break
+                d, p = tiles.get(r, c)
+                new.append((r, c))
+            else:
+                if d != 0:
+                    raise StoreError(f"sssp/{name}: predecessor chain ends at cell {r},{c} which is not a source")
+            for i, (wr, wc) in enumerate(new):  # only the cells walked: the rest is registered already
+                seen.setdefault(wr * cols + wc, (k, i))
+            walk = np.array(new, np.int64) if rest is None else np.concatenate([np.array(new, np.int64), rest])
+        else:
+            cost = np.inf
+        walks[k] = walk
+        cells = walk[::-1]
+        x, y = store.cell_to_map(cells[:, 0], cells[:, 1])
+        out[k] = TracedPath(name, cells, cost, np.column_stack([x, y]), (int(pts.cells[k, 0]), int(pts.cells[k, 1])),
+                            int(pts.index[k]))
+    return out
 
 
-def write_geojson(store, path: TracedPath, out) -> Path:
-    """Write the path as a GeoJSON FeatureCollection (CRS named when the store has one)."""
+def write_geojson(store, paths, out) -> Path:
+    """Write a path or a list of paths as one GeoJSON FeatureCollection (CRS named when the store has one)."""
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
-    fc = {"type": "FeatureCollection", "features": [path.feature(store)]}
+    paths = [paths] if isinstance(paths, TracedPath) else list(paths)
+    weights = {p.name: store.group[f"sssp/{p.name}"].attrs.get("weight") for p in paths}
+    head = {"type": "FeatureCollection"}
     crs = _crs_name(store.crs)
     if crs:
-        fc["crs"] = {"type": "name", "properties": {"name": crs}}
+        head["crs"] = {"type": "name", "properties": {"name": crs}}
     out = Path(out)
-    with atomic_file(out) as tmp:
-        tmp.write_text(json.dumps(fc))
+    with atomic_file(out) as tmp, open(tmp, "w") as f:  # feature by feature: no string of the whole file
+        f.write(json.dumps(head)[:-1] + ', "features": [')
+        for i, p in enumerate(paths):
+            f.write((", " if i else "") + json.dumps(p.feature(store, weights[p.name])))
+        f.write("]}")
     return out
 
 
