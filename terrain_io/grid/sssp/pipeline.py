@@ -318,17 +318,29 @@ class MergeState:
         self.seeds = []  # (cluster, boundary number, distance, is a source)
         for r, col in cells:
             by_cluster.setdefault((r // c, col // c), []).append((r, col))
-        for (cr, cc), members in by_cluster.items():
+        # the clusters' values tile by tile, each tile read once (many sources: one read per cluster
+        # would be one per source), their boundary distances kept (B numbers a cluster)
+        t = self.store.tile_size
+        solved = {}
+        tile, tile_vals = None, None
+        for cr, cc in sorted(by_cluster, key=lambda k: (k[0] * c // t, k[1] * c // t)):
+            if (cr * c // t, cc * c // t) != tile:
+                tile = (cr * c // t, cc * c // t)
+                tile_win = Window(tile[0] * t, min(tile[0] * t + t, rows), tile[1] * t, min(tile[1] * t + t, cols))
+                tile_vals = field.read(tile_win)
             r0, c0 = cr * c, cc * c
-            win = Window(r0, min(r0 + c, rows), c0, min(c0 + c, cols))
-            vals = np.ascontiguousarray(field.read(win))
-            si = np.array([r - r0 for r, _ in members], np.int64)
-            sj = np.array([q - c0 for _, q in members], np.int64)
-            dist = K.source_boundary(vals, field.model.kind, field.steps(), si, sj)
+            vals = np.ascontiguousarray(tile_vals[r0 - tile_win.r0 : r0 - tile_win.r0 + c,
+                                                  c0 - tile_win.c0 : c0 - tile_win.c0 + c])
+            si = np.array([r - r0 for r, _ in by_cluster[cr, cc]], np.int64)
+            sj = np.array([q - c0 for _, q in by_cluster[cr, cc]], np.int64)
+            solved[cr, cc] = (vals.shape, si, sj, K.source_boundary(vals, field.model.kind, field.steps(), si, sj))
+        del tile_vals
+        for cr, cc in by_cluster:  # in the order of the sources, as before
+            shape, si, sj, dist = solved.pop((cr, cc))
             ch = self.chunk_of_cluster(cr, cc)
             s = self.load(ch)
             a, b = cr - (cr // self.m) * self.m, cc - (cc // self.m) * self.m
-            bi, bj = K.boundary_cells(*vals.shape)
+            bi, bj = K.boundary_cells(*shape)
             srcs = set(zip(si.tolist(), sj.tolist()))
             for t in range(bi.size):
                 d = dist[bi[t], bj[t]]
