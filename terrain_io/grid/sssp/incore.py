@@ -46,8 +46,9 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     shape (their interior is overwritten), or None for an all-NaN ring. Returns ``(dist, level,
     pred)``: the block's float64 distances and int32 levels (ring unchanged) and the interior's
     uint8 parent codes. ``device="gpu"`` solves on the GPU (the same bytes; arrays come back as
-    CuPy arrays). ``warm`` (CPU): ``dist`` already holds this block's solution for a ring whose
-    distances have only fallen since; only what the ring's change reaches is solved again."""
+    CuPy arrays). ``warm``: ``dist`` already holds this block's solution for a ring whose
+    distances have only fallen since; only what the ring's change reaches is solved again (the
+    levels and codes are found anew)."""
     H2, W2 = vals.shape
     h, w = H2 - 2, W2 - 2
     gpu = resolve_device(device) == "gpu"
@@ -63,7 +64,7 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     if gpu:
         from ._incore_gpu import solve_block_gpu
 
-        return solve_block_gpu(vals, kind, steps, flat_src, dist, level)
+        return solve_block_gpu(vals, kind, steps, flat_src, dist, level, warm)
     if not warm:
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
@@ -100,16 +101,19 @@ def value_dtype(field) -> np.dtype:
     return np.dtype(np.float32 if small and field.cost_array is None else np.float64)
 
 
+def gpu_free_bytes() -> float:
+    """The GPU memory a solve may take: 90% of the free memory and of what CuPy's pool holds unused."""
+    import cupy
+
+    free, _ = cupy.cuda.Device().mem_info
+    return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
+
+
 def fits_in_core(store, field, device: str, budget: int) -> bool:
     """The whole grid fits: in ``budget`` bytes of host memory, or in the GPU's free memory."""
     h, w = store.shape
     need = block_bytes(h, w, value_dtype(field).itemsize)
-    if device == "gpu":
-        import cupy
-
-        free, _ = cupy.cuda.Device().mem_info
-        return need <= 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
-    return need <= budget
+    return need <= (gpu_free_bytes() if device == "gpu" else budget)
 
 
 def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict):

@@ -39,7 +39,7 @@ from ...progress import progress_bar
 from ...backend import to_host
 from ...store import TerrainStore, Window, write_shard
 from ...weights import DC, DR, edge_weights
-from .incore import NO_LEVEL, NO_PRED, block_bytes, output_distance, solve_block, value_dtype
+from .incore import NO_LEVEL, NO_PRED, block_bytes, gpu_free_bytes, output_distance, solve_block, value_dtype
 
 # (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
 # ("top"/"bottom"/"left"/"right": a whole side; a corner: one end of a side)
@@ -88,12 +88,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
     cold one, and winding paths bounce between neighbours), else the largest that fits."""
     t = store.tile_size
     h, w = store.shape
-    gpu_free = None
-    if device == "gpu":
-        import cupy
-
-        free, _ = cupy.cuda.Device().mem_info
-        gpu_free = 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
+    gpu_free = gpu_free_bytes() if device == "gpu" else None
 
     def need(side):
         return run_bytes((h, w), side, itemsize, device)
@@ -125,29 +120,35 @@ class Lines:
         self.shape, self.side = (h, w), side
         self.kind, self.steps = kind, np.asarray(steps, np.float64)
         self.nur, self.nuc = -(-h // side), -(-w // side)
-        init = {"v": (np.nan, vdtype), "d": (np.inf, np.float64), "l": (NO_LEVEL, np.int32), "p": (NO_PRED, np.uint8)}
-        self.rows = {f: np.full((self.nur, 2, w), *init[f]) for f in self.FIELDS}
-        self.cols = {f: np.full((self.nuc, 2, h), *init[f]) for f in self.FIELDS}
+        self.init = {"v": (np.nan, vdtype), "d": (np.inf, np.float64), "l": (NO_LEVEL, np.int32),
+                     "p": (NO_PRED, np.uint8)}
+        self.rows = {f: np.full((self.nur, 2, w), *self.init[f]) for f in self.FIELDS}
+        self.cols = {f: np.full((self.nuc, 2, h), *self.init[f]) for f in self.FIELDS}
         self.solved = np.zeros((self.nur, self.nuc), bool)  # its boundary is in the lines
 
     def window(self, i: int, j: int) -> Window:
         s, (h, w) = self.side, self.shape
         return Window(i * s, min((i + 1) * s, h), j * s, min((j + 1) * s, w))
 
-    def ring(self, i: int, j: int, vals, dist, level) -> None:
-        """Fill the ring of unit (i, j)'s blocks ((h + 2) x (w + 2)) from the neighbours' lines."""
+    def ring(self, i: int, j: int) -> dict:
+        """Unit (i, j)'s ring from the neighbours' lines: field (v, d, l) -> (top, bottom, left,
+        right), the ring rows with their corners (w + 2 cells) and the ring columns (h cells);
+        NaN / +inf / NO_LEVEL beyond the DEM. O(h + w): a task carries this, not a block."""
         win = self.window(i, j)
         h, w = win.shape
         a, b = max(win.c0 - 1, 0), min(win.c1 + 1, self.shape[1])  # grid columns of the top/bottom ring rows
-        blocks = {"v": vals, "d": dist, "l": level}
-        for ring_row, band, end in ((0, i - 1, 1), (h + 1, i + 1, 0)):
-            if 0 <= band < self.nur:
-                for f, blk in blocks.items():
-                    blk[ring_row, a - win.c0 + 1 : b - win.c0 + 1] = self.rows[f][band, end, a:b]
-        for ring_col, band, end in ((0, j - 1, 1), (w + 1, j + 1, 0)):
-            if 0 <= band < self.nuc:
-                for f, blk in blocks.items():
-                    blk[1 : h + 1, ring_col] = self.cols[f][band, end, win.r0 : win.r1]
+        out = {}
+        for f in ("v", "d", "l"):
+            top, bottom = np.full(w + 2, *self.init[f]), np.full(w + 2, *self.init[f])
+            left, right = np.full(h, *self.init[f]), np.full(h, *self.init[f])
+            for line, band, end in ((top, i - 1, 1), (bottom, i + 1, 0)):
+                if 0 <= band < self.nur:
+                    line[a - win.c0 + 1 : b - win.c0 + 1] = self.rows[f][band, end, a:b]
+            for line, band, end in ((left, j - 1, 1), (right, j + 1, 0)):
+                if 0 <= band < self.nuc:
+                    line[:] = self.cols[f][band, end, win.r0 : win.r1]
+            out[f] = (top, bottom, left, right)
+        return out
 
     def _side(self, i: int, j: int, name: str):
         """(lines, band, end, cells slice, grid rows, grid cols) of one side of unit (i, j)."""
@@ -259,7 +260,7 @@ class UnitTask:
     i: int
     j: int
     window: Window
-    ring: tuple  # (values, distances, levels) blocks with only the ring filled, or None: unreached
+    ring: dict  # field (v, d, l) -> the ring's four sides (:meth:`Lines.ring`), or None: unreached
     sources: np.ndarray  # (n, 2) interior cells of the unit
     device: str
     threads: int
@@ -303,10 +304,11 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="sssp-units")
 
 
-def _read_values(field, win: Window, vdtype, threads: int) -> np.ndarray:
-    """The unit's cells (NaN where not a vertex), its store shards decoded in parallel threads."""
+def _read_values(field, win: Window, vdtype, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The unit's cells (NaN where not a vertex), its store shards decoded in parallel threads
+    (into ``out`` when given)."""
     st = field.store
-    out = np.empty(win.shape, vdtype)
+    out = np.empty(win.shape, vdtype) if out is None else out
     s = st.tile_size * st.shard_size
     parts = [Window(r, min(r + s, win.r1), c, min(c + s, win.c1))
              for r in range(win.r0, win.r1, s) for c in range(win.c0, win.c1, s)]
@@ -355,29 +357,35 @@ def _result_array(path: str):
 
 
 def solve_unit(task: UnitTask) -> UnitResult:
-    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back."""
+    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back.
+    A unit in the task's cache is solved warm: its kept blocks (host or GPU), the new ring put in."""
     field = task.field
     dist_arr, pred_arr = _result_array(task.distance), _result_array(task.predecessor)
     win = task.window
     h, w = win.shape
-    warm = task.cache is not None and task.ring is not None and (task.i, task.j) in task.cache.items
-    interior = None if warm else _read_values(field, win, value_dtype(field), task.threads)
+    vdtype = value_dtype(field)
     if task.ring is None:  # never reached: +inf on its vertices, no parents
+        interior = _read_values(field, win, vdtype, task.threads)
         d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
         _write_unit(dist_arr, pred_arr, win, d32, np.full((h, w), NO_PRED, np.uint8), task.threads)
         return UnitResult(task.i, task.j, {}, 0, 0.0)
-    vals, dist, level = task.ring
-    cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
-    if cached is not None:  # warm: the new ring into the kept blocks
-        for kept, new in zip(cached, task.ring):
-            kept[0], kept[-1], kept[:, 0], kept[:, -1] = new[0], new[-1], new[:, 0], new[:, -1]
-        vals, dist, level = cached
-    else:
-        vals[1:-1, 1:-1] = interior
+    xp = np
     if task.device == "gpu":
-        import cupy as cp
-
-        vals = cp.asarray(vals)
+        import cupy as xp
+    cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
+    if cached is not None:  # warm: no read
+        vals, dist, level = cached
+    else:  # the interior read straight into the block (on the GPU: one copy over)
+        vals = xp.empty((h + 2, w + 2), vdtype)
+        if xp is np:
+            _read_values(field, win, vdtype, task.threads, out=vals[1:-1, 1:-1])
+        else:
+            vals[1:-1, 1:-1] = xp.asarray(_read_values(field, win, vdtype, task.threads))
+        dist = xp.empty((h + 2, w + 2), np.float64)  # a cold solve sets the interior to +inf
+        level = xp.full((h + 2, w + 2), NO_LEVEL, np.int32)
+    for block, f in ((vals, "v"), (dist, "d"), (level, "l")):
+        top, bottom, left, right = (xp.asarray(a) for a in task.ring[f])
+        block[0], block[-1], block[1:-1, 0], block[1:-1, -1] = top, bottom, left, right
     d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device,
                               warm=cached is not None)
     if task.cache is not None:
@@ -412,10 +420,14 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
-    spare = budget - run_bytes(store.shape, side, vdtype.itemsize, device)
-    # half of what the budget leaves spare keeps solved units for warm re-solves (the other half:
-    # the slack of the estimates above; choose_unit leaves room for WARM_UNITS of them)
-    cache = UnitCache(spare // 2) if scheduler == "local" and device == "cpu" else None
+    # solved units kept for warm re-solves: on the CPU in half of what the budget leaves spare (the
+    # other half: the slack of the estimates; choose_unit leaves room for WARM_UNITS of them), on
+    # the GPU in its free memory less two solves' blocks (the host budget is not touched)
+    if device == "gpu":
+        spare = gpu_free_bytes() - 2 * block_bytes(side, side, vdtype.itemsize)
+    else:
+        spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 2
+    cache = UnitCache(spare) if scheduler == "local" else None
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
     lines = Lines(store.shape, side, vdtype, field.model.kind, field.steps())
@@ -441,12 +453,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
 
         def task(i, j, reached=True):
             win = lines.window(i, j)
-            ring = None
-            if reached:
-                h, w = win.shape
-                ring = (np.full((h + 2, w + 2), np.nan, vdtype), np.full((h + 2, w + 2), np.inf),
-                        np.full((h + 2, w + 2), NO_LEVEL, np.int32))
-                lines.ring(i, j, *ring)
+            ring = lines.ring(i, j) if reached else None
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
                             threads if scheduler == "local" else 1, cache if reached else None)
