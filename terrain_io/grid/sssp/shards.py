@@ -6,7 +6,9 @@ the engine of :mod:`.incore` (CPU or GPU, :func:`.incore.solve_block`) from its 
 distances and plateau levels of the cells just outside it, which are boundary cells of the
 neighbouring units. Between solves only these *lines* stay in memory -- the outer rows and
 columns of every unit, O(N / U) numbers for N cells and units of side U -- so the run needs no
-scratch on disk at all: each solve reads its unit from the store and writes its result.
+scratch on disk at all: each solve reads its unit from the store and writes its result. Run in
+this process, recently solved units stay in memory (the GPU's on the GPU): solved again warm,
+without a read, and written once when they leave (:class:`UnitCache`).
 
 Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
 III, the merge phase) with units for clusters. A unit waits with the least (distance, plateau
@@ -76,8 +78,9 @@ WARM_UNITS = 4  # solved units kept for warm re-solves when the unit size is cho
 
 
 def cached_bytes(side: int, value_itemsize: int) -> int:
-    """Memory of one unit kept in a :class:`UnitCache`: its ringed values, distances and levels."""
-    return (side + 2) ** 2 * (value_itemsize + 8 + 4)
+    """Memory of one unit kept in a :class:`UnitCache`: its ringed values, distances and levels,
+    and its parent codes."""
+    return (side + 2) ** 2 * (value_itemsize + 8 + 4 + 1)
 
 
 def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) -> int:
@@ -264,37 +267,54 @@ class UnitTask:
     sources: np.ndarray  # (n, 2) interior cells of the unit
     device: str
     threads: int
-    cache: object = None  # a UnitCache (the local CPU schedule), else None
+    cache: object = None  # a UnitCache (the local schedule), else None
 
 
 class UnitCache:
-    """The solved blocks (values, distances, levels) of recently solved units, least recently used
-    first out, within ``capacity`` bytes. A unit found here is solved again warm: no read, and
-    only what its ring's change reaches (:func:`.incore.solve_block`), the same bytes as a cold
-    solve. Worth most where shortest paths wind back and forth across unit edges."""
+    """The solved blocks (values, distances, levels, parent codes) of recently solved units, least
+    recently used first out, within ``capacity`` bytes. A unit found here is solved again warm: no
+    read, and only what its ring's change reaches (:func:`.incore.solve_block`), the same bytes as
+    a cold solve. Worth most where shortest paths wind back and forth across unit edges.
+
+    Write-back: a kept unit's result is written only when it leaves (``put``'s ``write``, called
+    on eviction, or by :meth:`flush` at the end), so a unit solved again meanwhile is written once."""
 
     def __init__(self, capacity: int):
         self.capacity, self.used, self.items = max(0, int(capacity)), 0, collections.OrderedDict()
         self.hits = 0
 
     def get(self, key):
-        blocks = self.items.get(key)
-        if blocks is not None:
-            self.items.move_to_end(key)
-            self.hits += 1
-        return blocks
+        item = self.items.get(key)
+        if item is None:
+            return None
+        self.items.move_to_end(key)
+        self.hits += 1
+        return item[0]
 
-    def put(self, key, blocks) -> None:
+    def put(self, key, blocks, write) -> None:
+        """Keep ``blocks`` for ``key`` (replacing its older solve, unwritten), ``write()`` pending;
+        units pushed out are written, and so is this one at once if it cannot be kept."""
         size = sum(b.nbytes for b in blocks)
         old = self.items.pop(key, None)
         if old is not None:
-            self.used -= sum(b.nbytes for b in old)
+            self.used -= sum(b.nbytes for b in old[0])
         while self.items and self.used + size > self.capacity:
-            _, gone = self.items.popitem(last=False)
-            self.used -= sum(b.nbytes for b in gone)
+            self._evict()
         if size <= self.capacity:
-            self.items[key] = blocks
+            self.items[key] = (blocks, write)
             self.used += size
+        else:
+            write()
+
+    def _evict(self) -> None:
+        _, (gone, write) = self.items.popitem(last=False)
+        self.used -= sum(b.nbytes for b in gone)
+        write()
+
+    def flush(self) -> None:
+        """Write every kept unit and forget them."""
+        while self.items:
+            self._evict()
 
 
 @functools.lru_cache(maxsize=2)
@@ -374,7 +394,7 @@ def solve_unit(task: UnitTask) -> UnitResult:
         import cupy as xp
     cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
     if cached is not None:  # warm: no read
-        vals, dist, level = cached
+        vals, dist, level, _ = cached
     else:  # the interior read straight into the block (on the GPU: one copy over)
         vals = xp.empty((h + 2, w + 2), vdtype)
         if xp is np:
@@ -388,14 +408,27 @@ def solve_unit(task: UnitTask) -> UnitResult:
         block[0], block[-1], block[1:-1, 0], block[1:-1, -1] = top, bottom, left, right
     d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device,
                               warm=cached is not None)
-    if task.cache is not None:
-        task.cache.put((task.i, task.j), (vals, d, lv))
     host = to_host if task.device == "gpu" else np.array  # copies: the sides outlive the blocks
     sides = {k: {f: host(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
-    d32, pred = to_host(output_distance(d, vals)), to_host(pred)
-    _write_unit(dist_arr, pred_arr, win, d32, pred, task.threads)
-    finite = np.isfinite(d32)
-    return UnitResult(task.i, task.j, sides, int(finite.sum()), float(np.max(d32, where=finite, initial=0.0)))
+    d32 = output_distance(d, vals)
+    finite = xp.isfinite(d32)
+    reached = int(finite.sum())
+    if xp is np:
+        dmax = float(np.max(d32, where=finite, initial=0.0))
+    else:
+        dmax = float(xp.max(xp.where(finite, d32, np.float32(0)))) if reached else 0.0
+    del finite
+
+    def write(d32=None):
+        d32 = output_distance(d, vals) if d32 is None else d32
+        _write_unit(dist_arr, pred_arr, win, to_host(d32), to_host(pred), task.threads)
+
+    if task.cache is not None:  # written when it leaves the cache (the float32 copy made again then)
+        del d32
+        task.cache.put((task.i, task.j), (vals, d, lv, pred), write)
+    else:
+        write(d32)
+    return UnitResult(task.i, task.j, sides, reached, dmax)
 
 
 def _io_bytes() -> tuple[int, int]:
@@ -478,6 +511,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             results = map_shards(solve_unit, [task(i, j) for i, j in batch], scheduler, announce=announce)
             for res in results:
                 absorb(res)
+        if cache is not None:
+            cache.flush()
         unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
         map_shards(solve_unit, [task(i, j, reached=False) for i, j in unreached], scheduler, progress=bar,
                    announce=announce)
