@@ -114,6 +114,47 @@ def test_a_ringed_block_with_true_ring_values_reproduces_the_whole_solve(case):
     np.testing.assert_array_equal(p2, pred[r0:r1, c0:c1])
 
 
+def check_warm_solve(kind: str, device: str):
+    """A sub-block solved cold for an earlier ring (distances higher on one side, another side
+    not known yet: NaN values, +inf distances) and then warm, in the same blocks, for the true
+    ring gives the whole grid's solve inside -- whose distances are scipy's."""
+    v = terraced((150, 140), 5, step=6.0)  # plateaus: levels and ties matter
+    v[np.random.default_rng(6).random(v.shape) < 0.03] = np.nan
+    steps, sources = steps_of(2.0, 3.0), [(4, 7)]
+    whole = ringed(v)
+    dist, level, pred = solve_block(whole, KINDS[kind], steps, sources)
+    np.testing.assert_array_equal(dist[1:-1, 1:-1][~np.isnan(v)],
+                                  reference(v.astype(np.float64), sources, kind, 2.0, 3.0)[~np.isnan(v)])
+    r0, r1, c0, c1 = 40, 140, 30, 130  # interior rows r0..r1-1, cols c0..c1-1 of the DEM (several GPU tiles)
+    true = [a[r0 : r1 + 2, c0 : c1 + 2].copy() for a in (whole, dist, level)]
+    early = [a.copy() for a in true]
+    early[1][0] += 5.0
+    early[0][:, -1], early[1][:, -1], early[2][:, -1] = np.nan, np.inf, NO_LEVEL
+    xp = np
+    if device == "gpu":
+        import cupy as xp
+    blocks = [xp.asarray(a) for a in early]
+    none = np.empty((0, 2), np.int64)
+    d, lv, _ = solve_block(blocks[0], KINDS[kind], steps, none, blocks[1], blocks[2], device=device)
+    blocks[1:] = [d, lv]
+    inner = d[1:-1, 1:-1].get() if xp is not np else d[1:-1, 1:-1]
+    assert (inner > dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1]).sum() > 100  # the early ring's solve is above
+    for block, new in zip(blocks, true):
+        block[0], block[-1], block[:, 0], block[:, -1] = (xp.asarray(x) for x in (new[0], new[-1], new[:, 0],
+                                                                                  new[:, -1]))
+    d, lv, p = (xp.asnumpy(a) if xp is not np else a
+                for a in solve_block(blocks[0], KINDS[kind], steps, none, blocks[1], blocks[2], device=device,
+                                     warm=True))
+    np.testing.assert_array_equal(d[1:-1, 1:-1], dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(lv[1:-1, 1:-1], level[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(p, pred[r0:r1, c0:c1])
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface"])
+def test_a_warm_solve_equals_the_whole_solve(kind):
+    check_warm_solve(kind, "cpu")
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (2, 2), (3, 17)])
 def test_thin_grids(shape):
     v = random_dem(shape, sum(shape))

@@ -9,7 +9,7 @@ from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp._pipeline_cpu import steps_of
 from terrain_io.grid.sssp.incore import ringed, solve_block
 from test_grid_sssp import make_store, random_dem, reference
-from test_grid_sssp_incore import CASES, KINDS, rule_predecessors, terraced
+from test_grid_sssp_incore import CASES, KINDS, check_warm_solve, rule_predecessors, terraced
 
 pytestmark = pytest.mark.gpu
 
@@ -63,6 +63,11 @@ def test_gpu_ringed_block_equals_cpu():
     np.testing.assert_array_equal(dg, dc)
     np.testing.assert_array_equal(lg, lc)
     np.testing.assert_array_equal(pg, pc)
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface"])
+def test_gpu_warm_solve_equals_the_whole_solve(kind):
+    check_warm_solve(kind, "gpu")
 
 
 def test_gpu_store_incore_equals_cpu(tmp_path):

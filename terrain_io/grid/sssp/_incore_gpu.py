@@ -53,9 +53,12 @@ class _WorkLists:
         return rounds
 
 
-def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, limit: float = np.inf):
+def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = False, limit: float = np.inf):
     """:func:`.incore.solve_block` on the GPU: ``vals``/``dist``/``level`` NumPy or CuPy arrays of
-    the ringed block's shape; returns CuPy (dist, level, pred)."""
+    the ringed block's shape; returns CuPy (dist, level, pred) (CuPy ``dist``/``level`` of the
+    right types are solved in place). ``warm``: the interior of ``dist`` holds the solution for
+    an earlier ring that has only fallen since -- an upper bound on the new fixpoint, so the
+    rounds start from the tiles next to the ring only and follow where it improves."""
     import cupy as cp
 
     vals = cp.asarray(vals)
@@ -65,16 +68,20 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, limit: float 
     h, w = H2 - 2, W2 - 2
     mod = _module("float" if vals.dtype == cp.float32 else "double", int(kind))
     d = cp.asarray(dist, dtype=cp.float64)
-    d[1:-1, 1:-1] = cp.inf
+    if not warm:
+        d[1:-1, 1:-1] = cp.inf
     lv = cp.asarray(level, dtype=cp.int32)
     src = cp.asarray(np.asarray(flat_src, np.int64))
     d.reshape(-1)[src] = 0.0
     st = cp.asarray(np.asarray(steps, np.float64))
     ntr, ntc = -(-h // TILE), -(-w // TILE)
     lists = _WorkLists(ntr * ntc)
-    ring_seeded = bool(cp.isfinite(d[0]).any() or cp.isfinite(d[-1]).any() or cp.isfinite(d[:, 0]).any()
-                       or cp.isfinite(d[:, -1]).any())
-    if ring_seeded:
+    if warm:  # the tiles of the block's edge: only a ring cell's fall starts a change
+        t = cp.arange(ntr * ntc, dtype=cp.int32)
+        tr, tc = t // ntc, t % ntc
+        first = t[(tr == 0) | (tr == ntr - 1) | (tc == 0) | (tc == ntc - 1)]
+    elif bool(cp.isfinite(d[0]).any() or cp.isfinite(d[-1]).any() or cp.isfinite(d[:, 0]).any()
+              or cp.isfinite(d[:, -1]).any()):  # seeded by the ring
         first = cp.arange(ntr * ntc, dtype=cp.int32)
     else:
         rows, cols = src // W2 - 1, src % W2 - 1

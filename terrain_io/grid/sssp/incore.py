@@ -47,8 +47,9 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     shape (their interior is overwritten), or None for an all-NaN ring. Returns ``(dist, level,
     pred)``: the block's float64 distances and int32 levels (ring unchanged) and the interior's
     uint8 parent codes. ``device="gpu"`` solves on the GPU (the same bytes; arrays come back as
-    CuPy arrays). ``warm`` (CPU): ``dist`` already holds this block's solution for a ring whose
-    distances have only fallen since; only what the ring's change reaches is solved again.
+    CuPy arrays). ``warm``: ``dist`` already holds this block's solution for a ring whose
+    distances have only fallen since; only what the ring's change reaches is solved again (the
+    levels and codes are found anew).
     ``limit`` (``--max-cost``): cells farther than it stay unreached; the rest get the values of a
     run without it, and the work follows the area reached."""
     H2, W2 = vals.shape
@@ -66,7 +67,7 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     if gpu:
         from ._incore_gpu import solve_block_gpu
 
-        return solve_block_gpu(vals, kind, steps, flat_src, dist, level, limit)
+        return solve_block_gpu(vals, kind, steps, flat_src, dist, level, warm, limit)
     if not warm:
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
@@ -103,6 +104,14 @@ def value_dtype(field) -> np.dtype:
     return np.dtype(np.float32 if small and field.cost_array is None else np.float64)
 
 
+def gpu_free_bytes() -> float:
+    """The GPU memory a solve may take: 90% of the free memory and of what CuPy's pool holds unused."""
+    import cupy
+
+    free, _ = cupy.cuda.Device().mem_info
+    return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
+
+
 def incore_bytes(store, field, device: str, allocation: bool = False) -> int:
     """Memory of the in-core method: the block solve, and the allocation's work arrays (GPU: the
     jumping pointers, two of 4 bytes a cell, and the labels; CPU: the roots, 8 bytes, a flag and a
@@ -115,12 +124,7 @@ def incore_bytes(store, field, device: str, allocation: bool = False) -> int:
 def fits_in_core(store, field, device: str, budget: int, allocation: bool = False) -> bool:
     """The whole grid fits: in ``budget`` bytes of host memory, or in the GPU's free memory."""
     need = incore_bytes(store, field, device, allocation)
-    if device == "gpu":
-        import cupy
-
-        free, _ = cupy.cuda.Device().mem_info
-        return need <= 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
-    return need <= budget
+    return need <= (gpu_free_bytes() if device == "gpu" else budget)
 
 
 def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,

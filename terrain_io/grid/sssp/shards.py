@@ -6,7 +6,9 @@ the engine of :mod:`.incore` (CPU or GPU, :func:`.incore.solve_block`) from its 
 distances and plateau levels of the cells just outside it, which are boundary cells of the
 neighbouring units. Between solves only these *lines* stay in memory -- the outer rows and
 columns of every unit, O(N / U) numbers for N cells and units of side U -- so the run needs no
-scratch on disk at all: each solve reads its unit from the store and writes its result.
+scratch on disk at all: each solve reads its unit from the store and writes its result. Run in
+this process, recently solved units stay in memory (the GPU's on the GPU): solved again warm,
+without a read, and written once when they leave (:class:`UnitCache`).
 
 Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
 III, the merge phase) with units for clusters. A unit waits with the least (distance, plateau
@@ -40,7 +42,7 @@ from ...progress import progress_bar
 from ...backend import to_host
 from ...store import TerrainStore, Window, write_shard
 from ...weights import DC, DR, edge_weights
-from .incore import NO_LEVEL, NO_PRED, block_bytes, output_distance, solve_block, value_dtype
+from .incore import NO_LEVEL, NO_PRED, block_bytes, gpu_free_bytes, output_distance, solve_block, value_dtype
 
 # (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
 # ("top"/"bottom"/"left"/"right": a whole side; a corner: one end of a side)
@@ -77,8 +79,9 @@ WARM_UNITS = 4  # solved units kept for warm re-solves when the unit size is cho
 
 
 def cached_bytes(side: int, value_itemsize: int) -> int:
-    """Memory of one unit kept in a :class:`UnitCache`: its ringed values, distances and levels."""
-    return (side + 2) ** 2 * (value_itemsize + 8 + 4)
+    """Memory of one unit kept in a :class:`UnitCache`: its ringed values, distances and levels,
+    and its parent codes."""
+    return (side + 2) ** 2 * (value_itemsize + 8 + 4 + 1)
 
 
 def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) -> int:
@@ -89,12 +92,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
     cold one, and winding paths bounce between neighbours), else the largest that fits."""
     t = store.tile_size
     h, w = store.shape
-    gpu_free = None
-    if device == "gpu":
-        import cupy
-
-        free, _ = cupy.cuda.Device().mem_info
-        gpu_free = 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
+    gpu_free = gpu_free_bytes() if device == "gpu" else None
 
     def need(side):
         return run_bytes((h, w), side, itemsize, device)
@@ -126,29 +124,35 @@ class Lines:
         self.shape, self.side = (h, w), side
         self.kind, self.steps = kind, np.asarray(steps, np.float64)
         self.nur, self.nuc = -(-h // side), -(-w // side)
-        init = {"v": (np.nan, vdtype), "d": (np.inf, np.float64), "l": (NO_LEVEL, np.int32), "p": (NO_PRED, np.uint8)}
-        self.rows = {f: np.full((self.nur, 2, w), *init[f]) for f in self.FIELDS}
-        self.cols = {f: np.full((self.nuc, 2, h), *init[f]) for f in self.FIELDS}
+        self.init = {"v": (np.nan, vdtype), "d": (np.inf, np.float64), "l": (NO_LEVEL, np.int32),
+                     "p": (NO_PRED, np.uint8)}
+        self.rows = {f: np.full((self.nur, 2, w), *self.init[f]) for f in self.FIELDS}
+        self.cols = {f: np.full((self.nuc, 2, h), *self.init[f]) for f in self.FIELDS}
         self.solved = np.zeros((self.nur, self.nuc), bool)  # its boundary is in the lines
 
     def window(self, i: int, j: int) -> Window:
         s, (h, w) = self.side, self.shape
         return Window(i * s, min((i + 1) * s, h), j * s, min((j + 1) * s, w))
 
-    def ring(self, i: int, j: int, vals, dist, level) -> None:
-        """Fill the ring of unit (i, j)'s blocks ((h + 2) x (w + 2)) from the neighbours' lines."""
+    def ring(self, i: int, j: int) -> dict:
+        """Unit (i, j)'s ring from the neighbours' lines: field (v, d, l) -> (top, bottom, left,
+        right), the ring rows with their corners (w + 2 cells) and the ring columns (h cells);
+        NaN / +inf / NO_LEVEL beyond the DEM. O(h + w): a task carries this, not a block."""
         win = self.window(i, j)
         h, w = win.shape
         a, b = max(win.c0 - 1, 0), min(win.c1 + 1, self.shape[1])  # grid columns of the top/bottom ring rows
-        blocks = {"v": vals, "d": dist, "l": level}
-        for ring_row, band, end in ((0, i - 1, 1), (h + 1, i + 1, 0)):
-            if 0 <= band < self.nur:
-                for f, blk in blocks.items():
-                    blk[ring_row, a - win.c0 + 1 : b - win.c0 + 1] = self.rows[f][band, end, a:b]
-        for ring_col, band, end in ((0, j - 1, 1), (w + 1, j + 1, 0)):
-            if 0 <= band < self.nuc:
-                for f, blk in blocks.items():
-                    blk[1 : h + 1, ring_col] = self.cols[f][band, end, win.r0 : win.r1]
+        out = {}
+        for f in ("v", "d", "l"):
+            top, bottom = np.full(w + 2, *self.init[f]), np.full(w + 2, *self.init[f])
+            left, right = np.full(h, *self.init[f]), np.full(h, *self.init[f])
+            for line, band, end in ((top, i - 1, 1), (bottom, i + 1, 0)):
+                if 0 <= band < self.nur:
+                    line[a - win.c0 + 1 : b - win.c0 + 1] = self.rows[f][band, end, a:b]
+            for line, band, end in ((left, j - 1, 1), (right, j + 1, 0)):
+                if 0 <= band < self.nuc:
+                    line[:] = self.cols[f][band, end, win.r0 : win.r1]
+            out[f] = (top, bottom, left, right)
+        return out
 
     def _side(self, i: int, j: int, name: str):
         """(lines, band, end, cells slice, grid rows, grid cols) of one side of unit (i, j)."""
@@ -260,43 +264,60 @@ class UnitTask:
     i: int
     j: int
     window: Window
-    ring: tuple  # (values, distances, levels) blocks with only the ring filled, or None: unreached
+    ring: dict  # field (v, d, l) -> the ring's four sides (:meth:`Lines.ring`), or None: unreached
     sources: np.ndarray  # (n, 2) interior cells of the unit
     device: str
     threads: int
-    cache: object = None  # a UnitCache (the local CPU schedule), else None
+    cache: object = None  # a UnitCache (the local schedule), else None
     limit: float = np.inf  # --max-cost
     every_cell_valid: bool = False  # an unreached unit is then written without being read
 
 
 class UnitCache:
-    """The solved blocks (values, distances, levels) of recently solved units, least recently used
-    first out, within ``capacity`` bytes. A unit found here is solved again warm: no read, and
-    only what its ring's change reaches (:func:`.incore.solve_block`), the same bytes as a cold
-    solve. Worth most where shortest paths wind back and forth across unit edges."""
+    """The solved blocks (values, distances, levels, parent codes) of recently solved units, least
+    recently used first out, within ``capacity`` bytes. A unit found here is solved again warm: no
+    read, and only what its ring's change reaches (:func:`.incore.solve_block`), the same bytes as
+    a cold solve. Worth most where shortest paths wind back and forth across unit edges.
+
+    Write-back: a kept unit's result is written only when it leaves (``put``'s ``write``, called
+    on eviction, or by :meth:`flush` at the end), so a unit solved again meanwhile is written once."""
 
     def __init__(self, capacity: int):
         self.capacity, self.used, self.items = max(0, int(capacity)), 0, collections.OrderedDict()
         self.hits = 0
 
     def get(self, key):
-        blocks = self.items.get(key)
-        if blocks is not None:
-            self.items.move_to_end(key)
-            self.hits += 1
-        return blocks
+        item = self.items.get(key)
+        if item is None:
+            return None
+        self.items.move_to_end(key)
+        self.hits += 1
+        return item[0]
 
-    def put(self, key, blocks) -> None:
+    def put(self, key, blocks, write) -> None:
+        """Keep ``blocks`` for ``key`` (replacing its older solve, unwritten), ``write()`` pending;
+        units pushed out are written, and so is this one at once if it cannot be kept."""
         size = sum(b.nbytes for b in blocks)
         old = self.items.pop(key, None)
         if old is not None:
-            self.used -= sum(b.nbytes for b in old)
+            self.used -= sum(b.nbytes for b in old[0])
         while self.items and self.used + size > self.capacity:
-            _, gone = self.items.popitem(last=False)
-            self.used -= sum(b.nbytes for b in gone)
+            self._evict()
         if size <= self.capacity:
-            self.items[key] = blocks
+            self.items[key] = (blocks, write)
             self.used += size
+        else:
+            write()
+
+    def _evict(self) -> None:
+        _, (gone, write) = self.items.popitem(last=False)
+        self.used -= sum(b.nbytes for b in gone)
+        write()
+
+    def flush(self) -> None:
+        """Write every kept unit and forget them."""
+        while self.items:
+            self._evict()
 
 
 @functools.lru_cache(maxsize=2)
@@ -306,10 +327,11 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="sssp-units")
 
 
-def _read_values(field, win: Window, vdtype, threads: int) -> np.ndarray:
-    """The unit's cells (NaN where not a vertex), its store shards decoded in parallel threads."""
+def _read_values(field, win: Window, vdtype, threads: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The unit's cells (NaN where not a vertex), its store shards decoded in parallel threads
+    (into ``out`` when given)."""
     st = field.store
-    out = np.empty(win.shape, vdtype)
+    out = np.empty(win.shape, vdtype) if out is None else out
     s = st.tile_size * st.shard_size
     parts = [Window(r, min(r + s, win.r1), c, min(c + s, win.c1))
              for r in range(win.r0, win.r1, s) for c in range(win.c0, win.c1, s)]
@@ -358,43 +380,61 @@ def _result_array(path: str):
 
 
 def solve_unit(task: UnitTask) -> UnitResult:
-    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back."""
+    """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back.
+    A unit in the task's cache is solved warm: its kept blocks (host or GPU), the new ring put in."""
     field = task.field
     dist_arr, pred_arr = _result_array(task.distance), _result_array(task.predecessor)
     win = task.window
     h, w = win.shape
-    warm = task.cache is not None and task.ring is not None and (task.i, task.j) in task.cache.items
+    vdtype = value_dtype(field)
     if task.ring is None:  # never reached: +inf on its vertices, no parents
         if task.every_cell_valid:
             d32 = np.full((h, w), np.inf, np.float32)
         else:
-            interior = _read_values(field, win, value_dtype(field), task.threads)
+            interior = _read_values(field, win, vdtype, task.threads)
             d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
         _write_unit(dist_arr, pred_arr, win, d32, np.full((h, w), NO_PRED, np.uint8), task.threads)
         return UnitResult(task.i, task.j, {}, 0, 0.0)
-    interior = None if warm else _read_values(field, win, value_dtype(field), task.threads)
-    vals, dist, level = task.ring
-    cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
-    if cached is not None:  # warm: the new ring into the kept blocks
-        for kept, new in zip(cached, task.ring):
-            kept[0], kept[-1], kept[:, 0], kept[:, -1] = new[0], new[-1], new[:, 0], new[:, -1]
-        vals, dist, level = cached
-    else:
-        vals[1:-1, 1:-1] = interior
+    xp = np
     if task.device == "gpu":
-        import cupy as cp
-
-        vals = cp.asarray(vals)
+        import cupy as xp
+    cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
+    if cached is not None:  # warm: no read
+        vals, dist, level, _ = cached
+    else:  # the interior read straight into the block (on the GPU: one copy over)
+        vals = xp.empty((h + 2, w + 2), vdtype)
+        if xp is np:
+            _read_values(field, win, vdtype, task.threads, out=vals[1:-1, 1:-1])
+        else:
+            vals[1:-1, 1:-1] = xp.asarray(_read_values(field, win, vdtype, task.threads))
+        dist = xp.empty((h + 2, w + 2), np.float64)  # a cold solve sets the interior to +inf
+        level = xp.full((h + 2, w + 2), NO_LEVEL, np.int32)
+    for block, f in ((vals, "v"), (dist, "d"), (level, "l")):
+        top, bottom, left, right = (xp.asarray(a) for a in task.ring[f])
+        block[0], block[-1], block[1:-1, 0], block[1:-1, -1] = top, bottom, left, right
     d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device,
                               warm=cached is not None, limit=task.limit)
-    if task.cache is not None:
-        task.cache.put((task.i, task.j), (vals, d, lv))
     host = to_host if task.device == "gpu" else np.array  # copies: the sides outlive the blocks
     sides = {k: {f: host(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
-    d32, pred = to_host(output_distance(d, vals)), to_host(pred)
-    _write_unit(dist_arr, pred_arr, win, d32, pred, task.threads)
-    finite = np.isfinite(d32)
-    return UnitResult(task.i, task.j, sides, int(finite.sum()), float(np.max(d32, where=finite, initial=0.0)))
+    d32 = output_distance(d, vals)
+    finite = xp.isfinite(d32)
+    reached = int(finite.sum())
+    if xp is np:
+        dmax = float(np.max(d32, where=finite, initial=0.0))
+    else:
+        dmax = float(xp.max(xp.where(finite, d32, np.float32(0)))) if reached else 0.0
+    del finite
+
+    def write(d32=None):
+        d32 = output_distance(d, vals) if d32 is None else d32
+        _write_unit(dist_arr, pred_arr, win, to_host(d32), to_host(pred), task.threads)
+
+    if task.cache is not None:  # written when it leaves the cache (the float32 copy made again then)
+        del d32
+        task.cache.put((task.i, task.j), (vals, d, lv, pred), write)
+    else:
+        write(d32)
+    return UnitResult(task.i, task.j, sides, reached, dmax)
 
 
 def _io_bytes() -> tuple[int, int]:
@@ -423,10 +463,14 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
-    spare = budget - run_bytes(store.shape, side, vdtype.itemsize, device)
-    # half of what the budget leaves spare keeps solved units for warm re-solves (the other half:
-    # the slack of the estimates above; choose_unit leaves room for WARM_UNITS of them)
-    cache = UnitCache(spare // 2) if scheduler == "local" and device == "cpu" else None
+    # solved units kept for warm re-solves: on the CPU in half of what the budget leaves spare (the
+    # other half: the slack of the estimates; choose_unit leaves room for WARM_UNITS of them), on
+    # the GPU in its free memory less two solves' blocks (the host budget is not touched)
+    if device == "gpu":
+        spare = gpu_free_bytes() - 2 * block_bytes(side, side, vdtype.itemsize)
+    else:
+        spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 2
+    cache = UnitCache(spare) if scheduler == "local" else None
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
     lines = Lines(store.shape, side, vdtype, field.model.kind, field.steps())
@@ -453,12 +497,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
 
         def task(i, j, reached=True):
             win = lines.window(i, j)
-            ring = None
-            if reached:
-                h, w = win.shape
-                ring = (np.full((h + 2, w + 2), np.nan, vdtype), np.full((h + 2, w + 2), np.inf),
-                        np.full((h + 2, w + 2), NO_LEVEL, np.int32))
-                lines.ring(i, j, *ring)
+            ring = lines.ring(i, j) if reached else None
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
                             threads if scheduler == "local" else 1, cache if reached else None, limit,
@@ -486,12 +525,15 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             results = map_shards(solve_unit, [task(i, j) for i, j in batch], scheduler, announce=announce)
             for res in results:
                 absorb(res)
+        if cache is not None:
+            cache.flush()
         unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
         unreached_tasks = [task(i, j, reached=False) for i, j in unreached]
         if scheduler == "local" and len(unreached) > 1:
             # only constant blocks to write (and, with nodata, the values to read): a unit a thread,
             # as many as the budget holds
-            lanes = int(max(1, min(threads, spare // max(1, unit_bytes(side, vdtype.itemsize, "cpu")))))
+            host_spare = budget - run_bytes(store.shape, side, vdtype.itemsize, device)
+            lanes = int(max(1, min(threads, host_spare // max(1, unit_bytes(side, vdtype.itemsize, "cpu")))))
             unreached_tasks = [dataclasses.replace(t, threads=1) for t in unreached_tasks]
             with ThreadPoolExecutor(lanes) as pool:
                 for _ in pool.map(solve_unit, unreached_tasks):
