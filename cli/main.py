@@ -41,7 +41,7 @@ class TerrainGroup(click.Group):
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, debug: bool):
-    """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths."""
+    """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths, filling."""
     ctx.obj = {"quiet": quiet, "debug": debug}
 
 
@@ -50,6 +50,7 @@ def _register() -> None:
     from . import demo, graph, store  # noqa: F401
     from . import mst  # noqa: F401
     from . import sssp  # noqa: F401
+    from . import fill  # noqa: F401
 
 
 class Terminated(KeyboardInterrupt):

@@ -241,3 +241,51 @@ def test_bad_input(tmp_path):
         fill(st, outlets="nowhere", progress=False)
     with pytest.raises(InputError, match="too small"):
         fill(st, memory="1KB", progress=False, device="cpu")
+
+
+def test_cli_fill_table_and_export(tmp_path):
+    import csv
+
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    h = _dem("nodata-holed", 40, 50, seed=2)
+    st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=16, shard=2)
+    out = CliRunner().invoke(cli, ["fill", str(st.path), "--device", "cpu", "--outlets", "edge",
+                                   "--table", str(tmp_path / "d.csv")])
+    assert out.exit_code == 0, out.output
+    vals = np.asarray(st.elevation[...])
+    valid = st.valid(vals)
+    F, _, lab, table = references(vals, valid, False, 1.0)
+    assert f"{len(table['cells']):,} depressions" in out.output
+    assert np.array_equal(read_fill(st)["elevation"][valid], F[valid].astype(np.float32))
+    with open(tmp_path / "d.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["id"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert [int(r["cells"]) for r in rows] == table["cells"].tolist()
+    assert [int(r["spill_row"]) * 50 + int(r["spill_col"]) for r in rows] == table["spill"].tolist()
+    assert np.allclose([float(r["volume"]) for r in rows], table["volume"], rtol=1e-12)
+    for arr in ("fill/depth", "fill/depression", "fill/elevation"):
+        png = tmp_path / (arr.replace("/", "_") + ".png")
+        out = CliRunner().invoke(cli, ["export", str(st.path), arr, "-o", str(png)])
+        assert out.exit_code == 0 and png.stat().st_size > 100, out.output
+
+
+def test_cli_fill_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    out = CliRunner().invoke(cli, ["fill", str(tmp_path / "missing.zarr")])
+    assert out.exit_code == 1 and out.output.startswith("terrain: error:")
+    st = TerrainStore.from_array(tmp_path / "a.zarr", np.ones((20, 20), np.float32), tile=8, shard=2)
+    out = CliRunner().invoke(cli, ["fill", str(st.path), "--memory", "2KB", "--device", "cpu"])
+    assert out.exit_code == 1 and "too small" in out.output and "Traceback" not in out.output
+    out = CliRunner().invoke(cli, ["fill", str(st.path), "--outlets", "sea"])
+    assert out.exit_code == 2
+    out = CliRunner().invoke(cli, ["fill", str(st.path), "--table", str(tmp_path / "no" / "t.csv")])
+    assert out.exit_code == 2 and "does not exist" in out.output
+    assert "fill" not in TerrainStore.open(st.path).results()
