@@ -289,3 +289,49 @@ def test_cli_fill_errors(tmp_path):
     out = CliRunner().invoke(cli, ["fill", str(st.path), "--table", str(tmp_path / "no" / "t.csv")])
     assert out.exit_code == 2 and "does not exist" in out.output
     assert "fill" not in TerrainStore.open(st.path).results()
+
+
+_MEMORY_SCRIPT = textwrap.dedent("""
+    import sys
+    from terrain_io.grid.fill import fill
+    from terrain_io.store import TerrainStore
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+
+    fill(TerrainStore.open(sys.argv[2]), device="cpu", progress=False, held=False)  # compile / load kernels
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+    base = status("VmRSS")
+    res = fill(TerrainStore.open(sys.argv[1]), device="cpu", progress=False, memory=sys.argv[3])
+    print(status("VmHWM") - base, res.method, res.batch_tiles)
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux peak-RSS reset")
+@pytest.mark.slow
+@pytest.mark.parametrize("size,tile,budget", [(4096, 256, 40), (8192, 512, 96)])
+def test_memory_budget_out_of_core(tmp_path, size, tile, budget):
+    """A store larger than the budget: filled tile by tile (re-flooded), peak RSS within the budget,
+    and the same bytes as the held floods on a copy with other tiles."""
+    from terrain_io.synth import synthesize
+
+    synthesize(tmp_path / "big.zarr", size, seed=4, nodata_fraction=0.02, tile=tile, shard=1)
+    synthesize(tmp_path / "warm.zarr", tile * 2 + 3, seed=4, tile=tile, shard=1)
+    out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path / "big.zarr"),
+                          str(tmp_path / "warm.zarr"), f"{budget}MB"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "NUMBA_NUM_THREADS": "2"})
+    grown, method, batch = out.stdout.split()
+    raw = size * size * 4
+    assert method == "tiled" and raw > budget * 2**20
+    assert int(grown) <= (budget + 24) * 2**20 and int(grown) < raw, grown
+    if size > 4096:
+        return
+    vals = np.asarray(TerrainStore.open(tmp_path / "big.zarr").elevation[...])
+    other = TerrainStore.from_array(tmp_path / "other.zarr", vals, tile=1024, shard=2)
+    fill(other, device="cpu", progress=False, held=True)
+    a, b = read_fill(tmp_path / "big.zarr"), read_fill(other)
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k

@@ -206,9 +206,19 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
     base = 1 + offset[tr * ntc + tc]
     m = 0
-    cw = np.empty(4 * th * tw, np.float64)
-    ca = np.empty(4 * th * tw, np.int32)
-    cb = np.empty(4 * th * tw, np.int32)
+    for i in range(th):  # count the touching label pairs first: scratch of their size only
+        for j in range(tw):
+            la = lab[i, j]
+            if la < 0:
+                continue
+            for d in range(4):
+                ni, nj = i + DR[d], j + DC[d]
+                if 0 <= ni < th and 0 <= nj < tw and lab[ni, nj] >= 0 and lab[ni, nj] != la:
+                    m += 1
+    cw = np.empty(m, np.float64)
+    ca = np.empty(m, np.int32)
+    cb = np.empty(m, np.int32)
+    m = 0
     for i in range(th):
         for j in range(tw):
             la = lab[i, j]
@@ -226,7 +236,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 cb[m] = lb
                 m += 1
     order = np.argsort(cw[:m], kind="mergesort")
-    parent = np.arange(B + 1)
+    parent = np.arange(B + 1, dtype=np.int32)
     k = 0
     for q in order:
         ra, rb = _find(parent, ca[q]), _find(parent, cb[q])
@@ -292,9 +302,9 @@ def solve_levels(n_nodes, eu, ev, ew):
     component joins O's at weight w, each of its nodes gets w. NaN: no path to O."""
     G = np.full(n_nodes, np.nan)
     G[0] = -np.inf
-    parent = np.arange(n_nodes)
-    nxt = np.full(n_nodes, -1, np.int64)
-    tail = np.arange(n_nodes)
+    parent = np.arange(n_nodes, dtype=eu.dtype)
+    nxt = np.full(n_nodes, -1, eu.dtype)
+    tail = np.arange(n_nodes, dtype=eu.dtype)
     order = np.argsort(ew, kind="mergesort")
     for q in order:
         ra, rb = _find(parent, eu[q]), _find(parent, ev[q])

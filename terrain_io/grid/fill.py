@@ -161,11 +161,12 @@ def _block_bytes(cells: int, itemsize: int) -> int:
 
 
 def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
-    """(hold the floods of the whole DEM, batch side in tiles). Fixed: the boundary graph (~ 5
-    edges of 24 bytes and 40 bytes of solve state per node) and each thread's tile scratch."""
+    """(hold the floods of the whole DEM, batch side in tiles). Fixed: the boundary graph (about
+    2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of solve
+    and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find)."""
     t = store.tile_size
     threads = numba.get_num_threads()
-    fixed = geo.nodes * 160 + threads * 96 * t * t
+    fixed = geo.nodes * 112 + threads * 40 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
     if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
@@ -181,12 +182,20 @@ def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
     return False, k
 
 
-def _edges(out, ntiles) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _edges(out, ntiles, wdtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's boundary-graph edges, compact: int32 nodes, weights in ``wdtype``."""
     ne, eu, ev, ew = out
     keep = [slice(0, int(ne[t])) for t in range(ntiles)]
-    return (np.concatenate([eu[t, s] for t, s in enumerate(keep)]),
-            np.concatenate([ev[t, s] for t, s in enumerate(keep)]),
-            np.concatenate([ew[t, s] for t, s in enumerate(keep)]))
+    return (np.concatenate([eu[t, s] for t, s in enumerate(keep)]).astype(np.int32),
+            np.concatenate([ev[t, s] for t, s in enumerate(keep)]).astype(np.int32),
+            np.concatenate([ew[t, s] for t, s in enumerate(keep)]).astype(wdtype))
+
+
+def _weight_dtype(dtype) -> np.dtype:
+    """float32 where it holds every elevation exactly (float32, integers of up to 16 bits)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32 if dtype == np.float32 or (dtype.kind in "iu" and dtype.itemsize <= 2)
+                    else np.float64)
 
 
 def _write(arr, win: Window, block: np.ndarray, whole_shard: bool) -> None:
@@ -286,7 +295,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                 else:  # scratch per tile inside the kernel
                     fl, lab = np.empty((1, 1), store.dtype), np.empty((1, 1), np.int32)
                 out = K.graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), fl, lab, plan_held)
-                parts.append(_edges(out, len(b.tiles)))
+                parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
                 del out
                 bar.update(1)
         eu = np.concatenate([p[0] for p in parts])
