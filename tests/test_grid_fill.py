@@ -335,3 +335,13 @@ def test_memory_budget_out_of_core(tmp_path, size, tile, budget):
     a, b = read_fill(tmp_path / "big.zarr"), read_fill(other)
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (2, 2), (17, 3)])
+def test_small_and_empty_dems(tmp_path, shape):
+    rng = np.random.default_rng(sum(shape))
+    h = rng.integers(0, 5, shape).astype(np.float32)
+    check_against_references(TerrainStore.from_array(tmp_path / "a.zarr", h, tile=8, shard=2), held=False)
+    empty = TerrainStore.from_array(tmp_path / "e.zarr", np.full(shape, np.nan, np.float32), tile=8, shard=2)
+    res = fill(empty, device="cpu", progress=False)
+    assert res.depressions == 0 and np.isnan(read_fill(empty)["elevation"]).all()

@@ -255,9 +255,11 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":
         raise InputError(f"cannot fill a DEM of dtype {store.dtype}")
-    device = resolve_device(device)
-    if device == "gpu":
+    if (device or "auto").lower() == "auto":
+        device = "cpu"  # no GPU kernels yet: auto runs on the CPU
+    if resolve_device(device) == "gpu":
         raise DeviceError("fill has no GPU kernels yet: use --device cpu")
+    device = "cpu"
     if check_scheduler(scheduler) != "local":
         raise InputError("fill runs in this process only: use --scheduler local")
     budget = memory_budget(memory)
