@@ -49,6 +49,7 @@ def demo(ctx, out):
     lines = _demo_sssp(st, store_path, out)
     click.echo(_demo_mst(st, beside))
     click.echo("\n".join(lines))
+    _demo_fill(st, store_path, out)
     jit.mark_compiled(cache, "demo")
     click.echo(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
 
@@ -98,3 +99,17 @@ def _demo_sssp(st, store_path: Path, out: Path) -> list[str]:
     return [f"4. sssp     from ({x:.5f}, {y:.5f}), cost |dh| summed: {res.reached:,} cells reached, farthest "
             f"{res.max_distance:.0f} m ({res.phases()}) -> {out / 'distance.png'}",
             f"5. path     to ({tx:.5f}, {ty:.5f}): {len(path.cells)} cells, {path.cost:.0f} m -> {out / 'path.geojson'}"]
+
+
+def _demo_fill(st, store_path: Path, out: Path) -> None:
+    """Step 6: fill the depressions (Priority-Flood levels from the minimax structure), pictures."""
+    from terrain_io.export import export
+    from terrain_io.grid.fill import fill, write_table
+
+    res = fill(st, progress=False)
+    export(store_path, "fill/depth", out / "depth.png", overwrite=True)
+    export(store_path, "fill/depression", out / "depressions.png", overwrite=True)
+    write_table(res, st, out / "depressions.csv")
+    click.echo(f"6. fill     {res.depressions:,} depressions, {res.filled_cells:,} cells raised, volume "
+               f"{res.volume:.4g} ({res.seconds:.2f} s, {res.device}) -> {out / 'depth.png'}, "
+               f"{out / 'depressions.png'}, {out / 'depressions.csv'}")

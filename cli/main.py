@@ -41,7 +41,7 @@ class TerrainGroup(click.Group):
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, debug: bool):
-    """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths."""
+    """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths, filling."""
     ctx.obj = {"quiet": quiet, "debug": debug}
     cache = _state.pop("announce_cache", None)  # set by main(): the terrain command, not a library caller
     if cache is not None and not quiet and ctx.invoked_subcommand not in _NO_KERNELS:
@@ -59,6 +59,7 @@ def _register() -> None:
     from . import demo, graph, store  # noqa: F401
     from . import mst  # noqa: F401
     from . import sssp  # noqa: F401
+    from . import fill  # noqa: F401
 
 
 class Terminated(KeyboardInterrupt):

@@ -259,6 +259,13 @@ def colorize(values: np.ndarray, ramp: np.ndarray) -> np.ndarray:
     return np.stack([np.interp(x, ramp[:, 0], ramp[:, k]) for k in (1, 2, 3)], axis=-1)
 
 
+def _categorical(ids: np.ndarray) -> np.ndarray:
+    """RGB (float 0..255) of integer ids: a fixed pseudo-random bright colour per id."""
+    k = np.nan_to_num(ids).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    rgb = np.stack([(k >> np.uint64(s)) & np.uint64(0xFF) for s in (40, 48, 56)], axis=-1).astype(np.float64)
+    return 64.0 + rgb * (191.0 / 255.0)
+
+
 def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
     import rasterio
 
@@ -268,11 +275,18 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     nodata = _nodata_of(store, name, arr)
     ok = valid_mask(z, nodata) & np.isfinite(z)
     z = np.where(ok, z, np.nan)
-    if name == "elevation":
+    leaf = name.rsplit("/", 1)[-1]
+    if leaf == "elevation":  # the DEM, or a filled one
         dx, dy = store.cell_size
         if store.crs and "GEOGCS" in store.crs[:10]:  # degrees: approximate metres for the relief
             dx, dy = dx * 111320.0 * math.cos(math.radians(store.transform[3])), dy * 110540.0
         rgb = colorize(z, _RAMP) * (0.35 + 0.65 * hillshade(z, dx * factor, dy * factor))[..., None]
+    elif leaf == "depth":  # filled depths: the lakes coloured, dry cells transparent
+        ok &= z > 0
+        rgb = colorize(np.where(ok, z, np.nan), _MAGMA)
+    elif leaf == "depression":  # ids: one colour per depression, transparent outside
+        ok &= z > 0
+        rgb = _categorical(z)
     elif arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
         rgb = np.repeat(np.where(np.nan_to_num(z) > 0, 230.0, 30.0)[..., None], 3, axis=-1)
     else:

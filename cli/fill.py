@@ -1,0 +1,40 @@
+"""``terrain fill STORE``: depression filling and the depression table (terrain_io.grid.fill)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import device_option, quiet, say, scheduler_option
+from .main import cli
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
+              help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata "
+                   "cells are then walls).")
+@click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the depression table (one row per depression) to this CSV file.")
+@device_option
+@click.option("--memory", default=None, metavar="SIZE",
+              help="Memory budget, e.g. 2GB (default: half the free RAM).")
+@scheduler_option
+def fill(store, outlets, table, device, memory, scheduler):
+    """Fill the depressions of the DEM: STORE/fill/elevation (filled DEM), fill/depth (float32) and
+    fill/depression (uint32 id, 0 outside depressions).
+
+    The fill level of a cell is the least, over paths to an outlet, of the highest elevation on the
+    path (Priority-Flood, exactly; the max-weight path to the outside in the minimum spanning
+    forest). Out of core: tiles flooded alone, their boundaries solved together, tiles finished.
+    Depression ids follow each depression's first cell in row-major order.
+    """
+    from terrain_io.grid.fill import fill as run_fill, write_table
+
+    if table is not None and not table.parent.exists():
+        raise click.UsageError(f"--table: folder {table.parent} does not exist")
+    result = run_fill(store, outlets=outlets, device=device, memory=memory, progress=not quiet(),
+                      scheduler=scheduler)
+    if table is not None:
+        write_table(result, store, table)
+    say(result.summary() + (f"; table -> {table}" if table is not None else ""))

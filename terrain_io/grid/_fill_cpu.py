@@ -1,0 +1,578 @@
+"""numba kernels of depression filling (``terrain fill``): tile floods, the boundary solve, lakes.
+
+Blocks and tiles
+    A *block* is a window of whole tiles read with a one-cell halo: ``vals``, ``ok`` (vertex
+    mask, False outside the DEM) and ``outlet`` (cells joined to the outside vertex O) all have the
+    block's shape (h + 2, w + 2); tile ``t`` covers ``[1 + i0 : 1 + i0 + th, 1 + j0 : 1 + j0 + tw]``
+    of them (``tiles[t] = i0, j0, th, tw``). A tile's *perimeter* cells are numbered by
+    :func:`perimeter_id`; its B perimeter cells are nodes ``1 + offset[tile] + id`` of the
+    boundary graph, node 0 is O.
+
+Tile flood (phases 1 and 3)
+    Priority-Flood (Barnes, Lehman & Mulla 2014, with the plain queue for cells at or below the
+    current level, their "Priority-Flood+") inside the tile alone, seeded with every perimeter
+    cell at its own elevation (label = its perimeter id) and every outlet cell inside (label B,
+    the tile's share of O). It gives each cell ``fl`` = the least, over seeds, of the highest
+    elevation on a path inside the tile to that seed, and ``lab`` = the seed reached.
+
+Exactness (Barnes 2016, "Parallel Priority-Flood", in minimax terms)
+    With G(b) the fill level of perimeter cell b, F(v) = max(fl(v), G(lab(v))) exactly: F(v) <=
+    max(fl(v), G(lab)) along the flood's path, and for any seed b, G(lab) <= max(fl(v), m(v, b),
+    G(b)) where fl(v) <= m(v, b) (m: the in-tile minimax), so max(fl, G(lab)) <= F(v).
+    G comes from the boundary graph: per tile the minimum spanning forest of its labels' graph
+    (edge between touching labels weighing max(fl(x), fl(y)): it keeps the in-tile minimax between
+    perimeter cells), cross-tile cell edges max(h_i, h_j), and perimeter outlets joined to O with
+    h. Minimax distances to O over that graph (Kruskal, :func:`solve_levels`) are the G(b).
+
+Lakes
+    Cells with F > h (8-connected) form depressions; tile-local components are joined across tile
+    edges through the perimeter nodes and numbered 1, 2, ... by their least cell id (row-major):
+    the same ids for every tile size, budget and device.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ..weights import DC, DR
+
+NO_LABEL = np.int32(-1)
+
+
+@numba.njit(inline="always", cache=True)
+def perimeter_count(h, w):
+    if h == 1:
+        return w
+    if w == 1:
+        return h
+    return 2 * w + 2 * (h - 2)
+
+
+@numba.njit(inline="always", cache=True)
+def perimeter_id(i, j, h, w):
+    """Index of tile cell (i, j) among the tile's perimeter cells (top row, bottom row, left column,
+    right column), -1 inside."""
+    if i == 0:
+        return j
+    if i == h - 1:
+        return w + j
+    if j == 0:
+        return 2 * w + i - 1
+    if j == w - 1:
+        return 2 * w + h - 2 + i - 1
+    return -1
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def outlets(ok, gr0, gc0, rows, cols, nodata_drains):
+    """Cells joined to O: valid cells on the DEM's edge, or (``nodata_drains``) next to a non-vertex.
+    ``gr0, gc0``: global cell of the block's [1, 1]."""
+    H, W = ok.shape
+    out = np.zeros((H, W), np.bool_)
+    for a in prange(1, H - 1):
+        r = gr0 + a - 1
+        for b in range(1, W - 1):
+            if not ok[a, b]:
+                continue
+            c = gc0 + b - 1
+            if r == 0 or c == 0 or r == rows - 1 or c == cols - 1:
+                out[a, b] = True
+            elif nodata_drains:
+                for d in range(8):
+                    if not ok[a + DR[d], b + DC[d]]:
+                        out[a, b] = True
+                        break
+    return out
+
+
+@numba.njit(inline="always", cache=True)
+def _push(hv, hi, n, v, i):
+    k = n
+    while k > 0:
+        p = (k - 1) >> 1
+        if hv[p] <= v:
+            break
+        hv[k] = hv[p]
+        hi[k] = hi[p]
+        k = p
+    hv[k] = v
+    hi[k] = i
+
+
+@numba.njit(inline="always", cache=True)
+def _pop(hv, hi, n):
+    """Remove the root of a heap of ``n`` entries; returns its index (n - 1 entries remain)."""
+    top = hi[0]
+    n -= 1
+    v, i = hv[n], hi[n]
+    k = 0
+    while True:
+        c = 2 * k + 1
+        if c >= n:
+            break
+        if c + 1 < n and hv[c + 1] < hv[c]:
+            c += 1
+        if hv[c] >= v:
+            break
+        hv[k] = hv[c]
+        hi[k] = hi[c]
+        k = c
+    hv[k] = v
+    hi[k] = i
+    return top
+
+
+@numba.njit(nogil=True, cache=True)
+def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
+    """Priority-Flood+ of one tile from its perimeter and outlets (module docstring); fills ``fl``
+    (the block's dtype) and ``lab`` (int32: perimeter id, B for an outlet inside, -1 unreached)."""
+    B = perimeter_count(th, tw)
+    n = th * tw
+    hv = np.empty(n, vals.dtype)
+    hi = np.empty(n, np.int32)
+    pit = np.empty(n, np.int32)
+    size = 0
+    for i in range(th):
+        for j in range(tw):
+            lab[i, j] = -1
+            a, b = 1 + i0 + i, 1 + j0 + j
+            if not ok[a, b]:
+                continue
+            p = perimeter_id(i, j, th, tw)
+            if p >= 0 or outlet[a, b]:
+                lab[i, j] = p if p >= 0 else B
+                fl[i, j] = vals[a, b]
+                _push(hv, hi, size, vals[a, b], i * tw + j)
+                size += 1
+    head = 0
+    tail = 0
+    while True:
+        if head < tail:
+            c = pit[head]
+            head += 1
+        elif size > 0:
+            c = _pop(hv, hi, size)
+            size -= 1
+        else:
+            break
+        ci = c // tw
+        cj = c - ci * tw
+        lev = fl[ci, cj]
+        lc = lab[ci, cj]
+        for d in range(8):
+            ni = ci + DR[d]
+            nj = cj + DC[d]
+            if ni < 0 or nj < 0 or ni >= th or nj >= tw or lab[ni, nj] >= 0:
+                continue
+            a, b = 1 + i0 + ni, 1 + j0 + nj
+            if not ok[a, b]:
+                continue
+            lab[ni, nj] = lc
+            v = vals[a, b]
+            if v <= lev:
+                fl[ni, nj] = lev
+                pit[tail] = ni * tw + nj
+                tail += 1
+            else:
+                fl[ni, nj] = v
+                _push(hv, hi, size, v, ni * tw + nj)
+                size += 1
+
+
+@numba.njit(inline="always", cache=True)
+def _find(parent, x):
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+@numba.njit(nogil=True, cache=True)
+def _node(gr, gc, rows, cols, T, ntc, offset):
+    """Boundary-graph node of global perimeter cell (gr, gc)."""
+    tr, tc = gr // T, gc // T
+    th = min(T, rows - tr * T)
+    tw = min(T, cols - tc * T)
+    return 1 + offset[tr * ntc + tc] + perimeter_id(gr - tr * T, gc - tc * T, th, tw)
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, eu, ev, ew):
+    """The tile's edges of the boundary graph (module docstring), after :func:`flood_tile`; returns
+    their count. Edges: the minimum spanning forest of its labels' graph (Kruskal), perimeter
+    outlets to O, and cross-tile edges in the forward directions E, SE, S, SW."""
+    B = perimeter_count(th, tw)
+    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
+    base = 1 + offset[tr * ntc + tc]
+    m = 0
+    for i in range(th):  # count the touching label pairs first: scratch of their size only
+        for j in range(tw):
+            la = lab[i, j]
+            if la < 0:
+                continue
+            for d in range(4):
+                ni, nj = i + DR[d], j + DC[d]
+                if 0 <= ni < th and 0 <= nj < tw and lab[ni, nj] >= 0 and lab[ni, nj] != la:
+                    m += 1
+    cw = np.empty(m, np.float64)
+    ca = np.empty(m, np.int32)
+    cb = np.empty(m, np.int32)
+    m = 0
+    for i in range(th):
+        for j in range(tw):
+            la = lab[i, j]
+            if la < 0:
+                continue
+            for d in range(4):
+                ni, nj = i + DR[d], j + DC[d]
+                if ni < 0 or nj < 0 or ni >= th or nj >= tw:
+                    continue
+                lb = lab[ni, nj]
+                if lb < 0 or lb == la:
+                    continue
+                cw[m] = max(fl[i, j], fl[ni, nj])
+                ca[m] = la
+                cb[m] = lb
+                m += 1
+    order = np.argsort(cw[:m], kind="mergesort")
+    parent = np.arange(B + 1, dtype=np.int32)
+    k = 0
+    for q in order:
+        ra, rb = _find(parent, ca[q]), _find(parent, cb[q])
+        if ra == rb:
+            continue
+        parent[ra] = rb
+        eu[k] = 0 if ca[q] == B else base + ca[q]
+        ev[k] = 0 if cb[q] == B else base + cb[q]
+        ew[k] = cw[q]
+        k += 1
+    for i in range(th):
+        for j in range(tw):
+            p = perimeter_id(i, j, th, tw)
+            a, b = 1 + i0 + i, 1 + j0 + j
+            if p < 0 or not ok[a, b]:
+                continue
+            if outlet[a, b]:
+                eu[k] = base + p
+                ev[k] = 0
+                ew[k] = vals[a, b]
+                k += 1
+            for d in range(4):
+                ni, nj = i + DR[d], j + DC[d]
+                if 0 <= ni < th and 0 <= nj < tw:
+                    continue
+                if not ok[a + DR[d], b + DC[d]]:
+                    continue
+                eu[k] = base + p
+                ev[k] = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                ew[k] = max(vals[a, b], vals[a + DR[d], b + DC[d]])
+                k += 1
+    return k
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
+    """Phase 1 of a block: flood every tile (in parallel) and emit its boundary-graph edges.
+    ``keep``: write the floods into the block-shaped ``fl``/``lab`` (held for phase 3), else
+    they are scratch. Returns (counts, eu, ev, ew) with one row of edges per tile."""
+    n = tiles.shape[0]
+    cap = 6 * 4 * T + 8
+    ne = np.zeros(n, np.int64)
+    eu = np.empty((n, cap), np.int64)
+    ev = np.empty((n, cap), np.int64)
+    ew = np.empty((n, cap), np.float64)
+    for t in prange(n):
+        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        if keep:
+            tfl = fl[i0 : i0 + th, j0 : j0 + tw]
+            tlab = lab[i0 : i0 + th, j0 : j0 + tw]
+        else:
+            tfl = np.empty((th, tw), vals.dtype)
+            tlab = np.empty((th, tw), np.int32)
+        flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
+        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
+                           eu[t], ev[t], ew[t])
+    return ne, eu, ev, ew
+
+
+@numba.njit(nogil=True, cache=True)
+def solve_levels(n_nodes, eu, ev, ew):
+    """G: the minimax distance of every node to O (node 0) -- Kruskal with member lists: when a
+    component joins O's at weight w, each of its nodes gets w. NaN: no path to O."""
+    G = np.full(n_nodes, np.nan)
+    G[0] = -np.inf
+    parent = np.arange(n_nodes, dtype=eu.dtype)
+    nxt = np.full(n_nodes, -1, eu.dtype)
+    tail = np.arange(n_nodes, dtype=eu.dtype)
+    order = np.argsort(ew, kind="mergesort")
+    for q in order:
+        ra, rb = _find(parent, eu[q]), _find(parent, ev[q])
+        if ra == rb:
+            continue
+        oa, ob = ra == _find(parent, 0), rb == _find(parent, 0)
+        if oa or ob:
+            x = rb if oa else ra
+            while x >= 0:
+                G[x] = ew[q]
+                x = nxt[x]
+        if ob:
+            ra, rb = rb, ra
+        # rb survives; ra's list hangs after it (for O's component the lists are not needed)
+        parent[ra] = rb
+        if not (oa or ob):
+            nxt[tail[rb]] = ra
+            tail[rb] = tail[ra]
+    return G
+
+
+# -- phase 3 -------------------------------------------------------------------------------------
+@numba.njit(inline="always", cache=True)
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@numba.njit(nogil=True, cache=True)
+def final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, filled, depth, dep):
+    """F = max(fl, G(lab)) of one tile into ``fl`` (and ``filled``, ``depth``), its lakes labelled
+    1..n in ``dep`` by first cell in row-major order (union-find on W, NW, N, NE); returns n."""
+    B = perimeter_count(th, tw)
+    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
+    base = 1 + offset[tr * ntc + tc]
+    parent = np.empty(th * tw, np.int64)
+    for i in range(th):
+        for j in range(tw):
+            a, b = 1 + i0 + i, 1 + j0 + j
+            dep[i, j] = 0
+            if not ok[a, b]:
+                filled[i, j] = vals[a, b]
+                depth[i, j] = np.nan
+                continue
+            la = lab[i, j]
+            h = vals[a, b]
+            f = fl[i, j]
+            if la < 0:
+                f = h
+            elif la < B:
+                g = G[base + la]
+                if g != g:  # an island with no way to O: left as it is
+                    f = h
+                elif g > f:
+                    fl[i, j] = g  # exact: G is an elevation of the DEM
+                    f = fl[i, j]
+            fl[i, j] = f
+            filled[i, j] = f
+            depth[i, j] = np.float32(np.float64(f) - np.float64(h))
+            if f > h:
+                x = i * tw + j
+                parent[x] = x
+                for d in range(4, 8):  # W, NW, N, NE: already scanned
+                    ni, nj = i + DR[d], j + DC[d]
+                    if ni < 0 or nj < 0 or nj >= tw or dep[ni, nj] == 0:
+                        continue
+                    ry, rx = _find(parent, ni * tw + nj), _find(parent, x)
+                    if ry != rx:
+                        if ry < rx:
+                            parent[rx] = ry
+                        else:
+                            parent[ry] = rx
+                dep[i, j] = 1
+    n = 0
+    for i in range(th):
+        for j in range(tw):
+            if dep[i, j] == 0:
+                continue
+            x = i * tw + j
+            r = _find(parent, x)
+            if r == x:
+                n += 1
+                dep[i, j] = n
+            else:
+                dep[i, j] = dep[r // tw, r - (r // tw) * tw]
+    return n
+
+
+@numba.njit(nogil=True, cache=True)
+def lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, fl, dep, c0, st_i, st_f,
+               links, nlinks):
+    """Statistics of a tile's lakes (``dep`` 1..n) into rows ``c0 + k - 1`` of ``st_i`` (least cell
+    id, cells, pit cell, spill cell) and ``st_f`` (level, volume hi/lo in depth x cells, max depth,
+    pit elevation); and ``links``: (node, lake row) for each perimeter lake cell, (-1 - node of the
+    neighbour, lake row) for a lake cell across the tile edge (forward directions)."""
+    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
+    base = 1 + offset[tr * ntc + tc]
+    k = 0
+    for i in range(th):
+        for j in range(tw):
+            lk = dep[i, j]
+            if lk == 0:
+                continue
+            row = c0 + lk - 1
+            a, b = 1 + i0 + i, 1 + j0 + j
+            gid = np.int64(gr0 + i0 + i) * cols + gc0 + j0 + j
+            h = vals[a, b]
+            f = fl[i, j]
+            if st_i[row, 1] == 0:
+                st_i[row, 0] = gid
+                st_i[row, 2] = gid
+                st_i[row, 3] = -1
+                st_f[row, 0] = f
+                st_f[row, 1] = 0.0
+                st_f[row, 2] = 0.0
+                st_f[row, 3] = 0.0
+                st_f[row, 4] = h
+            st_i[row, 1] += 1
+            dd = np.float64(f) - np.float64(h)
+            s, e = _two_sum(st_f[row, 1], dd)
+            st_f[row, 1] = s
+            st_f[row, 2] += e
+            if dd > st_f[row, 3]:
+                st_f[row, 3] = dd
+            if h < st_f[row, 4]:
+                st_f[row, 4] = h
+                st_i[row, 2] = gid
+            for d in range(8):  # spill candidates: neighbours at the lake's level (never in the lake)
+                if ok[a + DR[d], b + DC[d]] and vals[a + DR[d], b + DC[d]] == f:
+                    sid = np.int64(gr0 + i0 + i + DR[d]) * cols + gc0 + j0 + j + DC[d]
+                    if st_i[row, 3] < 0 or sid < st_i[row, 3]:
+                        st_i[row, 3] = sid
+            p = perimeter_id(i, j, th, tw)
+            if p < 0:
+                continue
+            links[k, 0] = base + p
+            links[k, 1] = row
+            k += 1
+            for d in range(4):
+                ni, nj = i + DR[d], j + DC[d]
+                if (0 <= ni < th and 0 <= nj < tw) or not ok[a + DR[d], b + DC[d]]:
+                    continue
+                q = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                if G[q] == G[q] and G[q] > vals[a + DR[d], b + DC[d]]:
+                    links[k, 0] = -1 - q
+                    links[k, 1] = row
+                    k += 1
+    nlinks[0] = k
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def final_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth,
+                dep):
+    """Phase 3 of a block: per tile (in parallel) the flood again unless ``held`` (``fl``/``lab``
+    hold phase 1's), then F, depth, local lakes (``dep``) and their statistics. Returns
+    (lakes per tile, st_i, st_f, links, link counts)."""
+    n = tiles.shape[0]
+    nl = np.zeros(n, np.int64)
+    for t in prange(n):
+        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        tfl = fl[i0 : i0 + th, j0 : j0 + tw]
+        tlab = lab[i0 : i0 + th, j0 : j0 + tw]
+        if not held:
+            flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
+        nl[t] = final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, tfl, tlab,
+                           filled[i0 : i0 + th, j0 : j0 + tw], depth[i0 : i0 + th, j0 : j0 + tw],
+                           dep[i0 : i0 + th, j0 : j0 + tw])
+    start = np.zeros(n + 1, np.int64)
+    for t in range(n):
+        start[t + 1] = start[t] + nl[t]
+    st_i = np.zeros((start[n], 4), np.int64)
+    st_f = np.zeros((start[n], 5), np.float64)
+    cap = 5 * 4 * T + 8
+    links = np.empty((n, cap, 2), np.int64)
+    nlinks = np.zeros((n, 1), np.int64)
+    for t in prange(n):
+        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G,
+                   fl[i0 : i0 + th, j0 : j0 + tw], dep[i0 : i0 + th, j0 : j0 + tw], start[t], st_i, st_f,
+                   links[t], nlinks[t])
+    return nl, st_i, st_f, links, nlinks[:, 0]
+
+
+@numba.njit(nogil=True, cache=True)
+def join_lakes(n_nodes, st_i, st_f, links):
+    """Join tile-local lakes across tile edges; returns (final id per local lake, merged rows of the
+    roots in id order: st_i, st_f). Ids 1, 2, ... in order of each lake's least cell id."""
+    m = st_i.shape[0]
+    parent = np.arange(m)
+    node_lake = np.full(n_nodes, -1, np.int64)
+    for k in range(links.shape[0]):
+        if links[k, 0] >= 0:
+            node_lake[links[k, 0]] = links[k, 1]
+    for k in range(links.shape[0]):
+        if links[k, 0] < 0:
+            other = node_lake[-1 - links[k, 0]]
+            ra, rb = _find(parent, links[k, 1]), _find(parent, other)
+            if ra != rb:
+                if st_i[ra, 0] < st_i[rb, 0]:
+                    parent[rb] = ra
+                else:
+                    parent[ra] = rb
+    acc_i = st_i.copy()
+    acc_f = st_f.copy()
+    for x in range(m):  # fold each lake into its root (the root's own row counted once)
+        r = _find(parent, x)
+        if r == x:
+            continue
+        acc_i[r, 1] += st_i[x, 1]
+        s, e = _two_sum(acc_f[r, 1], st_f[x, 1])
+        acc_f[r, 1] = s
+        acc_f[r, 2] += e + st_f[x, 2]
+        acc_f[r, 3] = max(acc_f[r, 3], st_f[x, 3])
+        if st_f[x, 4] < acc_f[r, 4] or (st_f[x, 4] == acc_f[r, 4] and st_i[x, 2] < acc_i[r, 2]):
+            acc_f[r, 4] = st_f[x, 4]
+            acc_i[r, 2] = st_i[x, 2]
+        if st_i[x, 3] >= 0 and (acc_i[r, 3] < 0 or st_i[x, 3] < acc_i[r, 3]):
+            acc_i[r, 3] = st_i[x, 3]
+    roots = np.zeros(m, np.int64)
+    nr = 0
+    for x in range(m):
+        if _find(parent, x) == x:
+            roots[nr] = x
+            nr += 1
+    roots = roots[:nr]
+    roots = roots[np.argsort(acc_i[roots, 0], kind="mergesort")]
+    rank = np.zeros(m, np.int64)
+    for k in range(nr):
+        rank[roots[k]] = k + 1
+    final = np.zeros(m, np.uint32)
+    for x in range(m):
+        final[x] = rank[_find(parent, x)]
+    return final, acc_i[roots], acc_f[roots]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def relabel(dep, tiles, lake_start, final):
+    """Tile-local lake numbers -> final ids, in place."""
+    for t in prange(tiles.shape[0]):
+        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        s = lake_start[t]
+        for i in range(i0, i0 + th):
+            for j in range(j0, j0 + tw):
+                if dep[i, j]:
+                    dep[i, j] = final[s + dep[i, j] - 1]
+
+
+@numba.njit(nogil=True, cache=True)
+def spill_targets(filled, dep, r0, c0, cols, spill, ids, out):
+    """For each lake ``ids[k]`` whose spill cell ``spill[k]`` and its neighbours lie in the block
+    (``filled``, ``dep``; block cell [0, 0] = global (r0, c0)): the lake holding the spill cell's
+    neighbour of least (level, cell id) among its neighbours in other lakes, else 0 (it spills onto
+    dry land or out of the DEM)."""
+    H, W = dep.shape
+    for k in range(spill.shape[0]):
+        s = spill[k]
+        a = s // cols - r0
+        b = s - (s // cols) * cols - c0
+        best = np.uint32(0)
+        bl = 0.0
+        bid = np.int64(-1)
+        for d in range(8):
+            x, y = a + DR[d], b + DC[d]
+            if x < 0 or y < 0 or x >= H or y >= W or dep[x, y] == 0 or dep[x, y] == ids[k]:
+                continue
+            lv = np.float64(filled[x, y])
+            nid = np.int64(r0 + x) * cols + c0 + y
+            if best == 0 or lv < bl or (lv == bl and nid < bid):
+                best, bl, bid = dep[x, y], lv, nid
+        out[k] = best

@@ -1,0 +1,448 @@
+"""Depression filling of a DEM from its minimax structure, out of core (``terrain fill``).
+
+Definition (DESIGN.md "Fill and depressions from the MST"): an outside vertex O joins every
+valid cell on the DEM's edge or (``outlets="edge+nodata"``, the default) next to a nodata cell,
+with weight h(cell); cell edges weigh max(h_i, h_j). The fill level F(v) is the largest weight on
+v's path to O in the minimum spanning forest -- the least, over paths to O, of the highest
+elevation on the path: exactly Priority-Flood without epsilon (Barnes, Lehman & Mulla 2014).
+Cells with no path to O (islands walled by nodata under ``outlets="edge"``) keep F = h.
+
+The pipeline is Barnes' "Parallel Priority-Flood" (2016, arXiv 1606.06204) in minimax terms,
+three numbered phases over tiles in Morton order (kernels and proof in :mod:`._fill_cpu`):
+
+1. Tile phase -- each tile flooded alone from its perimeter (Priority-Flood+), which gives every
+   cell its in-tile level ``fl`` and the perimeter cell (or inner outlet) it drains through; the
+   tile hands up the minimum spanning forest of its drainage labels' graph: O(T) edges between
+   perimeter cells that keep their in-tile minimax distances, plus its cross-tile edges.
+2. Boundary solve (CPU) -- Kruskal over those O(N/T) edges: G(b), the fill level of every
+   perimeter cell b (its minimax distance to O).
+3. Final phase -- each tile again: F = max(fl, G(label)), exact; F, depth F - h and the tile's
+   lakes (8-connected F > h) are written; lakes are joined across tile edges through the
+   perimeter and numbered 1, 2, ... by their least cell id (row-major), then renumbered in place.
+
+When the whole DEM and its floods fit the memory budget, phase 1's floods are held for phase 3
+(one read, one write); otherwise phase 3 floods each tile again and the store is read twice and
+the lake raster rewritten once -- the same bytes either way, for every tile size and budget.
+
+Depression table, one row per lake: its id, pit cell (the lowest, then least id), spill cell
+(the least cell id among the cells next to the lake at its level: where it overflows), spill
+elevation (= the lake level), ``spills_to`` (the lake holding the spill cell's neighbour of least
+(level, cell id) among its neighbours in other lakes; 0: onto dry land or out of the DEM), area
+(cells and map units^2), volume (sum of depths x cell area; double-double sums, so equal across
+tilings to the last bit but for a rounding tie), maximum depth.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from ..backend import resolve_device
+from ..errors import DeviceError, InputError
+from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..parallel import check_scheduler
+from ..progress import progress_bar
+from ..store import TerrainStore, Window, read_shard, write_shard
+from . import _fill_cpu as K
+from .mst import _Batch, _plan_batches
+
+RESULT = "fill"
+OUTLETS = ("edge+nodata", "edge")
+TABLE_IN_ATTRS = 1000  # the depression table goes into the result's attributes up to this many rows
+TABLE_COLUMNS = ("id", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "spill_row", "spill_col",
+                 "spill_x", "spill_y", "spill_elevation", "spills_to", "cells", "area", "volume", "max_depth")
+
+
+@dataclass
+class Depressions:
+    """The depression table: one entry per lake, in id order (id = index + 1)."""
+
+    least: np.ndarray  # least cell id
+    cells: np.ndarray
+    pit: np.ndarray  # cell id
+    spill: np.ndarray  # cell id
+    level: np.ndarray  # spill elevation = lake level
+    volume_cells: np.ndarray  # sum of depths (elevation units x cells)
+    max_depth: np.ndarray
+    pit_elevation: np.ndarray
+    spills_to: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.least)
+
+    def rows(self, store: TerrainStore) -> dict[str, np.ndarray]:
+        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``."""
+        cols = store.shape[1]
+        dx, dy = store.cell_size
+        pr, pc = self.pit // cols, self.pit % cols
+        sr, sc = self.spill // cols, self.spill % cols
+        px, py = store.cell_to_map(pr, pc)
+        sx, sy = store.cell_to_map(sr, sc)
+        return {"id": np.arange(1, len(self) + 1), "pit_row": pr, "pit_col": pc, "pit_x": px, "pit_y": py,
+                "pit_elevation": self.pit_elevation, "spill_row": sr, "spill_col": sc, "spill_x": sx,
+                "spill_y": sy, "spill_elevation": self.level, "spills_to": self.spills_to, "cells": self.cells,
+                "area": self.cells * (dx * dy), "volume": self.volume_cells * (dx * dy),
+                "max_depth": self.max_depth}
+
+
+@dataclass
+class FillResult:
+    """What ``fill`` computed; the same numbers are the attributes of the ``fill`` result group."""
+
+    outlets: str
+    device: str
+    method: str  # "held" (floods kept in memory) or "tiled" (re-flooded out of core)
+    cells: int
+    depressions: int
+    filled_cells: int
+    volume: float  # map units^3
+    seconds: float
+    timings: dict = field(default_factory=dict)
+    tile_size: int = 0
+    batch_tiles: int = 0
+    table: Depressions | None = None
+
+    def summary(self) -> str:
+        return (f"fill: {self.cells:,} cells, {self.depressions:,} depression{'s' if self.depressions != 1 else ''} "
+                f"({self.filled_cells:,} cells raised), filled volume {self.volume:.6g}, outlets {self.outlets}, "
+                f"{self.seconds:.2f} s, {self.cells / max(self.seconds, 1e-9) / 1e6:.1f} Mcells/s "
+                f"({self.device}, {self.method})")
+
+    def attrs(self) -> dict:
+        return {"outlets": self.outlets, "device": self.device, "method": self.method, "cells": self.cells,
+                "depressions": self.depressions, "filled_cells": self.filled_cells, "volume": self.volume,
+                "seconds": self.seconds, "timings": self.timings, "tile_size": self.tile_size,
+                "batch_tiles": self.batch_tiles,
+                "depression_ids": "1, 2, ... in order of each depression's least cell id (row-major); 0: none"}
+
+
+class _Geometry:
+    """Tiles and boundary-graph nodes of a store: node 0 = O, then each tile's perimeter cells."""
+
+    def __init__(self, rows: int, cols: int, tile: int):
+        self.rows, self.cols, self.tile = rows, cols, tile
+        self.ntr, self.ntc = -(-rows // tile), -(-cols // tile)
+        th = np.minimum(tile, rows - np.arange(self.ntr) * tile)[:, None]
+        tw = np.minimum(tile, cols - np.arange(self.ntc) * tile)[None, :]
+        count = np.where(th == 1, tw, np.where(tw == 1, th, 2 * tw + 2 * (th - 2))).astype(np.int64).ravel()
+        self.offset = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+        self.nodes = 1 + int(count.sum())
+
+    def args(self, win: Window):
+        return win.r0, win.c0, self.rows, self.cols, self.tile, self.ntc, self.offset
+
+
+def _read_block(store: TerrainStore, win: Window, nodata_drains: bool):
+    """A window with a one-cell halo: values, vertex mask (False outside the DEM), outlets."""
+    vals = store.read(win, halo=1)
+    ok = store.valid(vals)
+    rows, cols = store.shape
+    if win.r0 == 0:
+        ok[0] = False
+    if win.c0 == 0:
+        ok[:, 0] = False
+    if win.r1 == rows:
+        ok[-1] = False
+    if win.c1 == cols:
+        ok[:, -1] = False
+    return vals, ok, K.outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
+
+
+def _block_bytes(cells: int, itemsize: int) -> int:
+    """Host memory per block cell: values, masks, floods (levels, labels), depth, lake labels."""
+    return cells * (2 * itemsize + 2 + 4 + 4 + 4)
+
+
+def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
+    """(hold the floods of the whole DEM, batch side in tiles). Fixed: the boundary graph (about
+    2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of solve
+    and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find)."""
+    t = store.tile_size
+    threads = numba.get_num_threads()
+    fixed = geo.nodes * 112 + threads * 40 * t * t
+    rows, cols = store.shape
+    isz = store.dtype.itemsize
+    if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
+        side = max(geo.ntr, geo.ntc)
+        return True, 1 << max(0, math.ceil(math.log2(side)))
+    k = store.shard_size
+    while k > 1 and fixed + 2 * _block_bytes((k * t + 2) ** 2, isz) > budget:
+        k //= 2
+    if fixed + 2 * _block_bytes((k * t + 2) ** 2, isz) > budget:
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: fill needs at least "
+                         f"{format_bytes(fixed + 2 * _block_bytes((t + 2) ** 2, isz))} with {t} x {t} tiles "
+                         "(raise --memory or use smaller tiles)")
+    return False, k
+
+
+def _edges(out, ntiles, wdtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's boundary-graph edges, compact: int32 nodes, weights in ``wdtype``."""
+    ne, eu, ev, ew = out
+    keep = [slice(0, int(ne[t])) for t in range(ntiles)]
+    return (np.concatenate([eu[t, s] for t, s in enumerate(keep)]).astype(np.int32),
+            np.concatenate([ev[t, s] for t, s in enumerate(keep)]).astype(np.int32),
+            np.concatenate([ew[t, s] for t, s in enumerate(keep)]).astype(wdtype))
+
+
+def _weight_dtype(dtype) -> np.dtype:
+    """float32 where it holds every elevation exactly (float32, integers of up to 16 bits)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32 if dtype == np.float32 or (dtype.kind in "iu" and dtype.itemsize <= 2)
+                    else np.float64)
+
+
+def _write(arr, win: Window, block: np.ndarray, whole_shard: bool) -> None:
+    if whole_shard:
+        sh0, sh1 = arr.shards
+        write_shard(arr, win.r0 // sh0, win.c0 // sh1, np.ascontiguousarray(block))
+    else:
+        arr[win.slices] = block
+
+
+def _read(arr, win: Window, whole_shard: bool) -> np.ndarray:
+    if whole_shard:
+        sh0, sh1 = arr.shards
+        return read_shard(arr, win.r0 // sh0, win.c0 // sh1)
+    return np.asarray(arr[win.slices])
+
+
+class _Lakes:
+    """Phase 3's tile-local lakes, gathered in tile order, then joined and numbered."""
+
+    def __init__(self):
+        self.counts, self.st_i, self.st_f, self.links = [], [], [], []
+
+    def add(self, out) -> np.ndarray:
+        """Keep a batch's lakes; returns each of its tiles' first row in the global lake list."""
+        nl, st_i, st_f, links, nlinks = out
+        first = sum(len(s) for s in self.st_i)
+        self.st_i.append(st_i)
+        self.st_f.append(st_f)
+        got = [links[t, : nlinks[t]] for t in range(len(nl))]
+        got = np.concatenate(got) if got else np.empty((0, 2), np.int64)
+        got[:, 1] += first  # rows of this batch -> rows of the whole list
+        self.links.append(got)
+        return first + np.concatenate([[0], np.cumsum(nl)[:-1]]).astype(np.int64)
+
+    def join(self, nodes: int):
+        cat = lambda parts, w: np.concatenate(parts) if parts else np.empty((0, w))  # noqa: E731
+        return K.join_lakes(nodes, cat(self.st_i, 4).astype(np.int64), cat(self.st_f, 5).astype(np.float64),
+                            cat(self.links, 2).astype(np.int64))
+
+
+def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
+         scheduler: str | None = "local", batch_tiles: int | None = None, held: bool | None = None) -> FillResult:
+    """Fill the depressions of the DEM in ``store`` (a TerrainStore or a path); writes
+    ``fill/elevation`` (the DEM's dtype), ``fill/depth`` (F - h, float32) and ``fill/depression``
+    (uint32 lake id, 0 outside lakes) and returns the result with its depression table.
+
+    ``outlets``: ``edge+nodata`` (cells on the DEM's edge or next to nodata drain out) or ``edge``
+    (only the DEM's edge; nodata cells are walls); ``memory``: the budget (default half the free
+    RAM); ``batch_tiles``/``held``: force the batch side / holding the floods (tests, benchmarks).
+    """
+    t_start = time.perf_counter()
+    return_freed_memory_to_os()
+    if outlets not in OUTLETS:
+        raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    if store.dtype.kind not in "iuf":
+        raise InputError(f"cannot fill a DEM of dtype {store.dtype}")
+    if (device or "auto").lower() == "auto":
+        device = "cpu"  # no GPU kernels yet: auto runs on the CPU
+    if resolve_device(device) == "gpu":
+        raise DeviceError("fill has no GPU kernels yet: use --device cpu")
+    device = "cpu"
+    if check_scheduler(scheduler) != "local":
+        raise InputError("fill runs in this process only: use --scheduler local")
+    budget = memory_budget(memory)
+    rows, cols = store.shape
+    geo = _Geometry(rows, cols, store.tile_size)
+    plan_held, k = _plan(store, geo, budget)
+    if held is not None:
+        plan_held = held
+    if batch_tiles is not None:
+        if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
+            raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
+        k = batch_tiles
+    if plan_held:
+        k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
+    batches = _plan_batches(store, k)
+    nodata_drains = outlets == "edge+nodata"
+    whole_shard = k == store.shard_size
+    timings = {}
+    with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+        filled_arr = writer.create_array("elevation", store.dtype, store.elevation.fill_value)
+        depth_arr = writer.create_array("depth", "float32", float("nan"))
+        dep_arr = writer.create_array("depression", "uint32", 0)
+
+        # phase 1: floods and the boundary graph
+        t0 = time.perf_counter()
+        parts = []
+        kept = None
+        with progress_bar(progress, len(batches), "fill: tile phase", unit="batch") as bar:
+            for b in batches:
+                vals, ok, outl = _read_block(store, b.window, nodata_drains)
+                h, w = b.window.shape
+                if plan_held:
+                    kept = (vals, ok, outl, np.empty((h, w), store.dtype), np.empty((h, w), np.int32))
+                    fl, lab = kept[3], kept[4]
+                else:  # scratch per tile inside the kernel
+                    fl, lab = np.empty((1, 1), store.dtype), np.empty((1, 1), np.int32)
+                out = K.graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), fl, lab, plan_held)
+                parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
+                del out
+                bar.update(1)
+        eu = np.concatenate([p[0] for p in parts])
+        ev = np.concatenate([p[1] for p in parts])
+        ew = np.concatenate([p[2] for p in parts])
+        del parts
+        timings["tile_phase"] = time.perf_counter() - t0
+
+        # phase 2: the boundary solve
+        t0 = time.perf_counter()
+        G = K.solve_levels(geo.nodes, eu, ev, ew)
+        del eu, ev, ew
+        timings["solve"] = time.perf_counter() - t0
+
+        # phase 3: final levels, depths, lakes
+        t0 = time.perf_counter()
+        lakes = _Lakes()
+        starts = []
+        filled_cells = 0
+        with progress_bar(progress, len(batches), "fill: final phase", unit="batch") as bar:
+            for b in batches:
+                h, w = b.window.shape
+                if plan_held:
+                    vals, ok, outl, fl, lab = kept
+                else:
+                    vals, ok, outl = _read_block(store, b.window, nodata_drains)
+                    fl, lab = np.empty((h, w), store.dtype), np.empty((h, w), np.int32)
+                depth = np.empty((h, w), np.float32)
+                dep = np.empty((h, w), np.uint32)
+                out = K.final_batch(vals, ok, outl, b.tiles, *geo.args(b.window), G, fl, lab, plan_held, fl,
+                                    depth, dep)
+                starts.append(lakes.add(out))
+                filled_cells += int(np.count_nonzero(dep))
+                if plan_held:
+                    kept = (fl, depth, dep)
+                else:
+                    _write(filled_arr, b.window, fl, whole_shard)
+                    _write(depth_arr, b.window, depth, whole_shard)
+                    _write(dep_arr, b.window, dep, whole_shard)
+                del vals, ok, outl, lab
+                bar.update(1)
+        final, acc_i, acc_f = lakes.join(geo.nodes)
+        del lakes
+        timings["final_phase"] = time.perf_counter() - t0
+
+        # lake ids and spill targets
+        t0 = time.perf_counter()
+        spills_to = np.zeros(len(acc_i), np.uint32)
+        spill = acc_i[:, 3]
+        if plan_held:
+            fl, depth, dep = kept
+            b = batches[0]
+            K.relabel(dep, b.tiles, starts[0], final)
+            K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
+            _write_held(store, (filled_arr, fl), (depth_arr, depth), (dep_arr, dep))
+            del kept, fl, depth, dep
+        else:
+            _relabel_and_spill(store, batches, starts, final, spill, dep_arr, filled_arr, whole_shard, spills_to,
+                               progress)
+        timings["lakes"] = time.perf_counter() - t0
+        table = Depressions(least=acc_i[:, 0], cells=acc_i[:, 1], pit=acc_i[:, 2], spill=spill, level=acc_f[:, 0],
+                            volume_cells=acc_f[:, 1] + acc_f[:, 2], max_depth=acc_f[:, 3],
+                            pit_elevation=acc_f[:, 4], spills_to=spills_to)
+        dx, dy = store.cell_size
+        result = FillResult(outlets=outlets, device=device, method="held" if plan_held else "tiled",
+                            cells=rows * cols, depressions=len(table), filled_cells=filled_cells,
+                            volume=float(table.volume_cells.sum() * dx * dy), seconds=time.perf_counter() - t_start,
+                            timings={k_: round(v, 4) for k_, v in timings.items()}, tile_size=store.tile_size,
+                            batch_tiles=k, table=table)
+        writer.attrs.update(result.attrs())
+        if len(table) <= TABLE_IN_ATTRS:
+            writer.attrs["depression_table"] = {c: v.tolist() for c, v in table.rows(store).items()}
+    return result
+
+
+def _write_held(store: TerrainStore, *pairs) -> None:
+    """Write whole in-memory arrays shard by shard, shards in parallel threads."""
+    wins = list(store.shards())
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
+        list(pool.map(lambda job: _write(job[0], job[1], job[2][job[1].slices], True),
+                      [(arr, win, block) for arr, block in pairs for win in wins]))
+
+
+def _relabel_and_spill(store, batches: list[_Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
+                       spills_to, progress) -> None:
+    """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
+    reading a one-cell halo around each batch that holds spill cells."""
+    rows, cols = store.shape
+    with progress_bar(progress, 2 * len(batches), "fill: lakes", unit="batch") as bar:
+        for b, start in zip(batches, starts):
+            dep = _read(dep_arr, b.window, whole_shard)
+            K.relabel(dep, b.tiles, start, final)
+            _write(dep_arr, b.window, dep, whole_shard)
+            bar.update(1)
+        ids = np.arange(1, len(spill) + 1, dtype=np.uint32)
+        sr, sc = spill // cols, spill % cols
+        for b in batches:
+            w = b.window
+            sel = np.nonzero((sr >= w.r0) & (sr < w.r1) & (sc >= w.c0) & (sc < w.c1))[0]
+            bar.update(1)
+            if not len(sel):
+                continue
+            r0, r1, c0, c1 = max(w.r0 - 1, 0), min(w.r1 + 1, rows), max(w.c0 - 1, 0), min(w.c1 + 1, cols)
+            dep = np.asarray(dep_arr[r0:r1, c0:c1])
+            lev = np.asarray(filled_arr[r0:r1, c0:c1])
+            got = np.zeros(len(sel), np.uint32)
+            K.spill_targets(lev, dep, r0, c0, cols, spill[sel], ids[sel], got)
+            spills_to[sel] = got
+
+
+def fill_array(values: np.ndarray, outlets: str = "edge+nodata", nodata=None, tile: int = 64,
+               workdir=None) -> tuple[np.ndarray, FillResult]:
+    """Fill an in-memory DEM (NaN or ``nodata`` = no vertex): the filled array and the result (a
+    temporary store under ``workdir``; for tests and small arrays)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        st = TerrainStore.from_array(Path(tmp) / "a.zarr", np.asarray(values), tile=tile, shard=4, nodata=nodata)
+        res = fill(st, outlets=outlets, device="cpu", progress=False)
+        return np.asarray(TerrainStore.open(st.path).group[f"{RESULT}/elevation"][...]), res
+
+
+def write_table(result: FillResult, store, path) -> Path:
+    """The depression table as CSV (written under a temporary name, renamed when complete)."""
+    from ..atomic import atomic_file
+
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store), mode="r")
+    cols = result.table.rows(store)
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(TABLE_COLUMNS)
+        for i in range(len(result.table)):
+            out.writerow([_fmt(cols[c][i]) for c in TABLE_COLUMNS])
+    return path
+
+
+def _fmt(v):
+    v = v.item() if hasattr(v, "item") else v
+    return repr(v) if isinstance(v, float) else v
+
+
+def read_fill(store) -> dict[str, np.ndarray]:
+    """The ``fill`` result arrays of ``store`` in memory (small stores, tests)."""
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    return {n: np.asarray(store.group[f"{RESULT}/{n}"][...]) for n in ("elevation", "depth", "depression")}
