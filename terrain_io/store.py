@@ -258,6 +258,23 @@ class TerrainStore:
         return (float(cs[0]), float(cs[1])) if cs else (1.0, 1.0)
 
     @property
+    def metric_cell_size(self) -> tuple[float, float]:
+        """Cell size (dx, dy) in metres: the map units', or for a geographic CRS degrees scaled at the
+        DEM's mid latitude (a local approximation, good for DEMs a few degrees across). Step lengths,
+        areas and volumes use it."""
+        dx, dy = self.cell_size
+        if self.crs and self.transform:
+            try:
+                from rasterio.crs import CRS
+
+                if CRS.from_user_input(self.crs).is_geographic:
+                    _, lat = self.cell_to_map(self.shape[0] / 2, self.shape[1] / 2)
+                    return dx * 111_320.0 * float(np.cos(np.radians(lat))), dy * 110_574.0
+            except Exception:  # an unreadable CRS: keep map units
+                pass
+        return dx, dy
+
+    @property
     def tile_grid(self) -> tuple[int, int]:
         """Number of tile rows and columns (the last ones may be partial)."""
         t = self.tile_size

@@ -28,7 +28,7 @@ Depression table, one row per lake: its id, pit cell (the lowest, then least id)
 (the least cell id among the cells next to the lake at its level: where it overflows), spill
 elevation (= the lake level), ``spills_to`` (the lake holding the spill cell's neighbour of least
 (level, cell id) among its neighbours in other lakes; 0: onto dry land or out of the DEM), area
-(cells and map units^2), volume (sum of depths x cell area; double-double sums, so equal across
+(cells and m^2), volume (sum of depths x cell area; double-double sums, so equal across
 tilings to the last bit but for a rounding tie), maximum depth.
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Depressions:
     def rows(self, store: TerrainStore) -> dict[str, np.ndarray]:
         """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``."""
         cols = store.shape[1]
-        dx, dy = store.cell_size
+        dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
         pr, pc = self.pit // cols, self.pit % cols
         sr, sc = self.spill // cols, self.spill % cols
         px, py = store.cell_to_map(pr, pc)
@@ -102,7 +102,7 @@ class FillResult:
     cells: int
     depressions: int
     filled_cells: int
-    volume: float  # map units^3
+    volume: float  # m^3 (metres of the metric cell size x elevation units)
     seconds: float
     timings: dict = field(default_factory=dict)
     tile_size: int = 0
@@ -361,7 +361,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         table = Depressions(least=acc_i[:, 0], cells=acc_i[:, 1], pit=acc_i[:, 2], spill=spill, level=acc_f[:, 0],
                             volume_cells=acc_f[:, 1] + acc_f[:, 2], max_depth=acc_f[:, 3],
                             pit_elevation=acc_f[:, 4], spills_to=spills_to)
-        dx, dy = store.cell_size
+        dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
         result = FillResult(outlets=outlets, device=device, method="held" if plan_held else "tiled",
                             cells=rows * cols, depressions=len(table), filled_cells=filled_cells,
                             volume=float(table.volume_cells.sum() * dx * dy), seconds=time.perf_counter() - t_start,

@@ -93,7 +93,7 @@ class Field:
         return vals
 
     def steps(self) -> np.ndarray:
-        return K.steps_of(*step_size(self.store))
+        return K.steps_of(*self.store.metric_cell_size)
 
     def every_cell_valid(self) -> bool:
         """True when the store's statistics say every cell is a vertex (no nodata, no cost raster),
@@ -123,22 +123,6 @@ class Field:
             self._tmp = None
 
 
-def step_size(store: TerrainStore) -> tuple[float, float]:
-    """Cell size (dx, dy) for step lengths; in metres for a geographic CRS (degrees scaled at the
-    DEM's mid latitude: a local approximation, good for DEMs a few degrees across)."""
-    dx, dy = store.cell_size
-    if store.crs and store.transform:
-        try:
-            from rasterio.crs import CRS
-
-            if CRS.from_user_input(store.crs).is_geographic:
-                _, lat = store.cell_to_map(store.shape[0] / 2, store.shape[1] / 2)
-                return dx * 111_320.0 * float(np.cos(np.radians(lat))), dy * 110_574.0
-        except Exception:  # an unreadable CRS: keep map units
-            pass
-    return dx, dy
-
-
 @dataclass
 class Index:
     """An opened boundary index: its arrays and the cluster geometry."""
@@ -164,7 +148,7 @@ def cluster_size(store: TerrainStore, cluster: int | None) -> int:
 def _wanted_attrs(store: TerrainStore, field: Field, c: int) -> dict:
     return {"kind": "sssp-boundary-index", "version": INDEX_VERSION, "weight": field.model.name,
             "cluster": c, "tile_size": store.tile_size, "shape": list(store.shape),
-            "cell_size": list(step_size(store)), "cost": field.cost_id}
+            "cell_size": list(store.metric_cell_size), "cost": field.cost_id}
 
 
 def ensure_index(store: TerrainStore, field: Field, cluster: int | None = None, device: str = "cpu",
