@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
 
 from terrain_io import jit
 
@@ -15,6 +16,7 @@ from .common import Timer
 from .main import cli
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "jacksboro_fault_dem.asc"
+TILE, SHARD = 64, 4  # the demo store's tiling
 
 
 @cli.command()
@@ -33,36 +35,88 @@ def demo(ctx, out):
         shutil.rmtree(out)
     out.mkdir(parents=True)
     timer = Timer()
-    store_path = out / "jacksboro.zarr"
-    summary = convert(SAMPLE, store_path, tile=64, shard=4)
-    st = TerrainStore.open(store_path)
-    click.echo(f"1. convert  {SAMPLE.name} (Esri ASCII, {summary.source_bytes / 1e3:.0f} kB) -> {store_path}: "
-               f"{st.shape[0]} x {st.shape[1]} cells in {st.tile_grid[0] * st.tile_grid[1]} tiles of "
-               f"{st.tile_size}^2, z-ordered in shards of {st.shard_size}x{st.shard_size} tiles, "
-               f"elevation {st.attrs['min']:.0f}..{st.attrs['max']:.0f} m ({summary.seconds:.2f} s)")
-    export(store_path, "elevation", out / "elevation.png", overwrite=True)
-    click.echo(f"2. picture  {out / 'elevation.png'} (hillshaded elevation)")
     cache = jit.configure_cache()
     # First run: numba compiles the kernels (most of the time), one core per process. The MST's
-    # kernels then compile in a second process while this one compiles and runs the shortest paths.
-    beside = None if jit.compiled_before(cache, "demo") else _start_mst(store_path)
-    lines = _demo_sssp(st, store_path, out)
-    click.echo(_demo_mst(st, beside))
+    # kernels then compile in a second process, started now, while this one converts and then
+    # compiles and runs the shortest paths.
+    beside = None if jit.compiled_before(cache, "demo") else _start_mst()
+    try:
+        store_path = out / "jacksboro.zarr"
+        summary = convert(SAMPLE, store_path, tile=TILE, shard=SHARD)
+        if beside is not None:
+            _go(beside, store_path)
+        st = TerrainStore.open(store_path)
+        click.echo(f"1. convert  {SAMPLE.name} (Esri ASCII, {summary.source_bytes / 1e3:.0f} kB) -> {store_path}: "
+                   f"{st.shape[0]} x {st.shape[1]} cells in {st.tile_grid[0] * st.tile_grid[1]} tiles of "
+                   f"{st.tile_size}^2, z-ordered in shards of {st.shard_size}x{st.shard_size} tiles, "
+                   f"elevation {st.attrs['min']:.0f}..{st.attrs['max']:.0f} m ({summary.seconds:.2f} s)")
+        export(store_path, "elevation", out / "elevation.png", overwrite=True)
+        click.echo(f"2. picture  {out / 'elevation.png'} (hillshaded elevation)")
+        lines = _demo_sssp(st, store_path, out)
+        click.echo(_demo_mst(st, beside))
+    finally:
+        if beside is not None and beside.poll() is None:
+            beside.kill()  # this process failed: no MST beside it
+            beside.wait()
     click.echo("\n".join(lines))
     _demo_fill(st, store_path, out)
     jit.mark_compiled(cache, "demo")
     click.echo(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
 
 
-def _start_mst(store_path: Path) -> subprocess.Popen | None:
-    """``terrain -q mst STORE`` in a child process (the same interpreter, package and cache)."""
+def _start_mst() -> subprocess.Popen | None:
+    """:func:`_mst_beside` in a child process (the same interpreter, package and cache)."""
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     try:
-        return subprocess.Popen([sys.executable, "-c", "from cli.main import main; main()", "-q", "mst",
-                                 str(store_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen([sys.executable, "-c", "import sys, cli.demo; sys.exit(cli.demo._mst_beside())"],
+                                env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
     except OSError:
         return None  # then the MST runs here
+
+
+def _go(beside: subprocess.Popen, store_path: Path) -> None:
+    """Hand the child the complete store (one line on its stdin)."""
+    try:
+        beside.stdin.write(f"{store_path.resolve()}\n".encode())
+        beside.stdin.close()
+    except OSError:
+        pass  # the child is gone: its exit status says so, and the MST runs here
+
+
+def _warm_dem() -> np.ndarray:
+    """A small DEM of the sample's type (float32, a few nodata cells) over 3 x 3 demo tiles."""
+    values = np.random.default_rng(0).random((2 * TILE + 5, 2 * TILE + 7), dtype=np.float32)
+    values[TILE - 1:TILE + 1, :3] = np.nan
+    return values
+
+
+def _warm_mst() -> None:
+    """Compile (or load) every kernel the demo's MST runs: the MST of :func:`_warm_dem` in the demo's tiling."""
+    import tempfile
+
+    from terrain_io.grid.mst import mst
+    from terrain_io.store import TerrainStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mst(TerrainStore.from_array(Path(tmp) / "warm.zarr", _warm_dem(), tile=TILE, shard=SHARD), progress=False)
+
+
+def _mst_beside() -> int:
+    """The demo's second process on a cold cache: compile the MST's kernels (:func:`_warm_mst`) while
+    the first process converts the sample, then compute the MST of the store named on stdin (once it
+    is complete). Exit status 1 when stdin ends without a store (the first process failed)."""
+    jit.configure_cache()  # before numba is imported (the parent's choice: its environment, the same package)
+    _warm_mst()
+    store_path = sys.stdin.readline().rstrip("\n")
+    if not store_path:
+        return 1
+    from terrain_io.grid.mst import mst
+    from terrain_io.store import TerrainStore
+
+    mst(TerrainStore.open(store_path), progress=False)
+    return 0
 
 
 def _demo_mst(st, beside: subprocess.Popen | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from terrain_io.memory import format_bytes
-from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
+from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
 
 from .common import Timer, quiet, say, scheduler_option
 from .main import cli
@@ -51,6 +51,7 @@ def convert(src, out, tile, shard, dtype, scheduler, overwrite):
 def info(store, as_json):
     """Describe a store: shape, CRS, cell size, tiles, values, nodata, and the results it holds."""
     from terrain_io.integrity import check_manifests
+    from terrain_io.store import TerrainStore
 
     st = TerrainStore.open(store, mode="r")
     results = st.results()
@@ -139,6 +140,7 @@ def verify(store, as_json, threads):
     Lists damaged, missing and unexpected chunk files; exit status 0 only when all is sound.
     """
     from terrain_io.integrity import verify as run
+    from terrain_io.store import TerrainStore
 
     if not (store / "zarr.json").is_file():
         TerrainStore.open(store, mode="r")  # the usual one-line error for a path that is no store

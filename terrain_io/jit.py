@@ -1,7 +1,7 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel; the demo's kernels about 15 s on two cores) and
+so only the first run pays (seconds per kernel; the demo about 14 s on two cores) and
 later processes load the code in milliseconds. Three rules keep that first run short and the cache
 where the user can write:
 
@@ -17,6 +17,11 @@ where the user can write:
   compiles the parallel one. numba's cache key ignores ``parallel``, so the twin is cached under
   its own name (``NAME_serial``): two builds of one function under one name overwrite each other
   and either may load the other's code.
+- **Cheap to compile.** numba links every callee into each caller and optimizes and codegens it
+  again there, so a helper costs once per kernel that calls it. The kernels avoid numba's generic
+  sorts (quick- and mergesort, seconds each: the radix sorts of ``grid/_radix_cpu`` instead), array
+  slice copies (each compiles numba's shape-error message, string formatting included: loops
+  instead), and large ``inline="always"`` helpers called at many sites (``weights.walk_time`` is a call).
 - **Say it once** (:func:`announce_compiles`): the first compilation in a process prints one line,
   so a first run that is slow says why.
 """
@@ -115,7 +120,7 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
             module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
             if not self.said and module.startswith("terrain_io"):
                 self.said = True
-                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~15 s; "
+                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~14 s; "
                     f"cached in {where})")
 
         def on_end(self, ev):

@@ -33,26 +33,13 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from . import integrity
 from .atomic import atomic_directory, before_commit, locked
 from .errors import DamagedStoreError, StoreError, UnverifiedStoreWarning
+from .tiling import DEFAULT_SHARD, DEFAULT_TILE, check_tiling  # noqa: F401 -- this module's API too
 from .zorder import morton_order
 
 FORMAT_VERSION = 2  # 2: chunk checksums (crc32c) and shard manifests; 1: neither (still read)
-DEFAULT_TILE = 256
-DEFAULT_SHARD = 8
 ELEVATION = "elevation"
 _COMPRESSOR = ZstdCodec(level=1)  # ~1 GB/s decode per core: cheaper than re-reading raw bytes
 _CHECKSUM = Crc32cCodec()  # last codec of every chunk: damage is an error, not different numbers
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def check_tiling(tile: int, shard: int) -> None:
-    """Tiles and shards are powers of two so that the quadtree of tiles nests in the one of shards."""
-    if not _is_pow2(tile) or not 8 <= tile <= 8192:
-        raise StoreError(f"tile size must be a power of two between 8 and 8192, got {tile}")
-    if not _is_pow2(shard) or shard > 1024:
-        raise StoreError(f"shard size (tiles per shard side) must be a power of two <= 1024, got {shard}")
 
 
 def fill_value_for(dtype, nodata) -> float | int:

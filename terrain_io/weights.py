@@ -147,7 +147,7 @@ def portable_exp(x):
     return np.ldexp(p, np.int64(k))
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(cache=True)  # a call, not inlined into every edge_weight site: seconds less to compile
 def walk_time(a, b, step):
     """Seconds to walk ``step`` metres from height a to height b (Tobler 1993, the hiking function)."""
     slope = (b - a) / step + 0.05

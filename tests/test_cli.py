@@ -87,3 +87,63 @@ def test_gpu_backend_round_trip():
     g = backend.to_device(x, "gpu")
     assert isinstance(g, cupy.ndarray) and backend.device_of(g) == "gpu"
     np.testing.assert_array_equal(backend.to_host(g), x)
+
+
+def test_demo_mst_beside_on_a_cold_cache(tmp_path, monkeypatch):
+    """On a cold cache the demo computes its MST in a second process (started before the convert, it
+    compiles the kernels meanwhile): that process succeeds, and the store holds the same MST -- the
+    same edge bitmask and summary -- as when the demo computes it in its own process."""
+    import zarr
+
+    from cli import demo
+    from terrain_io import jit
+
+    started = []
+
+    def start():
+        started.append(start_mst())
+        return started[-1]
+
+    start_mst = demo._start_mst
+    monkeypatch.setattr(demo, "_start_mst", start)
+    outputs = {}
+    for cold in (True, False):
+        monkeypatch.setattr(jit, "compiled_before", lambda *a, cold=cold: not cold)
+        monkeypatch.setattr(jit, "mark_compiled", lambda *a: None)
+        result = run("demo", "-o", tmp_path / str(cold))
+        assert result.exit_code == 0, result.output
+        line = next(x for x in result.output.splitlines() if x.startswith("3. mst"))
+        edges = zarr.open_array(tmp_path / str(cold) / "jacksboro.zarr" / "mst" / "edges", mode="r")[...]
+        outputs[cold] = (line.split(" [")[0], edges)
+    assert len(started) == 1 and started[0].returncode == 0
+    assert outputs[True][0] == outputs[False][0]
+    np.testing.assert_array_equal(outputs[True][1], outputs[False][1])
+
+
+def test_demo_mst_beside_warms_every_kernel_and_stops_without_a_store(tmp_path):
+    """The second process's warm-up on a small DEM compiles (or loads) every kernel signature that the
+    demo's MST then runs (none is added after it); with no store on stdin it exits with 1."""
+    script = f"""
+import numba, sys
+from terrain_io.grid import _mst_cpu, _radix_cpu
+from cli import demo
+def signatures():
+    kernels = [v for m in (_mst_cpu, _radix_cpu) for v in vars(m).values()] + list(_mst_cpu._TILE_PHASE.values())
+    return {{(k.py_func.__qualname__, s) for k in kernels if isinstance(k, numba.core.dispatcher.Dispatcher)
+            for s in k.signatures}}
+demo._warm_mst()
+warm = signatures()
+from terrain_io.convert import convert
+from terrain_io.grid.mst import mst
+from terrain_io.store import TerrainStore
+convert(demo.SAMPLE, {str(tmp_path / "s.zarr")!r}, tile=demo.TILE, shard=demo.SHARD)
+mst(TerrainStore.open({str(tmp_path / "s.zarr")!r}), progress=False)
+print(sorted(signatures() - warm) or "none", sorted({{name for name, _ in warm}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    new, warmed = out.stdout.split(" ", 1)
+    assert new == "none", out.stdout + out.stderr
+    assert all(k in warmed for k in ("'merge_blocks'", "'tile_phase_cells_serial'", "'apply_decisions'")), warmed
+    code = subprocess.run([sys.executable, "-c", "import sys, cli.demo; sys.exit(cli.demo._mst_beside())"],
+                          stdin=subprocess.DEVNULL, capture_output=True)
+    assert code.returncode == 1, code.stderr

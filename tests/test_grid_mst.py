@@ -291,8 +291,8 @@ def test_integer_types(tmp_path, dtype):
 
 @pytest.mark.parametrize("by_shards", [True, False])
 def test_deep_batches_and_both_expand_paths(tmp_path, monkeypatch, by_shards):
-    """Batches of 8 x 8 tiles (three merge levels inside one ``merge_batch`` call) and batches of
-    2 x 2 inside 8 x 8 shards, with ties and nodata at tile corners; the expand pass over whole
+    """Batches of 8 x 8 tiles (three merge levels inside one ``merge_batch`` call, or block by block
+    as a small DEM merges) and batches of 2 x 2 inside 8 x 8 shards, with ties and nodata at tile corners; the expand pass over whole
     shards and, forced, over the tile phase's batches: every way scipy's forest."""
     monkeypatch.setattr(sys.modules["terrain_io.grid.mst"], "_expand_by_shards", lambda *a: by_shards)
     vals = terrain(150, 133, seed=7, levels=12)
@@ -300,18 +300,22 @@ def test_deep_batches_and_both_expand_paths(tmp_path, monkeypatch, by_shards):
     vals[::8, ::8] = np.nan  # tile corners
     valid = valid_mask(vals, None)
     want, total = scipy_msf(vals, valid)
-    for batch in (8, 2):
-        res, got, _ = run(tmp_path, vals, tile=8, shard=8, name=f"b{batch}.zarr", batch_tiles=batch)
+    for batch, below in ((8, None), (2, None), (8, 0), (2, 0)):
+        if below is not None:  # as a large DEM: full batches merged inside one merge_batch call
+            monkeypatch.setattr(sys.modules["terrain_io.grid.mst"], "SERIAL_BELOW", below)
+        res, got, _ = run(tmp_path, vals, tile=8, shard=8, name=f"b{batch}-{below}.zarr", batch_tiles=batch)
         assert res.batch_tiles == batch
-        assert got == want, batch
+        assert got == want, (batch, below)
         assert Fraction(res.total_weight_exact) == total and res.trees == islands(valid)
 
 
 def test_merge_sorts_against_numpy():
     """The merge's two sorts: edges in the strict order (weight, code) -- numpy's lexsort, with
     negative weights, signed zeros (equal), ties, huge codes; vertex ids given as a few sorted runs
-    -- numpy's argsort (and many runs, where it falls back)."""
+    -- numpy's argsort (and many runs, where it falls back to the radix argsort, checked against
+    numpy's stable argsort too)."""
     from terrain_io.grid._mst_cpu import _argsort_runs, _argsort_strict
+    from terrain_io.grid._radix_cpu import argsort_int
 
     rng = np.random.default_rng(11)
     for m in (0, 1, 2, 17, 1000, 5000):
@@ -324,6 +328,9 @@ def test_merge_sorts_against_numpy():
         ids = np.concatenate([np.sort(rng.choice(10**9, 300, replace=False)) + k * 10**9
                               for k in rng.permutation(runs)])
         np.testing.assert_array_equal(_argsort_runs(ids), np.argsort(ids))
+    for m in (0, 1, 300, 5000):  # the radix argsort: numpy's stable argsort, with ties and negatives
+        for a in (rng.integers(-5, 6, m), rng.integers(-2**62, 2**62, m), rng.integers(0, 2**31, m) | 7):
+            np.testing.assert_array_equal(argsort_int(a.astype(np.int64)), np.argsort(a, kind="stable"))
 
 
 def test_exact_weight_sum_against_fractions_and_frexp():

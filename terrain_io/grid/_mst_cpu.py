@@ -31,6 +31,7 @@ from numba import prange
 
 from ..jit import njit_as
 from ..weights import DC, DR, edge_weight, float64_bits
+from ._radix_cpu import argsort_int, radix_argsort, radix_sort32
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
@@ -39,16 +40,6 @@ RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inve
 EXP_OFFSET = 1100
 N_EXP = 2200
 _LO_BITS = 26
-
-
-@numba.njit(inline="always", cache=True)
-def _exclusive_scan(count):
-    """count[d] <- the sum of count[:d] (a radix pass's start of each digit's run), in place."""
-    total = 0
-    for d in range(count.shape[0]):
-        c = count[d]
-        count[d] = total
-        total += c
 
 
 @numba.njit(inline="always", cache=True)
@@ -159,30 +150,6 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
 
 
 @numba.njit(cache=True)
-def _radix_sort32(keys, vals):
-    """Stable LSD radix sort of uint32 ``keys`` (8-bit digits) carrying ``vals`` along."""
-    m = keys.shape[0]
-    k2 = np.empty_like(keys)
-    v2 = np.empty_like(vals)
-    count = np.empty(256, dtype=np.int64)
-    for shift in range(0, 32, 8):
-        count[:] = 0
-        for x in range(m):
-            count[(keys[x] >> shift) & 0xFF] += 1
-        if count.max() == m:
-            continue  # one digit value: nothing to move
-        _exclusive_scan(count)
-        for x in range(m):
-            d = (keys[x] >> shift) & 0xFF
-            k2[count[d]] = keys[x]
-            v2[count[d]] = vals[x]
-            count[d] += 1
-        keys, k2 = k2, keys
-        vals, v2 = v2, vals
-    return keys, vals
-
-
-@numba.njit(cache=True)
 def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
     """Kruskal for the ``max`` model, sorting cells instead of edges (4x fewer keys).
 
@@ -212,7 +179,7 @@ def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
                 ids[m] = (i + 1) * W + j + 1
                 pk[ids[m]] = k
                 m += 1
-    keys, ids = _radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
+    keys, ids = radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
     off = np.empty(8, dtype=np.int64)
     for d in range(8):
         off[d] = DR[d] * W + DC[d]
@@ -243,8 +210,13 @@ def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
                     else:
                         buf[ne] = u * 4 + DIR_TO_RANK[d - 4]
                     ne += 1
-        if ne > 32:
-            buf[:ne] = np.sort(buf[:ne])
+        if ne > 32:  # codes < 4 (h + 2) (w + 2) < 2**32 (tiles <= 8192): the cells' radix sort
+            ck = np.empty(ne, dtype=np.uint32)
+            for x in range(ne):
+                ck[x] = np.uint32(buf[x])
+            ck, _ = radix_sort32(ck, np.empty(ne, dtype=np.int32))  # nothing to carry
+            for x in range(ne):
+                buf[x] = np.int64(ck[x])
         else:  # usually a single cell's few edges: insertion sort, no allocation
             for x in range(1, ne):
                 y = buf[x]
@@ -468,7 +440,12 @@ def _tile_phase_kernel(forest: int, parallel: bool):
                                  vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
             nv[t] = a
             ne[t] = b
-        return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets.sum(axis=0)
+        total = np.zeros((2, N_EXP), dtype=np.int64)  # (a loop: numba's sum(axis) compiles slowly)
+        for t in range(n):
+            for x in range(N_EXP):
+                total[0, x] += buckets[t, 0, x]
+                total[1, x] += buckets[t, 1, x]
+        return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, total
 
     name = f"tile_phase_{_FOREST_NAMES[forest]}" + ("" if parallel else "_serial")
     return njit_as(tile_phase, name, parallel=parallel, nogil=True)
@@ -510,14 +487,14 @@ def _is_separator(code, cols, tile):
 @numba.njit(cache=True)
 def _argsort_runs(a):
     """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
-    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: argsort."""
+    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: a radix sort."""
     n = a.shape[0]
     bounds = [0]
     for i in range(1, n):
         if a[i] < a[i - 1]:
             bounds.append(i)
             if len(bounds) > 16:
-                return np.argsort(a)
+                return argsort_int(a)
     bounds.append(n)
     idx = np.arange(n)
     tmp = np.empty(n, dtype=np.int64)
@@ -526,7 +503,8 @@ def _argsort_runs(a):
         for r in range(0, len(bounds) - 1, 2):
             lo = bounds[r]
             if r + 2 >= len(bounds):  # an odd run left over
-                tmp[lo:bounds[r + 1]] = idx[lo:bounds[r + 1]]
+                for x in range(lo, bounds[r + 1]):
+                    tmp[x] = idx[x]
                 nb.append(bounds[r + 1])
                 continue
             mid = bounds[r + 1]
@@ -555,27 +533,6 @@ def _argsort_runs(a):
 
 
 @numba.njit(cache=True)
-def _radix_pass_sort(keys, idx, tmp):
-    """Stable LSD radix sort (8-bit digits) of ``idx`` by ``keys[idx]`` (uint64); digits equal
-    everywhere are skipped. Returns the sorted index array (``idx`` or ``tmp``)."""
-    m = idx.shape[0]
-    count = np.empty(256, dtype=np.int64)
-    for shift in range(0, 64, 8):
-        count[:] = 0
-        for x in range(m):
-            count[(keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)] += 1
-        if count.max() == m:
-            continue
-        _exclusive_scan(count)
-        for x in range(m):
-            d = (keys[idx[x]] >> np.uint64(shift)) & np.uint64(0xFF)
-            tmp[count[d]] = idx[x]
-            count[d] += 1
-        idx, tmp = tmp, idx
-    return idx, tmp
-
-
-@numba.njit(cache=True)
 def _argsort_strict(w, code):
     """Indices of the edges in the strict order (weight, code): radix sorts by code, then (stable)
     by an order-preserving uint64 image of the weight (IEEE bits, signs folded; -0.0 as 0.0, equal
@@ -595,8 +552,8 @@ def _argsort_strict(w, code):
         ck[x] = np.uint64(code[x])
     idx = np.arange(m)
     tmp = np.empty(m, dtype=np.int64)
-    idx, tmp = _radix_pass_sort(ck, idx, tmp)
-    idx, tmp = _radix_pass_sort(wk, idx, tmp)
+    idx, tmp = radix_argsort(ck, idx, tmp)
+    idx, tmp = radix_argsort(wk, idx, tmp)
     return idx
 
 
@@ -660,10 +617,11 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
         av[k] = np.searchsorted(vid, ev[k])
         aw[k] = ew[k]
         ac[k] = ecode[k]
-    au[nold:] = su[:ns]
-    av[nold:] = sv[:ns]
-    aw[nold:] = sw[:ns]
-    ac[nold:] = sc[:ns]
+    for k in range(ns):  # (loops, here and below: a slice copy compiles numba's shape-error message)
+        au[nold + k] = su[k]
+        av[nold + k] = sv[k]
+        aw[nold + k] = sw[k]
+        ac[nold + k] = sc[k]
     order = _argsort_strict(aw, ac)
     removed_c = np.empty(m_all, dtype=np.int64)
     removed_w = np.empty(m_all, dtype=np.float64)

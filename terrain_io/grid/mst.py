@@ -106,7 +106,11 @@ class _Block:
 class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
-    def __init__(self, store: TerrainStore, kind: int):
+    def __init__(self, store: TerrainStore, kind: int, batched: bool = True):
+        """``batched``: merge a full batch's levels in one compiled call (``merge_batch``); else
+        block by block like a batch cut by the DEM's edge -- the same merges, and a small job then
+        never compiles ``merge_batch`` (see :data:`terrain_io.jit.SERIAL_BELOW`)."""
+        self.batched = batched
         self.rows, self.cols = store.shape
         self.tile = store.tile_size
         ntr, ntc = store.tile_grid
@@ -185,7 +189,7 @@ class _Merger:
         tiles) for merging; a full batch starts merging inside at once, in the pool."""
         if self._error is not None:
             raise self._error
-        if len(b.codes) == side * side and side > 1:
+        if self.batched and len(b.codes) == side * side and side > 1:
             work = self.pool.submit(self._merge_batch, b, out, side)
         else:
             work = _blocks(b, out)
@@ -447,7 +451,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     batches = _plan_batches(store, k)
     rows, cols = store.shape
     cap = 8 * store.tile_size + 8
-    merger = _Merger(store, model.kind)
+    merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
     timings = {"read": 0.0, "gpu": 0.0, "wait": 0.0, "tile": 0.0, "write": 0.0}

@@ -20,6 +20,7 @@ from numba import prange
 
 from ...jit import serial_twin
 from ...weights import DC, DR, edge_weight
+from .._radix_cpu import argsort_int
 
 NO_PRED = 255
 NO_LEVEL = np.int32(2**31 - 1)
@@ -134,8 +135,10 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
     # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
     # it), so that popped cells need no bounds checks
     ring = _ring_cells(h, w)
-    saved = dist[ring]
-    dist[ring] = -np.inf
+    saved = np.empty(ring.shape[0], np.float64)
+    for x in range(ring.shape[0]):  # (loops: an array assignment compiles numba's shape-error message)
+        saved[x] = dist[ring[x]]
+        dist[ring[x]] = -np.inf
     pops = 0
     while n > 0:
         du = hk[0]
@@ -162,7 +165,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
                     hk, hv = _grow(hk, hv, cap)
                 _push(hk, hv, n, nd, v)
                 n += 1
-    dist[ring] = saved
+    for x in range(ring.shape[0]):
+        dist[ring[x]] = saved[x]
     return pops
 
 
@@ -187,8 +191,9 @@ def _ring_cells(h, w):
 def _grow(hk, hv, cap):
     nk = np.empty(cap, np.float64)
     nv = np.empty(cap, np.int64)
-    nk[: hk.size] = hk
-    nv[: hv.size] = hv
+    for x in range(hk.size):  # (see solve_distances: no slice copy)
+        nk[x] = hk[x]
+        nv[x] = hv[x]
     return nk, nv
 
 
@@ -248,7 +253,7 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
             seed_level[m] = best
             m += 1
     # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
-    order = np.argsort(seed_level, kind="mergesort")
+    order = argsort_int(seed_level)  # stable
     queue = np.empty(count, np.int64)
     qlevel = np.empty(count, np.int64)
     head = tail = 0
