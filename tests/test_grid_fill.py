@@ -180,6 +180,27 @@ def test_synthetic_dems(tmp_path, kind, outlets):
             assert got[k].tobytes() == first[k].tobytes(), k
 
 
+@pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
+def test_parallel_kernels_equal_their_serial_twins(tmp_path, monkeypatch, outlets):
+    """Small DEMs run the serial builds; the parallel ones (large DEMs), forced here, against the
+    references and the serial bytes, held and re-flooded."""
+    import terrain_io.grid.fill as fill_module
+
+    h = _dem("nodata-holed", 61, 50, seed=4)
+    serial = {}
+    for held in (True, False):
+        st = TerrainStore.from_array(tmp_path / f"s{held}.zarr", h, tile=16, shard=2)
+        check_against_references(st, outlets, held=held)
+        serial[held] = read_fill(st)
+    monkeypatch.setattr(fill_module, "SERIAL_BELOW", 0)
+    for held in (True, False):
+        st = TerrainStore.from_array(tmp_path / f"p{held}.zarr", h, tile=16, shard=2)
+        check_against_references(st, outlets, held=held)
+        got = read_fill(st)
+        for k in got:
+            assert got[k].tobytes() == serial[held][k].tobytes(), k
+
+
 def test_edge_outlets_wall_in_islands(tmp_path):
     """Under ``edge`` a nodata ring walls in an island: no way out, it keeps its elevations; under
     ``edge+nodata`` the ring drains it."""

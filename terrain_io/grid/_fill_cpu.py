@@ -35,7 +35,9 @@ import numba
 import numpy as np
 from numba import prange
 
+from ..jit import serial_twin
 from ..weights import DC, DR
+from ._radix_cpu import argsort_float, argsort_int
 
 NO_LABEL = np.int32(-1)
 
@@ -235,7 +237,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 ca[m] = la
                 cb[m] = lb
                 m += 1
-    order = np.argsort(cw[:m], kind="mergesort")
+    order = argsort_float(cw[:m])
     parent = np.arange(B + 1, dtype=np.int32)
     k = 0
     for q in order:
@@ -305,7 +307,7 @@ def solve_levels(n_nodes, eu, ev, ew):
     parent = np.arange(n_nodes, dtype=eu.dtype)
     nxt = np.full(n_nodes, -1, eu.dtype)
     tail = np.arange(n_nodes, dtype=eu.dtype)
-    order = np.argsort(ew, kind="mergesort")
+    order = argsort_float(ew)
     for q in order:
         ra, rb = _find(parent, eu[q]), _find(parent, ev[q])
         if ra == rb:
@@ -531,7 +533,7 @@ def join_lakes(n_nodes, st_i, st_f, links):
             roots[nr] = x
             nr += 1
     roots = roots[:nr]
-    roots = roots[np.argsort(acc_i[roots, 0], kind="mergesort")]
+    roots = roots[argsort_int(acc_i[roots, 0].astype(np.int64))]
     rank = np.zeros(m, np.int64)
     for k in range(nr):
         rank[roots[k]] = k + 1
@@ -576,3 +578,11 @@ def spill_targets(filled, dep, r0, c0, cols, spill, ids, out):
             if best == 0 or lv < bl or (lv == bl and nid < bid):
                 best, bl, bid = dep[x, y], lv, nid
         out[k] = best
+
+
+# Small DEMs (fewer than SERIAL_BELOW cells) run the same loops without threads: no thread pool to
+# start, and a first run compiles no parallel build (terrain_io.jit)
+outlets_serial = serial_twin(outlets)
+graph_batch_serial = serial_twin(graph_batch)
+final_batch_serial = serial_twin(final_batch)
+relabel_serial = serial_twin(relabel)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..weights import float64_bits
+
 
 @numba.njit(inline="always", cache=True)
 def exclusive_scan(count):
@@ -85,6 +87,21 @@ def argsort_int(a):
     idx = np.empty(m, dtype=np.int64)
     for x in range(m):
         keys[x] = np.uint64(a[x]) ^ (np.uint64(1) << np.uint64(63))
+        idx[x] = x
+    idx, _ = radix_argsort(keys, idx, np.empty(m, dtype=np.int64))
+    return idx
+
+
+@numba.njit(cache=True)
+def argsort_float(a):
+    """``np.argsort(a, kind="stable")`` of a float array without NaN: the IEEE bits mapped to
+    unsigned order (negative: all bits flipped; else the sign bit set), -0.0 taken as +0.0."""
+    m = a.shape[0]
+    keys = np.empty(m, dtype=np.uint64)
+    idx = np.empty(m, dtype=np.int64)
+    for x in range(m):
+        bits = np.uint64(float64_bits(np.float64(a[x]) + 0.0))
+        keys[x] = ~bits if bits >> np.uint64(63) else bits | (np.uint64(1) << np.uint64(63))
         idx[x] = x
     idx, _ = radix_argsort(keys, idx, np.empty(m, dtype=np.int64))
     return idx

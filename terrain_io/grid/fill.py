@@ -50,6 +50,7 @@ from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_shard, write_shard
+from ..jit import SERIAL_BELOW
 from . import _fill_cpu as K
 from .mst import _Batch, _plan_batches
 
@@ -152,7 +153,7 @@ def _read_block(store: TerrainStore, win: Window, nodata_drains: bool):
         ok[-1] = False
     if win.c1 == cols:
         ok[:, -1] = False
-    return vals, ok, K.outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
+    return vals, ok, _kernel("outlets", rows * cols)(ok, win.r0, win.c0, rows, cols, nodata_drains)
 
 
 def _block_bytes(cells: int, itemsize: int) -> int:
@@ -264,6 +265,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         raise InputError("fill runs in this process only: use --scheduler local")
     budget = memory_budget(memory)
     rows, cols = store.shape
+    graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = _Geometry(rows, cols, store.tile_size)
     plan_held, k = _plan(store, geo, budget)
     if held is not None:
@@ -296,7 +298,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                     fl, lab = kept[3], kept[4]
                 else:  # scratch per tile inside the kernel
                     fl, lab = np.empty((1, 1), store.dtype), np.empty((1, 1), np.int32)
-                out = K.graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), fl, lab, plan_held)
+                out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), fl, lab, plan_held)
                 parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
                 del out
                 bar.update(1)
@@ -327,7 +329,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                     fl, lab = np.empty((h, w), store.dtype), np.empty((h, w), np.int32)
                 depth = np.empty((h, w), np.float32)
                 dep = np.empty((h, w), np.uint32)
-                out = K.final_batch(vals, ok, outl, b.tiles, *geo.args(b.window), G, fl, lab, plan_held, fl,
+                out = final_batch(vals, ok, outl, b.tiles, *geo.args(b.window), G, fl, lab, plan_held, fl,
                                     depth, dep)
                 starts.append(lakes.add(out))
                 filled_cells += int(np.count_nonzero(dep))
@@ -350,7 +352,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         if plan_held:
             fl, depth, dep = kept
             b = batches[0]
-            K.relabel(dep, b.tiles, starts[0], final)
+            relabel(dep, b.tiles, starts[0], final)
             K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
             _write_held(store, (filled_arr, fl), (depth_arr, depth), (dep_arr, dep))
             del kept, fl, depth, dep
@@ -386,10 +388,11 @@ def _relabel_and_spill(store, batches: list[_Batch], starts, final, spill, dep_a
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
     reading a one-cell halo around each batch that holds spill cells."""
     rows, cols = store.shape
+    relabel = _kernel("relabel", rows * cols)
     with progress_bar(progress, 2 * len(batches), "fill: lakes", unit="batch") as bar:
         for b, start in zip(batches, starts):
             dep = _read(dep_arr, b.window, whole_shard)
-            K.relabel(dep, b.tiles, start, final)
+            relabel(dep, b.tiles, start, final)
             _write(dep_arr, b.window, dep, whole_shard)
             bar.update(1)
         ids = np.arange(1, len(spill) + 1, dtype=np.uint32)
@@ -446,3 +449,9 @@ def read_fill(store) -> dict[str, np.ndarray]:
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     return {n: np.asarray(store.group[f"{RESULT}/{n}"][...]) for n in ("elevation", "depth", "depression")}
+
+
+def _kernel(name: str, cells: int):
+    """The parallel kernel ``name`` of :mod:`._fill_cpu`, or its serial twin for a DEM of fewer
+    than SERIAL_BELOW cells (terrain_io.jit)."""
+    return getattr(K, name + "_serial" if cells < SERIAL_BELOW else name)
