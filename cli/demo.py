@@ -37,9 +37,11 @@ def demo(ctx, out):
     timer = Timer()
     cache = jit.configure_cache()
     # First run: numba compiles the kernels (most of the time), one core per process. The MST's
-    # kernels then compile in a second process, started now, while this one converts and then
-    # compiles and runs the shortest paths.
-    beside = None if jit.compiled_before(cache, "demo") else _start_mst()
+    # kernels then compile in a second process, started now, and the fill's in a third, while this
+    # one converts and then compiles and runs the shortest paths.
+    first = not jit.compiled_before(cache, "demo")
+    beside = _start_child("_mst_beside") if first else None
+    fill_warming = _start_child("_warm_fill") if first else None
     try:
         store_path = out / "jacksboro.zarr"
         summary = convert(SAMPLE, store_path, tile=TILE, shard=SHARD)
@@ -59,21 +61,23 @@ def demo(ctx, out):
             beside.kill()  # this process failed: no MST beside it
             beside.wait()
     click.echo("\n".join(lines))
+    if fill_warming is not None:
+        fill_warming.wait()  # its kernels are in the cache now (or, if it failed, compiled here)
     _demo_fill(st, store_path, out)
     jit.mark_compiled(cache, "demo")
     click.echo(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
 
 
-def _start_mst() -> subprocess.Popen | None:
-    """:func:`_mst_beside` in a child process (the same interpreter, package and cache)."""
+def _start_child(function: str) -> subprocess.Popen | None:
+    """``function`` of this module in a child process (the same interpreter, package and cache)."""
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     try:
-        return subprocess.Popen([sys.executable, "-c", "import sys, cli.demo; sys.exit(cli.demo._mst_beside())"],
+        return subprocess.Popen([sys.executable, "-c", f"import sys, cli.demo; sys.exit(cli.demo.{function}())"],
                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     except OSError:
-        return None  # then the MST runs here
+        return None  # then the work runs here
 
 
 def _go(beside: subprocess.Popen, store_path: Path) -> None:
@@ -101,6 +105,19 @@ def _warm_mst() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         mst(TerrainStore.from_array(Path(tmp) / "warm.zarr", _warm_dem(), tile=TILE, shard=SHARD), progress=False)
+
+
+def _warm_fill() -> int:
+    """The demo's third process on a cold cache: compile the fill's kernels on :func:`_warm_dem`."""
+    import tempfile
+
+    jit.configure_cache()
+    from terrain_io.grid.fill import fill
+    from terrain_io.store import TerrainStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fill(TerrainStore.from_array(Path(tmp) / "warm.zarr", _warm_dem(), tile=TILE, shard=SHARD), progress=False)
+    return 0
 
 
 def _mst_beside() -> int:

@@ -100,12 +100,12 @@ def test_demo_mst_beside_on_a_cold_cache(tmp_path, monkeypatch):
 
     started = []
 
-    def start():
-        started.append(start_mst())
-        return started[-1]
+    def start(function):
+        started.append((function, start_child(function)))
+        return started[-1][1]
 
-    start_mst = demo._start_mst
-    monkeypatch.setattr(demo, "_start_mst", start)
+    start_child = demo._start_child
+    monkeypatch.setattr(demo, "_start_child", start)
     outputs = {}
     for cold in (True, False):
         monkeypatch.setattr(jit, "compiled_before", lambda *a, cold=cold: not cold)
@@ -113,9 +113,12 @@ def test_demo_mst_beside_on_a_cold_cache(tmp_path, monkeypatch):
         result = run("demo", "-o", tmp_path / str(cold))
         assert result.exit_code == 0, result.output
         line = next(x for x in result.output.splitlines() if x.startswith("3. mst"))
+        fill_line = next(x for x in result.output.splitlines() if x.startswith("6. fill"))
         edges = zarr.open_array(tmp_path / str(cold) / "jacksboro.zarr" / "mst" / "edges", mode="r")[...]
-        outputs[cold] = (line.split(" [")[0], edges)
-    assert len(started) == 1 and started[0].returncode == 0
+        outputs[cold] = (line.split(" [")[0], edges, fill_line.split(" (")[0])
+    assert sorted(f for f, _ in started) == ["_mst_beside", "_warm_fill"]
+    assert all(p.returncode == 0 for _, p in started)
+    assert outputs[True][2] == outputs[False][2]  # the fill's summary (its kernels compiled beside)
     assert outputs[True][0] == outputs[False][0]
     np.testing.assert_array_equal(outputs[True][1], outputs[False][1])
 
