@@ -37,6 +37,7 @@ from numba import prange
 
 from ..jit import serial_twin
 from ..weights import DC, DR
+from ._heap_cpu import heap_pop, heap_push
 from ._radix_cpu import argsort_float, argsort_int
 
 NO_LABEL = np.int32(-1)
@@ -88,43 +89,6 @@ def outlets(ok, gr0, gc0, rows, cols, nodata_drains):
     return out
 
 
-@numba.njit(inline="always", cache=True)
-def _push(hv, hi, n, v, i):
-    k = n
-    while k > 0:
-        p = (k - 1) >> 1
-        if hv[p] <= v:
-            break
-        hv[k] = hv[p]
-        hi[k] = hi[p]
-        k = p
-    hv[k] = v
-    hi[k] = i
-
-
-@numba.njit(inline="always", cache=True)
-def _pop(hv, hi, n):
-    """Remove the root of a heap of ``n`` entries; returns its index (n - 1 entries remain)."""
-    top = hi[0]
-    n -= 1
-    v, i = hv[n], hi[n]
-    k = 0
-    while True:
-        c = 2 * k + 1
-        if c >= n:
-            break
-        if c + 1 < n and hv[c + 1] < hv[c]:
-            c += 1
-        if hv[c] >= v:
-            break
-        hv[k] = hv[c]
-        hi[k] = hi[c]
-        k = c
-    hv[k] = v
-    hi[k] = i
-    return top
-
-
 @numba.njit(nogil=True, cache=True)
 def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
     """Priority-Flood+ of one tile from its perimeter and outlets (module docstring); fills ``fl``
@@ -145,7 +109,7 @@ def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
             if p >= 0 or outlet[a, b]:
                 lab[i, j] = p if p >= 0 else B
                 fl[i, j] = vals[a, b]
-                _push(hv, hi, size, vals[a, b], i * tw + j)
+                heap_push(hv, hi, size, vals[a, b], i * tw + j)
                 size += 1
     head = 0
     tail = 0
@@ -154,7 +118,8 @@ def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
             c = pit[head]
             head += 1
         elif size > 0:
-            c = _pop(hv, hi, size)
+            c = hi[0]
+            heap_pop(hv, hi, size)
             size -= 1
         else:
             break
@@ -178,7 +143,7 @@ def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
                 tail += 1
             else:
                 fl[ni, nj] = v
-                _push(hv, hi, size, v, ni * tw + nj)
+                heap_push(hv, hi, size, v, ni * tw + nj)
                 size += 1
 
 

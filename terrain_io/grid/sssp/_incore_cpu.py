@@ -19,6 +19,7 @@ import numpy as np
 from numba import prange
 
 from ...jit import serial_twin
+from .._heap_cpu import heap_pop, heap_push
 from ...weights import DC, DR, edge_weight
 from .._radix_cpu import argsort_int
 
@@ -32,49 +33,6 @@ def _offsets(W2):
     for k in range(8):
         off[k] = DR[k] * W2 + DC[k]
     return off
-
-
-# a 4-ary heap of (distance, cell) with lazy deletion: shallower than a binary heap, and the four
-# children of a node share a cache line
-@numba.njit(inline="always", cache=True)
-def _push(hk, hv, n, key, v):
-    i = n
-    while i > 0:
-        p = (i - 1) >> 2
-        if hk[p] <= key:
-            break
-        hk[i] = hk[p]
-        hv[i] = hv[p]
-        i = p
-    hk[i] = key
-    hv[i] = v
-
-
-@numba.njit(inline="always", cache=True)
-def _pop(hk, hv, n):
-    """Remove the top of a heap of n entries (read it first)."""
-    n -= 1
-    key = hk[n]
-    v = hv[n]
-    i = 0
-    while True:
-        c = 4 * i + 1
-        if c >= n:
-            break
-        m = c
-        mk = hk[c]
-        for j in range(c + 1, min(c + 4, n)):
-            if hk[j] < mk:
-                mk = hk[j]
-                m = j
-        if key <= mk:
-            break
-        hk[i] = mk
-        hv[i] = hv[m]
-        i = m
-    if n > 0:
-        hk[i] = key
-        hv[i] = v
 
 
 @numba.njit(cache=True)
@@ -119,7 +77,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
                         if n == cap:
                             cap *= 2
                             hk, hv = _grow(hk, hv, cap)
-                        _push(hk, hv, n, nd, v)
+                        heap_push(hk, hv, n, nd, v)
                         n += 1
     for r in range(1, h + 1):
         if warm:
@@ -130,7 +88,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
                 if n == cap:
                     cap *= 2
                     hk, hv = _grow(hk, hv, cap)
-                _push(hk, hv, n, dist[v], v)
+                heap_push(hk, hv, n, dist[v], v)
                 n += 1
     # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
     # it), so that popped cells need no bounds checks
@@ -143,7 +101,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
     while n > 0:
         du = hk[0]
         u = hv[0]
-        _pop(hk, hv, n)
+        heap_pop(hk, hv, n)
         n -= 1
         if du > dist[u]:
             continue  # stale entry
@@ -163,7 +121,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
                 if n == cap:
                     cap *= 2
                     hk, hv = _grow(hk, hv, cap)
-                _push(hk, hv, n, nd, v)
+                heap_push(hk, hv, n, nd, v)
                 n += 1
     for x in range(ring.shape[0]):
         dist[ring[x]] = saved[x]
