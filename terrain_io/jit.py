@@ -1,7 +1,7 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel; the demo about 14 s on two cores) and
+so only the first run pays (seconds per kernel; the demo about 17 s on two cores) and
 later processes load the code in milliseconds. Three rules keep that first run short and the cache
 where the user can write:
 
@@ -120,7 +120,7 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
             module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
             if not self.said and module.startswith("terrain_io"):
                 self.said = True
-                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~14 s; "
+                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~17 s; "
                     f"cached in {where})")
 
         def on_end(self, ev):
