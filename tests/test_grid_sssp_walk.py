@@ -124,3 +124,13 @@ def test_walk_with_friction_gpu_equals_cpu(tmp_path, method):
     np.testing.assert_array_equal(d[0].view(np.uint32), d[1].view(np.uint32))
     if method != "index":
         np.testing.assert_array_equal(st.group["sssp/cpu/predecessor"][:], st.group["sssp/gpu/predecessor"][:])
+
+
+def test_a_dem_in_degrees_without_a_crs_gets_a_note(tmp_path):
+    """Cells of 0.0008 map units and no CRS: the walk model would read them as metres (every slope
+    near vertical); one note says so, and the run goes on."""
+    from terrain_io.errors import TerrainNote
+
+    st = make_store(tmp_path, hills((20, 20), 1), tile=8, shard=2, dx=0.0008, dy=0.0008)
+    with pytest.warns(TerrainNote, match="no CRS"):
+        sssp(st, [(3, 3)], weight="walk", cell=True, progress=False, name="deg")

@@ -142,6 +142,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     if not limit >= 0:
         raise InputError(f"--max-cost must be a number >= 0, got {max_cost!r}")
     options = {"limit": limit, "allocation": bool(allocation)}
+    _note_units(store, model)
     field = Field(store, model, cost)
     try:
         if (method or "auto") == "auto" and (rebuild_index or cluster is not None):
@@ -186,3 +187,17 @@ def result_attrs(store: TerrainStore, field: Field, cells, method: str, limit: f
         "predecessor_rule": "the tight parent with the least key (0 if strictly nearer, else its plateau level + 1), "
                             "then the least direction code",
     }
+
+
+def _note_units(store: TerrainStore, model) -> None:
+    """A model that reads step lengths in metres (surface, cell, walk) on a DEM with no CRS whose
+    cells are a small fraction of a map unit (likely degrees): say so, once, before the run."""
+    dx, dy = store.cell_size
+    if model.uses_step and not store.crs and store.transform and max(dx, dy) < 0.01:
+        import warnings
+
+        from ...errors import TerrainNote
+
+        warnings.warn(f"the DEM has no CRS and cells of {dx:.3g} x {dy:.3g} map units, taken as metres by the "
+                      f"{model.name!r} model (degrees? convert the DEM from a GeoTIFF that carries its CRS)", TerrainNote,
+                      stacklevel=3)
