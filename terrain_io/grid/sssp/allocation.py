@@ -1,8 +1,8 @@
 """Allocation: which source each cell's shortest path comes from (``sssp/NAME/source``).
 
-GRASS r.cost's ``nearest=`` and ArcGIS Cost Allocation: the number (1, 2, ... in the order given)
-of the source at the root of the cell's predecessor chain; 0 where no source reaches a cell and
-on nodata. Following the predecessors makes ties of distance take the tie rule's side, so the
+GRASS r.cost's ``nearest=`` and ArcGIS Cost Allocation: the number (1, 2, ... in the order given,
+repeated cells left out) of the source at the root of the cell's predecessor chain; 0 where no
+source reaches a cell and on nodata. Following the predecessors makes ties of distance take the tie rule's side, so the
 allocation is the same bytes on every method that gives the same predecessors (in-core, shards).
 
 * In memory (the in-core method): every chain is followed once, memoised
@@ -66,10 +66,12 @@ def _chase(pred, src_label, r0, c0, H, W, out):
 
 def _source_labels(cells, win_r0, win_c0, h, w) -> np.ndarray:
     """The labels (1-based, the first of equal cells) of the sources in a block, 0 elsewhere."""
+    cells = np.asarray(cells, np.int64).reshape(-1, 2)
+    r, c = cells[:, 0] - win_r0, cells[:, 1] - win_c0
+    inside = np.nonzero((r >= 0) & (r < h) & (c >= 0) & (c < w))[0][::-1]
     lab = np.zeros((h, w), np.uint32)
-    for n, (r, c) in reversed(list(enumerate(cells, start=1))):
-        if win_r0 <= r < win_r0 + h and win_c0 <= c < win_c0 + w:
-            lab[r - win_r0, c - win_c0] = n
+    for n in inside:  # backwards: the first of equal cells is written last
+        lab[r[n], c[n]] = n + 1
     return lab
 
 
