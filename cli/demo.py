@@ -96,27 +96,30 @@ def _warm_dem() -> np.ndarray:
     return values
 
 
-def _warm_mst() -> None:
-    """Compile (or load) every kernel the demo's MST runs: the MST of :func:`_warm_dem` in the demo's tiling."""
+def _on_warm_dem(run) -> None:
+    """``run(store)`` on a temporary store of :func:`_warm_dem` in the demo's tiling: it compiles (or
+    loads) every kernel signature the same step then runs on the sample."""
     import tempfile
 
-    from terrain_io.grid.mst import mst
     from terrain_io.store import TerrainStore
 
     with tempfile.TemporaryDirectory() as tmp:
-        mst(TerrainStore.from_array(Path(tmp) / "warm.zarr", _warm_dem(), tile=TILE, shard=SHARD), progress=False)
+        run(TerrainStore.from_array(Path(tmp) / "warm.zarr", _warm_dem(), tile=TILE, shard=SHARD))
+
+
+def _warm_mst() -> None:
+    """Compile (or load) every kernel the demo's MST runs."""
+    from terrain_io.grid.mst import mst
+
+    _on_warm_dem(lambda st: mst(st, progress=False))
 
 
 def _warm_fill() -> int:
-    """The demo's third process on a cold cache: compile the fill's kernels on :func:`_warm_dem`."""
-    import tempfile
-
-    jit.configure_cache()
+    """The demo's third process on a cold cache: compile the fill's kernels."""
+    jit.configure_cache()  # before numba is imported
     from terrain_io.grid.fill import fill
-    from terrain_io.store import TerrainStore
 
-    with tempfile.TemporaryDirectory() as tmp:
-        fill(TerrainStore.from_array(Path(tmp) / "warm.zarr", _warm_dem(), tile=TILE, shard=SHARD), progress=False)
+    _on_warm_dem(lambda st: fill(st, progress=False))
     return 0
 
 
