@@ -169,3 +169,20 @@ def test_allocation_gpu_pointer_jumping_equals_cpu():
     dg, pg, ag = cost_distance(cp.asarray(v), src, allocation=True)
     np.testing.assert_array_equal(ag.get(), a)
     check_allocation(a, d, p, v, src, "absdiff")
+
+
+def test_auto_counts_the_allocation_in_the_in_core_budget(tmp_path):
+    """A budget that holds the in-core solve but not its allocation arrays: ``auto`` takes the shard
+    method (the in-core method would refuse), and the allocation is still the argmin."""
+    from terrain_io.grid.sssp.incore import incore_bytes
+    from terrain_io.grid.sssp.index import Field
+
+    v = random_dem((256, 256), 13)
+    st = make_store(tmp_path, v, tile=16, shard=1)
+    field = Field(st, "absdiff")
+    budget = (incore_bytes(st, field, "cpu") + incore_bytes(st, field, "cpu", allocation=True)) // 2
+    src = [(3, 3), (240, 200)]
+    r = sssp(st, src, cell=True, progress=False, memory=budget, name="a", allocation=True)
+    assert r.method == "shards"
+    d, p, a = read(st, "a")
+    check_allocation(a, d, p, v, src, "absdiff")

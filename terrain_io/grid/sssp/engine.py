@@ -92,7 +92,7 @@ def default_name(cells) -> str:
 
 
 def choose_method(method: str, store: TerrainStore, field: Field, device: str, budget: int,
-                  cluster: int | None = None, scheduler: str | None = "local") -> str:
+                  cluster: int | None = None, scheduler: str | None = "local", allocation: bool = False) -> str:
     """The method to run for ``method`` (``auto``: a stored index first, then in-core if it fits
     and no Dask scheduler is asked for, else the shard method)."""
     from .incore import fits_in_core
@@ -104,7 +104,7 @@ def choose_method(method: str, store: TerrainStore, field: Field, device: str, b
         return method
     if open_index(store, field, cluster) is not None:
         return "index"
-    if (scheduler or "local") == "local" and fits_in_core(store, field, device, budget):
+    if (scheduler or "local") == "local" and fits_in_core(store, field, device, budget, allocation):
         return "incore"
     return "shards"
 
@@ -147,7 +147,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     try:
         if (method or "auto") == "auto" and (rebuild_index or cluster is not None):
             method = "index"  # what only the index method does: (re)build G' for a cluster size
-        chosen = choose_method(method, store, field, dev, budget, cluster, scheduler)
+        chosen = choose_method(method, store, field, dev, budget, cluster, scheduler, options["allocation"])
         attrs = result_attrs(store, field, cells, chosen, limit)
         if chosen == "incore":
             from .incore import run_incore
