@@ -40,7 +40,7 @@ def one(what: str, store: str, n: int, device: str, cluster: int, out: str, meth
             shutil.rmtree(Path(store) / "index", ignore_errors=True)
         t = time.perf_counter()
         r = sssp(st, src, weight=weight, cost=cost, cell=True, device=device, progress=False, name=what,
-                 method=method, **({"cluster": cluster} if method in ("auto", "index") else {}))
+                 method=method, **({"cluster": cluster} if method == "index" else {}))
         res.update(seconds=time.perf_counter() - t, timings=r.timings, index_reused=r.index_reused,
                    merge_stats=r.merge_stats)
     elif what == "scipy":

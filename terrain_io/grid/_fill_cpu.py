@@ -40,7 +40,7 @@ from ..weights import DC, DR
 from ._heap_cpu import heap_pop, heap_push
 from ._radix_cpu import argsort_float, argsort_int
 
-NO_LABEL = np.int32(-1)
+LABEL = np.int16  # a flood label: a perimeter id (< 4 x 8192, the largest tile), B or -1
 
 
 @numba.njit(inline="always", cache=True)
@@ -92,7 +92,7 @@ def outlets(ok, gr0, gc0, rows, cols, nodata_drains):
 @numba.njit(nogil=True, cache=True)
 def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
     """Priority-Flood+ of one tile from its perimeter and outlets (module docstring); fills ``fl``
-    (the block's dtype) and ``lab`` (int32: perimeter id, B for an outlet inside, -1 unreached)."""
+    (the block's dtype) and ``lab`` (LABEL: perimeter id, B for an outlet inside, -1 unreached)."""
     B = perimeter_count(th, tw)
     n = th * tw
     hv = np.empty(n, vals.dtype)
@@ -256,7 +256,7 @@ def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, f
             tlab = lab[i0 : i0 + th, j0 : j0 + tw]
         else:
             tfl = np.empty((th, tw), vals.dtype)
-            tlab = np.empty((th, tw), np.int32)
+            tlab = np.empty((th, tw), LABEL)
         flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
         ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
                            eu[t], ev[t], ew[t])
@@ -303,9 +303,11 @@ def _two_sum(a, b):
 
 @numba.njit(nogil=True, cache=True)
 def final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, filled, depth, dep):
-    """F = max(fl, G(lab)) of one tile into ``fl`` (and ``filled``, ``depth``), its lakes labelled
-    1..n in ``dep`` by first cell in row-major order (union-find on W, NW, N, NE); returns n."""
+    """F = max(fl, G(lab)) of one tile into ``fl`` (and ``filled``, and ``depth`` unless it is
+    empty: the caller then derives it from ``fl`` and ``vals``), its lakes labelled 1..n in ``dep`` by first cell in
+    row-major order (union-find on W, NW, N, NE); returns n."""
     B = perimeter_count(th, tw)
+    with_depth = depth.shape[0] > 0
     tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
     base = 1 + offset[tr * ntc + tc]
     parent = np.empty(th * tw, np.int64)
@@ -315,7 +317,8 @@ def final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
             dep[i, j] = 0
             if not ok[a, b]:
                 filled[i, j] = vals[a, b]
-                depth[i, j] = np.nan
+                if with_depth:
+                    depth[i, j] = np.nan
                 continue
             la = lab[i, j]
             h = vals[a, b]
@@ -331,7 +334,8 @@ def final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
                     f = fl[i, j]
             fl[i, j] = f
             filled[i, j] = f
-            depth[i, j] = np.float32(np.float64(f) - np.float64(h))
+            if with_depth:
+                depth[i, j] = np.float32(np.float64(f) - np.float64(h))
             if f > h:
                 x = i * tw + j
                 parent[x] = x

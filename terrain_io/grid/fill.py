@@ -294,13 +294,13 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                 vals, ok, outl = _read_block(store, b.window, nodata_drains)
                 h, w = b.window.shape
                 if plan_held:
-                    kept = (vals, ok, outl, np.empty((h, w), store.dtype), np.empty((h, w), np.int32))
-                    fl, lab = kept[3], kept[4]
+                    kept = (vals, ok, np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL))
+                    fl, lab = kept[2], kept[3]
                 else:  # scratch per tile inside the kernel
-                    fl, lab = np.empty((1, 1), store.dtype), np.empty((1, 1), np.int32)
+                    fl, lab = np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL)
                 out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), fl, lab, plan_held)
                 parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
-                del out
+                del out, outl  # held floods need no outlets again
                 bar.update(1)
         eu = np.concatenate([p[0] for p in parts])
         ev = np.concatenate([p[1] for p in parts])
@@ -322,19 +322,20 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         with progress_bar(progress, len(batches), "fill: final phase", unit="batch") as bar:
             for b in batches:
                 h, w = b.window.shape
-                if plan_held:
-                    vals, ok, outl, fl, lab = kept
+                if plan_held:  # no outlets (no flood again), no depth yet: 5 bytes a cell less at the peak
+                    vals, ok, fl, lab = kept
+                    outl, depth = ok, np.empty((0, 0), np.float32)
                 else:
                     vals, ok, outl = _read_block(store, b.window, nodata_drains)
-                    fl, lab = np.empty((h, w), store.dtype), np.empty((h, w), np.int32)
-                depth = np.empty((h, w), np.float32)
+                    fl, lab = np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL)
+                    depth = np.empty((h, w), np.float32)
                 dep = np.empty((h, w), np.uint32)
                 out = final_batch(vals, ok, outl, b.tiles, *geo.args(b.window), G, fl, lab, plan_held, fl,
                                     depth, dep)
                 starts.append(lakes.add(out))
                 filled_cells += int(np.count_nonzero(dep))
                 if plan_held:
-                    kept = (fl, depth, dep)
+                    kept = (fl, vals, dep)
                 else:
                     _write(filled_arr, b.window, fl, whole_shard)
                     _write(depth_arr, b.window, depth, whole_shard)
@@ -350,12 +351,13 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         spills_to = np.zeros(len(acc_i), np.uint32)
         spill = acc_i[:, 3]
         if plan_held:
-            fl, depth, dep = kept
+            fl, vals, dep = kept
             b = batches[0]
             relabel(dep, b.tiles, starts[0], final)
             K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
-            _write_held(store, (filled_arr, fl), (depth_arr, depth), (dep_arr, dep))
-            del kept, fl, depth, dep
+            _write_held(store, (filled_arr, lambda s: fl[s]), (dep_arr, lambda s: dep[s]),
+                        (depth_arr, lambda s: _depth(store, fl[s], vals[1:-1, 1:-1][s])))
+            del kept, fl, vals, dep
         else:
             _relabel_and_spill(store, batches, starts, final, spill, dep_arr, filled_arr, whole_shard, spills_to,
                                progress)
@@ -375,11 +377,20 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     return result
 
 
+def _depth(store: TerrainStore, filled: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """F - h as :func:`._fill_cpu.final_tile` computes it (float64 difference rounded to float32),
+    NaN on nodata."""
+    depth = np.subtract(filled, vals, dtype=np.float64, out=np.empty(filled.shape, np.float32))  # buffered: no
+    depth[~store.valid(vals)] = np.nan  # float64 temporaries of the shard's size
+    return depth
+
+
 def _write_held(store: TerrainStore, *pairs) -> None:
-    """Write whole in-memory arrays shard by shard, shards in parallel threads."""
+    """Write whole in-memory results shard by shard, shards in parallel threads: ``pairs`` of
+    (array, the block of a shard's slices)."""
     wins = list(store.shards())
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
-        list(pool.map(lambda job: _write(job[0], job[1], job[2][job[1].slices], True),
+        list(pool.map(lambda job: _write(job[0], job[1], job[2](job[1].slices), True),
                       [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
