@@ -34,7 +34,7 @@ def fill(store, outlets, table, device, memory, scheduler):
     if table is not None and not table.parent.exists():
         raise click.UsageError(f"--table: folder {table.parent} does not exist")
     result = run_fill(store, outlets=outlets, device=device, memory=memory, progress=not quiet(),
-                      scheduler=scheduler)
+                      scheduler=scheduler, announce=say)
     if table is not None:
         write_table(result, store, table)
     say(result.summary() + (f"; table -> {table}" if table is not None else ""))

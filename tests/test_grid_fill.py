@@ -180,6 +180,20 @@ def test_synthetic_dems(tmp_path, kind, outlets):
             assert got[k].tobytes() == first[k].tobytes(), k
 
 
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_dask_schedulers_give_the_same_bytes(tmp_path, scheduler):
+    """Phases 1 and 3 as Dask tasks of whole shards: equal to the references and to the local run."""
+    h = _dem("nodata-holed", 90, 77, seed=5)
+    local = TerrainStore.from_array(tmp_path / "local.zarr", h, tile=8, shard=2)
+    check_against_references(local)
+    st = TerrainStore.from_array(tmp_path / "dask.zarr", h, tile=8, shard=2)
+    res, got = check_against_references(st, scheduler=scheduler)
+    assert res.method == "tiled" and res.batch_tiles == 2
+    for k, v in read_fill(local).items():
+        assert got[k].tobytes() == v.tobytes(), k
+    assert not list(tmp_path.glob("*scratch*")) and not list(tmp_path.glob(".*scratch*"))
+
+
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
 def test_parallel_kernels_equal_their_serial_twins(tmp_path, monkeypatch, outlets):
     """Small DEMs run the serial builds; the parallel ones (large DEMs), forced here, against the

@@ -34,6 +34,7 @@ tilings to the last bit but for a rounding tie), maximum depth.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
 import math
 import os
@@ -47,7 +48,8 @@ import numpy as np
 from ..backend import resolve_device
 from ..errors import DeviceError, InputError
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ..parallel import check_scheduler
+from ..atomic import scratch_directory
+from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_shard, write_shard
 from ..jit import SERIAL_BELOW
@@ -138,6 +140,51 @@ class _Geometry:
 
     def args(self, win: Window):
         return win.r0, win.c0, self.rows, self.cols, self.tile, self.ntc, self.offset
+
+
+@dataclass
+class _Task:
+    """One batch of the tiled plan, run here or as a Dask task (the store and arrays by path)."""
+
+    store: str
+    window: Window
+    tiles: np.ndarray
+    nodata_drains: bool
+    arrays: tuple[str, ...] = ()  # phase 3: the result arrays (elevation, depth, depression)
+    levels: np.ndarray | str | None = None  # phase 3: G, or the .npy file that holds it
+    whole_shard: bool = False  # the batch is a whole shard (else part of one, written in order)
+
+
+def _tile_phase_task(task: _Task):
+    """Phase 1 of a batch: its tiles flooded, their boundary-graph edges (compact)."""
+    store = TerrainStore.open(task.store, mode="r")
+    rows, cols = store.shape
+    vals, ok, outl = _read_block(store, task.window, task.nodata_drains)
+    out = _kernel("graph_batch", rows * cols)(vals, ok, outl, task.tiles,
+                                              *_Geometry(rows, cols, store.tile_size).args(task.window),
+                                              np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL), False)
+    return _edges(out, len(task.tiles), _weight_dtype(store.dtype))
+
+
+def _final_phase_task(task: _Task):
+    """Phase 3 of a batch: its tiles flooded again, F, depth and tile-local lakes written (whole
+    shards, or parts of one in order: rerunnable); returns (the lakes' statistics, lake cells)."""
+    import zarr
+
+    store = TerrainStore.open(task.store, mode="r")
+    rows, cols = store.shape
+    vals, ok, outl = _read_block(store, task.window, task.nodata_drains)
+    shape = task.window.shape
+    fl, lab = np.empty(shape, store.dtype), np.empty(shape, K.LABEL)
+    depth, dep = np.empty(shape, np.float32), np.empty(shape, np.uint32)
+    G = np.load(task.levels) if isinstance(task.levels, str) else task.levels
+    out = _kernel("final_batch", rows * cols)(vals, ok, outl, task.tiles,
+                                              *_Geometry(rows, cols, store.tile_size).args(task.window), G, fl,
+                                              lab, False, fl, depth, dep)
+    for path, block in zip(task.arrays, (fl, depth, dep)):
+        _write(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
+    nl, st_i, st_f, links, nlinks = out
+    return (nl, st_i, st_f, links[:, : max(1, int(nlinks.max(initial=0)))], nlinks), int(np.count_nonzero(dep))
 
 
 def _read_block(store: TerrainStore, win: Window, nodata_drains: bool):
@@ -239,14 +286,18 @@ class _Lakes:
 
 
 def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
-         scheduler: str | None = "local", batch_tiles: int | None = None, held: bool | None = None) -> FillResult:
+         scheduler: str | None = "local", batch_tiles: int | None = None, held: bool | None = None,
+         announce=None) -> FillResult:
     """Fill the depressions of the DEM in ``store`` (a TerrainStore or a path); writes
     ``fill/elevation`` (the DEM's dtype), ``fill/depth`` (F - h, float32) and ``fill/depression``
     (uint32 lake id, 0 outside lakes) and returns the result with its depression table.
 
     ``outlets``: ``edge+nodata`` (cells on the DEM's edge or next to nodata drain out) or ``edge``
     (only the DEM's edge; nodata cells are walls); ``memory``: the budget (default half the free
-    RAM); ``batch_tiles``/``held``: force the batch side / holding the floods (tests, benchmarks).
+    RAM); ``scheduler``: where the tiled plan's batches run (:func:`terrain_io.parallel.map_shards`:
+    ``local``, Dask ``threads`` / ``processes`` or a dask.distributed address; tasks of whole shards,
+    phases 1 and 3, the floods not held; ``announce`` gets a cluster's dashboard address);
+    ``batch_tiles``/``held``: force the batch side / holding the floods (tests, benchmarks).
     """
     t_start = time.perf_counter()
     return_freed_memory_to_os()
@@ -261,8 +312,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     if resolve_device(device) == "gpu":
         raise DeviceError("fill has no GPU kernels yet: use --device cpu")
     device = "cpu"
-    if check_scheduler(scheduler) != "local":
-        raise InputError("fill runs in this process only: use --scheduler local")
+    scheduler = check_scheduler(scheduler)
     budget = memory_budget(memory)
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
@@ -274,6 +324,11 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
             raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
         k = batch_tiles
+    if scheduler != "local":  # Dask tasks of whole shards, floods not held
+        if not batch_tiles and k != store.shard_size and not plan_held:
+            raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory "
+                             f"budget {format_bytes(budget)} (raise --memory)")
+        plan_held, k = False, batch_tiles or store.shard_size
     if plan_held:
         k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
     batches = _plan_batches(store, k)
@@ -290,18 +345,18 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         parts = []
         kept = None
         with progress_bar(progress, len(batches), "fill: tile phase", unit="batch") as bar:
-            for b in batches:
+            if plan_held:
+                b = batches[0]
                 vals, ok, outl = _read_block(store, b.window, nodata_drains)
                 h, w = b.window.shape
-                if plan_held:
-                    kept = (vals, ok, np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL))
-                    fl, lab = kept[2], kept[3]
-                else:  # scratch per tile inside the kernel
-                    fl, lab = np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL)
-                out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), fl, lab, plan_held)
+                kept = (vals, ok, np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL))
+                out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), kept[2], kept[3], True)
                 parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
                 del out, outl  # held floods need no outlets again
                 bar.update(1)
+            else:
+                tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains) for b in batches]
+                parts = map_shards(_tile_phase_task, tasks, scheduler, progress=bar, announce=announce)
         eu = np.concatenate([p[0] for p in parts])
         ev = np.concatenate([p[1] for p in parts])
         ew = np.concatenate([p[2] for p in parts])
@@ -320,28 +375,31 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         starts = []
         filled_cells = 0
         with progress_bar(progress, len(batches), "fill: final phase", unit="batch") as bar:
-            for b in batches:
-                h, w = b.window.shape
-                if plan_held:  # no outlets (no flood again), no depth yet: 5 bytes a cell less at the peak
-                    vals, ok, fl, lab = kept
-                    outl, depth = ok, np.empty((0, 0), np.float32)
-                else:
-                    vals, ok, outl = _read_block(store, b.window, nodata_drains)
-                    fl, lab = np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL)
-                    depth = np.empty((h, w), np.float32)
-                dep = np.empty((h, w), np.uint32)
-                out = final_batch(vals, ok, outl, b.tiles, *geo.args(b.window), G, fl, lab, plan_held, fl,
-                                    depth, dep)
+            if plan_held:  # no outlets (no flood again), no depth yet: 5 bytes a cell less at the peak
+                b = batches[0]
+                vals, ok, fl, lab = kept
+                dep = np.empty(b.window.shape, np.uint32)
+                out = final_batch(vals, ok, ok, b.tiles, *geo.args(b.window), G, fl, lab, True, fl,
+                                  np.empty((0, 0), np.float32), dep)
                 starts.append(lakes.add(out))
                 filled_cells += int(np.count_nonzero(dep))
-                if plan_held:
-                    kept = (fl, vals, dep)
-                else:
-                    _write(filled_arr, b.window, fl, whole_shard)
-                    _write(depth_arr, b.window, depth, whole_shard)
-                    _write(dep_arr, b.window, dep, whole_shard)
-                del vals, ok, outl, lab
+                kept = (fl, vals, dep)
+                del ok, lab, out
                 bar.update(1)
+            else:
+                arrays = tuple(f"{a.store.root}/{a.path}" for a in (filled_arr, depth_arr, dep_arr))
+                with contextlib.ExitStack() as scratch:
+                    if scheduler == "local":
+                        levels = G
+                    else:  # the workers load the levels from a file beside the store
+                        levels = str(scratch.enter_context(scratch_directory(store.path, "fill-levels")) / "G.npy")
+                        np.save(levels, G)
+                    tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains, arrays, levels, whole_shard)
+                             for b in batches]
+                    for out, n_filled in map_shards(_final_phase_task, tasks, scheduler, progress=bar,
+                                                    announce=announce):
+                        starts.append(lakes.add(out))
+                        filled_cells += n_filled
         final, acc_i, acc_f = lakes.join(geo.nodes)
         del lakes
         timings["final_phase"] = time.perf_counter() - t0
