@@ -289,12 +289,16 @@ def test_integer_types(tmp_path, dtype):
     check(tmp_path, vals, tile=16, shard=2)
 
 
-@pytest.mark.parametrize("by_shards", [True, False])
-def test_deep_batches_and_both_expand_paths(tmp_path, monkeypatch, by_shards):
+@pytest.mark.parametrize("expand", ["held", "shards", "batches"])
+def test_deep_batches_and_every_expand_path(tmp_path, monkeypatch, expand):
     """Batches of 8 x 8 tiles (three merge levels inside one ``merge_batch`` call, or block by block
-    as a small DEM merges) and batches of 2 x 2 inside 8 x 8 shards, with ties and nodata at tile corners; the expand pass over whole
-    shards and, forced, over the tile phase's batches: every way scipy's forest."""
-    monkeypatch.setattr(sys.modules["terrain_io.grid.mst"], "_expand_by_shards", lambda *a: by_shards)
+    as a small DEM merges) and batches of 2 x 2 inside 8 x 8 shards, with ties and nodata at tile
+    corners; the expand pass over the bits held from the tile phase (whole-shard batches), over
+    whole shards read back, and, forced, over the tile phase's batches: every way scipy's forest."""
+    mod = sys.modules["terrain_io.grid.mst"]
+    if expand != "held":
+        monkeypatch.setattr(mod, "_holds_bits", lambda *a: False)
+    monkeypatch.setattr(mod, "_expand_by_shards", lambda *a: expand == "shards")
     vals = terrain(150, 133, seed=7, levels=12)
     vals[np.random.default_rng(3).random(vals.shape) < 0.05] = np.nan
     vals[::8, ::8] = np.nan  # tile corners

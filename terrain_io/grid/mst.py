@@ -326,8 +326,8 @@ def _readers(device: str) -> int:
     return max(2 if device == "gpu" else 1, min(8, (os.cpu_count() or 1) // 2))
 
 
-def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
-    """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``.
+def _plan_bytes(store: TerrainStore, device: str, sorts_edges: bool, k: int) -> int:
+    """Host memory of the tile phase with batches of k x k tiles.
 
     Held at once: the merge data, O(N/T) (decisions, ~ 1.5 codes per tile side cell); per worker
     thread one tile's Kruskal and contraction arrays (40 or 140 bytes per cell); the
@@ -341,14 +341,27 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
     fixed = ntr * ntc * 4 * t * 12 + threads * per_tile_cell * t * t
     in_flight = _readers(device) + (2 if device == "gpu" else 1)
     per_cell = in_flight * (store.dtype.itemsize + 2) + 16  # + bits, order keys, temporaries
+    return fixed + per_cell * (k * t) ** 2
+
+
+def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
+    """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``."""
     k = store.shard_size
-    while k > 1 and fixed + per_cell * (k * t) ** 2 > budget:
+    while k > 1 and _plan_bytes(store, device, sorts_edges, k) > budget:
         k //= 2
-    if fixed + per_cell * (k * t) ** 2 > budget:
+    if _plan_bytes(store, device, sorts_edges, k) > budget:
+        t = store.tile_size
         raise InputError(f"memory budget {format_bytes(budget)} too small for this store: the MST needs at "
-                         f"least {format_bytes(fixed + per_cell * t * t)} with {t} x {t} tiles "
+                         f"least {format_bytes(_plan_bytes(store, device, sorts_edges, 1))} with {t} x {t} tiles "
                          "(raise --memory or use smaller tiles)")
     return k
+
+
+def _holds_bits(store: TerrainStore, budget: int, device: str, sorts_edges: bool, k: int) -> bool:
+    """Whether the tile phase keeps every shard's bits in memory for the expand pass (a byte a
+    cell beside its plan), so that ``mst/edges`` is encoded and written once and never read back."""
+    rows, cols = store.shape
+    return k == store.shard_size and _plan_bytes(store, device, sorts_edges, k) + rows * cols <= budget
 
 
 def _write_bits(edges, window: Window, bits: np.ndarray, whole_shard: bool) -> None:
@@ -369,9 +382,10 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
 
 
 def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, removed: np.ndarray,
-            kept: np.ndarray, progress: bool) -> int:
+            kept: np.ndarray, progress: bool, held: dict | None = None) -> int:
     """Phase 3: apply the merge decisions to ``mst/edges``, each shard read and written once, shards in
-    parallel threads (decoding and encoding release the GIL); returns the edge count.
+    parallel threads (decoding and encoding release the GIL); returns the edge count. ``held``: the
+    tile phase's bits of every shard by its first cell (not written yet): each is written once here.
 
     The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
     tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
@@ -380,7 +394,7 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
     rows, cols = store.shape
     span_shard = store.shard_size * store.tile_size
     workers = max(1, min(16, os.cpu_count() or 1))
-    if _expand_by_shards(store, k, budget, workers):
+    if held is not None or _expand_by_shards(store, k, budget, workers):
         span = span_shard
         units = list(store.shards())
     else:
@@ -399,11 +413,13 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
         key = int(morton_encode(win.r0 // span, win.c0 // span))
         rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
         ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
-        if span == span_shard:
+        if held is not None:
+            bits = held.pop((win.r0, win.c0))
+        elif span == span_shard:
             bits = read_shard(edges, win.r0 // span, win.c0 // span)
         else:
             bits = edges[win.slices]
-        if rs.start != rs.stop or ks.start != ks.stop:
+        if held is not None or rs.start != rs.stop or ks.start != ks.stop:
             K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
             if span == span_shard:
                 write_shard(edges, win.r0 // span, win.c0 // span, bits)
@@ -450,6 +466,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}, got {k}")
     batches = _plan_batches(store, k)
     rows, cols = store.shape
+    held = {} if scheduler == "local" and _holds_bits(store, budget, device, forest == K.FOREST_EDGES, k) else None
     cap = 8 * store.tile_size + 8
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
@@ -526,9 +543,12 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                         timings["tile"] += time.perf_counter() - t0
                     buckets += out[-1]
                     t0 = time.perf_counter()
-                    while len(writes) > writers:
-                        writes.popleft().result()
-                    writes.append(io_pool.submit(_write_bits, edges, b.window, bits, whole_shards))
+                    if held is not None:  # written once, by the expand pass
+                        held[b.window.r0, b.window.c0] = bits
+                    else:
+                        while len(writes) > writers:
+                            writes.popleft().result()
+                        writes.append(io_pool.submit(_write_bits, edges, b.window, bits, whole_shards))
                     timings["write"] += time.perf_counter() - t0
                     merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                     bar.update(len(b.codes))
@@ -547,7 +567,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         rem_c, kept_c = merger.decisions()
         buckets += merger.buckets
         decisions = len(rem_c) + len(kept_c)
-        n_edges = _expand(store, edges, batches, k, budget, rem_c, kept_c, progress)
+        n_edges = _expand(store, edges, batches, k, budget, rem_c, kept_c, progress, held)
         timings["expand"] = time.perf_counter() - t_phase
         exact = K.exact_total(buckets)
         seconds = time.perf_counter() - t_start
