@@ -224,6 +224,10 @@ def main():
     rows["cli"] = r
     print(f"  CLI fresh process: wall {r['wall']:.2f} s (in process {r['in_process']:.2f} s), peak RSS "
           f"{format_bytes(r['peak_rss'])}: {r['out']}", flush=True)
+    r = fresh_cli(["mst", str(path), "--device", "gpu"])
+    rows["cli_mst"] = r
+    print(f"  CLI fresh process, terrain mst --device gpu: wall {r['wall']:.2f} s (in process {r['in_process']:.2f} s)"
+          f" -> fill / MST (CLI wall) = {rows['cli']['wall'] / r['wall']:.2f}x", flush=True)
     if args.big:
         n = args.big
         path = work / f"dem{n}.zarr"
