@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -117,11 +116,11 @@ def compare(ours_filled, theirs) -> int:
 
 
 def fresh_cli(args: list[str]) -> dict:
-    """``terrain ARGS`` in a fresh process: wall seconds and the child's peak RSS."""
+    """``terrain ARGS`` in a fresh process: wall seconds and its peak RSS (VmHWM: its own, not the parent's)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    code = ("import resource, sys, time; t = time.perf_counter(); from cli.main import main; sys.argv = ['terrain'] + "
+    code = ("import sys, time; t = time.perf_counter(); from cli.main import main; sys.argv = ['terrain'] + "
             f"{args!r}\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'SEC', time.perf_counter() - t)")
+            "from terrain_io.memory import peak_rss\nprint('RSS', peak_rss(), 'SEC', time.perf_counter() - t)")
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t

@@ -83,7 +83,7 @@ class GpuFill:
         return (max(1, min(-(-n // THREADS), 65536)),), (THREADS,)
 
     def levels(self, nodata_drains: bool) -> None:
-        """F, in place of nothing: the fixpoint from the outlets (fill.cu)."""
+        """The fill levels F (ringed, the value type): the fixpoint from the outlets (fill.cu)."""
         import cupy as cp
 
         h, w = self.rows, self.cols
