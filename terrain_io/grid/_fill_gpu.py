@@ -28,12 +28,13 @@ def value_dtype(dtype) -> np.dtype | None:
     return None
 
 
-def device_bytes(rows: int, cols: int, dtype) -> int:
+def device_bytes(rows: int, cols: int, dtype, band_rows: int) -> int:
     """GPU memory of the in-core fill: the ringed values and levels, the lake words, a root flag a
-    cell, and the output of a band of rows (at most a quarter of the DEM's rows at once)."""
+    cell, and the outputs of a band of ``band_rows`` rows on their way back (plus some slack)."""
     vsz = value_dtype(dtype).itemsize
     ring = (rows + 2) * (cols + 2)
-    return ring * 2 * vsz + rows * cols * (4 + 1) + rows * cols * (np.dtype(dtype).itemsize + 8) // 4 + (64 << 20)
+    band = min(rows, band_rows) * cols * (np.dtype(dtype).itemsize + 8)
+    return ring * 2 * vsz + rows * cols * (4 + 1) + band + (64 << 20)
 
 
 @functools.cache
@@ -132,12 +133,15 @@ class GpuFill:
         if k:
             self.mod.get_function("spill_targets")(*self._grid(k), (self.F, dep, np.int32(h), np.int32(w), spill,
                                                                     np.int64(k), spills_to))
-        ring = lambda idx: (idx // w + 1) * (w + 2) + idx % w + 1  # noqa: E731
         pit = pit.astype(cp.int64)
-        level = self.F.reshape(-1)[ring(roots)].astype(cp.float64)
-        pit_elevation = self.vals.reshape(-1)[ring(pit)].astype(cp.float64) if k else cp.zeros(0)
+        level = self.F.reshape(-1)[self._ringed(roots)].astype(cp.float64)
+        pit_elevation = self.vals.reshape(-1)[self._ringed(pit)].astype(cp.float64) if k else cp.zeros(0)
         return tuple(a.get() for a in (roots.astype(cp.int64), cells.astype(cp.int64), pit, spill, level, hi, lo,
                                        max_depth.view(cp.float64), pit_elevation, spills_to))
+
+    def _ringed(self, cell):
+        """Index in the ringed arrays of row-major cell ids."""
+        return (cell // self.cols + 1) * (self.cols + 2) + cell % self.cols + 1
 
     def band(self, r0: int, r1: int) -> tuple:
         """Rows r0 .. r1 of the outputs on the host: filled (the DEM's dtype), depth, lake ids."""

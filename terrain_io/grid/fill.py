@@ -419,7 +419,7 @@ def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
         return f"the GPU computes in float64 at most, which does not hold every {store.dtype} value"
     if rows * cols >= 2**31:
         return f"{rows:,} x {cols:,} cells are more than the GPU fill's 32-bit cell ids"
-    need, free = device_bytes(rows, cols, store.dtype), gpu_free_bytes()
+    need, free = device_bytes(rows, cols, store.dtype, store.tile_size * store.shard_size), gpu_free_bytes()
     if need > free:
         return f"it needs {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
     if _gpu_host_bytes(store) > budget:
