@@ -130,3 +130,12 @@ def test_gpu_auto_and_fallback(tmp_path):
         warnings.simplefilter("always")
         res = fill(st64, device="gpu", progress=False)
     assert res.device == "cpu" and any("filled on the CPU" in str(w.message) for w in caught)
+    assert fill(st, progress=False, held=True).device == "cpu"  # a CPU pipeline option: auto takes the CPU
+
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    out = CliRunner().invoke(cli, ["fill", str(st64.path), "--device", "gpu"])
+    assert out.exit_code == 0 and "terrain: note: fill:" in out.output and "(cpu, " in out.output, out.output

@@ -58,7 +58,7 @@ import numba
 import numpy as np
 
 from ..backend import resolve_device
-from ..errors import InputError
+from ..errors import InputError, TerrainNote
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler
 from ..progress import progress_bar
@@ -273,6 +273,8 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     if check_scheduler(scheduler) != "local":
         raise InputError("fill runs in this process only: use --scheduler local")
     budget = memory_budget(memory)
+    if held is not None or batch_tiles is not None:  # options of the CPU pipeline: auto takes it
+        device = device if (device or "auto").lower() != "auto" else "cpu"
     device = _choose_device(store, device, budget)
     if device == "gpu":
         return _fill_gpu_incore(store, outlets, budget, progress, t_start)
@@ -398,7 +400,7 @@ def _choose_device(store: TerrainStore, device: str | None, budget: int) -> str:
     if why is None:
         return "gpu"
     if asked == "gpu":
-        warnings.warn(f"fill: {why}: filled on the CPU (tiled pipeline) instead", stacklevel=3)
+        warnings.warn(f"fill: {why}: filled on the CPU (tiled pipeline) instead", TerrainNote, stacklevel=3)
     return "cpu"
 
 
