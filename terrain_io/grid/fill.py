@@ -24,6 +24,18 @@ When the whole DEM and its floods fit the memory budget, phase 1's floods are he
 (one read, one write); otherwise phase 3 floods each tile again and the store is read twice and
 the lake raster rewritten once -- the same bytes either way, for every tile size and budget.
 
+On the GPU (``device="gpu"``, or ``auto`` where CuPy sees a GPU) the fill is in core
+(:mod:`._fill_gpu`, kernels in ``kernels/fill.cu``): the whole DEM is held on the GPU, read and
+written a band of shard rows at a time (host memory: two bands, within ``memory``); F is the
+fixpoint of F(v) = max(h(v), min over valid neighbours u of F(u)) from F = h at the outlets and
++inf elsewhere, relaxed tile by tile in shared memory over a work list of active tiles; the
+lakes are the components of a union-find and the table is summed by atomics. min and max never
+round, so F -- and the depths, ids and table -- are the CPU's bytes (volumes: double-double sums
+in another order, equal but for a rounding tie, as across tilings). A DEM the GPU cannot hold
+(more GPU memory than is free, 2^31 cells or more, 64-bit integers) or whose bands exceed the
+budget is filled by the CPU pipeline below: silently under ``auto``, with a one-line note under
+``gpu``.
+
 Depression table, one row per lake: its id, pit cell (the lowest, then least id), spill cell
 (the least cell id among the cells next to the lake at its level: where it overflows), spill
 elevation (= the lake level), ``spills_to`` (the lake holding the spill cell's neighbour of least
@@ -39,20 +51,21 @@ import csv
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
 import numpy as np
 
-from ..backend import resolve_device
-from ..errors import DeviceError, InputError
-from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..atomic import scratch_directory
+from ..backend import resolve_device
+from ..errors import InputError, TerrainNote
+from ..jit import SERIAL_BELOW
+from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_shard, write_shard
-from ..jit import SERIAL_BELOW
 from . import _fill_cpu as K
 from .mst import _Batch, _plan_batches
 
@@ -101,7 +114,7 @@ class FillResult:
 
     outlets: str
     device: str
-    method: str  # "held" (floods kept in memory) or "tiled" (re-flooded out of core)
+    method: str  # "held" (floods kept in memory), "tiled" (re-flooded out of core) or "incore" (GPU)
     cells: int
     depressions: int
     filled_cells: int
@@ -280,7 +293,7 @@ class _Lakes:
         return first + np.concatenate([[0], np.cumsum(nl)[:-1]]).astype(np.int64)
 
     def join(self, nodes: int):
-        cat = lambda parts, w: np.concatenate(parts) if parts else np.empty((0, w))  # noqa: E731
+        cat = lambda parts, w: np.concatenate(parts) if parts else np.empty((0, w))
         return K.join_lakes(nodes, cat(self.st_i, 4).astype(np.int64), cat(self.st_f, 5).astype(np.float64),
                             cat(self.links, 2).astype(np.int64))
 
@@ -293,11 +306,12 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     (uint32 lake id, 0 outside lakes) and returns the result with its depression table.
 
     ``outlets``: ``edge+nodata`` (cells on the DEM's edge or next to nodata drain out) or ``edge``
-    (only the DEM's edge; nodata cells are walls); ``memory``: the budget (default half the free
-    RAM); ``scheduler``: where the tiled plan's batches run (:func:`terrain_io.parallel.map_shards`:
-    ``local``, Dask ``threads`` / ``processes`` or a dask.distributed address; tasks of whole shards,
-    phases 1 and 3, the floods not held; ``announce`` gets a cluster's dashboard address);
-    ``batch_tiles``/``held``: force the batch side / holding the floods (tests, benchmarks).
+    (only the DEM's edge; nodata cells are walls); ``device``: ``auto|cpu|gpu`` (module
+    docstring); ``memory``: the budget (default half the free RAM); ``scheduler``: where the CPU
+    pipeline's tiled plan runs its batches (:func:`terrain_io.parallel.map_shards`: ``local``, Dask
+    ``threads`` / ``processes`` or a dask.distributed address; tasks of whole shards, phases 1 and
+    3, the floods not held; ``announce`` gets a cluster's dashboard address); ``batch_tiles``/
+    ``held``: force the CPU pipeline's batch side / holding the floods (tests, benchmarks).
     """
     t_start = time.perf_counter()
     return_freed_memory_to_os()
@@ -307,13 +321,15 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":
         raise InputError(f"cannot fill a DEM of dtype {store.dtype}")
-    if (device or "auto").lower() == "auto":
-        device = "cpu"  # no GPU kernels yet: auto runs on the CPU
-    if resolve_device(device) == "gpu":
-        raise DeviceError("fill has no GPU kernels yet: use --device cpu")
-    device = "cpu"
     scheduler = check_scheduler(scheduler)
     budget = memory_budget(memory)
+    if held is not None or batch_tiles is not None or scheduler != "local":  # of the CPU pipeline: auto takes it
+        if (device or "auto").lower() == "gpu" and scheduler != "local":
+            raise InputError("the GPU fill runs in this process: use --scheduler local, or --device cpu for tasks")
+        device = device if (device or "auto").lower() != "auto" else "cpu"
+    device = _choose_device(store, device, budget)
+    if device == "gpu":
+        return _fill_gpu_incore(store, outlets, budget, progress, t_start)
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = _Geometry(rows, cols, store.tile_size)
@@ -441,6 +457,131 @@ def _depth(store: TerrainStore, filled: np.ndarray, vals: np.ndarray) -> np.ndar
     depth = np.subtract(filled, vals, dtype=np.float64, out=np.empty(filled.shape, np.float32))  # buffered: no
     depth[~store.valid(vals)] = np.nan  # float64 temporaries of the shard's size
     return depth
+
+
+def _choose_device(store: TerrainStore, device: str | None, budget: int) -> str:
+    """``cpu`` or ``gpu``: ``auto`` takes the GPU when one is usable and the store fits the in-core
+    GPU fill (:func:`_gpu_misfit`); ``gpu`` on a store that does not fit runs the CPU pipeline
+    with a one-line note (a warning)."""
+    asked = (device or "auto").lower()
+    if resolve_device(asked) == "cpu":
+        return "cpu"
+    why = _gpu_misfit(store, budget)
+    if why is None:
+        return "gpu"
+    if asked == "gpu":
+        warnings.warn(f"fill: {why}: filled on the CPU (tiled pipeline) instead", TerrainNote, stacklevel=3)
+    return "cpu"
+
+
+def _gpu_host_bytes(store: TerrainStore) -> int:
+    """Host memory of the in-core GPU fill: two bands of shard rows of the outputs at once (one
+    being written while the next comes back from the GPU), a band of input before that."""
+    side = store.tile_size * store.shard_size
+    return 2 * side * store.shape[1] * (store.dtype.itemsize + 8)
+
+
+def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
+    """Why the in-core GPU fill cannot take ``store`` (None: it can)."""
+    from ._fill_gpu import device_bytes, value_dtype
+    from .sssp.incore import gpu_free_bytes
+
+    rows, cols = store.shape
+    if value_dtype(store.dtype) is None:
+        return f"the GPU computes in float64 at most, which does not hold every {store.dtype} value"
+    if rows * cols >= 2**31:
+        return f"{rows:,} x {cols:,} cells are more than the GPU fill's 32-bit cell ids"
+    need, free = device_bytes(rows, cols, store.dtype, store.tile_size * store.shard_size), gpu_free_bytes()
+    if need > free:
+        return f"it needs {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
+    if _gpu_host_bytes(store) > budget:
+        return (f"its bands of shards need {format_bytes(_gpu_host_bytes(store))} of host memory, more than the "
+                f"budget {format_bytes(budget)}")
+    return None
+
+
+def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, t_start: float) -> FillResult:
+    """The in-core GPU fill (:mod:`._fill_gpu`): the DEM read band by band (a band of shard rows,
+    its shards decoded in parallel threads) into one GPU array, levels and lakes solved there, the
+    outputs brought back a band at a time while the threads encode the band before."""
+    from ._fill_gpu import GpuFill
+
+    rows, cols = store.shape
+    nsr, nsc = store.shard_grid
+    bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
+    threads = max(1, min(os.cpu_count() or 1, nsc))
+    timings = {}
+    gpu = GpuFill(rows, cols, store.dtype, store.nodata)
+    try:
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
+                progress_bar(progress, nsr * nsc, "fill: read", unit="shard") as bar:
+            for band in bands:
+                r0 = band[0].r0
+                host = np.empty((band[0].r1 - r0, cols), store.dtype)
+
+                def read(win, host=host, r0=r0):
+                    host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1] = store.read(win)
+                    bar.update(1)
+
+                list(pool.map(read, band))
+                gpu.load(r0, host)
+                del host
+        timings["read"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        gpu.levels(outlets == "edge+nodata")
+        _sync()
+        timings["levels"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        least, cells, pit, spill, level, hi, lo, max_depth, pit_elevation, spills_to = gpu.lakes()
+        timings["lakes"] = time.perf_counter() - t0
+        table = Depressions(least=least, cells=cells, pit=pit, spill=spill, level=level, volume_cells=hi + lo,
+                            max_depth=max_depth, pit_elevation=pit_elevation, spills_to=spills_to)
+        t0 = time.perf_counter()
+        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+            arrays = (writer.create_array("elevation", store.dtype, store.elevation.fill_value),
+                      writer.create_array("depth", "float32", float("nan")),
+                      writer.create_array("depression", "uint32", 0))
+            side = store.tile_size * store.shard_size
+            with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
+                    progress_bar(progress, nsr * nsc, "fill: write", unit="shard") as bar:
+
+                def write(win, parts, r0):
+                    for arr, part in zip(arrays, parts):
+                        write_shard(arr, win.r0 // side, win.c0 // side,
+                                    np.ascontiguousarray(part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1]))
+                    bar.update(1)
+
+                waiting = []
+                for band in bands:
+                    r0 = band[0].r0
+                    parts = gpu.band(r0, band[0].r1)  # comes back while the band before is encoded
+                    for f in waiting:
+                        f.result()
+                    waiting = [pool.submit(write, win, parts, r0) for win in band]
+                    del parts
+                for f in waiting:
+                    f.result()
+            dx, dy = store.metric_cell_size
+            timings["write"] = time.perf_counter() - t0
+            result = FillResult(outlets=outlets, device="gpu", method="incore", cells=rows * cols,
+                                depressions=len(table), filled_cells=int(cells.sum()),
+                                volume=float(table.volume_cells.sum() * dx * dy),
+                                seconds=time.perf_counter() - t_start,
+                                timings={**{k: round(v, 4) for k, v in timings.items()}, "rounds": gpu.rounds},
+                                tile_size=store.tile_size, table=table)
+            writer.attrs.update(result.attrs())
+            if len(table) <= TABLE_IN_ATTRS:
+                writer.attrs["depression_table"] = {c: v.tolist() for c, v in table.rows(store).items()}
+    finally:
+        gpu.close()
+    return result
+
+
+def _sync() -> None:
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
 
 
 def _write_held(store: TerrainStore, *pairs) -> None:

@@ -12,10 +12,8 @@
 // Compile-time: VAL (value type), KIND (weight model: 1 absdiff, 2 surface, 3 cell, 4 walk).
 
 #include "grid.cuh"
+#include "worklist.cuh"
 
-#define TS 32
-#define BY 8
-#define HS (TS + 2)
 #define NO_LEVEL 2147483647
 #define NO_PRED 255
 
@@ -41,29 +39,6 @@ __device__ __forceinline__ void load_tile(const VAL* __restrict__ vals, const L*
             }
         }
     }
-}
-
-// After a tile's round: queue the neighbours next to the border cells that improved.
-__device__ __forceinline__ void queue_neighbours(int (*mark)[3], int tr, int tc, int ntr, int ntc,
-                                                 int* __restrict__ own_flag, int* __restrict__ next_flag,
-                                                 int* __restrict__ next_work, int* __restrict__ next_count) {
-    __syncthreads();
-    const int t = threadIdx.y * TS + threadIdx.x;
-    if (t < 9) {
-        const int di = t / 3 - 1, dj = t % 3 - 1;
-        const int nr = tr + di, nc = tc + dj;
-        if ((di || dj) && mark[di + 1][dj + 1] && nr >= 0 && nr < ntr && nc >= 0 && nc < ntc) {
-            const int nt = nr * ntc + nc;
-            if (atomicExch(&next_flag[nt], 1) == 0) next_work[atomicAdd(next_count, 1)] = nt;
-        }
-    }
-}
-
-__device__ __forceinline__ void mark_border(int (*mark)[3], int i, int j) {
-    const int di = i == 1 ? 0 : (i == TS ? 2 : 1), dj = j == 1 ? 0 : (j == TS ? 2 : 1);
-    if (di != 1) mark[di][1] = 1;
-    if (dj != 1) mark[1][dj] = 1;
-    if (di != 1 && dj != 1) mark[di][dj] = 1;
 }
 
 extern "C" __global__ void __launch_bounds__(TS * BY)
