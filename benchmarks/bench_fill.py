@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import warm_side  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,7 +36,8 @@ def one(what: str, store: str, tif: str, out: str, device: str, memory: str | No
         from terrain_io.grid.fill import fill
         from terrain_io.synth import synthesize
 
-        warm = synthesize(Path(out).with_suffix(".warm.zarr"), 300, seed=2, tile=TerrainStore.open(store).tile_size,
+        warm = synthesize(Path(out).with_suffix(".warm.zarr"), warm_side(TerrainStore.open(store).shape[0]), seed=2,
+                          tile=TerrainStore.open(store).tile_size,
                           overwrite=True)
         fill(warm, device=device, progress=False)
         t = time.perf_counter()
@@ -45,7 +48,8 @@ def one(what: str, store: str, tif: str, out: str, device: str, memory: str | No
         from terrain_io.grid.mst import mst
         from terrain_io.synth import synthesize
 
-        warm = synthesize(Path(out).with_suffix(".warm.zarr"), 300, seed=2, tile=TerrainStore.open(store).tile_size,
+        warm = synthesize(Path(out).with_suffix(".warm.zarr"), warm_side(TerrainStore.open(store).shape[0]), seed=2,
+                          tile=TerrainStore.open(store).tile_size,
                           overwrite=True)
         mst(warm, device=device, progress=False)
         t = time.perf_counter()

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import warm_side  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -169,9 +171,7 @@ def main():
     print(f"device {device}, method {args.method}, cluster {args.cluster}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}")
     # numba compiles the kernels once per installation (cached on disk): do it outside the timings,
     # for the serial twins (small grids) and the parallel builds (from jit.SERIAL_BELOW cells on)
-    from terrain_io.jit import SERIAL_BELOW
-
-    for side in (256, int(SERIAL_BELOW ** 0.5)):
+    for side in sorted({256, *(warm_side(n) for n in args.sizes)}):
         warm = make_store(work, side)
         for model in ["absdiff"] + ([] if args.no_cell else ["cell"]):
             tag = "" if model == "absdiff" else "-cell"

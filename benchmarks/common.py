@@ -1,8 +1,18 @@
-"""Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU."""
+"""Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU, warm-up sizes."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
+
+
+def warm_side(n: int) -> int:
+    """Side of a warm-up DEM that makes numba compile (or load) the builds an n x n run uses: the
+    serial twins below ``jit.SERIAL_BELOW`` cells, the parallel builds from there on. Warming on a
+    small DEM only and timing a large one had put the parallel builds' compilation in the timings."""
+    from terrain_io.jit import SERIAL_BELOW
+
+    return 300 if n * n < SERIAL_BELOW else math.isqrt(SERIAL_BELOW)
 
 
 def parse_count(text: str) -> int:
