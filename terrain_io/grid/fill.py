@@ -543,13 +543,13 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
                       writer.create_array("depth", "float32", float("nan")),
                       writer.create_array("depression", "uint32", 0))
             side = store.tile_size * store.shard_size
-            with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
-                    progress_bar(progress, nsr * nsc, "fill: write", unit="shard") as bar:
+            # every shard of every output its own task: three times the band's shards to encode at once
+            with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(arrays) * nsc))) as pool, \
+                    progress_bar(progress, nsr * nsc * len(arrays), "fill: write", unit="shard") as bar:
 
-                def write(win, parts, r0):
-                    for arr, part in zip(arrays, parts):
-                        write_shard(arr, win.r0 // side, win.c0 // side,
-                                    np.ascontiguousarray(part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1]))
+                def write(win, arr, part, r0):
+                    write_shard(arr, win.r0 // side, win.c0 // side,
+                                np.ascontiguousarray(part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1]))
                     bar.update(1)
 
                 waiting = []
@@ -558,7 +558,7 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
                     parts = gpu.band(r0, band[0].r1)  # comes back while the band before is encoded
                     for f in waiting:
                         f.result()
-                    waiting = [pool.submit(write, win, parts, r0) for win in band]
+                    waiting = [pool.submit(write, win, arr, part, r0) for win in band for arr, part in zip(arrays, parts)]
                     del parts
                 for f in waiting:
                     f.result()
