@@ -332,6 +332,13 @@ def test_cli_table_attrs_and_export(tmp_path):
     png = tmp_path / "b.png"
     out = CliRunner().invoke(cli, ["export", str(st.path), "depressions/basin", "-o", str(png)])
     assert out.exit_code == 0 and png.stat().st_size > 100, out.output
+    import rasterio
+
+    with rasterio.open(png) as ds:  # one colour per basin, transparent where no basin
+        img = ds.read()
+    assert np.array_equal(img[3] > 0, basin > 0)
+    for k in np.unique(basin[basin > 0]):
+        assert len(np.unique(img[:3, basin == k], axis=1).T) == 1
 
 
 def test_cli_errors(tmp_path):
