@@ -80,7 +80,7 @@ def one(what: str, store: str, out: str, memory: str | None) -> dict:
         res["seconds"] = time.perf_counter() - t
         res["peak_rss"] = peak_rss()
         ours = np.load(out)
-        parent, spill, pit, L = ours["parent"], ours["spill"], ours["pit"], int(ours["n_leaves"])
+        parent, spill, pit = ours["parent"], ours["spill"], ours["pit"]
         kids = np.argsort(parent[1:], kind="stable") + 1  # nodes by parent: a merge's two children adjacent
         kids = kids[parent[kids] > 0]
         a, b = kids[0::2], kids[1::2]
@@ -102,7 +102,7 @@ def one(what: str, store: str, out: str, memory: str | None) -> dict:
 def spawn(what, store, out, memory) -> dict:
     cmd = [sys.executable, __file__, "--one", what, store, out, memory or ""]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     if p.returncode:
         raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -140,9 +140,12 @@ def main():
             if "seconds" not in r:
                 print(f"  {what:10s} failed: {r.get('error')}")
                 continue
-            extra = {"ours": lambda: f"  {r['leaves']:,} leaves, {r['merges']:,} merges {r['timings']} {r['method']}",
-                     "higra": lambda: (f"  merges differing {r['merges_differing']}/{r['merges_checked']:,}, roots "
-                                       f"{r['roots_differing']}/{r['roots_checked']:,}")}.get(what, lambda: "")()
+            extra = ""
+            if what == "ours":
+                extra = f"  {r['leaves']:,} leaves, {r['merges']:,} merges {r['timings']} {r['method']}"
+            elif what == "higra":
+                extra = (f"  merges differing {r['merges_differing']}/{r['merges_checked']:,}, roots "
+                         f"{r['roots_differing']}/{r['roots_checked']:,}")
             print(f"  {what:10s} {r['seconds']:8.2f} s  {r['seconds'] / base:6.2f}x ours  peak "
                   f"{format_bytes(r['peak_rss'])}{extra}", flush=True)
             rows.append({"n": n, **r})

@@ -27,7 +27,8 @@ def depressions(store, outlets, table, device, memory):
     merge, in order of their spill elevation (the minimax between them), into new nodes; roots spill
     out of the DEM at the fill level of their pits. Out of core: tiles, a boundary solve, tiles again.
     """
-    from terrain_io.grid.depressions import depressions as run, write_table
+    from terrain_io.grid.depressions import depressions as run
+    from terrain_io.grid.depressions import write_table
 
     if table is not None and not table.parent.exists():
         raise click.UsageError(f"--table: folder {table.parent} does not exist")

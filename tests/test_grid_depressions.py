@@ -1,7 +1,8 @@
 """The depression hierarchy (terrain_io.grid.depressions) against references written here from the
 definition.
 
-References: plateaus by scipy.ndimage.label (8-connectivity, one elevation at a time), each draining
+References: higra's binary partition tree by altitude ordering (``bpt_canonical``, the cell-level
+minimax tree: lowest common ancestors' altitudes); plateaus by scipy.ndimage.label (8-connectivity, one elevation at a time), each draining
 to its lowest lower neighbour (then least cell id) or, holding an outlet, to the outside; basins by
 following those receivers; minimax values between every two leaves (and the outside) by a
 union-find Kruskal over the whole cell graph (edges max(h_i, h_j), outlets joined to O at h); cells
@@ -13,11 +14,14 @@ out is the fill level of each of its pits, the roots' volumes sum to the filled 
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import ndimage
-from test_grid_fill import _dem  # the same random, terraced, flat-bottomed and nodata-holed DEMs
+from test_grid_fill import (
+    _dem,  # the same random, terraced, flat-bottomed and nodata-holed DEMs
+)
 
 from terrain_io.grid.depressions import depressions, read_basins
 from terrain_io.grid.fill import fill, read_fill
@@ -198,17 +202,19 @@ def check_against_fill(store, res, outlets):
     fres = fill(store, outlets=outlets, device="cpu", progress=False)
     F = read_fill(store)["elevation"].astype(np.float64).ravel()
     t = res.hierarchy
-    for v in range(1, len(t) + 1):
-        if t.parent[v] == 0 and not np.isnan(t.spill[v]):
-            u = [x for x in range(1, t.n_leaves + 1) if _root(t, x) == v]
-            assert np.all(F[t.pit[u]] == t.spill[v])
+    root = _roots(t)
+    leaves = np.arange(1, t.n_leaves + 1)
+    out = ~np.isnan(t.spill[root[leaves]])
+    assert np.array_equal(F[t.pit[leaves[out]]], t.spill[root[leaves[out]]])  # a root spills at its pits' F
     assert np.isclose(res.volume, fres.volume, rtol=1e-12, atol=1e-9)
 
 
-def _root(t, v):
-    while t.parent[v] > 0:
-        v = t.parent[v]
-    return v
+def _roots(t):
+    root = np.arange(len(t.parent))
+    for v in range(len(t.parent) - 1, 0, -1):  # parents have the larger ids
+        if t.parent[v] > 0:
+            root[v] = root[t.parent[v]]
+    return root
 
 
 def _same(a, b):
@@ -361,3 +367,56 @@ def test_cli_errors(tmp_path):
     out = CliRunner().invoke(cli, ["depressions", str(st.path), "--table", str(tmp_path / "no" / "t.csv")])
     assert out.exit_code == 2 and "does not exist" in out.output
     assert "depressions/basin" not in TerrainStore.open(st.path).results()
+
+
+def higra_check(store, res, outlets):
+    """Our tree against higra's binary partition tree by altitude ordering (Kruskal over the cell
+    graph with O; nodata cells hang from O at a huge weight so that the graph is connected): every
+    merge's level is the altitude of the lowest common ancestor of its children's pits, every
+    root's spill that of its pit and O (the huge weight: never spills)."""
+    hg = pytest.importorskip("higra")
+    vals = np.asarray(store.elevation[...])
+    valid = store.valid(vals)
+    rows, cols = vals.shape
+    O, big = rows * cols, 1e300
+    hf = np.where(valid, vals.astype(np.float64), np.nan).ravel()
+    ids = np.arange(O).reshape(rows, cols)
+    src, dst = [], []
+    for a, b in ((0, 1), (1, -1), (1, 0), (1, 1)):
+        c0, c1 = max(0, -b), cols - max(0, b)
+        u, v = ids[: rows - a, c0:c1].ravel(), ids[a:, c0 + b : c1 + b].ravel()
+        keep = valid.ravel()[u] & valid.ravel()[v]
+        src.append(u[keep])
+        dst.append(v[keep])
+    out = _outlets(valid, outlets == "edge+nodata").ravel()
+    src += [np.flatnonzero(out), np.flatnonzero(~valid.ravel())]
+    dst += [np.full(out.sum(), O), np.full((~valid).sum(), O)]
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    w = np.where(dst == O, np.where(valid.ravel()[src], hf[src], big), np.maximum(hf[src], np.append(hf, 0)[dst]))
+    g = hg.UndirectedGraph(O + 1)
+    g.add_edges(src, dst)
+    tree, alt = hg.bpt_canonical(g, w)
+    t = res.hierarchy
+    spill = np.where(np.isnan(t.spill), big, t.spill)[1:]
+    other = np.where(t.parent[1:] == 0, O, t.pit[t.spills_to[1:]])
+    tree.lowest_common_ancestor_preprocess()
+    assert np.array_equal(alt[tree.lowest_common_ancestor(t.pit[1:], other)], spill)
+
+
+REAL = sorted(p for p in (Path(__file__).resolve().parents[1] / "sample_data").iterdir() if p.suffix in (".asc", ".tif"))
+
+
+@pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
+def test_real_dems_against_higra_and_fill(tmp_path, path):
+    from terrain_io.convert import convert
+
+    convert(path, tmp_path / "a.zarr", tile=64, shard=4)
+    st = TerrainStore.open(tmp_path / "a.zarr")
+    outlets = ("edge+nodata", "edge") if "holes" in path.name else ("edge+nodata",)
+    for o in outlets:
+        if path.name.startswith("topobathy"):  # small: every check from the definition too
+            res, _ = check_hierarchy(st, o, held=False)
+        else:
+            res = depressions(st, outlets=o, device="cpu", progress=False)
+        higra_check(st, res, o)
+        check_against_fill(st, res, o)

@@ -574,7 +574,7 @@ def subtree_volumes(parent, spill, c_all, h_hi, h_lo):
     vol = np.full(nn, np.nan)
     for v in range(1, nn):
         s = spill[v]
-        if s != s:
+        if np.isnan(s):
             continue
         c = np.float64(c_all[v])
         p = s * c

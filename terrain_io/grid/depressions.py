@@ -59,6 +59,7 @@ import csv
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numba
@@ -71,7 +72,16 @@ from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore
 from . import _depressions_cpu as K
-from .fill import OUTLETS, TABLE_IN_ATTRS, _Geometry, _fmt, _read, _read_block, _write, _write_held
+from .fill import (
+    OUTLETS,
+    TABLE_IN_ATTRS,
+    _fmt,
+    _Geometry,
+    _read,
+    _read_block,
+    _write,
+    _write_held,
+)
 from .mst import _plan_batches
 
 RESULT = "depressions"
@@ -233,8 +243,8 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                     if plan_held:
                         kept = (vals, ok, outl)
                     r0, c0 = b.window.r0, b.window.c0
-                    for o, cu, cv, lk, lh in tmap(
-                            lambda t: K.tile_chains(vals, ok, outl, *t, r0, c0, *args, tgt, openf), b.tiles):
+                    for o, cu, cv, lk, lh in tmap(partial(_chains, (vals, ok, outl), r0, c0, args, tgt, openf),
+                                                  b.tiles):
                         pieces.append(o)
                         cross.append((cu, cv))
                         leaves.append((lk, lh))
@@ -244,14 +254,12 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
 
             # 2: the boundary solve, leaves numbered
             t0 = time.perf_counter()
-            cat = lambda parts, i, dt: (np.concatenate([p[i] for p in parts]) if parts  # noqa: E731
-                                        else np.empty(0, dt))
-            o = [cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_,
+            o = [_cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_,
                                                              np.int64, np.float64))]
-            res, pk, ph = K.solve_nodes(geo.nodes, tgt, openf, *o, cat(cross, 0, np.int64), cat(cross, 1, np.int64))
+            res, pk, ph = K.solve_nodes(geo.nodes, tgt, openf, *o, _cat(cross, 0, np.int64), _cat(cross, 1, np.int64))
             del pieces, cross, o, tgt, openf
-            keys = np.concatenate([cat(leaves, 0, np.int64), pk])
-            leaf_h = np.concatenate([cat(leaves, 1, np.float64), ph])
+            keys = np.concatenate([_cat(leaves, 0, np.int64), pk])
+            leaf_h = np.concatenate([_cat(leaves, 1, np.float64), ph])
             del leaves
             order = np.argsort(keys, kind="stable")
             keys, leaf_h = keys[order], leaf_h[order]
@@ -271,9 +279,8 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                     vals, ok, outl = kept if plan_held else _read_block(store, b.window, nodata_drains)
                     basin = np.zeros(b.window.shape, np.uint32)
                     r0, c0 = b.window.r0, b.window.c0
-                    pairs.extend(tmap(lambda t: K.tile_labels(
-                        vals, ok, outl, *t, r0, c0, *args, keys, res_id,
-                        basin[t[0]:t[0] + t[2], t[1]:t[1] + t[3]]), b.tiles))
+                    pairs.extend(tmap(partial(_labels, (vals, ok, outl), r0, c0, args, keys, res_id, basin),
+                                      b.tiles))
                     if plan_held:
                         basins.append(basin)
                     else:
@@ -284,7 +291,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
 
             # 4: the tree
             t0 = time.perf_counter()
-            ea, eb, ew, elo, ehi, es = (cat(pairs, i, dt) for i, dt in enumerate(
+            ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
                 (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
             del pairs
             pk = (ea.astype(np.uint64) << np.uint64(32)) | eb
@@ -315,9 +322,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                         vals = store.read(b.window)
                         basin = _read(basin_arr, b.window, whole_shard)
                     ok = store.valid(vals)
-                    for out in tmap(lambda t: K.tile_volumes(
-                            vals[t[0]:t[0] + t[2], t[1]:t[1] + t[3]], ok[t[0]:t[0] + t[2], t[1]:t[1] + t[3]],
-                            basin[t[0]:t[0] + t[2], t[1]:t[1] + t[3]], up, jump, level), b.tiles):
+                    for out in tmap(partial(_volumes, vals, ok, basin, up, jump, level), b.tiles):
                         K.add_volumes(*out, c_all, h_hi, h_lo)
                     bar.update(1)
             volume = K.subtree_volumes(parent, spill, c_all, h_hi, h_lo)
@@ -346,10 +351,28 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
     return result
 
 
+def _cat(parts: list, i: int, dtype) -> np.ndarray:
+    """Field ``i`` of every tile's output, concatenated."""
+    return np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dtype)
+
+
+def _chains(block, r0, c0, args, tgt, openf, t):
+    return K.tile_chains(*block, *t, r0, c0, *args, tgt, openf)
+
+
+def _labels(block, r0, c0, args, keys, res_id, basin, t):
+    return K.tile_labels(*block, *t, r0, c0, *args, keys, res_id, basin[t[0]:t[0] + t[2], t[1]:t[1] + t[3]])
+
+
+def _volumes(vals, ok, basin, up, jump, level, t):
+    s = slice(t[0], t[0] + t[2]), slice(t[1], t[1] + t[3])
+    return K.tile_volumes(vals[s], ok[s], basin[s], up, jump, level)
+
+
 def _json(v: np.ndarray) -> list:
     """A column for the attributes: NaN as None (JSON has no NaN)."""
     if v.dtype.kind == "f":
-        return [None if x != x else x for x in v.tolist()]
+        return [None if math.isnan(x) else x for x in v.tolist()]
     return v.tolist()
 
 
