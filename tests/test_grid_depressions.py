@@ -342,9 +342,11 @@ def test_cli_table_attrs_and_export(tmp_path):
 
     import rasterio
 
-    with warnings.catch_warnings(), rasterio.open(png) as ds:
-        warnings.simplefilter("ignore")  # a picture has no geotransform  # one colour per basin, transparent where no basin
-        img = ds.read()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a picture has no geotransform
+        with rasterio.open(png) as ds:
+            img = ds.read()
+    # one colour per basin, transparent where there is none
     assert np.array_equal(img[3] > 0, basin > 0)
     for k in np.unique(basin[basin > 0]):
         assert len(np.unique(img[:3, basin == k], axis=1).T) == 1
