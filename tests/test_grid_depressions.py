@@ -274,8 +274,8 @@ def test_integer_dem_out_of_core_budget(tmp_path):
     rng = np.random.default_rng(7)
     h = (rng.integers(0, 60, (1000, 1000)) + np.add.outer(np.arange(1000), np.arange(1000)) // 40).astype(np.float64)
     big = TerrainStore.from_array(tmp_path / "big.zarr", h, tile=64, shard=4)
-    res = depressions(big, device="cpu", progress=False, memory="7MB")
-    assert res.method == "tiled" and h.nbytes > 7 * 2**20
+    res = depressions(big, device="cpu", progress=False, memory="7.5MB")
+    assert res.method == "tiled" and h.nbytes > 7.5 * 2**20
     got = read_basins(big)
     held = depressions(big, device="cpu", progress=False, held=True)
     assert held.method == "held"
@@ -422,3 +422,51 @@ def test_real_dems_against_higra_and_fill(tmp_path, path):
             res = depressions(st, outlets=o, device="cpu", progress=False)
         higra_check(st, res, o)
         check_against_fill(st, res, o)
+
+
+_MEMORY_SCRIPT = """
+import sys
+from terrain_io.grid.depressions import depressions
+from terrain_io.store import TerrainStore
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+depressions(TerrainStore.open(sys.argv[2]), device="cpu", progress=False, held=False)  # compile / load kernels
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+base = status("VmRSS")
+res = depressions(TerrainStore.open(sys.argv[1]), device="cpu", progress=False, memory=sys.argv[3])
+print(status("VmHWM") - base, res.method, res.batch_tiles, res.leaves)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux peak-RSS reset")
+@pytest.mark.slow
+def test_memory_budget_out_of_core(tmp_path):
+    """A store 1.5x the budget: basins tile by tile, peak RSS within the budget (and a little for the
+    O(basins) arrays), the same results as holding the DEM on a copy with other tiles."""
+    import os
+    import subprocess
+    import sys
+
+    from terrain_io.synth import synthesize
+
+    size, budget = 4096, 44
+    synthesize(tmp_path / "big.zarr", size, seed=4, nodata_fraction=0.02, tile=256, shard=1)
+    synthesize(tmp_path / "warm.zarr", 515, seed=4, tile=256, shard=1)
+    out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path / "big.zarr"), str(tmp_path / "warm.zarr"),
+                          f"{budget}MB"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "NUMBA_NUM_THREADS": "2"})
+    grown, method, batch, leaves = out.stdout.split()
+    raw = size * size * 4
+    assert method == "tiled" and raw > budget * 2**20
+    assert int(grown) <= (budget + 24) * 2**20 and int(grown) < raw, grown
+    vals = np.asarray(TerrainStore.open(tmp_path / "big.zarr").elevation[...])
+    got = read_basins(tmp_path / "big.zarr")
+    other = TerrainStore.from_array(tmp_path / "other.zarr", vals, tile=1024, shard=2)
+    res = depressions(other, device="cpu", progress=False, held=True)
+    assert res.leaves == int(leaves) and read_basins(other).tobytes() == got.tobytes()
+    check_against_fill(other, res, "edge+nodata")

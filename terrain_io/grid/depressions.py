@@ -166,11 +166,11 @@ def _block_bytes(cells: int, itemsize: int) -> int:
 
 
 def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
-    """(hold the whole DEM, batch side in tiles). Fixed: ~70 bytes a boundary node (ends, flags,
-    union-find, the solve) and each thread's tile scratch (~50 bytes a cell for the pieces, ~40 per
-    spill edge of the tile)."""
+    """(hold the whole DEM, batch side in tiles). Fixed: ~90 bytes a boundary node (ends, flags,
+    union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell for the
+    pieces, ~64 per edge between labels: two a cell allowed)."""
     t = store.tile_size
-    fixed = geo.nodes * 70 + numba.get_num_threads() * 120 * t * t
+    fixed = geo.nodes * 90 + numba.get_num_threads() * 190 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
     if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
