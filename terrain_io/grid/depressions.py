@@ -314,7 +314,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             h_hi = np.zeros(nn, np.float64)
             h_lo = np.zeros(nn, np.float64)
             with progress_bar(progress, len(batches), "depressions: volumes", unit="batch") as bar:
-                for bi, b in enumerate(batches):
+                for b in batches:
                     if plan_held:
                         vals = kept[0][1:-1, 1:-1]
                         basin = basins[0]
