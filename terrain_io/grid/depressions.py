@@ -42,7 +42,7 @@ Pipeline (kernels :mod:`._depressions_cpu`), tiles in Morton batches as :mod:`.f
    with its lowest receiver; every node's chain followed to its leaf; leaves numbered.
 3. Labels -- each tile again: final leaf ids (``depressions/basin``) and the least spill edge of
    each pair of labels that touch in it (halo cells' labels are their nodes').
-4. Tree -- the pairs reduced over tiles, Kruskal in memory (above).
+4. Tree -- Kruskal in memory over the tiles' pair edges (above).
 5. Volumes -- each tile a third time: a cell in basin L counts (1, h) in the lowest ancestor of L
    whose spill elevation is above h (skew-binary jump pointers, O(log depth)); subtree sums then
    give every node's cells and volume.
@@ -294,15 +294,12 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
                 (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
             del pairs
-            pk = (ea.astype(np.uint64) << np.uint64(32)) | eb
-            sel = np.lexsort((ehi, elo, ew, pk))
-            first = np.ones(len(sel), bool)
-            first[1:] = pk[sel[1:]] != pk[sel[:-1]]
-            sel = sel[first]  # the least edge of each pair, over all tiles
-            sel = sel[np.lexsort((ehi[sel], elo[sel], ew[sel]))]  # Kruskal's strict order
+            # Kruskal's strict order; a pair's edges from other tiles than its least one's are skipped
+            # by Kruskal itself (the pair is joined by then)
+            sel = np.lexsort((ehi, elo, ew))
             parent, spill, scell, sto, merge, pit, pit_h = K.build_tree(
                 n_leaves, ea[sel].astype(np.int64), eb[sel].astype(np.int64), ew[sel], es[sel], leaf_h, keys)
-            del ea, eb, ew, elo, ehi, es, pk, sel, first
+            del ea, eb, ew, elo, ehi, es, sel
             up, jump = K.jump_pointers(parent)
             level = np.where(np.isnan(spill), np.inf, spill)
             timings["tree"] = time.perf_counter() - t0
