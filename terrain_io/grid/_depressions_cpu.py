@@ -374,10 +374,17 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
     _pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, cols, par, rh, rid, rloc, flags, first)
     _ends(i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, par, rid, rloc, flags, first, end)
     lab = np.empty(n, np.uint32)
+    last_key, last_id = np.int64(-1), np.uint32(0)  # neighbouring roots mostly reach the same leaf
     for x in range(n):  # ends -> leaf ids, at the roots
-        if par[x] == x:
-            e = end[x]
-            lab[x] = _leaf_id(keys, e) if e >= 0 else (np.uint32(0) if e == -1 else res_id[-2 - e])
+        if par[x] != x:
+            continue
+        e = end[x]
+        if e >= 0:
+            if e != last_key:
+                last_key, last_id = e, _leaf_id(keys, e)
+            lab[x] = last_id
+        else:
+            lab[x] = 0 if e == -1 else res_id[-2 - e]
     for i in range(th):
         for j in range(tw):
             x = i * tw + j
