@@ -460,7 +460,7 @@ def test_memory_budget_out_of_core(tmp_path):
     out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path / "big.zarr"), str(tmp_path / "warm.zarr"),
                           f"{budget}MB"], capture_output=True, text=True, check=True,
                          env={**os.environ, "NUMBA_NUM_THREADS": "2"})
-    grown, method, batch, leaves = out.stdout.split()
+    grown, method, _batch, leaves = out.stdout.split()
     raw = size * size * 4
     assert method == "tiled" and raw > budget * 2**20
     assert int(grown) <= (budget + 24) * 2**20 and int(grown) < raw, grown
