@@ -60,6 +60,7 @@ def _register() -> None:
     from . import mst  # noqa: F401
     from . import sssp  # noqa: F401
     from . import fill  # noqa: F401
+    from . import depressions  # noqa: F401
 
 
 class Terminated(KeyboardInterrupt):

@@ -284,7 +284,7 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     elif leaf == "depth":  # filled depths: the lakes coloured, dry cells transparent
         ok &= z > 0
         rgb = colorize(np.where(ok, z, np.nan), _MAGMA)
-    elif leaf == "depression":  # ids: one colour per depression, transparent outside
+    elif leaf in ("depression", "basin"):  # ids: one colour per depression / leaf basin, transparent outside
         ok &= z > 0
         rgb = _categorical(z)
     elif arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset

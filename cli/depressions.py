@@ -1,0 +1,38 @@
+"""``terrain depressions STORE``: the depression hierarchy and the basin raster (terrain_io.grid.depressions)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import device_option, quiet, say
+from .main import cli
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
+              help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata "
+                   "cells are then walls).")
+@click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the tree (one row per node: leaves, then merges) to this CSV file.")
+@device_option
+@click.option("--memory", default=None, metavar="SIZE",
+              help="Memory budget for the per-cell work, e.g. 2GB (default: half the free RAM).")
+def depressions(store, outlets, table, device, memory):
+    """The depression hierarchy of the DEM (Barnes, Callaghan & Wickert 2020): the merge tree of the
+    basins of every local minimum, and STORE/depressions/basin (uint32 leaf id, 0: drains out).
+
+    Each plateau drains to its lowest lower neighbour; a local minimum is a leaf. Basins that meet
+    merge, in order of their spill elevation (the minimax between them), into new nodes; roots spill
+    out of the DEM at the fill level of their pits. Out of core: tiles, a boundary solve, tiles again.
+    """
+    from terrain_io.grid.depressions import depressions as run
+    from terrain_io.grid.depressions import write_table
+
+    if table is not None and not table.parent.exists():
+        raise click.UsageError(f"--table: folder {table.parent} does not exist")
+    result = run(store, outlets=outlets, device=device, memory=memory, progress=not quiet())
+    if table is not None:
+        write_table(result, store, table)
+    say(result.summary() + (f"; table -> {table}" if table is not None else ""))

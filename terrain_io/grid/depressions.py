@@ -1,0 +1,396 @@
+"""The depression hierarchy of a DEM, out of core (``terrain depressions``).
+
+The merge tree of the basins of every local minimum (Barnes, Callaghan & Wickert 2020, "Computing
+water flow through complex landscapes, part 2: finding hierarchies in depressions and
+morphological segmentations", ESurf 8): its leaves are the local minima, each internal node the
+union of two groups of basins at the level where they first meet, and the roots spill into the
+outside O -- the minimax structure of :mod:`.fill` (DESIGN.md "Fill and depressions from the MST")
+read basin by basin.
+
+Definitions (``outlets`` as in :func:`.fill.fill`: outlet cells are joined to O)
+    - A *plateau* is a maximal 8-connected set of valid cells of equal elevation (most are one
+      cell). It drains to its lowest neighbouring valid cell that is lower than it (ties: the least
+      cell id, row-major); a plateau holding an outlet drains to O (O is lower than every cell).
+    - A plateau with neither is a *local minimum*: a leaf. Leaves are numbered 1, 2, ... by their
+      plateau's least cell id; the *pit* of a leaf is that cell.
+    - Every valid cell belongs to the leaf its plateau's chain of receivers reaches (the raster
+      ``depressions/basin``, uint32); cells whose chain reaches O have 0 (nodata cells too).
+    - The basins form a graph with O (basin 0, with every cell labelled 0): two basins touch where
+      two 8-neighbours carry their labels, at weight max(h_i, h_j). Kruskal over it in the strict
+      order (weight, least cell id, other cell id) builds the tree: when two groups meet, a merge
+      node is made; when a group meets O, its top node is a root. Every spill value is the minimax
+      (least, over paths, of the highest elevation) between the two groups, so the level at which
+      a root spills out is the fill level F of its pits (:func:`.fill.fill`).
+
+Table, one row per node (``id``: leaves 1..L, merges L+1.. in order of creation; a parent's id
+is above its children's): ``parent`` (0: none -- it spills out, or never), ``kind`` (leaf / merge),
+``spill_elevation`` (where its water first overflows: into ``spills_to``, the other group's top
+node, or 0 for the outside; NaN for a group with no way out, islands walled in by nodata under
+``outlets="edge"``), the spill cell (the higher cell of the least edge by which it overflows;
+row, col, x, y), ``merge_elevation`` (a merge's: the level its two children met), the pit (its
+lowest leaf's, then least id), ``cells`` / ``area`` / ``volume``: the depression at its spill
+level -- the cells of its basins lower than the spill elevation (they are connected to its pits
+below that level) and the sum of (spill - h) x the cell area (metric cell size, as fill; for a
+group that never spills: all its cells, volume NaN).
+
+Pipeline (kernels :mod:`._depressions_cpu`), tiles in Morton batches as :mod:`.fill`:
+
+1. Chains -- each tile (with a one-cell halo) finds its plateau pieces and follows receivers
+   inside itself; each perimeter cell hands up where its chain ends (a leaf, O, a plateau that goes
+   on into another tile, or a cell of a neighbouring tile), plus the tile's own leaves.
+2. Boundary solve -- the O(N/T) perimeter nodes: plateaus joined across tiles (union-find), each
+   with its lowest receiver; every node's chain followed to its leaf; leaves numbered.
+3. Labels -- each tile again: final leaf ids (``depressions/basin``) and the least spill edge of
+   each pair of labels that touch in it (halo cells' labels are their nodes').
+4. Tree -- Kruskal in memory over the tiles' pair edges (above).
+5. Volumes -- each tile a third time: a cell in basin L counts (1, h) in the lowest ancestor of L
+   whose spill elevation is above h (skew-binary jump pointers, O(log depth)); subtree sums then
+   give every node's cells and volume.
+
+Memory: the per-cell work is in batches of tiles within ``memory`` (when the DEM, its masks and
+labels fit, the whole DEM is one batch read once); arrays of O(number of basins) -- leaves, the
+basin graph's pairs (~40 bytes each, about three a basin), the tree (~100 bytes a node) -- and of
+O(N / T) boundary nodes are held in memory beside the budget.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from ..backend import resolve_device
+from ..errors import DeviceError, InputError
+from ..jit import SERIAL_BELOW
+from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..progress import progress_bar
+from ..store import TerrainStore
+from . import _depressions_cpu as K
+from .fill import (
+    OUTLETS,
+    TABLE_IN_ATTRS,
+    _fmt,
+    _Geometry,
+    _read,
+    _read_block,
+    _write,
+    _write_held,
+)
+from .mst import _plan_batches
+
+RESULT = "depressions"
+TABLE_COLUMNS = ("id", "parent", "kind", "spill_elevation", "spill_row", "spill_col", "spill_x", "spill_y",
+                 "spills_to", "merge_elevation", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "cells",
+                 "area", "volume")
+
+
+@dataclass
+class Hierarchy:
+    """The merge tree, one entry per node in id order (index 0 unused: the outside)."""
+
+    n_leaves: int
+    parent: np.ndarray
+    spill: np.ndarray  # NaN: never spills
+    spill_cell: np.ndarray  # cell id, -1 none
+    spills_to: np.ndarray
+    merge: np.ndarray  # NaN for leaves
+    pit: np.ndarray  # cell id
+    pit_elevation: np.ndarray
+    cells: np.ndarray
+    volume_cells: np.ndarray  # elevation units x cells; NaN: never spills
+
+    def __len__(self) -> int:
+        return len(self.parent) - 1
+
+    def rows(self, store: TerrainStore) -> dict[str, np.ndarray]:
+        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``."""
+        cols = store.shape[1]
+        dx, dy = store.metric_cell_size
+        s = slice(1, None)
+        sc = self.spill_cell[s]
+        has = sc >= 0
+        sr, scc = np.where(has, sc // cols, -1), np.where(has, sc % cols, -1)
+        sx, sy = store.cell_to_map(np.where(has, sr, 0), np.where(has, scc, 0))
+        sx, sy = np.where(has, sx, np.nan), np.where(has, sy, np.nan)
+        pr, pc = self.pit[s] // cols, self.pit[s] % cols
+        px, py = store.cell_to_map(pr, pc)
+        ids = np.arange(1, len(self) + 1)
+        return {"id": ids, "parent": self.parent[s], "kind": np.where(ids <= self.n_leaves, "leaf", "merge"),
+                "spill_elevation": self.spill[s], "spill_row": sr, "spill_col": scc, "spill_x": sx, "spill_y": sy,
+                "spills_to": self.spills_to[s], "merge_elevation": self.merge[s], "pit_row": pr, "pit_col": pc,
+                "pit_x": px, "pit_y": py, "pit_elevation": self.pit_elevation[s], "cells": self.cells[s],
+                "area": self.cells[s] * (dx * dy), "volume": self.volume_cells[s] * (dx * dy)}
+
+
+@dataclass
+class DepressionsResult:
+    """What ``depressions`` computed; the same numbers are the attributes of the result group."""
+
+    outlets: str
+    device: str
+    method: str  # "held" (the DEM read once) or "tiled" (read three times)
+    cells: int
+    leaves: int
+    merges: int
+    roots: int  # groups that spill out
+    volume: float  # m^3 of the roots' depressions: the filled volume
+    seconds: float
+    timings: dict = field(default_factory=dict)
+    tile_size: int = 0
+    batch_tiles: int = 0
+    hierarchy: Hierarchy | None = None
+
+    def summary(self) -> str:
+        return (f"depressions: {self.cells:,} cells, {self.leaves:,} leaf basin{'s' if self.leaves != 1 else ''}, "
+                f"{self.merges:,} merges, {self.roots:,} spilling out, filled volume {self.volume:.6g}, "
+                f"outlets {self.outlets}, {self.seconds:.2f} s, "
+                f"{self.cells / max(self.seconds, 1e-9) / 1e6:.1f} Mcells/s ({self.device}, {self.method})")
+
+    def attrs(self) -> dict:
+        return {"outlets": self.outlets, "device": self.device, "method": self.method, "cells": self.cells,
+                "leaves": self.leaves, "merges": self.merges, "roots": self.roots, "volume": self.volume,
+                "seconds": self.seconds, "timings": self.timings, "tile_size": self.tile_size,
+                "batch_tiles": self.batch_tiles,
+                "basin_ids": "leaf 1, 2, ... in order of its pit's cell id (row-major); 0: drains out or nodata"}
+
+
+def _block_bytes(cells: int, itemsize: int) -> int:
+    """Host memory per block cell: values, masks, basin labels."""
+    return cells * (itemsize + 2 + 4)
+
+
+def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
+    """(hold the whole DEM, batch side in tiles). Fixed: ~90 bytes a boundary node (ends, flags,
+    union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell for the
+    pieces, ~64 per edge between labels: two a cell allowed)."""
+    t = store.tile_size
+    fixed = geo.nodes * 90 + numba.get_num_threads() * 190 * t * t
+    rows, cols = store.shape
+    isz = store.dtype.itemsize
+    if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
+        return True, 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
+    k = store.shard_size
+    while k > 1 and fixed + _block_bytes((k * t + 2) ** 2, isz) > budget:
+        k //= 2
+    if fixed + _block_bytes((k * t + 2) ** 2, isz) > budget:
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: depressions needs at "
+                         f"least {format_bytes(fixed + _block_bytes((t + 2) ** 2, isz))} with {t} x {t} tiles "
+                         "(raise --memory or use smaller tiles)")
+    return False, k
+
+
+def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
+                batch_tiles: int | None = None, held: bool | None = None) -> DepressionsResult:
+    """The depression hierarchy of the DEM in ``store`` (a TerrainStore or a path): writes
+    ``depressions/basin`` (uint32 leaf id per cell, 0: none) and returns the tree (module docstring).
+
+    ``outlets``: ``edge+nodata`` or ``edge`` (as :func:`.fill.fill`); ``memory``: the budget for the
+    per-cell work (default half the free RAM); ``batch_tiles``/``held``: force the batch side /
+    holding the DEM (tests, benchmarks).
+    """
+    t_start = time.perf_counter()
+    return_freed_memory_to_os()
+    if outlets not in OUTLETS:
+        raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    if store.dtype.kind not in "iuf":
+        raise InputError(f"cannot find the depressions of a DEM of dtype {store.dtype}")
+    if (device or "auto").lower() == "auto":
+        device = "cpu"
+    if resolve_device(device) == "gpu":
+        raise DeviceError("depressions has no GPU kernels yet: use --device cpu")
+    device = "cpu"
+    budget = memory_budget(memory)
+    rows, cols = store.shape
+    geo = _Geometry(rows, cols, store.tile_size)
+    plan_held, k = _plan(store, geo, budget)
+    if held is not None:
+        plan_held = held
+    if batch_tiles is not None:
+        if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
+            raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
+        k = batch_tiles
+    if plan_held:
+        k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
+    batches = _plan_batches(store, k)
+    whole_shard = k == store.shard_size
+    nodata_drains = outlets == "edge+nodata"
+    args = (rows, cols, geo.tile, geo.ntc, geo.offset)
+    pool = (concurrent.futures.ThreadPoolExecutor(numba.get_num_threads())
+            if rows * cols >= SERIAL_BELOW and numba.get_num_threads() > 1 else None)
+    tmap = pool.map if pool is not None else map
+    timings = {}
+    kept = None
+    try:
+        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+            basin_arr = writer.create_array("basin", "uint32", 0)
+
+            # 1: chains inside the tiles
+            t0 = time.perf_counter()
+            tgt = np.full(geo.nodes, K.UNSET, np.int64)
+            openf = np.zeros(geo.nodes, np.bool_)
+            pieces, cross, leaves = [], [], []
+            with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
+                for b in batches:
+                    vals, ok, outl = _read_block(store, b.window, nodata_drains)
+                    if plan_held:
+                        kept = (vals, ok, outl)
+                    r0, c0 = b.window.r0, b.window.c0
+                    for o, cu, cv, lk, lh in tmap(partial(_chains, (vals, ok, outl), r0, c0, args, tgt, openf),
+                                                  b.tiles):
+                        pieces.append(o)
+                        cross.append((cu, cv))
+                        leaves.append((lk, lh))
+                    del vals, ok, outl
+                    bar.update(1)
+            timings["chains"] = time.perf_counter() - t0
+
+            # 2: the boundary solve, leaves numbered
+            t0 = time.perf_counter()
+            o = [_cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_,
+                                                             np.int64, np.float64))]
+            res, pk, ph = K.solve_nodes(geo.nodes, tgt, openf, *o, _cat(cross, 0, np.int64), _cat(cross, 1, np.int64))
+            del pieces, cross, o, tgt, openf
+            keys = np.concatenate([_cat(leaves, 0, np.int64), pk])
+            leaf_h = np.concatenate([_cat(leaves, 1, np.float64), ph])
+            del leaves
+            order = np.argsort(keys, kind="stable")
+            keys, leaf_h = keys[order], leaf_h[order]
+            n_leaves = len(keys)
+            if n_leaves >= 2**32 - 1:
+                raise InputError(f"{n_leaves:,} local minima: more than uint32 basin ids hold")
+            res_id = np.where(res >= 0, np.searchsorted(keys, np.maximum(res, 0)) + 1, 0).astype(np.uint32)
+            del res
+            timings["solve"] = time.perf_counter() - t0
+
+            # 3: labels and the least spill edge of each touching pair
+            t0 = time.perf_counter()
+            pairs = []
+            basins = []
+            with progress_bar(progress, len(batches), "depressions: basins", unit="batch") as bar:
+                for b in batches:
+                    vals, ok, outl = kept if plan_held else _read_block(store, b.window, nodata_drains)
+                    basin = np.zeros(b.window.shape, np.uint32)
+                    r0, c0 = b.window.r0, b.window.c0
+                    pairs.extend(tmap(partial(_labels, (vals, ok, outl), r0, c0, args, keys, res_id, basin),
+                                      b.tiles))
+                    if plan_held:
+                        basins.append(basin)
+                    else:
+                        _write(basin_arr, b.window, basin, whole_shard)
+                    del vals, ok, outl
+                    bar.update(1)
+            timings["basins"] = time.perf_counter() - t0
+
+            # 4: the tree
+            t0 = time.perf_counter()
+            ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
+                (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
+            del pairs
+            # Kruskal's strict order; a pair's edges from other tiles than its least one's are skipped
+            # by Kruskal itself (the pair is joined by then)
+            sel = np.lexsort((ehi, elo, ew))
+            parent, spill, scell, sto, merge, pit, pit_h = K.build_tree(
+                n_leaves, ea[sel].astype(np.int64), eb[sel].astype(np.int64), ew[sel], es[sel], leaf_h, keys)
+            del ea, eb, ew, elo, ehi, es, sel
+            up, jump = K.jump_pointers(parent)
+            level = np.where(np.isnan(spill), np.inf, spill)
+            timings["tree"] = time.perf_counter() - t0
+
+            # 5: cells and volumes under each node's spill level
+            t0 = time.perf_counter()
+            nn = len(parent)
+            c_all = np.zeros(nn, np.int64)
+            h_hi = np.zeros(nn, np.float64)
+            h_lo = np.zeros(nn, np.float64)
+            with progress_bar(progress, len(batches), "depressions: volumes", unit="batch") as bar:
+                for b in batches:
+                    if plan_held:
+                        vals = kept[0][1:-1, 1:-1]
+                        basin = basins[0]
+                    else:
+                        vals = store.read(b.window)
+                        basin = _read(basin_arr, b.window, whole_shard)
+                    ok = store.valid(vals)
+                    for out in tmap(partial(_volumes, vals, ok, basin, up, jump, level), b.tiles):
+                        K.add_volumes(*out, c_all, h_hi, h_lo)
+                    bar.update(1)
+            volume = K.subtree_volumes(parent, spill, c_all, h_hi, h_lo)
+            if plan_held:
+                kept = None
+                _write_held(store, (basin_arr, basins[0]))
+                del basins
+            timings["volumes"] = time.perf_counter() - t0
+
+            tree = Hierarchy(n_leaves=n_leaves, parent=parent, spill=spill, spill_cell=scell, spills_to=sto,
+                             merge=merge, pit=pit, pit_elevation=pit_h, cells=c_all, volume_cells=volume)
+            roots = (parent[1:] == 0) & ~np.isnan(spill[1:])
+            dx, dy = store.metric_cell_size
+            result = DepressionsResult(
+                outlets=outlets, device=device, method="held" if plan_held else "tiled", cells=rows * cols,
+                leaves=n_leaves, merges=len(tree) - n_leaves, roots=int(roots.sum()),
+                volume=float(volume[1:][roots].sum() * dx * dy), seconds=time.perf_counter() - t_start,
+                timings={k_: round(v, 4) for k_, v in timings.items()}, tile_size=store.tile_size, batch_tiles=k,
+                hierarchy=tree)
+            writer.attrs.update(result.attrs())
+            if len(tree) <= TABLE_IN_ATTRS:
+                writer.attrs["depression_tree"] = {c: _json(v) for c, v in tree.rows(store).items()}
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return result
+
+
+def _cat(parts: list, i: int, dtype) -> np.ndarray:
+    """Field ``i`` of every tile's output, concatenated."""
+    return np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dtype)
+
+
+def _chains(block, r0, c0, args, tgt, openf, t):
+    return K.tile_chains(*block, *t, r0, c0, *args, tgt, openf)
+
+
+def _labels(block, r0, c0, args, keys, res_id, basin, t):
+    return K.tile_labels(*block, *t, r0, c0, *args, keys, res_id, basin[t[0]:t[0] + t[2], t[1]:t[1] + t[3]])
+
+
+def _volumes(vals, ok, basin, up, jump, level, t):
+    s = slice(t[0], t[0] + t[2]), slice(t[1], t[1] + t[3])
+    return K.tile_volumes(vals[s], ok[s], basin[s], up, jump, level)
+
+
+def _json(v: np.ndarray) -> list:
+    """A column for the attributes: NaN as None (JSON has no NaN)."""
+    if v.dtype.kind == "f":
+        return [None if math.isnan(x) else x for x in v.tolist()]
+    return v.tolist()
+
+
+def write_table(result: DepressionsResult, store, path) -> Path:
+    """The node table as CSV (written under a temporary name, renamed when complete)."""
+    from ..atomic import atomic_file
+
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store), mode="r")
+    cols = result.hierarchy.rows(store)
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(TABLE_COLUMNS)
+        for i in range(len(result.hierarchy)):
+            out.writerow([_fmt(cols[c][i]) for c in TABLE_COLUMNS])
+    return path
+
+
+def read_basins(store) -> np.ndarray:
+    """The ``depressions/basin`` raster of ``store`` in memory (small stores, tests)."""
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    return np.asarray(store.group[f"{RESULT}/basin"][...])
