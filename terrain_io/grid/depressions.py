@@ -325,7 +325,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             volume = K.subtree_volumes(parent, spill, c_all, h_hi, h_lo)
             if plan_held:
                 kept = None
-                _write_held(store, (basin_arr, basins[0]))
+                _write_held(store, (basin_arr, lambda s: basins[0][s]))
                 del basins
             timings["volumes"] = time.perf_counter() - t0
 
