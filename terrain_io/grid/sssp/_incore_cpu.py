@@ -11,6 +11,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
 * :func:`predecessors` -- the parent code of every interior cell from distances and levels.
+* :func:`affected_cells`, :func:`update_levels_and_codes` -- after a warm re-solve (a ring whose
+  distances only fell), levels and codes found again only where the change can reach them.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _offsets(W2):
 
 
 @numba.njit(cache=True)
-def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
+def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mark=None):
     """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
 
     On entry ``dist`` holds the seeds: 0 at the sources, the fixed distances of ring cells, +inf
@@ -48,6 +50,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
     ``limit``: no distance above it is kept (such cells stay +inf): every path to a cell within the
     limit stays within it (weights are not negative), so those cells get their full-run values,
     and the work follows the area reached.
+    ``mark`` (uint8, the block's shape, flat; warm only): set to 1 at every cell whose distance falls
+    (:func:`affected_cells` starts from them).
     """
     W2 = w + 2
     off = _offsets(W2)
@@ -74,6 +78,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
                 if nd < dist[v] and nd <= limit:
                     dist[v] = nd
                     if warm:
+                        if mark is not None:
+                            mark[v] = 1
                         if n == cap:
                             cap *= 2
                             hk, hv = _grow(hk, hv, cap)
@@ -118,6 +124,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
             nd = du + edge_weight(kind, a, b, steps[k])
             if nd < dv and nd <= limit:
                 dist[v] = nd
+                if warm and mark is not None:
+                    mark[v] = 1
                 if n == cap:
                     cap *= 2
                     hk, hv = _grow(hk, hv, cap)
@@ -161,6 +169,16 @@ def _tight(vals, dist, kind, steps, u, v, k):
     return dist[u] + edge_weight(kind, vals[u], vals[v], steps[k]) == dist[v]
 
 
+@numba.njit(inline="always", cache=True)
+def _strictly_reached(vals, dist, kind, steps, off, v):
+    """Level 0 (short of the sources): a tight parent of v is strictly nearer."""
+    for k in range(8):
+        u = v + off[k]
+        if not np.isnan(vals[u]) and dist[u] < dist[v] and _tight(vals, dist, kind, steps, u, v, k):
+            return True
+    return False
+
+
 @numba.njit(parallel=True, cache=True)
 def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
     """Plateau levels of the interior cells, in place in ``level`` (int32, the block's shape, flat;
@@ -173,16 +191,10 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
         for c in range(1, w + 1):
             v = r * W2 + c
             level[v] = NO_LEVEL
-            if np.isnan(vals[v]) or not dist[v] < np.inf:
-                continue
-            for k in range(8):
-                u = v + off[k]
-                if not np.isnan(vals[u]) and dist[u] < dist[v] and _tight(vals, dist, kind, steps, u, v, k):
-                    level[v] = 0
-                    break
+            if not np.isnan(vals[v]) and dist[v] < np.inf and _strictly_reached(vals, dist, kind, steps, off, v):
+                level[v] = 0
     for s in sources:
         level[s] = 0
-    # 2. a plateau cell's first level from parents already known: interior level-0 cells, the ring
     count = 0
     for r in range(1, h + 1):
         for c in range(1, w + 1):
@@ -190,26 +202,39 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
             count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
     if count == 0:
         return 0
-    seed = np.empty(count, np.int64)
-    seed_level = np.empty(count, np.int64)
+    cells = np.empty(count, np.int64)
     m = 0
     for r in range(1, h + 1):
         for c in range(1, w + 1):
             v = r * W2 + c
-            if level[v] != NO_LEVEL or not dist[v] < np.inf or np.isnan(vals[v]):
+            if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
+                cells[m] = v
+                m += 1
+    _plateau_search(vals, h, w, kind, steps, dist, level, cells)
+    return count
+
+
+@numba.njit(cache=True)
+def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
+    """Steps 2 and 3 of :func:`plateau_levels` for ``cells``: the reached plateau cells (flat
+    indices) whose level is NO_LEVEL; every other cell's level is known (final)."""
+    W2 = w + 2
+    off = _offsets(W2)
+    count = cells.shape[0]
+    # 2. a plateau cell's first level from parents already known: level-0 cells, the ring, cells
+    # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them)
+    seed_level = np.empty(count, np.int64)
+    for m in range(count):
+        v = cells[m]
+        best = np.int64(NO_LEVEL)
+        for k in range(8):
+            u = v + off[k]
+            if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
                 continue
-            best = np.int64(NO_LEVEL)
-            for k in range(8):
-                u = v + off[k]
-                # known levels: interior cells of level 0 and the ring's (interior plateau
-                # parents are still NO_LEVEL: the search below finds them)
-                if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
-                    continue
-                if _tight(vals, dist, kind, steps, u, v, k) and level[u] + 1 < best:
-                    best = level[u] + 1
-            seed[m] = v
-            seed_level[m] = best
-            m += 1
+            if _tight(vals, dist, kind, steps, u, v, k) and level[u] + 1 < best:
+                best = level[u] + 1
+        seed_level[m] = best
+    seed = cells
     # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
     order = argsort_int(seed_level)  # stable
     queue = np.empty(count, np.int64)
@@ -248,7 +273,23 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
                 queue[tail] = x
                 qlevel[tail] = lv + 1
                 tail += 1
-    return count
+
+
+@numba.njit(inline="always", cache=True)
+def _parent(vals, dist, level, kind, steps, off, v):
+    """The parent code of cell v by the tie rule (NO_PRED when unreached)."""
+    best = NO_PRED
+    if not np.isnan(vals[v]) and dist[v] < np.inf:
+        best_key = np.int64(2**62)
+        for k in range(8):
+            u = v + off[k]
+            if np.isnan(vals[u]) or not _tight(vals, dist, kind, steps, u, v, k):
+                continue
+            key = 0 if dist[u] < dist[v] else np.int64(level[u]) + 1
+            if key < best_key:
+                best_key = key
+                best = k
+    return best
 
 
 @numba.njit(parallel=True, cache=True)
@@ -260,19 +301,124 @@ def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
     off = _offsets(W2)
     for r in prange(1, h + 1):
         for c in range(1, w + 1):
-            v = r * W2 + c
-            best = NO_PRED
-            if not np.isnan(vals[v]) and dist[v] < np.inf:
-                best_key = np.int64(2**62)
-                for k in range(8):
-                    u = v + off[k]
-                    if np.isnan(vals[u]) or not _tight(vals, dist, kind, steps, u, v, k):
-                        continue
-                    key = 0 if dist[u] < dist[v] else np.int64(level[u]) + 1
-                    if key < best_key:
-                        best_key = key
-                        best = k
-            out[r - 1, c - 1] = best
+            out[r - 1, c - 1] = _parent(vals, dist, level, kind, steps, off, r * W2 + c)
+    for s in sources:
+        r = s // W2
+        out[r - 1, s - r * W2 - 1] = NO_PRED
+
+
+@numba.njit(cache=True)
+def affected_cells(vals, h, w, kind, steps, dist, mark):
+    """After a warm :func:`solve_distances`: the interior cells whose plateau level may have changed
+    (A) and those whose parent code may have (A and its interior neighbours), as flat indices.
+
+    ``mark`` holds 1 at the cells whose distance fell and at the ring cells whose distance or level
+    changed (D). A level or code depends only on the cell's and its neighbours' distances, levels
+    and values, so A starts as D's interior cells and their interior neighbours (a parent's
+    distance decides tightness and level 0), and grows along tight edges between cells of equal
+    distance (a plateau level passes down them). Outside A nothing a level depends on changed, and
+    every level there comes down a chain of cells outside A: those levels stand. ``mark`` is used
+    as the work space (2: in A, 3: a code to find)."""
+    W2 = w + 2
+    off = _offsets(W2)
+    n = (h + 2) * W2
+    stack = np.empty(h * w, np.int64)
+    top = 0
+    for v in range(n):
+        if mark[v] != 1:
+            continue
+        r = v // W2
+        c = v - r * W2
+        if 1 <= r <= h and 1 <= c <= w and mark[v] != 2:
+            stack[top] = v
+            top += 1
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if mark[x] == 0:
+                mark[x] = 2
+                stack[top] = x
+                top += 1
+    # the interior cells of D are marked 1 still: make every member of the stack a 2
+    for m in range(top):
+        mark[stack[m]] = 2
+    # closure along tight equal-distance edges
+    m = 0
+    while m < top:
+        v = stack[m]
+        m += 1
+        if np.isnan(vals[v]) or not dist[v] < np.inf:
+            continue
+        r = v // W2
+        c = v - r * W2
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if mark[x] == 2 or np.isnan(vals[x]) or dist[x] != dist[v]:
+                continue
+            if _tight(vals, dist, kind, steps, v, x, k ^ 4):
+                mark[x] = 2
+                stack[top] = x
+                top += 1
+    plateau = stack[:top]
+    # codes: A and its interior neighbours
+    codes = np.empty(min(9 * top, h * w), np.int64)
+    nc = 0
+    for m in range(top):
+        v = plateau[m]
+        if mark[v] == 2:
+            mark[v] = 3
+            codes[nc] = v
+            nc += 1
+        r = v // W2
+        c = v - r * W2
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if mark[x] != 3 and mark[x] != 2:  # (a 2 is in A: its own turn comes)
+                mark[x] = 3
+                codes[nc] = x
+                nc += 1
+    return plateau, codes[:nc]
+
+
+@numba.njit(cache=True)
+def update_levels_and_codes(vals, h, w, kind, steps, dist, level, sources, plateau, codes, out):
+    """The levels of cells ``plateau`` and the parent codes of cells ``codes`` (flat indices, from
+    :func:`affected_cells`) found again, the rest kept: what :func:`plateau_levels` and
+    :func:`predecessors` give on the whole block, for the work of the change."""
+    W2 = w + 2
+    off = _offsets(W2)
+    count = 0
+    for m in range(plateau.shape[0]):
+        v = plateau[m]
+        level[v] = NO_LEVEL
+        if not np.isnan(vals[v]) and dist[v] < np.inf and _strictly_reached(vals, dist, kind, steps, off, v):
+            level[v] = 0
+    for s in sources:
+        level[s] = 0
+    for m in range(plateau.shape[0]):
+        v = plateau[m]
+        count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
+    cells = np.empty(count, np.int64)
+    j = 0
+    for m in range(plateau.shape[0]):
+        v = plateau[m]
+        if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
+            cells[j] = v
+            j += 1
+    if count:
+        _plateau_search(vals, h, w, kind, steps, dist, level, cells)
+    for m in range(codes.shape[0]):
+        v = codes[m]
+        r = v // W2
+        out[r - 1, v - r * W2 - 1] = _parent(vals, dist, level, kind, steps, off, v)
     for s in sources:
         r = s // W2
         out[r - 1, s - r * W2 - 1] = NO_PRED

@@ -38,7 +38,8 @@ def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
 
 
 def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: np.ndarray | None = None,
-                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False, limit: float = np.inf):
+                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False, limit: float = np.inf,
+                pred: np.ndarray | None = None, changed: np.ndarray | None = None):
     """Solve the interior of a ringed block.
 
     ``vals``: (h + 2, w + 2) float32/float64 values, NaN where a cell is not a vertex; ``sources``:
@@ -50,6 +51,11 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     CuPy arrays). ``warm``: ``dist`` already holds this block's solution for a ring whose
     distances have only fallen since; only what the ring's change reaches is solved again (the
     levels and codes are found anew).
+    CPU, warm, with ``pred`` (the earlier solve's codes, h x w, updated in place and returned) and
+    ``changed`` (uint8, the block's shape: 1 at the ring cells whose distance or level differs
+    from the earlier solve's ring; used as work space): ``level`` too holds the earlier solve's
+    levels, and levels and codes are found again only where the change reaches
+    (:func:`._incore_cpu.affected_cells`) -- the same bytes for the work of the change.
     ``limit`` (``--max-cost``): cells farther than it stay unreached; the rest get the values of a
     run without it, and the work follows the area reached."""
     H2, W2 = vals.shape
@@ -72,6 +78,12 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
+    if warm and pred is not None:
+        mark = changed.reshape(-1)
+        K.solve_distances(fv, h, w, kind, steps, fd, True, float(limit), mark)
+        plateau, codes = K.affected_cells(fv, h, w, kind, steps, fd, mark)
+        K.update_levels_and_codes(fv, h, w, kind, steps, fd, fl, flat_src, plateau, codes, pred)
+        return dist, level, pred
     K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
     small = h * w < SERIAL_BELOW
     (K.plateau_levels_serial if small else K.plateau_levels)(fv, h, w, kind, steps, fd, fl, flat_src)
