@@ -322,7 +322,7 @@ def affected_cells(vals, h, w, kind, steps, dist, mark):
     W2 = w + 2
     off = _offsets(W2)
     n = (h + 2) * W2
-    stack = np.empty(h * w, np.int64)
+    stack = np.empty(h * w, np.int32)  # (flat indices: the caller keeps blocks below 2^31 cells)
     top = 0
     for v in range(n):
         if mark[v] != 1:
@@ -347,7 +347,7 @@ def affected_cells(vals, h, w, kind, steps, dist, mark):
     # closure along tight equal-distance edges
     m = 0
     while m < top:
-        v = stack[m]
+        v = np.int64(stack[m])
         m += 1
         if np.isnan(vals[v]) or not dist[v] < np.inf:
             continue
@@ -366,10 +366,10 @@ def affected_cells(vals, h, w, kind, steps, dist, mark):
                 top += 1
     plateau = stack[:top]
     # codes: A and its interior neighbours
-    codes = np.empty(min(9 * top, h * w), np.int64)
+    codes = np.empty(min(9 * top, h * w), np.int32)
     nc = 0
     for m in range(top):
-        v = plateau[m]
+        v = np.int64(plateau[m])
         if mark[v] == 2:
             mark[v] = 3
             codes[nc] = v
@@ -397,31 +397,75 @@ def update_levels_and_codes(vals, h, w, kind, steps, dist, level, sources, plate
     off = _offsets(W2)
     count = 0
     for m in range(plateau.shape[0]):
-        v = plateau[m]
+        v = np.int64(plateau[m])
         level[v] = NO_LEVEL
         if not np.isnan(vals[v]) and dist[v] < np.inf and _strictly_reached(vals, dist, kind, steps, off, v):
             level[v] = 0
     for s in sources:
         level[s] = 0
     for m in range(plateau.shape[0]):
-        v = plateau[m]
+        v = np.int64(plateau[m])
         count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
     cells = np.empty(count, np.int64)
     j = 0
     for m in range(plateau.shape[0]):
-        v = plateau[m]
+        v = np.int64(plateau[m])
         if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
             cells[j] = v
             j += 1
     if count:
         _plateau_search(vals, h, w, kind, steps, dist, level, cells)
     for m in range(codes.shape[0]):
-        v = codes[m]
+        v = np.int64(codes[m])
         r = v // W2
         out[r - 1, v - r * W2 - 1] = _parent(vals, dist, level, kind, steps, off, v)
     for s in sources:
         r = s // W2
         out[r - 1, s - r * W2 - 1] = NO_PRED
+
+
+@numba.njit(cache=True)
+def split_distances(dist, d32, out):
+    """The float64 interior distances of a block as the stored float32 ``d32`` (h x w) plus
+    ``out`` (int32, h x w): the float64's bit pattern less that of float64(d32), exact (a
+    non-negative float64 and its nearest float32 lie at most 2^29 float64 steps apart; the bit
+    patterns of non-negative floats count those steps). 0 where ``d32`` is NaN (no vertex) or not
+    finite. False (``out`` unusable) when a difference does not fit, as below float32's normals."""
+    h, w = d32.shape
+    a = np.empty(1, np.float64)
+    ai = a.view(np.int64)
+    b = np.empty(1, np.float64)
+    bi = b.view(np.int64)
+    for r in range(h):
+        for c in range(w):
+            x = d32[r, c]
+            if not np.isfinite(x):
+                out[r, c] = 0
+                continue
+            a[0] = dist[r + 1, c + 1]
+            b[0] = np.float64(x)
+            diff = ai[0] - bi[0]
+            if diff > 2**31 - 1 or diff < -(2**31):
+                return False
+            out[r, c] = diff
+    return True
+
+
+@numba.njit(cache=True)
+def join_distances(d32, residual, vals, dist):
+    """Inverse of :func:`split_distances`: the interior of ``dist`` (the block's shape) from the
+    stored float32 distances and the residuals; +inf where ``vals`` is NaN (no vertex)."""
+    h, w = d32.shape
+    a = np.empty(1, np.float64)
+    ai = a.view(np.int64)
+    for r in range(h):
+        for c in range(w):
+            if np.isnan(vals[r + 1, c + 1]):
+                dist[r + 1, c + 1] = np.inf
+                continue
+            a[0] = np.float64(d32[r, c])
+            ai[0] += residual[r, c]
+            dist[r + 1, c + 1] = a[0]
 
 
 # Small grids (a shard method's units, small arrays) run the same functions compiled without threads.

@@ -78,7 +78,7 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
-    if warm and pred is not None:
+    if warm and pred is not None and H2 * W2 < 2**31:  # (the change's cells as int32 flat indices)
         mark = changed.reshape(-1)
         K.solve_distances(fv, h, w, kind, steps, fd, True, float(limit), mark)
         plateau, codes = K.affected_cells(fv, h, w, kind, steps, fd, mark)
