@@ -11,8 +11,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
 * :func:`predecessors` -- the parent code of every interior cell from distances and levels.
-* :func:`affected_cells`, :func:`update_levels_and_codes` -- after a warm re-solve (a ring whose
-  distances only fell), levels and codes found again only where the change can reach them.
+* :func:`affected_cells` -- after a warm re-solve (a ring whose distances only fell), the cells
+  whose level or code can have changed: the two kernels above then run on those alone.
 """
 from __future__ import annotations
 
@@ -164,53 +164,52 @@ def _grow(hk, hv, cap):
 
 
 @numba.njit(inline="always", cache=True)
-def _tight(vals, dist, kind, steps, u, v, k):
-    """Edge u -> v (v's neighbour u in direction k) lies on a shortest path: d[u] + w == d[v]."""
-    return dist[u] + edge_weight(kind, vals[u], vals[v], steps[k]) == dist[v]
-
-
-@numba.njit(inline="always", cache=True)
-def _strictly_reached(vals, dist, kind, steps, off, v):
-    """Level 0 (short of the sources): a tight parent of v is strictly nearer."""
-    for k in range(8):
-        u = v + off[k]
-        if not np.isnan(vals[u]) and dist[u] < dist[v] and _tight(vals, dist, kind, steps, u, v, k):
-            return True
-    return False
+def _tight(du, dv, a, b, kind, step):
+    """Edge u -> v (values a, b; distances du, dv) lies on a shortest path: du + w == dv.
+    (Scalars only: an inlined helper that takes arrays costs reference counting at every call in
+    the serial builds, several times the work.)"""
+    return du + edge_weight(kind, a, b, step) == dv
 
 
 @numba.njit(parallel=True, cache=True)
-def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
+def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every):
     """Plateau levels of the interior cells, in place in ``level`` (int32, the block's shape, flat;
     the ring's entries are given, NO_LEVEL where unknown). ``sources``: flat indices of interior
-    sources. Returns the number of plateau cells (level > 0)."""
+    sources. ``every``: all interior cells; else only the flat indices ``cells``, every other
+    level known and final (a warm re-solve: :func:`affected_cells`). Returns the number of
+    plateau cells (level > 0) among them."""
     W2 = w + 2
     off = _offsets(W2)
+    n = h * w if every else cells.shape[0]
     # 1. level 0 where a tight parent is strictly nearer; NO_LEVEL (a plateau cell) elsewhere
-    for r in prange(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            level[v] = NO_LEVEL
-            if not np.isnan(vals[v]) and dist[v] < np.inf and _strictly_reached(vals, dist, kind, steps, off, v):
+    for m in prange(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        level[v] = NO_LEVEL
+        a, dv = vals[v], dist[v]
+        if np.isnan(a) or not dv < np.inf:
+            continue
+        for k in range(8):
+            u = v + off[k]
+            du = dist[u]
+            if du < dv and not np.isnan(vals[u]) and _tight(du, dv, vals[u], a, kind, steps[k]):
                 level[v] = 0
+                break
     for s in sources:
         level[s] = 0
     count = 0
-    for r in range(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
+    for m in range(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
     if count == 0:
         return 0
-    cells = np.empty(count, np.int64)
-    m = 0
-    for r in range(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
-                cells[m] = v
-                m += 1
-    _plateau_search(vals, h, w, kind, steps, dist, level, cells)
+    todo = np.empty(count, np.int64)
+    j = 0
+    for m in range(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
+            todo[j] = v
+            j += 1
+    _plateau_search(vals, h, w, kind, steps, dist, level, todo)
     return count
 
 
@@ -231,7 +230,7 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
             u = v + off[k]
             if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
                 continue
-            if _tight(vals, dist, kind, steps, u, v, k) and level[u] + 1 < best:
+            if _tight(dist[u], dist[v], vals[u], vals[v], kind, steps[k]) and level[u] + 1 < best:
                 best = level[u] + 1
         seed_level[m] = best
     seed = cells
@@ -268,40 +267,39 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
             x = v + off[k]
             if np.isnan(vals[x]) or dist[x] != dist[v] or level[x] <= lv + 1:
                 continue
-            if _tight(vals, dist, kind, steps, v, x, k ^ 4):
+            if _tight(dist[v], dist[x], vals[v], vals[x], kind, steps[k ^ 4]):
                 level[x] = lv + 1
                 queue[tail] = x
                 qlevel[tail] = lv + 1
                 tail += 1
 
 
-@numba.njit(inline="always", cache=True)
-def _parent(vals, dist, level, kind, steps, off, v):
-    """The parent code of cell v by the tie rule (NO_PRED when unreached)."""
-    best = NO_PRED
-    if not np.isnan(vals[v]) and dist[v] < np.inf:
-        best_key = np.int64(2**62)
-        for k in range(8):
-            u = v + off[k]
-            if np.isnan(vals[u]) or not _tight(vals, dist, kind, steps, u, v, k):
-                continue
-            key = 0 if dist[u] < dist[v] else np.int64(level[u]) + 1
-            if key < best_key:
-                best_key = key
-                best = k
-    return best
-
-
 @numba.njit(parallel=True, cache=True)
-def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
+def predecessors(vals, h, w, kind, steps, dist, level, sources, out, cells, every):
     """Parent codes of the interior cells into ``out`` (uint8, h x w): of the tight parents, the
     one with the least key (0 if strictly nearer, else its plateau level + 1), then the least
-    direction code; NO_PRED at the sources (flat indices) and at unreached cells."""
+    direction code; NO_PRED at the sources (flat indices) and at unreached cells. ``every``: all
+    interior cells, else only the flat indices ``cells``."""
     W2 = w + 2
     off = _offsets(W2)
-    for r in prange(1, h + 1):
-        for c in range(1, w + 1):
-            out[r - 1, c - 1] = _parent(vals, dist, level, kind, steps, off, r * W2 + c)
+    n = h * w if every else cells.shape[0]
+    for m in prange(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        best = NO_PRED
+        a, dv = vals[v], dist[v]
+        if not np.isnan(a) and dv < np.inf:
+            best_key = np.int64(2**62)
+            for k in range(8):
+                u = v + off[k]
+                du = dist[u]
+                if np.isnan(vals[u]) or not _tight(du, dv, vals[u], a, kind, steps[k]):
+                    continue
+                key = 0 if du < dv else np.int64(level[u]) + 1
+                if key < best_key:
+                    best_key = key
+                    best = k
+        r = v // W2
+        out[r - 1, v - r * W2 - 1] = best
     for s in sources:
         r = s // W2
         out[r - 1, s - r * W2 - 1] = NO_PRED
@@ -360,7 +358,7 @@ def affected_cells(vals, h, w, kind, steps, dist, mark):
             x = v + off[k]
             if mark[x] == 2 or np.isnan(vals[x]) or dist[x] != dist[v]:
                 continue
-            if _tight(vals, dist, kind, steps, v, x, k ^ 4):
+            if _tight(dist[v], dist[x], vals[v], vals[x], kind, steps[k ^ 4]):
                 mark[x] = 2
                 stack[top] = x
                 top += 1
@@ -386,42 +384,6 @@ def affected_cells(vals, h, w, kind, steps, dist, mark):
                 codes[nc] = x
                 nc += 1
     return plateau, codes[:nc]
-
-
-@numba.njit(cache=True)
-def update_levels_and_codes(vals, h, w, kind, steps, dist, level, sources, plateau, codes, out):
-    """The levels of cells ``plateau`` and the parent codes of cells ``codes`` (flat indices, from
-    :func:`affected_cells`) found again, the rest kept: what :func:`plateau_levels` and
-    :func:`predecessors` give on the whole block, for the work of the change."""
-    W2 = w + 2
-    off = _offsets(W2)
-    count = 0
-    for m in range(plateau.shape[0]):
-        v = np.int64(plateau[m])
-        level[v] = NO_LEVEL
-        if not np.isnan(vals[v]) and dist[v] < np.inf and _strictly_reached(vals, dist, kind, steps, off, v):
-            level[v] = 0
-    for s in sources:
-        level[s] = 0
-    for m in range(plateau.shape[0]):
-        v = np.int64(plateau[m])
-        count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
-    cells = np.empty(count, np.int64)
-    j = 0
-    for m in range(plateau.shape[0]):
-        v = np.int64(plateau[m])
-        if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
-            cells[j] = v
-            j += 1
-    if count:
-        _plateau_search(vals, h, w, kind, steps, dist, level, cells)
-    for m in range(codes.shape[0]):
-        v = np.int64(codes[m])
-        r = v // W2
-        out[r - 1, v - r * W2 - 1] = _parent(vals, dist, level, kind, steps, off, v)
-    for s in sources:
-        r = s // W2
-        out[r - 1, s - r * W2 - 1] = NO_PRED
 
 
 @numba.njit(cache=True)
