@@ -56,12 +56,14 @@ _NEIGHBOURS = {(-1, 0): ("top", None), (1, 0): ("bottom", None), (0, -1): ("left
 
 def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
     """Host memory of one unit solve. CPU: the in-core block, the cells read, the float32 and
-    code outputs with their compressed copies, and the heap (16 bytes an entry, about one entry a
-    cell at its largest, and half again while it grows). GPU: only the values read, the ring, the outputs (the block lives in GPU memory)."""
+    code outputs with their compressed copies, the heap (16 bytes an entry, about one entry a
+    cell at its largest, and half again while it grows), and what a re-solve reads and writes in
+    its :class:`UnitScratch` (residuals and levels, 8 bytes a cell). GPU: only the values read,
+    the ring, the outputs (the block lives in GPU memory)."""
     cells = side * side
     if device == "gpu":
         return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
-    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24 + 8)
 
 
 PROCESS_BYTES = 1 << 20  # the run's own: reader/writer threads and their malloc arenas, result arrays, schedule
@@ -109,7 +111,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
         raise InputError(f"the shard method needs at least {format_bytes(need(least))} for this store "
                          f"({least} x {least} units), more than the memory budget {format_bytes(budget)}")
     if device == "cpu":
-        warm = [s for s in fits if need(s) + 2 * WARM_UNITS * cached_bytes(s, itemsize) <= budget]
+        warm = [s for s in fits if need(s) + 3 * WARM_UNITS * cached_bytes(s, itemsize) <= budget]
         if warm and warm[-1] < top:
             return warm[-1]
     return fits[-1]
@@ -596,13 +598,15 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
-    # solved units kept for warm re-solves: on the CPU in half of what the budget leaves spare (the
-    # other half: the slack of the estimates; choose_unit leaves room for WARM_UNITS of them), on
+    # solved units kept for warm re-solves: on the CPU in a third of what the budget leaves spare (a
+    # kept unit saves only its reads and writes, re-solves being warm from the scratch on disk
+    # too; the rest: the slack of the estimates -- the heaps of reader and writer threads creep
+    # by ~1.5 MiB over a few hundred solves; choose_unit leaves room for WARM_UNITS of them), on
     # the GPU in its free memory less two solves' blocks (the host budget is not touched)
     if device == "gpu":
         spare = gpu_free_bytes() - 2 * block_bytes(side, side, vdtype.itemsize)
     else:
-        spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 2
+        spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 3
     cache = UnitCache(spare) if scheduler == "local" else None
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
