@@ -406,7 +406,7 @@ def _read_values(field, win: Window, vdtype, threads: int, out: np.ndarray | Non
              for r in range(win.r0, win.r1, s) for c in range(win.c0, win.c1, s)]
 
     def read(p):
-        out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p)
+        out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p, vdtype)
 
     if len(parts) == 1 or threads == 1:
         for p in parts:
