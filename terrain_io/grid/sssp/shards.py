@@ -5,10 +5,15 @@ budget holds; tile-aligned blocks when even one shard does not fit). A unit is s
 the engine of :mod:`.incore` (CPU or GPU, :func:`.incore.solve_block`) from its *ring*: the values,
 distances and plateau levels of the cells just outside it, which are boundary cells of the
 neighbouring units. Between solves only these *lines* stay in memory -- the outer rows and
-columns of every unit, O(N / U) numbers for N cells and units of side U -- so the run needs no
-scratch on disk at all: each solve reads its unit from the store and writes its result. Run in
-this process, recently solved units stay in memory (the GPU's on the GPU): solved again warm,
-without a read, and written once when they leave (:class:`UnitCache`).
+columns of every unit, O(N / U) numbers for N cells and units of side U; each solve reads its
+unit from the store and writes its result. A unit solved again is solved *warm*, from its last
+solve: only the cells its ring's change improves start the heap (the old solution is an upper
+bound of the new fixpoint), and on the CPU levels and codes are found again only where the
+change reaches (:func:`._incore_cpu.affected_cells`). Run in this process, recently solved units
+stay in memory (the GPU's on the GPU): no read, written once when they leave (:class:`UnitCache`).
+On the CPU every other re-solve is warm from disk: its written result plus a scratch file of
+about 4 bytes a cell (:class:`UnitScratch`; winding paths on zero-weight plateaus re-solve units
+~5 times, and a budget 8x below the store keeps none in memory).
 
 Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
 III, the merge phase) with units for clusters. A unit waits with the least (distance, plateau
