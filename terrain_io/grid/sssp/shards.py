@@ -48,7 +48,7 @@ from ...errors import InputError
 from ...memory import format_bytes, return_freed_memory_to_os
 from ...progress import progress_bar
 from ...backend import to_host
-from ...store import TerrainStore, Window, read_shard, write_shard
+from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
 from ...weights import DC, DR, edge_weights
 from . import _incore_cpu as K
 from .incore import NO_LEVEL, NO_PRED, block_bytes, gpu_free_bytes, output_distance, solve_block, value_dtype
@@ -361,10 +361,7 @@ class UnitScratch:
             f.unlink(missing_ok=True)
             return
         parts = [memoryview(residual).cast("B"), Zstd(level=1).encode(level), _perimeter(dist).tobytes()]
-        with open(f, "wb") as out:
-            out.write(np.array([len(p) for p in parts], np.int64).tobytes())
-            for part in parts:
-                out.write(part)
+        overwrite_file(f, [np.array([len(p) for p in parts], np.int64).tobytes(), *parts])
 
     def load(self, i: int, j: int, d32: np.ndarray, vals: np.ndarray, dist: np.ndarray, level: np.ndarray):
         """Unit (i, j)'s earlier ringed distances and levels into ``dist`` and ``level`` (``vals``:
