@@ -318,7 +318,7 @@ class TerrainStore:
     def read(self, window: Window, array: str = ELEVATION, halo: int = 0) -> np.ndarray:
         """Cells of ``window`` grown by ``halo``; cells outside the DEM hold the array's fill value.
         A whole shard is decoded here (:func:`read_shard`, parallel threads scale), the rest by zarr."""
-        arr = self.group[array]
+        arr = self.elevation if array == ELEVATION else self.group[array]  # (a lookup reads zarr.json)
         rows, cols = arr.shape
         sh = arr.shards
         if (halo == 0 and sh is not None and window.r0 % sh[0] == 0 and window.c0 % sh[1] == 0
