@@ -3,7 +3,8 @@ process: time, unit solves per unit (warm ones: from memory or from the scratch 
 read and written per cell, scratch on disk, peak RSS growth; the store is >= 8x the budget given
 to the shard method (raw cells; units of whole shards need ``--shard 1`` at small budgets).
 
-    python benchmarks/bench_sssp_shards.py --size 4096 --memory 9.5MB --device cpu --shard 1
+    python benchmarks/bench_sssp_shards.py --size 4096 --memory 10MB --device cpu --shard 1
+    python benchmarks/bench_sssp_shards.py --size 8192 --memory 32MB --device cpu --shard 1
     python benchmarks/bench_sssp_shards.py --size 16384 --memory 512MB --device gpu
 """
 from __future__ import annotations
