@@ -1,7 +1,8 @@
 """The shard method (out of core) against the in-core method on the same store, each in a fresh
 process: time, unit solves per unit (warm ones: from memory or from the scratch on disk), bytes
-read and written per cell, scratch on disk, peak RSS growth; the store is >= 8x the budget given
-to the shard method (raw cells; units of whole shards need ``--shard 1`` at small budgets).
+read and written per cell, scratch on disk, peak RSS growth; the store is a multiple of the budget
+given to the shard method (8x its raw cells from 8192^2 on the CPU: the smallest budget is one unit
+solve and the units' edges; units of whole shards need ``--shard 1`` at small budgets).
 
     python benchmarks/bench_sssp_shards.py --size 4096 --memory 10MB --device cpu --shard 1
     python benchmarks/bench_sssp_shards.py --size 8192 --memory 32MB --device cpu --shard 1
