@@ -338,12 +338,12 @@ class UnitScratch:
     warm whether or not the unit was kept in memory (:class:`UnitCache`), at the cost of a read of
     a few bytes a cell instead of a whole Dijkstra.
 
-    A unit's float64 distances are its stored float32 ones plus an int32 residual a cell
-    (:func:`._incore_cpu.split_distances`, exact); its codes are stored too. Kept here, per unit, in
-    one file: the residuals, the plateau levels of the ringed block (the ring's, as its last solve
-    saw them, included) and the ring's distances, each zstd-compressed (levels are mostly 0) --
-    about 4 bytes a cell, less than twice the store's size. The folder is a :func:`.atomic.scratch_directory`
-    (removed after the run; a killed run's by the next)."""
+    A unit's float64 distances are its written float32 ones plus an int32 residual a cell
+    (:func:`._incore_cpu.split_distances`, exact); its codes are the written ones. Kept here, per
+    unit, in one file: the residuals (raw), the plateau levels of the ringed block (the ring's, as
+    its last solve saw them, included; zstd: mostly 0) and the ring's distances -- about 4.2 bytes
+    a cell, 1.5-1.7x the store on disk. The folder is a :func:`.atomic.scratch_directory` (removed
+    after the run; a killed run's by the next)."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -410,23 +410,38 @@ def _read_values(field, win: Window, vdtype, threads: int, out: np.ndarray | Non
     def read(p):
         out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p, vdtype)
 
-    if len(parts) == 1 or threads == 1:
-        for p in parts:
-            read(p)
-    else:
-        list(_pool(threads).map(read, parts))
+    _each(read, parts, threads)
     return out
+
+
+def _each(fn, jobs: list, threads: int) -> None:
+    """``fn(job)`` for every job, in the pool's threads when several (zstd releases the GIL)."""
+    if len(jobs) == 1 or threads == 1:
+        for job in jobs:
+            fn(job)
+    else:
+        list(_pool(threads).map(fn, jobs))
+
+
+def _whole_shards(arr, win: Window) -> list | None:
+    """The shards (sr, sc) of ``arr`` that make up window ``win``, or None when it is not whole
+    shards (then zarr reads and writes it)."""
+    sh0, sh1 = arr.shards
+    if win.r0 % sh0 or win.c0 % sh1 or (win.r1 % sh0 and win.r1 != arr.shape[0]) or (
+            win.c1 % sh1 and win.c1 != arr.shape[1]):
+        return None
+    return [(sr, sc) for sr in range(win.r0 // sh0, -(-win.r1 // sh0))
+            for sc in range(win.c0 // sh1, -(-win.c1 // sh1))]
 
 
 def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarray, threads: int) -> None:
     """Write a unit's result: whole shards by :func:`write_shard` in parallel threads, else by zarr."""
-    sh0, sh1 = dist_arr.shards
-    if win.r0 % sh0 or win.c0 % sh1 or (win.r1 % sh0 and win.r1 != dist_arr.shape[0]) or (
-            win.c1 % sh1 and win.c1 != dist_arr.shape[1]):
+    jobs = _whole_shards(dist_arr, win)
+    if jobs is None:
         dist_arr[win.slices] = d32
         pred_arr[win.slices] = pred
         return
-    jobs = [(sr, sc) for sr in range(win.r0 // sh0, -(-win.r1 // sh0)) for sc in range(win.c0 // sh1, -(-win.c1 // sh1))]
+    sh0, sh1 = dist_arr.shards
 
     def write(job):
         sr, sc = job
@@ -435,22 +450,17 @@ def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarr
         write_shard(dist_arr, sr, sc, np.ascontiguousarray(d32[part]))
         write_shard(pred_arr, sr, sc, np.ascontiguousarray(pred[part]))
 
-    if len(jobs) == 1 or threads == 1:
-        for job in jobs:
-            write(job)
-    else:
-        list(_pool(threads).map(write, jobs))
+    _each(write, jobs, threads)
 
 
 def _read_unit(arr, win: Window, threads: int) -> np.ndarray:
     """A unit's cells of a result array being written: whole shards by :func:`read_shard` in
     parallel threads, else by zarr."""
-    sh0, sh1 = arr.shards
-    if win.r0 % sh0 or win.c0 % sh1 or (win.r1 % sh0 and win.r1 != arr.shape[0]) or (
-            win.c1 % sh1 and win.c1 != arr.shape[1]):
+    jobs = _whole_shards(arr, win)
+    if jobs is None:
         return arr[win.slices]
     out = np.empty(win.shape, arr.dtype)
-    jobs = [(sr, sc) for sr in range(win.r0 // sh0, -(-win.r1 // sh0)) for sc in range(win.c0 // sh1, -(-win.c1 // sh1))]
+    sh0, sh1 = arr.shards
 
     def read(job):
         sr, sc = job
@@ -458,11 +468,7 @@ def _read_unit(arr, win: Window, threads: int) -> np.ndarray:
         part = read_shard(arr, sr, sc)
         out[r0 : r0 + part.shape[0], c0 : c0 + part.shape[1]] = part
 
-    if len(jobs) == 1 or threads == 1:
-        for job in jobs:
-            read(job)
-    else:
-        list(_pool(threads).map(read, jobs))
+    _each(read, jobs, threads)
     return out
 
 
