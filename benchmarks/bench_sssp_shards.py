@@ -1,8 +1,11 @@
-"""The shard method (out of core) against the in-core method on the same store, in one process:
-time, unit solves per unit, bytes read and written per cell, peak RSS; the store is >= 8x the
-budget given to the shard method.
+"""The shard method (out of core) against the in-core method on the same store, each in a fresh
+process: time, unit solves per unit (warm ones: from memory or from the scratch on disk), bytes
+read and written per cell, scratch on disk, peak RSS growth; the store is a multiple of the budget
+given to the shard method (8x its raw cells from 8192^2 on the CPU: the smallest budget is one unit
+solve and the units' edges; units of whole shards need ``--shard 1`` at small budgets).
 
-    python benchmarks/bench_sssp_shards.py --size 4096 --memory 8MB --device cpu
+    python benchmarks/bench_sssp_shards.py --size 4096 --memory 10MB --device cpu --shard 1
+    python benchmarks/bench_sssp_shards.py --size 8192 --memory 32MB --device cpu --shard 1
     python benchmarks/bench_sssp_shards.py --size 16384 --memory 512MB --device gpu
 """
 from __future__ import annotations
@@ -79,8 +82,10 @@ def main():
         print(f"  {weight:8s} in-core {a['seconds']:7.2f} s (peak +{format_bytes(a['grown'])}) | shards "
               f"{b['seconds']:7.2f} s (peak +{format_bytes(b['grown'])}): {b['seconds'] / a['seconds']:.2f}x the "
               f"in-core time; {s['units']} units of {s['unit']}^2, {s['solves_per_unit']:.2f} solves a unit "
-              f"(max {s['max_solves']}), read {s['read_bytes_per_cell']:.2f} B/cell, written "
-              f"{s['written_bytes_per_cell']:.2f} B/cell, scratch 0", flush=True)
+              f"(max {s['max_solves']}; {s['warm_solves']} of {s['solves']} warm, {s['kept_solves']} of them kept in "
+              f"memory), read {s['read_bytes_per_cell']:.2f} B/cell, written {s['written_bytes_per_cell']:.2f} B/cell, "
+              f"scratch {format_bytes(s['scratch_bytes'])} = {s['scratch_bytes'] / disk:.2f}x the store on disk",
+              flush=True)
 
 
 if __name__ == "__main__":

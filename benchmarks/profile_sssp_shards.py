@@ -1,9 +1,9 @@
 """Where the shard method's time goes: one run of ``sssp(method="shards")`` on a store, every helper
 of ``grid/sssp/shards.py`` wrapped with a timer (the device synchronised around it), one JSON line
-per unit solve (unit, warm or cold, seconds per phase, tile rounds) and the totals; then the unit
-(1, 1) solved in core from one source at its centre, what the in-core method does on a store of a
-unit's size (the yardstick for a solve from a ring). Figures: benchmarks/RESULTS.md ("the shard
-method at scale").
+per unit solve (unit; warm -- "kept" in memory, from "disk" -- or cold; seconds per phase; tile
+rounds) and the totals; then the unit (1, 1) solved in core from one source at its centre, what the
+in-core method does on a store of a unit's size (the yardstick for a solve from a ring). Figures:
+benchmarks/RESULTS.md ("the shard method at scale").
 
     python benchmarks/profile_sssp_shards.py big.zarr --weight surface --memory 4GB --device gpu
 """
@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 shards = importlib.import_module("terrain_io.grid.sssp.shards")
-PHASES = ("_read_values", "_write_unit", "solve_block", "output_distance", "boundary_sides", "to_host")
+PHASES = ("_read_values", "_read_unit", "_write_unit", "solve_block", "output_distance", "boundary_sides", "to_host")
 
 
 def sync(device):
@@ -45,11 +45,15 @@ def instrument(device, totals):
     for name in PHASES:
         setattr(shards, name, timed(name, getattr(shards, name)))
     shards.Lines.update = timed("lines.update", shards.Lines.update)
+    shards.UnitScratch.save = timed("scratch.save", shards.UnitScratch.save)
+    shards.UnitScratch.load = timed("scratch.load", shards.UnitScratch.load)
     solve_unit = shards.solve_unit
 
     def logged(task):
         before, t = dict(totals), time.perf_counter()
-        warm = task.cache is not None and (task.i, task.j) in task.cache.items
+        kept = task.cache is not None and (task.i, task.j) in task.cache.items
+        warm = "kept" if kept else "disk" if task.scratch and shards.UnitScratch(task.scratch).file(
+            task.i, task.j).exists() else False
         res = solve_unit(task)
         gpu_mod = sys.modules.get("terrain_io.grid.sssp._incore_gpu")
         print(json.dumps({"unit": [task.i, task.j], "warm": warm, "reached": task.ring is not None,

@@ -155,6 +155,40 @@ def test_a_warm_solve_equals_the_whole_solve(kind):
     check_warm_solve(kind, "cpu")
 
 
+@pytest.mark.parametrize("kind", ["absdiff", "surface", "cell"])
+@pytest.mark.parametrize("seed", [6, 7])
+def test_a_warm_solve_keeping_levels_and_codes_equals_the_whole_solve(kind, seed):
+    """The warm solve that finds levels and codes again only where the ring's change reaches
+    (the shard method's re-solves on the CPU): for a ring that fell on one side, and another side
+    that was unknown, the whole grid's solve inside -- scipy's distances, the tie rule's codes."""
+    v = terraced((150, 140), seed, step=6.0)
+    v[np.random.default_rng(seed).random(v.shape) < 0.03] = np.nan
+    steps, sources = steps_of(2.0, 3.0), [(4, 7), (120, 135)]
+    whole = ringed(v)
+    dist, level, pred = solve_block(whole, KINDS[kind], steps, sources)
+    np.testing.assert_array_equal(dist[1:-1, 1:-1][~np.isnan(v)],
+                                  reference(v.astype(np.float64), sources, kind, 2.0, 3.0)[~np.isnan(v)])
+    np.testing.assert_array_equal(pred, rule_predecessors(v, dist[1:-1, 1:-1], sources, kind, 2.0, 3.0))
+    r0, r1, c0, c1 = 40, 140, 30, 130
+    true = [a[r0 : r1 + 2, c0 : c1 + 2].copy() for a in (whole, dist, level)]
+    early = [a.copy() for a in true]
+    early[1][0] += 5.0
+    early[2][0] = np.where(early[1][0] < np.inf, 0, NO_LEVEL)  # another plateau level on the top
+    early[0][:, -1], early[1][:, -1], early[2][:, -1] = np.nan, np.inf, NO_LEVEL
+    none = np.empty((0, 2), np.int64)
+    d, lv, p = solve_block(early[0], KINDS[kind], steps, none, early[1], early[2])
+    changed = ((d != true[1]) | (lv != true[2])).astype(np.uint8)
+    changed[1:-1, 1:-1] = 0
+    assert changed.sum() > 100
+    for block, new in zip((early[0], d, lv), true):
+        block[0], block[-1], block[:, 0], block[:, -1] = new[0], new[-1], new[:, 0], new[:, -1]
+    d, lv, p2 = solve_block(early[0], KINDS[kind], steps, none, d, lv, warm=True, pred=p, changed=changed)
+    assert p2 is p
+    np.testing.assert_array_equal(d[1:-1, 1:-1], dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(lv[1:-1, 1:-1], level[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(p, pred[r0:r1, c0:c1])
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (2, 2), (3, 17)])
 def test_thin_grids(shape):
     v = random_dem(shape, sum(shape))

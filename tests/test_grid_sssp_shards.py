@@ -131,8 +131,10 @@ small, big, budget = TerrainStore.open(sys.argv[1]), TerrainStore.open(sys.argv[
 sssp(small, (5, 5), cell=True, progress=False, method="shards", memory=budget)  # compile first
 base = peak_rss()
 n = big.shape[0]
-r = sssp(big, (n // 2, n // 3), cell=True, progress=False, method="shards", memory=budget, weight="surface")
-print(base, peak_rss(), r.merge_stats["unit"], r.merge_stats["units"])
+weight = sys.argv[4] if len(sys.argv) > 4 else "surface"
+r = sssp(big, (n // 2, n // 3), cell=True, progress=False, method="shards", memory=budget, weight=weight)
+print(base, peak_rss(), r.merge_stats["unit"], r.merge_stats["units"], r.merge_stats["warm_solves"],
+      r.merge_stats["kept_solves"])
 """
 
 
@@ -147,6 +149,81 @@ def test_shards_stay_within_the_budget(tmp_path):
     out = subprocess.run([sys.executable, "-c", PEAK, str(small.path), str(big.path), str(budget)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    base, peak, unit, units = map(int, out.stdout.split())
+    base, peak, unit, units, _, _ = map(int, out.stdout.split())
     assert 3 * budget <= n * n * 4 and units >= 64
     assert peak - base <= budget, f"peak RSS grew by {(peak - base) / 2**20:.1f} MiB, budget {budget / 2**20:.0f} MiB"
+
+
+def test_warm_re_solves_from_disk_stay_within_the_budget(tmp_path):
+    """absdiff on terraced ground (flat sea, terraces: units solved ~5 times each) under a budget
+    that keeps no unit in memory: the re-solves come warm from the scratch on disk, and peak RSS
+    still grows by at most the budget (fresh process)."""
+    from terrain_io.synth import synthesize
+
+    n, budget = 1024, 7 << 19  # 3.5 MiB: units of 128^2 (64 of them), none kept
+    big = synthesize(tmp_path / "big.zarr", n, seed=2, tile=64, shard=1, progress=False)
+    small = make_store(tmp_path, random_dem((64, 64), 1), tile=64, shard=1, name="small.zarr")
+    out = subprocess.run([sys.executable, "-c", PEAK, str(small.path), str(big.path), str(budget), "absdiff"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    base, peak, unit, units, warm, kept = map(int, out.stdout.split())
+    assert units >= 64 and warm - kept > units  # most re-solves from disk
+    assert peak - base <= budget, f"peak RSS grew by {(peak - base) / 2**20:.1f} MiB, budget {budget / 2**20:.0f} MiB"
+    assert not list(tmp_path.glob(".*scratch*"))
+
+
+@pytest.mark.parametrize("kind", ["absdiff", "surface"])
+@pytest.mark.parametrize("shape,tile,unit", [((96, 88), 8, 16), ((70, 53), 8, 8)])
+def test_re_solves_from_disk_equal_incore_and_scipy(tmp_path, kind, shape, tile, unit):
+    """No memory to keep solved units: every re-solve warm from what the unit's last solve left
+    on disk (written result, scratch of residuals and levels). Terraces with a flat sea and
+    nodata: exact ties, plateaus wound across unit edges; the same bytes as in core, scipy's
+    distances, the tie rule's codes; the scratch gone afterwards."""
+    v = terraced(shape, sum(shape), step=8.0)
+    v[v < np.percentile(v, 30)] = np.float32(np.percentile(v, 30))  # a flat sea
+    v[np.random.default_rng(5).random(shape) < 0.04] = np.nan
+    st = make_store(tmp_path, v, tile=tile, shard=1, dx=2.0, dy=3.0)
+    ok = np.argwhere(~np.isnan(v))
+    sources = [tuple(ok[len(ok) // 3]), tuple(ok[-1])]
+    r = sssp(st, sources, weight=kind, cell=True, progress=False, method="shards", unit=unit, memory="1KB", name="s")
+    m = r.merge_stats
+    assert m["kept_solves"] == 0 and m["warm_solves"] == m["solves"] - (m["units"] - m["unreached_units"]) > 0
+    assert m["scratch_bytes"] > 0
+    sssp(st, sources, weight=kind, cell=True, progress=False, method="incore", name="i")
+    same_bytes(result(st, "s"), result(st, "i"))
+    ref = reference(v.astype(np.float64), sources, kind, 2.0, 3.0)
+    d, p = result(st, "s")
+    np.testing.assert_array_equal(d, ref.astype(np.float32))
+    np.testing.assert_array_equal(p, rule_predecessors(v, ref, sources, kind, 2.0, 3.0))
+    assert not list(tmp_path.glob(".*scratch*"))
+
+
+KILLED = r"""
+import os, signal, sys, importlib
+from terrain_io.grid.sssp import sssp
+from terrain_io.store import TerrainStore
+shards = importlib.import_module("terrain_io.grid.sssp.shards")
+solve, done = shards.solve_unit, []
+
+def dying(task):  # killed outright after a few solves, re-solves from disk among them
+    done.append(task)
+    if len(done) == 40:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return solve(task)
+
+shards.solve_unit = dying
+sssp(TerrainStore.open(sys.argv[1]), (3, 3), cell=True, progress=False, method="shards", unit=16, memory="1KB")
+"""
+
+
+def test_a_killed_run_leaves_scratch_that_the_next_run_removes(tmp_path):
+    v = terraced((64, 64), 3, step=8.0)
+    st = make_store(tmp_path / "d", v, tile=8, shard=2)
+    out = subprocess.run([sys.executable, "-c", KILLED, str(st.path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == -9, out.stderr
+    left = list(st.path.parent.glob(".sssp-shards.scratch-*"))
+    assert len(left) == 1 and any(left[0].iterdir())  # what the killed run had kept
+    sssp(st, (3, 3), cell=True, progress=False, method="shards", unit=16, memory="1KB", name="again")
+    assert not list(st.path.parent.glob(".*scratch*"))
+    sssp(st, (3, 3), cell=True, progress=False, method="incore", name="i")
+    same_bytes(result(st, "again"), result(st, "i"))

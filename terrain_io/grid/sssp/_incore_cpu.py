@@ -11,6 +11,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
 * :func:`predecessors` -- the parent code of every interior cell from distances and levels.
+* :func:`affected_cells` -- after a warm re-solve (a ring whose distances only fell), the cells
+  whose level or code can have changed: the two kernels above then run on those alone.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _offsets(W2):
 
 
 @numba.njit(cache=True)
-def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
+def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mark=None):
     """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
 
     On entry ``dist`` holds the seeds: 0 at the sources, the fixed distances of ring cells, +inf
@@ -48,6 +50,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
     ``limit``: no distance above it is kept (such cells stay +inf): every path to a cell within the
     limit stays within it (weights are not negative), so those cells get their full-run values,
     and the work follows the area reached.
+    ``mark`` (uint8, the block's shape, flat; warm only): set to 1 at every cell whose distance falls
+    (:func:`affected_cells` starts from them).
     """
     W2 = w + 2
     off = _offsets(W2)
@@ -74,6 +78,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
                 if nd < dist[v] and nd <= limit:
                     dist[v] = nd
                     if warm:
+                        if mark is not None:
+                            mark[v] = 1
                         if n == cap:
                             cap *= 2
                             hk, hv = _grow(hk, hv, cap)
@@ -118,6 +124,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf):
             nd = du + edge_weight(kind, a, b, steps[k])
             if nd < dv and nd <= limit:
                 dist[v] = nd
+                if warm and mark is not None:
+                    mark[v] = 1
                 if n == cap:
                     cap *= 2
                     hk, hv = _grow(hk, hv, cap)
@@ -156,60 +164,76 @@ def _grow(hk, hv, cap):
 
 
 @numba.njit(inline="always", cache=True)
-def _tight(vals, dist, kind, steps, u, v, k):
-    """Edge u -> v (v's neighbour u in direction k) lies on a shortest path: d[u] + w == d[v]."""
-    return dist[u] + edge_weight(kind, vals[u], vals[v], steps[k]) == dist[v]
+def _tight(du, dv, a, b, kind, step):
+    """Edge u -> v (values a, b; distances du, dv) lies on a shortest path: du + w == dv.
+    (Scalars only: an inlined helper that takes arrays costs reference counting at every call in
+    the serial builds, several times the work.)"""
+    return du + edge_weight(kind, a, b, step) == dv
 
 
 @numba.njit(parallel=True, cache=True)
-def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
+def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every):
     """Plateau levels of the interior cells, in place in ``level`` (int32, the block's shape, flat;
     the ring's entries are given, NO_LEVEL where unknown). ``sources``: flat indices of interior
-    sources. Returns the number of plateau cells (level > 0)."""
+    sources. ``every``: all interior cells; else only the flat indices ``cells``, every other
+    level known and final (a warm re-solve: :func:`affected_cells`). Returns the number of
+    plateau cells (level > 0) among them."""
     W2 = w + 2
     off = _offsets(W2)
+    n = h * w if every else cells.shape[0]
     # 1. level 0 where a tight parent is strictly nearer; NO_LEVEL (a plateau cell) elsewhere
-    for r in prange(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            level[v] = NO_LEVEL
-            if np.isnan(vals[v]) or not dist[v] < np.inf:
-                continue
-            for k in range(8):
-                u = v + off[k]
-                if not np.isnan(vals[u]) and dist[u] < dist[v] and _tight(vals, dist, kind, steps, u, v, k):
-                    level[v] = 0
-                    break
+    for m in prange(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        level[v] = NO_LEVEL
+        a, dv = vals[v], dist[v]
+        if np.isnan(a) or not dv < np.inf:
+            continue
+        for k in range(8):
+            u = v + off[k]
+            du = dist[u]
+            if du < dv and not np.isnan(vals[u]) and _tight(du, dv, vals[u], a, kind, steps[k]):
+                level[v] = 0
+                break
     for s in sources:
         level[s] = 0
-    # 2. a plateau cell's first level from parents already known: interior level-0 cells, the ring
     count = 0
-    for r in range(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
+    for m in range(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
     if count == 0:
         return 0
-    seed = np.empty(count, np.int64)
+    todo = np.empty(count, np.int64)
+    j = 0
+    for m in range(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
+            todo[j] = v
+            j += 1
+    _plateau_search(vals, h, w, kind, steps, dist, level, todo)
+    return count
+
+
+@numba.njit(cache=True)
+def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
+    """Steps 2 and 3 of :func:`plateau_levels` for ``cells``: the reached plateau cells (flat
+    indices) whose level is NO_LEVEL; every other cell's level is known (final)."""
+    W2 = w + 2
+    off = _offsets(W2)
+    count = cells.shape[0]
+    # 2. a plateau cell's first level from parents already known: level-0 cells, the ring, cells
+    # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them)
     seed_level = np.empty(count, np.int64)
-    m = 0
-    for r in range(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            if level[v] != NO_LEVEL or not dist[v] < np.inf or np.isnan(vals[v]):
+    for m in range(count):
+        v = cells[m]
+        best = np.int64(NO_LEVEL)
+        for k in range(8):
+            u = v + off[k]
+            if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
                 continue
-            best = np.int64(NO_LEVEL)
-            for k in range(8):
-                u = v + off[k]
-                # known levels: interior cells of level 0 and the ring's (interior plateau
-                # parents are still NO_LEVEL: the search below finds them)
-                if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
-                    continue
-                if _tight(vals, dist, kind, steps, u, v, k) and level[u] + 1 < best:
-                    best = level[u] + 1
-            seed[m] = v
-            seed_level[m] = best
-            m += 1
+            if _tight(dist[u], dist[v], vals[u], vals[v], kind, steps[k]) and level[u] + 1 < best:
+                best = level[u] + 1
+        seed_level[m] = best
+    seed = cells
     # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
     order = argsort_int(seed_level)  # stable
     queue = np.empty(count, np.int64)
@@ -243,39 +267,167 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources):
             x = v + off[k]
             if np.isnan(vals[x]) or dist[x] != dist[v] or level[x] <= lv + 1:
                 continue
-            if _tight(vals, dist, kind, steps, v, x, k ^ 4):
+            if _tight(dist[v], dist[x], vals[v], vals[x], kind, steps[k ^ 4]):
                 level[x] = lv + 1
                 queue[tail] = x
                 qlevel[tail] = lv + 1
                 tail += 1
-    return count
 
 
 @numba.njit(parallel=True, cache=True)
-def predecessors(vals, h, w, kind, steps, dist, level, sources, out):
+def predecessors(vals, h, w, kind, steps, dist, level, sources, out, cells, every):
     """Parent codes of the interior cells into ``out`` (uint8, h x w): of the tight parents, the
     one with the least key (0 if strictly nearer, else its plateau level + 1), then the least
-    direction code; NO_PRED at the sources (flat indices) and at unreached cells."""
+    direction code; NO_PRED at the sources (flat indices) and at unreached cells. ``every``: all
+    interior cells, else only the flat indices ``cells``."""
     W2 = w + 2
     off = _offsets(W2)
-    for r in prange(1, h + 1):
-        for c in range(1, w + 1):
-            v = r * W2 + c
-            best = NO_PRED
-            if not np.isnan(vals[v]) and dist[v] < np.inf:
-                best_key = np.int64(2**62)
-                for k in range(8):
-                    u = v + off[k]
-                    if np.isnan(vals[u]) or not _tight(vals, dist, kind, steps, u, v, k):
-                        continue
-                    key = 0 if dist[u] < dist[v] else np.int64(level[u]) + 1
-                    if key < best_key:
-                        best_key = key
-                        best = k
-            out[r - 1, c - 1] = best
+    n = h * w if every else cells.shape[0]
+    for m in prange(n):
+        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        best = NO_PRED
+        a, dv = vals[v], dist[v]
+        if not np.isnan(a) and dv < np.inf:
+            best_key = np.int64(2**62)
+            for k in range(8):
+                u = v + off[k]
+                du = dist[u]
+                if np.isnan(vals[u]) or not _tight(du, dv, vals[u], a, kind, steps[k]):
+                    continue
+                key = 0 if du < dv else np.int64(level[u]) + 1
+                if key < best_key:
+                    best_key = key
+                    best = k
+        r = v // W2
+        out[r - 1, v - r * W2 - 1] = best
     for s in sources:
         r = s // W2
         out[r - 1, s - r * W2 - 1] = NO_PRED
+
+
+@numba.njit(cache=True)
+def affected_cells(vals, h, w, kind, steps, dist, mark):
+    """After a warm :func:`solve_distances`: the interior cells whose plateau level may have changed
+    (A) and those whose parent code may have (A and its interior neighbours), as flat indices.
+
+    ``mark`` holds 1 at the cells whose distance fell and at the ring cells whose distance or level
+    changed (D). A level or code depends only on the cell's and its neighbours' distances, levels
+    and values, so A starts as D's interior cells and their interior neighbours (a parent's
+    distance decides tightness and level 0), and grows along tight edges between cells of equal
+    distance (a plateau level passes down them). Outside A nothing a level depends on changed, and
+    every level there comes down a chain of cells outside A: those levels stand. ``mark`` is used
+    as the work space (2: in A, 3: a code to find)."""
+    W2 = w + 2
+    off = _offsets(W2)
+    n = (h + 2) * W2
+    stack = np.empty(h * w, np.int32)  # (flat indices: the caller keeps blocks below 2^31 cells)
+    top = 0
+    for v in range(n):
+        if mark[v] != 1:
+            continue
+        r = v // W2
+        c = v - r * W2
+        if 1 <= r <= h and 1 <= c <= w and mark[v] != 2:
+            stack[top] = v
+            top += 1
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if mark[x] == 0:
+                mark[x] = 2
+                stack[top] = x
+                top += 1
+    # the interior cells of D are marked 1 still: make every member of the stack a 2
+    for m in range(top):
+        mark[stack[m]] = 2
+    # closure along tight equal-distance edges
+    m = 0
+    while m < top:
+        v = np.int64(stack[m])
+        m += 1
+        if np.isnan(vals[v]) or not dist[v] < np.inf:
+            continue
+        r = v // W2
+        c = v - r * W2
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if mark[x] == 2 or np.isnan(vals[x]) or dist[x] != dist[v]:
+                continue
+            if _tight(dist[v], dist[x], vals[v], vals[x], kind, steps[k ^ 4]):
+                mark[x] = 2
+                stack[top] = x
+                top += 1
+    plateau = stack[:top]
+    # codes: A and its interior neighbours
+    codes = np.empty(min(9 * top, h * w), np.int32)
+    nc = 0
+    for m in range(top):
+        v = np.int64(plateau[m])
+        if mark[v] == 2:
+            mark[v] = 3
+            codes[nc] = v
+            nc += 1
+        r = v // W2
+        c = v - r * W2
+        for k in range(8):
+            rr, cc = r + DR[k], c + DC[k]
+            if rr < 1 or rr > h or cc < 1 or cc > w:
+                continue
+            x = v + off[k]
+            if mark[x] != 3 and mark[x] != 2:  # (a 2 is in A: its own turn comes)
+                mark[x] = 3
+                codes[nc] = x
+                nc += 1
+    return plateau, codes[:nc]
+
+
+@numba.njit(cache=True)
+def split_distances(dist, d32, out):
+    """The float64 interior distances of a block as the stored float32 ``d32`` (h x w) plus
+    ``out`` (int32, h x w): the float64's bit pattern less that of float64(d32), exact (a
+    non-negative float64 and its nearest float32 lie at most 2^29 float64 steps apart; the bit
+    patterns of non-negative floats count those steps). 0 where ``d32`` is NaN (no vertex) or not
+    finite. False (``out`` unusable) when a difference does not fit, as below float32's normals."""
+    h, w = d32.shape
+    a = np.empty(1, np.float64)
+    ai = a.view(np.int64)
+    b = np.empty(1, np.float64)
+    bi = b.view(np.int64)
+    for r in range(h):
+        for c in range(w):
+            x = d32[r, c]
+            if not np.isfinite(x):
+                out[r, c] = 0
+                continue
+            a[0] = dist[r + 1, c + 1]
+            b[0] = np.float64(x)
+            diff = ai[0] - bi[0]
+            if diff > 2**31 - 1 or diff < -(2**31):
+                return False
+            out[r, c] = diff
+    return True
+
+
+@numba.njit(cache=True)
+def join_distances(d32, residual, vals, dist):
+    """Inverse of :func:`split_distances`: the interior of ``dist`` (the block's shape) from the
+    stored float32 distances and the residuals; +inf where ``vals`` is NaN (no vertex)."""
+    h, w = d32.shape
+    a = np.empty(1, np.float64)
+    ai = a.view(np.int64)
+    for r in range(h):
+        for c in range(w):
+            if np.isnan(vals[r + 1, c + 1]):
+                dist[r + 1, c + 1] = np.inf
+                continue
+            a[0] = np.float64(d32[r, c])
+            ai[0] += residual[r, c]
+            dist[r + 1, c + 1] = a[0]
 
 
 # Small grids (a shard method's units, small arrays) run the same functions compiled without threads.

@@ -29,6 +29,7 @@ from . import _incore_cpu as K
 
 NO_LEVEL = int(K.NO_LEVEL)
 NO_PRED = K.NO_PRED
+_NO_CELLS = np.empty(0, np.int32)  # the kernels' cell list when they run on every cell
 
 
 def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
@@ -38,7 +39,8 @@ def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
 
 
 def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: np.ndarray | None = None,
-                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False, limit: float = np.inf):
+                level: np.ndarray | None = None, device: str = "cpu", warm: bool = False, limit: float = np.inf,
+                pred: np.ndarray | None = None, changed: np.ndarray | None = None, parallel: bool | None = None):
     """Solve the interior of a ringed block.
 
     ``vals``: (h + 2, w + 2) float32/float64 values, NaN where a cell is not a vertex; ``sources``:
@@ -50,8 +52,14 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     CuPy arrays). ``warm``: ``dist`` already holds this block's solution for a ring whose
     distances have only fallen since; only what the ring's change reaches is solved again (the
     levels and codes are found anew).
+    CPU, warm, with ``pred`` (the earlier solve's codes, h x w, updated in place and returned) and
+    ``changed`` (uint8, the block's shape: 1 at the ring cells whose distance or level differs
+    from the earlier solve's ring; used as work space): ``level`` too holds the earlier solve's
+    levels, and levels and codes are found again only where the change reaches
+    (:func:`._incore_cpu.affected_cells`) -- the same bytes for the work of the change.
     ``limit`` (``--max-cost``): cells farther than it stay unreached; the rest get the values of a
-    run without it, and the work follows the area reached."""
+    run without it, and the work follows the area reached. ``parallel``: the CPU's threaded
+    kernels (default: for blocks of SERIAL_BELOW cells or more)."""
     H2, W2 = vals.shape
     h, w = H2 - 2, W2 - 2
     gpu = resolve_device(device) == "gpu"
@@ -72,11 +80,19 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
     fd[flat_src] = 0.0
+    serial = h * w < SERIAL_BELOW if parallel is None else not parallel
+    levels, codes = (K.plateau_levels_serial, K.predecessors_serial) if serial else (K.plateau_levels, K.predecessors)
+    if warm and pred is not None and H2 * W2 < 2**31:  # (the change's cells as int32 flat indices)
+        mark = changed.reshape(-1)
+        K.solve_distances(fv, h, w, kind, steps, fd, True, float(limit), mark)
+        plateau, near = K.affected_cells(fv, h, w, kind, steps, fd, mark)
+        levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau, False)
+        codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, near, False)
+        return dist, level, pred
     K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
-    small = h * w < SERIAL_BELOW
-    (K.plateau_levels_serial if small else K.plateau_levels)(fv, h, w, kind, steps, fd, fl, flat_src)
+    levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True)
     pred = np.empty((h, w), np.uint8)
-    (K.predecessors_serial if small else K.predecessors)(fv, h, w, kind, steps, fd, fl, flat_src, pred)
+    codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, _NO_CELLS, True)
     return dist, level, pred
 
 

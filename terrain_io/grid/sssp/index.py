@@ -77,12 +77,17 @@ class Field:
             stat = Path(cost).stat()
             self.cost_id = f"file:{Path(cost).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
 
-    def read(self, window: Window) -> np.ndarray:
+    def read(self, window: Window, dtype=np.float64) -> np.ndarray:
+        """The cells of ``window``, NaN where not a vertex: float64, or ``dtype`` float32 where the
+        values are exact in it (:func:`.incore.value_dtype`; a float store's NaN already marks
+        its nodata: no copy, no mask then)."""
         st = self.store
         elev = st.read(window)
+        if self.cost_array is None and elev.dtype.kind == "f":
+            return elev.astype(dtype, copy=False)
         ok = st.valid(elev)
         if self.cost_array is None:
-            vals = elev.astype(np.float64)
+            vals = elev.astype(dtype)
         else:
             vals = self.cost_store.read(window, self.cost_array).astype(np.float64)
             ok &= self.cost_store.valid(vals) if self.cost_store is not st else np.isfinite(vals)

@@ -5,10 +5,15 @@ budget holds; tile-aligned blocks when even one shard does not fit). A unit is s
 the engine of :mod:`.incore` (CPU or GPU, :func:`.incore.solve_block`) from its *ring*: the values,
 distances and plateau levels of the cells just outside it, which are boundary cells of the
 neighbouring units. Between solves only these *lines* stay in memory -- the outer rows and
-columns of every unit, O(N / U) numbers for N cells and units of side U -- so the run needs no
-scratch on disk at all: each solve reads its unit from the store and writes its result. Run in
-this process, recently solved units stay in memory (the GPU's on the GPU): solved again warm,
-without a read, and written once when they leave (:class:`UnitCache`).
+columns of every unit, O(N / U) numbers for N cells and units of side U; each solve reads its
+unit from the store and writes its result. A unit solved again is solved *warm*, from its last
+solve: only the cells its ring's change improves start the heap (the old solution is an upper
+bound of the new fixpoint), and on the CPU levels and codes are found again only where the
+change reaches (:func:`._incore_cpu.affected_cells`). Run in this process, recently solved units
+stay in memory (the GPU's on the GPU): no read, written once when they leave (:class:`UnitCache`).
+On the CPU every other re-solve is warm from disk: its written result plus a scratch file of
+about 4 bytes a cell (:class:`UnitScratch`; winding paths on zero-weight plateaus re-solve units
+~5 times, and a budget 8x below the store keeps none in memory).
 
 Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
 III, the merge phase) with units for clusters. A unit waits with the least (distance, plateau
@@ -26,22 +31,26 @@ least waiting units, no two of them neighbours), every task reading and writing 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import heapq
 import os
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from ...atomic import scratch_directory
 from ...errors import InputError
 from ...memory import format_bytes, return_freed_memory_to_os
 from ...progress import progress_bar
 from ...backend import to_host
-from ...store import TerrainStore, Window, write_shard
+from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
 from ...weights import DC, DR, edge_weights
+from . import _incore_cpu as K
 from .incore import NO_LEVEL, NO_PRED, block_bytes, gpu_free_bytes, output_distance, solve_block, value_dtype
 
 # (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
@@ -52,12 +61,14 @@ _NEIGHBOURS = {(-1, 0): ("top", None), (1, 0): ("bottom", None), (0, -1): ("left
 
 def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
     """Host memory of one unit solve. CPU: the in-core block, the cells read, the float32 and
-    code outputs with their compressed copies, and the heap (16 bytes an entry, about one entry a
-    cell at its largest, and half again while it grows). GPU: only the values read, the ring, the outputs (the block lives in GPU memory)."""
+    code outputs with their compressed copies, the heap (16 bytes an entry, about one entry a
+    cell at its largest, and half again while it grows), and what a re-solve reads and writes in
+    its :class:`UnitScratch` (residuals and levels, 8 bytes a cell). GPU: only the values read,
+    the ring, the outputs (the block lives in GPU memory)."""
     cells = side * side
     if device == "gpu":
         return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
-    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24 + 8)
 
 
 PROCESS_BYTES = 1 << 20  # the run's own: reader/writer threads and their malloc arenas, result arrays, schedule
@@ -105,7 +116,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
         raise InputError(f"the shard method needs at least {format_bytes(need(least))} for this store "
                          f"({least} x {least} units), more than the memory budget {format_bytes(budget)}")
     if device == "cpu":
-        warm = [s for s in fits if need(s) + 2 * WARM_UNITS * cached_bytes(s, itemsize) <= budget]
+        warm = [s for s in fits if need(s) + 3 * WARM_UNITS * cached_bytes(s, itemsize) <= budget]
         if warm and warm[-1] < top:
             return warm[-1]
     return fits[-1]
@@ -252,6 +263,7 @@ class UnitResult:
     sides: dict
     reached: int
     max_distance: float
+    warm: bool = False  # solved from its earlier solve (kept in memory or on disk)
 
 
 @dataclass
@@ -271,6 +283,7 @@ class UnitTask:
     cache: object = None  # a UnitCache (the local schedule), else None
     limit: float = np.inf  # --max-cost
     every_cell_valid: bool = False  # an unreached unit is then written without being read
+    scratch: str | None = None  # the run's UnitScratch folder (CPU solves)
 
 
 class UnitCache:
@@ -309,15 +322,73 @@ class UnitCache:
         else:
             write()
 
-    def _evict(self) -> None:
+    def _evict(self, final: bool = False) -> None:
         _, (gone, write) = self.items.popitem(last=False)
         self.used -= sum(b.nbytes for b in gone)
-        write()
+        write(final=final)
 
     def flush(self) -> None:
-        """Write every kept unit and forget them."""
+        """Write every kept unit (its result only: no solve follows) and forget them."""
         while self.items:
-            self._evict()
+            self._evict(final=True)
+
+
+class UnitScratch:
+    """What a CPU re-solve of a unit needs beyond its written result, on disk: a re-solve is then
+    warm whether or not the unit was kept in memory (:class:`UnitCache`), at the cost of a read of
+    a few bytes a cell instead of a whole Dijkstra.
+
+    A unit's float64 distances are its written float32 ones plus an int32 residual a cell
+    (:func:`._incore_cpu.split_distances`, exact); its codes are the written ones. Kept here, per
+    unit, in one file: the residuals (raw), the plateau levels of the ringed block (the ring's, as
+    its last solve saw them, included; zstd: mostly 0) and the ring's distances -- about 4.2 bytes
+    a cell, 1.5-1.7x the store on disk. The folder is a :func:`.atomic.scratch_directory` (removed
+    after the run; a killed run's by the next)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def file(self, i: int, j: int) -> Path:
+        return self.path / f"{i}_{j}.zst"
+
+    def save(self, i: int, j: int, dist: np.ndarray, level: np.ndarray, d32: np.ndarray) -> None:
+        """Keep unit (i, j)'s ringed distances and levels (``d32``: the float32 distances written)."""
+        from numcodecs import Zstd
+
+        residual = np.empty(d32.shape, np.int32)
+        f = self.file(i, j)
+        if not K.split_distances(dist, d32, residual):  # (distances below float32's normals) cold next time
+            f.unlink(missing_ok=True)
+            return
+        parts = [memoryview(residual).cast("B"), Zstd(level=1).encode(level), _perimeter(dist).tobytes()]
+        overwrite_file(f, [np.array([len(p) for p in parts], np.int64).tobytes(), *parts])
+
+    def load(self, i: int, j: int, d32: np.ndarray, vals: np.ndarray, dist: np.ndarray, level: np.ndarray):
+        """Unit (i, j)'s earlier ringed distances and levels into ``dist`` and ``level`` (``vals``:
+        its ringed values, ``d32``: its written float32 distances); the old ring's distances
+        returned, or None when nothing is kept."""
+        from numcodecs import Zstd
+
+        residual = np.empty(d32.shape, np.int32)
+        try:
+            with open(self.file(i, j), "rb") as f:
+                sizes = np.frombuffer(f.read(24), np.int64)
+                f.readinto(memoryview(residual).cast("B"))
+                levels, ring = f.read(int(sizes[1])), f.read(int(sizes[2]))
+        except FileNotFoundError:
+            return None
+        K.join_distances(d32, residual, vals, dist)
+        del residual
+        level[...] = np.frombuffer(Zstd().decode(levels), np.int32).reshape(level.shape)
+        return np.frombuffer(ring, np.float64)
+
+    def size(self) -> int:
+        return sum(f.stat().st_size for f in self.path.iterdir())
+
+
+def _perimeter(block):
+    """The ring cells of a ringed block: top and bottom rows, then left and right columns."""
+    return np.concatenate([block[0], block[-1], block[1:-1, 0], block[1:-1, -1]])
 
 
 @functools.lru_cache(maxsize=2)
@@ -337,25 +408,40 @@ def _read_values(field, win: Window, vdtype, threads: int, out: np.ndarray | Non
              for r in range(win.r0, win.r1, s) for c in range(win.c0, win.c1, s)]
 
     def read(p):
-        out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p)
+        out[p.r0 - win.r0 : p.r1 - win.r0, p.c0 - win.c0 : p.c1 - win.c0] = field.read(p, vdtype)
 
-    if len(parts) == 1 or threads == 1:
-        for p in parts:
-            read(p)
-    else:
-        list(_pool(threads).map(read, parts))
+    _each(read, parts, threads)
     return out
+
+
+def _each(fn, jobs: list, threads: int) -> None:
+    """``fn(job)`` for every job, in the pool's threads when several (zstd releases the GIL)."""
+    if len(jobs) == 1 or threads == 1:
+        for job in jobs:
+            fn(job)
+    else:
+        list(_pool(threads).map(fn, jobs))
+
+
+def _whole_shards(arr, win: Window) -> list | None:
+    """The shards (sr, sc) of ``arr`` that make up window ``win``, or None when it is not whole
+    shards (then zarr reads and writes it)."""
+    sh0, sh1 = arr.shards
+    if win.r0 % sh0 or win.c0 % sh1 or (win.r1 % sh0 and win.r1 != arr.shape[0]) or (
+            win.c1 % sh1 and win.c1 != arr.shape[1]):
+        return None
+    return [(sr, sc) for sr in range(win.r0 // sh0, -(-win.r1 // sh0))
+            for sc in range(win.c0 // sh1, -(-win.c1 // sh1))]
 
 
 def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarray, threads: int) -> None:
     """Write a unit's result: whole shards by :func:`write_shard` in parallel threads, else by zarr."""
-    sh0, sh1 = dist_arr.shards
-    if win.r0 % sh0 or win.c0 % sh1 or (win.r1 % sh0 and win.r1 != dist_arr.shape[0]) or (
-            win.c1 % sh1 and win.c1 != dist_arr.shape[1]):
+    jobs = _whole_shards(dist_arr, win)
+    if jobs is None:
         dist_arr[win.slices] = d32
         pred_arr[win.slices] = pred
         return
-    jobs = [(sr, sc) for sr in range(win.r0 // sh0, -(-win.r1 // sh0)) for sc in range(win.c0 // sh1, -(-win.c1 // sh1))]
+    sh0, sh1 = dist_arr.shards
 
     def write(job):
         sr, sc = job
@@ -364,11 +450,26 @@ def _write_unit(dist_arr, pred_arr, win: Window, d32: np.ndarray, pred: np.ndarr
         write_shard(dist_arr, sr, sc, np.ascontiguousarray(d32[part]))
         write_shard(pred_arr, sr, sc, np.ascontiguousarray(pred[part]))
 
-    if len(jobs) == 1 or threads == 1:
-        for job in jobs:
-            write(job)
-    else:
-        list(_pool(threads).map(write, jobs))
+    _each(write, jobs, threads)
+
+
+def _read_unit(arr, win: Window, threads: int) -> np.ndarray:
+    """A unit's cells of a result array being written: whole shards by :func:`read_shard` in
+    parallel threads, else by zarr."""
+    jobs = _whole_shards(arr, win)
+    if jobs is None:
+        return arr[win.slices]
+    out = np.empty(win.shape, arr.dtype)
+    sh0, sh1 = arr.shards
+
+    def read(job):
+        sr, sc = job
+        r0, c0 = sr * sh0 - win.r0, sc * sh1 - win.c0
+        part = read_shard(arr, sr, sc)
+        out[r0 : r0 + part.shape[0], c0 : c0 + part.shape[1]] = part
+
+    _each(read, jobs, threads)
+    return out
 
 
 @functools.lru_cache(maxsize=4)
@@ -381,7 +482,11 @@ def _result_array(path: str):
 
 def solve_unit(task: UnitTask) -> UnitResult:
     """Read a unit, solve it from its ring (in core, CPU or GPU), write its result; its boundary back.
-    A unit in the task's cache is solved warm: its kept blocks (host or GPU), the new ring put in."""
+
+    A unit solved before is solved warm: from its kept blocks when in the task's cache (host or
+    GPU), else on the CPU from what its last solve left on disk (its written result and its
+    :class:`UnitScratch`) -- the new ring put in, and on the CPU levels and codes found again only
+    where the ring's change reaches. Every way gives the same bytes as a cold solve."""
     field = task.field
     dist_arr, pred_arr = _result_array(task.distance), _result_array(task.predecessor)
     win = task.window
@@ -398,9 +503,13 @@ def solve_unit(task: UnitTask) -> UnitResult:
     xp = np
     if task.device == "gpu":
         import cupy as xp
+    scratch = UnitScratch(task.scratch) if task.scratch is not None and task.device == "cpu" else None
     cached = task.cache.get((task.i, task.j)) if task.cache is not None else None
+    old_ring = pred = None
     if cached is not None:  # warm: no read
-        vals, dist, level, _ = cached
+        vals, dist, level, pred = cached
+        if xp is np:
+            old_ring = (_perimeter(dist), _perimeter(level))
     else:  # the interior read straight into the block (on the GPU: one copy over)
         vals = xp.empty((h + 2, w + 2), vdtype)
         if xp is np:
@@ -409,11 +518,28 @@ def solve_unit(task: UnitTask) -> UnitResult:
             vals[1:-1, 1:-1] = xp.asarray(_read_values(field, win, vdtype, task.threads))
         dist = xp.empty((h + 2, w + 2), np.float64)  # a cold solve sets the interior to +inf
         level = xp.full((h + 2, w + 2), NO_LEVEL, np.int32)
+        if scratch is not None and scratch.file(task.i, task.j).exists():  # warm from disk
+            d32 = _read_unit(dist_arr, win, task.threads)
+            ring_d = scratch.load(task.i, task.j, d32, vals, dist, level)
+            del d32
+            if ring_d is not None:
+                old_ring = (ring_d, _perimeter(level))
+                pred = _read_unit(pred_arr, win, task.threads)
     for block, f in ((vals, "v"), (dist, "d"), (level, "l")):
         top, bottom, left, right = (xp.asarray(a) for a in task.ring[f])
         block[0], block[-1], block[1:-1, 0], block[1:-1, -1] = top, bottom, left, right
+    changed = None
+    if old_ring is not None:  # the ring cells whose distance or level moved since the last solve
+        changed = np.zeros((h + 2, w + 2), np.uint8)
+        moved = ((old_ring[0] != _perimeter(dist)) | (old_ring[1] != _perimeter(level))).astype(np.uint8)
+        changed[0], changed[-1] = moved[: w + 2], moved[w + 2 : 2 * w + 4]
+        changed[1:-1, 0], changed[1:-1, -1] = moved[2 * w + 4 : 2 * w + 4 + h], moved[2 * w + 4 + h :]
+        del old_ring, moved
+    warm = cached is not None or changed is not None
     d, lv, pred = solve_block(vals, field.model.kind, field.steps(), task.sources, dist, level, device=task.device,
-                              warm=cached is not None, limit=task.limit)
+                              warm=warm, limit=task.limit, pred=pred if changed is not None else None,
+                              changed=changed)
+    del changed
     host = to_host if task.device == "gpu" else np.array  # copies: the sides outlive the blocks
     sides = {k: {f: host(a) for f, a in v.items()} for k, v in boundary_sides(vals, d, lv, pred).items()}
     d32 = output_distance(d, vals)
@@ -425,16 +551,33 @@ def solve_unit(task: UnitTask) -> UnitResult:
         dmax = float(xp.max(xp.where(finite, d32, np.float32(0)))) if reached else 0.0
     del finite
 
-    def write(d32=None):
+    def write(d32=None, final=False):
         d32 = output_distance(d, vals) if d32 is None else d32
         _write_unit(dist_arr, pred_arr, win, to_host(d32), to_host(pred), task.threads)
+        if scratch is not None and not final:
+            scratch.save(task.i, task.j, d, lv, d32)
 
     if task.cache is not None:  # written when it leaves the cache (the float32 copy made again then)
         del d32
         task.cache.put((task.i, task.j), (vals, d, lv, pred), write)
     else:
         write(d32)
-    return UnitResult(task.i, task.j, sides, reached, dmax)
+    return UnitResult(task.i, task.j, sides, reached, dmax, warm)
+
+
+@functools.lru_cache(maxsize=4)
+def load_warm_kernels(vdtype, kind: int) -> None:
+    """Compile or load the kernels of a CPU re-solve from disk (warm distances, levels and codes;
+    the residuals) on a tiny block, once a process: at the start of a run, with the process's
+    fixed costs, not in the middle of its working set."""
+    vals = np.zeros((5, 5), vdtype)
+    steps, src = np.ones(8), np.array([[1, 1]])
+    dist, level, pred = solve_block(vals, kind, steps, src)
+    d32 = output_distance(dist, vals)
+    residual = np.empty(d32.shape, np.int32)
+    K.split_distances(dist, d32, residual)
+    K.join_distances(d32, residual, vals, dist)
+    solve_block(vals, kind, steps, src, dist, level, warm=True, pred=pred, changed=np.ones(vals.shape, np.uint8))
 
 
 def _io_bytes() -> tuple[int, int]:
@@ -463,13 +606,15 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
-    # solved units kept for warm re-solves: on the CPU in half of what the budget leaves spare (the
-    # other half: the slack of the estimates; choose_unit leaves room for WARM_UNITS of them), on
+    # solved units kept for warm re-solves: on the CPU in a third of what the budget leaves spare (a
+    # kept unit saves only its reads and writes, re-solves being warm from the scratch on disk
+    # too; the rest: the slack of the estimates -- the heaps of reader and writer threads creep
+    # by ~1.5 MiB over a few hundred solves; choose_unit leaves room for WARM_UNITS of them), on
     # the GPU in its free memory less two solves' blocks (the host budget is not touched)
     if device == "gpu":
         spare = gpu_free_bytes() - 2 * block_bytes(side, side, vdtype.itemsize)
     else:
-        spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 2
+        spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 3
     cache = UnitCache(spare) if scheduler == "local" else None
     if side % store.tile_size:
         raise InputError(f"a unit of the shard method is whole tiles: {side} is no multiple of {store.tile_size}")
@@ -486,11 +631,17 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             waiting[ij] = (0.0, 0)
             heapq.heappush(heap, ((0.0, 0), ij))
     solves = np.zeros((nur, nuc), np.int32)
+    warm = np.zeros((nur, nuc), np.int32)  # of them warm
     reach = {}
     io0 = _io_bytes()
     t0 = time.perf_counter()
     bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
-    with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
+    with contextlib.ExitStack() as stack:
+        scratch = None
+        if device == "cpu":
+            scratch = UnitScratch(stack.enter_context(scratch_directory(store.path, "sssp-shards")))
+            load_warm_kernels(vdtype, field.model.kind)
+        wr = stack.enter_context(store.write_result(f"sssp/{name}", attrs=attrs))
         dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
         pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
         paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
@@ -501,12 +652,13 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
                             threads if scheduler == "local" else 1, cache if reached else None, limit,
-                            every_cell_valid)
+                            every_cell_valid, str(scratch.path) if scratch is not None and reached else None)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
                 bar.update(1)
             solves[res.i, res.j] += 1
+            warm[res.i, res.j] += res.warm
             reach[(res.i, res.j)] = (res.reached, res.max_distance)
             for ij, key in lines.update(res.i, res.j, res.sides).items():
                 if key[0] > limit:
@@ -527,6 +679,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                 absorb(res)
         if cache is not None:
             cache.flush()
+        scratch_bytes = scratch.size() if scratch is not None else 0
         unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
         unreached_tasks = [task(i, j, reached=False) for i, j in unreached]
         if scheduler == "local" and len(unreached) > 1:
@@ -552,7 +705,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
         stats = {"unit": side, "units": nur * nuc, "solves": int(solves.sum()), "rounds": rounds,
                  "solves_per_unit": round(float(solves[solves > 0].mean()) if (solves > 0).any() else 0.0, 3),
                  "max_solves": int(solves.max()), "unreached_units": len(unreached),
-                 "warm_solves": cache.hits if cache is not None else 0,
+                 "warm_solves": int(warm.sum()), "kept_solves": cache.hits if cache is not None else 0,
+                 "scratch_bytes": scratch_bytes,
                  "read_bytes_per_cell": round((io1[0] - io0[0]) / n_cells, 3),
                  "written_bytes_per_cell": round((io1[1] - io0[1]) / n_cells, 3)}
         wr.attrs.update({"reached": reached, "max_distance": dmax, "shards": stats})
