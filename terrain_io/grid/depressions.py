@@ -72,15 +72,15 @@ from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore
 from . import _depressions_cpu as K
-from .fill import (
+from ._tiled import (
     OUTLETS,
     TABLE_IN_ATTRS,
-    _fmt,
-    _Geometry,
-    _read,
-    _read_block,
-    _write,
-    _write_held,
+    Geometry,
+    read_block,
+    read_window,
+    table_cell,
+    write_held,
+    write_window,
 )
 from .mst import _plan_batches
 
@@ -165,7 +165,7 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (itemsize + 2 + 4)
 
 
-def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
     """(hold the whole DEM, batch side in tiles). Fixed: ~90 bytes a boundary node (ends, flags,
     union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell for the
     pieces, ~64 per edge between labels: two a cell allowed)."""
@@ -209,7 +209,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
     device = "cpu"
     budget = memory_budget(memory)
     rows, cols = store.shape
-    geo = _Geometry(rows, cols, store.tile_size)
+    geo = Geometry(rows, cols, store.tile_size)
     plan_held, k = _plan(store, geo, budget)
     if held is not None:
         plan_held = held
@@ -239,7 +239,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             pieces, cross, leaves = [], [], []
             with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
                 for b in batches:
-                    vals, ok, outl = _read_block(store, b.window, nodata_drains)
+                    vals, ok, outl = read_block(store, b.window, nodata_drains)
                     if plan_held:
                         kept = (vals, ok, outl)
                     r0, c0 = b.window.r0, b.window.c0
@@ -276,7 +276,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             basins = []
             with progress_bar(progress, len(batches), "depressions: basins", unit="batch") as bar:
                 for b in batches:
-                    vals, ok, outl = kept if plan_held else _read_block(store, b.window, nodata_drains)
+                    vals, ok, outl = kept if plan_held else read_block(store, b.window, nodata_drains)
                     basin = np.zeros(b.window.shape, np.uint32)
                     r0, c0 = b.window.r0, b.window.c0
                     pairs.extend(tmap(partial(_labels, (vals, ok, outl), r0, c0, args, keys, res_id, basin),
@@ -284,7 +284,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                     if plan_held:
                         basins.append(basin)
                     else:
-                        _write(basin_arr, b.window, basin, whole_shard)
+                        write_window(basin_arr, b.window, basin, whole_shard)
                     del vals, ok, outl
                     bar.update(1)
             timings["basins"] = time.perf_counter() - t0
@@ -317,7 +317,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                         basin = basins[0]
                     else:
                         vals = store.read(b.window)
-                        basin = _read(basin_arr, b.window, whole_shard)
+                        basin = read_window(basin_arr, b.window, whole_shard)
                     ok = store.valid(vals)
                     for out in tmap(partial(_volumes, vals, ok, basin, up, jump, level), b.tiles):
                         K.add_volumes(*out, c_all, h_hi, h_lo)
@@ -325,7 +325,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             volume = K.subtree_volumes(parent, spill, c_all, h_hi, h_lo)
             if plan_held:
                 kept = None
-                _write_held(store, (basin_arr, lambda s: basins[0][s]))
+                write_held(store, (basin_arr, lambda s: basins[0][s]))
                 del basins
             timings["volumes"] = time.perf_counter() - t0
 
@@ -385,7 +385,7 @@ def write_table(result: DepressionsResult, store, path) -> Path:
         out = csv.writer(f)
         out.writerow(TABLE_COLUMNS)
         for i in range(len(result.hierarchy)):
-            out.writerow([_fmt(cols[c][i]) for c in TABLE_COLUMNS])
+            out.writerow([table_cell(cols[c][i]) for c in TABLE_COLUMNS])
     return path
 
 

@@ -65,13 +65,21 @@ from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
-from ..store import TerrainStore, Window, read_shard, write_shard
+from ..store import TerrainStore, Window, write_shard
 from . import _fill_cpu as K
+from ._tiled import (
+    OUTLETS,
+    TABLE_IN_ATTRS,
+    Geometry,
+    read_block,
+    read_window,
+    table_cell,
+    write_held,
+    write_window,
+)
 from .mst import _Batch, _plan_batches
 
 RESULT = "fill"
-OUTLETS = ("edge+nodata", "edge")
-TABLE_IN_ATTRS = 1000  # the depression table goes into the result's attributes up to this many rows
 TABLE_COLUMNS = ("id", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "spill_row", "spill_col",
                  "spill_x", "spill_y", "spill_elevation", "spills_to", "cells", "area", "volume", "max_depth")
 
@@ -139,22 +147,6 @@ class FillResult:
                 "depression_ids": "1, 2, ... in order of each depression's least cell id (row-major); 0: none"}
 
 
-class _Geometry:
-    """Tiles and boundary-graph nodes of a store: node 0 = O, then each tile's perimeter cells."""
-
-    def __init__(self, rows: int, cols: int, tile: int):
-        self.rows, self.cols, self.tile = rows, cols, tile
-        self.ntr, self.ntc = -(-rows // tile), -(-cols // tile)
-        th = np.minimum(tile, rows - np.arange(self.ntr) * tile)[:, None]
-        tw = np.minimum(tile, cols - np.arange(self.ntc) * tile)[None, :]
-        count = np.where(th == 1, tw, np.where(tw == 1, th, 2 * tw + 2 * (th - 2))).astype(np.int64).ravel()
-        self.offset = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
-        self.nodes = 1 + int(count.sum())
-
-    def args(self, win: Window):
-        return win.r0, win.c0, self.rows, self.cols, self.tile, self.ntc, self.offset
-
-
 @dataclass
 class _Task:
     """One batch of the tiled plan, run here or as a Dask task (the store and arrays by path)."""
@@ -172,9 +164,9 @@ def _tile_phase_task(task: _Task):
     """Phase 1 of a batch: its tiles flooded, their boundary-graph edges (compact)."""
     store = TerrainStore.open(task.store, mode="r")
     rows, cols = store.shape
-    vals, ok, outl = _read_block(store, task.window, task.nodata_drains)
+    vals, ok, outl = read_block(store, task.window, task.nodata_drains)
     out = _kernel("graph_batch", rows * cols)(vals, ok, outl, task.tiles,
-                                              *_Geometry(rows, cols, store.tile_size).args(task.window),
+                                              *Geometry(rows, cols, store.tile_size).args(task.window),
                                               np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL), False)
     return _edges(out, len(task.tiles), _weight_dtype(store.dtype))
 
@@ -186,34 +178,18 @@ def _final_phase_task(task: _Task):
 
     store = TerrainStore.open(task.store, mode="r")
     rows, cols = store.shape
-    vals, ok, outl = _read_block(store, task.window, task.nodata_drains)
+    vals, ok, outl = read_block(store, task.window, task.nodata_drains)
     shape = task.window.shape
     fl, lab = np.empty(shape, store.dtype), np.empty(shape, K.LABEL)
     depth, dep = np.empty(shape, np.float32), np.empty(shape, np.uint32)
     G = np.load(task.levels) if isinstance(task.levels, str) else task.levels
     out = _kernel("final_batch", rows * cols)(vals, ok, outl, task.tiles,
-                                              *_Geometry(rows, cols, store.tile_size).args(task.window), G, fl,
+                                              *Geometry(rows, cols, store.tile_size).args(task.window), G, fl,
                                               lab, False, fl, depth, dep)
     for path, block in zip(task.arrays, (fl, depth, dep)):
-        _write(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
+        write_window(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
     nl, st_i, st_f, links, nlinks = out
     return (nl, st_i, st_f, links[:, : max(1, int(nlinks.max(initial=0)))], nlinks), int(np.count_nonzero(dep))
-
-
-def _read_block(store: TerrainStore, win: Window, nodata_drains: bool):
-    """A window with a one-cell halo: values, vertex mask (False outside the DEM), outlets."""
-    vals = store.read(win, halo=1)
-    ok = store.valid(vals)
-    rows, cols = store.shape
-    if win.r0 == 0:
-        ok[0] = False
-    if win.c0 == 0:
-        ok[:, 0] = False
-    if win.r1 == rows:
-        ok[-1] = False
-    if win.c1 == cols:
-        ok[:, -1] = False
-    return vals, ok, _kernel("outlets", rows * cols)(ok, win.r0, win.c0, rows, cols, nodata_drains)
 
 
 def _block_bytes(cells: int, itemsize: int) -> int:
@@ -221,7 +197,7 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (2 * itemsize + 2 + 4 + 4 + 4)
 
 
-def _plan(store: TerrainStore, geo: _Geometry, budget: int) -> tuple[bool, int]:
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
     """(hold the floods of the whole DEM, batch side in tiles). Fixed: the boundary graph (about
     2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of solve
     and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find)."""
@@ -257,21 +233,6 @@ def _weight_dtype(dtype) -> np.dtype:
     dtype = np.dtype(dtype)
     return np.dtype(np.float32 if dtype == np.float32 or (dtype.kind in "iu" and dtype.itemsize <= 2)
                     else np.float64)
-
-
-def _write(arr, win: Window, block: np.ndarray, whole_shard: bool) -> None:
-    if whole_shard:
-        sh0, sh1 = arr.shards
-        write_shard(arr, win.r0 // sh0, win.c0 // sh1, np.ascontiguousarray(block))
-    else:
-        arr[win.slices] = block
-
-
-def _read(arr, win: Window, whole_shard: bool) -> np.ndarray:
-    if whole_shard:
-        sh0, sh1 = arr.shards
-        return read_shard(arr, win.r0 // sh0, win.c0 // sh1)
-    return np.asarray(arr[win.slices])
 
 
 class _Lakes:
@@ -332,7 +293,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         return _fill_gpu_incore(store, outlets, budget, progress, t_start)
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
-    geo = _Geometry(rows, cols, store.tile_size)
+    geo = Geometry(rows, cols, store.tile_size)
     plan_held, k = _plan(store, geo, budget)
     if held is not None:
         plan_held = held
@@ -363,7 +324,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         with progress_bar(progress, len(batches), "fill: tile phase", unit="batch") as bar:
             if plan_held:
                 b = batches[0]
-                vals, ok, outl = _read_block(store, b.window, nodata_drains)
+                vals, ok, outl = read_block(store, b.window, nodata_drains)
                 h, w = b.window.shape
                 kept = (vals, ok, np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL))
                 out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), kept[2], kept[3], True)
@@ -429,7 +390,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
             b = batches[0]
             relabel(dep, b.tiles, starts[0], final)
             K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
-            _write_held(store, (filled_arr, lambda s: fl[s]), (dep_arr, lambda s: dep[s]),
+            write_held(store, (filled_arr, lambda s: fl[s]), (dep_arr, lambda s: dep[s]),
                         (depth_arr, lambda s: _depth(store, fl[s], vals[1:-1, 1:-1][s])))
             del kept, fl, vals, dep
         else:
@@ -584,15 +545,6 @@ def _sync() -> None:
     cupy.cuda.get_current_stream().synchronize()
 
 
-def _write_held(store: TerrainStore, *pairs) -> None:
-    """Write whole in-memory results shard by shard, shards in parallel threads: ``pairs`` of
-    (array, the block of a shard's slices)."""
-    wins = list(store.shards())
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
-        list(pool.map(lambda job: _write(job[0], job[1], job[2](job[1].slices), True),
-                      [(arr, win, block) for arr, block in pairs for win in wins]))
-
-
 def _relabel_and_spill(store, batches: list[_Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
                        spills_to, progress) -> None:
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
@@ -601,9 +553,9 @@ def _relabel_and_spill(store, batches: list[_Batch], starts, final, spill, dep_a
     relabel = _kernel("relabel", rows * cols)
     with progress_bar(progress, 2 * len(batches), "fill: lakes", unit="batch") as bar:
         for b, start in zip(batches, starts):
-            dep = _read(dep_arr, b.window, whole_shard)
+            dep = read_window(dep_arr, b.window, whole_shard)
             relabel(dep, b.tiles, start, final)
-            _write(dep_arr, b.window, dep, whole_shard)
+            write_window(dep_arr, b.window, dep, whole_shard)
             bar.update(1)
         ids = np.arange(1, len(spill) + 1, dtype=np.uint32)
         sr, sc = spill // cols, spill % cols
@@ -645,13 +597,8 @@ def write_table(result: FillResult, store, path) -> Path:
         out = csv.writer(f)
         out.writerow(TABLE_COLUMNS)
         for i in range(len(result.table)):
-            out.writerow([_fmt(cols[c][i]) for c in TABLE_COLUMNS])
+            out.writerow([table_cell(cols[c][i]) for c in TABLE_COLUMNS])
     return path
-
-
-def _fmt(v):
-    v = v.item() if hasattr(v, "item") else v
-    return repr(v) if isinstance(v, float) else v
 
 
 def read_fill(store) -> dict[str, np.ndarray]:
