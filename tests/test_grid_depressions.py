@@ -300,12 +300,14 @@ def test_small_and_empty_dems(tmp_path, shape):
 
 def test_parallel_tiles_equal_serial(tmp_path, monkeypatch):
     """Large DEMs run the tiles in a thread pool: forced here, the same results."""
+    import terrain_io.grid._tiled as tiled_module
     import terrain_io.grid.depressions as module
 
     h = _dem("terraced", 61, 50, seed=4)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=8, shard=2)
     serial, got = check_hierarchy(st, held=False)
     monkeypatch.setattr(module, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(tiled_module, "SERIAL_BELOW", 0)
     par, got2 = check_hierarchy(st, held=False)
     assert got2.tobytes() == got.tobytes()
     _same(par, serial)

@@ -198,6 +198,7 @@ def test_dask_schedulers_give_the_same_bytes(tmp_path, scheduler):
 def test_parallel_kernels_equal_their_serial_twins(tmp_path, monkeypatch, outlets):
     """Small DEMs run the serial builds; the parallel ones (large DEMs), forced here, against the
     references and the serial bytes, held and re-flooded."""
+    import terrain_io.grid._tiled as tiled_module
     import terrain_io.grid.fill as fill_module
 
     h = _dem("nodata-holed", 61, 50, seed=4)
@@ -207,6 +208,7 @@ def test_parallel_kernels_equal_their_serial_twins(tmp_path, monkeypatch, outlet
         check_against_references(st, outlets, held=held)
         serial[held] = read_fill(st)
     monkeypatch.setattr(fill_module, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(tiled_module, "SERIAL_BELOW", 0)  # the outlets kernel of the blocks read
     for held in (True, False):
         st = TerrainStore.from_array(tmp_path / f"p{held}.zarr", h, tile=16, shard=2)
         check_against_references(st, outlets, held=held)
