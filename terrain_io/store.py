@@ -647,6 +647,24 @@ def _shard_region(arr: zarr.Array, sr: int, sc: int):
     return sr * sh0, min((sr + 1) * sh0, arr.shape[0]), sc * sh1, min((sc + 1) * sh1, arr.shape[1])
 
 
+def write_window(arr: zarr.Array, win: Window, block: np.ndarray, whole_shard: bool) -> None:
+    """Write the cells of ``win``: a whole shard encoded here (:func:`write_shard`, parallel threads
+    scale), a part of one through zarr (which rewrites the shard: parts of a shard in order)."""
+    if whole_shard:
+        sh0, sh1 = arr.shards
+        write_shard(arr, win.r0 // sh0, win.c0 // sh1, np.ascontiguousarray(block))
+    else:
+        arr[win.slices] = block
+
+
+def read_window(arr: zarr.Array, win: Window, whole_shard: bool) -> np.ndarray:
+    """The cells of ``win``: a whole shard decoded here (:func:`read_shard`), a part through zarr."""
+    if whole_shard:
+        sh0, sh1 = arr.shards
+        return read_shard(arr, win.r0 // sh0, win.c0 // sh1)
+    return np.asarray(arr[win.slices])
+
+
 def read_shard(arr: zarr.Array, sr: int, sc: int) -> np.ndarray:
     """The cells of shard (sr, sc) of a 2-D sharded array (clipped at the array's edge).
 

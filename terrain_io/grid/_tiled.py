@@ -1,6 +1,6 @@
 """Pieces shared by the tiled hydrology passes (``fill`` and ``depressions``): the outlet
 conventions, the boundary-graph geometry of a store's tiles, blocks read with a one-cell halo and
-their outlets, block reads and writes (whole shards in parallel threads), and table cells."""
+their outlets, whole in-memory results written shard by shard in parallel threads, and table cells."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from ..jit import SERIAL_BELOW
-from ..store import TerrainStore, Window, read_shard, write_shard
+from ..store import TerrainStore, Window, write_window
 from . import _fill_cpu
 
 OUTLETS = ("edge+nodata", "edge")
@@ -48,22 +48,6 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
         ok[:, -1] = False
     outlets = _fill_cpu.outlets_serial if rows * cols < SERIAL_BELOW else _fill_cpu.outlets
     return vals, ok, outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
-
-
-def write_window(arr, win: Window, block: np.ndarray, whole_shard: bool) -> None:
-    """Write a block: a whole shard encoded here (parallel threads scale), a part through zarr."""
-    if whole_shard:
-        sh0, sh1 = arr.shards
-        write_shard(arr, win.r0 // sh0, win.c0 // sh1, np.ascontiguousarray(block))
-    else:
-        arr[win.slices] = block
-
-
-def read_window(arr, win: Window, whole_shard: bool) -> np.ndarray:
-    if whole_shard:
-        sh0, sh1 = arr.shards
-        return read_shard(arr, win.r0 // sh0, win.c0 // sh1)
-    return np.asarray(arr[win.slices])
 
 
 def write_held(store: TerrainStore, *pairs) -> None:

@@ -70,17 +70,15 @@ from ..errors import DeviceError, InputError
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
-from ..store import TerrainStore
+from ..store import TerrainStore, read_window, write_window
 from . import _depressions_cpu as K
 from ._tiled import (
     OUTLETS,
     TABLE_IN_ATTRS,
     Geometry,
     read_block,
-    read_window,
     table_cell,
     write_held,
-    write_window,
 )
 from .mst import _plan_batches
 

@@ -65,17 +65,15 @@ from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
-from ..store import TerrainStore, Window, write_shard
+from ..store import TerrainStore, Window, read_window, write_window
 from . import _fill_cpu as K
 from ._tiled import (
     OUTLETS,
     TABLE_IN_ATTRS,
     Geometry,
     read_block,
-    read_window,
     table_cell,
     write_held,
-    write_window,
 )
 from .mst import _Batch, _plan_batches
 
@@ -503,14 +501,12 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
             arrays = (writer.create_array("elevation", store.dtype, store.elevation.fill_value),
                       writer.create_array("depth", "float32", float("nan")),
                       writer.create_array("depression", "uint32", 0))
-            side = store.tile_size * store.shard_size
             # every shard of every output its own task: three times the band's shards to encode at once
             with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(arrays) * nsc))) as pool, \
                     progress_bar(progress, nsr * nsc * len(arrays), "fill: write", unit="shard") as bar:
 
                 def write(win, arr, part, r0):
-                    write_shard(arr, win.r0 // side, win.c0 // side,
-                                np.ascontiguousarray(part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1]))
+                    write_window(arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1], True)
                     bar.update(1)
 
                 waiting = []

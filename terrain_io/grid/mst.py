@@ -45,7 +45,7 @@ from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
-from ..store import TerrainStore, Window, read_shard, write_shard
+from ..store import TerrainStore, Window, read_window, write_window
 from ..zorder import morton_decode, morton_encode, morton_order
 from . import _mst_cpu as K
 
@@ -364,15 +364,6 @@ def _holds_bits(store: TerrainStore, budget: int, device: str, sorts_edges: bool
     return k == store.shard_size and _plan_bytes(store, device, sorts_edges, k) + rows * cols <= budget
 
 
-def _write_bits(edges, window: Window, bits: np.ndarray, whole_shard: bool) -> None:
-    """Write a batch's bits: a whole shard encoded here (parallel threads scale), a part through zarr."""
-    if whole_shard:
-        sh0, sh1 = edges.shards
-        write_shard(edges, window.r0 // sh0, window.c0 // sh1, bits)
-    else:
-        edges[window.slices] = bits
-
-
 def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) -> bool:
     """Whether the expand pass takes whole shards: the tile phase did, or one shard's bits (and their
     new encoding) per thread fit half the budget."""
@@ -413,18 +404,10 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
         key = int(morton_encode(win.r0 // span, win.c0 // span))
         rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
         ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
-        if held is not None:
-            bits = held.pop((win.r0, win.c0))
-        elif span == span_shard:
-            bits = read_shard(edges, win.r0 // span, win.c0 // span)
-        else:
-            bits = edges[win.slices]
+        bits = held.pop((win.r0, win.c0)) if held is not None else read_window(edges, win, span == span_shard)
         if held is not None or rs.start != rs.stop or ks.start != ks.stop:
             K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
-            if span == span_shard:
-                write_shard(edges, win.r0 // span, win.c0 // span, bits)
-            else:
-                edges[win.slices] = bits
+            write_window(edges, win, bits, span == span_shard)
         return int(K.count_edges(bits))
 
     n_edges = 0
@@ -548,7 +531,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                     else:
                         while len(writes) > writers:
                             writes.popleft().result()
-                        writes.append(io_pool.submit(_write_bits, edges, b.window, bits, whole_shards))
+                        writes.append(io_pool.submit(write_window, edges, b.window, bits, whole_shards))
                     timings["write"] += time.perf_counter() - t0
                     merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                     bar.update(len(b.codes))
