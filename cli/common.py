@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -16,6 +17,24 @@ scheduler_option = click.option(
     "--scheduler", default="local", show_default=True, metavar="local|threads|processes|ADDRESS",
     help="Where shard tasks run: this process, Dask threads or processes, or a dask.distributed scheduler "
          "address (tcp://host:8786).")
+
+
+outlets_option = click.option(
+    "--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
+    help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata cells are "
+         "then walls).")
+
+
+def _folder_exists(ctx, param, path):
+    if path is not None and not path.parent.exists():
+        raise click.BadParameter(f"folder {path.parent} does not exist")
+    return path
+
+
+def table_option(what: str):
+    """``--table FILE.csv``: where to write ``what``; its folder must exist."""
+    return click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        callback=_folder_exists, help=f"Write {what} to this CSV file.")
 
 
 def quiet(ctx: click.Context | None = None) -> bool:

@@ -5,17 +5,14 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, quiet, say
+from .common import device_option, outlets_option, quiet, say, table_option
 from .main import cli
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
-              help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata "
-                   "cells are then walls).")
-@click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the tree (one row per node: leaves, then merges) to this CSV file.")
+@outlets_option
+@table_option("the tree (one row per node: leaves, then merges)")
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",
               help="Memory budget for the per-cell work, e.g. 2GB (default: half the free RAM).")
@@ -30,8 +27,6 @@ def depressions(store, outlets, table, device, memory):
     from terrain_io.grid.depressions import depressions as run
     from terrain_io.grid.depressions import write_table
 
-    if table is not None and not table.parent.exists():
-        raise click.UsageError(f"--table: folder {table.parent} does not exist")
     result = run(store, outlets=outlets, device=device, memory=memory, progress=not quiet())
     if table is not None:
         write_table(result, store, table)

@@ -5,17 +5,21 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, quiet, say, scheduler_option
+from .common import (
+    device_option,
+    outlets_option,
+    quiet,
+    say,
+    scheduler_option,
+    table_option,
+)
 from .main import cli
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
-              help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata "
-                   "cells are then walls).")
-@click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the depression table (one row per depression) to this CSV file.")
+@outlets_option
+@table_option("the depression table (one row per depression)")
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",
               help="Memory budget, e.g. 2GB (default: half the free RAM).")
@@ -29,10 +33,9 @@ def fill(store, outlets, table, device, memory, scheduler):
     forest). Out of core: tiles flooded alone, their boundaries solved together, tiles finished.
     Depression ids follow each depression's first cell in row-major order.
     """
-    from terrain_io.grid.fill import fill as run_fill, write_table
+    from terrain_io.grid.fill import fill as run_fill
+    from terrain_io.grid.fill import write_table
 
-    if table is not None and not table.parent.exists():
-        raise click.UsageError(f"--table: folder {table.parent} does not exist")
     result = run_fill(store, outlets=outlets, device=device, memory=memory, progress=not quiet(),
                       scheduler=scheduler, announce=say)
     if table is not None:
