@@ -148,11 +148,9 @@ def _receiver_end(r, tw, rows, cols, T, ntc, offset, par, rid, rloc, end):
 
 
 @numba.njit(nogil=True, cache=True)
-def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tgt, openf):
-    """Pass 1 of one tile: each perimeter cell's end into ``tgt[node]`` (``openf[node]``: in an open
-    piece); returns the open pieces (rep node, receiver elevation, receiver id, receiver end, outlet,
-    least cell id, elevation), the cross-tile equal-elevation edges of their cells (node pairs),
-    and the tile's own leaves (least cell id, elevation)."""
+def _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset):
+    """A tile's plateau pieces and their receivers (:func:`_pieces`) and where each chain ends
+    (:func:`_ends`), as both passes start: (par, rh, rid, rloc, flags, first, end)."""
     n = th * tw
     par = np.empty(n, np.int64)
     rh = np.empty(n, np.float64)
@@ -163,6 +161,18 @@ def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
     end = np.empty(n, np.int64)
     _pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, cols, par, rh, rid, rloc, flags, first)
     _ends(i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, par, rid, rloc, flags, first, end)
+    return par, rh, rid, rloc, flags, first, end
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tgt, openf):
+    """Pass 1 of one tile: each perimeter cell's end into ``tgt[node]`` (``openf[node]``: in an open
+    piece); returns the open pieces (rep node, receiver elevation, receiver id, receiver end, outlet,
+    least cell id, elevation), the cross-tile equal-elevation edges of their cells (node pairs),
+    and the tile's own leaves (least cell id, elevation)."""
+    n = th * tw
+    par, rh, rid, rloc, flags, first, end = _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols,
+                                                         T, ntc, offset)
     base = 1 + offset[((gr0 + i0) // T) * ntc + (gc0 + j0) // T]
     nleaf = 0
     nopen = 0
@@ -364,15 +374,8 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
     ``keys``: the sorted leaf keys (id = index + 1); ``res_id``: each node's leaf id.
     Returns (a < b labels, weight, least cell id, other cell id, saddle cell) per pair."""
     n = th * tw
-    par = np.empty(n, np.int64)
-    rh = np.empty(n, np.float64)
-    rid = np.empty(n, np.int64)
-    rloc = np.empty(n, np.int64)
-    flags = np.empty(n, np.uint8)
-    first = np.empty(n, np.int64)
-    end = np.empty(n, np.int64)
-    _pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, cols, par, rh, rid, rloc, flags, first)
-    _ends(i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, par, rid, rloc, flags, first, end)
+    par, rh, rid, rloc, flags, first, end = _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols,
+                                                         T, ntc, offset)
     lab = np.empty(n, np.uint32)
     last_key, last_id = np.int64(-1), np.uint32(0)  # neighbouring roots mostly reach the same leaf
     for x in range(n):  # ends -> leaf ids, at the roots
