@@ -149,100 +149,210 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
                 break
 
 
+@numba.njit(inline="always", cache=True)
+def _outmask(valid, i, j, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols):
+    """Directions from tile cell (i, j) to neighbours outside the tile that may be vertices: valid
+    cells inside the batch ``[0:bh, 0:bw]``, or any cell of the DEM outside the batch (checked at
+    the merge). Nonzero: a boundary vertex (a terminal of the tile's contraction)."""
+    outm = np.uint8(0)
+    for d in range(8):
+        ii = i + DR[d]
+        jj = j + DC[d]
+        if 0 <= ii < h and 0 <= jj < w:
+            continue  # inside the tile
+        bi = i0 + ii
+        bj = j0 + jj
+        if 0 <= bi < bh and 0 <= bj < bw:
+            if valid[bi, bj]:
+                outm |= np.uint8(1 << d)
+        elif 0 <= gr0 + bi < rows and 0 <= gc0 + bj < cols:
+            outm |= np.uint8(1 << d)
+    return outm
+
+
+# A cell's edges in the order of their codes: to its smaller-id neighbours (NW, N, NE, W: codes
+# lo * 4 + rank with lo the neighbour, ascending), then its own codes by rank (E, SW, S, SE).
+_CODE_ORDER = np.array([5, 6, 7, 4, 0, 3, 2, 1], dtype=np.int64)
+
+
 @numba.njit(cache=True)
-def tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits):
-    """Kruskal for the ``max`` model, sorting cells instead of edges (4x fewer keys).
+def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, bits,
+                    vid, vh, vmask, eu, ev, ew, ecode, buckets):
+    """Kruskal for the ``max`` model sorting cells (4x fewer keys than edges), contracting the
+    tile's forest as it grows; the CPU tile phase of the model, in place of ``tile_forest`` +
+    :func:`contract_tile`.
 
-    An edge weighs the elevation of its higher endpoint, so the edges of weight h are those from
-    each cell of elevation h to its neighbours that are lower, or equal and of smaller id. Cells
+    Forest: an edge weighs the elevation of its higher endpoint, so the edges of weight h are those
+    from each cell of elevation h to its neighbours that are lower, or equal and of smaller id. Cells
     sorted by (h, id) -- a stable radix sort of order-preserving 32-bit images of the elevations
-    (``_order_key`` of ``hkey``, see ``key_source``), over cells listed by id -- give the edges
-    weight class by weight class; inside a class they are sorted by
-    code, which makes the order exactly the strict (weight, smaller id, larger id).
+    (``_order_key`` of ``hkey``, see ``key_source``) -- give the edges class by class: those from v
+    to the neighbours before it in that order. Inside a class
+    the edges go by code, which makes the order exactly the strict (weight, smaller id, larger id):
+    a class of one cell (the usual case) in the fixed order ``_CODE_ORDER``, a plateau through a sort
+    of its codes. Cells are numbered in a copy of the tile with a one-cell border (no vertex there):
+    no bounds checks; that numbering keeps the order of cell ids. The branch-free edge count of a
+    single cell and the union-find on these numbers (neighbours share cache lines) halve the time.
 
-    Cells are numbered in a copy of the tile with a one-cell border (keys -1 there and at nodata):
-    no bounds checks, no divisions; that numbering keeps the order of cell ids, so codes built on
-    it sort alike. Union by size (which root hangs under which changes no connectivity, hence no
-    decision).
+    Contraction: the tile's terminals are its boundary vertices (those with an outmask, as in
+    :func:`contract_tile`). A union of two components that both hold a terminal adds the super-edge
+    between one terminal of each, labelled by the joining edge -- the maximum of the forest path
+    between those terminals. The tree so built on the terminals has the forest's minimax between
+    every two of them, which is all a merge reads (the cycle property), and no more vertices and
+    edges than the thesis's contraction (part II ch. 2; no branch vertices). The forest's weights go
+    to ``buckets`` a class at a time. Returns (vertex count, edge count).
     """
     n = h * w
     W = w + 2
-    pk = np.full((h + 2) * W, -1, dtype=np.int64)  # order keys of the bordered tile, -1: no vertex
     keys = np.empty(n, dtype=np.uint32)
-    ids = np.empty(n, dtype=np.int32)  # bordered cell numbers
+    ids = np.empty(n, dtype=np.int32)  # cells as i << 16 | j (tiles <= 8192): ascending with the id
+    # the strict order of the bordered tile's cells as one int64, key << 31 | cell: a neighbour u of v
+    # is an edge of v's class exactly when order[u] < order[v]; no vertex: above all
+    order = np.full((h + 2) * W, 9223372036854775807, dtype=np.int64)
     m = 0
     for i in range(h):
         for j in range(w):
             if valid[i0 + i, j0 + j]:
                 k = _order_key(hkey[i0 + i, j0 + j], float_bits)
                 keys[m] = k
-                ids[m] = (i + 1) * W + j + 1
-                pk[ids[m]] = k
+                ids[m] = i << 16 | j
                 m += 1
+                order[(i + 1) * W + j + 1] = np.int64(k) << 31 | ((i + 1) * W + j + 1)
     keys, ids = radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
     off = np.empty(8, dtype=np.int64)
     for d in range(8):
         off[d] = DR[d] * W + DC[d]
-    parent = np.arange((h + 2) * W, dtype=np.int32)
-    size = np.ones((h + 2) * W, dtype=np.int32)
+    # union-find on bordered cells: parent >= 0, or a root holding -(its size); term: a terminal's
+    # bordered cell in a root's component, or -1
+    parent = np.full((h + 2) * W, -1, dtype=np.int32)
+    term = np.full((h + 2) * W, -1, dtype=np.int32)
+    nv = 0  # terminals, in order of id (a tile's vertices are one sorted run for the merge phase)
+    for i in range(h):
+        step = 1 if i == 0 or i == h - 1 or w == 1 else w - 1  # the tile's border cells only
+        for j in range(0, w, step):
+            if valid[i0 + i, j0 + j]:
+                outm = _outmask(valid, i, j, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols)
+                if outm != 0:
+                    vid[nv] = (gr0 + i0 + i) * cols + (gc0 + j0 + j)
+                    vh[nv] = vals[i0 + i, j0 + j]
+                    vmask[nv] = outm
+                    nv += 1
+                    term[(i + 1) * W + j + 1] = (i + 1) * W + j + 1
+    base = (gr0 + i0 - 1) * cols + gc0 + j0 - 1  # global id of bordered cell c: base + (c // W) * cols + c % W
     out = np.zeros((h + 2) * W, dtype=np.uint8)
-    buf = np.empty(64, dtype=np.int64)
+    wsum = np.zeros(256, dtype=np.int64)
+    buf = np.empty(64, dtype=np.int64)  # the class's edges as bordered codes lo * 4 + rank
     joined = 0
+    ne = 0
     g = 0
-    while g < m:
-        hk = np.int64(keys[g])
+    while g < m and joined < m - 1:
         ge = g + 1
         while ge < m and keys[ge] == keys[g]:
             ge += 1
-        if 8 * (ge - g) > buf.shape[0]:
-            buf = np.empty(16 * (ge - g), dtype=np.int64)
-        ne = 0
-        for x in range(g, ge):  # the edges of this weight class, as codes lo * 4 + rank
-            v = np.int64(ids[x])
-            for d in range(8):
+        nb = 0
+        if ge == g + 1:  # one cell: its edges in code order (written always, counted when lower: no branch)
+            v = ((ids[g] >> 16) + 1) * W + (ids[g] & 0xFFFF) + 1
+            ov = order[v]
+            for x in range(8):
+                d = _CODE_ORDER[x]
                 u = v + off[d]
-                hu = pk[u]
-                if hu < 0 or hu > hk:
-                    continue
-                if hu < hk or u < v:
-                    if d < 4:
-                        buf[ne] = v * 4 + DIR_TO_RANK[d]
-                    else:
-                        buf[ne] = u * 4 + DIR_TO_RANK[d - 4]
-                    ne += 1
-        if ne > 32:  # codes < 4 (h + 2) (w + 2) < 2**32 (tiles <= 8192): the cells' radix sort
-            ck = np.empty(ne, dtype=np.uint32)
-            for x in range(ne):
-                ck[x] = np.uint32(buf[x])
-            ck, _ = radix_sort32(ck, np.empty(ne, dtype=np.int32))  # nothing to carry
-            for x in range(ne):
-                buf[x] = np.int64(ck[x])
-        else:  # usually a single cell's few edges: insertion sort, no allocation
-            for x in range(1, ne):
-                y = buf[x]
-                z = x - 1
-                while z >= 0 and buf[z] > y:
-                    buf[z + 1] = buf[z]
-                    z -= 1
-                buf[z + 1] = y
-        for x in range(ne):
+                buf[nb] = v * 4 + DIR_TO_RANK[d] if d < 4 else u * 4 + DIR_TO_RANK[d - 4]
+                nb += order[u] < ov
+        else:  # a plateau: its edges, sorted by code
+            if 8 * (ge - g) > buf.shape[0]:
+                buf = np.empty(16 * (ge - g), dtype=np.int64)
+            for x in range(g, ge):
+                v = ((ids[x] >> 16) + 1) * W + (ids[x] & 0xFFFF) + 1
+                for d in range(8):
+                    u = v + off[d]
+                    if order[u] < order[v]:
+                        buf[nb] = v * 4 + DIR_TO_RANK[d] if d < 4 else u * 4 + DIR_TO_RANK[d - 4]
+                        nb += 1
+            _sort_codes(buf, nb)
+        joins = 0
+        for x in range(nb):
             a = buf[x] >> 2
-            d = RANK_TO_DIR[buf[x] & 3]
-            ra = _find(parent, a)
-            rb = _find(parent, a + off[d])
-            if ra != rb:
-                if size[ra] < size[rb]:
-                    ra, rb = rb, ra
-                parent[rb] = ra
-                size[ra] += size[rb]
-                out[a] |= np.uint8(1 << d)
-                joined += 1
+            da = RANK_TO_DIR[buf[x] & 3]
+            ra = a
+            while parent[ra] >= 0:  # the roots, by path halving (written out: a helper costs refcounting)
+                p = np.int64(parent[ra])
+                gp = parent[p]
+                if gp < 0:
+                    ra = p
+                    break
+                parent[ra] = gp
+                ra = np.int64(gp)
+            rb = a + off[da]
+            while parent[rb] >= 0:
+                p = np.int64(parent[rb])
+                gp = parent[p]
+                if gp < 0:
+                    rb = p
+                    break
+                parent[rb] = gp
+                rb = np.int64(gp)
+            if ra == rb:
+                continue
+            if parent[ra] > parent[rb]:  # union by size: ra the larger
+                ra, rb = rb, ra
+            parent[ra] += parent[rb]
+            parent[rb] = ra
+            ta = term[ra]
+            tb = term[rb]
+            if ta >= 0 and tb >= 0:
+                eu[ne] = base + (min(ta, tb) // W) * cols + min(ta, tb) % W
+                ev[ne] = base + (max(ta, tb) // W) * cols + max(ta, tb) % W
+                ew[ne] = vals[i0 + (ids[g] >> 16), j0 + (ids[g] & 0xFFFF)]  # the class's weight
+                ecode[ne] = (base + (a // W) * cols + a % W) * 4 + (buf[x] & 3)
+                ne += 1
+            elif ta < 0:
+                term[ra] = tb
+            out[a] |= np.uint8(1 << da)
+            joins += 1
+        joined += joins
+        if joins > 0:  # the class's weight times its joins, exact in int64 (a tile has < 2**26 edges):
+            k = keys[g]  # float32 weights as signed 24-bit mantissas by biased exponent, integers in wsum[0]
+            if float_bits:
+                u = k ^ np.uint32(0x80000000) if k >> np.uint32(31) else ~k  # the float32 bits again
+                e = np.int64((u >> np.uint32(23)) & np.uint32(0xFF))
+                mant = np.int64(u & np.uint32(0x7FFFFF)) | (np.int64(0x800000) if e > 0 else np.int64(0))
+                if e == 255:  # infinite (NaN is nodata): straight to the superaccumulator
+                    for _ in range(joins):
+                        _add_exact(buckets, -np.inf if u >> np.uint32(31) else np.inf, 1)
+                else:
+                    wsum[e] += (-mant if u >> np.uint32(31) else mant) * joins
+            else:
+                wsum[0] += (np.int64(k) - 2147483648) * joins
         g = ge
-        if joined == m - 1:
-            break
     for i in range(h):
         for j in range(w):
             bits[i0 + i, j0 + j] |= out[(i + 1) * W + j + 1]
+    for e in range(256):  # the tile's weight sums into the superaccumulator: wsum[e] * 2**(e' - 150)
+        if wsum[e] != 0:
+            idx = EXP_OFFSET + 53 + ((e if e > 0 else 1) - 150 if float_bits else 0)
+            hi = wsum[e] >> _LO_BITS
+            buckets[0, idx] += hi
+            buckets[1, idx] += wsum[e] - (hi << _LO_BITS)
+    return nv, ne
+
+
+@numba.njit(cache=True)
+def _sort_codes(buf, nb):
+    """Sort ``buf[:nb]`` in place (codes of a plateau's edges, < 2**32 for tiles <= 8192)."""
+    if nb > 32:
+        ck = np.empty(nb, dtype=np.uint32)
+        for x in range(nb):
+            ck[x] = np.uint32(buf[x])
+        ck, _ = radix_sort32(ck, np.empty(nb, dtype=np.int32))  # nothing to carry
+        for x in range(nb):
+            buf[x] = np.int64(ck[x])
+    else:  # a few edges: insertion sort, no allocation
+        for x in range(1, nb):
+            y = buf[x]
+            z = x - 1
+            while z >= 0 and buf[z] > y:
+                buf[z + 1] = buf[z]
+                z -= 1
+            buf[z + 1] = y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,20 +391,8 @@ def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
     for i in range(h):
         step = 1 if i == 0 or i == h - 1 or w == 1 else w - 1  # the tile's border cells only
         for j in range(0, w, step):
-            if not valid[i0 + i, j0 + j]:
-                continue
-            for d in range(8):
-                ii = i + DR[d]
-                jj = j + DC[d]
-                if 0 <= ii < h and 0 <= jj < w:
-                    continue  # inside the tile
-                bi = i0 + ii
-                bj = j0 + jj
-                if 0 <= bi < bh and 0 <= bj < bw:
-                    if valid[bi, bj]:
-                        outm[i, j] |= np.uint8(1 << d)
-                elif 0 <= gr0 + bi < rows and 0 <= gc0 + bj < cols:
-                    outm[i, j] |= np.uint8(1 << d)
+            if valid[i0 + i, j0 + j]:
+                outm[i, j] = _outmask(valid, i, j, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols)
     # strip dead ends
     stack = np.empty(h * w, dtype=np.int32)
     top = 0
@@ -432,12 +530,14 @@ def _tile_phase_kernel(forest: int, parallel: bool):
         buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
         for t in prange(n):
             i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-            if forest == FOREST_EDGES:
-                tile_forest(vals, valid, i0, j0, h, w, kind, bits)
-            elif forest == FOREST_CELLS:
-                tile_forest_max(hkey, float_bits, valid, i0, j0, h, w, bits)
-            a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
-                                 vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+            if forest == FOREST_CELLS:
+                a, b = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
+                                       bits, vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+            else:
+                if forest == FOREST_EDGES:
+                    tile_forest(vals, valid, i0, j0, h, w, kind, bits)
+                a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                                     vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
             nv[t] = a
             ne[t] = b
         total = np.zeros((2, N_EXP), dtype=np.int64)  # (a loop: numba's sum(axis) compiles slowly)

@@ -7,7 +7,9 @@ Haverkort; DESIGN.md "MST pipeline":
    Kruskal on the CPU, Boruvka after Harish et al. on the GPU), written to ``mst/edges``, then
    contracted to a graph on the tile's boundary cells and branch vertices (dead ends removed,
    degree-2 paths replaced by their maximum edge; on the GPU by leaf-pruning rounds and path
-   walks, one thread block per tile, see ``_mst_gpu``).
+   walks, one thread block per tile, see ``_mst_gpu``). For the ``max`` model the CPU's Kruskal
+   contracts as it unions: a super-edge between boundary cells whenever it joins two components
+   that hold some (``_mst_cpu.tile_forest_max``; the same forest, a smaller graph).
 2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
    (Kruskal) and contracted against the block's own boundary. The levels inside a batch are
