@@ -121,6 +121,25 @@ def test_signed_zeros_and_negatives(tmp_path):
     check(tmp_path, vals, tile=8, shard=2)
 
 
+def test_float32_extremes_exact_weight(tmp_path):
+    """Subnormal, tiny, huge and negative float32 elevations: the tile sums by exponent stay exact."""
+    rng = np.random.default_rng(9)
+    pool = np.array([1e-45, -1e-45, 3e-39, 1e-30, -2.5e-20, 7.0, -1e30, 3.4e38, -3.4e38, 1234.5678],
+                    dtype=np.float32)
+    vals = rng.choice(pool, size=(41, 47))
+    bump = rng.random(vals.shape) < 0.5  # neighbouring floats: plateaus and near-ties
+    vals[bump] = np.nextafter(vals[bump], np.float32(np.inf))
+    check(tmp_path, vals, tile=8, shard=2)
+    check(tmp_path, np.nextafter(vals, np.float32(0)), tile=16, shard=2, name="down.zarr")
+
+
+def test_int32_extremes(tmp_path):
+    """The order keys of int32 reach both ends of uint32; the sums reach 2**31 a weight."""
+    rng = np.random.default_rng(10)
+    pool = np.array([-2**31, -2**31 + 1, -5, 0, 5, 2**31 - 2, 2**31 - 1], dtype=np.int64)
+    check(tmp_path, rng.choice(pool, size=(37, 43)).astype(np.int32), tile=8, shard=2)
+
+
 def test_nodata_islands_int16(tmp_path):
     rng = np.random.default_rng(7)
     vals = rng.integers(-20, 20, size=(90, 110)).astype(np.int16)

@@ -175,6 +175,40 @@ def _outmask(valid, i, j, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols):
 _CODE_ORDER = np.array([5, 6, 7, 4, 0, 3, 2, 1], dtype=np.int64)
 
 
+def _ring_groups() -> np.ndarray:
+    """For each mask of a cell's lower neighbours (bit d: direction d), the count and the directions, in
+    code order, of the first neighbour of each group of mutually adjacent ones (8-adjacency).
+
+    Below a cell whose elevation no other cell of its tile shares, two adjacent lower neighbours are
+    joined already (their edge is lighter), so Kruskal's edges from it to one group go to one
+    component: only the first (in code order) can join, the others are cycles without a find.
+    """
+    table = np.zeros((256, 5), dtype=np.int64)
+    for mask in range(256):
+        lower = [d for d in range(8) if mask >> d & 1]
+        group = {d: d for d in lower}
+
+        def root(d):
+            while group[d] != d:
+                d = group[d]
+            return d
+
+        for a in lower:
+            for b in lower:
+                if max(abs(DR[a] - DR[b]), abs(DC[a] - DC[b])) <= 1:
+                    group[root(a)] = root(b)
+        seen = set()
+        for d in _CODE_ORDER:
+            if mask >> d & 1 and root(d) not in seen:
+                seen.add(root(d))
+                table[mask, 1 + len(seen) - 1] = d
+        table[mask, 0] = len(seen)
+    return table
+
+
+_RING_GROUPS = _ring_groups()
+
+
 @numba.njit(cache=True)
 def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, bits,
                     vid, vh, vmask, eu, ev, ew, ecode, buckets):
@@ -249,14 +283,23 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
         while ge < m and keys[ge] == keys[g]:
             ge += 1
         nb = 0
-        if ge == g + 1:  # one cell: its edges in code order (written always, counted when lower: no branch)
+        joins = 0
+        if ge == g + 1:  # one cell
             v = ((ids[g] >> 16) + 1) * W + (ids[g] & 0xFFFF) + 1
             ov = order[v]
-            for x in range(8):
-                d = _CODE_ORDER[x]
-                u = v + off[d]
-                buf[nb] = v * 4 + DIR_TO_RANK[d] if d < 4 else u * 4 + DIR_TO_RANK[d - 4]
-                nb += order[u] < ov
+            low = 0
+            for d in range(8):
+                low |= (order[v + off[d]] < ov) << d
+            nb = _RING_GROUPS[low, 0]
+            for x in range(nb):  # one edge per group of adjacent lower neighbours (see _ring_groups)
+                d = _RING_GROUPS[low, 1 + x]
+                buf[x] = v * 4 + DIR_TO_RANK[d] if d < 4 else (v + off[d]) * 4 + DIR_TO_RANK[d - 4]
+            if nb > 0 and term[v] < 0:  # v's first edge joins it, and nothing to contract: hang v under
+                d = _RING_GROUPS[low, 1]   # that neighbour, no find (its root's size goes stale: a heuristic)
+                parent[v] = v + off[d]
+                a = v if d < 4 else v + off[d]
+                out[a] |= np.uint8(1 << (d & 3))
+                joins = 1
         else:  # a plateau: its edges, sorted by code
             if 8 * (ge - g) > buf.shape[0]:
                 buf = np.empty(16 * (ge - g), dtype=np.int64)
@@ -268,8 +311,7 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
                         buf[nb] = v * 4 + DIR_TO_RANK[d] if d < 4 else u * 4 + DIR_TO_RANK[d - 4]
                         nb += 1
             _sort_codes(buf, nb)
-        joins = 0
-        for x in range(nb):
+        for x in range(joins, nb):
             a = buf[x] >> 2
             da = RANK_TO_DIR[buf[x] & 3]
             ra = a
