@@ -179,9 +179,9 @@ def _ring_groups() -> np.ndarray:
     """For each mask of a cell's lower neighbours (bit d: direction d), the count and the directions, in
     code order, of the first neighbour of each group of mutually adjacent ones (8-adjacency).
 
-    Below a cell whose elevation no other cell of its tile shares, two adjacent lower neighbours are
-    joined already (their edge is lighter), so Kruskal's edges from it to one group go to one
-    component: only the first (in code order) can join, the others are cycles without a find.
+    Below a cell that no neighbour ties, two adjacent lower neighbours are joined already (their edge
+    is lighter), so Kruskal's edges from it to one group go to one component: only the first (in
+    code order) can join, the others are cycles without a find.
     """
     table = np.zeros((256, 5), dtype=np.int64)
     for mask in range(256):
@@ -212,20 +212,21 @@ _RING_GROUPS = _ring_groups()
 @numba.njit(cache=True)
 def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, bits,
                     vid, vh, vmask, eu, ev, ew, ecode, buckets):
-    """Kruskal for the ``max`` model sorting cells (4x fewer keys than edges), contracting the
-    tile's forest as it grows; the CPU tile phase of the model, in place of ``tile_forest`` +
-    :func:`contract_tile`.
+    """Kruskal for the ``max`` model over cells rather than edges, contracting the tile's forest as
+    it grows; the CPU tile phase of that model, in place of ``tile_forest`` + :func:`contract_tile`.
 
     Forest: an edge weighs the elevation of its higher endpoint, so the edges of weight h are those
-    from each cell of elevation h to its neighbours that are lower, or equal and of smaller id. Cells
-    sorted by (h, id) -- a stable radix sort of order-preserving 32-bit images of the elevations
-    (``_order_key`` of ``hkey``, see ``key_source``) -- give the edges class by class: those from v
-    to the neighbours before it in that order. Inside a class
-    the edges go by code, which makes the order exactly the strict (weight, smaller id, larger id):
-    a class of one cell (the usual case) in the fixed order ``_CODE_ORDER``, a plateau through a sort
-    of its codes. Cells are numbered in a copy of the tile with a one-cell border (no vertex there):
-    no bounds checks; that numbering keeps the order of cell ids. The branch-free edge count of a
-    single cell and the union-find on these numbers (neighbours share cache lines) halve the time.
+    from each cell of elevation h to its neighbours that are lower, or equal and of smaller id: with
+    cells in the strict order (h, id) -- order-preserving 32-bit images of the elevations
+    (``_order_key`` of ``hkey``, see ``key_source``) -- Kruskal takes cell after cell, each with its
+    edges to the cells before it, in code order; that is exactly the strict edge order (weight,
+    smaller id, larger id). A plateau (cells of one key) has its edges sorted by code. Below a cell
+    that no neighbour ties, adjacent lower neighbours are joined already (their edge is lighter), so
+    one edge per group of them is tried (``_ring_groups``), and a cell with a single group, no
+    terminal, joins just that group: it is linked in a local pass over the tile, and only the other
+    cells (saddles, terminals, plateaus; about a tenth of a terrain tile) are radix-sorted. Cells are
+    numbered in a copy of the tile with a one-cell border (no vertex there): no bounds checks, and
+    neighbours share cache lines in the union-find.
 
     Contraction: the tile's terminals are its boundary vertices (those with an outmask, as in
     :func:`contract_tile`). A union of two components that both hold a terminal adds the super-edge
@@ -233,25 +234,20 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
     between those terminals. The tree so built on the terminals has the forest's minimax between
     every two of them, which is all a merge reads (the cycle property), and no more vertices and
     edges than the thesis's contraction (part II ch. 2; no branch vertices). The forest's weights go
-    to ``buckets`` a class at a time. Returns (vertex count, edge count).
+    to ``buckets`` exactly (``_weight_part``). Returns (vertex count, edge count).
     """
-    n = h * w
     W = w + 2
-    keys = np.empty(n, dtype=np.uint32)
-    ids = np.empty(n, dtype=np.int32)  # cells as i << 16 | j (tiles <= 8192): ascending with the id
     # the strict order of the bordered tile's cells as one int64, key << 31 | cell: a neighbour u of v
     # is an edge of v's class exactly when order[u] < order[v]; no vertex: above all
-    order = np.full((h + 2) * W, 9223372036854775807, dtype=np.int64)
+    none = np.int64(9223372036854775807)
+    order = np.full((h + 2) * W, none, dtype=np.int64)
     m = 0
     for i in range(h):
         for j in range(w):
             if valid[i0 + i, j0 + j]:
-                k = _order_key(hkey[i0 + i, j0 + j], float_bits)
-                keys[m] = k
-                ids[m] = i << 16 | j
+                order[(i + 1) * W + j + 1] = np.int64(_order_key(hkey[i0 + i, j0 + j], float_bits)) << 31 | (
+                    (i + 1) * W + j + 1)
                 m += 1
-                order[(i + 1) * W + j + 1] = np.int64(k) << 31 | ((i + 1) * W + j + 1)
-    keys, ids = radix_sort32(keys[:m], ids[:m])  # stable: ids stay ascending within a key
     off = np.empty(8, dtype=np.int64)
     for d in range(8):
         off[d] = DR[d] * W + DC[d]
@@ -271,20 +267,51 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
                     vmask[nv] = outm
                     nv += 1
                     term[(i + 1) * W + j + 1] = (i + 1) * W + j + 1
-    base = (gr0 + i0 - 1) * cols + gc0 + j0 - 1  # global id of bordered cell c: base + (c // W) * cols + c % W
     out = np.zeros((h + 2) * W, dtype=np.uint8)
-    wsum = np.zeros(256, dtype=np.int64)
-    buf = np.empty(64, dtype=np.int64)  # the class's edges as bordered codes lo * 4 + rank
+    wsum = np.zeros(258, dtype=np.int64)  # the weights (see _weight_part)
+    # Local pass: a lone cell (no neighbour of its key) that is no terminal and whose lower neighbours
+    # form one group (see _ring_groups) joins, when its turn comes, exactly its first lower neighbour's
+    # component, and nothing else (only it and cells above it hang under it): link it now, in place,
+    # and sort only the other cells -- saddles, terminals, plateaus (~a tenth on terrain).
+    keys = np.empty(m, dtype=np.uint32)
+    ids = np.empty(m, dtype=np.int32)  # cells as i << 16 | j (tiles <= 8192): ascending with the id
+    nl = 0
     joined = 0
+    for i in range(h):
+        for j in range(w):
+            v = (i + 1) * W + j + 1
+            ov = order[v]
+            if ov == none:
+                continue
+            low = 0
+            tie = False
+            for d in range(8):
+                ou = order[v + off[d]]
+                low |= (ou < ov) << d
+                tie |= (ou >> 31) == (ov >> 31)
+            if tie or term[v] >= 0 or _RING_GROUPS[low, 0] > 1:
+                keys[nl] = np.uint32(ov >> 31)
+                ids[nl] = i << 16 | j
+                nl += 1
+            elif low != 0:
+                d = _RING_GROUPS[low, 1]
+                parent[v] = v + off[d]  # (its root's size goes stale: a heuristic only)
+                out[v if d < 4 else v + off[d]] |= np.uint8(1 << (d & 3))
+                e, part = _weight_part(np.uint32(ov >> 31), float_bits)
+                wsum[e] += part
+                joined += 1
+    keys, ids = radix_sort32(keys[:nl], ids[:nl])  # stable: ids stay ascending within a key
+    base = (gr0 + i0 - 1) * cols + gc0 + j0 - 1  # global id of bordered cell c: base + (c // W) * cols + c % W
+    buf = np.empty(64, dtype=np.int64)  # the class's edges as bordered codes lo * 4 + rank
     ne = 0
     g = 0
-    while g < m and joined < m - 1:
+    while g < nl and joined < m - 1:
         ge = g + 1
-        while ge < m and keys[ge] == keys[g]:
+        while ge < nl and keys[ge] == keys[g]:
             ge += 1
         nb = 0
         joins = 0
-        if ge == g + 1:  # one cell
+        if ge == g + 1:  # one cell (no neighbour of its key)
             v = ((ids[g] >> 16) + 1) * W + (ids[g] & 0xFFFF) + 1
             ov = order[v]
             low = 0
@@ -295,10 +322,9 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
                 d = _RING_GROUPS[low, 1 + x]
                 buf[x] = v * 4 + DIR_TO_RANK[d] if d < 4 else (v + off[d]) * 4 + DIR_TO_RANK[d - 4]
             if nb > 0 and term[v] < 0:  # v's first edge joins it, and nothing to contract: hang v under
-                d = _RING_GROUPS[low, 1]   # that neighbour, no find (its root's size goes stale: a heuristic)
+                d = _RING_GROUPS[low, 1]   # that neighbour, no find
                 parent[v] = v + off[d]
-                a = v if d < 4 else v + off[d]
-                out[a] |= np.uint8(1 << (d & 3))
+                out[v if d < 4 else v + off[d]] |= np.uint8(1 << (d & 3))
                 joins = 1
         else:  # a plateau: its edges, sorted by code
             if 8 * (ge - g) > buf.shape[0]:
@@ -351,30 +377,38 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
             out[a] |= np.uint8(1 << da)
             joins += 1
         joined += joins
-        if joins > 0:  # the class's weight times its joins, exact in int64 (a tile has < 2**26 edges):
-            k = keys[g]  # float32 weights as signed 24-bit mantissas by biased exponent, integers in wsum[0]
-            if float_bits:
-                u = k ^ np.uint32(0x80000000) if k >> np.uint32(31) else ~k  # the float32 bits again
-                e = np.int64((u >> np.uint32(23)) & np.uint32(0xFF))
-                mant = np.int64(u & np.uint32(0x7FFFFF)) | (np.int64(0x800000) if e > 0 else np.int64(0))
-                if e == 255:  # infinite (NaN is nodata): straight to the superaccumulator
-                    for _ in range(joins):
-                        _add_exact(buckets, -np.inf if u >> np.uint32(31) else np.inf, 1)
-                else:
-                    wsum[e] += (-mant if u >> np.uint32(31) else mant) * joins
-            else:
-                wsum[0] += (np.int64(k) - 2147483648) * joins
+        e, part = _weight_part(keys[g], float_bits)
+        wsum[e] += part * joins
         g = ge
     for i in range(h):
         for j in range(w):
             bits[i0 + i, j0 + j] |= out[(i + 1) * W + j + 1]
-    for e in range(256):  # the tile's weight sums into the superaccumulator: wsum[e] * 2**(e' - 150)
+    for e in range(255):  # the tile's sums into the superaccumulator: wsum[e] * 2**(max(e, 1) - 150)
         if wsum[e] != 0:
             idx = EXP_OFFSET + 53 + ((e if e > 0 else 1) - 150 if float_bits else 0)
             hi = wsum[e] >> _LO_BITS
             buckets[0, idx] += hi
             buckets[1, idx] += wsum[e] - (hi << _LO_BITS)
+    for _ in range(wsum[255]):  # infinite weights (NaN is nodata)
+        _add_exact(buckets, np.inf, 1)
+    for _ in range(wsum[256]):
+        _add_exact(buckets, -np.inf, 1)
     return nv, ne
+
+
+@numba.njit(inline="always", cache=True)
+def _weight_part(key, float_bits):
+    """An edge weight from its order key (``_order_key``), as (index, integer) for a tile's exact
+    int64 sums (a tile has < 2**26 edges): a float32 as its signed 24-bit mantissa at its biased
+    exponent (0-254; +inf counted at 255, -inf at 256), an integer as itself at 0."""
+    if not float_bits:
+        return 0, np.int64(key) - 2147483648
+    u = key ^ np.uint32(0x80000000) if key >> np.uint32(31) else ~key  # the float32 bits again
+    e = np.int64((u >> np.uint32(23)) & np.uint32(0xFF))
+    if e == 255:
+        return 256 if u >> np.uint32(31) else 255, np.int64(1)
+    mant = np.int64(u & np.uint32(0x7FFFFF)) | (np.int64(0x800000) if e > 0 else np.int64(0))
+    return e, -mant if u >> np.uint32(31) else mant
 
 
 @numba.njit(cache=True)
@@ -611,7 +645,8 @@ def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows,
     kernel = _TILE_PHASE.get(key)
     if kernel is None:
         kernel = _TILE_PHASE.setdefault(key, _tile_phase_kernel(*key))
-    return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap)
+    with numba.parallel_chunksize(1):
+        return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap)
 
 
 # ---------------------------------------------------------------------------------------------
