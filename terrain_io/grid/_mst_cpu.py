@@ -645,8 +645,7 @@ def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows,
     kernel = _TILE_PHASE.get(key)
     if kernel is None:
         kernel = _TILE_PHASE.setdefault(key, _tile_phase_kernel(*key))
-    with numba.parallel_chunksize(1):
-        return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap)
+    return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap)
 
 
 # ---------------------------------------------------------------------------------------------
