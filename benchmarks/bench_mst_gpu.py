@@ -80,8 +80,10 @@ def tile_kernel_times(store: TerrainStore, tile: int = 256, repeats: int = 5) ->
         K.tile_forest_max(v, hk, float_bits, ok, 0, 0, tile, tile, tile, tile, 0, 0, rows, cols,
                           np.zeros((tile, tile), np.uint8), np.empty(cap, np.int64), np.empty(cap),
                           np.empty(cap, np.uint8), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap),
-                          np.empty(cap, np.int64), np.zeros((2, K.N_EXP), np.int64))
+                          np.empty(cap, np.int64), np.zeros((2, K.N_EXP), np.int64), work)
         return time.perf_counter() - t0
+
+    work = tuple(a[0] for a in K.max_tile_work(1, tile))
 
     cpu_once()
     runs = [cpu_once() for _ in range(repeats)]

@@ -31,7 +31,7 @@ from numba import prange
 
 from ..jit import njit_as
 from ..weights import DC, DR, edge_weight, float64_bits
-from ._radix_cpu import argsort_int, radix_argsort, radix_sort32
+from ._radix_cpu import argsort_int, radix_argsort, radix_sort32, radix_sort32_in
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
@@ -211,7 +211,7 @@ _RING_GROUPS = _ring_groups()
 
 @numba.njit(cache=True)
 def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, bits,
-                    vid, vh, vmask, eu, ev, ew, ecode, buckets):
+                    vid, vh, vmask, eu, ev, ew, ecode, buckets, work):
     """Kruskal for the ``max`` model over cells rather than edges, contracting the tile's forest as
     it grows; the CPU tile phase of that model, in place of ``tile_forest`` + :func:`contract_tile`.
 
@@ -234,13 +234,16 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
     between those terminals. The tree so built on the terminals has the forest's minimax between
     every two of them, which is all a merge reads (the cycle property), and no more vertices and
     edges than the thesis's contraction (part II ch. 2; no branch vertices). The forest's weights go
-    to ``buckets`` exactly (``_weight_part``). Returns (vertex count, edge count).
+    to ``buckets`` exactly (``_weight_part``). ``work``: one thread's scratch (:func:`max_tile_work`),
+    reused tile after tile. Returns (vertex count, edge count).
     """
     W = w + 2
+    B = (h + 2) * W
+    order, parent, term, out = work[0][:B], work[1][:B], work[2][:B], work[3][:B]
     # the strict order of the bordered tile's cells as one int64, key << 31 | cell: a neighbour u of v
     # is an edge of v's class exactly when order[u] < order[v]; no vertex: above all
     none = np.int64(9223372036854775807)
-    order = np.full((h + 2) * W, none, dtype=np.int64)
+    order[:] = none
     m = 0
     for i in range(h):
         for j in range(w):
@@ -253,8 +256,8 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
         off[d] = DR[d] * W + DC[d]
     # union-find on bordered cells: parent >= 0, or a root holding -(its size); term: a terminal's
     # bordered cell in a root's component, or -1
-    parent = np.full((h + 2) * W, -1, dtype=np.int32)
-    term = np.full((h + 2) * W, -1, dtype=np.int32)
+    parent[:] = -1
+    term[:] = -1
     nv = 0  # terminals, in order of id (a tile's vertices are one sorted run for the merge phase)
     for i in range(h):
         step = 1 if i == 0 or i == h - 1 or w == 1 else w - 1  # the tile's border cells only
@@ -267,14 +270,14 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
                     vmask[nv] = outm
                     nv += 1
                     term[(i + 1) * W + j + 1] = (i + 1) * W + j + 1
-    out = np.zeros((h + 2) * W, dtype=np.uint8)
+    out[:] = 0
     wsum = np.zeros(258, dtype=np.int64)  # the weights (see _weight_part)
     # Local pass: a lone cell (no neighbour of its key) that is no terminal and whose lower neighbours
     # form one group (see _ring_groups) joins, when its turn comes, exactly its first lower neighbour's
     # component, and nothing else (only it and cells above it hang under it): link it now, in place,
     # and sort only the other cells -- saddles, terminals, plateaus (~a tenth on terrain).
-    keys = np.empty(m, dtype=np.uint32)
-    ids = np.empty(m, dtype=np.int32)  # cells as i << 16 | j (tiles <= 8192): ascending with the id
+    keys = work[4]
+    ids = work[5]  # cells as i << 16 | j (tiles <= 8192): ascending with the id
     nl = 0
     joined = 0
     for i in range(h):
@@ -300,7 +303,7 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
                 e, part = _weight_part(np.uint32(ov >> 31), float_bits)
                 wsum[e] += part
                 joined += 1
-    keys, ids = radix_sort32(keys[:nl], ids[:nl])  # stable: ids stay ascending within a key
+    keys, ids = radix_sort32_in(keys[:nl], ids[:nl], work[6][:nl], work[7][:nl])  # stable: ids ascending in a key
     base = (gr0 + i0 - 1) * cols + gc0 + j0 - 1  # global id of bordered cell c: base + (c // W) * cols + c % W
     buf = np.empty(64, dtype=np.int64)  # the class's edges as bordered codes lo * 4 + rank
     ne = 0
@@ -409,6 +412,20 @@ def _weight_part(key, float_bits):
         return 256 if u >> np.uint32(31) else 255, np.int64(1)
     mant = np.int64(u & np.uint32(0x7FFFFF)) | (np.int64(0x800000) if e > 0 else np.int64(0))
     return e, -mant if u >> np.uint32(31) else mant
+
+
+@numba.njit(cache=True)
+def max_tile_work(threads, side):
+    """Scratch of :func:`tile_forest_max` for ``threads`` threads and tiles up to ``side`` square, as a
+    tuple of arrays with a row per thread (~33 bytes a cell): order, parent, term, out on the bordered
+    tile, then keys, ids and the radix sort's two. Reused tile after tile: fresh pages for every tile
+    cost page faults, which serialise the threads of a big machine."""
+    b = (side + 2) * (side + 2)
+    n = side * side
+    return (np.empty((threads, b), dtype=np.int64), np.empty((threads, b), dtype=np.int32),
+            np.empty((threads, b), dtype=np.int32), np.empty((threads, b), dtype=np.uint8),
+            np.empty((threads, n), dtype=np.uint32), np.empty((threads, n), dtype=np.int32),
+            np.empty((threads, n), dtype=np.uint32), np.empty((threads, n), dtype=np.int32))
 
 
 @numba.njit(cache=True)
@@ -591,7 +608,7 @@ def _tile_phase_kernel(forest: int, parallel: bool):
     ``forest`` is a constant of the kernel, so numba compiles only the Kruskal it uses; each
     variant is cached under its own name (see :mod:`terrain_io.jit`)."""
 
-    def tile_phase(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap):
+    def tile_phase(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work):
         n = tiles.shape[0]
         bh, bw = vals.shape
         nv = np.zeros(n, dtype=np.int64)
@@ -604,18 +621,22 @@ def _tile_phase_kernel(forest: int, parallel: bool):
         ew = np.empty((n, cap), dtype=np.float64)
         ecode = np.empty((n, cap), dtype=np.int64)
         buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
-        for t in prange(n):
-            i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-            if forest == FOREST_CELLS:
-                a, b = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
-                                       bits, vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
-            else:
-                if forest == FOREST_EDGES:
-                    tile_forest(vals, valid, i0, j0, h, w, kind, bits)
-                a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
-                                     vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
-            nv[t] = a
-            ne[t] = b
+        chunks = work[0].shape[0]  # one per thread, each with its scratch row of ``work``
+        for c in prange(chunks):
+            for t in range(c * n // chunks, (c + 1) * n // chunks):
+                i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+                if forest == FOREST_CELLS:
+                    a, b = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows,
+                                           cols, bits, vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t],
+                                           buckets[t], (work[0][c], work[1][c], work[2][c], work[3][c], work[4][c],
+                                                        work[5][c], work[6][c], work[7][c]))
+                else:
+                    if forest == FOREST_EDGES:
+                        tile_forest(vals, valid, i0, j0, h, w, kind, bits)
+                    a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                                         vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+                nv[t] = a
+                ne[t] = b
         total = np.zeros((2, N_EXP), dtype=np.int64)  # (a loop: numba's sum(axis) compiles slowly)
         for t in range(n):
             for x in range(N_EXP):
@@ -632,20 +653,29 @@ _TILE_PHASE: dict = {}  # (forest, parallel) -> kernel, built on first use
 
 
 def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
-                     parallel=True):
+                     parallel=True, work=None):
     """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores
     (``parallel=False``: one thread, for small DEMs; see :data:`terrain_io.jit.SERIAL_BELOW`).
 
     ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch arrays, in Morton order.
     ``forest``: FOREST_EDGES / FOREST_CELLS run Kruskal here (CPU backend); FOREST_GIVEN: ``bits``
     already holds the forests (GPU backend). Returns per-tile vertex/edge arrays (rows of ``cap``
-    entries) with counts, and the exact weight sum of the forests.
+    entries) with counts, and the exact weight sum of the forests. ``work``: the threads' scratch
+    (:func:`tile_work`), made once per run by callers with many batches.
     """
     key = (forest, bool(parallel))
     kernel = _TILE_PHASE.get(key)
     if kernel is None:
         kernel = _TILE_PHASE.setdefault(key, _tile_phase_kernel(*key))
-    return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap)
+    if work is None:
+        work = tile_work(forest, int(tiles[:, 2:].max(initial=0)), parallel)
+    return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work)
+
+
+def tile_work(forest: int, tile: int, parallel: bool = True) -> tuple:
+    """The tile phase's scratch for tiles up to ``tile`` square: a row per thread (one without threads);
+    only FOREST_CELLS uses it (the others get rows of nothing, which still count the threads)."""
+    return max_tile_work(numba.get_num_threads() if parallel else 1, tile if forest == FOREST_CELLS else 0)
 
 
 # ---------------------------------------------------------------------------------------------

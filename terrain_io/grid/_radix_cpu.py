@@ -37,9 +37,14 @@ def _one_digit(count, m):
 def radix_sort32(keys, vals):
     """Stable sort of uint32 ``keys`` carrying ``vals`` along; returns the sorted (keys, vals)
     (the inputs, or new arrays)."""
+    return radix_sort32_in(keys, vals, np.empty_like(keys), np.empty_like(vals))
+
+
+@numba.njit(cache=True)
+def radix_sort32_in(keys, vals, k2, v2):
+    """:func:`radix_sort32` with scratch arrays of the inputs' sizes (callers that sort often reuse
+    them: fresh pages cost faults, which contend between threads); returns views of either pair."""
     m = keys.shape[0]
-    k2 = np.empty_like(keys)
-    v2 = np.empty_like(vals)
     count = np.empty(256, dtype=np.int64)
     for shift in range(0, 32, 8):
         count[:] = 0

@@ -510,6 +510,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                 io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
                 bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
                 pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
+                parallel = rows * cols >= SERIAL_BELOW
+                work = K.tile_work(forest, store.tile_size, parallel)  # the threads' scratch, for every batch
                 for bi, b in enumerate(batches):
                     t0 = time.perf_counter()
                     values, valid, bits, out, dt_read, dt_gpu = pending.popleft().result()
@@ -523,8 +525,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                         t0 = time.perf_counter()
                         hkey, float_bits = K.key_source(values)
                         out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0,
-                                                 b.window.c0, rows, cols, model.kind, cap, forest,
-                                                 parallel=rows * cols >= SERIAL_BELOW)
+                                                 b.window.c0, rows, cols, model.kind, cap, forest, parallel, work)
                         timings["tile"] += time.perf_counter() - t0
                     buckets += out[-1]
                     t0 = time.perf_counter()
