@@ -394,16 +394,21 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
         span, workers = k * store.tile_size, 1
         units = [b.window for b in batches]
 
-    def unit_key(codes):
-        lo = codes >> 2
-        return morton_encode(lo // cols // span, lo % cols // span).astype(np.int64)
+    units_across = -(-cols // span)
+    key_type = np.uint16 if -(-rows // span) * units_across < 1 << 16 else np.int64  # uint16: numpy's radix sort
 
-    removed = removed[np.argsort(unit_key(removed), kind="stable")]
-    kept = kept[np.argsort(unit_key(kept), kind="stable")]
-    rem_keys, kept_keys = unit_key(removed), unit_key(kept)
+    def grouped(codes):
+        """The codes grouped by the unit of their cell (row-major units), and those units."""
+        lo = codes >> 2
+        keys = ((lo // cols // span) * units_across + lo % cols // span).astype(key_type)
+        order = np.argsort(keys, kind="stable")
+        return codes[order], keys[order]
+
+    removed, rem_keys = grouped(removed)
+    kept, kept_keys = grouped(kept)
 
     def expand(win: Window) -> int:
-        key = int(morton_encode(win.r0 // span, win.c0 // span))
+        key = win.r0 // span * units_across + win.c0 // span
         rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
         ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
         bits = held.pop((win.r0, win.c0)) if held is not None else read_window(edges, win, span == span_shard)
