@@ -343,24 +343,8 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
         for x in range(joins, nb):
             a = buf[x] >> 2
             da = RANK_TO_DIR[buf[x] & 3]
-            ra = a
-            while parent[ra] >= 0:  # the roots, by path halving (written out: a helper costs refcounting)
-                p = np.int64(parent[ra])
-                gp = parent[p]
-                if gp < 0:
-                    ra = p
-                    break
-                parent[ra] = gp
-                ra = np.int64(gp)
-            rb = a + off[da]
-            while parent[rb] >= 0:
-                p = np.int64(parent[rb])
-                gp = parent[p]
-                if gp < 0:
-                    rb = p
-                    break
-                parent[rb] = gp
-                rb = np.int64(gp)
+            ra = _root(parent, a)
+            rb = _root(parent, a + off[da])
             if ra == rb:
                 continue
             if parent[ra] > parent[rb]:  # union by size: ra the larger
@@ -397,6 +381,19 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
     for _ in range(wsum[256]):
         _add_exact(buckets, -np.inf, 1)
     return nv, ne
+
+
+@numba.njit(cache=True)
+def _root(parent, x):
+    """The root of ``x`` in a union-find whose roots hold -(their size); path halving."""
+    while parent[x] >= 0:
+        p = np.int64(parent[x])
+        gp = parent[p]
+        if gp < 0:
+            return p
+        parent[x] = gp
+        x = np.int64(gp)
+    return x
 
 
 @numba.njit(inline="always", cache=True)
