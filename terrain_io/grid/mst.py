@@ -395,22 +395,23 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
         units = [b.window for b in batches]
 
     units_across = -(-cols // span)
-    key_type = np.uint16 if -(-rows // span) * units_across < 1 << 16 else np.int64  # uint16: numpy's radix sort
+    n_units = -(-rows // span) * units_across
+    key_type = np.uint16 if n_units < 1 << 16 else np.int64  # uint16: numpy's radix sort
 
     def grouped(codes):
-        """The codes grouped by the unit of their cell (row-major units), and those units."""
+        """The codes grouped by the unit of their cell (row-major units), and where each unit starts."""
         lo = codes >> 2
         keys = ((lo // cols // span) * units_across + lo % cols // span).astype(key_type)
         order = np.argsort(keys, kind="stable")
-        return codes[order], keys[order]
+        return codes[order], np.searchsorted(keys[order], np.arange(n_units + 1, dtype=key_type))
 
-    removed, rem_keys = grouped(removed)
-    kept, kept_keys = grouped(kept)
+    removed, rem_starts = grouped(removed)
+    kept, kept_starts = grouped(kept)
 
     def expand(win: Window) -> int:
         key = win.r0 // span * units_across + win.c0 // span
-        rs = slice(*np.searchsorted(rem_keys, [key, key + 1]))
-        ks = slice(*np.searchsorted(kept_keys, [key, key + 1]))
+        rs = slice(rem_starts[key], rem_starts[key + 1])
+        ks = slice(kept_starts[key], kept_starts[key + 1])
         bits = held.pop((win.r0, win.c0)) if held is not None else read_window(edges, win, span == span_shard)
         if held is not None or rs.start != rs.stop or ks.start != ks.stop:
             K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
