@@ -766,9 +766,12 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
 
     Inputs: the children's vertices and super-edges, concatenated. Separator edges between the
     children come from the outmasks. Kruskal in the strict order keeps the spanning forest of the
-    union; the forest is contracted against the new block's boundary (dead ends final, degree-2
-    paths to their maximum). Returns the new block graph and the decisions: ``removed`` codes
-    (tile-internal representatives dropped) and ``kept`` separator codes (final), with weights.
+    union and contracts it as it unites, as :func:`tile_forest_max` does for a tile: the new block's
+    terminals are the vertices with an outmask left; an edge joining two components that both hold
+    one is carried up as a super-edge between them, any other forest edge is final (the thesis's
+    dead ends and non-maximal path edges, part II ch. 2-3). Returns the new block graph and the
+    decisions: ``removed`` codes (tile-internal representatives dropped) and ``kept`` separator codes
+    (final), with weights.
     """
     order = _argsort_runs(vid)
     vid = vid[order]
@@ -832,9 +835,31 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     kept_w = np.empty(m_all, dtype=np.float64)
     nrem = 0
     nkept = 0
+    # the new block's graph: its terminals (vertices with an outmask left) and the super-edges that
+    # Kruskal adds between their components
+    term = np.full(nv, -1, dtype=np.int64)  # by root: a terminal of its component (vertices sorted by id)
+    nout = 0
+    for k in range(nv):
+        if vmask[k] != 0:
+            term[k] = k
+            nout += 1
+    ovid = np.empty(nout, dtype=np.int64)
+    ovh = np.empty(nout, dtype=np.float64)
+    ovm = np.empty(nout, dtype=np.uint8)
+    on = 0
+    for k in range(nv):
+        if vmask[k] != 0:
+            ovid[on] = vid[k]
+            ovh[on] = vh[k]
+            ovm[on] = vmask[k]
+            on += 1
+    oeu = np.empty(nout, dtype=np.int64)
+    oev = np.empty(nout, dtype=np.int64)
+    oew = np.empty(nout, dtype=np.float64)
+    oec = np.empty(nout, dtype=np.int64)
+    oe = 0
     parent = np.arange(nv, dtype=np.int64)
     size = np.ones(nv, dtype=np.int64)
-    in_forest = np.zeros(m_all, dtype=np.bool_)
     for k in order:
         ra = _find(parent, au[k])
         rb = _find(parent, av[k])
@@ -843,117 +868,25 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
                 ra, rb = rb, ra
             parent[rb] = ra
             size[ra] += size[rb]
-            in_forest[k] = True
+            ta = term[ra]
+            tb = term[rb]
+            if ta >= 0 and tb >= 0:  # open: carried up as a super-edge between the two terminals
+                oeu[oe] = vid[min(ta, tb)]
+                oev[oe] = vid[max(ta, tb)]
+                oew[oe] = aw[k]
+                oec[oe] = ac[k]
+                oe += 1
+            else:  # a side with no way out of the block: the edge is final
+                if ta < 0:
+                    term[ra] = tb
+                if _is_separator(ac[k], cols, tile):
+                    kept_c[nkept] = ac[k]
+                    kept_w[nkept] = aw[k]
+                    nkept += 1
         elif not _is_separator(ac[k], cols, tile):
             removed_c[nrem] = ac[k]
             removed_w[nrem] = aw[k]
             nrem += 1
-    # adjacency (CSR) of the forest
-    deg = np.zeros(nv, dtype=np.int64)
-    for k in range(m_all):
-        if in_forest[k]:
-            deg[au[k]] += 1
-            deg[av[k]] += 1
-    start = np.zeros(nv + 1, dtype=np.int64)
-    for k in range(nv):
-        start[k + 1] = start[k] + deg[k]
-    fill = start[:-1].copy()
-    adj = np.empty(start[nv], dtype=np.int64)
-    for k in range(m_all):
-        if in_forest[k]:
-            adj[fill[au[k]]] = k
-            fill[au[k]] += 1
-            adj[fill[av[k]]] = k
-            fill[av[k]] += 1
-    alive = in_forest.copy()
-    # strip dead ends: their edges are final
-    stack = np.empty(nv, dtype=np.int64)
-    top = 0
-    for k in range(nv):
-        if deg[k] == 1 and vmask[k] == 0:
-            stack[top] = k
-            top += 1
-    while top > 0:
-        top -= 1
-        x = stack[top]
-        if deg[x] != 1:
-            continue
-        for p in range(start[x], start[x + 1]):
-            e = adj[p]
-            if alive[e]:
-                break
-        alive[e] = False
-        if _is_separator(ac[e], cols, tile):
-            kept_c[nkept] = ac[e]
-            kept_w[nkept] = aw[e]
-            nkept += 1
-        y = au[e] if av[e] == x else av[e]
-        deg[x] = 0
-        deg[y] -= 1
-        if deg[y] == 1 and vmask[y] == 0:
-            stack[top] = y
-            top += 1
-    # kept vertices; paths between them become super-edges
-    keep = np.zeros(nv, dtype=np.bool_)
-    for k in range(nv):
-        keep[k] = vmask[k] != 0 or deg[k] >= 3
-    out_n = 0
-    for k in range(nv):
-        if keep[k]:
-            out_n += 1
-    ovid = np.empty(out_n, dtype=np.int64)
-    ovh = np.empty(out_n, dtype=np.float64)
-    ovm = np.empty(out_n, dtype=np.uint8)
-    oeu = np.empty(out_n, dtype=np.int64)
-    oev = np.empty(out_n, dtype=np.int64)
-    oew = np.empty(out_n, dtype=np.float64)
-    oec = np.empty(out_n, dtype=np.int64)
-    on = 0
-    oe = 0
-    for k in range(nv):
-        if not keep[k]:
-            continue
-        ovid[on] = vid[k]
-        ovh[on] = vh[k]
-        ovm[on] = vmask[k]
-        on += 1
-        for p in range(start[k], start[k + 1]):
-            e = adj[p]
-            if not alive[e]:
-                continue
-            cur = au[e] if av[e] == k else av[e]
-            best = e
-            path_e = e
-            while not keep[cur]:
-                for q in range(start[cur], start[cur + 1]):
-                    e2 = adj[q]
-                    if alive[e2] and e2 != path_e:
-                        break
-                if _key_less(aw[best], ac[best], aw[e2], ac[e2]):
-                    best = e2
-                cur = au[e2] if av[e2] == cur else av[e2]
-                path_e = e2
-            if k < cur:  # each path once; its non-maximal edges are final
-                oeu[oe] = vid[k]
-                oev[oe] = vid[cur]
-                oew[oe] = aw[best]
-                oec[oe] = ac[best]
-                oe += 1
-                cur = au[e] if av[e] == k else av[e]
-                path_e = e
-                while True:
-                    if path_e != best and _is_separator(ac[path_e], cols, tile):
-                        kept_c[nkept] = ac[path_e]
-                        kept_w[nkept] = aw[path_e]
-                        nkept += 1
-                    if keep[cur]:
-                        break
-                    for q in range(start[cur], start[cur + 1]):
-                        e2 = adj[q]
-                        if alive[e2] and e2 != path_e:
-                            break
-                    cur = au[e2] if av[e2] == cur else av[e2]
-                    path_e = e2
     return (ovid, ovh, ovm, oeu[:oe], oev[:oe], oew[:oe], oec[:oe],
             removed_c[:nrem], removed_w[:nrem], kept_c[:nkept], kept_w[:nkept])
 
