@@ -12,7 +12,8 @@ Haverkort; DESIGN.md "MST pipeline":
    that hold some (``_mst_cpu.tile_forest_max``; the same forest, a smaller graph).
 2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
-   (Kruskal) and contracted against the block's own boundary. The levels inside a batch are
+   (Kruskal) and contracted against the block's own boundary as they unite (super-edges between
+   the components' boundary vertices, every other forest edge final). The levels inside a batch are
    merged in one compiled call per batch (``_mst_cpu.merge_batch``), batches in parallel threads;
    the levels above, in Morton order as batches complete. Only the blocks on the current Morton
    path and the decisions (O(N/T) codes) are held in memory.
