@@ -119,6 +119,7 @@ def test_signed_zeros_and_negatives(tmp_path):
     rng = np.random.default_rng(8)
     vals = rng.choice(np.array([-0.0, 0.0, -1.5, 2.0, -3.0], dtype=np.float32), size=(40, 52))
     check(tmp_path, vals, tile=8, shard=2)
+    check(tmp_path, vals.astype(np.float64), tile=8, shard=2, name="f64.zarr")  # the edge-sorting Kruskal
 
 
 def test_float32_extremes_exact_weight(tmp_path):

@@ -31,7 +31,7 @@ from numba import prange
 
 from ..jit import njit_as
 from ..weights import DC, DR, edge_weight, float64_bits
-from ._radix_cpu import argsort_int, radix_argsort, radix_sort32, radix_sort32_in
+from ._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32, radix_sort32_in
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
@@ -131,7 +131,7 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
                 eb[m] = ii * w + jj
                 ed[m] = d
                 m += 1
-    order = np.argsort(ew[:m], kind="mergesort")
+    order = argsort_float(ew[:m])  # stable: codes stay in order within a weight
     parent = np.arange(n, dtype=np.int32)
     joined = 0
     for k in order:
