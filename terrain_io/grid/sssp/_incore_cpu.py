@@ -21,7 +21,7 @@ import numpy as np
 from numba import prange
 
 from ...jit import serial_twin
-from .._heap_cpu import heap_pop, heap_push
+from .._heap_cpu import heap_pop, heap_push, heap_replace
 from ...weights import DC, DR, edge_weight
 from .._radix_cpu import argsort_int
 
@@ -55,9 +55,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     """
     W2 = w + 2
     off = _offsets(W2)
-    cap = 1024
-    hk = np.empty(cap, np.float64)
-    hv = np.empty(cap, np.int64)
+    hk = np.empty(1024, np.float64)
+    hv = np.empty(1024, np.int64)
     n = 0
     # the ring flows inwards once: each ring cell relaxes its interior neighbours
     for r in range(h + 2):
@@ -80,9 +79,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
                     if warm:
                         if mark is not None:
                             mark[v] = 1
-                        if n == cap:
-                            cap *= 2
-                            hk, hv = _grow(hk, hv, cap)
+                        if n == hk.size:
+                            hk, hv = _grow(hk, hv)
                         heap_push(hk, hv, n, nd, v)
                         n += 1
     for r in range(1, h + 1):
@@ -91,9 +89,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
         for c in range(1, w + 1):
             v = r * W2 + c
             if dist[v] < np.inf and not np.isnan(vals[v]):
-                if n == cap:
-                    cap *= 2
-                    hk, hv = _grow(hk, hv, cap)
+                if n == hk.size:
+                    hk, hv = _grow(hk, hv)
                 heap_push(hk, hv, n, dist[v], v)
                 n += 1
     # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
@@ -104,15 +101,31 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
         saved[x] = dist[ring[x]]
         dist[ring[x]] = -np.inf
     pops = 0
-    while n > 0:
+    while True:
+        n, pops = _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops)
+        if n == 0:
+            break
+        hk, hv = _grow(hk, hv)
+    for x in range(ring.shape[0]):
+        dist[ring[x]] = saved[x]
+    return pops
+
+
+@numba.njit(cache=True)
+def _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops):
+    """Dijkstra's loop of :func:`solve_distances` on the heap (hk, hv) of n entries, until it is empty
+    or may lack room for a pop's pushes; returns (n, pops). The heap arrays are arguments, never
+    replaced here: in a loop that may replace them (to grow) numba's code runs about twice as slowly."""
+    while n > 0 and n + 8 <= hk.size:
         du = hk[0]
         u = hv[0]
-        heap_pop(hk, hv, n)
-        n -= 1
         if du > dist[u]:
-            continue  # stale entry
+            heap_pop(hk, hv, n)  # a stale entry
+            n -= 1
+            continue
         pops += 1
         a = vals[u]
+        top = True  # u's slot at the top is free until the first push takes it
         for k in range(8):
             v = u + off[k]
             dv = dist[v]
@@ -126,14 +139,16 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
                 dist[v] = nd
                 if warm and mark is not None:
                     mark[v] = 1
-                if n == cap:
-                    cap *= 2
-                    hk, hv = _grow(hk, hv, cap)
-                heap_push(hk, hv, n, nd, v)
-                n += 1
-    for x in range(ring.shape[0]):
-        dist[ring[x]] = saved[x]
-    return pops
+                if top:
+                    heap_replace(hk, hv, n, nd, v)
+                    top = False
+                else:
+                    heap_push(hk, hv, n, nd, v)
+                    n += 1
+        if top:
+            heap_pop(hk, hv, n)
+            n -= 1
+    return n, pops
 
 
 @numba.njit(cache=True)
@@ -154,9 +169,10 @@ def _ring_cells(h, w):
 
 
 @numba.njit(cache=True)
-def _grow(hk, hv, cap):
-    nk = np.empty(cap, np.float64)
-    nv = np.empty(cap, np.int64)
+def _grow(hk, hv):
+    """The heap's arrays at twice the size."""
+    nk = np.empty(2 * hk.size, np.float64)
+    nv = np.empty(2 * hk.size, np.int64)
     for x in range(hk.size):  # (see solve_distances: no slice copy)
         nk[x] = hk[x]
         nv[x] = hv[x]
