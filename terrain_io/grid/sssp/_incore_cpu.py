@@ -10,7 +10,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
 * :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
-* :func:`predecessors` -- the parent code of every interior cell from distances and levels.
+* :func:`predecessors` -- the parent codes of the plateau cells from distances and levels (the
+  other cells' codes come out of the levels' first pass).
 * :func:`affected_cells` -- after a warm re-solve (a ring whose distances only fell), the cells
   whose level or code can have changed: the two kernels above then run on those alone.
 """
@@ -188,45 +189,58 @@ def _tight(du, dv, a, b, kind, step):
 
 
 @numba.njit(parallel=True, cache=True)
-def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every):
+def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every, out):
     """Plateau levels of the interior cells, in place in ``level`` (int32, the block's shape, flat;
     the ring's entries are given, NO_LEVEL where unknown). ``sources``: flat indices of interior
-    sources. ``every``: all interior cells; else only the flat indices ``cells``, every other
-    level known and final (a warm re-solve: :func:`affected_cells`). Returns the number of
-    plateau cells (level > 0) among them."""
+    sources. ``every``: all interior cells; else only the flat indices ``cells`` (int64), every
+    other level known and final (a warm re-solve: :func:`affected_cells`). Returns the plateau
+    cells (level > 0) among them, as flat indices (int64).
+    Also writes the parent codes of the cells that need no plateau level into ``out`` (uint8,
+    h x w): the first tight strictly nearer parent found, in direction order, is the least key
+    (0) with the least code, so a level-0 cell's code is known here; NO_PRED at unreached cells and
+    sources. :func:`predecessors` finds the codes of the plateau cells it returns."""
     W2 = w + 2
     off = _offsets(W2)
     n = h * w if every else cells.shape[0]
     # 1. level 0 where a tight parent is strictly nearer; NO_LEVEL (a plateau cell) elsewhere
     for m in prange(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        if every:
+            r = m // w + 1
+            v = r * W2 + m - (r - 1) * w + 1
+        else:
+            v = cells[m]
+            r = v // W2
         level[v] = NO_LEVEL
+        code = NO_PRED
         a, dv = vals[v], dist[v]
-        if np.isnan(a) or not dv < np.inf:
-            continue
-        for k in range(8):
-            u = v + off[k]
-            du = dist[u]
-            if du < dv and not np.isnan(vals[u]) and _tight(du, dv, vals[u], a, kind, steps[k]):
-                level[v] = 0
-                break
+        if not np.isnan(a) and dv < np.inf:
+            for k in range(8):
+                u = v + off[k]
+                du = dist[u]
+                if du < dv and not np.isnan(vals[u]) and _tight(du, dv, vals[u], a, kind, steps[k]):
+                    level[v] = 0
+                    code = k
+                    break
+        out[r - 1, v - r * W2 - 1] = code
     for s in sources:
         level[s] = 0
+        r = s // W2
+        out[r - 1, s - r * W2 - 1] = NO_PRED
     count = 0
     for m in range(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        v = (m // w + 1) * W2 + m % w + 1 if every else cells[m]
         count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
-    if count == 0:
-        return 0
     todo = np.empty(count, np.int64)
+    if count == 0:
+        return todo
     j = 0
     for m in range(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        v = (m // w + 1) * W2 + m % w + 1 if every else cells[m]
         if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
             todo[j] = v
             j += 1
     _plateau_search(vals, h, w, kind, steps, dist, level, todo)
-    return count
+    return todo
 
 
 @numba.njit(cache=True)
@@ -291,16 +305,15 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
 
 
 @numba.njit(parallel=True, cache=True)
-def predecessors(vals, h, w, kind, steps, dist, level, sources, out, cells, every):
-    """Parent codes of the interior cells into ``out`` (uint8, h x w): of the tight parents, the
-    one with the least key (0 if strictly nearer, else its plateau level + 1), then the least
-    direction code; NO_PRED at the sources (flat indices) and at unreached cells. ``every``: all
-    interior cells, else only the flat indices ``cells``."""
+def predecessors(vals, h, w, kind, steps, dist, level, sources, out, cells):
+    """Parent codes of the interior cells ``cells`` (flat indices, int64) into ``out`` (uint8,
+    h x w): of the tight parents, the one with the least key (0 if strictly nearer, else its
+    plateau level + 1), then the least direction code; NO_PRED at the sources (flat indices) and
+    at unreached cells."""
     W2 = w + 2
     off = _offsets(W2)
-    n = h * w if every else cells.shape[0]
-    for m in prange(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+    for m in prange(cells.shape[0]):
+        v = cells[m]
         best = NO_PRED
         a, dv = vals[v], dist[v]
         if not np.isnan(a) and dv < np.inf:

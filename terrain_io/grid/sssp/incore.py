@@ -29,7 +29,7 @@ from . import _incore_cpu as K
 
 NO_LEVEL = int(K.NO_LEVEL)
 NO_PRED = K.NO_PRED
-_NO_CELLS = np.empty(0, np.int32)  # the kernels' cell list when they run on every cell
+_NO_CELLS = np.empty(0, np.int64)  # the levels kernel's cell list when it runs on every cell
 
 
 def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
@@ -86,13 +86,13 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         mark = changed.reshape(-1)
         K.solve_distances(fv, h, w, kind, steps, fd, True, float(limit), mark)
         plateau, near = K.affected_cells(fv, h, w, kind, steps, fd, mark)
-        levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau, False)
-        codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, near, False)
+        levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau.astype(np.int64), False, pred)
+        codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, near.astype(np.int64))  # (near holds the plateau)
         return dist, level, pred
     K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
-    levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True)
     pred = np.empty((h, w), np.uint8)
-    codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, _NO_CELLS, True)
+    plateau = levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True, pred)
+    codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, plateau)
     return dist, level, pred
 
 
