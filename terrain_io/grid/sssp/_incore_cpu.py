@@ -251,8 +251,10 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
     off = _offsets(W2)
     count = cells.shape[0]
     # 2. a plateau cell's first level from parents already known: level-0 cells, the ring, cells
-    # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them)
-    seed_level = np.empty(count, np.int64)
+    # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them).
+    # Only the cells that get one seed the search; the others are reached by it, or stay unreached.
+    seed_level = np.empty(count, np.int32)
+    known = 0
     for m in range(count):
         v = cells[m]
         best = np.int64(NO_LEVEL)
@@ -263,24 +265,31 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
             if _tight(dist[u], dist[v], vals[u], vals[v], kind, steps[k]) and level[u] + 1 < best:
                 best = level[u] + 1
         seed_level[m] = best
-    seed = cells
+        known += best < NO_LEVEL
+    seed = np.empty(known, np.int64)
+    slevel = np.empty(known, np.int64)
+    j = 0
+    for m in range(count):
+        if seed_level[m] < NO_LEVEL:
+            seed[j] = cells[m]
+            slevel[j] = seed_level[m]
+            j += 1
+    seed_level = np.empty(0, np.int32)  # (freed)
     # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
-    order = argsort_int(seed_level)  # stable
+    order = argsort_int(slevel)  # stable
     queue = np.empty(count, np.int64)
-    qlevel = np.empty(count, np.int64)
+    qlevel = np.empty(count, np.int32)
     head = tail = 0
     si = 0
     while True:
-        if head < tail and (si >= count or qlevel[head] <= seed_level[order[si]]):
+        if head < tail and (si >= known or qlevel[head] <= slevel[order[si]]):
             v = queue[head]
-            lv = qlevel[head]
+            lv = np.int64(qlevel[head])
             head += 1
-        elif si < count:
+        elif si < known:
             v = seed[order[si]]
-            lv = seed_level[order[si]]
+            lv = slevel[order[si]]
             si += 1
-            if lv >= NO_LEVEL:
-                break  # the rest are unreached from any known parent yet
             if lv >= level[v]:
                 continue
             level[v] = lv
