@@ -88,6 +88,8 @@ def grass_rcost(tif: Path, n: int, out: str) -> dict | None:
     """r.cost on the cost raster in a temporary GRASS location (import and export not timed)."""
     if shutil.which("grass") is None:
         return None
+    for old in (f"{out}.tif", f"{out}.sec", f"{out}.time"):  # a reused --workdir's (r.out.gdal refuses to overwrite)
+        Path(old).unlink(missing_ok=True)
     row, col = n // 3, n // 2
     x, y = (col + 0.5) * 10.0, (n - row - 0.5) * 10.0
     script = (f"r.in.gdal -o input={tif} output=cost --quiet && g.region raster=cost && "
