@@ -194,7 +194,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     timings["solve"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     d32 = output_distance(dist, vals)
-    del dist, vals  # (the write holds the float32 distances and the codes alone: 12 bytes a cell less)
+    del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
     bar = progress_bar(progress, nsr * nsc, "sssp write")
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
         outputs = [(wr.create_array("distance", DISTANCE_DTYPE, float("nan")), d32),
