@@ -3,6 +3,12 @@ scipy.sparse.csgraph.dijkstra (absdiff), scikit-image MCP_Geometric and GRASS r.
 side by side on the same synthetic DEMs. Every measurement runs in its own process, so its peak
 RSS is its own; results are compared cell by cell with the peers'.
 
+Two times for each: ``seconds``, the call alone (after the imports: ours from the store to the
+written result, numba's first load of its cached kernels included; the Python peers from reading
+the store's array to the distances in memory), and ``process``, the whole fresh process as this
+script waits for it (interpreter start, imports, the call, exit; less the peers' saving of their
+result for the comparison). GRASS r.cost's time is its own process either way.
+
     python benchmarks/bench_sssp.py --sizes 1024 2048 4096
     python benchmarks/bench_sssp.py --sizes 8192 16384 --no-peers --device gpu   # the H100 case
 """
@@ -64,6 +70,7 @@ def one(what: str, store: str, n: int, device: str, cluster: int, out: str, meth
         d = dijkstra(g, directed=False, indices=src[0] * n + src[1])
         res["seconds"] = time.perf_counter() - t
         np.save(out, d.reshape(n, n).astype(np.float32))
+        res["save"] = time.perf_counter() - t - res["seconds"]
     elif what == "mcp":
         from skimage.graph import MCP_Geometric
 
@@ -72,6 +79,7 @@ def one(what: str, store: str, n: int, device: str, cluster: int, out: str, meth
         d, _ = MCP_Geometric(c, fully_connected=True, sampling=(10.0, 10.0)).find_costs([src])
         res["seconds"] = time.perf_counter() - t
         np.save(out, d.astype(np.float32))
+        res["save"] = time.perf_counter() - t - res["seconds"]
     res["peak_rss"] = peak_rss()
     return res
 
@@ -80,6 +88,8 @@ def grass_rcost(tif: Path, n: int, out: str) -> dict | None:
     """r.cost on the cost raster in a temporary GRASS location (import and export not timed)."""
     if shutil.which("grass") is None:
         return None
+    for old in (f"{out}.tif", f"{out}.sec", f"{out}.time"):  # a reused --workdir's (r.out.gdal refuses to overwrite)
+        Path(old).unlink(missing_ok=True)
     row, col = n // 3, n // 2
     x, y = (col + 0.5) * 10.0, (n - row - 0.5) * 10.0
     script = (f"r.in.gdal -o input={tif} output=cost --quiet && g.region raster=cost && "
@@ -98,6 +108,7 @@ def grass_rcost(tif: Path, n: int, out: str) -> dict | None:
     res = {"what": "grass", "seconds": seconds, "peak_rss": None}
     if Path(f"{out}.sec").exists():
         res["seconds"] = float(Path(f"{out}.sec").read_text())
+    res["process"] = res["seconds"]  # (r.cost's own process)
     if Path(f"{out}.time").exists():
         for line in Path(f"{out}.time").read_text().splitlines():
             if line.startswith("RSS"):
@@ -110,10 +121,14 @@ METHOD = "auto"  # --method: ours by this SSSP method
 
 def spawn(what, store, n, device, cluster, out) -> dict:
     cmd = [sys.executable, __file__, "--one", what, store, str(n), device, str(cluster), out, METHOD]
+    t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+    wall = time.perf_counter() - t
     if p.returncode:
         raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["process"] = wall - res.pop("save", 0.0)
+    return res
 
 
 def make_store(folder: Path, n: int):
@@ -189,7 +204,8 @@ def main():
             for what in (f"ours{tag}-first",) + (() if args.first_only else (f"ours{tag}-again",)):
                 runs[what] = spawn(what, store, n, device, args.cluster, "")
                 r = runs[what]
-                print(f"  {what:16s} {r['seconds']:8.2f} s  peak {format_bytes(r['peak_rss'])}  {r['timings']}  "
+                print(f"  {what:16s} {r['seconds']:8.2f} s  process {r['process']:6.2f} s  peak "
+                      f"{format_bytes(r['peak_rss'])}  {r['timings']}  "
                       f"merge {r['merge_stats'].get('seconds')}",
                       flush=True)
             if args.no_peers:
@@ -222,9 +238,10 @@ def main():
                 r = runs[what]
                 mine_first, mine_again = runs[f"ours{tag}-first"], runs.get(f"ours{tag}-again")
                 again = f", again {r['seconds'] / mine_again['seconds']:.2f}x" if mine_again else ""
-                print(f"  {what:16s} {r['seconds']:8.2f} s  peak "
+                print(f"  {what:16s} {r['seconds']:8.2f} s  process {r['process']:6.2f} s  peak "
                       f"{format_bytes(r['peak_rss']) if r['peak_rss'] else '?'}  max rel diff {r['max_rel_diff']:.1e}"
-                      f"  -> ours first {r['seconds'] / mine_first['seconds']:.2f}x{again} faster", flush=True)
+                      f"  -> ours first {r['seconds'] / mine_first['seconds']:.2f}x{again} faster "
+                      f"(process {r['process'] / mine_first['process']:.2f}x)", flush=True)
         rows.append({"n": n, "device": device, "cluster": args.cluster, "runs": runs})
         shutil.rmtree(st.path, ignore_errors=True)
     if args.json:

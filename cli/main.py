@@ -1,6 +1,7 @@
 """``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -118,4 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="terrain")
     except KeyboardInterrupt as exc:  # arrived before a command started (while importing)
         _exit_interrupted(exc)
+    finally:
+        # The process ends here: spare its objects (numba's registries: ~100k) the cyclic collections
+        # of the interpreter's shutdown, 0.1-0.15 s with numba loaded (references still count down).
+        gc.freeze()
 

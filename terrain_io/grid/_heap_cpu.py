@@ -22,11 +22,9 @@ def heap_push(hk, hv, n, key, v):
 
 
 @numba.njit(inline="always", cache=True)
-def heap_pop(hk, hv, n):
-    """Remove the top of a heap of n entries (read it first)."""
-    n -= 1
-    key = hk[n]
-    v = hv[n]
+def heap_replace(hk, hv, n, key, v):
+    """Put (key, v) in the top slot of a heap of n entries whose top is free (read and done with) and
+    sift it down: a pop followed by a push for the price of one sift."""
     i = 0
     while True:
         c = 4 * i + 1
@@ -43,6 +41,13 @@ def heap_pop(hk, hv, n):
         hk[i] = mk
         hv[i] = hv[m]
         i = m
+    hk[i] = key
+    hv[i] = v
+
+
+@numba.njit(inline="always", cache=True)
+def heap_pop(hk, hv, n):
+    """Remove the top of a heap of n entries (read it first)."""
+    n -= 1
     if n > 0:
-        hk[i] = key
-        hv[i] = v
+        heap_replace(hk, hv, n, hk[n], hv[n])

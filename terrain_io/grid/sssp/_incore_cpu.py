@@ -10,7 +10,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
 * :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
-* :func:`predecessors` -- the parent code of every interior cell from distances and levels.
+* :func:`predecessors` -- the parent codes of the plateau cells from distances and levels (the
+  other cells' codes come out of the levels' first pass).
 * :func:`affected_cells` -- after a warm re-solve (a ring whose distances only fell), the cells
   whose level or code can have changed: the two kernels above then run on those alone.
 """
@@ -21,7 +22,7 @@ import numpy as np
 from numba import prange
 
 from ...jit import serial_twin
-from .._heap_cpu import heap_pop, heap_push
+from .._heap_cpu import heap_pop, heap_push, heap_replace
 from ...weights import DC, DR, edge_weight
 from .._radix_cpu import argsort_int
 
@@ -55,9 +56,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     """
     W2 = w + 2
     off = _offsets(W2)
-    cap = 1024
-    hk = np.empty(cap, np.float64)
-    hv = np.empty(cap, np.int64)
+    hk = np.empty(1024, np.float64)
+    hv = np.empty(1024, np.int64)
     n = 0
     # the ring flows inwards once: each ring cell relaxes its interior neighbours
     for r in range(h + 2):
@@ -80,9 +80,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
                     if warm:
                         if mark is not None:
                             mark[v] = 1
-                        if n == cap:
-                            cap *= 2
-                            hk, hv = _grow(hk, hv, cap)
+                        if n == hk.size:
+                            hk, hv = _grow(hk, hv)
                         heap_push(hk, hv, n, nd, v)
                         n += 1
     for r in range(1, h + 1):
@@ -91,9 +90,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
         for c in range(1, w + 1):
             v = r * W2 + c
             if dist[v] < np.inf and not np.isnan(vals[v]):
-                if n == cap:
-                    cap *= 2
-                    hk, hv = _grow(hk, hv, cap)
+                if n == hk.size:
+                    hk, hv = _grow(hk, hv)
                 heap_push(hk, hv, n, dist[v], v)
                 n += 1
     # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
@@ -104,15 +102,31 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
         saved[x] = dist[ring[x]]
         dist[ring[x]] = -np.inf
     pops = 0
-    while n > 0:
+    while True:
+        n, pops = _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops)
+        if n == 0:
+            break
+        hk, hv = _grow(hk, hv)
+    for x in range(ring.shape[0]):
+        dist[ring[x]] = saved[x]
+    return pops
+
+
+@numba.njit(cache=True)
+def _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops):
+    """Dijkstra's loop of :func:`solve_distances` on the heap (hk, hv) of n entries, until it is empty
+    or may lack room for a pop's pushes; returns (n, pops). The heap arrays are arguments, never
+    replaced here: in a loop that may replace them (to grow) numba's code runs about twice as slowly."""
+    while n > 0 and n + 8 <= hk.size:
         du = hk[0]
         u = hv[0]
-        heap_pop(hk, hv, n)
-        n -= 1
         if du > dist[u]:
-            continue  # stale entry
+            heap_pop(hk, hv, n)  # a stale entry
+            n -= 1
+            continue
         pops += 1
         a = vals[u]
+        top = True  # u's slot at the top is free until the first push takes it
         for k in range(8):
             v = u + off[k]
             dv = dist[v]
@@ -126,14 +140,16 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
                 dist[v] = nd
                 if warm and mark is not None:
                     mark[v] = 1
-                if n == cap:
-                    cap *= 2
-                    hk, hv = _grow(hk, hv, cap)
-                heap_push(hk, hv, n, nd, v)
-                n += 1
-    for x in range(ring.shape[0]):
-        dist[ring[x]] = saved[x]
-    return pops
+                if top:
+                    heap_replace(hk, hv, n, nd, v)
+                    top = False
+                else:
+                    heap_push(hk, hv, n, nd, v)
+                    n += 1
+        if top:
+            heap_pop(hk, hv, n)
+            n -= 1
+    return n, pops
 
 
 @numba.njit(cache=True)
@@ -154,9 +170,10 @@ def _ring_cells(h, w):
 
 
 @numba.njit(cache=True)
-def _grow(hk, hv, cap):
-    nk = np.empty(cap, np.float64)
-    nv = np.empty(cap, np.int64)
+def _grow(hk, hv):
+    """The heap's arrays at twice the size."""
+    nk = np.empty(2 * hk.size, np.float64)
+    nv = np.empty(2 * hk.size, np.int64)
     for x in range(hk.size):  # (see solve_distances: no slice copy)
         nk[x] = hk[x]
         nv[x] = hv[x]
@@ -172,45 +189,58 @@ def _tight(du, dv, a, b, kind, step):
 
 
 @numba.njit(parallel=True, cache=True)
-def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every):
+def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every, out):
     """Plateau levels of the interior cells, in place in ``level`` (int32, the block's shape, flat;
     the ring's entries are given, NO_LEVEL where unknown). ``sources``: flat indices of interior
-    sources. ``every``: all interior cells; else only the flat indices ``cells``, every other
-    level known and final (a warm re-solve: :func:`affected_cells`). Returns the number of
-    plateau cells (level > 0) among them."""
+    sources. ``every``: all interior cells; else only the flat indices ``cells`` (int64), every
+    other level known and final (a warm re-solve: :func:`affected_cells`). Returns the plateau
+    cells (level > 0) among them, as flat indices (int64).
+    Also writes the parent codes of the cells that need no plateau level into ``out`` (uint8,
+    h x w): the first tight strictly nearer parent found, in direction order, is the least key
+    (0) with the least code, so a level-0 cell's code is known here; NO_PRED at unreached cells and
+    sources. :func:`predecessors` finds the codes of the plateau cells it returns."""
     W2 = w + 2
     off = _offsets(W2)
     n = h * w if every else cells.shape[0]
     # 1. level 0 where a tight parent is strictly nearer; NO_LEVEL (a plateau cell) elsewhere
     for m in prange(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        if every:
+            r = m // w + 1
+            v = r * W2 + m - (r - 1) * w + 1
+        else:
+            v = cells[m]
+            r = v // W2
         level[v] = NO_LEVEL
+        code = NO_PRED
         a, dv = vals[v], dist[v]
-        if np.isnan(a) or not dv < np.inf:
-            continue
-        for k in range(8):
-            u = v + off[k]
-            du = dist[u]
-            if du < dv and not np.isnan(vals[u]) and _tight(du, dv, vals[u], a, kind, steps[k]):
-                level[v] = 0
-                break
+        if not np.isnan(a) and dv < np.inf:
+            for k in range(8):
+                u = v + off[k]
+                du = dist[u]
+                if du < dv and not np.isnan(vals[u]) and _tight(du, dv, vals[u], a, kind, steps[k]):
+                    level[v] = 0
+                    code = k
+                    break
+        out[r - 1, v - r * W2 - 1] = code
     for s in sources:
         level[s] = 0
+        r = s // W2
+        out[r - 1, s - r * W2 - 1] = NO_PRED
     count = 0
     for m in range(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        v = (m // w + 1) * W2 + m % w + 1 if every else cells[m]
         count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
-    if count == 0:
-        return 0
     todo = np.empty(count, np.int64)
+    if count == 0:
+        return todo
     j = 0
     for m in range(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+        v = (m // w + 1) * W2 + m % w + 1 if every else cells[m]
         if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
             todo[j] = v
             j += 1
     _plateau_search(vals, h, w, kind, steps, dist, level, todo)
-    return count
+    return todo
 
 
 @numba.njit(cache=True)
@@ -221,8 +251,10 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
     off = _offsets(W2)
     count = cells.shape[0]
     # 2. a plateau cell's first level from parents already known: level-0 cells, the ring, cells
-    # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them)
-    seed_level = np.empty(count, np.int64)
+    # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them).
+    # Only the cells that get one seed the search; the others are reached by it, or stay unreached.
+    seed_level = np.empty(count, np.int32)
+    known = 0
     for m in range(count):
         v = cells[m]
         best = np.int64(NO_LEVEL)
@@ -233,24 +265,31 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
             if _tight(dist[u], dist[v], vals[u], vals[v], kind, steps[k]) and level[u] + 1 < best:
                 best = level[u] + 1
         seed_level[m] = best
-    seed = cells
+        known += best < NO_LEVEL
+    seed = np.empty(known, np.int64)
+    slevel = np.empty(known, np.int64)
+    j = 0
+    for m in range(count):
+        if seed_level[m] < NO_LEVEL:
+            seed[j] = cells[m]
+            slevel[j] = seed_level[m]
+            j += 1
+    seed_level = np.empty(0, np.int32)  # (freed)
     # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
-    order = argsort_int(seed_level)  # stable
+    order = argsort_int(slevel)  # stable
     queue = np.empty(count, np.int64)
-    qlevel = np.empty(count, np.int64)
+    qlevel = np.empty(count, np.int32)
     head = tail = 0
     si = 0
     while True:
-        if head < tail and (si >= count or qlevel[head] <= seed_level[order[si]]):
+        if head < tail and (si >= known or qlevel[head] <= slevel[order[si]]):
             v = queue[head]
-            lv = qlevel[head]
+            lv = np.int64(qlevel[head])
             head += 1
-        elif si < count:
+        elif si < known:
             v = seed[order[si]]
-            lv = seed_level[order[si]]
+            lv = slevel[order[si]]
             si += 1
-            if lv >= NO_LEVEL:
-                break  # the rest are unreached from any known parent yet
             if lv >= level[v]:
                 continue
             level[v] = lv
@@ -275,16 +314,15 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
 
 
 @numba.njit(parallel=True, cache=True)
-def predecessors(vals, h, w, kind, steps, dist, level, sources, out, cells, every):
-    """Parent codes of the interior cells into ``out`` (uint8, h x w): of the tight parents, the
-    one with the least key (0 if strictly nearer, else its plateau level + 1), then the least
-    direction code; NO_PRED at the sources (flat indices) and at unreached cells. ``every``: all
-    interior cells, else only the flat indices ``cells``."""
+def predecessors(vals, h, w, kind, steps, dist, level, sources, out, cells):
+    """Parent codes of the interior cells ``cells`` (flat indices, int64) into ``out`` (uint8,
+    h x w): of the tight parents, the one with the least key (0 if strictly nearer, else its
+    plateau level + 1), then the least direction code; NO_PRED at the sources (flat indices) and
+    at unreached cells."""
     W2 = w + 2
     off = _offsets(W2)
-    n = h * w if every else cells.shape[0]
-    for m in prange(n):
-        v = (m // w + 1) * W2 + m % w + 1 if every else np.int64(cells[m])
+    for m in prange(cells.shape[0]):
+        v = cells[m]
         best = NO_PRED
         a, dv = vals[v], dist[v]
         if not np.isnan(a) and dv < np.inf:

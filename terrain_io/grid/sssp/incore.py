@@ -29,7 +29,7 @@ from . import _incore_cpu as K
 
 NO_LEVEL = int(K.NO_LEVEL)
 NO_PRED = K.NO_PRED
-_NO_CELLS = np.empty(0, np.int32)  # the kernels' cell list when they run on every cell
+_NO_CELLS = np.empty(0, np.int64)  # the levels kernel's cell list when it runs on every cell
 
 
 def block_bytes(h: int, w: int, value_itemsize: int = 8) -> int:
@@ -86,13 +86,13 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         mark = changed.reshape(-1)
         K.solve_distances(fv, h, w, kind, steps, fd, True, float(limit), mark)
         plateau, near = K.affected_cells(fv, h, w, kind, steps, fd, mark)
-        levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau, False)
-        codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, near, False)
+        levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau.astype(np.int64), False, pred)
+        codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, near.astype(np.int64))  # (near holds the plateau)
         return dist, level, pred
     K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
-    levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True)
     pred = np.empty((h, w), np.uint8)
-    codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, _NO_CELLS, True)
+    plateau = levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True, pred)
+    codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, plateau)
     return dist, level, pred
 
 
@@ -193,9 +193,10 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         source = allocate_gpu(pred, cells) if gpu else allocate_block(pred, cells)
     timings["solve"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    d32 = output_distance(dist, vals)
+    del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
     bar = progress_bar(progress, nsr * nsc, "sssp write")
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
-        d32 = output_distance(dist, vals)
         outputs = [(wr.create_array("distance", DISTANCE_DTYPE, float("nan")), d32),
                    (wr.create_array("predecessor", "uint8", NO_PRED), pred)]
         if allocation:
