@@ -91,11 +91,27 @@ def exact_total(buckets: np.ndarray):
 
 
 @numba.njit(cache=True)
-def _find(parent, x):
-    while parent[x] != x:
-        parent[x] = parent[parent[x]]  # path halving
-        x = parent[x]
+def _root(parent, x):
+    """The root of ``x`` in a union-find whose roots hold -(their size); path halving."""
+    while parent[x] >= 0:
+        p = np.int64(parent[x])
+        gp = parent[p]
+        if gp < 0:
+            return p
+        parent[x] = gp
+        x = np.int64(gp)
     return x
+
+
+@numba.njit(cache=True)
+def _union(parent, ra, rb):
+    """Join roots ``ra`` != ``rb``, the smaller tree under the larger (which hangs under which decides
+    no edge); returns (the new root, the other)."""
+    if parent[ra] > parent[rb]:
+        ra, rb = rb, ra
+    parent[ra] += parent[rb]
+    parent[rb] = ra
+    return ra, rb
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,16 +148,13 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
                 ed[m] = d
                 m += 1
     order = argsort_float(ew[:m])  # stable: codes stay in order within a weight
-    parent = np.arange(n, dtype=np.int32)
+    parent = np.full(n, -1, dtype=np.int32)
     joined = 0
     for k in order:
-        ra = _find(parent, ea[k])
-        rb = _find(parent, eb[k])
+        ra = _root(parent, np.int64(ea[k]))
+        rb = _root(parent, np.int64(eb[k]))
         if ra != rb:
-            if ra < rb:
-                parent[rb] = ra
-            else:
-                parent[ra] = rb
+            _union(parent, ra, rb)
             a = ea[k]
             bits[i0 + a // w, j0 + a % w] |= np.uint8(1 << ed[k])
             joined += 1
@@ -347,10 +360,7 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
             rb = _root(parent, a + off[da])
             if ra == rb:
                 continue
-            if parent[ra] > parent[rb]:  # union by size: ra the larger
-                ra, rb = rb, ra
-            parent[ra] += parent[rb]
-            parent[rb] = ra
+            ra, rb = _union(parent, ra, rb)
             ta = term[ra]
             tb = term[rb]
             if ta >= 0 and tb >= 0:
@@ -381,19 +391,6 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
     for _ in range(wsum[256]):
         _add_exact(buckets, -np.inf, 1)
     return nv, ne
-
-
-@numba.njit(cache=True)
-def _root(parent, x):
-    """The root of ``x`` in a union-find whose roots hold -(their size); path halving."""
-    while parent[x] >= 0:
-        p = np.int64(parent[x])
-        gp = parent[p]
-        if gp < 0:
-            return p
-        parent[x] = gp
-        x = np.int64(gp)
-    return x
 
 
 @numba.njit(inline="always", cache=True)
@@ -858,16 +855,12 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     oew = np.empty(nout, dtype=np.float64)
     oec = np.empty(nout, dtype=np.int64)
     oe = 0
-    parent = np.arange(nv, dtype=np.int64)
-    size = np.ones(nv, dtype=np.int64)
+    parent = np.full(nv, -1, dtype=np.int64)
     for k in order:
-        ra = _find(parent, au[k])
-        rb = _find(parent, av[k])
-        if ra != rb:  # union by size: which root hangs under which decides nothing
-            if size[ra] < size[rb]:
-                ra, rb = rb, ra
-            parent[rb] = ra
-            size[ra] += size[rb]
+        ra = _root(parent, au[k])
+        rb = _root(parent, av[k])
+        if ra != rb:
+            ra, rb = _union(parent, ra, rb)
             ta = term[ra]
             tb = term[rb]
             if ta >= 0 and tb >= 0:  # open: carried up as a super-edge between the two terminals
