@@ -42,8 +42,8 @@ def radix_sort32(keys, vals):
 
 @numba.njit(cache=True)
 def radix_sort32_in(keys, vals, k2, v2):
-    """:func:`radix_sort32` with scratch arrays of the inputs' sizes (callers that sort often reuse
-    them: fresh pages cost faults, which contend between threads); returns views of either pair."""
+    """:func:`radix_sort32` with scratch arrays of the inputs' sizes (callers that sort tile after
+    tile reuse them instead of faulting in fresh pages); returns views of either pair."""
     m = keys.shape[0]
     count = np.empty(256, dtype=np.int64)
     for shift in range(0, 32, 8):
