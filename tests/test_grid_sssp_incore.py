@@ -3,7 +3,11 @@ scipy.sparse.csgraph.dijkstra (which sums left to right in float64, like the eng
 predecessors equal to the documented tie rule applied, in this file, to scipy's distances."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -252,3 +256,53 @@ def test_cost_distance_on_numpy_and_xarray():
         cost_distance(v, tuple(np.argwhere(np.isnan(v))[0]))
     with pytest.raises(InputError, match="outside"):
         cost_distance(v, (h, 0))
+
+
+_MEMORY_SCRIPT = r"""
+import sys
+import numpy as np
+from terrain_io.grid.sssp import sssp
+from terrain_io.grid.sssp.incore import incore_bytes
+from terrain_io.grid.sssp.index import Field
+from terrain_io.store import TerrainStore
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+warm = TerrainStore.open(sys.argv[1])
+sssp(warm, (3, 3), weight="absdiff", cell=True, progress=False, method="incore", name="warm")  # load the kernels
+for path in sys.argv[2:]:
+    st = TerrainStore.open(path)
+    budget = incore_bytes(st, Field(st, "absdiff"), "cpu")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+    base = status("VmRSS")
+    n = st.shape[0]
+    sssp(st, (n // 3, n // 2), weight="absdiff", cell=True, progress=False, method="incore", memory=str(budget))
+    print(status("VmHWM") - base, budget)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux peak-RSS reset")
+def test_incore_peak_memory_within_its_estimate(tmp_path):
+    """The in-core method's memory estimate (``incore_bytes``, what ``--memory`` is checked against)
+    bounds the solve's real peak RSS where its work arrays are largest: a flat DEM with holes
+    (absdiff: zero weights everywhere, one plateau of the whole grid) and terraces (plateaus with
+    many seeds at known levels). Fresh process; the reads' and writes' buffers get 4 MiB."""
+    n = 1024
+    rng = np.random.default_rng(5)
+    flat = np.zeros((n, n), np.float32)
+    flat[rng.random((n, n)) < 0.02] = np.nan
+    flat[n // 3, n // 2] = 0.0  # the source
+    terraces = np.floor(np.add.outer(np.arange(n), 2 * np.arange(n)) / 5).astype(np.float32)
+    paths = [make_store(tmp_path, v, tile=256, shard=2, name=f"{i}.zarr").path for i, v in enumerate([flat, terraces])]
+    warm = make_store(tmp_path, random_dem((40, 40), 1), tile=16, name="warm.zarr")
+    out = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(warm.path), *map(str, paths)],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, MALLOC_ARENA_MAX="2"))
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.split("\n")[:2]:
+        grown, budget = map(int, line.split())
+        print(grown / 2**20, budget / 2**20)
+        assert grown <= budget + (4 << 20), f"peak RSS grew by {grown / 2**20:.1f} MiB, estimate {budget / 2**20:.1f} MiB"

@@ -24,7 +24,7 @@ from numba import prange
 from ...jit import serial_twin
 from .._heap_cpu import heap_pop, heap_push, heap_replace
 from ...weights import DC, DR, edge_weight
-from .._radix_cpu import argsort_int
+from .._radix_cpu import radix_sort32
 
 NO_PRED = 255
 NO_LEVEL = np.int32(2**31 - 1)
@@ -102,31 +102,51 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
         saved[x] = dist[ring[x]]
         dist[ring[x]] = -np.inf
     pops = 0
+    fifo = np.empty(1024, np.int64)
+    fh = fc = 0
     while True:
-        n, pops = _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops)
-        if n == 0:
+        n, fh, fc, pops = _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, fifo, fh, fc, pops)
+        if n == 0 and fc == 0:
             break
-        hk, hv = _grow(hk, hv)
+        if n + 8 > hk.size:
+            hk, hv = _grow(hk, hv)
+        if fc + 8 > fifo.size:
+            fifo, fh = _grow_ring(fifo, fh, fc)
     for x in range(ring.shape[0]):
         dist[ring[x]] = saved[x]
     return pops
 
 
 @numba.njit(cache=True)
-def _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops):
-    """Dijkstra's loop of :func:`solve_distances` on the heap (hk, hv) of n entries, until it is empty
-    or may lack room for a pop's pushes; returns (n, pops). The heap arrays are arguments, never
-    replaced here: in a loop that may replace them (to grow) numba's code runs about twice as slowly."""
-    while n > 0 and n + 8 <= hk.size:
-        du = hk[0]
-        u = hv[0]
-        if du > dist[u]:
-            heap_pop(hk, hv, n)  # a stale entry
-            n -= 1
-            continue
+def _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, fifo, fh, fc, pops):
+    """Dijkstra's loop of :func:`solve_distances` on the heap (hk, hv) of n entries and the ring
+    buffer ``fifo`` (fc cells from fh), until both are empty or one may lack room for a cell's
+    pushes; returns (n, fh, fc, pops). The arrays are arguments, never replaced here: in a loop
+    that may replace them (to grow) numba's code runs about twice as slowly.
+    A cell reached over a zero-weight edge is final at once (no path can be shorter than the
+    distance being settled): it goes to the FIFO, expanded before the heap's next pop. Flat areas
+    (absdiff, zero costs) are then searched breadth-first, their frontier a line of cells; through
+    the heap, whose equal keys come out last in first, it grew to every cell of the area."""
+    cap = fifo.size
+    while n + 8 <= hk.size and fc + 8 <= cap:
+        if fc > 0:
+            u = fifo[fh]
+            fh = fh + 1 if fh + 1 < cap else 0
+            fc -= 1
+            du = dist[u]
+            top = False
+        elif n > 0:
+            du = hk[0]
+            u = hv[0]
+            if du > dist[u]:
+                heap_pop(hk, hv, n)  # a stale entry
+                n -= 1
+                continue
+            top = True  # u's slot at the top is free until the first push takes it
+        else:
+            break
         pops += 1
         a = vals[u]
-        top = True  # u's slot at the top is free until the first push takes it
         for k in range(8):
             v = u + off[k]
             dv = dist[v]
@@ -140,7 +160,11 @@ def _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops):
                 dist[v] = nd
                 if warm and mark is not None:
                     mark[v] = 1
-                if top:
+                if nd == du:
+                    t = fh + fc
+                    fifo[t if t < cap else t - cap] = v
+                    fc += 1
+                elif top:
                     heap_replace(hk, hv, n, nd, v)
                     top = False
                 else:
@@ -149,7 +173,7 @@ def _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, pops):
         if top:
             heap_pop(hk, hv, n)
             n -= 1
-    return n, pops
+    return n, fh, fc, pops
 
 
 @numba.njit(cache=True)
@@ -178,6 +202,16 @@ def _grow(hk, hv):
         nk[x] = hk[x]
         nv[x] = hv[x]
     return nk, nv
+
+
+@numba.njit(cache=True)
+def _grow_ring(fifo, fh, fc):
+    """The ring buffer of fc entries from fh at twice the size, its entries from 0; returns (ring, 0)."""
+    out = np.empty(2 * fifo.size, np.int64)
+    for x in range(fc):
+        t = fh + x
+        out[x] = fifo[t if t < fifo.size else t - fifo.size]
+    return out, 0
 
 
 @numba.njit(inline="always", cache=True)
@@ -244,59 +278,64 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every, 
 
 
 @numba.njit(cache=True)
+def _seed_level(vals, kind, steps, dist, level, off, v):
+    """1 + the least known level of ``v``'s tight parents at its distance (NO_LEVEL: none known)."""
+    best = np.int64(NO_LEVEL)
+    for k in range(8):
+        u = v + off[k]
+        if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
+            continue
+        if _tight(dist[u], dist[v], vals[u], vals[v], kind, steps[k]) and level[u] + 1 < best:
+            best = level[u] + 1
+    return best
+
+
+@numba.njit(cache=True)
 def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
     """Steps 2 and 3 of :func:`plateau_levels` for ``cells``: the reached plateau cells (flat
-    indices) whose level is NO_LEVEL; every other cell's level is known (final)."""
+    indices) whose level is NO_LEVEL; every other cell's level is known (final).
+    Work memory, besides ``cells``: the seeds with their levels and their sort's scratch (24 bytes
+    a seed, at most one a cell), then the seeds and the queue (8 bytes a cell): see SEARCH_BYTES."""
     W2 = w + 2
     off = _offsets(W2)
     count = cells.shape[0]
     # 2. a plateau cell's first level from parents already known: level-0 cells, the ring, cells
     # outside ``cells`` (plateau parents among ``cells`` are still NO_LEVEL: the search finds them).
     # Only the cells that get one seed the search; the others are reached by it, or stay unreached.
-    seed_level = np.empty(count, np.int32)
+    # (Counted first, then filled: no array of every cell's seed level.)
     known = 0
     for m in range(count):
-        v = cells[m]
-        best = np.int64(NO_LEVEL)
-        for k in range(8):
-            u = v + off[k]
-            if np.isnan(vals[u]) or dist[u] != dist[v] or level[u] == NO_LEVEL:
-                continue
-            if _tight(dist[u], dist[v], vals[u], vals[v], kind, steps[k]) and level[u] + 1 < best:
-                best = level[u] + 1
-        seed_level[m] = best
-        known += best < NO_LEVEL
+        known += _seed_level(vals, kind, steps, dist, level, off, cells[m]) < NO_LEVEL
+    slevel = np.empty(known, np.uint32)
     seed = np.empty(known, np.int64)
-    slevel = np.empty(known, np.int64)
     j = 0
     for m in range(count):
-        if seed_level[m] < NO_LEVEL:
+        lv = _seed_level(vals, kind, steps, dist, level, off, cells[m])
+        if lv < NO_LEVEL:
+            slevel[j] = lv
             seed[j] = cells[m]
-            slevel[j] = seed_level[m]
             j += 1
-    seed_level = np.empty(0, np.int32)  # (freed)
-    # 3. breadth-first over plateau cells, seeds merged in by level (ring levels vary)
-    order = argsort_int(slevel)  # stable
+    slevel, seed = radix_sort32(slevel, seed)  # stable, by level (ring levels vary)
+    # 3. breadth-first over plateau cells, the seeds merged in by level. A queued cell is taken at
+    # its current level: a seed may have lowered it since it was queued, and then the cell was
+    # already expanded at that level (taking it again changes nothing). A cell is queued once.
     queue = np.empty(count, np.int64)
-    qlevel = np.empty(count, np.int32)
     head = tail = 0
     si = 0
     while True:
-        if head < tail and (si >= known or qlevel[head] <= slevel[order[si]]):
+        if head < tail and (si >= known or level[queue[head]] <= slevel[si]):
             v = queue[head]
-            lv = np.int64(qlevel[head])
+            lv = np.int64(level[v])
             head += 1
         elif si < known:
-            v = seed[order[si]]
-            lv = slevel[order[si]]
+            v = seed[si]
+            lv = np.int64(slevel[si])
             si += 1
             if lv >= level[v]:
                 continue
             level[v] = lv
         else:
             break
-        if lv > level[v]:
-            continue
         r = v // W2
         c = v - r * W2
         for k in range(8):
@@ -309,7 +348,6 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
             if _tight(dist[v], dist[x], vals[v], vals[x], kind, steps[k ^ 4]):
                 level[x] = lv + 1
                 queue[tail] = x
-                qlevel[tail] = lv + 1
                 tail += 1
 
 

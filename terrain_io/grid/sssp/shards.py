@@ -60,15 +60,14 @@ _NEIGHBOURS = {(-1, 0): ("top", None), (1, 0): ("bottom", None), (0, -1): ("left
 
 
 def unit_bytes(side: int, value_itemsize: int, device: str) -> int:
-    """Host memory of one unit solve. CPU: the in-core block, the cells read, the float32 and
-    code outputs with their compressed copies, the heap (16 bytes an entry, about one entry a
-    cell at its largest, and half again while it grows), and what a re-solve reads and writes in
-    its :class:`UnitScratch` (residuals and levels, 8 bytes a cell). GPU: only the values read,
-    the ring, the outputs (the block lives in GPU memory)."""
+    """Host memory of one unit solve. CPU: the in-core block with its work (:func:`.incore.block_bytes`),
+    the cells read, the float32 and code outputs with their compressed copies, and what a re-solve
+    reads and writes in its :class:`UnitScratch` (residuals and levels, 8 bytes a cell). GPU: only
+    the values read, the ring, the outputs (the block lives in GPU memory)."""
     cells = side * side
     if device == "gpu":
         return (side + 2) ** 2 * value_itemsize * 2 + cells * (4 + 1 + 5)
-    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 24 + 8)
+    return block_bytes(side, side, value_itemsize) + cells * (value_itemsize + 4 + 1 + 5 + 8)
 
 
 PROCESS_BYTES = 1 << 20  # the run's own: reader/writer threads and their malloc arenas, result arrays, schedule
@@ -110,7 +109,7 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
     sides = [s for s in (t << k for k in range(32)) if s <= top]
-    fits = [s for s in sides if need(s) <= budget and (gpu_free is None or block_bytes(s, s, itemsize) <= gpu_free)]
+    fits = [s for s in sides if need(s) <= budget and (gpu_free is None or block_bytes(s, s, itemsize, device) <= gpu_free)]
     if not fits:
         least = min(sides, key=need)
         raise InputError(f"the shard method needs at least {format_bytes(need(least))} for this store "
@@ -612,7 +611,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     # by ~1.5 MiB over a few hundred solves; choose_unit leaves room for WARM_UNITS of them), on
     # the GPU in its free memory less two solves' blocks (the host budget is not touched)
     if device == "gpu":
-        spare = gpu_free_bytes() - 2 * block_bytes(side, side, vdtype.itemsize)
+        spare = gpu_free_bytes() - 2 * block_bytes(side, side, vdtype.itemsize, device)
     else:
         spare = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // 3
     cache = UnitCache(spare) if scheduler == "local" else None
