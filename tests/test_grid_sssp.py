@@ -278,17 +278,17 @@ print(peak_rss() - before, r.reached, float(d[2, 2]), int(np.isfinite(d).sum()))
 """
 
 
-def test_out_of_core_peak_memory_within_budget(tmp_path):
-    """A 2048^2 float32 store (16 MiB) under a 4 MiB budget: G' (~200 MiB) is paged, and the peak
-    resident memory of the run grows by no more than the budget."""
-    n, budget = 2048, 4 << 20
+@pytest.mark.parametrize("n,budget", [(1024, 1200 << 10), pytest.param(2048, 4 << 20, marks=pytest.mark.slow)])
+def test_out_of_core_peak_memory_within_budget(tmp_path, n, budget):
+    """A float32 store 3.4x (1024^2, 4 MiB) or 4x (2048^2, 16 MiB) the budget: G' (~50 or ~200 MiB)
+    is paged, and the peak resident memory of the run grows by no more than the budget."""
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path), str(n), str(budget)],
                          capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, MALLOC_ARENA_MAX="2"))  # fewer malloc arenas: less allocator noise
     assert out.returncode == 0, out.stderr
     grown, reached, d0, finite = out.stdout.split()
     assert int(reached) == n * n and float(d0) == 0.0 and int(finite) == 25
-    assert 4 * budget <= n * n * 4
+    assert 3 * budget <= n * n * 4
     assert int(grown) <= budget, f"peak RSS grew by {int(grown) / 2**20:.1f} MiB, budget {budget / 2**20:.0f} MiB"
 
 
