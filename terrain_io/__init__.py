@@ -16,4 +16,8 @@ def _version() -> str:
 
 __version__ = _version()
 
+from .jit import defer_blas_check  # noqa: E402
+
+defer_blas_check()
+
 from .errors import DeviceError, InputError, StoreError, TerrainError  # noqa: E402,F401

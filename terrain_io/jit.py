@@ -24,9 +24,15 @@ where the user can write:
   instead), and large ``inline="always"`` helpers called at many sites (``weights.walk_time`` is a call).
 - **Say it once** (:func:`announce_compiles`): the first compilation in a process prints one line,
   so a first run that is slow says why.
+- **A first load without scipy.linalg** (:func:`defer_blas_check`, installed when the package is
+  imported): loading even cached kernels makes numba import ``numba.np.arraymath``, which asks at
+  import whether BLAS exists by importing all of scipy.linalg (0.12-0.2 s and ~30 MiB, a third of
+  a 1024^2 SSSP's call). No kernel here calls BLAS.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import sys
 import tempfile
@@ -147,3 +153,50 @@ def serial_twin(kernel):
     """The same kernel compiled without threads (``prange`` runs as ``range``), cached as ``NAME_serial``."""
     options = {k: v for k, v in kernel.targetoptions.items() if k not in ("parallel", "nopython")}
     return njit_as(kernel.py_func, kernel.py_func.__qualname__ + "_serial", **options)
+
+
+class _DeferBlasCheck(importlib.abc.MetaPathFinder):
+    """Imports ``numba.np.arraymath`` with its BLAS check answered without importing scipy.linalg.
+
+    arraymath binds ``ensure_blas`` from ``numba.np.linalg`` and calls it once, at import, only to set
+    ``_HAVE_BLAS`` (whether ``np.dot`` of floats may use BLAS). While arraymath is executed, its
+    binding is a check that scipy is installed (a dependency of this package), without importing it;
+    ``numba.np.linalg`` keeps the real check, which every BLAS or LAPACK function still runs when it
+    is compiled (scipy.linalg is imported then, and the LAPACK integer width checked)."""
+
+    NAME = "numba.np.arraymath"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.NAME:
+            return None
+        sys.meta_path.remove(self)  # once; and find the real spec without this finder
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            import numba.np.linalg as linalg
+
+            real_check = linalg.ensure_blas
+            linalg.ensure_blas = _scipy_installed
+            try:
+                real_exec(module)
+            finally:
+                linalg.ensure_blas = real_check
+                loader.exec_module = real_exec
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _scipy_installed():
+    if importlib.util.find_spec("scipy") is None:
+        raise ImportError("scipy 0.16+ is required for linear algebra")
+
+
+def defer_blas_check():
+    """Install :class:`_DeferBlasCheck` unless numba's arraymath is already imported (idempotent)."""
+    if _DeferBlasCheck.NAME not in sys.modules and not any(isinstance(f, _DeferBlasCheck) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferBlasCheck())

@@ -118,3 +118,32 @@ def test_distribution_name_and_version():
     _register()
     out = CliRunner().invoke(cli, ["--version"]).output
     assert out.strip() == f"terrain-io {meta['version']}"
+
+
+_FIRST_LOAD = r"""
+import sys
+import numpy as np
+import terrain_io
+from terrain_io.grid.sssp.incore import ringed, solve_block
+
+solve_block(ringed(np.ones((8, 8), np.float32)), 1, np.ones(8), [[3, 3]])  # numba's first load
+print("scipy.linalg" in sys.modules)
+import numba
+import numba.np.arraymath as arraymath
+
+@numba.njit
+def dot(a, b):
+    return np.dot(a, b)
+
+a, b = np.arange(5.0), np.linspace(0.5, 2.5, 5)
+print(arraymath._HAVE_BLAS, dot(a, b) == float(a @ b), "scipy.linalg" in sys.modules)
+"""
+
+
+def test_first_load_defers_numba_blas_check_and_blas_still_works():
+    """Loading our kernels does not import scipy.linalg (numba's import-time BLAS check, deferred);
+    numba still knows BLAS exists, and a kernel calling np.dot compiles, imports it then, and is right.
+    Fresh process: the check runs once per process."""
+    out = subprocess.run([sys.executable, "-c", _FIRST_LOAD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True", "True"]
