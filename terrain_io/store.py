@@ -378,9 +378,7 @@ class TerrainStore:
         for i in range(1, len(parts)):  # intermediate groups (zarr v3 needs their zarr.json)
             self.group.require_group("/".join(parts[:i]))
         with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path.parent) as tmp:
-            group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-")._async_group)
-            if attrs:
-                group.attrs.update(attrs)
+            group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs or {})._async_group)
             yield ResultWriter(self, group)
             integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
         self.group = self._open_group(self.path, "r+")
@@ -486,19 +484,18 @@ class ResultWriter:
         if not self._coordinates:  # each result group carries x, y, spatial_ref: it opens alone in xarray
             write_coordinates(self.group, self.store.shape, self.store.transform, self.store.crs)
             self._coordinates = True
-        arr = create_tiled_array(self.group, name, self.store.shape, np.dtype(dtype),
-                                 self.store.tile_size, self.store.shard_size, fill_value)
-        if attrs:
-            arr.attrs.update(attrs)
-        return arr
+        return create_tiled_array(self.group, name, self.store.shape, np.dtype(dtype),
+                                  self.store.tile_size, self.store.shard_size, fill_value, attrs)
 
     @property
     def attrs(self):
         return self.group.attrs
 
 
-def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, shard: int, fill_value) -> zarr.Array:
-    """A 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed, dims named (y, x).
+def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, shard: int, fill_value,
+                       attrs: dict | None = None) -> zarr.Array:
+    """A 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed, dims named (y, x), with
+    the attributes ``attrs`` (given at creation: each later update rewrites its metadata).
 
     Its attributes point xarray/rioxarray at the group's ``spatial_ref`` (CRS and transform), and
     the group's 1-D ``x`` and ``y`` arrays (cell centres) become its coordinates.
@@ -515,8 +512,8 @@ def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, sh
             fill_value=fill_value,
             compressors=(_COMPRESSOR, _CHECKSUM),
             dimension_names=("y", "x"),
+            attributes={"grid_mapping": "spatial_ref", "coordinates": "spatial_ref", **(attrs or {})},
         )
-    arr.attrs.update({"grid_mapping": "spatial_ref", "coordinates": "spatial_ref"})
     return arr
 
 
@@ -810,13 +807,14 @@ def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
     x0, dx, rx, y0, ry, dy = transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
     for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy)):
         coord = group.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype="float64",
-                                   dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"))
+                                   dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"),
+                                   attributes={"axis": name.upper(), "units": "cell" if transform is None else "map units"})
         coord[:] = origin + (np.arange(n) + 0.5) * step
-        coord.attrs.update({"axis": name.upper(), "units": "cell" if transform is None else "map units"})
-    ref = group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None))
-    ref.attrs.update({"GeoTransform": " ".join(repr(float(v)) for v in (x0, dx, rx, y0, ry, dy))})
+    ref = {"GeoTransform": " ".join(repr(float(v)) for v in (x0, dx, rx, y0, ry, dy))}
     if crs:
-        ref.attrs.update({"crs_wkt": crs, "spatial_ref": crs})
+        ref.update({"crs_wkt": crs, "spatial_ref": crs})
+    group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None),
+                       attributes=ref)
 
 
 def check_result_name(name: str) -> list[str]:
