@@ -306,3 +306,44 @@ def test_incore_peak_memory_within_its_estimate(tmp_path):
         grown, budget = map(int, line.split())
         print(grown / 2**20, budget / 2**20)
         assert grown <= budget + (4 << 20), f"peak RSS grew by {grown / 2**20:.1f} MiB, estimate {budget / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("kind", ["surface", "cell"])
+def test_dial_buckets_give_the_heaps_distances(kind):
+    """Dial's buckets (cell and surface models) against the heap, bit for bit: a cold solve whose
+    ring distances lie thousands of buckets apart (seeds enter the circle of buckets as its window
+    reaches them), a warm re-solve after the ring fell on one side (the cells marked too), and a
+    solve under a limit."""
+    import importlib
+
+    K = importlib.import_module("terrain_io.grid.sssp._incore_cpu")
+    rng = np.random.default_rng(8)
+    h, w = 90, 110
+    v = ringed(terraced((h, w), 8, step=3.0) + 0.5)
+    v[1:-1, 1:-1][rng.random((h, w)) < 0.03] = np.nan
+    v[0], v[-1], v[:, 0], v[:, -1] = 2.0, 3.0, 4.0, 5.0  # a ring of cells with values
+    steps = steps_of(2.0, 3.0)
+    width, slots = K._bucket_width(v.reshape(-1), KINDS[kind], steps)
+    seed = np.full(v.shape, np.inf)
+    seed[0] = rng.random(w + 2) * 1e4
+    seed[:, -1] = rng.random(h + 2) * 1e4
+    seed[h // 2, w // 3] = 0.0  # a source
+    assert slots and (seed[0].max() - seed[0].min()) / width > 4 * slots
+
+    def solve(dist, buckets, warm=False, limit=np.inf, mark=None):
+        out = dist.copy()
+        K.solve_distances(v.reshape(-1), h, w, KINDS[kind], steps, out.reshape(-1), warm, limit,
+                          None if mark is None else mark.reshape(-1), buckets)
+        return out
+
+    cold = solve(seed, True)
+    np.testing.assert_array_equal(cold, solve(seed, False))
+    fallen = cold.copy()
+    fallen[:, -1] -= 400.0
+    marks = [np.zeros(v.shape, np.uint8) for _ in range(2)]
+    warm = solve(fallen, True, True, mark=marks[0])
+    np.testing.assert_array_equal(warm, solve(fallen, False, True, mark=marks[1]))
+    np.testing.assert_array_equal(*marks)
+    assert marks[0].sum() > 100 and (warm < cold).sum() > 100
+    limit = float(np.median(cold[np.isfinite(cold)]))
+    np.testing.assert_array_equal(solve(seed, True, limit=limit), solve(seed, False, limit=limit))

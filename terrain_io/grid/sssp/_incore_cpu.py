@@ -5,8 +5,9 @@ A block is an (h + 2) x (w + 2) array with a one-cell ring around its h x w inte
 row-major. Ring cells are not solved: their values (a neighbouring block's cells, or NaN outside
 the DEM) and their distances and plateau levels are given, fixed, and only flow inwards.
 
-* :func:`solve_distances` -- Dijkstra with a 4-ary heap (lazy deletion) over the interior,
-  seeded from the sources and from every ring cell with a finite distance.
+* :func:`solve_distances` -- Dijkstra over the interior, seeded from the sources and from every ring
+  cell with a finite distance: on Dial's buckets where every weight has a positive lower bound
+  (cell and surface models), else on a 4-ary heap (lazy deletion) with a FIFO for zero weights.
 * :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
@@ -23,7 +24,7 @@ from numba import prange
 
 from ...jit import serial_twin
 from .._heap_cpu import heap_pop, heap_push, heap_replace
-from ...weights import DC, DR, edge_weight
+from ...weights import CELL, DC, DR, SURFACE, edge_weight
 from .._radix_cpu import radix_sort32
 
 NO_PRED = 255
@@ -39,12 +40,12 @@ def _offsets(W2):
 
 
 @numba.njit(cache=True)
-def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mark=None):
+def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mark=None, buckets=True):
     """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
 
     On entry ``dist`` holds the seeds: 0 at the sources, the fixed distances of ring cells, +inf
     elsewhere. On return every interior cell holds the least left-to-right float64 sum over paths
-    from a seed (the fixpoint of d[v] = min_u d[u] + w(u, v)). Returns the number of heap pops.
+    from a seed (the fixpoint of d[v] = min_u d[u] + w(u, v)). Returns the number of pops.
     ``warm``: the interior already holds the fixpoint for a ring that has since only fallen; only
     the cells the new ring improves start the heap (label-correcting from a valid upper bound
     reaches the same unique fixpoint), so the work follows the change, not the block.
@@ -53,6 +54,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     and the work follows the area reached.
     ``mark`` (uint8, the block's shape, flat; warm only): set to 1 at every cell whose distance falls
     (:func:`affected_cells` starts from them).
+    ``buckets``: Dial's buckets where the weight model allows (:func:`_bucket_width`; about twice
+    as fast as the heap), else the heap; the same distances either way.
     """
     W2 = w + 2
     off = _offsets(W2)
@@ -101,6 +104,19 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     for x in range(ring.shape[0]):  # (loops: an array assignment compiles numba's shape-error message)
         saved[x] = dist[ring[x]]
         dist[ring[x]] = -np.inf
+    width, slots = _bucket_width(vals, kind, steps) if buckets else (0.0, 0)
+    if slots:
+        pops = _run_buckets(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, width, slots)
+    else:
+        pops = _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n)
+    for x in range(ring.shape[0]):
+        dist[ring[x]] = saved[x]
+    return pops
+
+
+@numba.njit(cache=True)
+def _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
+    """Dijkstra from the heap (hk, hv) of n seeds, with the FIFO of :func:`_settle`; returns the pops."""
     pops = 0
     fifo = np.empty(1024, np.int64)
     fh = fc = 0
@@ -112,8 +128,157 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
             hk, hv = _grow(hk, hv)
         if fc + 8 > fifo.size:
             fifo, fh = _grow_ring(fifo, fh, fc)
-    for x in range(ring.shape[0]):
-        dist[ring[x]] = saved[x]
+    return pops
+
+
+MAX_SLOTS = 1 << 16  # Dial's buckets: at most this many (else the heap)
+
+
+@numba.njit(cache=True)
+def _bucket_width(vals, kind, steps):
+    """Dial's buckets for the weights of ``kind`` on ``vals``: (width, slots), or (0.0, 0) for the heap.
+
+    Buckets of a width no larger than every edge weight hold cells that cannot improve one another
+    (Dial 1969; Delta-stepping with Delta at the least weight): the cell model's least cost times
+    the shortest step, the surface model's shortest step. A relaxation lands at most hi / lo buckets
+    ahead, so a circle of ``slots`` (a power of two above hi / lo + 2) holds the window. absdiff
+    (zero weights), walk and the rest, or a window over MAX_SLOTS: the heap."""
+    if kind != CELL and kind != SURFACE:
+        return 0.0, 0
+    lo_v, hi_v = np.inf, -np.inf
+    for x in range(vals.size):  # (NaN compares false: skipped)
+        a = vals[x]
+        if a < lo_v:
+            lo_v = a
+        if a > hi_v:
+            hi_v = a
+    if not lo_v <= hi_v:
+        return 0.0, 0
+    s_lo, s_hi = np.inf, 0.0
+    for k in range(8):
+        s_lo = min(s_lo, steps[k])
+        s_hi = max(s_hi, steps[k])
+    if kind == CELL:
+        lo, hi = lo_v * s_lo, hi_v * s_hi
+    else:
+        lo, hi = s_lo, np.sqrt(s_hi * s_hi + (hi_v - lo_v) * (hi_v - lo_v))
+    if not (lo > 0 and hi < np.inf) or hi / lo + 2 > MAX_SLOTS:
+        return 0.0, 0
+    slots = 2
+    while slots < hi / lo + 2:
+        slots *= 2
+    return lo, slots
+
+
+@numba.njit(cache=True)
+def _run_buckets(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, width, slots):
+    """Dijkstra over Dial's buckets (:func:`_bucket_width`) from the heap (hk, hv) of n seeds; returns
+    the pops. The seeds move from the heap into the circle of buckets as its window reaches them
+    (a ring's distances may lie farther apart than the window); relaxations land inside it.
+
+    Exact for any width: a popped cell whose distance now lies in another bucket is skipped (its
+    entry there is live), and a cell improved after its pop is pushed and popped again -- the
+    label-correcting search ends at the same unique fixpoint as the heap's. A cell improved within
+    a bucket ahead, where it waits already, gets no second entry (cold solves: warm, a distance may
+    be the earlier solve's). With the width at most every weight, second pops come only from float
+    rounding and those duplicates."""
+    inv = 1.0 / width
+    mask = slots - 1
+    head = np.full(slots, -1, np.int64)
+    item = np.empty(1024, np.int64)
+    nxt = np.empty(1024, np.int64)
+    state = np.zeros(4, np.int64)  # free-list head, entries used, live entries, current bucket
+    state[0] = -1
+    pops = 0
+    while True:
+        while n > 0 and np.int64(dist[hv[0]] * inv) != np.int64(hk[0] * inv):
+            heap_pop(hk, hv, n)  # a seed improved into another bucket since: its entry there is live
+            n -= 1
+        if state[2] == 0:
+            if n == 0:
+                break
+            state[3] = np.int64(hk[0] * inv)  # the window jumps to the nearest seed
+        while n > 0 and np.int64(hk[0] * inv) < state[3] + slots - 1 and state[2] + 8 <= item.size:
+            b = np.int64(hk[0] * inv)
+            if np.int64(dist[hv[0]] * inv) == b:  # (else improved into another bucket, entered there)
+                _bucket_push(head, item, nxt, state, hv[0], b & mask)
+            heap_pop(hk, hv, n)
+            n -= 1
+        stop = np.int64(hk[0] * inv) - slots + 2 if n > 0 else np.int64(2**62)
+        pops = _settle_buckets(vals, kind, steps, dist, off, limit, warm, mark, head, item, nxt, state, inv, stop, pops)
+        if state[2] + 8 > item.size:
+            item, nxt = _grow(item, nxt)  # (the free list's links are kept: entries keep their places)
+    return pops
+
+
+@numba.njit(inline="always", cache=True)
+def _bucket_push(head, item, nxt, state, v, slot):
+    """Put cell v in bucket ``slot`` (an entry from the free list, else a fresh one)."""
+    f = state[0]
+    if f >= 0:
+        state[0] = nxt[f]
+    else:
+        f = state[1]
+        state[1] += 1
+    item[f] = v
+    nxt[f] = head[slot]
+    head[slot] = f
+    state[2] += 1
+
+
+@numba.njit(cache=True)
+def _settle_buckets(vals, kind, steps, dist, off, limit, warm, mark, head, item, nxt, state, inv, stop, pops):
+    """The loop of :func:`_run_buckets`: pop the current bucket's cells and relax their neighbours,
+    bucket after bucket, until no entry is live, the current bucket reaches ``stop`` (a seed in the
+    heap may then enter the window), or the entries may lack room for a pop's pushes."""
+    mask = head.size - 1
+    cap = item.size
+    free, used, live, k = state[0], state[1], state[2], state[3]
+    while live > 0 and live + 8 <= cap and k < stop:
+        s = k & mask
+        e = head[s]
+        if e < 0:
+            k += 1
+            continue
+        head[s] = nxt[e]
+        nxt[e] = free
+        free = e
+        live -= 1
+        u = item[e]
+        du = dist[u]
+        if (np.int64(du * inv) & mask) != s:
+            continue  # u has fallen to another bucket since: its entry there is live
+        pops += 1
+        a = vals[u]
+        for kk in range(8):
+            v = u + off[kk]
+            dv = dist[v]
+            if dv <= du:
+                continue
+            b = vals[v]
+            if np.isnan(b):
+                continue
+            nd = du + edge_weight(kind, a, b, steps[kk])
+            if nd < dv and nd <= limit:
+                dist[v] = nd
+                if warm and mark is not None:
+                    mark[v] = 1
+                nb = np.int64(nd * inv)
+                if nb > k and np.int64(dv * inv) == nb and not warm:
+                    continue  # v waits in that bucket already (not popped: the bucket is ahead; warm,
+                    # dv may be the earlier solve's, in no bucket)
+                if free >= 0:
+                    f = free
+                    free = nxt[f]
+                else:
+                    f = used
+                    used += 1
+                t = nb & mask
+                item[f] = v
+                nxt[f] = head[t]
+                head[t] = f
+                live += 1
+    state[0], state[1], state[2], state[3] = free, used, live, k
     return pops
 
 
@@ -195,9 +360,9 @@ def _ring_cells(h, w):
 
 @numba.njit(cache=True)
 def _grow(hk, hv):
-    """The heap's arrays at twice the size."""
-    nk = np.empty(2 * hk.size, np.float64)
-    nv = np.empty(2 * hk.size, np.int64)
+    """The heap's arrays (or the buckets' entries) at twice the size."""
+    nk = np.empty(2 * hk.size, hk.dtype)
+    nv = np.empty(2 * hk.size, hv.dtype)
     for x in range(hk.size):  # (see solve_distances: no slice copy)
         nk[x] = hk[x]
         nv[x] = hv[x]
