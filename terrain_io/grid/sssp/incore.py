@@ -41,9 +41,10 @@ def block_bytes(h: int, w: int, value_itemsize: int = 8, device: str = "cpu") ->
     the CPU, the work of the solve (SEARCH_BYTES a cell, at most one of them at a time):
     - the plateau search: its list of plateau cells (8 bytes each), with the seeds and their sort
       (24 bytes a seed, one a cell at most) or the queue and the sorted seeds (8 + 12);
-    - Dijkstra's heap (16 bytes an entry) and FIFO (8), which hold its frontier: lines of cells on
-      terrain, flat areas included (the FIFO searches them breadth-first); measured on 2048^2
-      random, synthetic, quantised and flat DEMs: at most 0.016 entries a cell (0.25 bytes).
+    - Dijkstra's heap (16 bytes an entry) and FIFO (8), or its buckets (16 bytes an entry), which
+      hold its frontier: lines of cells on terrain, flat areas included (the FIFO searches them
+      breadth-first); measured on 2048^2 random, synthetic, quantised and flat DEMs: at most 0.016
+      heap entries a cell (0.25 bytes).
     On the GPU the solve's work is a few lists of tiles: 8 bytes a cell cover the output and its mask."""
     work = SEARCH_BYTES if device == "cpu" else 8
     return (h + 2) * (w + 2) * (value_itemsize + 8 + 4) + h * w * (1 + work)
