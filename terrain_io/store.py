@@ -805,10 +805,11 @@ def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
     """
     rows, cols = (int(v) for v in shape)
     x0, dx, rx, y0, ry, dy = transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    units = "cell" if transform is None else "map units"
     for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy)):
         coord = group.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype="float64",
                                    dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"),
-                                   attributes={"axis": name.upper(), "units": "cell" if transform is None else "map units"})
+                                   attributes={"axis": name.upper(), "units": units})
         coord[:] = origin + (np.arange(n) + 0.5) * step
     ref = {"GeoTransform": " ".join(repr(float(v)) for v in (x0, dx, rx, y0, ry, dy))}
     if crs:

@@ -306,7 +306,7 @@ def test_incore_peak_memory_within_its_estimate(tmp_path):
     assert out.returncode == 0, out.stderr
     for line in out.stdout.split("\n")[:2]:
         grown, budget = map(int, line.split())
-        assert grown <= budget + (4 << 20), f"peak RSS grew by {grown / 2**20:.1f} MiB, estimate {budget / 2**20:.1f} MiB"
+        assert grown <= budget + (4 << 20), f"peak RSS grew {grown / 2**20:.1f} MiB, estimate {budget / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("kind", ["surface", "cell"])
