@@ -9,6 +9,7 @@ default ``local`` scheduler imports no Dask at all.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import os
@@ -118,8 +119,19 @@ def _local_options(scheduler: str) -> dict:
         import dask
 
         context = multiprocessing.get_context(dask.config.get("multiprocessing.context", "spawn"))
+        if _pool is None:
+            atexit.register(_close_pool)
         _pool = ProcessPoolExecutor(os.cpu_count(), mp_context=context)
     return {"scheduler": scheduler, "pool": _pool}
+
+
+def _close_pool() -> None:
+    """Shut the pool down at exit while the modules it needs are still there (collected later, in
+    the interpreter's teardown, it printed an ignored exception)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True, cancel_futures=True)
+        _pool = None
 
 
 def _client(address: str, announce):
