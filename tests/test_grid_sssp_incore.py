@@ -309,12 +309,12 @@ def test_incore_peak_memory_within_its_estimate(tmp_path):
         assert grown <= budget + (4 << 20), f"peak RSS grew {grown / 2**20:.1f} MiB, estimate {budget / 2**20:.1f} MiB"
 
 
-@pytest.mark.parametrize("kind", ["surface", "cell"])
-def test_dial_buckets_give_the_heaps_distances(kind):
-    """Dial's buckets (cell and surface models) against the heap, bit for bit: a cold solve whose
-    ring distances lie thousands of buckets apart (seeds enter the circle of buckets as its window
-    reaches them), a warm re-solve after the ring fell on one side (the cells marked too), and a
-    solve under a limit."""
+@pytest.mark.parametrize("kind", ["surface", "cell", "absdiff"])
+def test_bucket_queues_give_the_heaps_distances(kind):
+    """Dial's buckets (cell and surface models) and the radix heap (absdiff: zero and tiny weights)
+    against the 4-ary heap, bit for bit: a cold solve whose ring distances lie far apart (for the
+    buckets thousands of buckets: seeds enter the circle as its window reaches them), a warm
+    re-solve after the ring fell on one side (the cells marked too), and a solve under a limit."""
     import importlib
 
     K = importlib.import_module("terrain_io.grid.sssp._incore_cpu")
@@ -329,16 +329,22 @@ def test_dial_buckets_give_the_heaps_distances(kind):
     seed[0] = rng.random(w + 2) * 1e4
     seed[:, -1] = rng.random(h + 2) * 1e4
     seed[h // 2, w // 3] = 0.0  # a source
-    assert slots and (seed[0].max() - seed[0].min()) / width > 4 * slots
+    assert bool(slots) == (kind != "absdiff")
+    assert kind == "absdiff" or (seed[0].max() - seed[0].min()) / width > 4 * slots
+
+    pops = []
 
     def solve(dist, buckets, warm=False, limit=np.inf, mark=None):
         out = dist.copy()
-        K.solve_distances(v.reshape(-1), h, w, KINDS[kind], steps, out.reshape(-1), warm, limit,
-                          None if mark is None else mark.reshape(-1), buckets)
+        pops.append(K.solve_distances(v.reshape(-1), h, w, KINDS[kind], steps, out.reshape(-1), warm, limit,
+                                      None if mark is None else mark.reshape(-1), buckets))
         return out
 
     cold = solve(seed, True)
     np.testing.assert_array_equal(cold, solve(seed, False))
+    # the queues are exact for any order (a cell improved after its pop is pushed again), so only
+    # the pops show that they keep Dijkstra's: each reached interior cell popped once
+    assert pops == [np.isfinite(cold[1:-1, 1:-1]).sum()] * 2
     fallen = cold.copy()
     fallen[:, -1] -= 400.0
     marks = [np.zeros(v.shape, np.uint8) for _ in range(2)]
@@ -348,3 +354,27 @@ def test_dial_buckets_give_the_heaps_distances(kind):
     assert marks[0].sum() > 100 and (warm < cold).sum() > 100
     limit = float(np.median(cold[np.isfinite(cold)]))
     np.testing.assert_array_equal(solve(seed, True, limit=limit), solve(seed, False, limit=limit))
+
+
+def test_radix_heap_keys_across_every_binade():
+    """The radix heap's keys are the distances' IEEE bits: weights from 1e-300 to 1e300 (every bucket of
+    the 64 in use, subnormal sums included) give the 4-ary heap's distances bit for bit."""
+    import importlib
+
+    K = importlib.import_module("terrain_io.grid.sssp._incore_cpu")
+    rng = np.random.default_rng(9)
+    h, w = 70, 80
+    v = ringed(10.0 ** rng.uniform(-300, 300, (h, w)))
+    v[1:-1, 1:-1][rng.random((h, w)) < 0.2] = 5e-324  # the least subnormal
+    v[h // 2 - 9 : h // 2 + 10, w // 2 - 9 : w // 2 + 10] = rng.integers(1, 9, (19, 19)) * 5e-324  # subnormal sums
+    out = []
+    for buckets in (True, False):
+        dist = np.full(v.shape, np.inf)
+        dist[h // 2, w // 2] = 0.0
+        pops = K.solve_distances(v.reshape(-1), h, w, KINDS["absdiff"], steps_of(1.0, 1.0), dist.reshape(-1), False,
+                                 np.inf, None, buckets)
+        out.append(dist)
+        assert pops == np.isfinite(dist[1:-1, 1:-1]).sum()  # Dijkstra's order: each cell popped once
+    np.testing.assert_array_equal(*out)
+    inner = out[0][1:-1, 1:-1]
+    assert np.isfinite(inner).all() and (inner < 1e-300).sum() > 10 and (inner > 1e290).sum() > 10

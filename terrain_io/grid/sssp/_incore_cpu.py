@@ -7,7 +7,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
 
 * :func:`solve_distances` -- Dijkstra over the interior, seeded from the sources and from every ring
   cell with a finite distance: on Dial's buckets where every weight has a positive lower bound
-  (cell and surface models), else on a 4-ary heap (lazy deletion) with a FIFO for zero weights.
+  (cell and surface models), else on a radix heap keyed by the distances' bits, with a FIFO for
+  zero weights (the 4-ary heap of ``_heap_cpu`` holds the seeds, and is the tests' reference).
 * :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
@@ -21,10 +22,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import prange
+from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from ...jit import serial_twin
 from .._heap_cpu import heap_pop, heap_push, heap_replace
-from ...weights import CELL, DC, DR, SURFACE, edge_weight
+from ...weights import CELL, DC, DR, SURFACE, edge_weight, float64_bits
 from .._radix_cpu import radix_sort32
 
 NO_PRED = 255
@@ -55,7 +57,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     ``mark`` (uint8, the block's shape, flat; warm only): set to 1 at every cell whose distance falls
     (:func:`affected_cells` starts from them).
     ``buckets``: Dial's buckets where the weight model allows (:func:`_bucket_width`; about twice
-    as fast as the heap), else the heap; the same distances either way.
+    as fast as the 4-ary heap), else a radix heap (~1.25x); False: the 4-ary heap. The same
+    distances either way (each is label-correcting: a cell improved after its pop is pushed again).
     """
     W2 = w + 2
     off = _offsets(W2)
@@ -107,6 +110,8 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     width, slots = _bucket_width(vals, kind, steps) if buckets else (0.0, 0)
     if slots:
         pops = _run_buckets(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, width, slots)
+    elif buckets:
+        pops = _run_radix(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n)
     else:
         pops = _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n)
     for x in range(ring.shape[0]):
@@ -128,6 +133,157 @@ def _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
             hk, hv = _grow(hk, hv)
         if fc + 8 > fifo.size:
             fifo, fh = _grow_ring(fifo, fh, fc)
+    return pops
+
+
+@numba.njit(cache=True)
+def _run_radix(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
+    """Dijkstra on a radix heap from the heap (hk, hv) of n seeds, with a FIFO for zero weights;
+    returns the pops. See :func:`_settle_radix`."""
+    cap = 1024
+    while cap < n + 16:
+        cap *= 2
+    ekey = np.empty(cap, np.int64)
+    item = np.empty(cap, np.int64)
+    nxt = np.empty(cap, np.int64)
+    heads = np.full(65, -1, np.int64)
+    fifo = np.empty(1024, np.int64)
+    st = np.zeros(7, np.int64)  # free-list head, entries used, live, last key, occupied buckets, FIFO head, count
+    st[0] = -1
+    for x in range(n):  # the seeds (keys >= the last key, 0)
+        key = float64_bits(hk[x] + 0.0)
+        b = 64 - leading_zeros(key) if key else 0
+        _radix_link(heads, ekey, item, nxt, st, key, hv[x], b)
+    pops = 0
+    while True:
+        pops = _settle_radix(vals, kind, steps, dist, off, limit, warm, mark, heads, ekey, item, nxt, fifo, st, pops)
+        if st[2] == 0 and st[6] == 0:
+            break
+        if st[2] + 8 > item.size:
+            ekey, item = _grow(ekey, item)
+            nxt = _grow(nxt, nxt)[0]
+        if st[6] + 8 > fifo.size:
+            fifo, st[5] = _grow_ring(fifo, st[5], st[6])
+    return pops
+
+
+@numba.njit(inline="always", cache=True)
+def _radix_link(heads, ekey, item, nxt, st, key, v, b):
+    """Put (key, v) in bucket b of the radix heap (an entry from the free list, else a fresh one)."""
+    f = st[0]
+    if f >= 0:
+        st[0] = nxt[f]
+    else:
+        f = st[1]
+        st[1] += 1
+    ekey[f] = key
+    item[f] = v
+    nxt[f] = heads[b]
+    heads[b] = f
+    if b:
+        st[4] |= np.int64(1) << (b - 1)
+    st[2] += 1
+
+
+@numba.njit(cache=True)
+def _settle_radix(vals, kind, steps, dist, off, limit, warm, mark, heads, ekey, item, nxt, fifo, st, pops):
+    """Dijkstra's loop on a radix heap (Ahuja, Mehlhorn, Orlin & Tarjan 1990) keyed by the IEEE bits
+    of the distances (monotone for numbers >= 0): bucket b >= 1 holds the keys whose highest bit
+    differing from the last key taken is b - 1, bucket 0 the last key itself. A push costs a
+    leading-zero count; when bucket 0 is empty the least non-empty bucket gives the next last key
+    (its least live key) and its entries move to lower buckets -- each entry at most 64 times, in
+    practice a few. Stale entries (the cell fell since) are dropped on the way. Zero-weight
+    relaxations go to the FIFO (see :func:`_settle`). Runs until both are empty or may lack room
+    for a cell's pushes; the state lives in ``st``."""
+    cap = item.size
+    fcap = fifo.size
+    free, used, live, last, occ, fh, fc = st[0], st[1], st[2], st[3], st[4], st[5], st[6]
+    while live + 8 <= cap and fc + 8 <= fcap:
+        if fc > 0:
+            u = fifo[fh]
+            fh = fh + 1 if fh + 1 < fcap else 0
+            fc -= 1
+            du = dist[u]
+        else:
+            e = heads[0]
+            if e < 0:
+                if occ == 0:
+                    break
+                i = trailing_zeros(occ) + 1
+                e = heads[i]
+                heads[i] = -1
+                occ &= ~(np.int64(1) << (i - 1))
+                least = np.int64(2**63 - 1)
+                keep = -1
+                while e >= 0:  # drop the stale entries, find the least key
+                    f = nxt[e]
+                    if ekey[e] != float64_bits(dist[item[e]]):
+                        nxt[e] = free
+                        free = e
+                        live -= 1
+                    else:
+                        nxt[e] = keep
+                        keep = e
+                        if ekey[e] < least:
+                            least = ekey[e]
+                    e = f
+                if keep < 0:
+                    continue
+                last = least
+                e = keep
+                while e >= 0:  # each to a lower bucket, by its highest bit differing from the new last
+                    f = nxt[e]
+                    x = ekey[e] ^ last
+                    b = 64 - leading_zeros(x) if x else 0
+                    nxt[e] = heads[b]
+                    heads[b] = e
+                    if b:
+                        occ |= np.int64(1) << (b - 1)
+                    e = f
+                continue
+            heads[0] = nxt[e]
+            nxt[e] = free
+            free = e
+            live -= 1
+            u = item[e]
+            du = dist[u]
+            if float64_bits(du) != ekey[e]:
+                continue  # a stale entry
+        pops += 1
+        a = vals[u]
+        for k in range(8):
+            v = u + off[k]
+            dv = dist[v]
+            if dv <= du:
+                continue
+            bv = vals[v]
+            if np.isnan(bv):
+                continue
+            nd = du + edge_weight(kind, a, bv, steps[k])
+            if nd < dv and nd <= limit:
+                dist[v] = nd
+                if warm and mark is not None:
+                    mark[v] = 1
+                if nd == du:
+                    t = fh + fc
+                    fifo[t if t < fcap else t - fcap] = v
+                    fc += 1
+                    continue
+                key = float64_bits(nd)
+                b = 64 - leading_zeros(key ^ last)  # (nd > du >= the last key taken)
+                if free >= 0:
+                    f = free
+                    free = nxt[f]
+                else:
+                    f = used
+                    used += 1
+                ekey[f] = key
+                item[f] = v
+                nxt[f] = heads[b]
+                heads[b] = f
+                occ |= np.int64(1) << (b - 1)
+                live += 1
+    st[0], st[1], st[2], st[3], st[4], st[5], st[6] = free, used, live, last, occ, fh, fc
     return pops
 
 
