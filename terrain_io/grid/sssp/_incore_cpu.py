@@ -9,6 +9,8 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
   cell with a finite distance: on Dial's buckets where every weight has a positive lower bound
   (cell and surface models), else on a radix heap keyed by the distances' bits, with a FIFO for
   zero weights (the 4-ary heap of ``_heap_cpu`` holds the seeds, and is the tests' reference).
+  The three queues' loops each spell out the relaxation of a popped cell's neighbours: the same
+  lines as an inlined helper (it takes the arrays) made each loop ~1.7x slower (measured).
 * :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
