@@ -309,9 +309,9 @@ def test_incore_peak_memory_within_its_estimate(tmp_path):
         assert grown <= budget + (4 << 20), f"peak RSS grew {grown / 2**20:.1f} MiB, estimate {budget / 2**20:.1f} MiB"
 
 
-@pytest.mark.parametrize("kind", ["surface", "cell", "absdiff"])
+@pytest.mark.parametrize("kind", ["surface", "cell", "walk", "absdiff"])
 def test_bucket_queues_give_the_heaps_distances(kind):
-    """Dial's buckets (cell and surface models) and the radix heap (absdiff: zero and tiny weights)
+    """Dial's buckets (cell, surface and walk models) and the radix heap (absdiff: zero and tiny weights)
     against the 4-ary heap, bit for bit: a cold solve whose ring distances lie far apart (for the
     buckets thousands of buckets: seeds enter the circle as its window reaches them), a warm
     re-solve after the ring fell on one side (the cells marked too), and a solve under a limit."""
@@ -323,20 +323,24 @@ def test_bucket_queues_give_the_heaps_distances(kind):
     v = ringed(terraced((h, w), 8, step=3.0) + 0.5)
     v[1:-1, 1:-1][rng.random((h, w)) < 0.03] = np.nan
     v[0], v[-1], v[:, 0], v[:, -1] = 2.0, 3.0, 4.0, 5.0  # a ring of cells with values
+    if kind == "walk":
+        v *= 0.1  # slopes Tobler's function keeps within a window of buckets
     steps = steps_of(2.0, 3.0)
-    width, slots = K._bucket_width(v.reshape(-1), KINDS[kind], steps)
-    seed = np.full(v.shape, np.inf)
-    seed[0] = rng.random(w + 2) * 1e4
-    seed[:, -1] = rng.random(h + 2) * 1e4
-    seed[h // 2, w // 3] = 0.0  # a source
+    kinds = dict(KINDS, walk=K.WALK)
+    width, slots = K._bucket_width(v.reshape(-1), h, w, kinds[kind], steps)
     assert bool(slots) == (kind != "absdiff")
+    spread = 8 * slots * width if slots else 1e4  # ring distances: for the buckets 8 windows wide
+    seed = np.full(v.shape, np.inf)
+    seed[0] = rng.random(w + 2) * spread
+    seed[:, -1] = rng.random(h + 2) * spread
+    seed[h // 2, w // 3] = 0.0  # a source
     assert kind == "absdiff" or (seed[0].max() - seed[0].min()) / width > 4 * slots
 
     pops = []
 
     def solve(dist, buckets, warm=False, limit=np.inf, mark=None):
         out = dist.copy()
-        pops.append(K.solve_distances(v.reshape(-1), h, w, KINDS[kind], steps, out.reshape(-1), warm, limit,
+        pops.append(K.solve_distances(v.reshape(-1), h, w, kinds[kind], steps, out.reshape(-1), warm, limit,
                                       None if mark is None else mark.reshape(-1), buckets))
         return out
 
@@ -346,7 +350,7 @@ def test_bucket_queues_give_the_heaps_distances(kind):
     # the pops show that they keep Dijkstra's: each reached interior cell popped once
     assert pops == [np.isfinite(cold[1:-1, 1:-1]).sum()] * 2
     fallen = cold.copy()
-    fallen[:, -1] -= 400.0
+    fallen[:, -1] -= spread / 25
     marks = [np.zeros(v.shape, np.uint8) for _ in range(2)]
     warm = solve(fallen, True, True, mark=marks[0])
     np.testing.assert_array_equal(warm, solve(fallen, False, True, mark=marks[1]))
