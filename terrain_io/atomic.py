@@ -190,9 +190,9 @@ def scratch_directory(near, label: str):
     """
     path = temporary_name(Path(near).parent / label, kind="scratch")
     clean_stale(path.parent, label)
-    path.mkdir()
-    _OWN.add(path)
+    _OWN.add(path)  # before it exists: a signal right after the mkdir still finds it swept at exit
     try:
+        path.mkdir()
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,23 @@ def test_lock_excludes_a_second_holder(tmp_path):
         assert other.returncode != 0 and "locked by another process" in other.stderr
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert other.returncode == 0 and other.stdout.strip() == "got"
+
+
+def test_scratch_folder_interrupted_right_after_it_is_made_is_removed(tmp_path, monkeypatch):
+    """A Ctrl-C that lands just after the scratch folder's mkdir (the reliability test signals as soon
+    as a temporary appears) leaves nothing behind."""
+    from terrain_io.atomic import scratch_directory, sweep_temporaries
+
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_interrupt(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        with scratch_directory(tmp_path / "dem.zarr", "sssp"):
+            pass
+    monkeypatch.undo()
+    sweep_temporaries()
+    assert list(tmp_path.iterdir()) == []
