@@ -299,7 +299,7 @@ MAX_SLOTS = 1 << 16  # Dial's buckets: at most this many (else the heap)
 @numba.njit(cache=True)
 def _bucket_width(vals, h, w, kind, steps):
     """Dial's buckets for the weights of ``kind`` on the block ``vals``: (width, slots), or (0.0, 0) for
-    the radix heap.
+    a heap.
 
     Buckets of a width no larger than every edge weight hold cells that cannot improve one another
     (Dial 1969; Delta-stepping with Delta at the least weight): the cell model's least cost times
