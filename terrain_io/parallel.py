@@ -107,8 +107,8 @@ def _local_options(scheduler: str) -> dict:
     """``dask.compute``'s options for Dask's local schedulers. ``processes`` runs on one pool of
     worker processes kept for this process's life: Dask would start a pool at every compute, each
     worker importing the package and loading its kernels again (~1 s), and the shard method of
-    the SSSP computes once a round (a 64 x 72 DEM: 33 rounds, 41.6 s -> 2.0 s on 2 cores). A broken pool (a
-    worker killed) is replaced at the next compute."""
+    the SSSP computes once a round (a 64 x 72 DEM: 33 rounds, 41.6 s -> 2.0 s on 2 cores). A broken
+    pool (a worker killed) is replaced at the next compute."""
     global _pool
     if scheduler != "processes":
         return {"scheduler": scheduler}

@@ -109,7 +109,8 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
     sides = [s for s in (t << k for k in range(32)) if s <= top]
-    fits = [s for s in sides if need(s) <= budget and (gpu_free is None or block_bytes(s, s, itemsize, device) <= gpu_free)]
+    fits = [s for s in sides
+            if need(s) <= budget and (gpu_free is None or block_bytes(s, s, itemsize, device) <= gpu_free)]
     if not fits:
         least = min(sides, key=need)
         raise InputError(f"the shard method needs at least {format_bytes(need(least))} for this store "
