@@ -92,7 +92,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
                         if mark is not None:
                             mark[v] = 1
                         if n == hk.size:
-                            hk, hv = _grow(hk, hv)
+                            hk, hv = _doubled(hk), _doubled(hv)
                         heap_push(hk, hv, n, nd, v)
                         n += 1
     for r in range(1, h + 1):
@@ -102,7 +102,7 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
             v = r * W2 + c
             if dist[v] < np.inf and not np.isnan(vals[v]):
                 if n == hk.size:
-                    hk, hv = _grow(hk, hv)
+                    hk, hv = _doubled(hk), _doubled(hv)
                 heap_push(hk, hv, n, dist[v], v)
                 n += 1
     # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
@@ -135,10 +135,28 @@ def _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
         if n == 0 and fc == 0:
             break
         if n + 8 > hk.size:
-            hk, hv = _grow(hk, hv)
+            hk, hv = _doubled(hk), _doubled(hv)
         if fc + 8 > fifo.size:
             fifo, fh = _grow_ring(fifo, fh, fc)
     return pops
+
+
+@numba.njit(inline="always", cache=True)
+def _bucket_push(head, item, nxt, state, v, slot):
+    """Put cell v in bucket ``slot`` of a bucket queue (Dial's, or the radix heap's) and return its
+    entry: one from the free list (``state[0]``), else a fresh one (``state[1]``); ``state[2]``
+    counts the live entries. (The queues' loops push inline.)"""
+    f = state[0]
+    if f >= 0:
+        state[0] = nxt[f]
+    else:
+        f = state[1]
+        state[1] += 1
+    item[f] = v
+    nxt[f] = head[slot]
+    head[slot] = f
+    state[2] += 1
+    return f
 
 
 @numba.njit(cache=True)
@@ -159,36 +177,19 @@ def _run_radix(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
     for x in range(n):  # the seeds (keys >= the last key, 0)
         key = float64_bits(hk[x] + 0.0)
         b = 64 - leading_zeros(key) if key else 0
-        _radix_link(heads, ekey, item, nxt, st, key, hv[x], b)
+        ekey[_bucket_push(heads, item, nxt, st, hv[x], b)] = key
+        if b:
+            st[4] |= np.int64(1) << (b - 1)
     pops = 0
     while True:
         pops = _settle_radix(vals, kind, steps, dist, off, limit, warm, mark, heads, ekey, item, nxt, fifo, st, pops)
         if st[2] == 0 and st[6] == 0:
             break
         if st[2] + 8 > item.size:
-            ekey, item = _grow(ekey, item)
-            nxt = _grow(nxt, nxt)[0]
+            ekey, item, nxt = _doubled(ekey), _doubled(item), _doubled(nxt)
         if st[6] + 8 > fifo.size:
             fifo, st[5] = _grow_ring(fifo, st[5], st[6])
     return pops
-
-
-@numba.njit(inline="always", cache=True)
-def _radix_link(heads, ekey, item, nxt, st, key, v, b):
-    """Put (key, v) in bucket b of the radix heap (an entry from the free list, else a fresh one)."""
-    f = st[0]
-    if f >= 0:
-        st[0] = nxt[f]
-    else:
-        f = st[1]
-        st[1] += 1
-    ekey[f] = key
-    item[f] = v
-    nxt[f] = heads[b]
-    heads[b] = f
-    if b:
-        st[4] |= np.int64(1) << (b - 1)
-    st[2] += 1
 
 
 @numba.njit(cache=True)
@@ -384,23 +385,8 @@ def _run_buckets(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, wid
         stop = np.int64(hk[0] * inv) - slots + 2 if n > 0 else np.int64(2**62)
         pops = _settle_buckets(vals, kind, steps, dist, off, limit, warm, mark, head, item, nxt, state, inv, stop, pops)
         if state[2] + 8 > item.size:
-            item, nxt = _grow(item, nxt)  # (the free list's links are kept: entries keep their places)
+            item, nxt = _doubled(item), _doubled(nxt)  # (entries keep their places: the free list holds)
     return pops
-
-
-@numba.njit(inline="always", cache=True)
-def _bucket_push(head, item, nxt, state, v, slot):
-    """Put cell v in bucket ``slot`` (an entry from the free list, else a fresh one)."""
-    f = state[0]
-    if f >= 0:
-        state[0] = nxt[f]
-    else:
-        f = state[1]
-        state[1] += 1
-    item[f] = v
-    nxt[f] = head[slot]
-    head[slot] = f
-    state[2] += 1
 
 
 @numba.njit(cache=True)
@@ -536,14 +522,12 @@ def _ring_cells(h, w):
 
 
 @numba.njit(cache=True)
-def _grow(hk, hv):
-    """The heap's arrays (or the buckets' entries) at twice the size."""
-    nk = np.empty(2 * hk.size, hk.dtype)
-    nv = np.empty(2 * hk.size, hv.dtype)
-    for x in range(hk.size):  # (see solve_distances: no slice copy)
-        nk[x] = hk[x]
-        nv[x] = hv[x]
-    return nk, nv
+def _doubled(a):
+    """``a`` at twice the size (a heap's or the queues' entry arrays), its entries in place."""
+    out = np.empty(2 * a.size, a.dtype)
+    for x in range(a.size):  # (see solve_distances: no slice copy)
+        out[x] = a[x]
+    return out
 
 
 @numba.njit(cache=True)
