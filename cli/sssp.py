@@ -87,16 +87,13 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
         raise click.UsageError("--cell applies to --source ROW,COL")
     timer = Timer()
     src, cell = [_pair(s) for s in sources], as_cell
-    if sources_file is not None and sources:  # both: one list of cells
-        import numpy as np
-
+    if sources_file is not None and sources:  # both: one list of points, numbered on
         from terrain_io.points import from_coordinates, read_points
         from terrain_io.store import TerrainStore
 
         st = TerrainStore.open(store)
-        src = np.concatenate([from_coordinates(st, src, as_cell, skip_invalid, "source").cells,
-                              read_points(sources_file, st, sources_crs, skip_invalid, "source").cells])
-        cell = True
+        src = from_coordinates(st, src, as_cell, skip_invalid, "source").then(
+            read_points(sources_file, st, sources_crs, skip_invalid, "source"))
     elif sources_file is not None:
         src = sources_file
     res = sssp(store, src, weight=weight, name=name, device=device, memory=memory,

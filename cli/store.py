@@ -191,11 +191,14 @@ def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, schedu
 @click.argument("array", default="elevation")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="OUT.tif (tiled, compressed GeoTIFF), OUT.asc (Esri ASCII) or OUT.png (picture).")
-@click.option("--decimals", type=int, help="Decimals in ASCII output [default: 3, 0 for integers].")
+@click.option("--decimals", type=click.IntRange(0, 17),  # terrain_io.export.DECIMALS_MAX
+              help="Decimals in ASCII output, 0..17 [default: 3, 0 for integers].")
 @scheduler_option
 @overwrite_option
 def export(store, array, out, decimals, scheduler, overwrite):
     """Export ARRAY of a store (default: elevation; e.g. sssp/NAME/distance) to a file.
+
+    Unreached cells (+inf) and nodata are written as nodata; OUT.asc gets OUT.prj with the CRS.
 
     With --scheduler, workers read (and for .asc format, for .png downsample) the shards; this
     process writes the one file, the same bytes as without.

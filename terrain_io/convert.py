@@ -460,11 +460,13 @@ def _int_nodata(dtype: np.dtype, nodata):
 
 def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD, dtype: str | None = None,
             overwrite: bool = False, progress: bool = False, scheduler: str | None = "local",
-            announce=None) -> ConvertSummary:
+            announce=None, elevation: bool = True) -> ConvertSummary:
     """Convert an ASCII grid or any GDAL raster at ``src`` into a new store at ``out``.
 
     ``out`` defaults to ``src`` with the suffix ``.zarr``. Returns a summary; raises InputError
-    for unusable input and leaves no store behind on any failure. ``scheduler`` (rasters only):
+    for unusable input and leaves no store behind on any failure. ``elevation``: the values are
+    elevations, so +-inf (no elevation, and weights of inf - inf = NaN) is refused; a cost or
+    source raster (False) may hold it. ``scheduler`` (rasters only):
     one task per shard window on Dask (see :func:`terrain_io.parallel.map_shards`).
     """
     t0 = time.perf_counter()
@@ -501,6 +503,9 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
             store = TerrainStore.create(tmp, (hdr.rows, hdr.cols), out_dtype, tile=tile, shard=shard,
                                         nodata=nodata_out, attrs=attrs)
             reader.write(store, stats, _Cast(hdr.nodata, str(out_dtype), nodata_out, hdr.multiplier), progress)
+            if elevation and stats.valid and not (math.isfinite(stats.minimum) and math.isfinite(stats.maximum)):
+                raise InputError(f"{src}: holds infinite values ({stats.minimum} .. {stats.maximum}): not "
+                                 "elevations; make those cells nodata in the source")
             store.update_attrs(**stats.as_attrs())
     if stats.valid == 0:
         warnings.warn(f"{src}: every cell is nodata: the DEM has no vertices", stacklevel=2)
@@ -658,11 +663,29 @@ def aligned_raster(source, store: TerrainStore, scratch, what: str, dtype: str =
         raise InputError(f"{what} {str(source)!r}: no such file and no such array in the store")
     label = what.split()[0]  # "cost", "source", ...: the scratch folder's name
     tmp = scratch.enter_context(scratch_directory(store.path, label)) / f"{label}.zarr"
-    convert(src, tmp, tile=store.tile_size, shard=store.shard_size, dtype=dtype, progress=False)
+    convert(src, tmp, tile=store.tile_size, shard=store.shard_size, dtype=dtype, progress=False, elevation=False)
     other = TerrainStore.open(tmp, mode="r")
     if other.shape != store.shape:
         raise InputError(f"{what} {src}: shape {other.shape} differs from the DEM's {store.shape}")
+    if store.crs and other.crs and not _same_crs(store.crs, other.crs):
+        raise InputError(f"{what} {src}: its CRS {_crs_label(other.crs)} is not the DEM's {_crs_label(store.crs)} "
+                         "(reproject it onto the DEM's grid, e.g. gdalwarp)")
     st = store.transform
     if st and other.transform and not np.allclose(other.transform, st, rtol=0, atol=1e-9 * max(1.0, *map(abs, st))):
         raise InputError(f"{what} {src}: not aligned with the DEM (transform {other.transform} vs {st})")
     return other, "elevation"
+
+
+def _same_crs(a: str, b: str) -> bool:
+    from rasterio.crs import CRS
+
+    return CRS.from_wkt(a) == CRS.from_wkt(b)
+
+
+def _crs_label(wkt: str) -> str:
+    """EPSG:n where the CRS has a code, else its name."""
+    from rasterio.crs import CRS
+
+    crs = CRS.from_wkt(wkt)
+    epsg = crs.to_epsg()
+    return f"EPSG:{epsg}" if epsg else repr(wkt.split('"')[1] if '"' in wkt else wkt[:60])

@@ -9,9 +9,18 @@ workers read and decode the store's shards, GDAL compresses and writes them here
 workers format the text of shard-row bands; PNG -- the workers read and downsample their shards,
 the picture (at most 2048 cells a side) is coloured here. The local path runs the same task
 functions in order, so the file is the same, byte for byte.
+
+Nodata in the files, as GRASS ``r.cost`` and GDAL expect: the store's NaN *and* +-inf (an SSSP's
+unreached cells; the store keeps +inf) become nodata -- NaN in a GeoTIFF, ``NODATA_value`` in an
+ASCII grid, -9999 unless a written value would read back as it (then a lower -99...9 below every
+value). ``mst/edges`` (bit masks 0..15, where 0 is a valid mask) marks the DEM's nodata cells with
+255. ASCII values are fixed point with ``decimals`` (0..17): exact decimal expansions where the
+fast formatter's int64 cannot hold them (|value| x 10^decimals >= 2^53), so no value is ever
+written wrong; a ``.prj`` (Esri WKT) beside the grid carries the store's CRS.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +36,12 @@ from .store import TerrainStore, Window, valid_mask
 
 PNG_MAX_SIDE = 2048
 IN_FLIGHT_BYTES = 512 * 1024 * 1024  # about this much of shard-task results held at once (Dask)
+DECIMALS_MAX = 17  # float64 carries 17 significant digits; more is refused, not written as noise
+ASCII_NODATA = -9999  # the usual NODATA_value of ASCII grids (another when the data holds it)
+_EXACT_INT = 2.0**53  # the fast ASCII formatter rounds |value| x 10^decimals to an int64 below this
+# arrays whose nodata cells are the DEM's (their own fill value is a valid value), and the value
+# that marks those cells in exported files
+ELEVATION_MASKED = {"mst/edges": 255}  # edge masks are 0..15 (bits E, SE, S, SW)
 
 
 def _array(store: TerrainStore, name: str):
@@ -42,6 +57,8 @@ def _array(store: TerrainStore, name: str):
 def _nodata_of(store: TerrainStore, name: str, arr):
     if arr.dtype.kind == "f":
         return None
+    if name in ELEVATION_MASKED:
+        return ELEVATION_MASKED[name]
     return store.nodata if name == "elevation" else arr.attrs.get("nodata", arr.fill_value)
 
 
@@ -53,6 +70,8 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     ``dask.distributed`` address; see the module docstring); the file is the same either way.
     """
     scheduler = check_scheduler(scheduler)
+    if decimals is not None and not (isinstance(decimals, (int, np.integer)) and 0 <= decimals <= DECIMALS_MAX):
+        raise InputError(f"--decimals must be a whole number from 0 to {DECIMALS_MAX}, got {decimals!r}")
     store = TerrainStore.open(store_path, mode="r")
     arr = _array(store, name)
     out = Path(out)
@@ -63,12 +82,30 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     if suffix not in writers:
         raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
     run = _Runner(scheduler, progress, announce)
-    with atomic_file(out) as tmp:
-        if suffix == ".asc":
+    if suffix == ".asc":
+        prj = out.with_suffix(".prj")
+        if prj.exists() and not overwrite:
+            raise StoreError(f"{prj}: already exists beside {out.name} (use --overwrite to replace it)")
+        wkt = _esri_wkt(store.crs)
+        with atomic_file(out) as tmp, (atomic_file(prj) if wkt else contextlib.nullcontext()) as prj_tmp:
             _write_ascii(store, name, arr, tmp, decimals, run)
-        else:
-            writers[suffix](store, name, arr, tmp, run)
+            if wkt:
+                prj_tmp.write_text(wkt + "\n")
+        if not wkt:
+            prj.unlink(missing_ok=True)  # --overwrite: an old .prj would give the grid a CRS it has not
+        return out
+    with atomic_file(out) as tmp:
+        writers[suffix](store, name, arr, tmp, run)
     return out
+
+
+def _esri_wkt(crs: str | None) -> str | None:
+    """The store's CRS as the Esri dialect of WKT 1 that ``.prj`` files hold (ArcGIS, GDAL read it)."""
+    if not crs:
+        return None
+    from rasterio.crs import CRS
+
+    return CRS.from_wkt(crs).to_wkt(morph_to_esri_dialect=True)
 
 
 @dataclass
@@ -95,8 +132,9 @@ class _ShardTask:
     window: Window
     factor: int = 1  # PNG: every factor-th cell of the whole grid
     decimals: int = 0  # ASCII
-    nodata: object = None  # ASCII: the integer nodata value (None: NaN)
+    nodata: object = None  # ASCII: the integer nodata value (None: NaN and +-inf)
     nodata_text: str = "-9999"
+    elevation_masked: object = None  # mark the DEM's nodata cells with this value (ELEVATION_MASKED)
 
 
 def _open(task: _ShardTask):
@@ -104,8 +142,16 @@ def _open(task: _ShardTask):
 
 
 def _read_block(task: _ShardTask) -> np.ndarray:
+    """The window's values as a file holds them: +-inf as NaN (nodata), the DEM's nodata cells
+    marked for arrays whose own values cannot tell them (``ELEVATION_MASKED``)."""
     w = task.window
-    return _open(task)[w.r0 : w.r1, w.c0 : w.c1]
+    block = _open(task)[w.r0 : w.r1, w.c0 : w.c1]
+    if block.dtype.kind == "f":
+        block[np.isinf(block)] = np.nan
+    if task.elevation_masked is not None:
+        st = TerrainStore.open(task.store, mode="r")
+        block[~st.valid(st.read(w))] = task.elevation_masked
+    return block
 
 
 def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
@@ -129,7 +175,7 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
     wins = list(store.shards())
-    tasks = [_ShardTask(str(store.path), name, win) for win in wins]
+    tasks = [_ShardTask(str(store.path), name, win, elevation_masked=ELEVATION_MASKED.get(name)) for win in wins]
     shard_bytes = (store.tile_size * store.shard_size) ** 2 * arr.dtype.itemsize
     with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
         for block, win in zip(run(_read_block, tasks, shard_bytes), wins):
@@ -174,15 +220,62 @@ def _format_rows(values, decimals, nodata_text, out):
     return pos
 
 
-def _ascii_band(task: _ShardTask) -> bytes:
-    """The text rows of a band of the array (a row of shards)."""
-    w = task.window
-    block = np.asarray(_open(task)[w.r0 : w.r1, w.c0 : w.c1], dtype=np.float64)
-    if task.nodata is not None:
-        block[block == task.nodata] = np.nan
-    buf = np.empty(block.size * (24 + task.decimals) + block.shape[0], dtype=np.uint8)
-    n = _format_rows(block, task.decimals, np.frombuffer(task.nodata_text.encode(), np.uint8), buf)
-    return buf[:n].tobytes()
+def _ascii_band(task: _ShardTask) -> tuple[bytes, bool, float]:
+    """The text rows of a band of the array (a row of shards); whether a written value would read
+    back as the nodata value; the band's least value (inf if none)."""
+    block = _read_block(task)
+    if task.nodata is not None:  # an integer array's own nodata value
+        nodata = block == task.nodata
+        block = block.astype(np.float64) if not _beyond_float(block) else block.astype(object)
+        block[nodata] = np.nan
+    elif block.dtype.kind != "f":
+        block = block.astype(np.float64) if not _beyond_float(block) else block.astype(object)
+    else:
+        block = block.astype(np.float64)
+    nodata_text = task.nodata_text
+    if block.dtype == object:  # integers beyond 2^53: written from the exact integers
+        return _format_exact(block, task.decimals, nodata_text), False, float("inf")
+    finite = block[np.isfinite(block)]
+    if finite.size == 0:
+        lo, clash, big = float("inf"), False, False
+    else:
+        lo = float(finite.min())
+        # a value that rounds to the nodata text would read back as nodata: generous, a false alarm only
+        # costs another nodata value
+        nd = float(nodata_text)
+        clash = task.nodata is None and bool(np.any(np.abs(finite - nd) <= 0.5 * 10.0**-task.decimals + 1e-12 * abs(nd)))
+        big = float(np.abs(finite).max()) * 10.0**task.decimals >= _EXACT_INT
+    if big:
+        return _format_exact(block, task.decimals, nodata_text), clash, lo
+    width = max(24 + task.decimals, len(nodata_text) + 1)
+    buf = np.empty(block.size * width + block.shape[0], dtype=np.uint8)
+    n = _format_rows(block, task.decimals, np.frombuffer(nodata_text.encode(), np.uint8), buf)
+    return buf[:n].tobytes(), clash, lo
+
+
+def _beyond_float(block: np.ndarray) -> bool:
+    """Whether integers lose digits in float64 (64-bit integers of 2^53 and more)."""
+    return block.dtype.itemsize == 8 and block.size > 0 and bool(np.any(np.abs(block.astype(np.float64)) >= _EXACT_INT))
+
+
+def _format_exact(block: np.ndarray, decimals: int, nodata_text: str) -> bytes:
+    """Rows of exact decimal expansions (Python's correctly rounded ``f`` format; slow, for values
+    the int64 of :func:`_format_rows` cannot hold)."""
+    def text(v) -> str:
+        if isinstance(v, int):
+            return f"{v}.{'0' * decimals}" if decimals else str(v)
+        return f"{v:.{decimals}f}" if math.isfinite(v) else nodata_text
+
+    return "".join(" ".join(text(v) for v in row) + "\n" for row in block.tolist()).encode()
+
+
+def _free_nodata(lo: float) -> int:
+    """-99...9 (at least -99999) below every value ``lo`` and up, by more than the rounding."""
+    for k in range(5, 309):
+        nd = -(10.0**k - 1)
+        if nd < lo - 1.0:
+            return -(10**k - 1)
+    raise InputError("no nodata value below the data's least value: the values reach -1e308 (export to .tif)")
 
 
 def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int | None, run: _Runner) -> None:
@@ -193,18 +286,25 @@ def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int |
     square = abs(abs(t[1]) - abs(t[5])) <= 1e-12 * abs(t[1])
     size = f"cellsize {abs(t[1])!r}\n" if square else f"dx {abs(t[1])!r}\ndy {abs(t[5])!r}\n"
     nodata = _nodata_of(store, name, arr)
-    nodata_text = "-9999" if nodata is None else str(nodata)
     if decimals is None:
         decimals = 0 if arr.dtype.kind in "iu" else 3
-    header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
-              f"{size}NODATA_value {nodata_text}\n")
     band = store.tile_size * store.shard_size
-    tasks = [_ShardTask(str(store.path), name, Window(r0, min(r0 + band, rows), 0, cols), decimals=decimals,
-                        nodata=nodata, nodata_text=nodata_text) for r0 in range(0, rows, band)]
-    with open(out, "wb") as f:
-        f.write(header.encode())
-        for text in run(_ascii_band, tasks, band * cols * (8 + decimals)):
-            f.write(text)
+    nodata_text = str(ASCII_NODATA if nodata is None else nodata)
+    while True:
+        header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
+                  f"{size}NODATA_value {nodata_text}\n")
+        tasks = [_ShardTask(str(store.path), name, Window(r0, min(r0 + band, rows), 0, cols), decimals=decimals,
+                            nodata=nodata, nodata_text=nodata_text, elevation_masked=ELEVATION_MASKED.get(name))
+                 for r0 in range(0, rows, band)]
+        clash, lo = False, float("inf")
+        with open(out, "wb") as f:
+            f.write(header.encode())
+            for text, band_clash, band_lo in run(_ascii_band, tasks, band * cols * (8 + decimals)):
+                f.write(text)
+                clash, lo = clash or band_clash, min(lo, band_lo)
+        if not clash:
+            return
+        nodata_text = str(_free_nodata(lo))  # the data holds -9999: write it again with another
 
 
 # -- PNG pictures ------------------------------------------------------------------------------

@@ -66,6 +66,12 @@ class Points:
     def __len__(self) -> int:
         return len(self.cells)
 
+    def then(self, other: "Points") -> "Points":
+        """These points followed by ``other``'s, numbered on from this input's last point."""
+        return Points(np.concatenate([self.cells, other.cells]), np.concatenate([self.xy, other.xy]),
+                      np.concatenate([self.index, other.index + self.read]), f"{self.source} + {other.source}",
+                      self.read + other.read, self.skipped + other.skipped)
+
 
 def read_points(source, store, crs=None, skip_invalid: bool = False, what: str = "point") -> Points:
     """The points of ``source`` (a vector, CSV or raster file, or an array of ``store``) on its DEM.
@@ -118,7 +124,12 @@ def from_coordinates(store, pairs, cell: bool = False, skip_invalid: bool = Fals
         raise InputError(f"no {what} given")
     index = np.arange(len(a), dtype=np.int64)
     if cell:
-        cells = np.where(np.abs(a) < 2.0**62, np.floor(a), -1).astype(np.int64)
+        whole = np.isfinite(a) & (a == np.round(a))
+        if not whole.all():
+            i = int(np.flatnonzero(~whole.all(axis=1))[0])
+            raise InputError(f"{what} cell {a[i, 0]:.10g},{a[i, 1]:.10g}: a cell is ROW,COL, two whole numbers "
+                             "(without --cell: map coordinates X,Y)")
+        cells = np.where(np.abs(a) < 2.0**62, a, -1).astype(np.int64)
         xy = np.column_stack(store.cell_to_map(cells[:, 0], cells[:, 1]))
     else:
         xy = a

@@ -280,6 +280,10 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":
         raise InputError(f"cannot fill a DEM of dtype {store.dtype}")
+    lo, hi = store.attrs.get("min"), store.attrs.get("max")
+    if lo is not None and hi is not None and not float(hi) - float(lo) <= float(np.finfo(np.float32).max):
+        raise InputError(f"{store.path}: the elevations span {lo:.6g} .. {hi:.6g}: depths up to {hi - lo:.6g} would "
+                         "pass float32's range (3.4e38)")
     scheduler = check_scheduler(scheduler)
     budget = memory_budget(memory)
     if held is not None or batch_tiles is not None or scheduler != "local":  # of the CPU pipeline: auto takes it

@@ -1,8 +1,9 @@
 """Allocation: which source each cell's shortest path comes from (``sssp/NAME/source``).
 
-GRASS r.cost's ``nearest=`` and ArcGIS Cost Allocation: the number (1, 2, ... in the order given,
-repeated cells left out) of the source at the root of the cell's predecessor chain; 0 where no
-source reaches a cell and on nodata. Following the predecessors makes ties of distance take the tie rule's side, so the
+GRASS r.cost's ``nearest=`` and ArcGIS Cost Allocation: the number (1, 2, ... the point's place in
+its input, whatever was left out or repeated before it; :class:`SourceCells`) of the source at the
+root of the cell's predecessor chain; 0 where no source reaches a cell and on nodata. Points that
+share a cell are one source: the first one's number. Following the predecessors makes ties of distance take the tie rule's side, so the
 allocation is the same bytes on every method that gives the same predecessors (in-core, shards).
 
 * In memory (the in-core method): every chain is followed once, memoised
@@ -64,14 +65,28 @@ def _chase(pred, src_label, r0, c0, H, W, out):
                 done[q // w, q - (q // w) * w] = True
 
 
+class SourceCells(list):
+    """Distinct source cells ``(row, col)`` in the order given, and ``labels``: each one's number in
+    the allocation -- its first point's place in the input, from 1 -- so that the numbers follow the
+    input even when points were repeated or left out (``--skip-invalid``)."""
+
+    def __init__(self, cells, labels):
+        super().__init__(cells)
+        self.labels = [int(x) for x in labels]
+        if len(self.labels) != len(self):
+            raise ValueError("one label a cell")
+
+
 def _source_labels(cells, win_r0, win_c0, h, w) -> np.ndarray:
-    """The labels (1-based, the first of equal cells) of the sources in a block, 0 elsewhere."""
+    """The labels of the sources in a block (:class:`SourceCells`' own, else 1-based places with the
+    first of equal cells winning), 0 elsewhere."""
+    labels = np.asarray(cells.labels if isinstance(cells, SourceCells) else np.arange(1, len(cells) + 1), np.int64)
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     r, c = cells[:, 0] - win_r0, cells[:, 1] - win_c0
     inside = np.nonzero((r >= 0) & (r < h) & (c >= 0) & (c < w))[0][::-1]
     lab = np.zeros((h, w), np.uint32)
     for n in inside:  # backwards: the first of equal cells is written last
-        lab[r[n], c[n]] = n + 1
+        lab[r[n], c[n]] = labels[n]
     return lab
 
 

@@ -13,6 +13,7 @@ by its own rule (README, "Grid pipelines").
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field as dc_field
 
@@ -23,6 +24,7 @@ from ...backend import resolve_device
 from ...errors import InputError
 from ...memory import memory_budget
 from ...store import TerrainStore
+from .allocation import SourceCells
 from .index import Field, open_index
 
 DISTANCE_DTYPE = "float32"
@@ -65,7 +67,8 @@ class SSSPResult:
 
 def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
                   skip_invalid: bool = False) -> list[tuple[int, int]]:
-    """Source cells, distinct, in the order given: from (x, y) map coordinates, (row, col) cells with
+    """Source cells, distinct, in the order given, with their numbers (:class:`.allocation.SourceCells`;
+    a note names points that repeat a cell): from (x, y) map coordinates, (row, col) cells with
     ``cell``, or a file of points / raster / store array name (:func:`terrain_io.points.read_points`,
     ``crs`` and ``skip_invalid`` as there). One clear error for a source off the DEM or on nodata;
     every tile the sources touch is read once (:func:`terrain_io.points.vertex_mask`)."""
@@ -83,7 +86,18 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
         raise InputError(f"no source lies on the DEM's data ({pts.skipped} left out)")
     ids = pts.cells[:, 0] * store.shape[1] + pts.cells[:, 1]
     _, first = np.unique(ids, return_index=True)
-    return [(int(r), int(c)) for r, c in pts.cells[np.sort(first)]]
+    first = np.sort(first)
+    if len(first) < len(ids):
+        import warnings
+
+        from ...errors import TerrainNote
+
+        repeated = np.setdiff1d(np.arange(len(ids)), first)
+        numbers = ", ".join(str(int(pts.index[i]) + 1) for i in repeated[:5]) + (", ..." if len(repeated) > 5 else "")
+        k = len(repeated)
+        warnings.warn(f"source{'s' if k > 1 else ''} {numbers} share{'' if k > 1 else 's'} a cell with an earlier "
+                      "source: the cell keeps the earlier number (--allocation)", TerrainNote, stacklevel=3)
+    return SourceCells([(int(r), int(c)) for r, c in pts.cells[first]], pts.index[first] + 1)
 
 
 def default_name(cells) -> str:
@@ -143,6 +157,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
         raise InputError(f"--max-cost must be a number >= 0, got {max_cost!r}")
     options = {"limit": limit, "allocation": bool(allocation)}
     _note_units(store, model)
+    _check_distance_range(store, model)
     field = Field(store, model, cost)
     try:
         if (method or "auto") == "auto" and (rebuild_index or cluster is not None):
@@ -187,6 +202,22 @@ def result_attrs(store: TerrainStore, field: Field, cells, method: str, limit: f
         "predecessor_rule": "the tight parent with the least key (0 if strictly nearer, else its plateau level + 1), "
                             "then the least direction code",
     }
+
+
+def _check_distance_range(store: TerrainStore, model) -> None:
+    """Refuse elevations so large that a distance of ``absdiff``/``surface`` could pass float32's
+    largest value (3.4e38) -- it would be stored as +inf, "unreached": a path steps each cell at most
+    once, each step weighs at most the value span plus a diagonal."""
+    if model.kind not in (weight_models.ABSDIFF, weight_models.SURFACE):
+        return
+    a = store.attrs
+    lo, hi, n = a.get("min"), a.get("max"), a.get("valid_count")
+    if lo is None or hi is None or not n:
+        return
+    step = math.hypot(*store.metric_cell_size) if model.uses_step else 0.0
+    if not (float(hi) - float(lo) + step) * n < float(np.finfo(np.float32).max):
+        raise InputError(f"{store.path}: the elevations span {lo:.6g} .. {hi:.6g} over {n:,} cells: distances "
+                         f"could pass float32's range (3.4e38); rescale the DEM's values")
 
 
 def _note_units(store: TerrainStore, model) -> None:

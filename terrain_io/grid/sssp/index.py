@@ -76,6 +76,29 @@ class Field:
         else:
             stat = Path(cost).stat()
             self.cost_id = f"file:{Path(cost).resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+        self._note_barriers(cost)
+
+    def _note_barriers(self, cost) -> None:
+        """One note counting the cells with data whose cost is nodata, NaN, negative or infinite:
+        they are barriers (no vertex), as r.cost treats null cost cells. One pass, shard by shard."""
+        kinds = {"nodata or NaN": 0, "negative": 0, "infinite": 0}
+        for win in self.store.shards():
+            ok = self.store.valid(self.store.read(win))
+            c = self.cost_store.read(win, self.cost_array).astype(np.float64)[ok]
+            if self.cost_store is not self.store:
+                c[~self.cost_store.valid(c)] = np.nan
+            kinds["nodata or NaN"] += int(np.count_nonzero(np.isnan(c)))
+            kinds["negative"] += int(np.count_nonzero(c < 0))
+            kinds["infinite"] += int(np.count_nonzero(c == np.inf))
+        n = sum(kinds.values())
+        if n:
+            import warnings
+
+            from ...errors import TerrainNote
+
+            parts = ", ".join(f"{k} {v:,}" for k, v in kinds.items() if v)
+            warnings.warn(f"cost raster {cost}: {n:,} cell{'s' if n > 1 else ''} of the DEM's data ha{'ve' if n > 1 else 's'} "
+                          f"no usable cost ({parts}): barriers, not crossed", TerrainNote, stacklevel=4)
 
     def read(self, window: Window, dtype=np.float64) -> np.ndarray:
         """The cells of ``window``, NaN where not a vertex: float64, or ``dtype`` float32 where the
