@@ -37,7 +37,9 @@ from .store import TerrainStore, Window, valid_mask
 PNG_MAX_SIDE = 2048
 IN_FLIGHT_BYTES = 512 * 1024 * 1024  # about this much of shard-task results held at once (Dask)
 DECIMALS_MAX = 17  # float64 carries 17 significant digits; more is refused, not written as noise
-ASCII_NODATA = -9999  # the usual NODATA_value of ASCII grids (another when the data holds it)
+# NODATA_value of ASCII grids: the usual -9999, else the first -99...9 that no written value reads
+# back as (all within float32's range, so readers of float32 grids can hold it)
+ASCII_NODATA = tuple(-(10**k - 1) for k in range(4, 39))
 _EXACT_INT = 2.0**53  # the fast ASCII formatter rounds |value| x 10^decimals to an int64 below this
 # arrays whose nodata cells are the DEM's (their own fill value is a valid value), and the value
 # that marks those cells in exported files
@@ -104,8 +106,9 @@ def _esri_wkt(crs: str | None) -> str | None:
     if not crs:
         return None
     from rasterio.crs import CRS
+    from rasterio.enums import WktVersion
 
-    return CRS.from_wkt(crs).to_wkt(morph_to_esri_dialect=True)
+    return CRS.from_wkt(crs).to_wkt(version=WktVersion.WKT1_ESRI)
 
 
 @dataclass
@@ -220,9 +223,9 @@ def _format_rows(values, decimals, nodata_text, out):
     return pos
 
 
-def _ascii_band(task: _ShardTask) -> tuple[bytes, bool, float]:
-    """The text rows of a band of the array (a row of shards); whether a written value would read
-    back as the nodata value; the band's least value (inf if none)."""
+def _ascii_band(task: _ShardTask) -> tuple[bytes, tuple]:
+    """The text rows of a band of the array (a row of shards), and the places in ``ASCII_NODATA``
+    of the values that a written value would read back as (float arrays)."""
     block = _read_block(task)
     if task.nodata is not None:  # an integer array's own nodata value
         nodata = block == task.nodata
@@ -234,23 +237,22 @@ def _ascii_band(task: _ShardTask) -> tuple[bytes, bool, float]:
         block = block.astype(np.float64)
     nodata_text = task.nodata_text
     if block.dtype == object:  # integers beyond 2^53: written from the exact integers
-        return _format_exact(block, task.decimals, nodata_text), False, float("inf")
+        return _format_exact(block, task.decimals, nodata_text), ()
     finite = block[np.isfinite(block)]
-    if finite.size == 0:
-        lo, clash, big = float("inf"), False, False
-    else:
-        lo = float(finite.min())
-        # a value that rounds to the nodata text would read back as nodata: generous, a false alarm only
-        # costs another nodata value
-        nd = float(nodata_text)
-        clash = task.nodata is None and bool(np.any(np.abs(finite - nd) <= 0.5 * 10.0**-task.decimals + 1e-12 * abs(nd)))
+    hits, big = (), False
+    if finite.size:
+        if task.nodata is None:
+            # generous: a false alarm only costs another nodata value
+            low = finite[finite < ASCII_NODATA[0] + 1]
+            hits = tuple(i for i, nd in enumerate(ASCII_NODATA)
+                         if low.size and np.any(np.abs(low - nd) <= 0.5 * 10.0**-task.decimals + 1e-12 * -nd))
         big = float(np.abs(finite).max()) * 10.0**task.decimals >= _EXACT_INT
     if big:
-        return _format_exact(block, task.decimals, nodata_text), clash, lo
+        return _format_exact(block, task.decimals, nodata_text), hits
     width = max(24 + task.decimals, len(nodata_text) + 1)
     buf = np.empty(block.size * width + block.shape[0], dtype=np.uint8)
     n = _format_rows(block, task.decimals, np.frombuffer(nodata_text.encode(), np.uint8), buf)
-    return buf[:n].tobytes(), clash, lo
+    return buf[:n].tobytes(), hits
 
 
 def _beyond_float(block: np.ndarray) -> bool:
@@ -269,15 +271,6 @@ def _format_exact(block: np.ndarray, decimals: int, nodata_text: str) -> bytes:
     return "".join(" ".join(text(v) for v in row) + "\n" for row in block.tolist()).encode()
 
 
-def _free_nodata(lo: float) -> int:
-    """-99...9 (at least -99999) below every value ``lo`` and up, by more than the rounding."""
-    for k in range(5, 309):
-        nd = -(10.0**k - 1)
-        if nd < lo - 1.0:
-            return -(10**k - 1)
-    raise InputError("no nodata value below the data's least value: the values reach -1e308 (export to .tif)")
-
-
 def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int | None, run: _Runner) -> None:
     rows, cols = arr.shape
     t = store.transform or (0.0, 1.0, 0.0, float(rows), 0.0, -1.0)
@@ -289,22 +282,25 @@ def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int |
     if decimals is None:
         decimals = 0 if arr.dtype.kind in "iu" else 3
     band = store.tile_size * store.shard_size
-    nodata_text = str(ASCII_NODATA if nodata is None else nodata)
+    nodata_text = str(ASCII_NODATA[0] if nodata is None else nodata)
     while True:
         header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
                   f"{size}NODATA_value {nodata_text}\n")
         tasks = [_ShardTask(str(store.path), name, Window(r0, min(r0 + band, rows), 0, cols), decimals=decimals,
                             nodata=nodata, nodata_text=nodata_text, elevation_masked=ELEVATION_MASKED.get(name))
                  for r0 in range(0, rows, band)]
-        clash, lo = False, float("inf")
+        held = set()
         with open(out, "wb") as f:
             f.write(header.encode())
-            for text, band_clash, band_lo in run(_ascii_band, tasks, band * cols * (8 + decimals)):
+            for text, hits in run(_ascii_band, tasks, band * cols * (8 + decimals)):
                 f.write(text)
-                clash, lo = clash or band_clash, min(lo, band_lo)
-        if not clash:
+                held.update(hits)
+        if nodata is not None or int(nodata_text) not in {ASCII_NODATA[i] for i in held}:
             return
-        nodata_text = str(_free_nodata(lo))  # the data holds -9999: write it again with another
+        free = [nd for i, nd in enumerate(ASCII_NODATA) if i not in held]  # the data holds -9999: write again
+        if not free:
+            raise InputError(f"{name}: the values hold every nodata value an ASCII grid could take; export to .tif")
+        nodata_text = str(free[0])
 
 
 # -- PNG pictures ------------------------------------------------------------------------------

@@ -496,7 +496,7 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
         if allocation:
             from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
 
-            write_allocation(pred_arr, w.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), src,
+            write_allocation(pred_arr, w.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), cells,
                              store.shape, allocation_threads(store, merge.budget, os.cpu_count() or 1))
         w.attrs.update({"reached": reached, "max_distance": dmax})
     bar.close()

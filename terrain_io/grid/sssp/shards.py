@@ -696,7 +696,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
         if allocation:
             from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
 
-            write_allocation(pred_arr, wr.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), src,
+            write_allocation(pred_arr, wr.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), cells,
                              store.shape, allocation_threads(store, budget, threads))
         reached = sum(n for n, _ in reach.values())
         dmax = max((m for _, m in reach.values()), default=0.0)
