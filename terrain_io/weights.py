@@ -186,6 +186,27 @@ def unpack_walk_friction(x):
             np.float64(_float32_of_bits(np.int32(bits & 0xFFFFFFFF))))
 
 
+def unusable_costs(cost) -> dict[str, int]:
+    """How many ``cost`` values (NumPy or CuPy; the cells with data) make their cell a barrier -- no
+    vertex, as GRASS r.cost treats null cost cells: nodata or NaN, negative, +inf."""
+    return {"nodata or NaN": int((cost != cost).sum()), "negative": int((cost < 0).sum()),
+            "infinite": int((cost == np.inf).sum())}
+
+
+def note_barriers(counts: dict[str, int], label: str, stacklevel: int = 3) -> None:
+    """One note (:class:`~terrain_io.errors.TerrainNote`) counting the barriers of
+    :func:`unusable_costs`, if any."""
+    n = sum(counts.values())
+    if n:
+        import warnings
+
+        from .errors import TerrainNote
+
+        parts = ", ".join(f"{k} {v:,}" for k, v in counts.items() if v)
+        warnings.warn(f"{label}: {n:,} cell{'s' if n > 1 else ''} of the DEM's data ha{'ve' if n > 1 else 's'} no "
+                      f"usable cost ({parts}): barriers, not crossed", TerrainNote, stacklevel=stacklevel + 1)
+
+
 def pack_walk_friction(elevation: np.ndarray, friction: np.ndarray) -> np.ndarray:
     """float64 values whose high half is the float32 elevation and low half the float32 friction;
     NaN where either is NaN. The high half is a finite float32, so the double is finite: its

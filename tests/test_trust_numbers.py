@@ -18,7 +18,7 @@ from cli.main import _register, cli
 from terrain_io.convert import convert
 from terrain_io.errors import InputError, TerrainError, TerrainNote
 from terrain_io.export import export
-from terrain_io.grid import mst, sssp
+from terrain_io.grid import cost_distance, mst, sssp
 from terrain_io.points import from_coordinates
 from terrain_io.store import TerrainStore
 from terrain_io.synth import synthesize
@@ -259,6 +259,8 @@ def test_bad_cost_cells_are_noted_with_their_count(tmp_path):
     cost[3, 3], cost[4, 4], cost[5, 5], cost[6, 6] = -1.0, np.nan, np.inf, -np.inf
     with pytest.warns(TerrainNote, match=r"4 cells .*nodata or NaN 1, negative 2, infinite 1"):
         sssp(st, (1, 1), cell=True, weight="cell", cost=_tif(tmp_path / "cost.tif", cost), progress=False)
+    with pytest.warns(TerrainNote, match=r"4 cells .*nodata or NaN 1, negative 2, infinite 1"):
+        cost_distance(v, (1, 1), weight="cell", cost=cost)  # the array API: the same note
     with warnings.catch_warnings():
         warnings.simplefilter("error", TerrainNote)  # a clean cost raster: no note
         sssp(st, (1, 1), cell=True, weight="cell", cost=_tif(tmp_path / "ok.tif", np.ones(v.shape, np.float32)),

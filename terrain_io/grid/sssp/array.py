@@ -58,6 +58,7 @@ def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=No
         c = xp.asarray(cost.data if _is_dataarray(cost) else cost, dtype=np.float64)
         if c.shape != vals.shape:
             raise InputError(f"cost raster has shape {c.shape}, the DEM {vals.shape}")
+        weight_models.note_barriers(weight_models.unusable_costs(c[ok]), "cost", stacklevel=2)
         ok &= xp.isfinite(c) & (c >= 0)
         vals = c if model.kind == weight_models.CELL else weight_models.pack_walk_friction(vals, c)
     elif cost is not None:

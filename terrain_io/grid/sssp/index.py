@@ -79,26 +79,17 @@ class Field:
         self._note_barriers(cost)
 
     def _note_barriers(self, cost) -> None:
-        """One note counting the cells with data whose cost is nodata, NaN, negative or infinite:
-        they are barriers (no vertex), as r.cost treats null cost cells. One pass, shard by shard."""
-        kinds = {"nodata or NaN": 0, "negative": 0, "infinite": 0}
+        """One note counting the cells with data whose cost makes them barriers
+        (:func:`terrain_io.weights.unusable_costs`): one pass, shard by shard."""
+        counts = dict.fromkeys(weight_models.unusable_costs(np.zeros(0)), 0)
         for win in self.store.shards():
             ok = self.store.valid(self.store.read(win))
-            c = self.cost_store.read(win, self.cost_array).astype(np.float64)[ok]
+            c = self.cost_store.read(win, self.cost_array).astype(np.float64)
             if self.cost_store is not self.store:
                 c[~self.cost_store.valid(c)] = np.nan
-            kinds["nodata or NaN"] += int(np.count_nonzero(np.isnan(c)))
-            kinds["negative"] += int(np.count_nonzero(c < 0))
-            kinds["infinite"] += int(np.count_nonzero(c == np.inf))
-        n = sum(kinds.values())
-        if n:
-            import warnings
-
-            from ...errors import TerrainNote
-
-            parts = ", ".join(f"{k} {v:,}" for k, v in kinds.items() if v)
-            warnings.warn(f"cost raster {cost}: {n:,} cell{'s' if n > 1 else ''} of the DEM's data ha{'ve' if n > 1 else 's'} "
-                          f"no usable cost ({parts}): barriers, not crossed", TerrainNote, stacklevel=4)
+            for k, v in weight_models.unusable_costs(c[ok]).items():
+                counts[k] += v
+        weight_models.note_barriers(counts, f"cost raster {cost}", stacklevel=4)
 
     def read(self, window: Window, dtype=np.float64) -> np.ndarray:
         """The cells of ``window``, NaN where not a vertex: float64, or ``dtype`` float32 where the
