@@ -100,6 +100,21 @@ def test_ascii_export_17_decimals_round_trips_float32(tmp_path):
     assert not (tmp_path / "d.prj").exists()  # no CRS: no .prj
 
 
+def test_prj_follows_the_overwrite_rule(tmp_path):
+    st = make_store(tmp_path / "dem.zarr", np.ones((4, 5), np.float32))
+    (tmp_path / "d.prj").write_text("mine")
+    with pytest.raises(TerrainError, match="d.prj: already exists"):
+        export(st.path, "elevation", tmp_path / "d.asc")
+    assert (tmp_path / "d.prj").read_text() == "mine" and not (tmp_path / "d.asc").exists()
+    export(st.path, "elevation", tmp_path / "d.asc", overwrite=True)
+    assert CRS.from_wkt((tmp_path / "d.prj").read_text()) == UTM33
+    bare = make_store(tmp_path / "bare.zarr", np.ones((4, 5), np.float32), crs=None)
+    export(bare.path, "elevation", tmp_path / "d.asc", overwrite=True)  # no CRS: no .prj to tell another
+    assert not (tmp_path / "d.prj").exists()
+    with rasterio.open(tmp_path / "d.asc") as ds:
+        assert ds.crs is None
+
+
 @pytest.mark.parametrize("decimals", [-1, 18, 2.5])
 def test_decimals_out_of_range_are_refused(tmp_path, decimals):
     st = make_store(tmp_path / "dem.zarr", np.ones((4, 4), np.float32))
