@@ -191,11 +191,10 @@ def test_convert_refuses_infinite_elevations(tmp_path, token):
     assert r.exit_code == 1 and r.output.count("\n") == 1 and r.output.startswith("terrain: error:"), r.output
     assert "infinite" in r.output or "beyond the range" in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dem.asc"]
-    tif = tmp_path / "inf.tif"
-    with rasterio.open(tif, "w", driver="GTiff", width=5, height=4, count=1, dtype="float32") as ds:
-        ds.write(np.where(np.arange(20).reshape(4, 5) == 7, np.inf, 1.0).astype(np.float32), 1)
+    tif = _tif(tmp_path / "inf.tif", np.where(np.arange(20).reshape(4, 5) == 7, np.inf, 1.0).astype(np.float32))
     with pytest.raises(InputError, match="infinite"):
         convert(tif, tmp_path / "t.zarr")
+    assert not (tmp_path / "t.zarr").exists()
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
