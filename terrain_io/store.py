@@ -16,6 +16,8 @@ is renamed into place; every read here checks them and raises DamagedStoreError 
 """
 from __future__ import annotations
 
+import math
+
 import contextlib
 import datetime as _dt
 import itertools
@@ -32,7 +34,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import integrity
 from .atomic import atomic_directory, before_commit, locked
-from .errors import DamagedStoreError, StoreError, UnverifiedStoreWarning
+from .errors import DamagedStoreError, InputError, StoreError, UnverifiedStoreWarning
 from .tiling import DEFAULT_SHARD, DEFAULT_TILE, check_tiling  # noqa: F401 -- this module's API too
 from .zorder import morton_order
 
@@ -349,6 +351,13 @@ class TerrainStore:
                 h, w = tw.shape
                 yield Tile(tr0 + int(ir), tc0 + int(ic), tw.r0, tw.c0, h, w, halo,
                            block[lr : lr + h + 2 * halo, lc : lc + w + 2 * halo])
+
+    def require_finite(self) -> None:
+        """Refuse elevations of +-inf (its statistics say; convert refuses them, a store written
+        otherwise may hold them): no weight of them is a number (inf - inf)."""
+        lo, hi = self.attrs.get("min"), self.attrs.get("max")
+        if lo is not None and hi is not None and not (math.isfinite(lo) and math.isfinite(hi)):
+            raise InputError(f"{self.path}: holds infinite elevations ({lo} .. {hi}): make them nodata")
 
     def valid(self, values: np.ndarray) -> np.ndarray:
         """Vertex mask of elevation values read from this store."""

@@ -197,6 +197,15 @@ def test_convert_refuses_infinite_elevations(tmp_path, token):
     assert not (tmp_path / "t.zarr").exists()
 
 
+def test_mst_refuses_a_store_with_infinite_elevations(tmp_path):
+    v = np.ones((6, 7), np.float32)
+    v[2, 2] = np.inf  # a store not made by convert (from_array, or written before convert refused it)
+    st = make_store(tmp_path / "dem.zarr", v)
+    with pytest.raises(InputError, match="infinite"):
+        mst(st, progress=False)
+    assert "mst" not in st.group
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_huge_values_give_no_runtime_warning_and_no_wrong_distance(tmp_path):
     rng = np.random.default_rng(4)

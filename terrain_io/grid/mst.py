@@ -444,6 +444,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     return_freed_memory_to_os()
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
+    store.require_finite()
     model = weight_models.get(weight)
     if model.kind not in (weight_models.MAX, weight_models.ABSDIFF):
         raise InputError(f"weight model {model.name!r} is not an MST model: use max or absdiff")
