@@ -13,8 +13,8 @@ functions in order, so the file is the same, byte for byte.
 Nodata in the files, as GRASS ``r.cost`` and GDAL expect: the store's NaN *and* +-inf (an SSSP's
 unreached cells; the store keeps +inf) become nodata -- NaN in a GeoTIFF, ``NODATA_value`` in an
 ASCII grid, -9999 unless a written value would read back as it (then the first -99...9 that none
-does: the grid is written again). ``mst/edges`` (bit masks 0..15, where 0 is a valid mask) marks the DEM's nodata cells with
-255. ASCII values are fixed point with ``decimals`` (0..17): exact decimal expansions where the
+does: the grid is written again). ``mst/edges`` (bit masks 0..15, where 0 is a valid mask) marks
+the DEM's nodata cells with 255. ASCII values are fixed point with ``decimals`` (0..17): exact decimal expansions where the
 fast formatter's int64 cannot hold them (|value| x 10^decimals >= 2^53), so no value is ever
 written wrong; a ``.prj`` (Esri WKT) beside the grid carries the store's CRS.
 """

@@ -232,7 +232,8 @@ def _scipy_allocation(v, cells, ids):
     n = np.arange(H * W).reshape(H, W)
     us, vs, ws = [], [], []
     for dr, dc in [(0, 1), (1, 1), (1, 0), (1, -1)]:  # each undirected edge once
-        ta, tb = (slice(0, H - dr), slice(max(0, -dc), W - max(0, dc))), (slice(dr, H), slice(max(0, dc), W - max(0, -dc)))
+        ta = (slice(0, H - dr), slice(max(0, -dc), W - max(0, dc)))
+        tb = (slice(dr, H), slice(max(0, dc), W - max(0, -dc)))
         a, b = v[ta].astype(np.float64), v[tb].astype(np.float64)
         m = ~np.isnan(a) & ~np.isnan(b)
         us.append(n[ta][m]), vs.append(n[tb][m]), ws.append(np.abs(a - b)[m])

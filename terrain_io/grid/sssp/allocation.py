@@ -3,8 +3,8 @@
 GRASS r.cost's ``nearest=`` and ArcGIS Cost Allocation: the number (1, 2, ... the point's place in
 its input, whatever was left out or repeated before it; :class:`SourceCells`) of the source at the
 root of the cell's predecessor chain; 0 where no source reaches a cell and on nodata. Points that
-share a cell are one source: the first one's number. Following the predecessors makes ties of distance take the tie rule's side, so the
-allocation is the same bytes on every method that gives the same predecessors (in-core, shards).
+share a cell are one source: the first one's number. Following the predecessors makes ties of
+distance take the tie rule's side, so the allocation is the same bytes on every method that gives the same predecessors (in-core, shards).
 
 * In memory (the in-core method): every chain is followed once, memoised
   (:func:`allocate_block`); on the GPU by pointer jumping -- each cell's pointer replaced by its
