@@ -8,6 +8,10 @@ to ``NAME`` only when complete, so a killed run never leaves anything that looks
 killed run leaves behind is removed by the next writer of the same name once that PID is gone;
 if a run died between moving an old result aside and moving the new one in, the old one is put
 back.
+
+An error of the file system on a temporary (a read-only folder, a full disk) reaches the user as
+one line naming the output they asked for (:class:`~terrain_io.errors.OutputError`), never the
+temporary's internal name.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import time
 import uuid
 from pathlib import Path
 from urllib.parse import quote, unquote
+
+from .errors import OutputError
 
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-f]+(?P<old>\.old)?$")
 
@@ -120,6 +126,19 @@ def _relative(final: Path, tmp: Path) -> str:
     return os.path.relpath(final, tmp.parent)
 
 
+def _about(exc: OSError, tmp: Path) -> bool:
+    """Whether the OS error ``exc`` concerns the temporary ``tmp`` or a file inside it."""
+    for name in (exc.filename, exc.filename2):
+        if name is not None and (os.fspath(name) == os.fspath(tmp) or os.fspath(name).startswith(f"{tmp}{os.sep}")):
+            return True
+    return False
+
+
+def _as_output_error(exc: OSError, final: Path) -> OutputError:
+    """``exc`` (about a temporary of ``final``) said of ``final``, the path the user named."""
+    return OutputError(f"{final}: cannot write it: {exc.strerror or exc}")
+
+
 @contextlib.contextmanager
 def atomic_directory(final, tmp_parent=None):
     """Yield a fresh temporary path; rename it to ``final`` when the block completes.
@@ -138,6 +157,12 @@ def atomic_directory(final, tmp_parent=None):
             fn()
         replace(tmp, final)
         _OWN.discard(tmp)
+    except OSError as exc:
+        _BEFORE_COMMIT.pop(tmp, None)
+        _remove(tmp)
+        if _about(exc, tmp):
+            raise _as_output_error(exc, final) from None
+        raise
     except BaseException:
         _BEFORE_COMMIT.pop(tmp, None)
         _remove(tmp)
@@ -173,22 +198,28 @@ def atomic_file(final):
     clean_stale(tmp.parent, _relative(final, tmp))
     _OWN.add(tmp)
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # a read-only folder fails here, before
+        os.unlink(tmp)  # the work (GDAL's drivers would name the temporary): writers make the file anew
         yield tmp
         os.replace(tmp, final)
         _OWN.discard(tmp)
-    except BaseException:
+    except BaseException as exc:
         _remove(tmp)
         Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
+        if isinstance(exc, OSError) and _about(exc, tmp):
+            raise _as_output_error(exc, final) from None
         raise
 
 
 @contextlib.contextmanager
-def scratch_directory(near, label: str):
-    """A private scratch folder beside ``near`` (same disk as the data), removed afterwards.
+def scratch_directory(store, label: str):
+    """A private scratch folder inside the store folder ``store`` (same disk as the data; a
+    writable store in a read-only folder works), removed afterwards.
 
-    Named like the partial outputs, so a killed run's scratch is cleaned by the next run.
+    Named like the partial outputs (hidden: neither zarr's listing through a TerrainStore nor the
+    manifests see it), so a killed run's scratch is cleaned by the next run.
     """
-    path = temporary_name(Path(near).parent / label, kind="scratch")
+    path = temporary_name(Path(store) / label, kind="scratch")
     clean_stale(path.parent, label)
     _OWN.add(path)  # before it exists: a signal right after the mkdir still finds it swept at exit
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numba as nb
 import numpy as np
 
-from .errors import InputError, StoreError
+from .errors import InputError, OutputError, StoreError
 from .atomic import atomic_file
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
@@ -63,11 +63,17 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     if suffix not in writers:
         raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
     run = _Runner(scheduler, progress, announce)
+    from rasterio._err import CPLE_BaseError
+    from rasterio.errors import RasterioError
+
     with atomic_file(out) as tmp:
-        if suffix == ".asc":
-            _write_ascii(store, name, arr, tmp, decimals, run)
-        else:
-            writers[suffix](store, name, arr, tmp, run)
+        try:
+            if suffix == ".asc":
+                _write_ascii(store, name, arr, tmp, decimals, run)
+            else:
+                writers[suffix](store, name, arr, tmp, run)
+        except (CPLE_BaseError, RasterioError) as exc:  # GDAL's errors name the temporary: say them of OUT
+            raise OutputError(f"{out}: cannot write it: {str(exc).replace(str(tmp), str(out))}") from None
     return out
 
 

@@ -30,7 +30,7 @@ from .atomic import atomic_directory
 from .progress import progress_bar
 from .parallel import check_scheduler, map_shards
 from .store import (DEFAULT_SHARD, DEFAULT_TILE, ELEVATION, Statistics, TerrainStore, Window, statistics,
-                    write_shard)
+                    check_store_output, write_shard)
 
 
 @nb.njit(cache=True, inline="always")
@@ -183,8 +183,7 @@ def synthesize(out, size: int, *, cols: int | None = None, seed: int = 0, nodata
         raise TerrainError("--nodata-fraction must be in [0, 1)")
     scheduler = check_scheduler(scheduler)
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise TerrainError(f"{out}: already exists (use --overwrite to replace it)")
+    check_store_output(out, overwrite)  # only a store of this tool is replaced
     t0 = time.perf_counter()
     attrs = {"transform": [0.0, cell_size, 0.0, rows * cell_size, 0.0, -cell_size],
              "cell_size": [cell_size, cell_size], "crs": None, "source": f"terrain synth seed={seed}",
