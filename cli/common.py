@@ -19,6 +19,9 @@ scheduler_option = click.option(
          "address (tcp://host:8786).")
 
 
+overwrite_option = click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+
+
 outlets_option = click.option(
     "--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
     help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata cells are "

@@ -211,6 +211,48 @@ def atomic_file(final):
         raise
 
 
+def refuse_existing(final, overwrite: bool) -> None:
+    """The rule of every output file: one that exists is replaced only with ``overwrite``."""
+    if os.path.lexists(final) and not overwrite:
+        raise OutputError(f"{final}: already exists (use --overwrite to replace it)")
+
+
+@contextlib.contextmanager
+def atomic_files(final, overwrite: bool = False, side: tuple[str, ...] = ()):
+    """Yield a temporary folder beside ``final`` in which a writer makes ``final.name`` and its side
+    files (a Shapefile's .shx, .dbf, .prj, .cpg); when complete each is renamed into place, ``final``
+    last. A file of the set already there is refused (nothing moved) unless ``overwrite``; then the
+    side files of the replaced ``final`` with a suffix in ``side`` that the new set lacks go too."""
+    final = Path(final)
+    tmp = temporary_name(final)
+    clean_stale(tmp.parent, _relative(final, tmp))
+    _OWN.add(tmp)
+    try:
+        tmp.mkdir()
+        yield tmp
+        made = sorted((p.name for p in tmp.iterdir()), key=lambda n: n == final.name)  # final last
+        for name in made:
+            refuse_existing(final.parent / name, overwrite)
+        replaced = os.path.lexists(final)
+        for name in made:
+            os.replace(tmp / name, final.parent / name)
+        if replaced:
+            for suffix in side:
+                old = final.with_suffix(suffix)
+                if old.name not in made:
+                    old.unlink(missing_ok=True)
+        _remove(tmp)
+        _OWN.discard(tmp)
+    except OSError as exc:
+        _remove(tmp)
+        if _about(exc, tmp):
+            raise _as_output_error(exc, final) from None
+        raise
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
 @contextlib.contextmanager
 def scratch_directory(store, label: str):
     """A private scratch folder inside the store folder ``store`` (same disk as the data; a
