@@ -214,13 +214,16 @@ def write_paths(store, paths, out, overwrite: bool = False) -> Path:
               "weight": (np.array([q["weight"] or "" for q in props], object), None)}
     geometry = np.array([_wkb_linestring(f["geometry"]["coordinates"]) if f["geometry"] else None
                          for f in features], object)
+    options = None
+    if driver == "FlatGeobuf" and any(g is None for g in geometry):
+        options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry (a target not reached)
     with atomic_files(out, overwrite, side=_SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
                 raw.write(str(tmp / out.name), geometry, [v for v, _ in fields.values()], list(fields),
                           field_mask=[m for _, m in fields.values()], layer=out.stem, driver=driver,
-                          geometry_type="LineString", crs=store.crs or None)
+                          geometry_type="LineString", crs=store.crs or None, layer_options=options)
         except Exception as exc:  # noqa: BLE001 -- pyogrio/GDAL errors: one line naming OUT
             message = str(exc).replace(str(tmp / out.name), str(out)).splitlines()[0]
             raise OutputError(f"{out}: cannot write it as {driver}: {message}") from None
