@@ -404,8 +404,9 @@ class TerrainStore:
         return made
 
     def lock(self, name: str = "store", shared: bool = False, wait: bool = True):
-        """An advisory inter-process lock named ``name`` on this store (a lock file beside it)."""
-        return locked(self.path.parent / f".{self.path.name}.{name.replace('/', '_')}.lock", shared=shared, wait=wait)
+        """An advisory inter-process lock named ``name`` on this store (a hidden lock file inside it: a
+        store in a read-only folder can be locked)."""
+        return locked(self.path / f".{name.replace('/', '_')}.lock", shared=shared, wait=wait)
 
     def update_attrs(self, **attrs) -> None:
         self.group.attrs.update(attrs)
