@@ -280,3 +280,23 @@ def test_a_read_only_store_is_one_line_naming_the_result(tmp_path):
     finally:
         _mutable(store)
     assert listing(store) == before
+
+
+@pytest.mark.parametrize("kind", ["table", "graph"])
+def test_tables_and_graph_outputs_follow_the_overwrite_rule(tmp_path, kind):
+    """`fill --table` and `graph ... -o` replace an existing file only with --overwrite (they used to
+    replace it silently); the refusal comes before any work."""
+    out = tmp_path / "out.csv"
+    out.write_text("the user's")
+    if kind == "table":
+        args = ["fill", small_store(tmp_path / "s.zarr").path, "--device", "cpu", "--table", out]
+    else:
+        (tmp_path / "g.csv").write_text("u,v,w\n0,1,1\n1,2,2\n3,4,1\n")
+        args = ["graph", "cc", tmp_path / "g.csv", "-o", out]
+    one_error_line(run(*args), str(out), "already exists", "--overwrite")
+    assert out.read_text() == "the user's"
+    result = run(*args, "--overwrite")
+    assert result.exit_code == 0, result.output
+    from terrain_io.grid.fill import TABLE_COLUMNS
+
+    assert out.read_text().splitlines()[0] == ("vertex,label" if kind == "graph" else ",".join(TABLE_COLUMNS))
