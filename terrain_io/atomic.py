@@ -176,9 +176,7 @@ def replace(tmp: Path, final: Path) -> None:
     two renames happen under a lock on the parent folder, so concurrent writers of the same name
     take turns (the last one wins, and each swap is whole).
     """
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with folder_lock(final.parent):
         if final.is_dir() and not final.is_symlink():
             old = tmp.with_name(tmp.name + ".old")
             os.rename(final, old)
@@ -186,8 +184,18 @@ def replace(tmp: Path, final: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def folder_lock(folder):
+    """Hold an exclusive advisory lock on the folder itself for the block: what moves entries in or
+    out of it (:func:`replace`) takes turns."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
-        os.close(fd)
+        os.close(fd)  # closing releases the lock
 
 
 @contextlib.contextmanager

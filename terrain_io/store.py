@@ -31,7 +31,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import integrity
-from .atomic import atomic_directory, before_commit, locked
+from .atomic import atomic_directory, before_commit, folder_lock, locked
 from .errors import DamagedStoreError, OutputError, StoreError, UnverifiedStoreWarning
 from .tiling import DEFAULT_SHARD, DEFAULT_TILE, check_tiling  # noqa: F401 -- this module's API too
 from .zorder import morton_order
@@ -385,10 +385,11 @@ class TerrainStore:
                 integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
                 made = self._require_parents(parts)
         except BaseException:
-            for folder in reversed(made):  # parent groups made for this result only
-                with contextlib.suppress(OSError):
-                    (folder / "zarr.json").unlink()
-                    folder.rmdir()
+            for folder in reversed(made):  # parent groups made for this result, still empty
+                with contextlib.suppress(OSError), folder_lock(folder):  # a concurrent result moves in under it
+                    if os.listdir(folder) == ["zarr.json"]:
+                        os.unlink(folder / "zarr.json")
+                        os.rmdir(folder)
             raise
         self.group = self._open_group(self.path, "r+")
         self.elevation = self.group[ELEVATION]

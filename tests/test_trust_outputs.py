@@ -196,6 +196,32 @@ def test_failed_result_leaves_the_store_exactly_as_it_was(tmp_path):
     assert "sssp" not in TerrainStore.open(store.path).group
 
 
+def test_interrupt_at_the_rename_removes_the_parent_group_made_for_the_result(tmp_path, monkeypatch):
+    """The parent group (``sssp``) is made just before the rename; a Ctrl-C there takes it away again,
+    but never a parent group that holds another result."""
+    import terrain_io.atomic as atomic
+
+    store = small_store(tmp_path / "s.zarr")
+    before = listing(store.path)
+
+    def interrupted(tmp, final):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "replace", interrupted)
+    for expected in (before, None):
+        with pytest.raises(KeyboardInterrupt):
+            with store.write_result("sssp/b") as w:
+                w.create_array("distance", "float32", np.nan)[:] = 2.0
+        if expected is not None:
+            assert listing(store.path) == expected
+            monkeypatch.undo()
+            with store.write_result("sssp/a") as w:  # another result in the group
+                w.create_array("distance", "float32", np.nan)[:] = 1.0
+            monkeypatch.setattr(atomic, "replace", interrupted)
+    assert (TerrainStore.open(store.path).group["sssp/a/distance"][:] == 1.0).all()
+    assert "sssp/b" not in TerrainStore.open(store.path).group
+
+
 def test_failed_sssp_on_a_fresh_store_leaves_no_empty_sssp_group(tmp_path):
     """A real failure mid-write (a file-size limit: the disk is full) in a separate process."""
     store = small_store(tmp_path / "s.zarr")
