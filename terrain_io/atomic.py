@@ -275,6 +275,10 @@ def scratch_directory(store, label: str):
     try:
         path.mkdir()
         yield path
+    except OSError as exc:
+        if _about(exc, path):  # a read-only store, a full disk: said of the store, not of the scratch
+            raise OutputError(f"{store}: cannot write scratch space in it: {exc.strerror or exc}") from None
+        raise
     finally:
         shutil.rmtree(path, ignore_errors=True)
         _OWN.discard(path)
@@ -287,7 +291,10 @@ def locked(path, shared: bool = False, wait: bool = True):
     Exclusive by default; ``wait=False`` raises BlockingIOError when another process holds it.
     """
     path = Path(path)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only store: said of the folder the user named, not of the lock file
+        raise OutputError(f"{path.parent}: cannot lock it for writing: {exc.strerror or exc}") from None
     try:
         flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
         try:

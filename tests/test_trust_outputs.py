@@ -296,13 +296,14 @@ def test_path_into_a_read_only_folder_is_one_line_naming_the_file(read_only_pare
     one_error_line(run("path", read_only_parent, "--cell", "--to", "30,30", "-o", out), str(out))
 
 
-def test_a_read_only_store_is_one_line_naming_the_result(tmp_path):
+@pytest.mark.parametrize("method", ["incore", "shards", "index"])
+def test_a_read_only_store_is_one_line_naming_the_store(tmp_path, method):
     store = small_store(tmp_path / "s.zarr").path
     before = listing(store)
     _immutable(store)
     try:
-        one_error_line(run("sssp", store, "--cell", "--source", "5,5", "--name", "a", "--device", "cpu"),
-                       str(store / "sssp" / "a"))
+        one_error_line(run("sssp", store, "--cell", "--source", "5,5", "--name", "a", "--device", "cpu",
+                           "--method", method), str(store))
     finally:
         _mutable(store)
     assert listing(store) == before
