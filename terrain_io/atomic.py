@@ -157,15 +157,11 @@ def atomic_directory(final, tmp_parent=None):
             fn()
         replace(tmp, final)
         _OWN.discard(tmp)
-    except OSError as exc:
+    except BaseException as exc:
         _BEFORE_COMMIT.pop(tmp, None)
         _remove(tmp)
-        if _about(exc, tmp):
+        if isinstance(exc, OSError) and _about(exc, tmp):
             raise _as_output_error(exc, final) from None
-        raise
-    except BaseException:
-        _BEFORE_COMMIT.pop(tmp, None)
-        _remove(tmp)
         raise
 
 
@@ -251,13 +247,10 @@ def atomic_files(final, overwrite: bool = False, side: tuple[str, ...] = ()):
                     old.unlink(missing_ok=True)
         _remove(tmp)
         _OWN.discard(tmp)
-    except OSError as exc:
+    except BaseException as exc:
         _remove(tmp)
-        if _about(exc, tmp):
+        if isinstance(exc, OSError) and _about(exc, tmp):
             raise _as_output_error(exc, final) from None
-        raise
-    except BaseException:
-        _remove(tmp)
         raise
 
 

@@ -203,7 +203,10 @@ def write_paths(store, paths, out, overwrite: bool = False) -> Path:
     paths = [paths] if isinstance(paths, TracedPath) else list(paths)
     features = [p.feature(store) for p in paths]
     props = [f["properties"] for f in features]
-    ints = lambda key, i: np.array([q[key][i] if q[key] is not None else 0 for q in props], np.int64)  # noqa: E731
+
+    def ints(key, i):  # part i of the [row, col] property ``key`` (0 where it is null: masked)
+        return np.array([q[key][i] if q[key] is not None else 0 for q in props], np.int64)
+
     unset = np.array([q["source_cell"] is None for q in props])
     fields = {"target": (np.array([q["target"] for q in props], np.int64), None),
               "target_row": (ints("target_cell", 0), None), "target_col": (ints("target_cell", 1), None),
