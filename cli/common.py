@@ -19,22 +19,41 @@ scheduler_option = click.option(
          "address (tcp://host:8786).")
 
 
+def _remember_overwrite(ctx, param, value):
+    ctx.meta["overwrite"] = value  # eager: the output options' checks (new_output_file) see it
+    return value
+
+
+# The rule of every output: one that exists is replaced only with --overwrite (terrain_io.atomic.refuse_existing).
+overwrite_option = click.option("--overwrite", is_flag=True, is_eager=True, callback=_remember_overwrite,
+                                help="Replace OUT if it exists.")
+overwrite_files_option = click.option("--overwrite", is_flag=True, is_eager=True, expose_value=False,
+                                      callback=_remember_overwrite, help="Replace the output file if it exists.")
+
+
 outlets_option = click.option(
     "--outlets", type=click.Choice(["edge+nodata", "edge"]), default="edge+nodata", show_default=True,
     help="Where water leaves the DEM: its edge and cells next to nodata, or only its edge (nodata cells are "
          "then walls).")
 
 
-def _folder_exists(ctx, param, path):
-    if path is not None and not path.parent.exists():
-        raise click.BadParameter(f"folder {path.parent} does not exist")
+def new_output_file(ctx, param, path):
+    """Callback of an output file's option (with :data:`overwrite_files_option` on the command): its
+    folder must exist, and a file there is replaced only with --overwrite -- checked before any work."""
+    from terrain_io.atomic import refuse_existing
+
+    if path is not None:
+        path = Path(path)
+        if not path.parent.exists():
+            raise click.BadParameter(f"folder {path.parent} does not exist")
+        refuse_existing(path, ctx.meta.get("overwrite", False))
     return path
 
 
 def table_option(what: str):
-    """``--table FILE.csv``: where to write ``what``; its folder must exist."""
+    """``--table FILE.csv``: where to write ``what``; its folder must exist (and :data:`overwrite_files_option`)."""
     return click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        callback=_folder_exists, help=f"Write {what} to this CSV file.")
+                        callback=new_output_file, help=f"Write {what} to this CSV file.")
 
 
 def quiet(ctx: click.Context | None = None) -> bool:

@@ -1,8 +1,9 @@
 """``terrain demo``: the main job end to end on the bundled sample DEM."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,23 +18,75 @@ from .main import cli
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "jacksboro_fault_dem.asc"
 TILE, SHARD = 64, 4  # the demo store's tiling
+STORE = "jacksboro.zarr"  # the demo's outputs in its folder: nothing else there is touched
+FILES = ("elevation.png", "distance.png", "path.geojson", "depth.png", "depressions.png", "depressions.csv")
+MARK = ".terrain-demo.json"  # size and mtime of each file the demo wrote: which of FILES it may replace
 
 
 @cli.command()
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("terrain-demo"),
-              show_default=True, help="Folder for the demo's store and pictures (replaced if it exists).")
+              show_default=True, help="Folder for the demo's store and pictures (made if missing). In an existing "
+                                      "folder only the demo's own earlier outputs are replaced; other files stay.")
 @click.pass_context
 def demo(ctx, out):
     """Run the main job on the bundled sample DEM (Jacksboro fault, USGS) and say what was done."""
+    if not SAMPLE.exists():
+        raise click.ClickException(f"sample DEM missing: {SAMPLE}")
+    _claim(out)
+    try:
+        _run(out)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the files written so far stay the demo's; the first error counts
+            _mark(out)
+        raise
+    _mark(out)
+
+
+def _claim(out: Path) -> None:
+    """Make ``out`` if missing, and refuse (one line, before any work) when one of the demo's outputs
+    there was not written by the demo: a folder that is no terrain store, or a file another program
+    wrote or changed since (its size and mtime differ from :data:`MARK`'s record)."""
+    from terrain_io.errors import OutputError
+    from terrain_io.store import is_terrain_store
+
+    out.mkdir(parents=True, exist_ok=True)
+    made = _made(out)
+    refuse = "exists and was not written by 'terrain demo'; refusing to replace it (move it or choose another -o)"
+    if os.path.lexists(out / STORE) and (os.path.islink(out / STORE) or not is_terrain_store(out / STORE)):
+        raise OutputError(f"{out / STORE}: {refuse}")
+    for name in FILES:
+        if os.path.lexists(out / name) and made.get(name) != _stamp(out / name):
+            raise OutputError(f"{out / name}: {refuse}")
+
+
+def _stamp(path: Path) -> list[int] | None:
+    """(size, mtime in ns) of a plain file, else None."""
+    st = os.lstat(path)
+    return [st.st_size, st.st_mtime_ns] if os.path.isfile(path) and not os.path.islink(path) else None
+
+
+def _made(out: Path) -> dict:
+    try:
+        return dict(json.loads((out / MARK).read_text()).get("files", {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _mark(out: Path) -> None:
+    """Record the demo's files now in ``out`` (all of them the demo's: :func:`_claim` refused others)."""
+    from terrain_io.atomic import atomic_file
+
+    files = {name: _stamp(out / name) for name in FILES if os.path.lexists(out / name)}
+    with atomic_file(out / MARK) as tmp:
+        tmp.write_text(json.dumps({"files": files}))
+
+
+def _run(out: Path) -> None:
+    """The demo's steps, writing into ``out``."""
     from terrain_io.convert import convert
     from terrain_io.export import export
     from terrain_io.store import TerrainStore
 
-    if not SAMPLE.exists():
-        raise click.ClickException(f"sample DEM missing: {SAMPLE}")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     timer = Timer()
     cache = jit.configure_cache()
     # First run: numba compiles the kernels (most of the time), one core per process. The MST's
@@ -43,8 +96,8 @@ def demo(ctx, out):
     beside = _start_child("_mst_beside") if first else None
     fill_warming = _start_child("_warm_fill") if first else None
     try:
-        store_path = out / "jacksboro.zarr"
-        summary = convert(SAMPLE, store_path, tile=TILE, shard=SHARD)
+        store_path = out / STORE
+        summary = convert(SAMPLE, store_path, tile=TILE, shard=SHARD, overwrite=True)  # a store: _claim checked
         if beside is not None:
             _go(beside, store_path)
         st = TerrainStore.open(store_path)

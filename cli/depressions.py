@@ -5,13 +5,14 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, outlets_option, quiet, say, table_option
+from .common import device_option, outlets_option, overwrite_files_option, quiet, say, table_option
 from .main import cli
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @outlets_option
+@overwrite_files_option
 @table_option("the tree (one row per node: leaves, then merges)")
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",

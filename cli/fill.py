@@ -8,6 +8,7 @@ import click
 from .common import (
     device_option,
     outlets_option,
+    overwrite_files_option,
     quiet,
     say,
     scheduler_option,
@@ -19,6 +20,7 @@ from .main import cli
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @outlets_option
+@overwrite_files_option
 @table_option("the depression table (one row per depression)")
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",

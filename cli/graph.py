@@ -10,7 +10,7 @@ from terrain_io.atomic import atomic_file
 from terrain_io.backend import to_host
 from terrain_io.errors import InputError, TerrainError
 
-from .common import Timer, device_option, say
+from .common import Timer, device_option, new_output_file, overwrite_files_option, say
 from .main import cli
 
 
@@ -23,7 +23,9 @@ def graph():
 
 @graph.command("apsp")
 @click.argument("source", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the distance matrix (.npy).")
+@overwrite_files_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
+              help="Write the distance matrix (.npy).")
 @click.option("--method", type=click.Choice(["auto", "minplus", "floyd_warshall", "blocked"]), default="auto",
               show_default=True, help="Repeated min-plus squaring, Floyd-Warshall or blocked Floyd-Warshall.")
 @click.option("--undirected", is_flag=True, help="Edge lists: every edge goes both ways.")
@@ -58,7 +60,9 @@ def apsp_command(source, output, method, undirected, device):
 
 @graph.command("mst")
 @click.argument("source", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the forest's edges (CSV).")
+@overwrite_files_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
+              help="Write the forest's edges (CSV).")
 @click.option("--method", type=click.Choice(["auto", "kruskal", "filter_kruskal", "boruvka"]), default="auto",
               show_default=True, help="Kruskal, Filter-Kruskal or Borůvka (auto: Borůvka on the GPU).")
 @click.option("--check", is_flag=True, help="Compare with the ground truth XYZ_gt.csv beside XYZ.csv.")
@@ -114,7 +118,9 @@ def _write_table(path, names, columns):
 
 @graph.command("listrank")
 @click.argument("source", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write vertex,rank (CSV or .npy).")
+@overwrite_files_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
+              help="Write vertex,rank (CSV or .npy).")
 @click.option("--method", type=click.Choice(["auto", "recursive_hj", "helman_jaja", "wyllie", "sequential"]),
               default="auto", show_default=True, help="List-ranking algorithm.")
 @click.option("--origin", type=click.Choice(["head", "tail"]), default="head", show_default=True,
@@ -142,7 +148,8 @@ def listrank_command(source, output, method, origin, vertices, device):
 
 @graph.command("cc")
 @click.argument("source", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
+@overwrite_files_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
               help="Write vertex,label (label = smallest vertex id of the component; CSV or .npy).")
 @click.option("--method", type=click.Choice(["auto", "union_find", "sv"]), default="auto", show_default=True,
               help="Union-find (ECL-CC style) or Shiloach-Vishkin hooking + pointer jumping.")
@@ -166,7 +173,9 @@ def cc_command(source, output, method, vertices, device):
 @graph.command("bfs")
 @click.argument("source", type=click.Path(dir_okay=False))
 @click.option("--from", "start", type=int, default=0, show_default=True, help="Source vertex.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write vertex,depth,parent (CSV or .npy).")
+@overwrite_files_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
+              help="Write vertex,depth,parent (CSV or .npy).")
 @click.option("--method", type=click.Choice(["auto", "frontier", "naive"]), default="auto", show_default=True,
               help="Direction-optimising frontier BFS, top-down frontier only, or the every-edge baseline.")
 @click.option("--directed", is_flag=True, help="Follow edges u -> v only (default: undirected).")

@@ -7,7 +7,7 @@ import click
 
 from terrain_io.errors import TerrainError
 
-from .common import Timer, device_option, quiet, say, scheduler_option
+from .common import Timer, device_option, overwrite_option, quiet, say, scheduler_option
 from .main import cli
 
 WEIGHTS = ["absdiff", "surface", "cell", "walk"]
@@ -147,15 +147,18 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
 @click.option("--cell", "as_cell", is_flag=True, help="--to values are ROW,COL cell indices.")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="GeoJSON file for the paths [default: print the summary only].")
-def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, name, out):
-    """Follow the predecessors from each target back to the source; write a GeoJSON FeatureCollection.
+              help="File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
+                   ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")
+@overwrite_option
+def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, name, out, overwrite):
+    """Follow the predecessors from each target back to the source; write the paths as vector features.
 
     One LineString Feature per target (source to target) with properties target (its number in the
-    input, from 0), target_cell, source_cell, cost and cells; a target the source does not reach
-    keeps its Feature with a null geometry and cost (an error when no target is reached).
+    input, from 0), target_cell, source_cell, cost and cells (in .gpkg/.shp/.fgb the cells as
+    target_row, target_col, source_row, source_col); a target the source does not reach keeps its
+    Feature with a null geometry and cost (an error when no target is reached).
     """
-    from terrain_io.grid.sssp.path import trace_all, write_geojson
+    from terrain_io.grid.sssp.path import check_paths_output, trace_all, write_paths
 
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
@@ -163,6 +166,8 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
         raise click.UsageError("--targets-crs applies to --targets FILE")
     if as_cell and not to:
         raise click.UsageError("--cell applies to --to ROW,COL")
+    if out is not None:
+        check_paths_output(out, overwrite)  # before the work
     targets = targets_file if targets_file is not None else [_pair(t) for t in to]
     paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs, skip_invalid=skip_invalid)
     reached = [p for p in paths if p.reached]
@@ -170,7 +175,7 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
         which = f"target {to[0]} is not" if len(to) == 1 else f"none of the {len(paths)} targets is"
         raise TerrainError(f"{which} reachable from the source(s) of sssp/{paths[0].name}")
     if out is not None:
-        write_geojson(store, paths, out)
+        write_paths(store, paths, out, overwrite)
     if len(reached) < len(paths):
         click.echo(f"terrain: note: {len(paths) - len(reached)} of {len(paths)} targets not reached from the "
                    f"source(s) of sssp/{paths[0].name}: their features have a null geometry and cost", err=True)

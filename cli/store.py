@@ -10,14 +10,13 @@ import click
 from terrain_io.memory import format_bytes
 from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
 
-from .common import Timer, quiet, say, scheduler_option
+from .common import Timer, overwrite_option, quiet, say, scheduler_option
 from .main import cli
 
 tile_option = click.option("--tile", type=int, default=DEFAULT_TILE, show_default=True,
                            help="Tile (chunk) side in cells, a power of two.")
 shard_option = click.option("--shard", type=int, default=DEFAULT_SHARD, show_default=True,
                             help="Shard side in tiles, a power of two (tiles of a shard lie in z-order on disk).")
-overwrite_option = click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 
 
 @cli.command()

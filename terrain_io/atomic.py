@@ -8,6 +8,10 @@ to ``NAME`` only when complete, so a killed run never leaves anything that looks
 killed run leaves behind is removed by the next writer of the same name once that PID is gone;
 if a run died between moving an old result aside and moving the new one in, the old one is put
 back.
+
+An error of the file system on a temporary (a read-only folder, a full disk) reaches the user as
+one line naming the output they asked for (:class:`~terrain_io.errors.OutputError`), never the
+temporary's internal name.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import time
 import uuid
 from pathlib import Path
 from urllib.parse import quote, unquote
+
+from .errors import OutputError
 
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-f]+(?P<old>\.old)?$")
 
@@ -120,6 +126,19 @@ def _relative(final: Path, tmp: Path) -> str:
     return os.path.relpath(final, tmp.parent)
 
 
+def _about(exc: OSError, tmp: Path) -> bool:
+    """Whether the OS error ``exc`` concerns the temporary ``tmp`` or a file inside it."""
+    for name in (exc.filename, exc.filename2):
+        if name is not None and (os.fspath(name) == os.fspath(tmp) or os.fspath(name).startswith(f"{tmp}{os.sep}")):
+            return True
+    return False
+
+
+def _as_output_error(exc: OSError, final: Path) -> OutputError:
+    """``exc`` (about a temporary of ``final``) said of ``final``, the path the user named."""
+    return OutputError(f"{final}: cannot write it: {exc.strerror or exc}")
+
+
 @contextlib.contextmanager
 def atomic_directory(final, tmp_parent=None):
     """Yield a fresh temporary path; rename it to ``final`` when the block completes.
@@ -138,9 +157,11 @@ def atomic_directory(final, tmp_parent=None):
             fn()
         replace(tmp, final)
         _OWN.discard(tmp)
-    except BaseException:
+    except BaseException as exc:
         _BEFORE_COMMIT.pop(tmp, None)
         _remove(tmp)
+        if isinstance(exc, OSError) and _about(exc, tmp):
+            raise _as_output_error(exc, final) from None
         raise
 
 
@@ -151,9 +172,7 @@ def replace(tmp: Path, final: Path) -> None:
     two renames happen under a lock on the parent folder, so concurrent writers of the same name
     take turns (the last one wins, and each swap is whole).
     """
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with folder_lock(final.parent):
         if final.is_dir() and not final.is_symlink():
             old = tmp.with_name(tmp.name + ".old")
             os.rename(final, old)
@@ -161,8 +180,18 @@ def replace(tmp: Path, final: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def folder_lock(folder):
+    """Hold an exclusive advisory lock on the folder itself for the block: what moves entries in or
+    out of it (:func:`replace`) takes turns."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
-        os.close(fd)
+        os.close(fd)  # closing releases the lock
 
 
 @contextlib.contextmanager
@@ -173,27 +202,76 @@ def atomic_file(final):
     clean_stale(tmp.parent, _relative(final, tmp))
     _OWN.add(tmp)
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # a read-only folder fails here, before
+        os.unlink(tmp)  # the work (GDAL's drivers would name the temporary): writers make the file anew
         yield tmp
         os.replace(tmp, final)
         _OWN.discard(tmp)
-    except BaseException:
+    except BaseException as exc:
         _remove(tmp)
         Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
+        if isinstance(exc, OSError) and _about(exc, tmp):
+            raise _as_output_error(exc, final) from None
+        raise
+
+
+def refuse_existing(final, overwrite: bool) -> None:
+    """The rule of every output file: one that exists is replaced only with ``overwrite``."""
+    if os.path.lexists(final) and not overwrite:
+        raise OutputError(f"{final}: already exists (use --overwrite to replace it)")
+
+
+@contextlib.contextmanager
+def atomic_files(final, overwrite: bool = False, side: tuple[str, ...] = ()):
+    """Yield a temporary folder beside ``final`` in which a writer makes ``final.name`` and its side
+    files (a Shapefile's .shx, .dbf, .prj, .cpg); when complete each is renamed into place, ``final``
+    last. A file of the set already there is refused (nothing moved) unless ``overwrite``; then the
+    side files of the replaced ``final`` with a suffix in ``side`` that the new set lacks go too."""
+    final = Path(final)
+    tmp = temporary_name(final)
+    clean_stale(tmp.parent, _relative(final, tmp))
+    _OWN.add(tmp)
+    try:
+        tmp.mkdir()
+        yield tmp
+        made = sorted((p.name for p in tmp.iterdir()), key=lambda n: n == final.name)  # final last
+        for name in made:
+            refuse_existing(final.parent / name, overwrite)
+        replaced = os.path.lexists(final)
+        for name in made:
+            os.replace(tmp / name, final.parent / name)
+        if replaced:
+            for suffix in side:
+                old = final.with_suffix(suffix)
+                if old.name not in made:
+                    old.unlink(missing_ok=True)
+        _remove(tmp)
+        _OWN.discard(tmp)
+    except BaseException as exc:
+        _remove(tmp)
+        if isinstance(exc, OSError) and _about(exc, tmp):
+            raise _as_output_error(exc, final) from None
         raise
 
 
 @contextlib.contextmanager
-def scratch_directory(near, label: str):
-    """A private scratch folder beside ``near`` (same disk as the data), removed afterwards.
+def scratch_directory(store, label: str):
+    """A private scratch folder inside the store folder ``store`` (same disk as the data; a
+    writable store in a read-only folder works), removed afterwards.
 
-    Named like the partial outputs, so a killed run's scratch is cleaned by the next run.
+    Named like the partial outputs (hidden: neither zarr's listing through a TerrainStore nor the
+    manifests see it), so a killed run's scratch is cleaned by the next run.
     """
-    path = temporary_name(Path(near).parent / label, kind="scratch")
+    path = temporary_name(Path(store) / label, kind="scratch")
     clean_stale(path.parent, label)
     _OWN.add(path)  # before it exists: a signal right after the mkdir still finds it swept at exit
     try:
         path.mkdir()
         yield path
+    except OSError as exc:
+        if _about(exc, path):  # a read-only store, a full disk: said of the store, not of the scratch
+            raise OutputError(f"{store}: cannot write scratch space in it: {exc.strerror or exc}") from None
+        raise
     finally:
         shutil.rmtree(path, ignore_errors=True)
         _OWN.discard(path)
@@ -206,7 +284,10 @@ def locked(path, shared: bool = False, wait: bool = True):
     Exclusive by default; ``wait=False`` raises BlockingIOError when another process holds it.
     """
     path = Path(path)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only store: said of the folder the user named, not of the lock file
+        raise OutputError(f"{path.parent}: cannot lock it for writing: {exc.strerror or exc}") from None
     try:
         flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
         try:

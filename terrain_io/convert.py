@@ -31,7 +31,7 @@ from .jit import SERIAL_BELOW
 from .atomic import atomic_directory
 from .progress import progress_bar
 from .parallel import check_scheduler, map_shards
-from .store import (DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, check_tiling,
+from .store import (DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, check_store_output, check_tiling,
                     write_elevation_window)
 
 READ_BLOCK = 8 << 20  # bytes of ASCII text per read
@@ -477,10 +477,7 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
         raise InputError(f"{src}: is a directory, not a DEM file")
     check_tiling(tile, shard)
     out = Path(out) if out is not None else src.with_suffix(".zarr")
-    if out.exists() and not overwrite:
-        raise TerrainError(f"{out}: already exists (use --overwrite to replace it)")
-    if out.resolve() == src.resolve():
-        raise TerrainError(f"{out}: output would overwrite the input")
+    check_store_output(out, overwrite, source=src)  # only a store of this tool is replaced
     scheduler = check_scheduler(scheduler)
     ascii_grid = is_ascii_grid(src)
     if ascii_grid and scheduler != "local":

@@ -44,3 +44,8 @@ class UnverifiedStoreWarning(TerrainNote):
 
 class SkippedPointsNote(TerrainNote):
     """Points of an input left out because they lie outside the DEM or on nodata (``skip_invalid``)."""
+
+
+class OutputError(TerrainError):
+    """An output cannot be written (a read-only folder, a full disk), or would replace something the
+    tool did not write; the message names the path the user gave."""

@@ -28,7 +28,7 @@ from pathlib import Path
 import numba as nb
 import numpy as np
 
-from .errors import InputError, StoreError
+from .errors import InputError, OutputError, StoreError
 from .atomic import atomic_file
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
@@ -84,20 +84,25 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     if suffix not in writers:
         raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
     run = _Runner(scheduler, progress, announce)
-    if suffix == ".asc":
-        prj = out.with_suffix(".prj")
-        if prj.exists() and not overwrite:
-            raise StoreError(f"{prj}: already exists beside {out.name} (use --overwrite to replace it)")
-        wkt = _esri_wkt(store.crs)
-        with atomic_file(out) as tmp, (atomic_file(prj) if wkt else contextlib.nullcontext()) as prj_tmp:
-            _write_ascii(store, name, arr, tmp, decimals, run)
-            if wkt:
-                prj_tmp.write_text(wkt + "\n")
-        if not wkt:
-            prj.unlink(missing_ok=True)  # --overwrite: an old .prj would give the grid a CRS it has not
-        return out
-    with atomic_file(out) as tmp:
-        writers[suffix](store, name, arr, tmp, run)
+    from rasterio._err import CPLE_BaseError
+    from rasterio.errors import RasterioError
+
+    prj = out.with_suffix(".prj")
+    wkt = _esri_wkt(store.crs) if suffix == ".asc" else None
+    if wkt and prj.exists() and not overwrite:
+        raise StoreError(f"{prj}: already exists beside {out.name} (use --overwrite to replace it)")
+    with atomic_file(out) as tmp, (atomic_file(prj) if wkt else contextlib.nullcontext()) as prj_tmp:
+        try:
+            if suffix == ".asc":
+                _write_ascii(store, name, arr, tmp, decimals, run)
+            else:
+                writers[suffix](store, name, arr, tmp, run)
+        except (CPLE_BaseError, RasterioError) as exc:  # GDAL's errors name the temporary: say them of OUT
+            raise OutputError(f"{out}: cannot write it: {str(exc).replace(str(tmp), str(out))}") from None
+        if wkt:
+            prj_tmp.write_text(wkt + "\n")
+    if suffix == ".asc" and not wkt:
+        prj.unlink(missing_ok=True)  # --overwrite: an old .prj would give the grid a CRS it has not
     return out
 
 

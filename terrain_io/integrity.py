@@ -298,6 +298,13 @@ class CheckedStore(LocalStore):
     def __reduce__(self):
         return (_rebuild_store, (str(self.root), self.read_only, self.integrity))
 
+    async def list_dir(self, prefix: str):
+        """LocalStore's listing without hidden names: the temporaries and scratch folders staged inside
+        the store (:mod:`terrain_io.atomic`) are no members of its hierarchy."""
+        async for key in super().list_dir(prefix):
+            if not key.startswith("."):
+                yield key
+
     def _check(self, key: str) -> None:
         parts = split_key(key)
         if parts is not None and (self.root / parts[0] / "zarr.json").is_file():

@@ -7,7 +7,7 @@ in global Morton order of (tile_row, tile_col) -- for power-of-two S that is sha
 Morton order, tile after tile in Morton order inside each shard.
 
 Results (``mst/edges``, ``sssp/NAME/distance``, ...) are arrays of the same group, chunked and
-sharded like ``elevation``; each is written under a temporary directory beside the store and
+sharded like ``elevation``; each is written under a hidden temporary directory inside the store and
 renamed into place when complete, so no reader ever sees a half-written result.
 
 Integrity (format_version 2, :mod:`terrain_io.integrity`): every chunk ends in a crc32c (zarr's
@@ -33,8 +33,8 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import integrity
-from .atomic import atomic_directory, before_commit, locked
-from .errors import DamagedStoreError, InputError, StoreError, UnverifiedStoreWarning
+from .atomic import atomic_directory, before_commit, folder_lock, locked
+from .errors import DamagedStoreError, InputError, OutputError, StoreError, UnverifiedStoreWarning
 from .tiling import DEFAULT_SHARD, DEFAULT_TILE, check_tiling  # noqa: F401 -- this module's API too
 from .zorder import morton_order
 
@@ -379,23 +379,44 @@ class TerrainStore:
     def write_result(self, name: str, attrs: dict | None = None):
         """Write the result group ``name`` (e.g. ``"mst"``, ``"sssp/a"``) atomically.
 
-        Yields a :class:`ResultWriter` on a temporary group beside the store; on normal exit it is
-        renamed into place (replacing an older result of that name), on any exception (Ctrl-C
-        included) it is removed and the store keeps what it had.
+        Yields a :class:`ResultWriter` on a temporary group staged inside the store (hidden: see
+        :meth:`~terrain_io.integrity.CheckedStore.list_dir`; so a writable store in a read-only folder
+        takes results); on normal exit it is renamed into place (replacing an older result of that
+        name), its parent groups made just before; on any exception (Ctrl-C included) it is removed
+        and the store keeps exactly what it had.
         """
         parts = check_result_name(name)
-        for i in range(1, len(parts)):  # intermediate groups (zarr v3 needs their zarr.json)
-            self.group.require_group("/".join(parts[:i]))
-        with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path.parent) as tmp:
-            group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs or {})._async_group)
-            yield ResultWriter(self, group)
-            integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
+        made: list[Path] = []
+        try:
+            with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
+                group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs or {})._async_group)
+                yield ResultWriter(self, group)
+                integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
+                made = self._require_parents(parts)
+        except BaseException:
+            for folder in reversed(made):  # parent groups made for this result, still empty
+                with contextlib.suppress(OSError), folder_lock(folder):  # a concurrent result moves in under it
+                    if os.listdir(folder) == ["zarr.json"]:
+                        os.unlink(folder / "zarr.json")
+                        os.rmdir(folder)
+            raise
         self.group = self._open_group(self.path, "r+")
         self.elevation = self.group[ELEVATION]
 
+    def _require_parents(self, parts: list[str]) -> list[Path]:
+        """Make the groups above the result ``parts`` (zarr v3 needs their zarr.json); the folders made."""
+        made = []
+        for i in range(1, len(parts)):
+            folder = self.path.joinpath(*parts[:i])
+            if not (folder / "zarr.json").exists():
+                self.group.require_group("/".join(parts[:i]))
+                made.append(folder)
+        return made
+
     def lock(self, name: str = "store", shared: bool = False, wait: bool = True):
-        """An advisory inter-process lock named ``name`` on this store (a lock file beside it)."""
-        return locked(self.path.parent / f".{self.path.name}.{name.replace('/', '_')}.lock", shared=shared, wait=wait)
+        """An advisory inter-process lock named ``name`` on this store (a hidden lock file inside it: a
+        store in a read-only folder can be locked)."""
+        return locked(self.path / f".{name.replace('/', '_')}.lock", shared=shared, wait=wait)
 
     def update_attrs(self, **attrs) -> None:
         self.group.attrs.update(attrs)
@@ -825,6 +846,34 @@ def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
         ref.update({"crs_wkt": crs, "spatial_ref": crs})
     group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None),
                        attributes=ref)
+
+
+def is_terrain_store(path) -> bool:
+    """Whether ``path`` is a folder this tool made as a store: a Zarr group whose attributes say
+    ``format: terrain`` (what :meth:`TerrainStore.create` writes)."""
+    import json
+
+    try:
+        with open(Path(path) / "zarr.json") as f:
+            meta = json.load(f)
+        return meta.get("node_type") == "group" and meta.get("attributes", {}).get("format") == "terrain"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_store_output(out, overwrite: bool, source=None) -> None:
+    """Refuse to write a store at ``out`` over anything but a store of this tool, and over that
+    without ``overwrite`` (the tool removes only what it made); ``source``: the input, never replaced."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if not overwrite:
+        raise OutputError(f"{out}: already exists (use --overwrite to replace it)")
+    if source is not None and out.resolve() == Path(source).resolve():
+        raise OutputError(f"{out}: output would overwrite the input")
+    if out.is_symlink() or not is_terrain_store(out):
+        raise OutputError(f"{out}: exists and is not a terrain store; refusing to replace it (remove it yourself "
+                          "or choose another output)")
 
 
 def check_result_name(name: str) -> list[str]:

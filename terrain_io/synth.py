@@ -31,7 +31,7 @@ from .atomic import atomic_directory
 from .progress import progress_bar
 from .parallel import check_scheduler, map_shards
 from .store import (DEFAULT_SHARD, DEFAULT_TILE, ELEVATION, Statistics, TerrainStore, Window, statistics,
-                    write_shard)
+                    check_store_output, write_shard)
 
 
 BYTES_PER_CELL = 4  # a float32 cell on disk, at most (zstd does not grow it)
@@ -189,8 +189,7 @@ def synthesize(out, size: int, *, cols: int | None = None, seed: int = 0, nodata
         raise TerrainError(f"--cell-size must be a positive number of metres, got {cell_size!r}")
     scheduler = check_scheduler(scheduler)
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise TerrainError(f"{out}: already exists (use --overwrite to replace it)")
+    check_store_output(out, overwrite)  # only a store of this tool is replaced
     _check_disk(out, rows, cols)
     t0 = time.perf_counter()
     attrs = {"transform": [0.0, cell_size, 0.0, rows * cell_size, 0.0, -cell_size],

@@ -59,8 +59,9 @@ def test_failed_block_leaves_no_temporary_and_keeps_the_old_file(tmp_path):
 
 
 def test_scratch_directory_is_private_and_removed(tmp_path):
+    (tmp_path / "dem.zarr").mkdir()
     with scratch_directory(tmp_path / "dem.zarr", "sssp") as scratch:
-        assert scratch.is_dir() and scratch.parent == tmp_path
+        assert scratch.is_dir() and scratch.parent == tmp_path / "dem.zarr"  # inside the store
     assert not scratch.exists()
 
 
@@ -85,10 +86,11 @@ def test_scratch_folder_interrupted_right_after_it_is_made_is_removed(tmp_path, 
         real_mkdir(self, *args, **kwargs)
         raise KeyboardInterrupt
 
+    (tmp_path / "dem.zarr").mkdir()
     monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         with scratch_directory(tmp_path / "dem.zarr", "sssp"):
             pass
     monkeypatch.undo()
     sweep_temporaries()
-    assert list(tmp_path.iterdir()) == []
+    assert list((tmp_path / "dem.zarr").iterdir()) == []

@@ -191,7 +191,7 @@ def test_dask_schedulers_give_the_same_bytes(tmp_path, scheduler):
     assert res.method == "tiled" and res.batch_tiles == 2
     for k, v in read_fill(local).items():
         assert got[k].tobytes() == v.tobytes(), k
-    assert not list(tmp_path.glob("*scratch*")) and not list(tmp_path.glob(".*scratch*"))
+    assert not list(tmp_path.glob("*scratch*")) and not list(tmp_path.rglob(".*scratch*"))
 
 
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])

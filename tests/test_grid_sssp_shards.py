@@ -172,7 +172,7 @@ def test_warm_re_solves_from_disk_stay_within_the_budget(tmp_path):
     base, peak, unit, units, warm, kept = map(int, out.stdout.split())
     assert units >= 64 and warm - kept > units  # most re-solves from disk
     assert peak - base <= budget, f"peak RSS grew by {(peak - base) / 2**20:.1f} MiB, budget {budget / 2**20:.0f} MiB"
-    assert not list(tmp_path.glob(".*scratch*"))
+    assert not list(tmp_path.rglob(".*scratch*"))
 
 
 @pytest.mark.parametrize("kind", ["absdiff", "surface"])
@@ -198,7 +198,7 @@ def test_re_solves_from_disk_equal_incore_and_scipy(tmp_path, kind, shape, tile,
     d, p = result(st, "s")
     np.testing.assert_array_equal(d, ref.astype(np.float32))
     np.testing.assert_array_equal(p, rule_predecessors(v, ref, sources, kind, 2.0, 3.0))
-    assert not list(tmp_path.glob(".*scratch*"))
+    assert not list(tmp_path.rglob(".*scratch*"))
 
 
 KILLED = r"""
@@ -224,9 +224,9 @@ def test_a_killed_run_leaves_scratch_that_the_next_run_removes(tmp_path):
     st = make_store(tmp_path / "d", v, tile=8, shard=2)
     out = subprocess.run([sys.executable, "-c", KILLED, str(st.path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == -9, out.stderr
-    left = list(st.path.parent.glob(".sssp-shards.scratch-*"))
+    left = list(st.path.glob(".sssp-shards.scratch-*"))
     assert len(left) == 1 and any(left[0].iterdir())  # what the killed run had kept
     sssp(st, (3, 3), cell=True, progress=False, method="shards", unit=16, memory="1KB", name="again")
-    assert not list(st.path.parent.glob(".*scratch*"))
+    assert not list(st.path.glob(".*scratch*"))
     sssp(st, (3, 3), cell=True, progress=False, method="incore", name="i")
     same_bytes(result(st, "again"), result(st, "i"))

@@ -191,7 +191,7 @@ def test_the_issue_case_mst_refuses_and_names_the_chunk(clean, tmp_path):
     errors = [line for line in out.splitlines() if line.startswith("terrain: error:")]
     assert errors == [f"terrain: error: {copy}: array elevation chunk {want}: chunk fails its checksum"]
     assert tree_digest(copy / "mst") == before
-    assert not [p for p in tmp_path.iterdir() if ".partial" in p.name or ".scratch" in p.name]
+    assert not [p for p in tmp_path.rglob("*") if ".partial" in p.name or ".scratch" in p.name]
 
 
 def test_version_1_store_opens_with_a_note_and_verify_says_it_has_no_checksums(tmp_path):
@@ -436,4 +436,4 @@ def test_the_shard_method_refuses_a_damaged_or_missing_shard(clean, tmp_path, da
     assert code == 1 and len(lines) == 1 and f"{copy}: array elevation" in lines[0], out
     assert ("missing" in lines[0]) == (damage == "delete")
     assert not (copy / "sssp" / "u").exists()
-    assert not [p for p in tmp_path.iterdir() if ".partial" in p.name or ".scratch" in p.name]
+    assert not [p for p in tmp_path.rglob("*") if ".partial" in p.name or ".scratch" in p.name]

@@ -59,7 +59,7 @@ def test_killed_worker_is_survived(tmp_path, reference, cluster):
     finally:
         killer.cancel()
     same_store(st, reference)
-    assert not list(tmp_path.glob(".*partial*"))
+    assert not list(tmp_path.rglob(".*partial*"))
     assert not killer.is_alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)  # the worker really was killed during the run

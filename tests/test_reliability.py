@@ -83,7 +83,10 @@ def assert_same(a: dict | None, b: dict | None):
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name or ".scratch-" in p.name)
+    """Temporaries in ``folder`` and inside its stores (where results and scratch are staged)."""
+    places = [folder, *(p for p in folder.glob("*.zarr") if p.is_dir())]
+    return sorted(str(p.relative_to(folder)) for place in places for p in place.iterdir()
+                  if ".partial-" in p.name or ".scratch-" in p.name)
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +211,8 @@ def _make_writable(folder: Path) -> None:
 @pytest.mark.parametrize("cmd", ["convert", "mst"])
 def test_read_only_output_folder_is_a_clear_error(world, tmp_path, cmd):
     shutil.copytree(world["base"], tmp_path / "dem.zarr")
-    target = tmp_path if cmd == "convert" else tmp_path / "dem.zarr"  # mst writes beside and inside the store
-    _make_read_only(tmp_path)
+    target = tmp_path if cmd == "convert" else tmp_path / "dem.zarr"  # mst writes inside the store only
+    _make_read_only(target)
     try:
         proc = terrain(*world["commands"][cmd](tmp_path))
         out, err = proc.communicate()
@@ -218,7 +221,7 @@ def test_read_only_output_folder_is_a_clear_error(world, tmp_path, cmd):
         assert len(lines) == 1 and lines[0].startswith("terrain: error:"), err
         assert "Permission denied" in lines[0] or "Operation not permitted" in lines[0] or "Read-only" in lines[0]
     finally:
-        _make_writable(tmp_path)
+        _make_writable(target)
     assert leftovers(tmp_path) == [] and not (tmp_path / "out.zarr").exists()
     assert snapshot(target if cmd == "mst" else tmp_path, "mst") is None
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ...atomic import atomic_file
-from ...errors import InputError, StoreError
+from ...atomic import atomic_file, atomic_files, refuse_existing
+from ...errors import InputError, OutputError, StoreError
 from ...store import TerrainStore
 from ._pipeline_cpu import DC, DR, NO_PRED
 
@@ -160,6 +161,82 @@ def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=N
         out[k] = TracedPath(name, cells, cost, np.column_stack([x, y]), (int(pts.cells[k, 0]), int(pts.cells[k, 1])),
                             int(pts.index[k]))
     return out
+
+
+# Output formats of `terrain path -o` by suffix: GeoJSON written here, the others through pyogrio (OGR).
+VECTOR_DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "ESRI Shapefile",
+                  ".fgb": "FlatGeobuf"}
+_SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
+
+
+def check_paths_output(out, overwrite: bool = False) -> str:
+    """The OGR driver for writing paths to ``out``; one line (an error) for an unknown suffix, an
+    existing file without ``overwrite``, or pyogrio missing for a format other than GeoJSON."""
+    out = Path(out)
+    driver = VECTOR_DRIVERS.get(out.suffix.lower())
+    if driver is None:
+        raise InputError(f"{out}: unknown output type {out.suffix!r} (use "
+                         + ", ".join(sorted(set(VECTOR_DRIVERS))) + ")")
+    refuse_existing(out, overwrite)
+    if driver != "GeoJSON":
+        try:
+            import pyogrio  # noqa: F401
+        except ImportError:
+            from ...points import VECTOR_EXTRA
+
+            raise InputError(f"{out}: writing {driver} needs pyogrio ({VECTOR_EXTRA}); or write .geojson") from None
+    return driver
+
+
+def write_paths(store, paths, out, overwrite: bool = False) -> Path:
+    """Write paths to ``out`` in the format its suffix names (:data:`VECTOR_DRIVERS`): GeoJSON here
+    (:func:`write_geojson`), GeoPackage, Shapefile and FlatGeobuf through pyogrio, with the same
+    features (the cells [row, col] as two integer fields each: ``target_row``, ``target_col``,
+    ``source_row``, ``source_col``). An existing ``out`` is replaced only with ``overwrite``."""
+    out = Path(out)
+    driver = check_paths_output(out, overwrite)
+    if driver == "GeoJSON":
+        return write_geojson(store, paths, out)
+    from pyogrio import raw
+
+    store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
+    paths = [paths] if isinstance(paths, TracedPath) else list(paths)
+    features = [p.feature(store) for p in paths]
+    props = [f["properties"] for f in features]
+
+    def ints(key, i):  # part i of the [row, col] property ``key`` (0 where it is null: masked)
+        return np.array([q[key][i] if q[key] is not None else 0 for q in props], np.int64)
+
+    unset = np.array([q["source_cell"] is None for q in props])
+    fields = {"target": (np.array([q["target"] for q in props], np.int64), None),
+              "target_row": (ints("target_cell", 0), None), "target_col": (ints("target_cell", 1), None),
+              "source_row": (ints("source_cell", 0), unset), "source_col": (ints("source_cell", 1), unset),
+              "cost": (np.array([np.nan if q["cost"] is None else q["cost"] for q in props]), None),
+              "cells": (np.array([q["cells"] for q in props], np.int64), None),
+              "sssp": (np.array([q["sssp"] for q in props], object), None),
+              "weight": (np.array([q["weight"] or "" for q in props], object), None)}
+    geometry = np.array([_wkb_linestring(f["geometry"]["coordinates"]) if f["geometry"] else None
+                         for f in features], object)
+    options = None
+    if driver == "FlatGeobuf" and any(g is None for g in geometry):
+        options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry (a target not reached)
+    with atomic_files(out, overwrite, side=_SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
+                raw.write(str(tmp / out.name), geometry, [v for v, _ in fields.values()], list(fields),
+                          field_mask=[m for _, m in fields.values()], layer=out.stem, driver=driver,
+                          geometry_type="LineString", crs=store.crs or None, layer_options=options)
+        except Exception as exc:  # noqa: BLE001 -- pyogrio/GDAL errors: one line naming OUT
+            message = str(exc).replace(str(tmp / out.name), str(out)).splitlines()[0]
+            raise OutputError(f"{out}: cannot write it as {driver}: {message}") from None
+    return out
+
+
+def _wkb_linestring(coords) -> bytes:
+    """A 2-D LineString as ISO WKB (little-endian, type 2, the point count, x y doubles)."""
+    xy = np.ascontiguousarray(coords, dtype="<f8")
+    return b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()
 
 
 def write_geojson(store, paths, out) -> Path:
