@@ -27,16 +27,22 @@ overwrite_option = click.option("--overwrite", is_flag=True, help="Replace OUT i
 @shard_option
 @click.option("--dtype", default="auto", show_default=True,
               help="Store dtype: auto (float32; integer rasters keep their type), float32, float64, int16, int32.")
+@click.option("--crs", default=None, metavar="CRS",
+              help="The DEM's CRS (EPSG:32617, WKT, a PROJ string, ...), overriding the file's own or the .prj "
+                   "beside an ASCII grid [default: those].")
 @scheduler_option
 @overwrite_option
-def convert(src, out, tile, shard, dtype, scheduler, overwrite):
-    """Convert an Esri/GRASS ASCII grid or any GDAL raster (GeoTIFF, ...) into a z-order tiled store."""
+def convert(src, out, tile, shard, dtype, crs, scheduler, overwrite):
+    """Convert an Esri/GRASS ASCII grid or any GDAL raster (GeoTIFF, ...) into a z-order tiled store.
+
+    An ASCII grid takes its CRS from the .prj file beside it (as GDAL does), or from --crs.
+    """
     from terrain_io.convert import convert as run
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         summary = run(src, out, tile=tile, shard=shard, dtype=dtype, overwrite=overwrite, progress=not quiet(),
-                      scheduler=scheduler, announce=say)
+                      scheduler=scheduler, announce=say, crs=crs)
     for w in caught:
         if issubclass(w.category, UserWarning) and "nodata" in str(w.message):
             click.echo(f"terrain: warning: {w.message}", err=True)

@@ -211,6 +211,51 @@ def _grass_header(src: Path, keys: dict) -> GridHeader:
                       multiplier=multiplier)
 
 
+def crs_wkt(text, what: str) -> str:
+    """The WKT of a CRS given as anything rasterio's ``CRS.from_user_input`` reads: ``EPSG:32617``, WKT
+    (OGC or ESRI's), a PROJ string, ``OGC:CRS84``, ... ``what`` names the CRS's origin in errors."""
+    from rasterio.crs import CRS
+    from rasterio.errors import CRSError
+
+    try:
+        return CRS.from_user_input(text).to_wkt()
+    except CRSError as exc:
+        raise InputError(f"{what}: not a CRS ({_first_line(exc)}): {str(text).strip()[:80]!r}") from None
+
+
+def prj_beside(src: Path) -> Path | None:
+    """The ``.prj`` file beside an ASCII grid (the same name, as GDAL looks for it), or None."""
+    return next((p for p in (src.with_suffix(".prj"), src.with_suffix(".PRJ")) if p.is_file()), None)
+
+
+def _prj_crs(prj: Path) -> str:
+    """The CRS of a ``.prj`` as GDAL's ASCII grid drivers read it: WKT (OGC or ESRI), else the old
+    ArcInfo keyword form (``Projection UTM`` / ``Zone 17`` / ...), which only GDAL's importFromESRI
+    parses -- so it is read by GDAL itself, beside a one-cell grid. Unreadable: an error (GDAL
+    would drop the CRS without a word)."""
+    text = prj.read_text(encoding="latin-1").strip()
+    if not text:
+        raise InputError(f"{prj}: empty .prj (remove it, or give the CRS with --crs)")
+    try:
+        return crs_wkt(text, str(prj))
+    except InputError:
+        pass
+    import rasterio
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "g.asc").write_text("ncols 1\nnrows 1\nxllcorner 0\nyllcorner 0\ncellsize 1\n0\n")
+        (Path(tmp) / "g.prj").write_text(text, encoding="latin-1")
+        with rasterio.Env(CPL_LOG="/dev/null"), rasterio.open(Path(tmp) / "g.asc") as ds:
+            if ds.crs is not None:
+                return ds.crs.to_wkt()
+    raise InputError(f"{prj}: not a CRS GDAL reads: {text[:80]!r} (fix it, or give the CRS with --crs)")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 def is_ascii_grid(src) -> bool:
     """True when ``src`` looks like an Esri or GRASS ASCII grid (by its first header word)."""
     try:
@@ -460,9 +505,11 @@ def _int_nodata(dtype: np.dtype, nodata):
 
 def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD, dtype: str | None = None,
             overwrite: bool = False, progress: bool = False, scheduler: str | None = "local",
-            announce=None) -> ConvertSummary:
+            announce=None, crs=None) -> ConvertSummary:
     """Convert an ASCII grid or any GDAL raster at ``src`` into a new store at ``out``.
 
+    The CRS: ``crs`` (anything :func:`crs_wkt` reads) when given, overriding the file's; else a
+    raster's own, or the ``.prj`` beside an ASCII grid (as GDAL reads it); else none.
     ``out`` defaults to ``src`` with the suffix ``.zarr``. Returns a summary; raises InputError
     for unusable input and leaves no store behind on any failure. ``scheduler`` (rasters only):
     one task per shard window on Dask (see :func:`terrain_io.parallel.map_shards`).
@@ -480,12 +527,17 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
     if out.resolve() == src.resolve():
         raise TerrainError(f"{out}: output would overwrite the input")
     scheduler = check_scheduler(scheduler)
+    crs = crs_wkt(crs, "--crs") if crs is not None else None
     ascii_grid = is_ascii_grid(src)
     if ascii_grid and scheduler != "local":
         raise TerrainError("an ASCII grid is parsed as one stream: --scheduler applies to GeoTIFF and other rasters")
     reader = _AsciiSource(src) if ascii_grid else _RasterSource(src, scheduler, announce)
     with reader:
         hdr = reader.header
+        if crs is not None:
+            hdr.crs = crs
+        elif ascii_grid and (prj := prj_beside(src)) is not None:
+            hdr.crs = _prj_crs(prj)
         out_dtype = _output_dtype(dtype, hdr)
         nodata_out = _int_nodata(out_dtype, hdr.nodata)
         attrs = {

@@ -199,5 +199,5 @@ def _note_units(store: TerrainStore, model) -> None:
         from ...errors import TerrainNote
 
         warnings.warn(f"the DEM has no CRS and cells of {dx:.3g} x {dy:.3g} map units, taken as metres by the "
-                      f"{model.name!r} model (degrees? convert the DEM from a GeoTIFF that carries its CRS)", TerrainNote,
-                      stacklevel=3)
+                      f"{model.name!r} model (degrees? convert the DEM again with its CRS: --crs EPSG:4326, or a "
+                      f".prj)", TerrainNote, stacklevel=3)

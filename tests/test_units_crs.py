@@ -1,0 +1,115 @@
+"""Units and CRS as GIS users expect (issue 27): the .prj beside an ASCII grid and ``convert --crs``
+checked against GDAL (rasterio), the demo DEM's CRS, points in another CRS (``--source-crs``) and
+errors that show the DEM's extent, a unit on every printed number, strict ``info --json``, PNG
+legends, progress bars on a terminal."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from click.testing import CliRunner
+from rasterio.crs import CRS
+
+from cli.main import _register, cli
+from terrain_io.convert import convert
+from terrain_io.store import TerrainStore
+
+_register()
+ROOT = Path(__file__).resolve().parents[1]
+
+ESRI_NAD83 = ('GEOGCS["GCS_North_American_1983",DATUM["D_North_American_1983",SPHEROID["GRS_1980",6378137.0,'
+              '298.257222101]],PRIMEM["Greenwich",0.0],UNIT["Degree",0.0174532925199433]]')
+ARCINFO_UTM17 = ("Projection    UTM\nZone          17\nDatum         NAD83\nSpheroid      GRS80\nUnits         METERS\n"
+                 "Zunits        NO\nXshift        0.0\nYshift        0.0\nParameters\n")
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def esri_grid(path: Path, values, x0=500000.0, y0=4000000.0, cell=30.0, prj: str | None = None) -> Path:
+    rows, cols = values.shape
+    body = "\n".join(" ".join(f"{v:g}" for v in row) for row in values)
+    path.write_text(f"ncols {cols}\nnrows {rows}\nxllcorner {x0}\nyllcorner {y0}\ncellsize {cell}\n"
+                    f"NODATA_value -9999\n{body}\n")
+    if prj is not None:
+        path.with_suffix(".prj").write_text(prj)
+    return path
+
+
+def grass_grid(path: Path, values, prj: str) -> Path:
+    rows, cols = values.shape
+    body = "\n".join(" ".join(f"{v:g}" for v in row) for row in values)
+    path.write_text(f"north: {4000000 + 30 * rows}\nsouth: 4000000\neast: {500000 + 30 * cols}\nwest: 500000\n"
+                    f"rows: {rows}\ncols: {cols}\n{body}\n")
+    path.with_suffix(".prj").write_text(prj)
+    return path
+
+
+# -- 1. the .prj beside an ASCII grid, convert --crs ----------------------------------------------
+@pytest.mark.parametrize("prj", [ESRI_NAD83, CRS.from_epsg(32617).to_wkt(), ARCINFO_UTM17],
+                         ids=["esri-wkt", "ogc-wkt1", "arcinfo-keywords"])
+@pytest.mark.parametrize("writer", [esri_grid, grass_grid], ids=["esri", "grass"])
+def test_ascii_grid_takes_the_crs_gdal_reads_from_its_prj(tmp_path, prj, writer):
+    src = writer(tmp_path / "dem.asc", np.arange(12.0).reshape(3, 4), prj=prj)
+    st = TerrainStore.open(convert(src, tmp_path / "dem.zarr", tile=8, shard=2).path)
+    with rasterio.open(src) as ds:
+        assert ds.crs is not None
+        assert CRS.from_wkt(st.crs) == ds.crs
+
+
+def test_a_wkt2_prj_is_read_too(tmp_path):
+    """GDAL 3.10's ASCII drivers skip a WKT2 .prj; rasterio's CRS reads it."""
+    src = esri_grid(tmp_path / "dem.asc", np.ones((2, 2)), prj=CRS.from_epsg(3857).to_wkt(version="WKT2_2019"))
+    st = TerrainStore.open(convert(src, tmp_path / "dem.zarr", tile=8, shard=2).path)
+    assert CRS.from_wkt(st.crs) == CRS.from_epsg(3857)
+
+
+def test_sample_dem_is_nad83_geographic_as_gdal_reads_it(tmp_path, sample_data):
+    src = sample_data / "jacksboro_fault_dem.asc"
+    st = TerrainStore.open(convert(src, tmp_path / "j.zarr", tile=64, shard=2).path)
+    with rasterio.open(src) as ds:
+        assert CRS.from_wkt(st.crs) == ds.crs
+    assert CRS.from_wkt(st.crs).to_epsg() == 4269
+    # the cell size in metres at 36.6 N: 3 arc-seconds ~ 74 m east-west, ~ 92 m north-south
+    dx, dy = st.metric_cell_size
+    assert 70 < dx < 78 and 90 < dy < 94
+
+
+@pytest.mark.parametrize("src_kind", ["asc-with-prj", "geotiff"])
+def test_convert_crs_overrides_the_files_crs(tmp_path, sample_data, src_kind):
+    if src_kind == "geotiff":
+        src = sample_data / "topobathy_land.tif"  # EPSG:4326 in the file
+    else:
+        src = esri_grid(tmp_path / "d.asc", np.ones((3, 4)), prj=ESRI_NAD83)
+    out = tmp_path / "d.zarr"
+    r = run("-q", "convert", src, "-o", out, "--tile", "8", "--shard", "2", "--crs", "EPSG:32617")
+    assert r.exit_code == 0, r.output
+    assert CRS.from_wkt(TerrainStore.open(out).crs) == CRS.from_epsg(32617)
+
+
+def test_convert_crs_takes_a_proj_string_and_refuses_nonsense_in_one_line(tmp_path):
+    src = esri_grid(tmp_path / "d.asc", np.ones((3, 4)))
+    r = run("convert", src, "-o", tmp_path / "a.zarr", "--crs", "+proj=utm +zone=33 +datum=WGS84 +units=m")
+    assert r.exit_code == 0, r.output
+    assert CRS.from_wkt(TerrainStore.open(tmp_path / "a.zarr").crs) == CRS.from_epsg(32633)
+    r = run("convert", src, "-o", tmp_path / "b.zarr", "--crs", "EPSG:99999999")
+    assert r.exit_code == 1 and not (tmp_path / "b.zarr").exists()
+    assert r.output.startswith("terrain: error: --crs: not a CRS") and r.output.count("\n") == 1, r.output
+
+
+def test_an_unreadable_prj_is_one_error_and_crs_overrides_it(tmp_path):
+    src = esri_grid(tmp_path / "d.asc", np.ones((3, 4)), prj="this is no CRS\n")
+    r = run("convert", src, "-o", tmp_path / "a.zarr")
+    assert r.exit_code == 1 and "d.prj: not a CRS GDAL reads" in r.output and "--crs" in r.output, r.output
+    assert not (tmp_path / "a.zarr").exists()
+    r = run("-q", "convert", src, "-o", tmp_path / "a.zarr", "--crs", "EPSG:4326")
+    assert r.exit_code == 0, r.output
