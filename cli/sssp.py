@@ -43,6 +43,8 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
                    "a store array) whose non-zero cells are sources. With --source, both count.")
 @click.option("--sources-crs", default=None, metavar="CRS",
               help="CRS of the --sources points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's].")
+@click.option("--source-crs", default=None, metavar="CRS",
+              help="CRS of the --source X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out sources outside the DEM or on nodata (a note says how many) instead of refusing them.")
 @click.option("--cell", "as_cell", is_flag=True, help="--source values are ROW,COL cell indices.")
@@ -66,7 +68,7 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
 @scheduler_option
-def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
+def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
                  cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
@@ -85,6 +87,8 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
         raise click.UsageError("--sources-crs applies to --sources FILE")
     if as_cell and not sources:
         raise click.UsageError("--cell applies to --source ROW,COL")
+    if source_crs is not None and (not sources or as_cell):
+        raise click.UsageError("--source-crs applies to --source X,Y map coordinates")
     timer = Timer()
     src, cell = [_pair(s) for s in sources], as_cell
     if sources_file is not None and sources:  # both: one list of cells
@@ -94,11 +98,13 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
         from terrain_io.store import TerrainStore
 
         st = TerrainStore.open(store)
-        src = np.concatenate([from_coordinates(st, src, as_cell, skip_invalid, "source").cells,
+        src = np.concatenate([from_coordinates(st, src, as_cell, skip_invalid, "source", source_crs).cells,
                               read_points(sources_file, st, sources_crs, skip_invalid, "source").cells])
         cell = True
     elif sources_file is not None:
         src = sources_file
+    else:
+        sources_crs = source_crs  # the library's one CRS for whatever the sources are
     res = sssp(store, src, weight=weight, name=name, device=device, memory=memory,
                progress=not quiet(), cost=cost, cell=cell, cluster=cluster, rebuild_index=rebuild_index,
                scheduler=scheduler, announce=say, method=method, sources_crs=sources_crs, skip_invalid=skip_invalid,
@@ -145,13 +151,15 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="Targets from a file, read as --sources of 'terrain sssp' (points, CSV, or a raster's non-zero cells).")
 @click.option("--targets-crs", default=None, metavar="CRS",
               help="CRS of the --targets points [default: the file's; a CSV's: the DEM's].")
+@click.option("--to-crs", default=None, metavar="CRS",
+              help="CRS of the --to X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out targets outside the DEM or on nodata (a note says how many) instead of refusing them.")
 @click.option("--cell", "as_cell", is_flag=True, help="--to values are ROW,COL cell indices.")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="GeoJSON file for the paths [default: print the summary only].")
-def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, name, out):
+def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_cell, name, out):
     """Follow the predecessors from each target back to the source; write a GeoJSON FeatureCollection.
 
     One LineString Feature per target (source to target) with properties target (its number in the
@@ -166,8 +174,11 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
         raise click.UsageError("--targets-crs applies to --targets FILE")
     if as_cell and not to:
         raise click.UsageError("--cell applies to --to ROW,COL")
+    if to_crs is not None and (not to or as_cell):
+        raise click.UsageError("--to-crs applies to --to X,Y map coordinates")
     targets = targets_file if targets_file is not None else [_pair(t) for t in to]
-    paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs, skip_invalid=skip_invalid)
+    paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs if targets_file else to_crs,
+                      skip_invalid=skip_invalid)
     reached = [p for p in paths if p.reached]
     if not reached:
         which = f"target {to[0]} is not" if len(to) == 1 else f"none of the {len(paths)} targets is"

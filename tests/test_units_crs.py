@@ -113,3 +113,91 @@ def test_an_unreadable_prj_is_one_error_and_crs_overrides_it(tmp_path):
     assert not (tmp_path / "a.zarr").exists()
     r = run("-q", "convert", src, "-o", tmp_path / "a.zarr", "--crs", "EPSG:4326")
     assert r.exit_code == 0, r.output
+
+
+# -- 3. points in another CRS: --source-crs / --to-crs, errors that show the DEM's extent ---------------
+UTM_X0, UTM_Y0, UTM_CELL, UTM_SHAPE = 500000.0, 4000000.0, 30.0, (40, 50)
+
+
+@pytest.fixture(scope="module")
+def utm_store(tmp_path_factory):
+    """A 40 x 50 DEM of 30 m cells in UTM zone 17N (near 36.1 N, 81 W)."""
+    tmp = tmp_path_factory.mktemp("utm")
+    values = np.random.default_rng(0).random(UTM_SHAPE) * 100
+    src = esri_grid(tmp / "utm.asc", values, UTM_X0, UTM_Y0, UTM_CELL, prj=CRS.from_epsg(32617).to_wkt())
+    return convert(src, tmp / "utm.zarr", tile=16, shard=2).path
+
+
+def _numbers_after(text: str, key: str) -> list[float]:
+    """The two numbers of 'spans x A .. B, y C .. D' in an error line (key x or y)."""
+    part = text.split("spans x ", 1)[1] if key == "x" else text.split("spans x ", 1)[1].split(", y ", 1)[1]
+    a, _, rest = part.partition(" .. ")
+    return [float(a), float(rest.split(",")[0].split(" ")[0])]
+
+
+def _dem_bounds():
+    """(west, south, east, north) by the Esri grid's definition: lower-left corner + shape x cell size."""
+    rows, cols = UTM_SHAPE
+    return UTM_X0, UTM_Y0, UTM_X0 + cols * UTM_CELL, UTM_Y0 + rows * UTM_CELL
+
+
+def _cell_of_lonlat(lon, lat):
+    """Reference: GDAL's reprojection and the grid's geometry."""
+    from rasterio.warp import transform
+
+    (x,), (y,) = transform("EPSG:4326", "EPSG:32617", [lon], [lat])
+    rows = UTM_SHAPE[0]
+    return int((UTM_Y0 + rows * UTM_CELL - y) // UTM_CELL), int((x - UTM_X0) // UTM_CELL)
+
+
+def test_lonlat_csv_without_crs_shows_the_extent_and_the_hint(tmp_path, utm_store):
+    pts = tmp_path / "ll.csv"
+    pts.write_text("lon,lat\n-80.99,36.15\n")
+    r = run("sssp", utm_store, "--sources", pts)
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    west, south, east, north = _dem_bounds()
+    assert _numbers_after(r.output, "x") == [west, east] and _numbers_after(r.output, "y") == [south, north]
+    assert "EPSG:32617" in r.output and "--sources-crs EPSG:4326" in r.output
+    r = run("sssp", utm_store, "--source", "-80.99,36.15")
+    assert r.exit_code == 1 and "--source-crs EPSG:4326" in r.output, r.output
+
+
+def test_utm_numbers_in_a_geojson_without_crs_name_the_extent_in_lonlat_without_runtime_warning(tmp_path, utm_store):
+    import warnings
+
+    from rasterio.warp import transform_bounds
+
+    pts = tmp_path / "u.geojson"
+    pts.write_text('{"type":"FeatureCollection","features":[{"type":"Feature","properties":{},'
+                   '"geometry":{"type":"Point","coordinates":[500100.0,4000100.0]}}]}')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = run("sssp", utm_store, "--sources", pts)
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    assert "inf" not in r.output and "(500100,4000100)" in r.output
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    west, south, east, north = transform_bounds("EPSG:32617", "EPSG:4326", *_dem_bounds(), densify_pts=21)
+    np.testing.assert_allclose(_numbers_after(r.output, "x"), [west, east], atol=1e-7)
+    np.testing.assert_allclose(_numbers_after(r.output, "y"), [south, north], atol=1e-7)
+    assert "EPSG:4326" in r.output and "--sources-crs EPSG:" in r.output
+
+
+def test_source_crs_and_to_crs_take_lonlat_on_a_projected_dem(tmp_path, utm_store):
+    import shutil
+
+    import zarr
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(utm_store, store)
+    src, dst = (-80.995, 36.147), (-80.988, 36.152)
+    r = run("-q", "sssp", store, "--source", "%r,%r" % src, "--source-crs", "EPSG:4326", "--name", "ll")
+    assert r.exit_code == 0, r.output
+    distance = zarr.open_group(store, mode="r")["sssp/ll/distance"][...]
+    assert list(zip(*np.nonzero(distance == 0))) == [_cell_of_lonlat(*src)]
+    out = tmp_path / "p.geojson"
+    r = run("-q", "path", store, "--to", "%r,%r" % dst, "--to-crs", "EPSG:4326", "-o", out)
+    assert r.exit_code == 0, r.output
+    feature = json.loads(out.read_text())["features"][0]
+    assert tuple(feature["properties"]["target_cell"]) == _cell_of_lonlat(*dst)
+    r = run("sssp", store, "--source", "1,2", "--cell", "--source-crs", "EPSG:4326")
+    assert r.exit_code != 0 and "--source-crs applies to --source X,Y" in r.output

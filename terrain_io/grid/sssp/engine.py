@@ -67,7 +67,7 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
                   skip_invalid: bool = False) -> list[tuple[int, int]]:
     """Source cells, distinct, in the order given: from (x, y) map coordinates, (row, col) cells with
     ``cell``, or a file of points / raster / store array name (:func:`terrain_io.points.read_points`,
-    ``crs`` and ``skip_invalid`` as there). One clear error for a source off the DEM or on nodata;
+    ``crs`` and ``skip_invalid`` as there; ``crs`` also names the CRS of map coordinates). One clear error for a source off the DEM or on nodata;
     every tile the sources touch is read once (:func:`terrain_io.points.vertex_mask`)."""
     from ...points import Points, from_coordinates, read_points
 
@@ -78,7 +78,7 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
             raise InputError("cell=True applies to coordinate pairs, not to a file of sources")
         pts = read_points(sources, store, crs=crs, skip_invalid=skip_invalid, what="source")
     else:
-        pts = from_coordinates(store, sources, cell=cell, skip_invalid=skip_invalid, what="source")
+        pts = from_coordinates(store, sources, cell=cell, skip_invalid=skip_invalid, what="source", crs=crs)
     if len(pts) == 0:
         raise InputError(f"no source lies on the DEM's data ({pts.skipped} left out)")
     ids = pts.cells[:, 0] * store.shape[1] + pts.cells[:, 1]
@@ -118,7 +118,8 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
 
     ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
     (several sources give the distance to the nearest); or a file of points (GeoJSON, GeoPackage,
-    Shapefile, CSV: reprojected from their CRS or ``sources_crs``), a raster aligned with the DEM
+    Shapefile, CSV: reprojected from their CRS or ``sources_crs``, which also names the CRS of
+    (x, y) pairs), a raster aligned with the DEM
     or the name of a store array (non-zero cells), see :mod:`terrain_io.points`; ``skip_invalid``
     leaves out sources off the DEM or on nodata instead of refusing them. ``weight``: ``absdiff`` (default),
     ``surface`` or ``cell`` (with ``cost``: a store array name or a raster file aligned with the
