@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from terrain_io.errors import TerrainError
+from terrain_io.units import cli_weight, distance_unit, number
 
 from .common import Timer, device_option, quiet, say, scheduler_option
 from .main import cli
@@ -63,7 +64,8 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
                    "results from each.")
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
 @click.option("--max-cost", type=float, default=None,
-              help="Leave cells farther than this unreached (+inf); the work then follows the area reached.")
+              help="Leave cells farther than this unreached (+inf); the work then follows the area reached. In "
+                   "the distance's unit: m for absdiff and surface, s for walk, cost x m for cell.")
 @click.option("--allocation", is_flag=True,
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
@@ -109,8 +111,10 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
                progress=not quiet(), cost=cost, cell=cell, cluster=cluster, rebuild_index=rebuild_index,
                scheduler=scheduler, announce=say, method=method, sources_crs=sources_crs, skip_invalid=skip_invalid,
                max_cost=max_cost, allocation=allocation)
-    say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
-        f"max distance {res.max_distance:.6g}; {res.phases()}; total {timer.elapsed:.2f} s")
+    unit = distance_unit(res.weight)
+    say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {cli_weight(res.weight)}, {res.reached:,} cells "
+        f"reached, max distance {number(res.max_distance, 'float32')} {unit}; {res.phases()}; "
+        f"total {timer.elapsed:.2f} s")
 
 
 @cli.command("index")
@@ -167,6 +171,7 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_
     keeps its Feature with a null geometry and cost (an error when no target is reached).
     """
     from terrain_io.grid.sssp.path import trace_all, write_geojson
+    from terrain_io.store import TerrainStore
 
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
@@ -189,11 +194,13 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_
         click.echo(f"terrain: note: {len(paths) - len(reached)} of {len(paths)} targets not reached from the "
                    f"source(s) of sssp/{paths[0].name}: their features have a null geometry and cost", err=True)
     to_out = f" -> {out}" if out else ""
+    unit = distance_unit(TerrainStore.open(store, mode="r").group[f"sssp/{paths[0].name}"].attrs.get("weight", ""))
     if len(paths) == 1:
         p = paths[0]
-        say(f"path sssp/{p.name}: {len(p.cells)} cells from {tuple(map(int, p.cells[0]))} to "
-            f"{tuple(map(int, p.cells[-1]))}, cost {p.cost:.6g}{to_out}")
+        say(f"path sssp/{p.name}: {len(p.cells)} cells from cell {tuple(map(int, p.cells[0]))} to cell "
+            f"{tuple(map(int, p.cells[-1]))}, cost {number(p.cost, 'float32')} {unit}{to_out}")
         return
     costs = [p.cost for p in reached]
     say(f"paths sssp/{paths[0].name}: {len(paths)} targets, {len(reached)} reached, "
-        f"{sum(len(p.cells) for p in reached):,} cells, cost {min(costs):.6g} .. {max(costs):.6g}{to_out}")
+        f"{sum(len(p.cells) for p in reached):,} cells, cost {number(min(costs), 'float32')} .. "
+        f"{number(max(costs), 'float32')} {unit}{to_out}")

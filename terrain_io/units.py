@@ -12,10 +12,22 @@ import math
 
 import numpy as np
 
-# sssp weight models (the CLI's names) -> the unit of a distance
-DISTANCE_UNITS = {"absdiff": "m", "surface": "m", "walk": "s", "cell": "cost x m"}
+# sssp weight models -> the unit of a distance (walk_friction: --weight walk --cost FRICTION)
+DISTANCE_UNITS = {"absdiff": "m", "surface": "m", "walk": "s", "walk_friction": "s", "cell": "cost x m"}
+# the CLI's name of a weight model (the library's walk_friction is --weight walk with --cost)
+CLI_WEIGHTS = {"walk_friction": "walk"}
 _LINEAR = {"metre": "m", "meter": "m", "m": "m", "foot": "ft", "ft": "ft", "us survey foot": "US ft",
            "us-ft": "US ft", "kilometre": "km", "km": "km"}
+
+
+def distance_unit(weight: str) -> str:
+    """The unit of an SSSP distance under the weight model ``weight`` (``m``, ``s``, ``cost x m``)."""
+    return DISTANCE_UNITS.get(weight, "")
+
+
+def cli_weight(weight: str) -> str:
+    """The weight model's name as the command line spells it (``walk`` for the library's walk_friction)."""
+    return CLI_WEIGHTS.get(weight, weight)
 
 
 def map_unit(crs: str | None, transform=True) -> str:

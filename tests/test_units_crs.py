@@ -201,3 +201,88 @@ def test_source_crs_and_to_crs_take_lonlat_on_a_projected_dem(tmp_path, utm_stor
     assert tuple(feature["properties"]["target_cell"]) == _cell_of_lonlat(*dst)
     r = run("sssp", store, "--source", "1,2", "--cell", "--source-crs", "EPSG:4326")
     assert r.exit_code != 0 and "--source-crs applies to --source X,Y" in r.output
+
+
+# -- 2. the demo DEM's steps are metres ----------------------------------------------------------------
+def test_sample_dem_steps_are_geodesic_metres(tmp_path, sample_data):
+    """surface and walk on the NAD83 sample: one step east / north costs what the geodesic length of
+    the step (pyproj's Geod on GRS80, the reference) gives, within the mid-latitude approximation."""
+    import zarr
+    from pyproj import Geod
+
+    from terrain_io.grid.sssp import sssp
+
+    st = TerrainStore.open(convert(sample_data / "jacksboro_fault_dem.asc", tmp_path / "j.zarr", tile=64,
+                                   shard=2).path)
+    h = st.elevation[:].astype(np.float64)
+    r, c = 172, 201
+    geod = Geod(ellps="GRS80")
+    for weight in ("surface", "walk"):
+        sssp(st, [(r, c)], weight=weight, cell=True, name=weight, progress=False)
+        d = zarr.open_group(st.path, mode="r")[f"sssp/{weight}/distance"][...]
+        for dr, dc in ((0, 1), (-1, 0)):
+            (x0, x1), (y0, y1) = st.cell_to_map(np.array([r, r + dr]), np.array([c, c + dc]))
+            step = geod.inv(x0, y0, x1, y1)[2]
+            dh = h[r + dr, c + dc] - h[r, c]
+            if weight == "surface":  # any way there is at least as long as the step
+                expect, least = math.hypot(step, dh), step
+            else:  # Tobler: 6 exp(-3.5 |dh/step + 0.05|) km/h, at most 6 km/h
+                expect, least = step / (6000 / 3600 * math.exp(-3.5 * abs(dh / step + 0.05))), step / (6000 / 3600)
+            assert least * 0.995 <= d[r + dr, c + dc] <= expect * 1.005
+
+
+# -- 4. a unit on every printed number; info --json strict -------------------------------------------
+def _refuse(constant):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
+def test_info_prints_units_and_the_values_as_written(tmp_path, utm_store):
+    values = np.array([[0.02, 99.95, 7.1], [12.5, 3.3, 42.0]])
+    src = esri_grid(tmp_path / "v.asc", values, prj=CRS.from_epsg(32617).to_wkt())
+    r = run("-q", "convert", src, "-o", tmp_path / "v.zarr", "--tile", "8", "--shard", "2")
+    assert r.exit_code == 0, r.output
+    out = run("info", tmp_path / "v.zarr").output
+    assert "cell size:  30 x 30 m\n" in out and "x=500000 y=4000060 m" in out, out
+    assert "values:     0.02 .. 99.95 m\n" in out, out  # the file's text, not float32 noise
+    geo = esri_grid(tmp_path / "g.asc", values, x0=-84.4, y0=36.4, cell=0.0008333333, prj=ESRI_NAD83)
+    run("-q", "convert", geo, "-o", tmp_path / "g.zarr", "--tile", "8", "--shard", "2")
+    out = run("info", tmp_path / "g.zarr").output
+    assert "cell size:  0.0008333333 x 0.0008333333 deg (" in out and " m at the mid latitude)" in out, out
+
+
+def test_info_json_is_strict_json(tmp_path):
+    values = np.full((4, 5), -9999.0)  # every cell nodata: min and max are NaN
+    src = esri_grid(tmp_path / "n.asc", values)
+    run("-q", "convert", src, "-o", tmp_path / "n.zarr", "--tile", "8", "--shard", "2")
+    st = TerrainStore.open(tmp_path / "n.zarr")
+    with st.write_result("mine", attrs={"level": float("nan"), "reach": [1.5, float("inf")]}) as w:  # README's API
+        w.create_array("values", "float32", float("nan"))[...] = 1.0
+    r = run("info", "--json", tmp_path / "n.zarr")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output, parse_constant=_refuse)
+    assert doc["attrs"]["min"] is None and doc["attrs"]["max"] is None
+    assert doc["results"]["mine"]["level"] is None and doc["results"]["mine"]["reach"] == [1.5, None]
+
+
+def test_summaries_carry_units_and_the_clis_weight_names(tmp_path, utm_store):
+    import shutil
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(utm_store, store)
+    friction = np.ones(UTM_SHAPE)
+    fr = esri_grid(tmp_path / "f.asc", friction, UTM_X0, UTM_Y0, UTM_CELL, prj=CRS.from_epsg(32617).to_wkt())
+    r = run("sssp", store, "--source", "10,10", "--cell", "--weight", "walk", "--cost", fr, "--name", "w")
+    assert r.exit_code == 0, r.output
+    assert "weight walk," in r.output and "walk_friction" not in r.output
+    assert " s; " in r.output.split("max distance", 1)[1], r.output
+    r = run("sssp", store, "--source", "10,10", "--cell", "--name", "a")
+    assert "max distance" in r.output and " m; " in r.output.split("max distance", 1)[1], r.output
+    r = run("path", store, "--name", "a", "--to", "30,40", "--cell")
+    assert r.exit_code == 0 and r.output.rstrip().endswith(" m"), r.output
+    r = run("path", store, "--name", "w", "--to", "30,40", "--cell", "--to", "1,1")
+    assert r.exit_code == 0 and r.output.rstrip().endswith(" s"), r.output
+    r = run("mst", store)
+    assert r.exit_code == 0 and "total weight " in r.output and " m [max]" in r.output, r.output
+    r = run("fill", store)
+    assert r.exit_code == 0 and " m^3," in r.output.split("filled volume", 1)[1], r.output
+    assert "m for absdiff" in run("sssp", "--help").output
