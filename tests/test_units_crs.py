@@ -286,3 +286,84 @@ def test_summaries_carry_units_and_the_clis_weight_names(tmp_path, utm_store):
     r = run("fill", store)
     assert r.exit_code == 0 and " m^3," in r.output.split("filled volume", 1)[1], r.output
     assert "m for absdiff" in run("sssp", "--help").output
+
+
+# -- 5. PNG pictures: depths in blues, a legend on every picture ----------------------------------------
+BLUES_SHALLOW, BLUES_DEEP = (0xC6, 0xDB, 0xEF), (0x08, 0x30, 0x6B)  # ColorBrewer "Blues", light and dark ends
+INK = (40, 40, 40)
+
+
+def _png(path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a picture has no geotransform
+        with rasterio.open(path) as ds:
+            return ds.read().transpose(1, 2, 0)
+
+
+@pytest.fixture(scope="module")
+def pitted_store(tmp_path_factory):
+    """A 60 x 70 DEM with nested pits (a bowl with noise) in UTM, filled, with an MST and an SSSP result."""
+    from terrain_io.grid.fill import fill
+    from terrain_io.grid.mst import mst
+    from terrain_io.grid.sssp import sssp
+
+    tmp = tmp_path_factory.mktemp("png")
+    rng = np.random.default_rng(5)
+    r, c = np.mgrid[:60, :70]
+    values = 50 + 0.02 * ((r - 30) ** 2 + (c - 35) ** 2) + rng.random((60, 70)) * 6
+    values[:3, :5] = -9999
+    src = esri_grid(tmp / "p.asc", values, prj=CRS.from_epsg(32617).to_wkt())
+    st = TerrainStore.open(convert(src, tmp / "p.zarr", tile=16, shard=2).path)
+    fill(st, progress=False)
+    mst(st, progress=False)
+    sssp(st, [(30, 35)], weight="walk", cell=True, name="w", progress=False)
+    return st
+
+
+def test_depth_picture_in_blues_with_its_ramp(tmp_path, pitted_store):
+    import zarr
+
+    from terrain_io.export import export
+
+    depth = zarr.open_group(pitted_store.path, mode="r")["fill/depth"][...].astype(np.float64)
+    img = _png(export(pitted_store.path, "fill/depth", tmp_path / "d.png"))
+    rows, cols = depth.shape
+    assert img.shape[0] > rows
+    pic, band = img[:rows, :cols], img[rows:]
+    lakes = depth > 0
+    np.testing.assert_array_equal(pic[..., 3] > 0, lakes)  # dry land and nodata clear
+    rgb = pic[lakes][:, :3].astype(int)
+    assert (rgb[:, 2] >= rgb[:, 1]).all() and (rgb[:, 1] >= rgb[:, 0]).all()  # blues: B >= G >= R
+    lo, hi = np.percentile(depth[lakes], [2, 98])
+    assert (pic[lakes & (depth >= hi)][:, :3] == BLUES_DEEP).all()
+    assert (pic[lakes & (depth <= lo)][:, :3] == BLUES_SHALLOW).all()
+    colours = {tuple(p) for p in band[..., :3].reshape(-1, 3)}
+    assert BLUES_DEEP in colours and BLUES_SHALLOW in colours and INK in colours  # the ramp and its text
+    assert (band[..., 3] == 255).all()
+
+
+@pytest.mark.parametrize("array", ["elevation", "fill/elevation", "fill/depth", "fill/depression", "mst/edges",
+                                   "sssp/w/distance", "sssp/w/predecessor"])
+def test_every_png_has_a_legend_band_below_the_picture(tmp_path, pitted_store, array):
+    from terrain_io.export import export
+
+    img = _png(export(pitted_store.path, array, tmp_path / "x.png"))
+    rows, cols = pitted_store.shape
+    band = img[rows:]
+    assert band.shape[0] >= 30 and img.shape[1] >= cols and (band[..., 3] == 255).all()
+    ink = (band[..., :3] == INK).all(axis=-1)
+    assert ink.sum() > 100  # a title (and ticks or labels) written in the band
+    assert ink[: band.shape[0] // 2].any() and ink[band.shape[0] // 2 :].any()
+
+
+def test_legend_font_draws_the_characters_it_needs():
+    from terrain_io.legend import text_mask
+
+    needed = "0123456789abcdefghijklmnopqrstuvwxyz.,-+^()/:;=%<>_\u2264\u2265"
+    for ch in needed:
+        assert text_mask(ch, 1).any(), ch
+    shapes = {text_mask(ch, 1).tobytes() for ch in needed}
+    assert len(shapes) == len(needed)  # no two glyphs alike
+    assert text_mask("ab", 3).shape == (24, 36)
