@@ -367,3 +367,63 @@ def test_legend_font_draws_the_characters_it_needs():
     shapes = {text_mask(ch, 1).tobytes() for ch in needed}
     assert len(shapes) == len(needed)  # no two glyphs alike
     assert text_mask("ab", 3).shape == (24, 36)
+
+
+# -- 6. progress bars on a terminal, none with -q or into a pipe ---------------------------------------
+def _run_with_stderr_on_a_pty(args, cwd, sized: bool, timeout: float = 300) -> tuple[int, bytes]:
+    """Run ``terrain ARGS`` with stderr on a fresh pseudo-terminal (unsized, as pty.openpty leaves it,
+    or 100 x 30): (exit status, what it wrote there)."""
+    import fcntl
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    if sized:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.pop("COLUMNS", None), env.pop("LINES", None)
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed its side
+                break
+            if not data:
+                break
+            out += data
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(timeout=60), out
+
+
+@pytest.fixture(scope="module")
+def bar_store(tmp_path_factory):
+    from terrain_io.synth import synthesize
+
+    tmp = tmp_path_factory.mktemp("bars")
+    return synthesize(tmp / "s.zarr", 300, seed=1, tile=32, shard=2).path
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["unsized-pty", "sized-pty"])
+def test_a_progress_bar_appears_on_a_terminal(tmp_path, bar_store, sized):
+    code, err = _run_with_stderr_on_a_pty(["sssp", bar_store, "--source", "5,5", "--cell", "--method", "incore",
+                                           "--name", "bar"], tmp_path, sized)
+    assert code == 0, err
+    assert b"sssp solve" in err and b"%|" in err and b"\r" in err, err
+
+
+def test_no_progress_bar_with_q_or_into_a_pipe(tmp_path, bar_store):
+    code, err = _run_with_stderr_on_a_pty(["-q", "sssp", bar_store, "--source", "5,5", "--cell", "--method",
+                                           "incore", "--name", "quiet"], tmp_path, sized=True)
+    assert code == 0 and b"%|" not in err, err
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "cli", "sssp", str(bar_store), "--source", "5,5", "--cell", "--method",
+                        "incore", "--name", "piped"], env=env, capture_output=True, timeout=300)
+    assert r.returncode == 0 and b"%|" not in r.stderr and b"\r" not in r.stderr, r.stderr
