@@ -86,7 +86,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
     if not sources and sources_file is None:
         raise click.UsageError("give the sources: --source X,Y (repeatable) or --sources FILE")
     if sources_crs is not None and sources_file is None:
-        raise click.UsageError("--sources-crs applies to --sources FILE")
+        raise click.UsageError("--sources-crs applies to --sources FILE (for --source X,Y: --source-crs)")
     if as_cell and not sources:
         raise click.UsageError("--cell applies to --source ROW,COL")
     if source_crs is not None and (not sources or as_cell):
@@ -176,7 +176,7 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
     if targets_crs is not None and targets_file is None:
-        raise click.UsageError("--targets-crs applies to --targets FILE")
+        raise click.UsageError("--targets-crs applies to --targets FILE (for --to X,Y: --to-crs)")
     if as_cell and not to:
         raise click.UsageError("--cell applies to --to ROW,COL")
     if to_crs is not None and (not to or as_cell):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, SkippedPointsNote
+from .errors import InputError, SkippedPointsNote, TerrainNote
 from .store import TerrainStore
 from .units import coordinate, crs_label, map_unit
 
@@ -331,6 +331,10 @@ def _to_dem_crs(xy: np.ndarray, crs, file_crs, is_vector: bool, store: TerrainSt
                              f"(--{what}s-crs EPSG:xxxx)")
         return xy
     if not store.crs:
+        if crs is not None:
+            warnings.warn(f"{label}: the DEM has no CRS, so their CRS {str(crs)[:40]} is not used: their coordinates "
+                          "are taken as the DEM's (give the DEM its CRS: terrain convert --crs)", TerrainNote,
+                          stacklevel=4)
         return xy
     try:
         from pyproj import CRS, Transformer

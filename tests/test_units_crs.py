@@ -427,3 +427,14 @@ def test_no_progress_bar_with_q_or_into_a_pipe(tmp_path, bar_store):
     r = subprocess.run([sys.executable, "-m", "cli", "sssp", str(bar_store), "--source", "5,5", "--cell", "--method",
                         "incore", "--name", "piped"], env=env, capture_output=True, timeout=300)
     assert r.returncode == 0 and b"%|" not in r.stderr and b"\r" not in r.stderr, r.stderr
+
+
+def test_a_crs_given_for_points_on_a_dem_without_one_is_noted(tmp_path):
+    from terrain_io.errors import TerrainNote
+    from terrain_io.points import from_coordinates
+
+    st = TerrainStore.from_array(tmp_path / "n.zarr", np.ones((10, 10), np.float32), tile=8, shard=2,
+                                 attrs={"transform": [0.0, 1.0, 0.0, 10.0, 0.0, -1.0], "cell_size": [1.0, 1.0]})
+    with pytest.warns(TerrainNote, match="the DEM has no CRS"):
+        pts = from_coordinates(st, [(2.5, 7.5)], what="source", crs="EPSG:4326")
+    assert pts.cells.tolist() == [[2, 2]]
