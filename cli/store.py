@@ -10,7 +10,7 @@ import click
 
 from terrain_io.memory import format_bytes
 from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
-from terrain_io.units import coordinate, distance_unit, map_unit, number
+from terrain_io.units import coordinate, crs_label, distance_unit, map_unit, number
 
 from .common import Timer, quiet, say, scheduler_option
 from .main import cli
@@ -40,6 +40,7 @@ def convert(src, out, tile, shard, dtype, crs, scheduler, overwrite):
     An ASCII grid takes its CRS from the .prj file beside it (as GDAL does), or from --crs.
     """
     from terrain_io.convert import convert as run
+    from terrain_io.store import TerrainStore
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -49,8 +50,9 @@ def convert(src, out, tile, shard, dtype, crs, scheduler, overwrite):
         if issubclass(w.category, UserWarning) and "nodata" in str(w.message):
             click.echo(f"terrain: warning: {w.message}", err=True)
     cells = summary.rows * summary.cols
-    say(f"{summary.path}: {summary.rows} x {summary.cols} = {cells:,} cells ({summary.valid:,} valid) "
-        f"in {summary.seconds:.2f} s, {summary.mb_per_s:.1f} MB/s")
+    crs = TerrainStore.open(summary.path, mode="r").crs
+    say(f"{summary.path}: {summary.rows} x {summary.cols} = {cells:,} cells ({summary.valid:,} valid), "
+        f"CRS {crs_label(crs)}; {summary.seconds:.2f} s, {summary.mb_per_s:.1f} MB/s")
 
 
 @cli.command()

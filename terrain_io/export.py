@@ -323,7 +323,7 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     ok = valid_mask(z, nodata) & np.isfinite(z)
     z = np.where(ok, z, np.nan)
     leaf = name.rsplit("/", 1)[-1]
-    every = f", every {factor}th cell" if factor > 1 else ""
+    every = f", 1 in {factor} cells a side" if factor > 1 else ""
     if leaf == "elevation":  # the DEM, or a filled one
         dx, dy = store.metric_cell_size  # metres also for degrees: the relief's true slopes
         span = value_range(z)
