@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from terrain_io.errors import TerrainNote
 from terrain_io.memory import format_bytes
 from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
 from terrain_io.units import coordinate, crs_label, distance_unit, map_unit, number
@@ -47,7 +48,9 @@ def convert(src, out, tile, shard, dtype, crs, scheduler, overwrite):
         summary = run(src, out, tile=tile, shard=shard, dtype=dtype, overwrite=overwrite, progress=not quiet(),
                       scheduler=scheduler, announce=say, crs=crs)
     for w in caught:
-        if issubclass(w.category, UserWarning) and "nodata" in str(w.message):
+        if issubclass(w.category, TerrainNote):
+            click.echo(f"terrain: note: {w.message}", err=True)
+        elif issubclass(w.category, UserWarning) and "nodata" in str(w.message):
             click.echo(f"terrain: warning: {w.message}", err=True)
     cells = summary.rows * summary.cols
     crs = TerrainStore.open(summary.path, mode="r").crs

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _ascii_parse as ap
-from .errors import InputError, TerrainError
+from .errors import InputError, TerrainError, TerrainNote
 from .jit import SERIAL_BELOW
 from .atomic import atomic_directory
 from .progress import progress_bar
@@ -249,6 +249,27 @@ def _prj_crs(prj: Path) -> str:
             if ds.crs is not None:
                 return ds.crs.to_wkt()
     raise InputError(f"{prj}: not a CRS GDAL reads: {text[:80]!r} (fix it, or give the CRS with --crs)")
+
+
+def _readable_prj(src: Path) -> str | None:
+    """The CRS of the .prj beside ``src`` when there is a readable one (``--crs`` replaces the rest)."""
+    prj = prj_beside(src)
+    try:
+        return _prj_crs(prj) if prj is not None else None
+    except InputError:
+        return None
+
+
+def _same_crs(a: str, b: str) -> bool:
+    from rasterio.crs import CRS
+
+    return CRS.from_user_input(a) == CRS.from_user_input(b)
+
+
+def _crs_label(wkt: str) -> str:
+    from .units import crs_label
+
+    return crs_label(wkt)
 
 
 def _first_line(exc: Exception) -> str:
@@ -535,6 +556,10 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
     with reader:
         hdr = reader.header
         if crs is not None:
+            own = hdr.crs or (_readable_prj(src) if ascii_grid else None)
+            if own is not None and not _same_crs(own, crs):
+                warnings.warn(f"{src}: its CRS {_crs_label(own)} replaced by --crs {_crs_label(crs)}", TerrainNote,
+                              stacklevel=2)
             hdr.crs = crs
         elif ascii_grid and (prj := prj_beside(src)) is not None:
             hdr.crs = _prj_crs(prj)

@@ -91,9 +91,11 @@ def test_convert_crs_overrides_the_files_crs(tmp_path, sample_data, src_kind):
     else:
         src = esri_grid(tmp_path / "d.asc", np.ones((3, 4)), prj=ESRI_NAD83)
     out = tmp_path / "d.zarr"
-    r = run("-q", "convert", src, "-o", out, "--tile", "8", "--shard", "2", "--crs", "EPSG:32617")
+    r = run("convert", src, "-o", out, "--tile", "8", "--shard", "2", "--crs", "EPSG:32617")
     assert r.exit_code == 0, r.output
     assert CRS.from_wkt(TerrainStore.open(out).crs) == CRS.from_epsg(32617)
+    own = "EPSG:4326" if src_kind == "geotiff" else "NAD83"  # the ESRI WKT names no EPSG code
+    assert f"terrain: note: {src}: its CRS {own} replaced by --crs EPSG:32617" in r.output, r.output
 
 
 def test_convert_crs_takes_a_proj_string_and_refuses_nonsense_in_one_line(tmp_path):
