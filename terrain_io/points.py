@@ -106,7 +106,7 @@ def read_points(source, store, crs=None, skip_invalid: bool = False, what: str =
     points_crs = crs if crs is not None else file_crs
     return _check(store, np.column_stack([rows, cols]), xy, index, str(path), skip_invalid, what,
                   lambda i: f"{what} {index[i]} ({coordinate(given[i, 0])},{coordinate(given[i, 1])}) of {path}",
-                  outside=lambda: _extent_hint(store, points_crs, given, f"--{what}s-crs"))
+                  outside=lambda: _extent_hint(store, points_crs, given, f"--{what}s-crs", crs is None))
 
 
 def from_coordinates(store, pairs, cell: bool = False, skip_invalid: bool = False, what: str = "point",
@@ -379,10 +379,11 @@ def _check(store: TerrainStore, cells, xy, index, label: str, skip_invalid: bool
     return Points(cells[ok].astype(np.int64), xy[ok], index[ok], label, len(cells), int(bad.size))
 
 
-def _extent_hint(store: TerrainStore, crs, xy: np.ndarray, flag: str) -> str:
+def _extent_hint(store: TerrainStore, crs, xy: np.ndarray, flag: str, files_crs: bool = False) -> str:
     """``", which spans x A .. B, y C .. D (CRS)"``: the DEM's extent in the points' CRS (``crs``; None:
     the DEM's), and a hint when the numbers do not fit that CRS: lon/lat given on a projected DEM
-    without a CRS, or projected numbers in a geographic CRS (a GeoJSON without ``crs`` is EPSG:4326)."""
+    without a CRS, or projected numbers in a geographic CRS (``files_crs``: the file's own, e.g. EPSG:4326,
+    which GDAL gives every GeoJSON that names none)."""
     rows, cols = store.shape
     t = store.transform
     if t is None:
@@ -410,8 +411,9 @@ def _extent_hint(store: TerrainStore, crs, xy: np.ndarray, flag: str) -> str:
     if crs is None and store.crs and not geographic_dem and lonlat:
         text += f"; longitude/latitude? name their CRS: {flag} EPSG:4326"
     elif crs is not None and unit == "deg" and not lonlat and len(finite):
-        text += (f"; these numbers are no longitude/latitude, yet their CRS is {crs_name} (GeoJSON's when the file "
-                 f"names none): name theirs with {flag} EPSG:xxxx")
+        whose = " (the file's; a GeoJSON that names none is EPSG:4326)" if files_crs else ""
+        text += (f"; these numbers are no longitude/latitude, yet their CRS is {crs_name}{whose}: name theirs "
+                 f"with {flag} EPSG:xxxx")
     return text
 
 
