@@ -206,7 +206,7 @@ def _demo_mst(st, beside: subprocess.Popen | None) -> str:
         res = mst(st, progress=False)
         edges, trees, total, weight, seconds, device = (res.edges, res.trees, res.total_weight, res.weight,
                                                         res.seconds, res.device)
-    return (f"3. mst      {edges:,} edges in {trees:,} tree(s), total weight {total:.10g} "
+    return (f"3. mst      {edges:,} edges in {trees:,} tree(s), total weight {total:.10g} m "
             f"[{weight}] ({seconds:.2f} s, {device}) -> {st.path / 'mst' / 'edges'}")
 
 
@@ -215,6 +215,7 @@ def _demo_sssp(st, store_path: Path, out: Path) -> list[str]:
     from terrain_io.grid.sssp.path import trace, write_geojson
     from terrain_io.grid.sssp import sssp
     from terrain_io.export import export
+    from terrain_io.units import crs_label, map_unit
 
     rows, cols = st.shape
     x, y = (float(v) for v in st.cell_to_map(rows // 2, cols // 2))
@@ -223,9 +224,11 @@ def _demo_sssp(st, store_path: Path, out: Path) -> list[str]:
     tx, ty = (float(v) for v in st.cell_to_map(rows // 8, cols // 8))
     path = trace(st, (tx, ty), name="centre")
     write_geojson(st, path, out / "path.geojson")
-    return [f"4. sssp     from ({x:.5f}, {y:.5f}), cost |dh| summed: {res.reached:,} cells reached, farthest "
+    unit = f" {map_unit(st.crs)}, {crs_label(st.crs)}" if st.crs else ""
+    return [f"4. sssp     from ({x:.5f}, {y:.5f}{unit}), cost |dh| summed: {res.reached:,} cells reached, farthest "
             f"{res.max_distance:.0f} m ({res.phases()}) -> {out / 'distance.png'}",
-            f"5. path     to ({tx:.5f}, {ty:.5f}): {len(path.cells)} cells, {path.cost:.0f} m -> {out / 'path.geojson'}"]
+            f"5. path     to ({tx:.5f}, {ty:.5f}{unit}): {len(path.cells)} cells, {path.cost:.0f} m -> "
+            f"{out / 'path.geojson'}"]
 
 
 def _demo_fill(st, store_path: Path, out: Path) -> None:
@@ -238,5 +241,5 @@ def _demo_fill(st, store_path: Path, out: Path) -> None:
     export(store_path, "fill/depression", out / "depressions.png", overwrite=True)
     write_table(res, st, out / "depressions.csv")
     click.echo(f"6. fill     {res.depressions:,} depressions, {res.filled_cells:,} cells raised, volume "
-               f"{res.volume:.4g} ({res.seconds:.2f} s, {res.device}) -> {out / 'depth.png'}, "
+               f"{res.volume:.4g} m^3 ({res.seconds:.2f} s, {res.device}) -> {out / 'depth.png'}, "
                f"{out / 'depressions.png'}, {out / 'depressions.csv'}")

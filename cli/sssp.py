@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from terrain_io.errors import TerrainError
+from terrain_io.units import cli_weight, distance_unit, number
 
 from .common import Timer, device_option, overwrite_option, quiet, say, scheduler_option
 from .main import cli
@@ -43,6 +44,8 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
                    "a store array) whose non-zero cells are sources. With --source, both count.")
 @click.option("--sources-crs", default=None, metavar="CRS",
               help="CRS of the --sources points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's].")
+@click.option("--source-crs", default=None, metavar="CRS",
+              help="CRS of the --source X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out sources outside the DEM or on nodata (a note says how many) instead of refusing them.")
 @click.option("--cell", "as_cell", is_flag=True, help="--source values are ROW,COL cell indices.")
@@ -61,12 +64,13 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
                    "results from each.")
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the boundary index even if one is stored.")
 @click.option("--max-cost", type=float, default=None,
-              help="Leave cells farther than this unreached (+inf); the work then follows the area reached.")
+              help="Leave cells farther than this unreached (+inf); the work then follows the area reached. In "
+                   "the distance's unit: m for absdiff and surface, s for walk, cost x m for cell.")
 @click.option("--allocation", is_flag=True,
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
 @scheduler_option
-def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
+def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
                  cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
@@ -82,9 +86,11 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
     if not sources and sources_file is None:
         raise click.UsageError("give the sources: --source X,Y (repeatable) or --sources FILE")
     if sources_crs is not None and sources_file is None:
-        raise click.UsageError("--sources-crs applies to --sources FILE")
+        raise click.UsageError("--sources-crs applies to --sources FILE (for --source X,Y: --source-crs)")
     if as_cell and not sources:
         raise click.UsageError("--cell applies to --source ROW,COL")
+    if source_crs is not None and (not sources or as_cell):
+        raise click.UsageError("--source-crs applies to --source X,Y map coordinates")
     timer = Timer()
     src, cell = [_pair(s) for s in sources], as_cell
     if sources_file is not None and sources:  # both: one list of points, numbered on
@@ -92,16 +98,20 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
         from terrain_io.store import TerrainStore
 
         st = TerrainStore.open(store)
-        src = from_coordinates(st, src, as_cell, skip_invalid, "source").then(
+        src = from_coordinates(st, src, as_cell, skip_invalid, "source", source_crs).then(
             read_points(sources_file, st, sources_crs, skip_invalid, "source"))
     elif sources_file is not None:
         src = sources_file
+    else:
+        sources_crs = source_crs  # the library's one CRS for whatever the sources are
     res = sssp(store, src, weight=weight, name=name, device=device, memory=memory,
                progress=not quiet(), cost=cost, cell=cell, cluster=cluster, rebuild_index=rebuild_index,
                scheduler=scheduler, announce=say, method=method, sources_crs=sources_crs, skip_invalid=skip_invalid,
                max_cost=max_cost, allocation=allocation)
-    say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {res.weight}, {res.reached:,} cells reached, "
-        f"max distance {res.max_distance:.6g}; {res.phases()}; total {timer.elapsed:.2f} s")
+    unit = distance_unit(res.weight)
+    say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {cli_weight(res.weight)}, {res.reached:,} cells "
+        f"reached, max distance {number(res.max_distance, 'float32')} {unit}; {res.phases()}; "
+        f"total {timer.elapsed:.2f} s")
 
 
 @cli.command("index")
@@ -142,6 +152,8 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="Targets from a file, read as --sources of 'terrain sssp' (points, CSV, or a raster's non-zero cells).")
 @click.option("--targets-crs", default=None, metavar="CRS",
               help="CRS of the --targets points [default: the file's; a CSV's: the DEM's].")
+@click.option("--to-crs", default=None, metavar="CRS",
+              help="CRS of the --to X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out targets outside the DEM or on nodata (a note says how many) instead of refusing them.")
 @click.option("--cell", "as_cell", is_flag=True, help="--to values are ROW,COL cell indices.")
@@ -150,7 +162,7 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
                    ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")
 @overwrite_option
-def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, name, out, overwrite):
+def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_cell, name, out, overwrite):
     """Follow the predecessors from each target back to the source; write the paths as vector features.
 
     One LineString Feature per target (source to target) with properties target (its number in the
@@ -159,17 +171,21 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
     Feature with a null geometry and cost (an error when no target is reached).
     """
     from terrain_io.grid.sssp.path import check_paths_output, trace_all, write_paths
+    from terrain_io.store import TerrainStore
 
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
     if targets_crs is not None and targets_file is None:
-        raise click.UsageError("--targets-crs applies to --targets FILE")
+        raise click.UsageError("--targets-crs applies to --targets FILE (for --to X,Y: --to-crs)")
     if as_cell and not to:
         raise click.UsageError("--cell applies to --to ROW,COL")
+    if to_crs is not None and (not to or as_cell):
+        raise click.UsageError("--to-crs applies to --to X,Y map coordinates")
     if out is not None:
         check_paths_output(out, overwrite)  # before the work
     targets = targets_file if targets_file is not None else [_pair(t) for t in to]
-    paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs, skip_invalid=skip_invalid)
+    paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs if targets_file else to_crs,
+                      skip_invalid=skip_invalid)
     reached = [p for p in paths if p.reached]
     if not reached:
         which = f"target {to[0]} is not" if len(to) == 1 else f"none of the {len(paths)} targets is"
@@ -180,11 +196,13 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
         click.echo(f"terrain: note: {len(paths) - len(reached)} of {len(paths)} targets not reached from the "
                    f"source(s) of sssp/{paths[0].name}: their features have a null geometry and cost", err=True)
     to_out = f" -> {out}" if out else ""
+    unit = distance_unit(TerrainStore.open(store, mode="r").group[f"sssp/{paths[0].name}"].attrs.get("weight", ""))
     if len(paths) == 1:
         p = paths[0]
-        say(f"path sssp/{p.name}: {len(p.cells)} cells from {tuple(map(int, p.cells[0]))} to "
-            f"{tuple(map(int, p.cells[-1]))}, cost {p.cost:.6g}{to_out}")
+        say(f"path sssp/{p.name}: {len(p.cells)} cells from cell {tuple(map(int, p.cells[0]))} to cell "
+            f"{tuple(map(int, p.cells[-1]))}, cost {number(p.cost, 'float32')} {unit}{to_out}")
         return
     costs = [p.cost for p in reached]
     say(f"paths sssp/{paths[0].name}: {len(paths)} targets, {len(reached)} reached, "
-        f"{sum(len(p.cells) for p in reached):,} cells, cost {min(costs):.6g} .. {max(costs):.6g}{to_out}")
+        f"{sum(len(p.cells) for p in reached):,} cells, cost {number(min(costs), 'float32')} .. "
+        f"{number(max(costs), 'float32')} {unit}{to_out}")

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
 import click
 
+from terrain_io.errors import TerrainNote
 from terrain_io.memory import format_bytes
 from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
+from terrain_io.units import coordinate, crs_label, distance_unit, map_unit, number
 
 from .common import Timer, overwrite_option, quiet, say, scheduler_option
 from .main import cli
@@ -26,22 +29,32 @@ shard_option = click.option("--shard", type=int, default=DEFAULT_SHARD, show_def
 @shard_option
 @click.option("--dtype", default="auto", show_default=True,
               help="Store dtype: auto (float32; integer rasters keep their type), float32, float64, int16, int32.")
+@click.option("--crs", default=None, metavar="CRS",
+              help="The DEM's CRS (EPSG:32617, WKT, a PROJ string, ...), overriding the file's own or the .prj "
+                   "beside an ASCII grid [default: those].")
 @scheduler_option
 @overwrite_option
-def convert(src, out, tile, shard, dtype, scheduler, overwrite):
-    """Convert an Esri/GRASS ASCII grid or any GDAL raster (GeoTIFF, ...) into a z-order tiled store."""
+def convert(src, out, tile, shard, dtype, crs, scheduler, overwrite):
+    """Convert an Esri/GRASS ASCII grid or any GDAL raster (GeoTIFF, ...) into a z-order tiled store.
+
+    An ASCII grid takes its CRS from the .prj file beside it (as GDAL does), or from --crs.
+    """
     from terrain_io.convert import convert as run
+    from terrain_io.store import TerrainStore
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         summary = run(src, out, tile=tile, shard=shard, dtype=dtype, overwrite=overwrite, progress=not quiet(),
-                      scheduler=scheduler, announce=say)
+                      scheduler=scheduler, announce=say, crs=crs)
     for w in caught:
-        if issubclass(w.category, UserWarning) and "nodata" in str(w.message):
+        if issubclass(w.category, TerrainNote):
+            click.echo(f"terrain: note: {w.message}", err=True)
+        elif issubclass(w.category, UserWarning) and "nodata" in str(w.message):
             click.echo(f"terrain: warning: {w.message}", err=True)
     cells = summary.rows * summary.cols
-    say(f"{summary.path}: {summary.rows} x {summary.cols} = {cells:,} cells ({summary.valid:,} valid) "
-        f"in {summary.seconds:.2f} s, {summary.mb_per_s:.1f} MB/s")
+    crs = TerrainStore.open(summary.path, mode="r").crs
+    say(f"{summary.path}: {summary.rows} x {summary.cols} = {cells:,} cells ({summary.valid:,} valid), "
+        f"CRS {crs_label(crs)}; {summary.seconds:.2f} s, {summary.mb_per_s:.1f} MB/s")
 
 
 @cli.command()
@@ -56,23 +69,29 @@ def info(store, as_json):
     results = st.results()
     problems = check_manifests(st.path)  # sizes only: `terrain verify` reads the chunks
     if as_json:
-        click.echo(json.dumps({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs, "results": results,
-                               "format_version": st.format_version,
-                               "damage": [p.line() for p in problems]}, indent=2, default=str))
+        click.echo(json.dumps(strict_json({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs,
+                                           "results": results, "format_version": st.format_version,
+                                           "damage": [p.line() for p in problems]}), indent=2, allow_nan=False))
         _report_damage(store, problems)
         return
     rows, cols = st.shape
     a = st.attrs
     valid = a.get("valid_count")
+    unit = map_unit(st.crs, st.transform)
+    (dx, dy), (mx, my) = st.cell_size, st.metric_cell_size
+    metres = f" ({mx:.4g} x {my:.4g} m at the mid latitude)" if unit == "deg" else ""
+    lo, hi = (a.get(k) for k in ("min", "max"))
+    values = f"{number(lo, st.dtype)} .. {number(hi, st.dtype)} m" if lo is not None and hi is not None else "unknown"
     lines = [
         f"store:      {st.path}",
         f"shape:      {rows} rows x {cols} cols = {rows * cols:,} cells, {st.dtype}",
         f"crs:        {_crs_name(st.crs)}",
-        f"cell size:  {st.cell_size[0]:.10g} x {st.cell_size[1]:.10g}" + ("" if st.transform else " (no transform)"),
-        f"origin:     x={st.transform[0]:.10g} y={st.transform[3]:.10g}" if st.transform else "origin:     -",
+        f"cell size:  {coordinate(dx)} x {coordinate(dy)} {unit}{metres}" + ("" if st.transform else " (no transform)"),
+        f"origin:     x={coordinate(st.transform[0])} y={coordinate(st.transform[3])} {unit} (upper-left corner)"
+        if st.transform else "origin:     -",
         f"tiles:      {st.tile_size} x {st.tile_size} cells, {st.tile_grid[0]} x {st.tile_grid[1]} tiles; "
         f"shards of {st.shard_size} x {st.shard_size} tiles ({st.shard_grid[0]} x {st.shard_grid[1]})",
-        f"values:     {a.get('min')} .. {a.get('max')}",
+        f"values:     {values}",
         f"nodata:     {st.nodata if st.nodata is not None else 'NaN'}; "
         + (f"{1 - valid / (rows * cols):.2%} of cells" if valid is not None else "share unknown"),
         f"source:     {a.get('source')} ({a.get('source_format')})",
@@ -85,7 +104,9 @@ def info(store, as_json):
         lines.append("results:    (terrain info --json for every attribute)")
         for name, attrs in results.items():
             shown = {k: v for k, v in attrs.items() if k not in _QUIET_ATTRS}
-            lines.append(f"  {name}: " + ", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
+            lines.append(f"  {name}: " + ", ".join(
+                f"{k}={number(v, 'float32') if k == 'max_distance' else _short(v)}{_attr_unit(k, v, attrs)}"
+                for k, v in shown.items()))
     else:
         lines.append("results:    none")
     click.echo("\n".join(lines))
@@ -120,9 +141,50 @@ _QUIET_ATTRS = {"shape", "grid_mapping", "coordinates", "timings", "edges_encodi
 
 def _short(v) -> str:
     if isinstance(v, float):
-        return f"{v:.10g}"
-    text = json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
+        return coordinate(v)
+    text = json.dumps(_rounded(v), default=str) if isinstance(v, (dict, list)) else str(v)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _rounded(v):
+    """Floats of lists and dicts to 10 significant digits, for a summary (source_xy and the like)."""
+    if isinstance(v, float):
+        return float(coordinate(v)) if math.isfinite(v) else v
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    return v
+
+
+def _attr_unit(key: str, value, attrs: dict) -> str:
+    """The unit of a result attribute printed by ``info`` (README, "Units")."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return ""
+    if key in ("seconds",):
+        return " s"
+    if key == "volume":
+        return " m^3"
+    if key == "total_weight":
+        return " m"
+    if key in ("max_distance", "max_cost"):
+        return f" {distance_unit(attrs.get('weight', ''))}"
+    return ""
+
+
+def strict_json(v):
+    """``v`` with NaN and infinities as null and numpy scalars as Python numbers: strict JSON (RFC 8259)."""
+    if isinstance(v, dict):
+        return {str(k): strict_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [strict_json(x) for x in v]
+    if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)
 
 
 def _disk_size(path: Path) -> int:

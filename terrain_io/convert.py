@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _ascii_parse as ap
-from .errors import InputError, TerrainError
+from .errors import InputError, TerrainError, TerrainNote
 from .jit import SERIAL_BELOW
 from .atomic import atomic_directory
 from .progress import progress_bar
@@ -209,6 +209,72 @@ def _grass_header(src: Path, keys: dict) -> GridHeader:
     return GridHeader(rows, cols, (west, dx, 0.0, north, 0.0, -dy), nodata, source_format="grass-ascii",
                       source_dtype={"int": "int32", "float": "float32", "double": "float64"}[kind],
                       multiplier=multiplier)
+
+
+def crs_wkt(text, what: str) -> str:
+    """The WKT of a CRS given as anything rasterio's ``CRS.from_user_input`` reads: ``EPSG:32617``, WKT
+    (OGC or ESRI's), a PROJ string, ``OGC:CRS84``, ... ``what`` names the CRS's origin in errors."""
+    from rasterio.crs import CRS
+    from rasterio.errors import CRSError
+
+    try:
+        return CRS.from_user_input(text).to_wkt()
+    except CRSError as exc:
+        raise InputError(f"{what}: not a CRS ({_first_line(exc)}): {str(text).strip()[:80]!r}") from None
+
+
+def prj_beside(src: Path) -> Path | None:
+    """The ``.prj`` file beside an ASCII grid (the same name, as GDAL looks for it), or None."""
+    return next((p for p in (src.with_suffix(".prj"), src.with_suffix(".PRJ")) if p.is_file()), None)
+
+
+def _prj_crs(prj: Path) -> str:
+    """The CRS of a ``.prj`` as GDAL's ASCII grid drivers read it: WKT (OGC or ESRI), else the old
+    ArcInfo keyword form (``Projection UTM`` / ``Zone 17`` / ...), which only GDAL's importFromESRI
+    parses -- so it is read by GDAL itself, beside a one-cell grid. Unreadable: an error (GDAL
+    would drop the CRS without a word)."""
+    text = prj.read_text(encoding="latin-1").strip()
+    if not text:
+        raise InputError(f"{prj}: empty .prj (remove it, or give the CRS with --crs)")
+    try:
+        return crs_wkt(text, str(prj))
+    except InputError:
+        pass
+    import rasterio
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "g.asc").write_text("ncols 1\nnrows 1\nxllcorner 0\nyllcorner 0\ncellsize 1\n0\n")
+        (Path(tmp) / "g.prj").write_text(text, encoding="latin-1")
+        with rasterio.Env(CPL_LOG="/dev/null"), rasterio.open(Path(tmp) / "g.asc") as ds:
+            if ds.crs is not None:
+                return ds.crs.to_wkt()
+    raise InputError(f"{prj}: not a CRS GDAL reads: {text[:80]!r} (fix it, or give the CRS with --crs)")
+
+
+def _readable_prj(src: Path) -> str | None:
+    """The CRS of the .prj beside ``src`` when there is a readable one (``--crs`` replaces the rest)."""
+    prj = prj_beside(src)
+    try:
+        return _prj_crs(prj) if prj is not None else None
+    except InputError:
+        return None
+
+
+def _same_crs(a: str, b: str) -> bool:
+    from rasterio.crs import CRS
+
+    return CRS.from_user_input(a) == CRS.from_user_input(b)
+
+
+def _crs_label(wkt: str) -> str:
+    from .units import crs_label
+
+    return crs_label(wkt)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def is_ascii_grid(src) -> bool:
@@ -460,9 +526,11 @@ def _int_nodata(dtype: np.dtype, nodata):
 
 def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD, dtype: str | None = None,
             overwrite: bool = False, progress: bool = False, scheduler: str | None = "local",
-            announce=None, elevation: bool = True) -> ConvertSummary:
+            announce=None, elevation: bool = True, crs=None) -> ConvertSummary:
     """Convert an ASCII grid or any GDAL raster at ``src`` into a new store at ``out``.
 
+    The CRS: ``crs`` (anything :func:`crs_wkt` reads) when given, overriding the file's; else a
+    raster's own, or the ``.prj`` beside an ASCII grid (as GDAL reads it); else none.
     ``out`` defaults to ``src`` with the suffix ``.zarr``. Returns a summary; raises InputError
     for unusable input and leaves no store behind on any failure. ``elevation``: the values are
     elevations, so +-inf (no elevation, and weights of inf - inf = NaN) is refused; a cost or
@@ -479,12 +547,21 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
     out = Path(out) if out is not None else src.with_suffix(".zarr")
     check_store_output(out, overwrite, source=src)  # only a store of this tool is replaced
     scheduler = check_scheduler(scheduler)
+    crs = crs_wkt(crs, "--crs") if crs is not None else None
     ascii_grid = is_ascii_grid(src)
     if ascii_grid and scheduler != "local":
         raise TerrainError("an ASCII grid is parsed as one stream: --scheduler applies to GeoTIFF and other rasters")
     reader = _AsciiSource(src) if ascii_grid else _RasterSource(src, scheduler, announce)
     with reader:
         hdr = reader.header
+        if crs is not None:
+            own = hdr.crs or (_readable_prj(src) if ascii_grid else None)
+            if own is not None and not _same_crs(own, crs):
+                warnings.warn(f"{src}: its CRS {_crs_label(own)} replaced by --crs {_crs_label(crs)}", TerrainNote,
+                              stacklevel=2)
+            hdr.crs = crs
+        elif ascii_grid and (prj := prj_beside(src)) is not None:
+            hdr.crs = _prj_crs(prj)
         out_dtype = _output_dtype(dtype, hdr)
         nodata_out = _int_nodata(out_dtype, hdr.nodata)
         attrs = {

@@ -32,7 +32,9 @@ from .errors import InputError, OutputError, StoreError
 from .atomic import atomic_file
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
+from .legend import band_for
 from .store import TerrainStore, Window, valid_mask
+from .units import distance_unit
 
 PNG_MAX_SIDE = 2048
 IN_FLIGHT_BYTES = 512 * 1024 * 1024  # about this much of shard-task results held at once (Dask)
@@ -349,15 +351,34 @@ _RAMP = np.array([  # hypsometric tints: low green -> yellow -> brown -> white
 _MAGMA = np.array([  # distances: dark -> bright
     [0.00, 0x00, 0x00, 0x04], [0.25, 0x51, 0x12, 0x7c], [0.50, 0xb7, 0x37, 0x79],
     [0.75, 0xfc, 0x89, 0x61], [1.00, 0xfc, 0xfd, 0xbf]])
+_BLUES = np.array([  # water depths: shallow light blue -> deep dark blue (ColorBrewer "Blues")
+    [0.00, 0xc6, 0xdb, 0xef], [0.25, 0x9e, 0xca, 0xe1], [0.50, 0x42, 0x92, 0xc6],
+    [0.75, 0x08, 0x51, 0x9c], [1.00, 0x08, 0x30, 0x6b]])
 
 
-def colorize(values: np.ndarray, ramp: np.ndarray) -> np.ndarray:
-    """RGB (float 0..255) of ``values`` scaled to their finite 2..98 percentile range."""
+def value_range(values: np.ndarray) -> tuple[float, float]:
+    """The finite 2..98 percentile range of ``values`` (the span a picture's colour ramp covers)."""
     finite = values[np.isfinite(values)]
-    lo, hi = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
+    return tuple(float(v) for v in np.percentile(finite, [2, 98])) if finite.size else (0.0, 1.0)
+
+
+def colorize(values: np.ndarray, ramp: np.ndarray, span: tuple[float, float] | None = None) -> np.ndarray:
+    """RGB (float 0..255) of ``values`` on ``ramp`` over ``span`` (default :func:`value_range`),
+    values beyond it clipped to its ends."""
+    lo, hi = span if span is not None else value_range(values)
     x = np.clip((values - lo) / (hi - lo if hi > lo else 1.0), 0, 1)
     x = np.nan_to_num(x, nan=0.0)
     return np.stack([np.interp(x, ramp[:, 0], ramp[:, k]) for k in (1, 2, 3)], axis=-1)
+
+
+def _ramp_colours(ramp: np.ndarray, n: int = 256) -> np.ndarray:
+    return colorize(np.linspace(0.0, 1.0, n), ramp, (0.0, 1.0))
+
+
+def _ramp_labels(lo: float, hi: float) -> list[str]:
+    """The values at the ramp's ends (the 2nd and 98th percentiles: values beyond take the end colours)
+    and its middle."""
+    return [f"\u2264{lo:.4g}", f"{(lo + hi) / 2:.4g}", f"\u2265{hi:.4g}"]
 
 
 def _categorical(ids: np.ndarray) -> np.ndarray:
@@ -367,7 +388,33 @@ def _categorical(ids: np.ndarray) -> np.ndarray:
     return 64.0 + rgb * (191.0 / 255.0)
 
 
+def _ramp_legend(width: int, title: str, ramp: np.ndarray, span: tuple[float, float]) -> np.ndarray:
+    band = band_for(width, [title])
+    band.text(title)
+    band.ramp(_ramp_colours(ramp), _ramp_labels(*span))
+    return band.image()
+
+
+def _ids_legend(width: int, name: str, leaf: str, ids: np.ndarray) -> np.ndarray:
+    what = {"depression": "depressions", "basin": "leaf basins", "source": "nearest sources"}[leaf]
+    title = f"{name}: {ids.size:,} {what}; clear: 0"
+    band = band_for(width, [title])
+    band.text(title)
+    band.swatches([(_categorical(np.array([float(i)]))[0], str(i)) for i in ids[:12]])
+    return band.image()
+
+
+def _unit_of(store: TerrainStore, name: str) -> str:
+    """The unit of a float array's values in a picture's legend: an SSSP distance's, else none known."""
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0] == "sssp" and parts[2] == "distance":
+        return distance_unit(store.group["/".join(parts[:2])].attrs.get("weight", ""))
+    return ""
+
+
 def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
+    """The picture of ``name`` (at most PNG_MAX_SIDE cells a side; its pixels are the cells, row for
+    row, from the top-left corner) over its legend band (:mod:`terrain_io.legend`)."""
     import rasterio
 
     rows, cols = arr.shape
@@ -377,23 +424,38 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     ok = valid_mask(z, nodata) & np.isfinite(z)
     z = np.where(ok, z, np.nan)
     leaf = name.rsplit("/", 1)[-1]
+    every = f", 1 in {factor} cells a side" if factor > 1 else ""
     if leaf == "elevation":  # the DEM, or a filled one
-        dx, dy = store.cell_size
-        if store.crs and "GEOGCS" in store.crs[:10]:  # degrees: approximate metres for the relief
-            dx, dy = dx * 111320.0 * math.cos(math.radians(store.transform[3])), dy * 110540.0
-        rgb = colorize(z, _RAMP) * (0.35 + 0.65 * hillshade(z, dx * factor, dy * factor))[..., None]
-    elif leaf == "depth":  # filled depths: the lakes coloured, dry cells transparent
+        dx, dy = store.metric_cell_size  # metres also for degrees: the relief's true slopes
+        span = value_range(z)
+        rgb = colorize(z, _RAMP, span) * (0.35 + 0.65 * hillshade(z, dx * factor, dy * factor))[..., None]
+        legend = _ramp_legend(rgb.shape[1], f"{name} (m), hillshaded{every}", _RAMP, span)
+    elif leaf == "depth":  # filled depths: the lakes in blues, dry cells transparent
         ok &= z > 0
-        rgb = colorize(np.where(ok, z, np.nan), _MAGMA)
-    elif leaf in ("depression", "basin"):  # ids: one colour per depression / leaf basin, transparent outside
+        span = value_range(np.where(ok, z, np.nan))
+        rgb = colorize(np.where(ok, z, np.nan), _BLUES, span)
+        legend = _ramp_legend(rgb.shape[1], f"water depth (m); clear: dry{every}", _BLUES, span)
+    elif leaf in ("depression", "basin", "source"):  # ids: one colour each, transparent outside
         ok &= z > 0
         rgb = _categorical(z)
+        legend = _ids_legend(rgb.shape[1], name, leaf, np.unique(z[ok]).astype(np.int64))
     elif arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
         rgb = np.repeat(np.where(np.nan_to_num(z) > 0, 230.0, 30.0)[..., None], 3, axis=-1)
+        band = band_for(rgb.shape[1], [f"{name}: codes / bit mask"])
+        band.text(f"{name}: codes / bit mask")
+        band.swatches([(np.full(3, 30.0), "0"), (np.full(3, 230.0), "not 0")])
+        legend = band.image()
     else:
-        rgb = colorize(z, _MAGMA)
+        span = value_range(z)
+        rgb = colorize(z, _MAGMA, span)
+        unit = _unit_of(store, name)
+        legend = _ramp_legend(rgb.shape[1], f"{name}{f' ({unit})' if unit else ''}{every}", _MAGMA, span)
     alpha = np.where(ok, 255, 0)
-    image = np.concatenate([rgb, alpha[..., None]], axis=-1).round().astype(np.uint8).transpose(2, 0, 1)
+    picture = np.concatenate([rgb, alpha[..., None]], axis=-1)
+    image = np.zeros((picture.shape[0] + legend.shape[0], legend.shape[1], 4))  # clear beside the picture
+    image[: picture.shape[0], : picture.shape[1]] = picture
+    image[picture.shape[0] :, :, :3], image[picture.shape[0] :, :, 3] = legend, 255
+    image = image.round().astype(np.uint8).transpose(2, 0, 1)
     import warnings
 
     with warnings.catch_warnings():

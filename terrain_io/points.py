@@ -33,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, SkippedPointsNote
+from .errors import InputError, SkippedPointsNote, TerrainNote
 from .store import TerrainStore
+from .units import coordinate, crs_label, map_unit
 
 VECTOR_SUFFIXES = {".geojson", ".json", ".gpkg", ".shp", ".fgb", ".gml", ".kml", ".sqlite", ".geojsonl",
                    ".geojsons", ".zip", ".dbf"}
@@ -105,14 +106,19 @@ def read_points(source, store, crs=None, skip_invalid: bool = False, what: str =
         xy, index, file_crs = _read_vector(path, what)
     if len(xy) == 0:
         raise InputError(f"{what}s {path}: no points")
+    given = xy  # in the points' CRS: what errors show
     xy = _to_dem_crs(xy, crs, file_crs, kind == "vector", store, path, what)
     rows, cols = store.map_to_cell(xy[:, 0], xy[:, 1])
+    points_crs = crs if crs is not None else file_crs
     return _check(store, np.column_stack([rows, cols]), xy, index, str(path), skip_invalid, what,
-                  lambda i: f"{what} {index[i]} ({xy[i, 0]:.10g},{xy[i, 1]:.10g}) of {path}")
+                  lambda i: f"{what} {index[i]} ({coordinate(given[i, 0])},{coordinate(given[i, 1])}) of {path}",
+                  outside=lambda: _extent_hint(store, points_crs, given, f"--{what}s-crs", crs is None))
 
 
-def from_coordinates(store, pairs, cell: bool = False, skip_invalid: bool = False, what: str = "point") -> Points:
-    """Points from (x, y) map coordinates, or (row, col) cells with ``cell`` (one pair or a list)."""
+def from_coordinates(store, pairs, cell: bool = False, skip_invalid: bool = False, what: str = "point",
+                     crs=None) -> Points:
+    """Points from (x, y) map coordinates, or (row, col) cells with ``cell`` (one pair or a list).
+    ``crs``: the CRS of the map coordinates (``"EPSG:4326"`` for lon/lat, ...) [default: the DEM's]."""
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
     if isinstance(pairs, tuple) and len(pairs) == 2 and np.isscalar(pairs[0]):
         pairs = [pairs]
@@ -123,6 +129,9 @@ def from_coordinates(store, pairs, cell: bool = False, skip_invalid: bool = Fals
     if len(a) == 0:
         raise InputError(f"no {what} given")
     index = np.arange(len(a), dtype=np.int64)
+    flag = {"source": "--source-crs", "target": "--to-crs"}.get(what, "crs")
+    if cell and crs is not None:
+        raise InputError(f"{flag} applies to map coordinates, not to cells")
     if cell:
         whole = np.isfinite(a) & (a == np.round(a))
         if not whole.all():
@@ -132,10 +141,11 @@ def from_coordinates(store, pairs, cell: bool = False, skip_invalid: bool = Fals
         cells = np.where(np.abs(a) < 2.0**62, a, -1).astype(np.int64)
         xy = np.column_stack(store.cell_to_map(cells[:, 0], cells[:, 1]))
     else:
-        xy = a
-        cells = np.column_stack(store.map_to_cell(a[:, 0], a[:, 1]))
+        xy = _to_dem_crs(a, crs, None, False, store, None, what)
+        cells = np.column_stack(store.map_to_cell(xy[:, 0], xy[:, 1]))
     return _check(store, cells, xy, index, "", skip_invalid, what,
-                  lambda i: f"{what} {'cell' if cell else 'point'} {a[i, 0]:.10g},{a[i, 1]:.10g}")
+                  lambda i: f"{what} {'cell' if cell else 'point'} {coordinate(a[i, 0])},{coordinate(a[i, 1])}",
+                  outside=None if cell else lambda: _extent_hint(store, crs, a, flag))
 
 
 def vertex_mask(store: TerrainStore, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -323,24 +333,29 @@ def _raster_points(source, store: TerrainStore, skip_invalid: bool, what: str, l
 # -- coordinates to cells --------------------------------------------------------------------
 def _to_dem_crs(xy: np.ndarray, crs, file_crs, is_vector: bool, store: TerrainStore, path: Path, what: str):
     """``xy`` reprojected from ``crs`` (or the file's CRS) to the DEM's; unchanged when they agree,
-    when the DEM has no CRS, or for a CSV without ``crs``."""
+    when the DEM has no CRS, or for a CSV (or coordinate pairs, ``path`` None) without ``crs``."""
     src = crs if crs is not None else file_crs
+    label = f"{what}s {path}" if path is not None else f"{what}s"
     if src is None:
         if is_vector and store.crs:
             raise InputError(f"{what}s {path}: the file has no CRS and the DEM has one: name the points' CRS "
                              f"(--{what}s-crs EPSG:xxxx)")
         return xy
     if not store.crs:
+        if crs is not None:
+            warnings.warn(f"{label}: the DEM has no CRS, so their CRS {str(crs)[:40]} is not used: their coordinates "
+                          "are taken as the DEM's (give the DEM its CRS: terrain convert --crs)", TerrainNote,
+                          stacklevel=4)
         return xy
     try:
         from pyproj import CRS, Transformer
         from pyproj.exceptions import CRSError
     except ImportError:
-        raise InputError(f"{what}s {path}: reprojecting points needs pyproj ({VECTOR_EXTRA})") from None
+        raise InputError(f"{label}: reprojecting points needs pyproj ({VECTOR_EXTRA})") from None
     try:
         src_crs = CRS.from_user_input(src)
     except CRSError:
-        raise InputError(f"{what}s {path}: unknown CRS {str(src)[:80]!r}") from None
+        raise InputError(f"{label}: unknown CRS {str(src)[:80]!r}") from None
     dem_crs = CRS.from_user_input(store.crs)
     if src_crs == dem_crs:
         return xy
@@ -351,9 +366,11 @@ def _to_dem_crs(xy: np.ndarray, crs, file_crs, is_vector: bool, store: TerrainSt
     return np.column_stack([np.asarray(x, np.float64), np.asarray(y, np.float64)])
 
 
-def _check(store: TerrainStore, cells, xy, index, label: str, skip_invalid: bool, what: str, name) -> Points:
+def _check(store: TerrainStore, cells, xy, index, label: str, skip_invalid: bool, what: str, name,
+           outside=None) -> Points:
     """Keep the points on vertices of the DEM; the first other one (``name(i)`` says which) is an
-    error unless ``skip_invalid``."""
+    error unless ``skip_invalid``; ``outside()`` (the DEM's extent, :func:`_extent_hint`) follows
+    "lies outside the DEM"."""
     nrows, ncols = store.shape
     inside = (cells[:, 0] >= 0) & (cells[:, 0] < nrows) & (cells[:, 1] >= 0) & (cells[:, 1] < ncols)
     ok = inside.copy()
@@ -362,7 +379,8 @@ def _check(store: TerrainStore, cells, xy, index, label: str, skip_invalid: bool
     of = f" of {label}" if label else ""
     if bad.size and not skip_invalid:
         i = int(bad[0])
-        where = f"lies outside the DEM ({nrows} x {ncols} cells)" if not inside[i] else "lies on a nodata cell"
+        where = (f"lies outside the DEM ({nrows} x {ncols} cells){outside() if outside else ''}" if not inside[i]
+                 else "lies on a nodata cell")
         n = bad.size - 1
         more = f" ({n} more {what}{'s' if n > 1 else ''} off the data; --skip-invalid leaves them out)" if n else ""
         raise InputError(f"{name(i)} {where}{more}")
@@ -370,6 +388,44 @@ def _check(store: TerrainStore, cells, xy, index, label: str, skip_invalid: bool
         warnings.warn(f"{bad.size} of {len(cells)} {what}s{of} left out: outside the DEM or on nodata",
                       SkippedPointsNote, stacklevel=3)
     return Points(cells[ok].astype(np.int64), xy[ok], index[ok], label, len(cells), int(bad.size))
+
+
+def _extent_hint(store: TerrainStore, crs, xy: np.ndarray, flag: str, files_crs: bool = False) -> str:
+    """``", which spans x A .. B, y C .. D (CRS)"``: the DEM's extent in the points' CRS (``crs``; None:
+    the DEM's), and a hint when the numbers do not fit that CRS: lon/lat given on a projected DEM
+    without a CRS, or projected numbers in a geographic CRS (``files_crs``: the file's own, e.g. EPSG:4326,
+    which GDAL gives every GeoJSON that names none)."""
+    rows, cols = store.shape
+    t = store.transform
+    if t is None:
+        return f", which spans x 0 .. {cols}, y 0 .. {rows} (cells: the DEM has no transform)"
+    xs, ys = store.cell_to_map(np.array([0, 0, rows, rows]) - 0.5, np.array([0, cols, 0, cols]) - 0.5)
+    bounds = (xs.min(), ys.min(), xs.max(), ys.max())
+    shown, unit = bounds, map_unit(store.crs)
+    if crs is not None and store.crs:
+        try:
+            from pyproj import CRS, Transformer
+
+            pts_crs = CRS.from_user_input(crs)
+            shown = Transformer.from_crs(CRS.from_user_input(store.crs), pts_crs,
+                                         always_xy=True).transform_bounds(*bounds, densify_pts=21)
+            unit, crs_name = map_unit(pts_crs.to_wkt()), crs_label(pts_crs.to_wkt())
+        except Exception:  # noqa: BLE001 -- no pyproj or no transformation: the DEM's own extent
+            shown, crs_name = bounds, f"{crs_label(store.crs)}, the DEM's"
+    else:
+        crs_name = f"{crs_label(store.crs)}, the DEM's" if store.crs else "the DEM has no CRS"
+    x0, y0, x1, y1 = (coordinate(v) for v in shown)
+    text = f", which spans x {x0} .. {x1}, y {y0} .. {y1} ({unit}, {crs_name})"
+    finite = xy[np.isfinite(xy).all(axis=1)]
+    lonlat = len(finite) > 0 and bool((np.abs(finite[:, 0]) <= 180).all() and (np.abs(finite[:, 1]) <= 90).all())
+    geographic_dem = unit == "deg"
+    if crs is None and store.crs and not geographic_dem and lonlat:
+        text += f"; longitude/latitude? name their CRS: {flag} EPSG:4326"
+    elif crs is not None and unit == "deg" and not lonlat and len(finite):
+        whose = " (the file's; a GeoJSON that names none is EPSG:4326)" if files_crs else ""
+        text += (f"; these numbers are no longitude/latitude, yet their CRS is {crs_name}{whose}: name theirs "
+                 f"with {flag} EPSG:xxxx")
+    return text
 
 
 def _first_line(exc: Exception) -> str:

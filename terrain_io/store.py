@@ -300,8 +300,9 @@ class TerrainStore:
         else:
             x0, dx, rx, y0, ry, dy = t
             det = dx * dy - rx * ry
-            col = np.floor(((x - x0) * dy - (y - y0) * rx) / det)
-            row = np.floor(((y - y0) * dx - (x - x0) * ry) / det)
+            with np.errstate(invalid="ignore", over="ignore"):  # inf (a failed reprojection): -1 below
+                col = np.floor(((x - x0) * dy - (y - y0) * rx) / det)
+                row = np.floor(((y - y0) * dx - (x - x0) * ry) / det)
         if np.ndim(row) == 0 and np.ndim(col) == 0:
             return int(row), int(col)
         row, col = np.broadcast_arrays(np.asarray(row, np.float64), np.asarray(col, np.float64))

@@ -146,7 +146,7 @@ class DepressionsResult:
 
     def summary(self) -> str:
         return (f"depressions: {self.cells:,} cells, {self.leaves:,} leaf basin{'s' if self.leaves != 1 else ''}, "
-                f"{self.merges:,} merges, {self.roots:,} spilling out, filled volume {self.volume:.6g}, "
+                f"{self.merges:,} merges, {self.roots:,} spilling out, filled volume {self.volume:.6g} m^3, "
                 f"outlets {self.outlets}, {self.seconds:.2f} s, "
                 f"{self.cells / max(self.seconds, 1e-9) / 1e6:.1f} Mcells/s ({self.device}, {self.method})")
 

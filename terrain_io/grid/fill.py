@@ -133,7 +133,7 @@ class FillResult:
 
     def summary(self) -> str:
         return (f"fill: {self.cells:,} cells, {self.depressions:,} depression{'s' if self.depressions != 1 else ''} "
-                f"({self.filled_cells:,} cells raised), filled volume {self.volume:.6g}, outlets {self.outlets}, "
+                f"({self.filled_cells:,} cells raised), filled volume {self.volume:.6g} m^3, outlets {self.outlets}, "
                 f"{self.seconds:.2f} s, {self.cells / max(self.seconds, 1e-9) / 1e6:.1f} Mcells/s "
                 f"({self.device}, {self.method})")
 

@@ -79,7 +79,7 @@ class MSTResult:
 
     def summary(self) -> str:
         return (f"mst: {self.cells:,} cells ({self.valid_cells:,} valid), {self.edges:,} edge{'s' if self.edges != 1 else ''}, "
-                f"{self.trees:,} tree{'s' if self.trees != 1 else ''}, weight {self.total_weight:.10g} "
+                f"{self.trees:,} tree{'s' if self.trees != 1 else ''}, total weight {self.total_weight:.10g} m "
                 f"[{self.weight}], {self.seconds:.2f} s, {self.mcells_per_s:.1f} Mcells/s ({self.device})")
 
     def attrs(self) -> dict:

@@ -70,7 +70,7 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
     """Source cells, distinct, in the order given, with their numbers (:class:`.allocation.SourceCells`;
     a note names points that repeat a cell): from (x, y) map coordinates, (row, col) cells with
     ``cell``, or a file of points / raster / store array name (:func:`terrain_io.points.read_points`,
-    ``crs`` and ``skip_invalid`` as there). One clear error for a source off the DEM or on nodata;
+    ``crs`` and ``skip_invalid`` as there; ``crs`` also names the CRS of map coordinates). One clear error for a source off the DEM or on nodata;
     every tile the sources touch is read once (:func:`terrain_io.points.vertex_mask`)."""
     from ...points import Points, from_coordinates, read_points
 
@@ -81,7 +81,7 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
             raise InputError("cell=True applies to coordinate pairs, not to a file of sources")
         pts = read_points(sources, store, crs=crs, skip_invalid=skip_invalid, what="source")
     else:
-        pts = from_coordinates(store, sources, cell=cell, skip_invalid=skip_invalid, what="source")
+        pts = from_coordinates(store, sources, cell=cell, skip_invalid=skip_invalid, what="source", crs=crs)
     if len(pts) == 0:
         raise InputError(f"no source lies on the DEM's data ({pts.skipped} left out)")
     ids = pts.cells[:, 0] * store.shape[1] + pts.cells[:, 1]
@@ -132,7 +132,8 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
 
     ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
     (several sources give the distance to the nearest); or a file of points (GeoJSON, GeoPackage,
-    Shapefile, CSV: reprojected from their CRS or ``sources_crs``), a raster aligned with the DEM
+    Shapefile, CSV: reprojected from their CRS or ``sources_crs``, which also names the CRS of
+    (x, y) pairs), a raster aligned with the DEM
     or the name of a store array (non-zero cells), see :mod:`terrain_io.points`; ``skip_invalid``
     leaves out sources off the DEM or on nodata instead of refusing them. ``weight``: ``absdiff`` (default),
     ``surface`` or ``cell`` (with ``cost``: a store array name or a raster file aligned with the
@@ -230,5 +231,5 @@ def _note_units(store: TerrainStore, model) -> None:
         from ...errors import TerrainNote
 
         warnings.warn(f"the DEM has no CRS and cells of {dx:.3g} x {dy:.3g} map units, taken as metres by the "
-                      f"{model.name!r} model (degrees? convert the DEM from a GeoTIFF that carries its CRS)", TerrainNote,
-                      stacklevel=3)
+                      f"{model.name!r} model (degrees? convert the DEM again with its CRS: --crs EPSG:4326, or a "
+                      f".prj)", TerrainNote, stacklevel=3)

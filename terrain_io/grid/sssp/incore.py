@@ -196,7 +196,9 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                 vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
     timings["read"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    solving = progress_bar(progress, 1, "sssp solve", unit="grid")  # one kernel call: a bar that says so
     dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device, limit=limit)
+    solving.close()
     del level
     source = None
     if allocation:

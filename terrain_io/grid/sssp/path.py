@@ -107,7 +107,7 @@ def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=N
 
     ``targets``: (x, y) pairs, or (row, col) with ``cell``; or a file of points, a raster aligned
     with the DEM or a store array (:func:`terrain_io.points.read_points`, with ``crs`` and
-    ``skip_invalid``). A target outside the DEM or on nodata is an error (left out with
+    ``skip_invalid``); ``crs`` also names the CRS of (x, y) pairs. A target outside the DEM or on nodata is an error (left out with
     ``skip_invalid``); one the source does not reach gives a path without cells and cost +inf.
     """
     from ...points import Points, from_coordinates, read_points
@@ -121,7 +121,7 @@ def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=N
     elif isinstance(targets, (str, os.PathLike)):
         pts = read_points(targets, store, crs=crs, skip_invalid=skip_invalid, what="target")
     else:
-        pts = from_coordinates(store, targets, cell=cell, skip_invalid=skip_invalid, what="target")
+        pts = from_coordinates(store, targets, cell=cell, skip_invalid=skip_invalid, what="target", crs=crs)
     if len(pts) == 0:
         raise InputError(f"no target lies on the DEM's data ({pts.skipped} left out)")
     rows, cols = store.shape
