@@ -266,10 +266,11 @@ def _same_crs(a: str, b: str) -> bool:
     return CRS.from_user_input(a) == CRS.from_user_input(b)
 
 
-def _crs_label(wkt: str) -> str:
+def _crs_label(crs: str) -> str:
+    """EPSG:n where the CRS has a code, else its name."""
     from .units import crs_label
 
-    return crs_label(wkt)
+    return crs_label(crs)
 
 
 def _first_line(exc: Exception) -> str:
@@ -748,18 +749,3 @@ def aligned_raster(source, store: TerrainStore, scratch, what: str, dtype: str =
     if st and other.transform and not np.allclose(other.transform, st, rtol=0, atol=1e-9 * max(1.0, *map(abs, st))):
         raise InputError(f"{what} {src}: not aligned with the DEM (transform {other.transform} vs {st})")
     return other, "elevation"
-
-
-def _same_crs(a: str, b: str) -> bool:
-    from rasterio.crs import CRS
-
-    return CRS.from_wkt(a) == CRS.from_wkt(b)
-
-
-def _crs_label(wkt: str) -> str:
-    """EPSG:n where the CRS has a code, else its name."""
-    from rasterio.crs import CRS
-
-    crs = CRS.from_wkt(wkt)
-    epsg = crs.to_epsg()
-    return f"EPSG:{epsg}" if epsg else repr(wkt.split('"')[1] if '"' in wkt else wkt[:60])

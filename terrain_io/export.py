@@ -115,7 +115,7 @@ def _esri_wkt(crs: str | None) -> str | None:
     from rasterio.crs import CRS
     from rasterio.enums import WktVersion
 
-    return CRS.from_wkt(crs).to_wkt(version=WktVersion.WKT1_ESRI)
+    return CRS.from_user_input(crs).to_wkt(version=WktVersion.WKT1_ESRI)
 
 
 @dataclass
@@ -180,7 +180,7 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
     if t is not None:
         profile["transform"] = Affine.from_gdal(*t)
     if store.crs:
-        profile["crs"] = CRS.from_wkt(store.crs)
+        profile["crs"] = CRS.from_user_input(store.crs)
     if rows < 256 or cols < 256:
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
