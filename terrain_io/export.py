@@ -13,8 +13,10 @@ functions in order, so the file is the same, byte for byte.
 Nodata in the files, as GRASS ``r.cost`` and GDAL expect: the store's NaN *and* +-inf (an SSSP's
 unreached cells; the store keeps +inf) become nodata -- NaN in a GeoTIFF, ``NODATA_value`` in an
 ASCII grid, -9999 unless a written value would read back as it (then the first -99...9 that none
-does: the grid is written again). ``mst/edges`` (bit masks 0..15, where 0 is a valid mask) marks
-the DEM's nodata cells with 255. ASCII values are fixed point with ``decimals`` (0..17): exact decimal expansions where the
+does: the grid is written again). Integer results whose fill value 0 is a valid value (``mst/edges``'
+mask 0, ``fill/depression``'s "no lake", ``depressions/basin``'s "drains out", ``sssp/NAME/source``'s
+"no source reaches it") mark only the DEM's nodata cells, with their dtype's largest value (255,
+4294967295), which they never hold. ASCII values are fixed point with ``decimals`` (0..17): exact decimal expansions where the
 fast formatter's int64 cannot hold them (|value| x 10^decimals >= 2^53), so no value is ever
 written wrong; a ``.prj`` (Esri WKT) beside the grid carries the store's CRS.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from fnmatch import fnmatchcase
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,9 +46,17 @@ DECIMALS_MAX = 17  # float64 carries 17 significant digits; more is refused, not
 # back as (all within float32's range, so readers of float32 grids can hold it)
 ASCII_NODATA = tuple(-(10**k - 1) for k in range(4, 39))
 _EXACT_INT = 2.0**53  # the fast ASCII formatter rounds |value| x 10^decimals to an int64 below this
-# arrays whose nodata cells are the DEM's (their own fill value is a valid value), and the value
-# that marks those cells in exported files
-ELEVATION_MASKED = {"mst/edges": 255}  # edge masks are 0..15 (bits E, SE, S, SW)
+# integer arrays whose nodata cells are the DEM's (their fill value 0 is a valid value): exported files
+# mark those cells with the dtype's largest value, which these never hold (edge masks are 0..15, ids at
+# most the count of lakes, basins or sources; _read_block refuses an export where one does)
+ELEVATION_MASKED = ("mst/edges", "fill/depression", "depressions/basin", "sssp/*/source")
+
+
+def _elevation_marker(name: str, arr) -> int | None:
+    """The value that marks the DEM's nodata cells of ``name`` in a file (``ELEVATION_MASKED``), else None."""
+    if arr.dtype.kind in "iu" and any(fnmatchcase(name, pattern) for pattern in ELEVATION_MASKED):
+        return int(np.iinfo(arr.dtype).max)
+    return None
 
 
 def _array(store: TerrainStore, name: str):
@@ -61,8 +72,9 @@ def _array(store: TerrainStore, name: str):
 def _nodata_of(store: TerrainStore, name: str, arr):
     if arr.dtype.kind == "f":
         return None
-    if name in ELEVATION_MASKED:
-        return ELEVATION_MASKED[name]
+    marker = _elevation_marker(name, arr)
+    if marker is not None:
+        return marker
     return store.nodata if name == "elevation" else arr.attrs.get("nodata", arr.fill_value)
 
 
@@ -144,7 +156,7 @@ class _ShardTask:
     decimals: int = 0  # ASCII
     nodata: object = None  # ASCII: the integer nodata value (None: NaN and +-inf)
     nodata_text: str = "-9999"
-    elevation_masked: object = None  # mark the DEM's nodata cells with this value (ELEVATION_MASKED)
+    elevation_masked: object = None  # mark the DEM's nodata cells with this value (_elevation_marker)
 
 
 def _open(task: _ShardTask):
@@ -160,7 +172,11 @@ def _read_block(task: _ShardTask) -> np.ndarray:
         block[np.isinf(block)] = np.nan
     if task.elevation_masked is not None:
         st = TerrainStore.open(task.store, mode="r")
-        block[~st.valid(st.read(w))] = task.elevation_masked
+        valid = st.valid(st.read(w))
+        if np.any(block[valid] == task.elevation_masked):
+            raise InputError(f"{task.name}: holds {task.elevation_masked}, the value that marks nodata cells in "
+                             "exported files; it cannot be exported")
+        block[~valid] = task.elevation_masked
     return block
 
 
@@ -185,7 +201,7 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
     wins = list(store.shards())
-    tasks = [_ShardTask(str(store.path), name, win, elevation_masked=ELEVATION_MASKED.get(name)) for win in wins]
+    tasks = [_ShardTask(str(store.path), name, win, elevation_masked=_elevation_marker(name, arr)) for win in wins]
     shard_bytes = (store.tile_size * store.shard_size) ** 2 * arr.dtype.itemsize
     with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
         for block, win in zip(run(_read_block, tasks, shard_bytes), wins):
@@ -294,7 +310,7 @@ def _write_ascii(store: TerrainStore, name: str, arr, out: Path, decimals: int |
         header = (f"ncols {cols}\nnrows {rows}\nxllcorner {t[0]!r}\nyllcorner {t[3] + rows * t[5]!r}\n"
                   f"{size}NODATA_value {nodata_text}\n")
         tasks = [_ShardTask(str(store.path), name, Window(r0, min(r0 + band, rows), 0, cols), decimals=decimals,
-                            nodata=nodata, nodata_text=nodata_text, elevation_masked=ELEVATION_MASKED.get(name))
+                            nodata=nodata, nodata_text=nodata_text, elevation_masked=_elevation_marker(name, arr))
                  for r0 in range(0, rows, band)]
         held = set()
         with open(out, "wb") as f:

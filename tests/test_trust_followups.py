@@ -1,0 +1,92 @@
+"""Issue 27 follow-ups: integer results whose 0 is a value export with only the DEM's nodata cells as
+nodata (read back by rasterio's masked reads and an Esri ASCII parser written from the format); the
+cost models refuse distances beyond float32; notes reach the user during ``export``; ``info`` names
+weights as the CLI does; ``-q demo`` is quiet."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import rasterio
+from click.testing import CliRunner
+from rasterio.crs import CRS
+
+from cli.main import _register, cli
+from terrain_io.errors import InputError, TerrainNote
+from terrain_io.export import export
+from terrain_io.grid import sssp
+from terrain_io.grid.depressions import depressions
+from terrain_io.grid.fill import fill
+from terrain_io.store import TerrainStore
+
+_register()
+UTM33 = CRS.from_epsg(32633)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def make_store(path, values, tile=8, shard=2):
+    attrs = {"transform": [500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0], "cell_size": [30.0, 30.0],
+             "crs": UTM33.to_wkt()}
+    return TerrainStore.from_array(path, values, tile=tile, shard=shard, attrs=attrs)
+
+
+def parse_esri_ascii(path):
+    """(header, values float64 with NaN for NODATA_value) by the format's definition: keyword lines,
+    then nrows lines of ncols numbers."""
+    tokens = path.read_text().split()
+    header, i = {}, 0
+    while tokens[i][0].isalpha():
+        header[tokens[i].lower()] = tokens[i + 1]
+        i += 2
+    rows, cols = int(header["nrows"]), int(header["ncols"])
+    body = tokens[i:]
+    assert len(body) == rows * cols
+    nodata = header.get("nodata_value")
+    values = np.array([math.nan if t == nodata else float(t) for t in body]).reshape(rows, cols)
+    return header, values
+
+
+# -- 1. ids whose 0 means something: only the DEM's nodata cells are nodata -----------------------
+def test_id_results_export_only_the_dems_nodata_cells_as_nodata(tmp_path):
+    rng = np.random.default_rng(5)
+    v = (rng.random((35, 43)) * 20).astype(np.float32)  # rough: many pits, lakes and basins
+    v[rng.random(v.shape) < 0.1] = np.nan
+    v[17, 21] = 3.0
+    valid = ~np.isnan(v)
+    st = make_store(tmp_path / "dem.zarr", v)
+    fill(st, progress=False)
+    depressions(st, progress=False)
+    sssp(st, [(17, 21), (3, 3)], cell=True, name="a", allocation=True, max_cost=60.0, progress=False,
+         method="incore", skip_invalid=True)
+    for name in ("fill/depression", "depressions/basin", "sssp/a/source"):
+        ids = st.group[name][:]
+        assert (ids[valid] == 0).any() and (ids[valid] > 0).any(), name  # 0 is a value of valid cells
+        tif, asc = tmp_path / f"{name.replace('/', '_')}.tif", tmp_path / f"{name.replace('/', '_')}.asc"
+        export(st.path, name, tif)
+        export(st.path, name, asc)
+        with rasterio.open(tif) as ds:
+            m = ds.read(1, masked=True)
+            np.testing.assert_array_equal(m.mask, ~valid, err_msg=name)
+            np.testing.assert_array_equal(m.data[valid], ids[valid], err_msg=name)
+        header, got = parse_esri_ascii(asc)
+        assert float(header["nodata_value"]) > ids.max(), name
+        np.testing.assert_array_equal(np.isnan(got), ~valid, err_msg=name)
+        np.testing.assert_array_equal(got[valid], ids[valid], err_msg=name)
+
+
+def test_an_id_equal_to_the_marker_is_refused_not_written_as_nodata(tmp_path, monkeypatch):
+    import terrain_io.export as ex
+
+    v = np.ones((9, 10), np.float32)
+    v[0, 0] = np.nan
+    st = make_store(tmp_path / "dem.zarr", v)
+    fill(st, progress=False)  # a flat DEM: no lakes, every valid cell holds id 0
+    monkeypatch.setattr(ex, "_elevation_marker", lambda name, arr: 0)  # as if the ids reached the marker
+    with pytest.raises(InputError, match="holds 0, the value that marks nodata"):
+        export(st.path, "fill/depression", tmp_path / "d.tif")
+    assert not (tmp_path / "d.tif").exists()
