@@ -90,3 +90,32 @@ def test_an_id_equal_to_the_marker_is_refused_not_written_as_nodata(tmp_path, mo
     with pytest.raises(InputError, match="holds 0, the value that marks nodata"):
         export(st.path, "fill/depression", tmp_path / "d.tif")
     assert not (tmp_path / "d.tif").exists()
+
+
+# -- 2. cost models: distances beyond float32 are refused before the solve ------------------------
+def _tif(path, values):
+    from rasterio.transform import Affine
+
+    with rasterio.open(path, "w", driver="GTiff", width=values.shape[1], height=values.shape[0], count=1,
+                       dtype=str(values.dtype), crs=UTM33,
+                       transform=Affine.from_gdal(500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0)) as ds:
+        ds.write(values, 1)
+    return path
+
+
+@pytest.mark.parametrize("weight", ["cell", "walk"])
+def test_costs_whose_distances_pass_float32_are_refused_in_one_line(tmp_path, weight):
+    v = np.random.default_rng(4).random((20, 24)).astype(np.float32)
+    st = make_store(tmp_path / "dem.zarr", v)
+    # a 30 m step costs 3e38 (cell) or about 21 s x 1e37 (walk): the far corner lies beyond float32's 3.4e38
+    huge = _tif(tmp_path / "huge.tif", np.full(v.shape, 1e37, np.float32))
+    with pytest.raises(InputError, match=r"costs up to 1e\+37 over 480 cells: .*float32's range"):
+        sssp(st, (0, 0), cell=True, weight=weight, cost=str(huge), progress=False, method="incore")
+    r = run("sssp", st.path, "--cell", "--source", "0,0", "--weight", weight, "--cost", huge)
+    assert r.exit_code == 1 and r.output.strip().count("\n") == 0, r.output
+    assert r.output.startswith("terrain: error: ") and "float32's range" in r.output
+    assert "sssp" not in st.group  # nothing written
+    # costs whose bound fits: every valid cell reached, finite (the +inf of an overflow would read "unreached")
+    fits = _tif(tmp_path / "fits.tif", np.full(v.shape, 1e30, np.float32))
+    sssp(st, (0, 0), cell=True, weight=weight, cost=str(fits), progress=False, method="incore", name="ok")
+    assert np.isfinite(st.group["sssp/ok/distance"][:]).all()

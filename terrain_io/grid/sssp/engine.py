@@ -24,6 +24,7 @@ from ...backend import resolve_device
 from ...errors import InputError
 from ...memory import memory_budget
 from ...store import TerrainStore
+from ...units import cli_weight
 from .allocation import SourceCells
 from .index import Field, open_index
 
@@ -161,6 +162,7 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
     _check_distance_range(store, model)
     field = Field(store, model, cost)
     try:
+        _check_cost_range(store, field)
         if (method or "auto") == "auto" and (rebuild_index or cluster is not None):
             method = "index"  # what only the index method does: (re)build G' for a cluster size
         chosen = choose_method(method, store, field, dev, budget, cluster, scheduler, options["allocation"])
@@ -219,6 +221,19 @@ def _check_distance_range(store: TerrainStore, model) -> None:
     if not (float(hi) - float(lo) + step) * n < float(np.finfo(np.float32).max):
         raise InputError(f"{store.path}: the elevations span {lo:.6g} .. {hi:.6g} over {n:,} cells: distances "
                          f"could pass float32's range (3.4e38); rescale the DEM's values")
+
+
+def _check_cost_range(store: TerrainStore, field: Field) -> None:
+    """Refuse cost rasters so large that a ``cell`` or ``walk --cost`` distance could pass float32's
+    largest value (it would be stored as +inf, "unreached"), as :func:`_check_distance_range` does
+    for elevations: a path takes at most one edge a cell, each weighs at most ``field.max_edge``."""
+    if field.max_edge is None:
+        return
+    n = store.attrs.get("valid_count") or store.shape[0] * store.shape[1]
+    if not field.max_edge * n < float(np.finfo(np.float32).max):
+        raise InputError(f"{store.path}: costs up to {field.max_cost_value:.6g} over {n:,} cells: "
+                         f"{cli_weight(field.model.name)!r} distances could pass float32's range (3.4e38); "
+                         "rescale the cost raster")
 
 
 def _note_units(store: TerrainStore, model) -> None:

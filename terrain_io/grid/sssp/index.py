@@ -17,6 +17,7 @@ SSSP with the same settings skips phase 1.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ class Field:
         self._tmp = None
         self.cost_array = None
         self.cost_id = None
+        self.max_edge = None  # with a cost raster: an upper bound of an edge's weight (_note_barriers)
         if self.model.kind == weight_models.WALK and cost is not None:
             self.model = weight_models.get("walk_friction")  # walk's time times a friction raster
         if self.model.kind in (weight_models.CELL, weight_models.WALK_FRICTION):
@@ -80,16 +82,46 @@ class Field:
 
     def _note_barriers(self, cost) -> None:
         """One note counting the cells with data whose cost makes them barriers
-        (:func:`terrain_io.weights.unusable_costs`): one pass, shard by shard."""
+        (:func:`terrain_io.weights.unusable_costs`), and ``max_edge``, an upper bound of an edge's
+        weight (the largest usable cost times the longest step, or times the longest walk time of an
+        edge for walk_friction) for the float32 range check: one pass, shard by shard."""
         counts = dict.fromkeys(weight_models.unusable_costs(np.zeros(0)), 0)
+        walk = self.model.kind == weight_models.WALK_FRICTION
+        most, longest = 0.0, 0.0  # the largest usable cost; the longest step or walk time
         for win in self.store.shards():
-            ok = self.store.valid(self.store.read(win))
+            if walk:  # edges to the next row and columns too: a halo of one cell
+                elev = self.store.read(win, halo=1)
+                ok_halo = self.store.valid(elev)
+                longest = max(longest, self._longest_walk(np.where(ok_halo, elev, np.nan)))
+                ok = ok_halo[1:-1, 1:-1]
+            else:
+                ok = self.store.valid(self.store.read(win))
             c = self.cost_store.read(win, self.cost_array).astype(np.float64)
             if self.cost_store is not self.store:
                 c[~self.cost_store.valid(c)] = np.nan
             for k, v in weight_models.unusable_costs(c[ok]).items():
                 counts[k] += v
+            usable = c[ok & np.isfinite(c) & (c >= 0)]
+            most = max(most, float(usable.max())) if usable.size else most
         weight_models.note_barriers(counts, f"cost raster {cost}", stacklevel=4)
+        self.max_cost_value = most
+        self.max_edge = most * (longest if walk else float(np.hypot(*self.store.metric_cell_size)))
+
+    def _longest_walk(self, h: np.ndarray) -> float:
+        """The longest walk time (s) of an edge, either way, between the valid cells of ``h`` (NaN: none)."""
+        dx, dy = self.store.metric_cell_size
+        longest = 0.0
+        for dr, dc, step in ((0, 1, dx), (1, 0, dy), (1, 1, math.hypot(dx, dy)), (1, -1, math.hypot(dx, dy))):
+            rows, cols = h.shape
+            a = h[: rows - dr, max(0, -dc) : cols - max(0, dc)].ravel()
+            b = h[dr:, max(0, dc) : cols - max(0, -dc)].ravel()
+            both = ~np.isnan(a) & ~np.isnan(b)
+            if both.any():
+                a, b = a[both], b[both]
+                t = np.maximum(weight_models.edge_weights(weight_models.WALK, a, b, step),
+                               weight_models.edge_weights(weight_models.WALK, b, a, step))
+                longest = max(longest, float(t.max()))
+        return longest
 
     def read(self, window: Window, dtype=np.float64) -> np.ndarray:
         """The cells of ``window``, NaN where not a vertex: float64, or ``dtype`` float32 where the
