@@ -267,8 +267,10 @@ def export(store, array, out, decimals, scheduler, overwrite):
     from terrain_io.export import export as run
 
     timer = Timer()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning for PNG pictures
+    from rasterio.errors import NotGeoreferencedWarning
+
+    with warnings.catch_warnings():  # notes (TerrainNote) still reach the user
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture, a DEM without a transform
         run(store, array, out, overwrite=overwrite, decimals=decimals, scheduler=scheduler, progress=not quiet(),
             announce=say)
     say(f"{out}: written in {timer.elapsed:.2f} s ({format_bytes(out.stat().st_size)})")

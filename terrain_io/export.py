@@ -474,8 +474,10 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     image = image.round().astype(np.uint8).transpose(2, 0, 1)
     import warnings
 
+    from rasterio.errors import NotGeoreferencedWarning
+
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # NotGeoreferencedWarning: a picture has no geotransform
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture has no geotransform
         ds = rasterio.open(out, "w", driver="PNG", width=image.shape[2], height=image.shape[1], count=4,
                            dtype="uint8")
     with ds:

@@ -119,3 +119,29 @@ def test_costs_whose_distances_pass_float32_are_refused_in_one_line(tmp_path, we
     fits = _tif(tmp_path / "fits.tif", np.full(v.shape, 1e30, np.float32))
     sssp(st, (0, 0), cell=True, weight=weight, cost=str(fits), progress=False, method="incore", name="ok")
     assert np.isfinite(st.group["sssp/ok/distance"][:]).all()
+
+
+# -- 3. export lets notes through -----------------------------------------------------------------
+def test_export_passes_notes_to_the_user_and_silences_only_gdals_georeferencing_warning(tmp_path, monkeypatch):
+    import functools
+
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    from cli.main import _show_warning
+
+    # terrain's hook (cli.main.main installs it): notes as one line
+    monkeypatch.setattr(warnings, "showwarning", functools.partial(_show_warning, _default=warnings.showwarning))
+    path = tmp_path / "old.zarr"  # a format-1 store (no checksums; no transform): opening it is a note
+    g = zarr.open_group(str(path), mode="w")
+    g.attrs.update({"format": "terrain", "format_version": 1, "tile_size": 32, "shard_size": 2, "nodata": None})
+    a = g.create_array("elevation", shape=(40, 50), chunks=(32, 32), shards=(64, 64), dtype="float32",
+                       fill_value=float("nan"), compressors=ZstdCodec(level=1), dimension_names=("y", "x"))
+    a[...] = np.random.default_rng(0).random((40, 50)).astype(np.float32)
+    r = CliRunner().invoke(cli, ["export", str(path), "-o", str(tmp_path / "e.tif")])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.stderr.splitlines() if line.startswith("terrain: note: ")]
+    assert len(notes) == 1 and "format_version 1" in notes[0] and "no checksums" in notes[0], r.stderr
+    for out in ("e.png", "e.asc"):  # no transform: GDAL's NotGeoreferencedWarning stays silent
+        r = CliRunner().invoke(cli, ["export", str(path), "-o", str(tmp_path / out)])
+        assert r.exit_code == 0 and "Warning" not in r.stderr, r.stderr
