@@ -11,7 +11,7 @@ import click
 from terrain_io.errors import TerrainNote
 from terrain_io.memory import format_bytes
 from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
-from terrain_io.units import coordinate, crs_label, distance_unit, map_unit, number
+from terrain_io.units import cli_weight, coordinate, crs_label, distance_unit, map_unit, number
 
 from .common import Timer, overwrite_option, quiet, say, scheduler_option
 from .main import cli
@@ -66,7 +66,7 @@ def info(store, as_json):
     from terrain_io.store import TerrainStore
 
     st = TerrainStore.open(store, mode="r")
-    results = st.results()
+    results = {name: _as_cli_names(attrs) for name, attrs in st.results().items()}
     problems = check_manifests(st.path)  # sizes only: `terrain verify` reads the chunks
     if as_json:
         click.echo(json.dumps(strict_json({"shape": st.shape, "dtype": str(st.dtype), "attrs": st.attrs,
@@ -111,6 +111,12 @@ def info(store, as_json):
         lines.append("results:    none")
     click.echo("\n".join(lines))
     _report_damage(store, problems)
+
+
+def _as_cli_names(attrs: dict) -> dict:
+    """A result's attributes with the weight model named as the CLI does (``walk``, not the stored
+    ``walk_friction`` that the path and index code read)."""
+    return {**attrs, "weight": cli_weight(attrs["weight"])} if isinstance(attrs.get("weight"), str) else attrs
 
 
 def _report_damage(store, problems) -> None:

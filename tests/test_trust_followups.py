@@ -5,6 +5,7 @@ weights as the CLI does; ``-q demo`` is quiet."""
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -145,3 +146,22 @@ def test_export_passes_notes_to_the_user_and_silences_only_gdals_georeferencing_
     for out in ("e.png", "e.asc"):  # no transform: GDAL's NotGeoreferencedWarning stays silent
         r = CliRunner().invoke(cli, ["export", str(path), "-o", str(tmp_path / out)])
         assert r.exit_code == 0 and "Warning" not in r.stderr, r.stderr
+
+
+# -- 4. info names the weight as the CLI does ------------------------------------------------------
+def test_info_names_walk_with_friction_as_the_cli_does(tmp_path):
+    import json
+
+    v = np.random.default_rng(6).random((12, 14)).astype(np.float32)
+    st = make_store(tmp_path / "dem.zarr", v)
+    friction = _tif(tmp_path / "f.tif", np.full(v.shape, 2.0, np.float32))
+    r = run("-q", "sssp", st.path, "--cell", "--source", "1,1", "--weight", "walk", "--cost", friction,
+            "--name", "w")
+    assert r.exit_code == 0, r.output
+    r = run("info", st.path)
+    line = next(x for x in r.output.splitlines() if x.strip().startswith("sssp/w:"))
+    assert "weight=walk," in line and "walk_friction" not in r.output, r.output
+    assert re.search(r"max_distance=[0-9.]+ s\b", line), line  # walking time: seconds
+    r = run("info", st.path, "--json")
+    assert json.loads(r.output)["results"]["sssp/w"]["weight"] == "walk" and "walk_friction" not in r.output
+    assert TerrainStore.open(st.path, mode="r").group["sssp/w"].attrs["weight"] == "walk_friction"  # as stored
