@@ -13,7 +13,7 @@ import numpy as np
 
 from terrain_io import jit
 
-from .common import Timer
+from .common import Timer, say
 from .main import cli
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "jacksboro_fault_dem.asc"
@@ -101,24 +101,24 @@ def _run(out: Path) -> None:
         if beside is not None:
             _go(beside, store_path)
         st = TerrainStore.open(store_path)
-        click.echo(f"1. convert  {SAMPLE.name} (Esri ASCII, {summary.source_bytes / 1e3:.0f} kB) -> {store_path}: "
+        say(f"1. convert  {SAMPLE.name} (Esri ASCII, {summary.source_bytes / 1e3:.0f} kB) -> {store_path}: "
                    f"{st.shape[0]} x {st.shape[1]} cells in {st.tile_grid[0] * st.tile_grid[1]} tiles of "
                    f"{st.tile_size}^2, z-ordered in shards of {st.shard_size}x{st.shard_size} tiles, "
                    f"elevation {st.attrs['min']:.0f}..{st.attrs['max']:.0f} m ({summary.seconds:.2f} s)")
         export(store_path, "elevation", out / "elevation.png", overwrite=True)
-        click.echo(f"2. picture  {out / 'elevation.png'} (hillshaded elevation)")
+        say(f"2. picture  {out / 'elevation.png'} (hillshaded elevation)")
         lines = _demo_sssp(st, store_path, out)
-        click.echo(_demo_mst(st, beside))
+        say(_demo_mst(st, beside))
     finally:
         if beside is not None and beside.poll() is None:
             beside.kill()  # this process failed: no MST beside it
             beside.wait()
-    click.echo("\n".join(lines))
+    say("\n".join(lines))
     if fill_warming is not None:
         fill_warming.wait()  # its kernels are in the cache now (or, if it failed, compiled here)
     _demo_fill(st, store_path, out)
     jit.mark_compiled(cache, "demo")
-    click.echo(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
+    say(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
 
 
 def _start_child(function: str) -> subprocess.Popen | None:
@@ -240,6 +240,6 @@ def _demo_fill(st, store_path: Path, out: Path) -> None:
     export(store_path, "fill/depth", out / "depth.png", overwrite=True)
     export(store_path, "fill/depression", out / "depressions.png", overwrite=True)
     write_table(res, st, out / "depressions.csv")
-    click.echo(f"6. fill     {res.depressions:,} depressions, {res.filled_cells:,} cells raised, volume "
+    say(f"6. fill     {res.depressions:,} depressions, {res.filled_cells:,} cells raised, volume "
                f"{res.volume:.4g} m^3 ({res.seconds:.2f} s, {res.device}) -> {out / 'depth.png'}, "
                f"{out / 'depressions.png'}, {out / 'depressions.csv'}")

@@ -165,3 +165,16 @@ def test_info_names_walk_with_friction_as_the_cli_does(tmp_path):
     r = run("info", st.path, "--json")
     assert json.loads(r.output)["results"]["sssp/w"]["weight"] == "walk" and "walk_friction" not in r.output
     assert TerrainStore.open(st.path, mode="r").group["sssp/w"].attrs["weight"] == "walk_friction"  # as stored
+
+
+# -- 5. -q demo is quiet, errors still speak -------------------------------------------------------
+def test_quiet_demo_prints_nothing_but_errors(tmp_path):
+    r = CliRunner().invoke(cli, ["-q", "demo", "-o", str(tmp_path / "d")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "" and r.stderr == "", r.output
+    assert (tmp_path / "d" / "depressions.png").is_file() and (tmp_path / "d" / "path.geojson").is_file()
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "elevation.png").write_text("mine")  # not the demo's: refused
+    r = CliRunner().invoke(cli, ["-q", "demo", "-o", str(tmp_path / "e")])
+    assert r.exit_code == 1 and r.stdout == "", r.output
+    assert r.stderr.startswith("terrain: error: ") and "elevation.png" in r.stderr, r.stderr
