@@ -108,19 +108,16 @@ class Field:
         self.max_edge = most * (longest if walk else float(np.hypot(*self.store.metric_cell_size)))
 
     def _longest_walk(self, h: np.ndarray) -> float:
-        """The longest walk time (s) of an edge, either way, between the valid cells of ``h`` (NaN: none)."""
+        """The longest walk time (s) of an edge, either way, between the valid cells of ``h`` (NaN: none):
+        Tobler's time grows with |dh / step + 0.05|, whose largest value either way is |dh|max / step + 0.05."""
         dx, dy = self.store.metric_cell_size
+        rows, cols = h.shape
         longest = 0.0
         for dr, dc, step in ((0, 1, dx), (1, 0, dy), (1, 1, math.hypot(dx, dy)), (1, -1, math.hypot(dx, dy))):
-            rows, cols = h.shape
-            a = h[: rows - dr, max(0, -dc) : cols - max(0, dc)].ravel()
-            b = h[dr:, max(0, dc) : cols - max(0, -dc)].ravel()
-            both = ~np.isnan(a) & ~np.isnan(b)
-            if both.any():
-                a, b = a[both], b[both]
-                t = np.maximum(weight_models.edge_weights(weight_models.WALK, a, b, step),
-                               weight_models.edge_weights(weight_models.WALK, b, a, step))
-                longest = max(longest, float(t.max()))
+            dh = np.abs(h[: rows - dr, max(0, -dc) : cols - max(0, dc)] - h[dr:, max(0, dc) : cols - max(0, -dc)])
+            dh = dh[~np.isnan(dh)]
+            if dh.size:
+                longest = max(longest, weight_models.walk_time(0.0, float(dh.max()), step))
         return longest
 
     def read(self, window: Window, dtype=np.float64) -> np.ndarray:
