@@ -16,9 +16,9 @@ ASCII grid, -9999 unless a written value would read back as it (then the first -
 does: the grid is written again). Integer results whose fill value 0 is a valid value (``mst/edges``'
 mask 0, ``fill/depression``'s "no lake", ``depressions/basin``'s "drains out", ``sssp/NAME/source``'s
 "no source reaches it") mark only the DEM's nodata cells, with their dtype's largest value (255,
-4294967295), which they never hold. ASCII values are fixed point with ``decimals`` (0..17): exact decimal expansions where the
-fast formatter's int64 cannot hold them (|value| x 10^decimals >= 2^53), so no value is ever
-written wrong; a ``.prj`` (Esri WKT) beside the grid carries the store's CRS.
+4294967295), which they never hold. ASCII values are fixed point with ``decimals`` (0..17): exact
+decimal expansions where the fast formatter's int64 cannot hold them (|value| x 10^decimals >= 2^53),
+so no value is ever written wrong; a ``.prj`` (Esri WKT) beside the grid carries the store's CRS.
 """
 from __future__ import annotations
 
