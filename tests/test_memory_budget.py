@@ -148,3 +148,19 @@ def test_mst_gpu_within_budget(tmp_path):
     res = _grown("mst", "gpu", big, warm, budget, [{"big": True, "memory": budget}])
     assert res["device"] == "gpu" and res["edges"] == 4096 * 4096 - 1, res
     _check(res, big, budget)
+
+
+@NEEDS_PROC
+@pytest.mark.gpu
+def test_fill_auto_gpu_counts_its_host_bands(tmp_path):
+    """fill, auto on the GPU, under a budget that its bands of shards (read, written back, encoded
+    by the writer threads) exceed but the CPU pipeline fits: the CPU pipeline runs (before: the
+    GPU's, counting two bands alone) and peak RSS stays within the budget. The CPU pipeline's
+    boundary graph (~450 bytes a tile row of cells) keeps a budget 8x below the store out of reach."""
+    from terrain_io.synth import synthesize
+
+    budget = 40 << 20
+    big = synthesize(tmp_path / "big.zarr", 2048, seed=3, tile=128, shard=4, progress=False)
+    res = _grown("fill", "auto", big, big, budget, [{"big": True, "memory": budget}])
+    assert res["device"] == "cpu" and res["method"] == "tiled", res
+    assert res["grown"] <= budget, res
