@@ -104,8 +104,11 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
     h, w = store.shape
     gpu_free = gpu_free_bytes() if device == "gpu" else None
 
-    def need(side):
-        return run_bytes((h, w), side, itemsize, device)
+    shard = t * store.shard_size
+
+    def need(side):  # units smaller than a shard: their shards are put together at the end too
+        staged = assemble_bytes(store, side) + PROCESS_BYTES if side % shard else 0
+        return max(run_bytes((h, w), side, itemsize, device), staged)
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
     sides = [s for s in (t << k for k in range(32)) if s <= top]
@@ -415,6 +418,15 @@ class UnitStage:
         zstd = Zstd()
         return (np.frombuffer(zstd.decode(d), np.float32).reshape(shape),
                 np.frombuffer(zstd.decode(p), np.uint8).reshape(shape))
+
+
+def assemble_bytes(store: TerrainStore, side: int) -> int:
+    """Memory of one lane of :func:`_assemble`: a shard of float32 distances and codes, their
+    compressed chunks and those joined into the shard file (up to 5 bytes a cell each), and a
+    unit's file decoded (measured: 3 lanes of 2048^2 shards took +170 MiB at 16384^2 under 128 MB
+    when counted at 10 bytes a cell)."""
+    s = store.tile_size * store.shard_size
+    return 15 * min(s, store.shape[0]) * min(s, store.shape[1]) + 10 * side * side
 
 
 def _assemble(stage: UnitStage, dist_arr, pred_arr, lines, lanes: int, progress: bool) -> None:
@@ -771,10 +783,9 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                     bar.update(1)
         else:
             map_shards(solve_unit, unreached_tasks, scheduler, progress=bar, announce=announce)
-        if stage is not None:  # every shard put together from its units, once; two shards of outputs
-            # and their encoding a lane
+        if stage is not None:  # every shard put together from its units, once
             del lines.rows, lines.cols  # (the lines are done with)
-            lanes = (budget - PROCESS_BYTES) // (10 * min(shard_side, store.shape[0]) * min(shard_side, store.shape[1]))
+            lanes = (budget - PROCESS_BYTES) // assemble_bytes(store, side)
             _assemble(stage, dist_arr, pred_arr, lines, int(max(1, min(threads, lanes))), progress)
         if allocation:
             from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
