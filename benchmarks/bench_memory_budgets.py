@@ -52,7 +52,8 @@ def run(path, memory, name):
     s = TerrainStore.open(path)
     if pipeline == "sssp":
         from terrain_io.grid.sssp import sssp
-        r = sssp(s, (s.shape[0] // 3, s.shape[1] // 2), cell=True, progress=False, device=device, memory=memory, name=name)
+        r = sssp(s, (s.shape[0] // 3, s.shape[1] // 2), cell=True, progress=False, device=device, memory=memory,
+                 name=name)
         return {"method": r.method, "device": r.device, "timings": r.timings, "stats": r.merge_stats}
     if pipeline == "fill":
         from terrain_io.grid.fill import fill

@@ -93,7 +93,8 @@ def main():
             a = {"seconds": args.incore_seconds, "cpu": args.incore_seconds, "grown": 0}
         b = run(st.path, warm.path, "shards", weight, args.device, args.memory)
         s = b["stats"]
-        print(f"  {weight:8s} in-core {a['seconds']:7.2f} s wall {a['cpu']:7.2f} s CPU (peak +{format_bytes(a['grown'])})"
+        print(f"  {weight:8s} in-core {a['seconds']:7.2f} s wall {a['cpu']:7.2f} s CPU "
+              f"(peak +{format_bytes(a['grown'])})"
               f" | shards {b['seconds']:7.2f} s wall {b['cpu']:7.2f} s CPU (peak +{format_bytes(b['grown'])}): "
               f"{b['seconds'] / a['seconds']:.2f}x the in-core wall time, {b['cpu'] / a['cpu']:.2f}x its CPU time; "
               f"{s['units']} units of {s['unit']}^2, {s['solves_per_unit']:.2f} solves a unit "
