@@ -21,6 +21,12 @@ def _pair(text: str) -> tuple[float, float]:
     return a, b
 
 
+def _cell_points(points: tuple[str, ...], cells: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    """``--source``/``--to`` values and ``--cell`` ones (``--cell ROW,COL``, or ``--cell`` alone: a flag
+    that makes every point a cell): (the points, whether they are cells)."""
+    return tuple(points) + tuple(c for c in cells if c), bool(cells)
+
+
 weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="absdiff", show_default=True,
                              help="Edge weight: |dh| (absdiff), 3-D walking distance (surface), the cost "
                                   "raster's (c_i + c_j)/2 * step (cell), or walking time in seconds by "
@@ -45,7 +51,9 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
               help="CRS of the --sources points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out sources outside the DEM or on nodata (a note says how many) instead of refusing them.")
-@click.option("--cell", "as_cell", is_flag=True, help="--source values are ROW,COL cell indices.")
+@click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
+              help="A source given by its cell, ROW,COL (repeatable); alone (no value): the --source values are "
+                   "ROW,COL cell indices.")
 @click.option("--crs-coords", "crs_coords", is_flag=True, help="Sources are map coordinates (the default).")
 @weight_option
 @cost_option
@@ -66,7 +74,7 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
 @scheduler_option
-def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
+def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, cells, crs_coords, weight, cost, name,
                  cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
@@ -77,6 +85,7 @@ def sssp_command(store, sources, sources_file, sources_crs, skip_invalid, as_cel
     """
     from terrain_io.grid.sssp import sssp
 
+    sources, as_cell = _cell_points(sources, cells)
     if as_cell and crs_coords:
         raise click.UsageError("--cell and --crs-coords exclude each other")
     if not sources and sources_file is None:
@@ -147,11 +156,13 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="CRS of the --targets points [default: the file's; a CSV's: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out targets outside the DEM or on nodata (a note says how many) instead of refusing them.")
-@click.option("--cell", "as_cell", is_flag=True, help="--to values are ROW,COL cell indices.")
+@click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
+              help="A target given by its cell, ROW,COL (repeatable); alone (no value): the --to values are ROW,COL "
+                   "cell indices.")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="GeoJSON file for the paths [default: print the summary only].")
-def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, name, out):
+def path_command(store, to, targets_file, targets_crs, skip_invalid, cells, name, out):
     """Follow the predecessors from each target back to the source; write a GeoJSON FeatureCollection.
 
     One LineString Feature per target (source to target) with properties target (its number in the
@@ -160,6 +171,7 @@ def path_command(store, to, targets_file, targets_crs, skip_invalid, as_cell, na
     """
     from terrain_io.grid.sssp.path import trace_all, write_geojson
 
+    to, as_cell = _cell_points(to, cells)
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
     if targets_crs is not None and targets_file is None:
