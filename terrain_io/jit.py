@@ -22,6 +22,13 @@ where the user can write:
   sorts (quick- and mergesort, seconds each: the radix sorts of ``grid/_radix_cpu`` instead), array
   slice copies (each compiles numba's shape-error message, string formatting included: loops
   instead), and large ``inline="always"`` helpers called at many sites (``weights.walk_time`` is a call).
+- **Compile only what runs, once.** A kernel that holds several algorithms behind a runtime switch
+  compiles all of them on its first call: the choice is made in Python, in front of one compiled
+  entry point per variant (the SSSP queues: ``grid/sssp/_incore_cpu.solve_distances``). Each
+  argument reaches a kernel with one type (an empty array, not ``None``, for "no array"), and no
+  kernel passes a callee a literal: a counter that starts as ``0`` (or a ``True``) is typed
+  ``Literal[int](0)`` on the first pass of numba's type inference, and the callee is compiled for
+  that signature and again for ``int64`` -- start it as ``np.int64(0)``.
 - **Say it once** (:func:`announce_compiles`): the first compilation in a process prints one line,
   so a first run that is slow says why.
 - **A first load without scipy.linalg** (:func:`defer_blas_check`, installed when the package is
