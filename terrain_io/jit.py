@@ -1,9 +1,9 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel; the demo about 17 s on two cores) and
-later processes load the code in milliseconds. Three rules keep that first run short and the cache
-where the user can write:
+so only the first run pays (seconds per kernel: 2-20 s of CPU time per command, the demo 46 s in
+three processes; ``benchmarks/bench_first_run.py``) and later processes load the code in
+milliseconds. These rules keep that first run short and the cache where the user can write:
 
 - **Where the cache lives** (:func:`configure_cache`, called by the command line before numba is
   imported). numba writes next to the sources (``__pycache__``); when the package folder is not
@@ -133,7 +133,7 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
             module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
             if not self.said and module.startswith("terrain_io"):
                 self.said = True
-                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~17 s; "
+                say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
                     f"cached in {where})")
 
         def on_end(self, ev):

@@ -112,7 +112,8 @@ def test_apsp_unreachable_is_inf_whatever_the_input_type(tmp_path, weights):
     np.minimum.at(W, (u, v), w)
     ref = floyd_warshall(np.where(np.isfinite(W), W, 0), directed=True)  # (csgraph: 0 = no edge, dense input)
     if weights == "int":
-        (tmp_path / "g.csv").write_text("source,target,weight\n" + "".join(f"{a},{b},{c}\n" for a, b, c in zip(u, v, w)))
+        rows = "".join(f"{a},{b},{c}\n" for a, b, c in zip(u, v, w))
+        (tmp_path / "g.csv").write_text("source,target,weight\n" + rows)
         src = tmp_path / "g.csv"
     elif weights == "float":
         (tmp_path / "g.csv").write_text(

@@ -16,7 +16,8 @@ maximum) means no edge; the diagonal counts as 0 unless it is negative (a negati
 negative cycle). Negative edges are allowed; a negative cycle raises :class:`NegativeCycleError`.
 Distances come back in the input's dtype (int32 stays int32, its maximum = unreachable) on the
 input's device; :func:`as_float_distances` gives them as float64 with ``inf`` = unreachable, the
-convention of every written result (``terrain graph apsp -o``) and of scipy.sparse.csgraph. ``pred[i, j]`` is the vertex before j on a shortest path from i (-1: none).
+convention of every written result (``terrain graph apsp -o``) and of scipy.sparse.csgraph.
+``pred[i, j]`` is the vertex before j on a shortest path from i (-1: none).
 """
 from __future__ import annotations
 
