@@ -1,7 +1,7 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel: 2-20 s of CPU time per command, the demo 46 s in
+so only the first run pays (seconds per kernel: 2-20 s of CPU time per command, the demo ~50 s in
 three processes; ``benchmarks/bench_first_run.py``) and later processes load the code in
 milliseconds. These rules keep that first run short and the cache where the user can write:
 
