@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 SCRIPT = r"""
-import sys, time, json
+import sys, time, json, resource
 from terrain_io.grid.sssp import sssp
 from terrain_io.memory import peak_rss
 from terrain_io.store import TerrainStore
@@ -30,9 +30,12 @@ sssp(warm, (5, 5), weight=weight, cell=True, progress=False, method=method, devi
      **({"unit": warm.tile_size} if method == "shards" else {}))
 base = peak_rss()
 t = time.perf_counter()
+c = resource.getrusage(resource.RUSAGE_SELF)
 r = sssp(st, (n // 3, n // 2), weight=weight, cell=True, progress=False, method=method, device=device,
          memory=None if memory == "-" else memory, name=method)
-print(json.dumps({"seconds": time.perf_counter() - t, "grown": peak_rss() - base, "stats": r.merge_stats,
+c1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = c1.ru_utime + c1.ru_stime - c.ru_utime - c.ru_stime
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu": cpu, "grown": peak_rss() - base, "stats": r.merge_stats,
                   "timings": r.timings}))
 """
 
@@ -58,15 +61,22 @@ def main():
     ap.add_argument("--shard", type=int, default=2)
     ap.add_argument("--weights", nargs="+", default=["absdiff", "surface"])
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--store", default=None, help="an existing store of --size cells (no synthesis)")
+    ap.add_argument("--incore-seconds", type=float, default=None, help="skip the in-core run: its time")
     args = ap.parse_args()
     from terrain_io.memory import format_bytes, parse_size
+    from terrain_io.store import TerrainStore
     from terrain_io.synth import synthesize
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-shards-"))
     n = args.size
     t = time.perf_counter()
-    st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=args.tile, shard=args.shard,
-                    overwrite=True, progress=False)
+    if args.store:
+        st = TerrainStore.open(args.store)
+        args.tile, args.shard = st.tile_size, st.shard_size
+    else:
+        st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=args.tile, shard=args.shard,
+                        overwrite=True, progress=False)
     warm = synthesize(work / "warm.zarr", 2 * args.tile, seed=2, tile=args.tile, shard=1, overwrite=True,
                       progress=False)
     disk = int(subprocess.check_output(["du", "-sb", str(st.path / "elevation")]).split()[0])
@@ -76,12 +86,18 @@ def main():
           f"{format_bytes(n * n * 4)} of cells, {format_bytes(disk)} on disk = {disk / budget:.1f}x the shard "
           f"method's budget {format_bytes(budget)} ({n * n * 4 / budget:.1f}x raw)", flush=True)
     for weight in args.weights:
-        a = run(st.path, warm.path, "incore", weight, args.device, "-")
+        if args.incore_seconds is None:
+            a = run(st.path, warm.path, "incore", weight, args.device, "-")
+            print(f"  {weight:8s} in-core {a['seconds']:7.2f} s wall {a['cpu']:7.2f} s CPU", flush=True)
+        else:  # measured in an earlier call (wall = CPU given)
+            a = {"seconds": args.incore_seconds, "cpu": args.incore_seconds, "grown": 0}
         b = run(st.path, warm.path, "shards", weight, args.device, args.memory)
         s = b["stats"]
-        print(f"  {weight:8s} in-core {a['seconds']:7.2f} s (peak +{format_bytes(a['grown'])}) | shards "
-              f"{b['seconds']:7.2f} s (peak +{format_bytes(b['grown'])}): {b['seconds'] / a['seconds']:.2f}x the "
-              f"in-core time; {s['units']} units of {s['unit']}^2, {s['solves_per_unit']:.2f} solves a unit "
+        print(f"  {weight:8s} in-core {a['seconds']:7.2f} s wall {a['cpu']:7.2f} s CPU "
+              f"(peak +{format_bytes(a['grown'])})"
+              f" | shards {b['seconds']:7.2f} s wall {b['cpu']:7.2f} s CPU (peak +{format_bytes(b['grown'])}): "
+              f"{b['seconds'] / a['seconds']:.2f}x the in-core wall time, {b['cpu'] / a['cpu']:.2f}x its CPU time; "
+              f"{s['units']} units of {s['unit']}^2, {s['solves_per_unit']:.2f} solves a unit "
               f"(max {s['max_solves']}; {s['warm_solves']} of {s['solves']} warm, {s['kept_solves']} of them kept in "
               f"memory), read {s['read_bytes_per_cell']:.2f} B/cell, written {s['written_bytes_per_cell']:.2f} B/cell, "
               f"scratch {format_bytes(s['scratch_bytes'])} = {s['scratch_bytes'] / disk:.2f}x the store on disk",

@@ -25,15 +25,16 @@ def graph():
 @click.argument("source", type=click.Path(dir_okay=False))
 @overwrite_files_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
-              help="Write the distance matrix (.npy).")
+              help="Write the distance matrix (.npy, float64, inf = unreachable).")
 @click.option("--method", type=click.Choice(["auto", "minplus", "floyd_warshall", "blocked"]), default="auto",
               show_default=True, help="Repeated min-plus squaring, Floyd-Warshall or blocked Floyd-Warshall.")
 @click.option("--undirected", is_flag=True, help="Edge lists: every edge goes both ways.")
 @device_option
 def apsp_command(source, output, method, undirected, device):
-    """All-pairs shortest paths of SOURCE: a square weight matrix (.npy, inf = no edge) or an edge list
-    (CSV source,target,weight or .npz)."""
-    from terrain_io.graph.apsp import apsp, dense_from_edges
+    """All-pairs shortest paths of SOURCE: a square weight matrix (.npy, inf = no edge; integer
+    matrices: the dtype's maximum) or an edge list (CSV source,target,weight or .npz). Writes the
+    distances as float64 .npy, inf = unreachable (as scipy.sparse.csgraph), whatever the input's type."""
+    from terrain_io.graph.apsp import apsp, as_float_distances, dense_from_edges
     from terrain_io.graph.io import read_edge_list
 
     timer = Timer()
@@ -48,9 +49,9 @@ def apsp_command(source, output, method, undirected, device):
     else:
         e = read_edge_list(path)
         W = dense_from_edges(e.u, e.v, e.w, e.n, directed=not undirected)
-    D = to_host(apsp(W, method=method, device=device))
+    D = as_float_distances(to_host(apsp(W, method=method, device=device)))  # inf = unreachable, any input dtype
     n = D.shape[0]
-    unreachable = int(np.sum(~np.isfinite(D))) if D.dtype.kind == "f" else int(np.sum(D == np.iinfo(D.dtype).max))
+    unreachable = int(np.sum(~np.isfinite(D)))
     if output:
         with atomic_file(output) as tmp, open(tmp, "wb") as f:
             np.save(f, D)  # a file object: np.save would append ".npy" to the temporary's name
@@ -172,7 +173,7 @@ def cc_command(source, output, method, vertices, device):
 
 @graph.command("bfs")
 @click.argument("source", type=click.Path(dir_okay=False))
-@click.option("--from", "start", type=int, default=0, show_default=True, help="Source vertex.")
+@click.option("--from", "--source", "start", type=int, default=0, show_default=True, help="Source vertex.")
 @overwrite_files_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
               help="Write vertex,depth,parent (CSV or .npy).")

@@ -12,16 +12,82 @@ from terrain_io import DISTRIBUTION, __version__
 from terrain_io.errors import TerrainError
 
 
+class UsageError(click.UsageError):
+    """A usage error shown as ``terrain: error: MESSAGE`` and a hint to the command's help; exit 2."""
+
+    def show(self, file=None):
+        click.echo(f"terrain: error: {self.format_message()}", err=True)
+        if self.ctx is not None:
+            click.echo(f"Try '{self.ctx.command_path} -h' for help.", err=True)
+
+
+class CommandError(click.ClickException):
+    """Any other click error (exit 1) as one line ``terrain: error: MESSAGE``."""
+
+    def show(self, file=None):
+        click.echo(f"terrain: error: {self.format_message()}", err=True)
+
+
+def _one_line(exc: click.ClickException) -> click.ClickException:
+    """click's error in the command's format: UsageError (exit 2) or CommandError (its exit code).
+    NoArgsIsHelpError (a group without its subcommand) keeps click's help text."""
+    if type(exc).__name__ == "NoArgsIsHelpError" or isinstance(exc, (UsageError, CommandError)):
+        return exc
+    if isinstance(exc, click.UsageError):
+        out = UsageError(exc.format_message(), exc.ctx)
+    else:
+        out = CommandError(exc.format_message())
+    out.exit_code = exc.exit_code
+    return out
+
+
+def _late_flag(name: str, *decls: str, help: str) -> click.Option:
+    """``-q`` / ``--debug`` given after the subcommand: the same switch as before it (in the root's ``obj``)."""
+
+    def set_root(ctx, param, value):
+        if value:
+            root = ctx.find_root()
+            root.obj = root.obj if root.obj is not None else {}
+            root.obj[name] = True
+
+    return click.Option(list(decls), is_flag=True, expose_value=False, callback=set_root, help=help)
+
+
+QUIET_HELP = "No progress bars or summary lines."
+DEBUG_HELP = "Show full tracebacks on errors."
+
+
 class TerrainGroup(click.Group):
     """A click group that turns user errors into one line on stderr and a non-zero exit code.
 
-    TerrainError and OS errors (missing files, full disk, permissions) print ``terrain: error: ...``
-    and exit 1; Ctrl-C prints ``terrain: interrupted`` and exits 130. ``--debug`` shows tracebacks.
+    Usage errors (unknown options, missing or invalid arguments) print ``terrain: error: ...`` and a
+    hint line ``Try 'terrain CMD -h' for help.`` and exit 2; TerrainError, OS errors (missing files,
+    full disk, permissions) and other click errors print ``terrain: error: ...`` and exit 1; Ctrl-C
+    prints ``terrain: interrupted`` and exits 130. ``--debug`` shows tracebacks. Every subcommand
+    also takes ``-q`` and ``--debug`` after its name.
     """
+
+    group_class = type  # subgroups (terrain graph) are TerrainGroups too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        have = {o for p in cmd.params for o in getattr(p, "opts", ())}
+        if "--quiet" not in have:
+            cmd.params.append(_late_flag("quiet", "-q", "--quiet", help=QUIET_HELP))
+        if "--debug" not in have:
+            cmd.params.append(_late_flag("debug", "--debug", help=DEBUG_HELP))
+        super().add_command(cmd, name)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:  # the group's own options
+            raise _one_line(exc) from None
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.ClickException as exc:  # a subcommand's options, or raised by a command
+            raise _one_line(exc) from None
         except (TerrainError, OSError, MemoryError) as exc:
             if (ctx.obj or {}).get("debug"):
                 raise
@@ -38,8 +104,8 @@ class TerrainGroup(click.Group):
 
 @click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name=DISTRIBUTION, message="%(prog)s %(version)s")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars or summary lines.")
-@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
+@click.option("--debug", is_flag=True, help=DEBUG_HELP)
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, debug: bool):
     """Out-of-core terrain processing: DEM stores, minimum spanning trees, shortest paths, filling."""
@@ -48,7 +114,8 @@ def cli(ctx: click.Context, quiet: bool, debug: bool):
     if cache is not None and not quiet and ctx.invoked_subcommand not in _NO_KERNELS:
         from terrain_io import jit
 
-        jit.announce_compiles(lambda line: click.echo(line, err=True), cache)
+        obj = ctx.obj  # (read when a kernel compiles: a -q after the subcommand is parsed later)
+        jit.announce_compiles(lambda line: None if obj.get("quiet") else click.echo(line, err=True), cache)
 
 
 _state: dict = {}

@@ -22,6 +22,12 @@ def _pair(text: str) -> tuple[float, float]:
     return a, b
 
 
+def _cell_points(points: tuple[str, ...], cells: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    """``--source``/``--to`` values and ``--cell`` ones (``--cell ROW,COL``, or ``--cell`` alone: a flag
+    that makes every point a cell): (the points, whether they are cells)."""
+    return tuple(points) + tuple(c for c in cells if c), bool(cells)
+
+
 weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="absdiff", show_default=True,
                              help="Edge weight: |dh| (absdiff), 3-D walking distance (surface), the cost "
                                   "raster's (c_i + c_j)/2 * step (cell), or walking time in seconds by "
@@ -48,7 +54,9 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
               help="CRS of the --source X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out sources outside the DEM or on nodata (a note says how many) instead of refusing them.")
-@click.option("--cell", "as_cell", is_flag=True, help="--source values are ROW,COL cell indices.")
+@click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
+              help="A source given by its cell, ROW,COL (repeatable); alone (no value): the --source values are "
+                   "ROW,COL cell indices.")
 @click.option("--crs-coords", "crs_coords", is_flag=True, help="Sources are map coordinates (the default).")
 @weight_option
 @cost_option
@@ -70,8 +78,8 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
 @scheduler_option
-def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_invalid, as_cell, crs_coords, weight, cost, name,
-                 cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
+def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_invalid, cells, crs_coords, weight, cost,
+                 name, cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
     Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata; seconds with --weight walk)
@@ -81,6 +89,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
     """
     from terrain_io.grid.sssp import sssp
 
+    sources, as_cell = _cell_points(sources, cells)
     if as_cell and crs_coords:
         raise click.UsageError("--cell and --crs-coords exclude each other")
     if not sources and sources_file is None:
@@ -156,13 +165,15 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="CRS of the --to X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
 @click.option("--skip-invalid", is_flag=True,
               help="Leave out targets outside the DEM or on nodata (a note says how many) instead of refusing them.")
-@click.option("--cell", "as_cell", is_flag=True, help="--to values are ROW,COL cell indices.")
+@click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
+              help="A target given by its cell, ROW,COL (repeatable); alone (no value): the --to values are ROW,COL "
+                   "cell indices.")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
                    ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")
 @overwrite_option
-def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_cell, name, out, overwrite):
+def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, cells, name, out, overwrite):
     """Follow the predecessors from each target back to the source; write the paths as vector features.
 
     One LineString Feature per target (source to target) with properties target (its number in the
@@ -173,6 +184,7 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, as_
     from terrain_io.grid.sssp.path import check_paths_output, trace_all, write_paths
     from terrain_io.store import TerrainStore
 
+    to, as_cell = _cell_points(to, cells)
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
     if targets_crs is not None and targets_file is None:

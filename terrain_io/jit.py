@@ -1,9 +1,9 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel; the demo about 17 s on two cores) and
-later processes load the code in milliseconds. Three rules keep that first run short and the cache
-where the user can write:
+so only the first run pays (seconds per kernel: 2-20 s of CPU time per command, the demo ~50 s in
+three processes; ``benchmarks/bench_first_run.py``) and later processes load the code in
+milliseconds. These rules keep that first run short and the cache where the user can write:
 
 - **Where the cache lives** (:func:`configure_cache`, called by the command line before numba is
   imported). numba writes next to the sources (``__pycache__``); when the package folder is not
@@ -22,6 +22,13 @@ where the user can write:
   sorts (quick- and mergesort, seconds each: the radix sorts of ``grid/_radix_cpu`` instead), array
   slice copies (each compiles numba's shape-error message, string formatting included: loops
   instead), and large ``inline="always"`` helpers called at many sites (``weights.walk_time`` is a call).
+- **Compile only what runs, once.** A kernel that holds several algorithms behind a runtime switch
+  compiles all of them on its first call: the choice is made in Python, in front of one compiled
+  entry point per variant (the SSSP queues: ``grid/sssp/_incore_cpu.solve_distances``). Each
+  argument reaches a kernel with one type (an empty array, not ``None``, for "no array"), and no
+  kernel passes a callee a literal: a counter that starts as ``0`` (or a ``True``) is typed
+  ``Literal[int](0)`` on the first pass of numba's type inference, and the callee is compiled for
+  that signature and again for ``int64`` -- start it as ``np.int64(0)``.
 - **Say it once** (:func:`announce_compiles`): the first compilation in a process prints one line,
   so a first run that is slow says why.
 - **A first load without scipy.linalg** (:func:`defer_blas_check`, installed when the package is
@@ -126,7 +133,7 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
             module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
             if not self.said and module.startswith("terrain_io"):
                 self.said = True
-                say(f"terrain: compiling kernels for first use (once: seconds per command, the demo ~17 s; "
+                say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
                     f"cached in {where})")
 
         def on_end(self, ev):

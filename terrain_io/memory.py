@@ -81,6 +81,29 @@ def peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def current_rss() -> int:
+    """Resident set size of this process now, in bytes (VmRSS; 0 where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak RSS (VmHWM) to the current RSS (Linux: ``5`` into /proc/self/clear_refs), so
+    that :func:`peak_rss` then measures one step alone; False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -262,7 +262,7 @@ _MEMORY_SCRIPT = r"""
 import sys
 import numpy as np
 from terrain_io.grid.sssp import sssp
-from terrain_io.grid.sssp.incore import incore_bytes
+from terrain_io.grid.sssp.incore import host_bytes
 from terrain_io.grid.sssp.index import Field
 from terrain_io.store import TerrainStore
 
@@ -276,7 +276,7 @@ warm = TerrainStore.open(sys.argv[1])
 sssp(warm, (3, 3), weight="absdiff", cell=True, progress=False, method="incore", device="cpu", name="warm")
 for path in sys.argv[2:]:
     st = TerrainStore.open(path)
-    budget = incore_bytes(st, Field(st, "absdiff"), "cpu")
+    budget = host_bytes(st, Field(st, "absdiff"), "cpu")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
     base = status("VmRSS")
@@ -289,7 +289,7 @@ for path in sys.argv[2:]:
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux peak-RSS reset")
 def test_incore_peak_memory_within_its_estimate(tmp_path):
-    """The in-core method's memory estimate (``incore_bytes``, what ``--memory`` is checked against)
+    """The in-core method's memory estimate (``host_bytes``, what ``--memory`` is checked against)
     bounds the solve's real peak RSS where its work arrays are largest: a flat DEM with holes
     (absdiff: zero weights everywhere, one plateau of the whole grid) and terraces (plateaus with
     many seeds at known levels). Fresh process; the reads' and writes' buffers get 4 MiB."""

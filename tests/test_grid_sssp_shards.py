@@ -130,10 +130,11 @@ from terrain_io.grid.sssp import sssp
 from terrain_io.memory import peak_rss
 from terrain_io.store import TerrainStore
 small, big, budget = TerrainStore.open(sys.argv[1]), TerrainStore.open(sys.argv[2]), sys.argv[3]
-sssp(small, (5, 5), cell=True, progress=False, method="shards", memory=budget)  # compile first
+weight = sys.argv[4] if len(sys.argv) > 4 else "surface"
+# compile first, with the weight of the run (a run compiles only the queue its weight uses)
+sssp(small, (5, 5), cell=True, progress=False, method="shards", memory=budget, weight=weight)
 base = peak_rss()
 n = big.shape[0]
-weight = sys.argv[4] if len(sys.argv) > 4 else "surface"
 r = sssp(big, (n // 2, n // 3), cell=True, progress=False, method="shards", memory=budget, weight=weight)
 print(base, peak_rss(), r.merge_stats["unit"], r.merge_stats["units"], r.merge_stats["warm_solves"],
       r.merge_stats["kept_solves"])

@@ -15,7 +15,9 @@ Conventions: ``W[i, j]`` is the weight of the edge i -> j, ``inf`` (for integer 
 maximum) means no edge; the diagonal counts as 0 unless it is negative (a negative self-loop is a
 negative cycle). Negative edges are allowed; a negative cycle raises :class:`NegativeCycleError`.
 Distances come back in the input's dtype (int32 stays int32, its maximum = unreachable) on the
-input's device. ``pred[i, j]`` is the vertex before j on a shortest path from i (-1: none).
+input's device; :func:`as_float_distances` gives them as float64 with ``inf`` = unreachable, the
+convention of every written result (``terrain graph apsp -o``) and of scipy.sparse.csgraph.
+``pred[i, j]`` is the vertex before j on a shortest path from i (-1: none).
 """
 from __future__ import annotations
 
@@ -171,6 +173,17 @@ def reconstruct_path(pred, i: int, j: int) -> list[int]:
             return [] if len(path) == 1 else _broken(i, j)
         path.append(p)
     return path[::-1]
+
+
+def as_float_distances(D):
+    """``D`` as :func:`apsp` returns it, in the one convention of written results: float64 with
+    ``inf`` for unreachable pairs (an integer result's dtype maximum), as scipy.sparse.csgraph
+    returns them. Integer distances are exact in float64 (|d| < 2**28, see ``_INT_LIMIT``)."""
+    if D.dtype.kind == "f":
+        return D.astype(np.float64, copy=False)
+    out = D.astype(np.float64)
+    out[D == np.iinfo(D.dtype).max] = np.inf
+    return out
 
 
 def _broken(i, j):

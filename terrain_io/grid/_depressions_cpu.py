@@ -392,7 +392,8 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
         for j in range(tw):
             x = i * tw + j
             basin[i, j] = 0 if par[x] < 0 else lab[_find(par, x)]
-    m = _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, False,
+    # (np.bool_: a literal True / False would compile _label_edges twice, once for each)
+    m = _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(False),
                      np.empty(0, np.uint64), np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64),
                      np.empty(0, np.int64))
     ka = np.empty(m, np.uint64)
@@ -400,8 +401,8 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
     elo = np.empty(m, np.int64)
     ehi = np.empty(m, np.int64)
     esad = np.empty(m, np.int64)
-    _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, True, ka, ew, elo,
-                 ehi, esad)
+    _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(True), ka, ew,
+                 elo, ehi, esad)
     idx, _ = radix_argsort(ka, np.arange(m, dtype=np.int64), np.empty(m, np.int64))
     npair = 0
     for q in range(m):

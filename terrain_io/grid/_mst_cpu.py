@@ -325,7 +325,7 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
         ge = g + 1
         while ge < nl and keys[ge] == keys[g]:
             ge += 1
-        nb = 0
+        nb = np.int64(0)  # (not a literal 0: _sort_codes would compile for Literal[int](0) too)
         joins = 0
         if ge == g + 1:  # one cell (no neighbour of its key)
             v = ((ids[g] >> 16) + 1) * W + (ids[g] & 0xFFFF) + 1

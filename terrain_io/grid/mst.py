@@ -236,9 +236,12 @@ class _Merger:
         return block
 
     def decisions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(removed codes, kept codes), each as one array."""
+        """(removed codes, kept codes), each as one array; the parts are let go (not held twice)."""
         def cat(parts):
-            return np.concatenate(parts) if parts else np.empty(0, np.int64)
+            out = np.concatenate(parts) if parts else np.empty(0, np.int64)
+            parts.clear()
+            return out
+        self.stack.clear()
         return cat(self.removed), cat(self.kept)
 
 
@@ -375,9 +378,10 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
     return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
 
 
-def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, removed: np.ndarray,
-            kept: np.ndarray, progress: bool, held: dict | None = None) -> int:
-    """Phase 3: apply the merge decisions to ``mst/edges``, each shard read and written once, shards in
+def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, decided: list,
+            progress: bool, held: dict | None = None) -> int:
+    """Phase 3: apply the merge decisions (``decided``: [removed, kept] codes, emptied here) to
+    ``mst/edges``, each shard read and written once, shards in
     parallel threads (decoding and encoding release the GIL); returns the edge count. ``held``: the
     tile phase's bits of every shard by its first cell (not written yet): each is written once here.
 
@@ -389,6 +393,12 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
     span_shard = store.shard_size * store.tile_size
     workers = max(1, min(4, os.cpu_count() or 1))  # whole-shard writes plateau from 4 threads on (H100 host: 0.43 s
     # for 64 shards with 4, 0.48-0.58 s with 8, 0.6-0.74 s with 16); decoding, deciding, counting are cheaper
+    # as many as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks
+    # encoded and the shard file joined, ~8 bytes a cell a thread (measured: +4 MiB with two threads
+    # of 512^2 shards)
+    shard_cells = min(span_shard, rows) * min(span_shard, cols)
+    decisions = 8 * sum(len(c) for c in decided)
+    workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
     if held is not None or _expand_by_shards(store, k, budget, workers):
         span = span_shard
         units = list(store.shards())
@@ -398,17 +408,26 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
 
     units_across = -(-cols // span)
     n_units = -(-rows // span) * units_across
-    key_type = np.uint16 if n_units < 1 << 16 else np.int64  # uint16: numpy's radix sort
 
     def grouped(codes):
-        """The codes grouped by the unit of their cell (row-major units), and where each unit starts."""
-        lo = codes >> 2
-        keys = ((lo // cols // span) * units_across + lo % cols // span).astype(key_type)
-        order = np.argsort(keys, kind="stable")
-        return codes[order], np.searchsorted(keys[order], np.arange(n_units + 1, dtype=key_type))
+        """The codes (int64, owned: overwritten) grouped by the unit of their cell (row-major
+        units, each unit's in increasing order), and where each unit starts: each code becomes
+        its key unit * 4N + code in place, sorted in place (an argsort, its int64 order and the
+        reordered copy took 18 more bytes a code: over the budget at 4096 x 8192 under 16 MB)."""
+        span_codes = 4 * rows * cols
+        keys = codes
+        step = 1 << 18  # a block at a time: a few temporaries of 2 MiB
+        for i in range(0, len(keys), step):
+            c = keys[i : i + step]
+            lo = c >> 2
+            c += ((lo // cols // span) * units_across + lo % cols // span) * span_codes
+        keys.sort()
+        starts = np.searchsorted(keys, np.arange(n_units + 1, dtype=np.int64) * span_codes)
+        keys %= span_codes
+        return keys, starts
 
-    removed, rem_starts = grouped(removed)
-    kept, kept_starts = grouped(kept)
+    removed, rem_starts = grouped(decided.pop(0))
+    kept, kept_starts = grouped(decided.pop(0))
 
     def expand(win: Window) -> int:
         key = win.r0 // span * units_across + win.c0 // span
@@ -562,7 +581,9 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
         rem_c, kept_c = merger.decisions()
         buckets += merger.buckets
         decisions = len(rem_c) + len(kept_c)
-        n_edges = _expand(store, edges, batches, k, budget, rem_c, kept_c, progress, held)
+        decided = [rem_c, kept_c]
+        del rem_c, kept_c  # (_expand drops each once grouped)
+        n_edges = _expand(store, edges, batches, k, budget, decided, progress, held)
         timings["expand"] = time.perf_counter() - t_phase
         exact = K.exact_total(buckets)
         seconds = time.perf_counter() - t_start

@@ -44,7 +44,6 @@ def _offsets(W2):
     return off
 
 
-@numba.njit(cache=True)
 def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mark=None, buckets=True):
     """Distances of the interior cells, in place in ``dist`` (float64, the block's shape, flat).
 
@@ -64,12 +63,42 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     (~1.25x; walk's weights span so many binades that its entries move through many buckets: the
     4-ary heap was 1.4x faster there); False: the 4-ary heap. The same distances either way (each
     is label-correcting: a cell improved after its pop is pushed again).
+
+    A Python function in front of one compiled entry point per queue, so that a run compiles only
+    the queue it uses (each is seconds of numba compilation). ``mark`` stays None or an array: with
+    None numba drops the marking from the loops (an empty array and a test in the loop instead made
+    the bucket queue's loop ~8% slower), at the price of a second build of a queue for the warm
+    re-solves of the shard method.
     """
+    warm, limit = bool(warm), float(limit)
+    hk, hv, n, ring, saved = _seed_queue(vals, h, w, kind, steps, dist, warm, limit, mark)
+    # the ring is hidden behind -inf while the queue runs (see _seed_queue)
+    try:
+        width, slots = _bucket_width(vals, h, w, kind, steps) if buckets and kind in _BUCKET_KINDS else (0.0, 0)
+        if slots:
+            return _run_buckets(vals, kind, steps, dist, _offsets(w + 2), limit, warm, mark, hk, hv, n, width, slots)
+        if buckets and (kind == ABSDIFF or kind == CELL):
+            return _run_radix(vals, kind, steps, dist, _offsets(w + 2), limit, warm, mark, hk, hv, n)
+        return _run_heap(vals, kind, steps, dist, _offsets(w + 2), limit, warm, mark, hk, hv, n)
+    finally:
+        dist[ring] = saved
+
+
+_BUCKET_KINDS = (CELL, SURFACE, WALK)  # the models whose weights have a positive floor (see _bucket_width)
+
+
+@numba.njit(cache=True)
+def _seed_queue(vals, h, w, kind, steps, dist, warm, limit, mark):
+    """The start of :func:`solve_distances`: the ring's relaxations of its interior neighbours, then
+    the 4-ary heap (hk, hv) of the n seeds (cold: every interior cell with a finite distance; warm:
+    the cells the ring improved, marked in ``mark`` unless it is None). Hides the ring behind -inf
+    (the queues' test ``dist <= du`` then skips it, so that popped cells need no bounds checks) and
+    returns (hk, hv, n, ring, saved): the ring's flat indices and distances, to restore."""
     W2 = w + 2
     off = _offsets(W2)
     hk = np.empty(1024, np.float64)
     hv = np.empty(1024, np.int64)
-    n = 0
+    n = np.int64(0)
     # the ring flows inwards once: each ring cell relaxes its interior neighbours
     for r in range(h + 2):
         step_c = 1 if (r == 0 or r == h + 1) else w + 1
@@ -105,31 +134,20 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
                     hk, hv = _doubled(hk), _doubled(hv)
                 heap_push(hk, hv, n, dist[v], v)
                 n += 1
-    # the ring is fixed: hide it behind -inf while the heap runs (the test ``dist <= du`` then skips
-    # it), so that popped cells need no bounds checks
     ring = _ring_cells(h, w)
     saved = np.empty(ring.shape[0], np.float64)
     for x in range(ring.shape[0]):  # (loops: an array assignment compiles numba's shape-error message)
         saved[x] = dist[ring[x]]
         dist[ring[x]] = -np.inf
-    width, slots = _bucket_width(vals, h, w, kind, steps) if buckets else (0.0, 0)
-    if slots:
-        pops = _run_buckets(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, width, slots)
-    elif buckets and (kind == ABSDIFF or kind == CELL):
-        pops = _run_radix(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n)
-    else:
-        pops = _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n)
-    for x in range(ring.shape[0]):
-        dist[ring[x]] = saved[x]
-    return pops
+    return hk, hv, n, ring, saved
 
 
 @numba.njit(cache=True)
 def _run_heap(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
     """Dijkstra from the heap (hk, hv) of n seeds, with the FIFO of :func:`_settle`; returns the pops."""
-    pops = 0
+    pops = np.int64(0)  # (a literal 0 passed on would compile the callee once more for Literal[int](0))
     fifo = np.empty(1024, np.int64)
-    fh = fc = 0
+    fh = fc = np.int64(0)
     while True:
         n, fh, fc, pops = _settle(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, fifo, fh, fc, pops)
         if n == 0 and fc == 0:
@@ -180,7 +198,7 @@ def _run_radix(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
         ekey[_bucket_push(heads, item, nxt, st, hv[x], b)] = key
         if b:
             st[4] |= np.int64(1) << (b - 1)
-    pops = 0
+    pops = np.int64(0)  # (not a literal 0: see _run_heap)
     while True:
         pops = _settle_radix(vals, kind, steps, dist, off, limit, warm, mark, heads, ekey, item, nxt, fifo, st, pops)
         if st[2] == 0 and st[6] == 0:
@@ -367,7 +385,7 @@ def _run_buckets(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n, wid
     nxt = np.empty(1024, np.int64)
     state = np.zeros(4, np.int64)  # free-list head, entries used, live entries, current bucket
     state[0] = -1
-    pops = 0
+    pops = np.int64(0)  # (not a literal 0: see _run_heap)
     while True:
         while n > 0 and np.int64(dist[hv[0]] * inv) != np.int64(hk[0] * inv):
             heap_pop(hk, hv, n)  # a seed improved into another bucket since: its entry there is live

@@ -149,10 +149,39 @@ def incore_bytes(store, field, device: str, allocation: bool = False) -> int:
     return block_bytes(h, w, value_dtype(field).itemsize, device) + extra
 
 
+def _io_threads(store) -> int:
+    """The reader and writer threads of :func:`run_incore` (one band of shard rows at a time)."""
+    import os
+
+    return max(1, min(os.cpu_count() or 1, store.shard_grid[0] * store.shard_grid[1]))
+
+
+def host_bytes(store, field, device: str, allocation: bool = False) -> int:
+    """Host memory of the in-core method, what ``--memory`` bounds. CPU: the block solve
+    (:func:`incore_bytes`) and the writers' copies (a shard of outputs and its compressed form a
+    thread). GPU (the block in GPU memory): the host buffers alone -- the band of shard rows read,
+    with a decoded shard a reader thread, then while results come back: up to three bands of
+    outputs (float32 distances, codes, sources), a shard of them and its compressed form a writer
+    thread (measured at 16384^2 under ``--memory 128MB``, before this count: 1.9 GB of host RSS)."""
+    h, w = store.shape
+    side = store.tile_size * store.shard_size
+    shard_cells = min(side, h) * min(side, w)
+    out_bytes = 4 + 1 + (4 if allocation else 0)
+    writers = _io_threads(store) * shard_cells * out_bytes * 2
+    if device != "gpu":
+        return incore_bytes(store, field, device, allocation) + writers
+    band = min(side, h) * w
+    itemsize = value_dtype(field).itemsize
+    read = band * itemsize + min(_io_threads(store), store.shard_grid[1]) * shard_cells * itemsize
+    return max(read, 3 * band * out_bytes + writers)
+
+
 def fits_in_core(store, field, device: str, budget: int, allocation: bool = False) -> bool:
-    """The whole grid fits: in ``budget`` bytes of host memory, or in the GPU's free memory."""
-    need = incore_bytes(store, field, device, allocation)
-    return need <= (gpu_free_bytes() if device == "gpu" else budget)
+    """The whole grid fits: its host buffers in ``budget`` bytes (:func:`host_bytes`), and on the
+    GPU its block in the GPU's free memory too."""
+    if host_bytes(store, field, device, allocation) > budget:
+        return False
+    return device != "gpu" or incore_bytes(store, field, device, allocation) <= gpu_free_bytes()
 
 
 def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
@@ -161,7 +190,6 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     it (no farther than ``limit``), write ``sssp/NAME`` (with ``source`` when ``allocation``). Shards are decoded and encoded in parallel threads (zstd releases the
     GIL); on the GPU they travel one band of shard rows at a time, one copy each way, so the
     threads never touch the device and host memory stays at a band or two."""
-    import os
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -182,7 +210,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         import cupy as xp
     vdtype = value_dtype(field)
     vals = xp.full((h + 2, w + 2), np.nan, vdtype)
-    threads = max(1, min(os.cpu_count() or 1, nsr * nsc))
+    threads = _io_threads(store)
     with ThreadPoolExecutor(threads) as pool:
         for band in bands:
             r0, r1 = band[0].r0, band[0].r1
@@ -257,7 +285,12 @@ def _too_large(store, field, device, budget, allocation=False):
     from ...memory import format_bytes
 
     h, w = store.shape
-    need = incore_bytes(store, field, device, allocation)
-    where = "the GPU's free memory" if device == "gpu" else f"the memory budget {format_bytes(budget)}"
-    return InputError(f"the in-core SSSP needs {format_bytes(need)} for {h} x {w} cells, more than {where} "
-                      "(raise --memory, or use --method index)")
+    host = host_bytes(store, field, device, allocation)
+    if host > budget:
+        what, need, where = "", host, f"the memory budget {format_bytes(budget)}"
+        if device == "gpu":
+            what = " of host memory (its bands of shards)"
+    else:
+        what, need, where = "", incore_bytes(store, field, device, allocation), "the GPU's free memory"
+    return InputError(f"the in-core SSSP needs {format_bytes(need)}{what} for {h} x {w} cells, more than {where} "
+                      "(raise --memory, or use --method shards)")

@@ -104,8 +104,11 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
     h, w = store.shape
     gpu_free = gpu_free_bytes() if device == "gpu" else None
 
-    def need(side):
-        return run_bytes((h, w), side, itemsize, device)
+    shard = t * store.shard_size
+
+    def need(side):  # units smaller than a shard: their shards are put together at the end too
+        staged = assemble_bytes(store, side) + PROCESS_BYTES if side % shard else 0
+        return max(run_bytes((h, w), side, itemsize, device), staged)
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
     sides = [s for s in (t << k for k in range(32)) if s <= top]
@@ -284,6 +287,7 @@ class UnitTask:
     limit: float = np.inf  # --max-cost
     every_cell_valid: bool = False  # an unreached unit is then written without being read
     scratch: str | None = None  # the run's UnitScratch folder (CPU solves)
+    stage: str | None = None  # the run's UnitStage folder: units smaller than a store shard
 
 
 class UnitCache:
@@ -382,8 +386,73 @@ class UnitScratch:
         level[...] = np.frombuffer(Zstd().decode(levels), np.int32).reshape(level.shape)
         return np.frombuffer(ring, np.float64)
 
-    def size(self) -> int:
-        return sum(f.stat().st_size for f in self.path.iterdir())
+
+class UnitStage:
+    """The results of units smaller than a store shard, on disk until the run ends; then each
+    shard of the result is put together from its units and written once (:func:`_assemble`).
+
+    zarr writes a part of a shard by reading, and writing back, the whole shard file through its
+    event loop: with 128^2 units of 512^2 shards (16 units a shard, ~4.4 solves a unit) that was
+    9/10 of the run (4096^2 under 16 MiB: 134 s of which the solves took 7). Here a unit's float32
+    distances (raw) and codes (zstd, level 1) are one file, read back by a re-solve from disk."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def file(self, i: int, j: int) -> Path:
+        return self.path / f"{i}_{j}.out"
+
+    def save(self, i: int, j: int, d32: np.ndarray, pred: np.ndarray) -> None:
+        from numcodecs import Zstd
+
+        parts = [memoryview(np.ascontiguousarray(d32, np.float32)).cast("B"),  # raw: zstd saves ~10% of them
+                 Zstd(level=1).encode(np.ascontiguousarray(pred))]
+        overwrite_file(self.file(i, j), [np.array([len(p) for p in parts], np.int64).tobytes(), *parts])
+
+    def load(self, i: int, j: int, shape) -> tuple[np.ndarray, np.ndarray]:
+        """Unit (i, j)'s float32 distances and parent codes, of ``shape``."""
+        from numcodecs import Zstd
+
+        with open(self.file(i, j), "rb") as f:
+            sizes = np.frombuffer(f.read(16), np.int64)
+            d, p = f.read(int(sizes[0])), f.read(int(sizes[1]))
+        return (np.frombuffer(d, np.float32).reshape(shape),
+                np.frombuffer(Zstd().decode(p), np.uint8).reshape(shape))
+
+
+def assemble_bytes(store: TerrainStore, side: int) -> int:
+    """Memory of one lane of :func:`_assemble`: a shard of float32 distances and codes, their
+    compressed chunks and those joined into the shard file (up to 5 bytes a cell each), and a
+    unit's file decoded (measured: 3 lanes of 2048^2 shards took +170 MiB at 16384^2 under 128 MB
+    when counted at 10 bytes a cell)."""
+    s = store.tile_size * store.shard_size
+    return 15 * min(s, store.shape[0]) * min(s, store.shape[1]) + 10 * side * side
+
+
+def _assemble(stage: UnitStage, dist_arr, pred_arr, lines, lanes: int, progress: bool) -> None:
+    """Write every shard of the result from the staged units inside it (a shard's float32
+    distances and codes, and their encoding, in memory per lane)."""
+    sh0, sh1 = dist_arr.shards
+    h, w = dist_arr.shape
+    side = lines.side
+
+    def write(job):
+        sr, sc = job
+        r0, r1, c0, c1 = sr * sh0, min((sr + 1) * sh0, h), sc * sh1, min((sc + 1) * sh1, w)
+        d32 = np.empty((r1 - r0, c1 - c0), np.float32)
+        pred = np.empty((r1 - r0, c1 - c0), np.uint8)
+        for i in range(r0 // side, -(-r1 // side)):
+            for j in range(c0 // side, -(-c1 // side)):
+                win = lines.window(i, j)
+                part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0 - c0, win.c1 - c0))
+                d32[part], pred[part] = stage.load(i, j, win.shape)
+        write_shard(dist_arr, sr, sc, d32)
+        write_shard(pred_arr, sr, sc, pred)
+
+    jobs = [(sr, sc) for sr in range(-(-h // sh0)) for sc in range(-(-w // sh1))]
+    with ThreadPoolExecutor(lanes) as pool, progress_bar(progress, len(jobs), "sssp write", unit="shard") as bar:
+        for _ in pool.map(write, jobs):
+            bar.update(1)
 
 
 def _perimeter(block):
@@ -492,13 +561,21 @@ def solve_unit(task: UnitTask) -> UnitResult:
     win = task.window
     h, w = win.shape
     vdtype = value_dtype(field)
+    stage = UnitStage(task.stage) if task.stage is not None else None
+
+    def put(d32, pred):  # the unit's result: into the stage, or straight into the result's shards
+        if stage is not None:
+            stage.save(task.i, task.j, d32, pred)
+        else:
+            _write_unit(dist_arr, pred_arr, win, d32, pred, task.threads)
+
     if task.ring is None:  # never reached: +inf on its vertices, no parents
         if task.every_cell_valid:
             d32 = np.full((h, w), np.inf, np.float32)
         else:
             interior = _read_values(field, win, vdtype, task.threads)
             d32 = np.where(np.isnan(interior), np.float32(np.nan), np.float32(np.inf))
-        _write_unit(dist_arr, pred_arr, win, d32, np.full((h, w), NO_PRED, np.uint8), task.threads)
+        put(d32, np.full((h, w), NO_PRED, np.uint8))
         return UnitResult(task.i, task.j, {}, 0, 0.0)
     xp = np
     if task.device == "gpu":
@@ -519,12 +596,19 @@ def solve_unit(task: UnitTask) -> UnitResult:
         dist = xp.empty((h + 2, w + 2), np.float64)  # a cold solve sets the interior to +inf
         level = xp.full((h + 2, w + 2), NO_LEVEL, np.int32)
         if scratch is not None and scratch.file(task.i, task.j).exists():  # warm from disk
-            d32 = _read_unit(dist_arr, win, task.threads)
+            if stage is not None:
+                d32, pred = stage.load(task.i, task.j, (h, w))
+                pred = pred.copy()  # (updated in place by the solve)
+            else:
+                d32 = _read_unit(dist_arr, win, task.threads)
             ring_d = scratch.load(task.i, task.j, d32, vals, dist, level)
             del d32
-            if ring_d is not None:
+            if ring_d is None:
+                pred = None
+            else:
                 old_ring = (ring_d, _perimeter(level))
-                pred = _read_unit(pred_arr, win, task.threads)
+                if pred is None:
+                    pred = _read_unit(pred_arr, win, task.threads)
     for block, f in ((vals, "v"), (dist, "d"), (level, "l")):
         top, bottom, left, right = (xp.asarray(a) for a in task.ring[f])
         block[0], block[-1], block[1:-1, 0], block[1:-1, -1] = top, bottom, left, right
@@ -553,7 +637,7 @@ def solve_unit(task: UnitTask) -> UnitResult:
 
     def write(d32=None, final=False):
         d32 = output_distance(d, vals) if d32 is None else d32
-        _write_unit(dist_arr, pred_arr, win, to_host(d32), to_host(pred), task.threads)
+        put(to_host(d32), to_host(pred))
         if scratch is not None and not final:
             scratch.save(task.i, task.j, d, lv, d32)
 
@@ -636,10 +720,15 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     io0 = _io_bytes()
     t0 = time.perf_counter()
     bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
+    shard_side = store.tile_size * store.shard_size
+    staged = side % shard_side != 0  # units smaller than a shard: results staged (UnitStage)
     with contextlib.ExitStack() as stack:
-        scratch = None
+        scratch = stage = None
+        if device == "cpu" or staged:
+            folder = stack.enter_context(scratch_directory(store.path, "sssp-shards"))
+            scratch = UnitScratch(folder) if device == "cpu" else None
+            stage = UnitStage(folder) if staged else None
         if device == "cpu":
-            scratch = UnitScratch(stack.enter_context(scratch_directory(store.path, "sssp-shards")))
             load_warm_kernels(vdtype, field.model.kind)
         wr = stack.enter_context(store.write_result(f"sssp/{name}", attrs=attrs))
         dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
@@ -652,7 +741,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
                             threads if scheduler == "local" else 1, cache if reached else None, limit,
-                            every_cell_valid, str(scratch.path) if scratch is not None and reached else None)
+                            every_cell_valid, str(scratch.path) if scratch is not None and reached else None,
+                            str(stage.path) if stage is not None else None)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
@@ -679,7 +769,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                 absorb(res)
         if cache is not None:
             cache.flush()
-        scratch_bytes = scratch.size() if scratch is not None else 0
+        scratch_bytes = sum(f.stat().st_size for f in Path(folder).iterdir()) if device == "cpu" or staged else 0
         unreached = [(i, j) for i in range(nur) for j in range(nuc) if solves[i, j] == 0]
         unreached_tasks = [task(i, j, reached=False) for i, j in unreached]
         if scheduler == "local" and len(unreached) > 1:
@@ -693,6 +783,10 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                     bar.update(1)
         else:
             map_shards(solve_unit, unreached_tasks, scheduler, progress=bar, announce=announce)
+        if stage is not None:  # every shard put together from its units, once
+            del lines.rows, lines.cols  # (the lines are done with)
+            lanes = (budget - PROCESS_BYTES) // assemble_bytes(store, side)
+            _assemble(stage, dist_arr, pred_arr, lines, int(max(1, min(threads, lanes))), progress)
         if allocation:
             from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
 
