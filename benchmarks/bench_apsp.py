@@ -1,5 +1,5 @@
 """APSP benchmark: terrain_io.graph.apsp against scipy.sparse.csgraph.floyd_warshall (CPU) and the
-seed's Tesla M2090 table (gpu-apsp-bfs-project.txt: blocked FW 33.2 ms, 227 ms, 1757 ms at n = 1024,
+Tesla M2090 table of Padamata & Raveendran 2013 (blocked FW 33.2 ms, 227 ms, 1757 ms at n = 1024,
 2048, 4096; CPU single core 434 s at 4096).
 
     python benchmarks/bench_apsp.py --device cpu --sizes 1024 2048            # vs scipy, side by side

@@ -1,6 +1,6 @@
 """BFS: the BFS project's graphs (density 25 %, degree cap 100 %) and R-MAT; GTEPS.
 
-Seed gpu-apsp-bfs-project, "Experiments": 10240 / 40960 vertices, optimised GPU BFS on a Tesla
+Padamata & Raveendran 2013, "Experiments": 10240 / 40960 vertices, optimised GPU BFS on a Tesla
 M2090 45.4 / 574.8 ms, one CPU core 197.1 / 1892.4 ms. R-MAT: Graph500 parameters, edge factor
 16, undirected; TEPS = input edges inside the traversed component / time, harmonic mean over
 sources (Graph500 convention). Depths are checked against scipy's breadth_first_order tree.

@@ -1,6 +1,6 @@
-"""Connected components on the thesis's graph types and R-MAT, vs scipy (CPU) and cupyx (GPU).
+"""Connected components on the graph types of Yogaratnam 2010 and R-MAT, vs scipy (CPU) and cupyx (GPU).
 
-Thesis (gpu-list-ranking-connected-components-thesis, section 6.2): list, tree and random graphs
+Yogaratnam 2010, sec. 6.2 (docs/ARCHITECTURE.md#references): list, tree and random graphs
 with m = 8M edges (random: n = sqrt(m / (2 delta)), delta = 0.001 and 0.01); plus R-MAT scale 24,
 edge factor 16 (Graph500). Every GPU labelling is compared with our CPU labelling (same min-id
 labels) and its component count with scipy's.

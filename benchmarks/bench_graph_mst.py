@@ -1,6 +1,6 @@
 """Minimum spanning forest benchmark: terrain_io.graph.minimum_spanning_forest against
 scipy.sparse.csgraph.minimum_spanning_tree, side by side, on the Kruskal report's graph families
-(gpu-kruskal-filter-kruskal-report.txt section 8: degree-10 sparse graphs and densities 10/50/90%,
+(Hiti et al. 2022, section 8: degree-10 sparse graphs and densities 10/50/90%,
 up to 3e7 edges) and on R-MAT graphs.
 
     python benchmarks/bench_graph_mst.py --device cpu --edges 1e6 1e7 --families deg10 d50

@@ -6,7 +6,7 @@ any pipeline that reads the DEM), then ``terrain_io.grid.mst`` per device, each 
 (peak RSS = VmHWM; JIT/kernel compilation done first on a small store and excluded), and a check
 that all devices wrote the identical ``mst/edges`` (blake2b) with the same exact weight. ``--kernels``
 adds the tile kernel time per 256^2 tile (GPU Boruvka on a batch of 64 tiles, CUDA events; CPU
-Kruskal + contraction on one core; the thesis's Table 3.7: 81 ms GPU, 184 ms CPU) and the
+Kruskal + contraction on one core; Gerritsen 2012, Table 3.7: 81 ms GPU, 184 ms CPU) and the
 contraction of one batch (GPU kernel vs numba on all cores).
 
     python benchmarks/bench_mst_gpu.py --sizes 16384 32768 [--devices gpu cpu] [--memory 8GB]

@@ -1,4 +1,4 @@
-"""SSSP merge phase (phase 2) alone: the parallel label-correcting merge against the thesis's
+"""SSSP merge phase (phase 2) alone: the parallel label-correcting merge against Gerritsen 2012's
 sequential Dijkstra over G' with the cluster priority queue, on one synthetic store, with the
 parallel merge's batch size swept. Prints seconds per stage and the ratio.
 
@@ -60,7 +60,7 @@ def main():
     if not args.no_sequential:
         ms, sec = merge(sequential=True)
         same = all(np.array_equal(ms.sDist, d) for d in distances)
-        print(f"sequential Dijkstra (thesis): {sec:.2f} s; parallel is {sec / best:.1f}x faster; "
+        print(f"sequential Dijkstra (Gerritsen 2012): {sec:.2f} s; parallel is {sec / best:.1f}x faster; "
               f"distances bit-identical: {same}")
 
 if __name__ == "__main__":

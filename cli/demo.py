@@ -193,7 +193,7 @@ def _mst_beside() -> int:
 
 
 def _demo_mst(st, beside: subprocess.Popen | None) -> str:
-    """Step 3: the minimum spanning tree of the grid graph (weight max(h_i, h_j), the thesis's): run
+    """Step 3: the minimum spanning tree of the grid graph (weight max(h_i, h_j), the MST default): run
     here, or read from the store when the child process ``beside`` computed it."""
     from terrain_io.grid.mst import mst
     from terrain_io.store import TerrainStore
@@ -211,7 +211,7 @@ def _demo_mst(st, beside: subprocess.Popen | None) -> str:
 
 
 def _demo_sssp(st, store_path: Path, out: Path) -> list[str]:
-    """Steps 4-5: shortest paths from the DEM's centre (cost |dh|, the thesis's), a path to a corner."""
+    """Steps 4-5: shortest paths from the DEM's centre (cost |dh|, the SSSP default), a path to a corner."""
     from terrain_io.grid.sssp.path import trace, write_geojson
     from terrain_io.grid.sssp import sssp
     from terrain_io.export import export

@@ -12,7 +12,7 @@ from .main import cli
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--weight", type=click.Choice(["max", "absdiff"]), default="max", show_default=True,
-              help="Edge weight: max = max(h_i, h_j) (the thesis's MST), absdiff = |h_i - h_j|.")
+              help="Edge weight: max = max(h_i, h_j) (the default), absdiff = |h_i - h_j|.")
 @device_option
 @click.option("--memory", default=None, metavar="SIZE",
               help="Memory budget, e.g. 2GB (default: half the free RAM).")

@@ -1,6 +1,6 @@
 """TerrainStore: one DEM as a Zarr v3 group, tiled and sharded, visited in z-order.
 
-Layout (see DESIGN.md "The store"): the 2-D array ``elevation`` is chunked by tile (T x T) and
+Layout (see docs/ARCHITECTURE.md#the-store): the 2-D array ``elevation`` is chunked by tile (T x T) and
 sharded by super-block (S x S tiles). zarr's sharding codec writes the chunks of a shard in
 Morton order, so a quadtree super-block lies contiguously on disk, and the pipelines visit tiles
 in global Morton order of (tile_row, tile_col) -- for power-of-two S that is shard after shard in

@@ -1,4 +1,4 @@
-"""Edge-weight models of the grid graph (DESIGN.md "Edge weights").
+"""Edge-weight models of the grid graph (docs/ARCHITECTURE.md#edge-weights).
 
 A DEM becomes a graph whose vertices are the valid cells, each joined to its 8 neighbours; a
 weight model turns the two endpoint elevations (and, for some models, the step length) into an
@@ -109,8 +109,8 @@ def sssp_model(name: str | WeightModel) -> WeightModel:
     return model
 
 
-register(WeightModel("max", MAX, "max(h_i, h_j): the height of the higher endpoint (terrain thesis, MST)"))
-register(WeightModel("absdiff", ABSDIFF, "|h_i - h_j|: the height difference (terrain thesis, SSSP)"))
+register(WeightModel("max", MAX, "max(h_i, h_j): the height of the higher endpoint (the MST default)"))
+register(WeightModel("absdiff", ABSDIFF, "|h_i - h_j|: the height difference (the SSSP default)"))
 register(WeightModel("surface", SURFACE, "sqrt(step^2 + (h_i - h_j)^2): 3-D walking distance over the surface",
                      uses_step=True))
 register(WeightModel("cell", CELL, "(c_i + c_j) / 2 * step over a cost raster c (GRASS r.cost, skimage MCP_Geometric)",

@@ -5,7 +5,7 @@ The key interleaves the bits of ``row`` (even positions, the lower bit of each p
 recursively. This is exactly the order in which zarr's sharding codec lays the chunks of a shard
 on disk (``zarr.core.indexing.morton_order_iter``: the first axis varies fastest), and the order in
 which every pipeline visits tiles, so a pass over the tiles reads each shard file front to back
-(thesis part II: the quadtree of Haverkort's hierarchy).
+(Gerritsen 2012, part II: the quadtree of Haverkort's hierarchy; docs/ARCHITECTURE.md#the-store).
 """
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_random_rmat_grid(device):
     g = generate.random_graph(2000, m=5000, seed=1, device=device)
     assert g.m == 5000 and to_host(g.u).max() < 2000 and to_host(g.v).min() >= 0
     d = generate.random_graph(100, density=0.01, seed=1, device=device)
-    assert d.m == 200                                              # m = 2 delta n^2 (thesis)
+    assert d.m == 200                                              # m = 2 delta n^2 (Yogaratnam 2010, sec. 6.2)
     assert generate.thesis_graph_vertices(8_000_000, 0.001) == 63246
     r = generate.rmat(10, edge_factor=16, seed=2, device=device)
     u, v = to_host(r.u), to_host(r.v)

@@ -322,7 +322,7 @@ def _merged(st, sources, kind="absdiff", cluster=4, sequential=False):
 
 @pytest.mark.parametrize("case", ["random", "flat", "terraces"])
 def test_parallel_merge_equals_sequential_dijkstra(tmp_path, case):
-    """The label-correcting merge reaches exactly the float64 distances of the thesis's Dijkstra
+    """The label-correcting merge reaches exactly the float64 distances of Gerritsen 2012's Dijkstra
     over G', and every label/parent satisfies the tight-edge invariant the final phase relies on."""
     from terrain_io.grid.sssp import _pipeline_cpu as K
 

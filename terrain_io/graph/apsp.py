@@ -1,6 +1,6 @@
 """All-pairs shortest paths on dense weight matrices, on NumPy (numba) or CuPy arrays.
 
-Three algorithms from the seed ``gpu-apsp-bfs-project.txt`` (after Cormen et al., ch. 25):
+Three algorithms from Padamata & Raveendran 2013 (after Cormen et al. 2009, ch. 25; docs/ARCHITECTURE.md#references):
 
 - ``minplus``: repeated squaring of the min-plus product L(2m) = L(m) (x) L(m) ("FAST-ALL-PAIRS-
   SHORTEST-PATHS"), stopping early once a squaring changes nothing; Theta(n^3 log n) at worst.

@@ -5,7 +5,7 @@ path from ``source`` (int32, -1 when unreachable), ``parent[v]`` = the vertex be
 such path (index dtype, -1 for the source and unreachable vertices). Parents are not unique; every
 method returns a valid BFS tree (``depth[parent[v]] == depth[v] - 1`` and the edge exists).
 
-Methods, after the BFS section of the seed gpu-apsp-bfs-project:
+Methods, after the BFS section of Padamata & Raveendran 2013 (docs/ARCHITECTURE.md#references):
 
 - ``"naive"``: the project's baseline (BFSNaiveKernel): every level inspects every edge.
   O(depth * m) work.

@@ -8,13 +8,15 @@ labels are not 0..k-1; ``np.unique(labels, return_inverse=True)`` gives those).
 Methods (both keep ``parent[x] <= x`` at all times, so the parent pointers never form a cycle and
 the root of each final tree *is* the smallest id of its component: no relabelling pass):
 
-- ``"sv"``: Shiloach-Vishkin hooking + pointer jumping, as in the thesis (section 4.2.4, kernels
-  SV1-SV5): every round hooks, for each edge joining two different stars, the root with the
+- ``"sv"``: Shiloach-Vishkin hooking + pointer jumping, as in Yogaratnam 2010 (sec. 4.2.4, kernels
+  SV1-SV5; docs/ARCHITECTURE.md#references): every round hooks, for each edge joining two different stars,
+  the root with the
   larger label under the smaller label (conditional hooking), then short-cuts every tree to a
-  star; rounds repeat until no edge hooks. The thesis's extra "stagnant root" hooking step only
+  star; rounds repeat until no edge hooks. Yogaratnam's (and Shiloach & Vishkin 1982's) extra
+  "stagnant root" hooking step only
   serves the PRAM O(log n) round bound; hooking by label order alone also terminates (each round
   hooks at least the largest root adjacent to a smaller one) and took as few or fewer rounds on the
-  thesis's graph types (the round count is returned in ``info`` when ``return_info=True``).
+  Yogaratnam 2010's graph types (the round count is returned in ``info`` when ``return_info=True``).
 - ``"union_find"`` (``"auto"``): asynchronous union-find. GPU: ECL-CC-style lock-free hooking by
   atomicCAS with path halving in one pass over the edges, then one compression pass
   (Jaiganesh & Burtscher, HPDC'18). CPU: the same in a sequential numba loop (union by smaller

@@ -5,11 +5,11 @@ Lists come back as successor arrays (``succ[i]`` = next element, ``-1`` at a tai
 :func:`~terrain_io.graph._csr.index_dtype`. The same seed gives the same output on one device;
 NumPy and CuPy draw different streams.
 
-Graph families follow the seeds:
-- ``list_graph`` / ``kary_tree`` / ``random_graph``: the thesis's list, tree and random graphs
-  (gpu-list-ranking-connected-components-thesis, section 6.2);
+Graph families follow the sources in docs/ARCHITECTURE.md#general-graphs:
+- ``list_graph`` / ``kary_tree`` / ``random_graph``: the list, tree and random graphs
+  of Yogaratnam 2010, sec. 6.2 (docs/ARCHITECTURE.md#references);
 - ``bfs_project_graph``: the BFS project's partially random adjacency matrix with density,
-  degree cap, self-loops and guaranteed reachability (gpu-apsp-bfs-project, "initGraph");
+  degree cap, self-loops and guaranteed reachability (Padamata & Raveendran 2013, "initGraph");
 - ``rmat``: R-MAT with the Graph500 parameters (a, b, c) = (0.57, 0.19, 0.19), edge factor 16,
   randomly permuted vertex labels;
 - ``grid_2d``: 4- or 8-neighbour grid graphs.
@@ -131,7 +131,7 @@ def kary_tree(n: int, k: int = 2, n_trees: int = 1, seed: int = 0, device: str =
 def random_graph(n: int, m: int | None = None, density: float | None = None, seed: int = 0,
                  device: str = "cpu") -> EdgeList:
     """Uniform random graph: ``m`` edges with independent uniform endpoints (self-loops and
-    duplicates possible, as in the thesis's generator). ``density`` instead of ``m``: the thesis's
+    duplicates possible, as in Yogaratnam 2010's generator). ``density`` instead of ``m``: its
     edge density, ``m = 2 * density * n**2`` (its ``n = sqrt(m / (2 delta))``)."""
     if (m is None) == (density is None):
         raise InputError("give exactly one of m and density")
@@ -144,7 +144,7 @@ def random_graph(n: int, m: int | None = None, density: float | None = None, see
 
 
 def thesis_graph_vertices(m: int, density: float) -> int:
-    """Vertex count of the thesis's random graph with ``m`` edges: ``sqrt(m / (2 delta))``."""
+    """Vertex count of Yogaratnam 2010's random graph with ``m`` edges: ``sqrt(m / (2 delta))``."""
     return max(1, int(round(math.sqrt(m / (2 * density)))))
 
 
@@ -196,7 +196,7 @@ def grid_2d(rows: int, cols: int, diagonals: bool = False, device: str = "cpu") 
 
 def bfs_project_graph(n: int, density: float = 0.25, max_degree: float = 1.0, seed: int = 0,
                       device: str = "cpu", rows_per_chunk: int | None = None) -> EdgeList:
-    """Directed graph of the BFS project's ``initGraph`` (gpu-apsp-bfs-project, "Breadth First Search").
+    """Directed graph of the BFS project's ``initGraph`` (Padamata & Raveendran 2013, "Breadth First Search").
 
     Every entry ``(i, j)`` of the adjacency matrix is 1 with probability ``density``; self-edges
     ``(i, i)`` are set; each row keeps at most ``max_degree * n`` random entries (the first ones,

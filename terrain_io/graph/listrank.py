@@ -5,8 +5,8 @@ a tail. Any number of lists (many heads) may share the array; every element belo
 
 Algorithms (``method=``):
 
-- ``"wyllie"``: pointer jumping (Wyllie 1979; Rehman et al. ICS'09, Algorithm 1; thesis section
-  4.1.3), O(n log n) work, ceil(log2 n) synchronous rounds, double-buffered.
+- ``"wyllie"``: pointer jumping (Wyllie 1979; Rehman et al. 2009, Algorithm 1; Yogaratnam 2010,
+  sec. 4.1.3; docs/ARCHITECTURE.md#references), O(n log n) work, ceil(log2 n) synchronous rounds, double-buffered.
 - ``"helman_jaja"``: sparse ruling set (Helman & JaJa 1999; Rehman et al. Algorithm 2): splitters
   every ``stride`` indices plus every head, one walk per splitter writes local prefixes, the list
   of sublists is ranked sequentially (the paper's step 3, on the host), then every element adds

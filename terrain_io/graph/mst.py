@@ -1,9 +1,9 @@
 """Minimum spanning forests of edge lists: Kruskal, Filter-Kruskal and Borůvka, on CPU or GPU.
 
-After the seed ``gpu-kruskal-filter-kruskal-report.txt`` (Kruskal with union-find and path
+After Hiti et al. 2022 (the Kruskal report; docs/ARCHITECTURE.md#references) (Kruskal with union-find and path
 compression; Filter-Kruskal of Osipov, Sanders & Singler, ALENEX 2009: partition around a pivot,
 recurse on the light part, *filter* the heavy part by the union-find, recurse on what is left) and
-Borůvka for large sparse graphs on the GPU (in the manner of Harish & Narayanan, HiPC 2007).
+Borůvka for large sparse graphs on the GPU (in the manner of Vineet et al., HPG 2009).
 
 Every method compares edges in one strict total order: (weight, smaller end, larger end, edge id).
 The forest is then unique, and every method and device returns the same edge ids.

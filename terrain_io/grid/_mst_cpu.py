@@ -1,6 +1,6 @@
 """numba kernels of the grid MST pipeline: tile spanning forests, contraction, block merges.
 
-Thesis part II (chapters 2-3), after Haverkort's hierarchy; DESIGN.md "MST pipeline".
+Gerritsen 2012, part II (ch. 2-3), after Haverkort's hierarchy; docs/ARCHITECTURE.md#mst-pipeline.
 
 Edges and their strict order
     An edge is named by its *code* ``lo * 4 + rank``: ``lo`` the smaller cell id (row * cols +
@@ -246,7 +246,7 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
     between one terminal of each, labelled by the joining edge -- the maximum of the forest path
     between those terminals. The tree so built on the terminals has the forest's minimax between
     every two of them, which is all a merge reads (the cycle property), and no more vertices and
-    edges than the thesis's contraction (part II ch. 2; no branch vertices). The forest's weights go
+    edges than Gerritsen 2012's contraction (part II ch. 2; no branch vertices). The forest's weights go
     to ``buckets`` exactly (``_weight_part``). ``work``: one thread's scratch (:func:`max_tile_work`),
     reused tile after tile. Returns (vertex count, edge count).
     """
@@ -450,7 +450,7 @@ def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
                   vid, vh, vmask, eu, ev, ew, ecode, buckets):
     """Contract one tile's spanning forest to the graph it hands to the merge phase.
 
-    Thesis part II ch. 2: dead ends (leaves not on the tile boundary) are removed repeatedly --
+    Gerritsen 2012, part II ch. 2: dead ends (leaves not on the tile boundary) are removed repeatedly --
     their edges are final; each path of non-boundary degree-2 vertices becomes one super-edge
     keyed by its maximum edge. Boundary vertices are valid cells with a neighbour outside the
     tile that may be a vertex: a valid neighbour inside the batch ``[0:bh, 0:bw]``, or any cell of
@@ -759,13 +759,13 @@ def _argsort_strict(w, code):
 
 @numba.njit(cache=True, nogil=True)
 def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
-    """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (thesis part II ch. 2-3).
+    """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (Gerritsen 2012, part II ch. 2-3).
 
     Inputs: the children's vertices and super-edges, concatenated. Separator edges between the
     children come from the outmasks. Kruskal in the strict order keeps the spanning forest of the
     union and contracts it as it unites, as :func:`tile_forest_max` does for a tile: the new block's
     terminals are the vertices with an outmask left; an edge joining two components that both hold
-    one is carried up as a super-edge between them, any other forest edge is final (the thesis's
+    one is carried up as a super-edge between them, any other forest edge is final (Gerritsen 2012's
     dead ends and non-maximal path edges, part II ch. 2-3). Returns the new block graph and the
     decisions: ``removed`` codes (tile-internal representatives dropped) and ``kept`` separator codes
     (final), with weights.

@@ -1,12 +1,13 @@
 """GPU tile phase of the grid MST: forests and their contraction for all tiles of a batch (CuPy RawModules).
 
-Forests: Harish et al.'s data-parallel Boruvka as used by the terrain thesis (part II ch. 3),
+Forests: Harish et al.'s data-parallel Boruvka as used by Gerritsen 2012 (part II ch. 3;
+docs/ARCHITECTURE.md#references),
 with the strict edge order packed into 64-bit atomicMin keys (a float32 weight and a 22-bit edge
-code instead of the thesis's 32-bit key with 10-bit weights), or, for float64 weights, two atomic
+code instead of Gerritsen 2012's 32-bit key with 10-bit weights), or, for float64 weights, two atomic
 passes (weight, then code). Kernels: ``terrain_io/kernels/mst_tile.cu``. The result is the tiles'
 spanning forests as a bitmask, bit for bit what the numba Kruskal computes.
 
-Contraction (thesis part II ch. 2-3, after Haverkort): dead ends stripped by parallel leaf-pruning
+Contraction (Gerritsen 2012, part II ch. 2-3, after Haverkort 2012): dead ends stripped by parallel leaf-pruning
 rounds, then one walk per (kept vertex, direction) replacing each degree-2 path by its maximum
 edge, one thread block per tile. Kernel: ``terrain_io/kernels/mst_contract.cu``. It returns what
 the numba reference ``_mst_cpu.contract_tile`` returns -- the same vertex and super-edge arrays in

@@ -4,7 +4,7 @@ The merge tree of the basins of every local minimum (Barnes, Callaghan & Wickert
 water flow through complex landscapes, part 2: finding hierarchies in depressions and
 morphological segmentations", ESurf 8): its leaves are the local minima, each internal node the
 union of two groups of basins at the level where they first meet, and the roots spill into the
-outside O -- the minimax structure of :mod:`.fill` (DESIGN.md "Fill and depressions from the MST")
+outside O -- the minimax structure of :mod:`.fill` (docs/ARCHITECTURE.md#depression-filling)
 read basin by basin.
 
 Definitions (``outlets`` as in :func:`.fill.fill`: outlet cells are joined to O)

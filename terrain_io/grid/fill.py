@@ -1,6 +1,6 @@
 """Depression filling of a DEM from its minimax structure, out of core (``terrain fill``).
 
-Definition (DESIGN.md "Fill and depressions from the MST"): an outside vertex O joins every
+Definition (docs/ARCHITECTURE.md#depression-filling): an outside vertex O joins every
 valid cell on the DEM's edge or (``outlets="edge+nodata"``, the default) next to a nodata cell,
 with weight h(cell); cell edges weigh max(h_i, h_j). The fill level F(v) is the largest weight on
 v's path to O in the minimum spanning forest -- the least, over paths to O, of the highest

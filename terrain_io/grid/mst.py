@@ -1,7 +1,7 @@
 """Minimum spanning forest of a DEM's 8-connected grid graph, out of core (``terrain mst``).
 
-The I/O-efficient hierarchical pipeline of the terrain thesis, part II (chapters 2-3), after
-Haverkort; DESIGN.md "MST pipeline":
+The I/O-efficient hierarchical pipeline of Gerritsen 2012, part II (ch. 2-3), after
+Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
 
 1. Tile phase -- for every tile, the minimum spanning forest of its induced subgraph (numba
    Kruskal on the CPU, Boruvka after Harish et al. on the GPU), written to ``mst/edges``, then

@@ -1,5 +1,5 @@
 // All-pairs shortest paths on the GPU: tiled min-plus product and the phases of blocked
-// Floyd-Warshall (Venkataraman, Sahni & Mukhopadhyaya 2003; seed gpu-apsp-bfs-project.txt,
+// Floyd-Warshall (Venkataraman, Sahni & Mukhopadhyaya 2003; Padamata & Raveendran 2013,
 // "Blocked Floyd Warshall Algorithm"). Loaded by terrain_io/graph/apsp.py through CuPy RawModule.
 //
 // T is float, double or int. Integer matrices use a saturating "infinity" INF_I = 2^30 - 1:

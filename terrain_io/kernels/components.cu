@@ -2,7 +2,7 @@
 // Invariant of every kernel: parent[x] <= x, so the parent pointers never form a cycle and the
 // root of every tree is the smallest vertex id of its tree.
 
-// Shiloach-Vishkin style conditional hooking (thesis section 4.2.4, kernel SV2): for every edge
+// Shiloach-Vishkin style conditional hooking (Yogaratnam 2010, sec. 4.2.4, kernel SV2): for every edge
 // whose endpoints lie in different stars, the root of the larger label is hooked under the smaller.
 template <typename I>
 __global__ void sv_hook(const I* __restrict__ u, const I* __restrict__ v, long long m,
@@ -19,7 +19,7 @@ __global__ void sv_hook(const I* __restrict__ u, const I* __restrict__ v, long l
     }
 }
 
-// Short-cutting to stars (thesis kernels SV1/SV4, run to completion in one launch): every vertex
+// Short-cutting to stars (Yogaratnam 2010, kernels SV1/SV4, run to completion in one launch): every vertex
 // follows its parent chain to the root. Concurrent updates only shorten chains.
 template <typename I>
 __global__ void compress(I* parent, long long n) {

@@ -1,5 +1,5 @@
-// Borůvka minimum spanning forest on the GPU (in the manner of Harish & Narayanan 2007 and the
-// thesis's tile phase), used by terrain_io/graph/mst.py. Edges are pre-sorted in the strict order
+// Borůvka minimum spanning forest on the GPU (in the manner of Vineet et al. 2009 and
+// Gerritsen 2012's tile phase), used by terrain_io/graph/mst.py. Edges are pre-sorted in the strict order
 // (weight, min id, max id, edge id), so an edge's position r in that order is its key: the lightest
 // edge leaving a component is an atomicMin over 32-bit positions, ties cannot occur and every run
 // gives the same forest. su/sv: endpoints of the edge at position r; comp: each vertex's component

@@ -1,6 +1,7 @@
 // Contraction of the tiles' spanning forests on the GPU (grid MST, tile phase, second half).
 //
-// Terrain thesis part II ch. 2-3 (after Haverkort): in each tile's spanning forest, dead ends --
+// Gerritsen 2012, part II ch. 2-3 (after Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline): in each tile's
+// spanning forest, dead ends --
 // leaves that are not on the tile boundary -- are removed repeatedly (their edges are final), and
 // every path of non-boundary degree-2 vertices becomes one super-edge keyed by its maximum edge
 // (strict order: weight, then edge code). The output is exactly that of the numba reference

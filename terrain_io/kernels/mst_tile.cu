@@ -1,5 +1,5 @@
-// Tile phase of the grid MST on the GPU: Boruvka after Harish et al. (HiPC 2007), as in the
-// terrain thesis part II ch. 3, for all tiles of a batch in one launch per step.
+// Tile phase of the grid MST on the GPU: Boruvka after Vineet et al. (HPG 2009), as in
+// Gerritsen 2012, part II ch. 3 (docs/ARCHITECTURE.md#mst-pipeline), for all tiles of a batch in one launch per step.
 //
 // Cells are numbered in the batch (v = i * W + j); a cell sees only its neighbours in the same
 // T x T tile, so each tile's spanning forest grows independently. Every edge has one strict key:

@@ -1,4 +1,4 @@
-// Grid SSSP, phase 1 on the GPU (terrain thesis ch. 5; DESIGN.md "SSSP pipeline").
+// Grid SSSP, phase 1 on the GPU (Gerritsen 2012, ch. 5; docs/ARCHITECTURE.md#sssp-index-pipeline).
 //
 // One thread block per c x c cluster, one thread per boundary cell of the cluster: each thread
 // runs Dijkstra from its boundary cell over the cluster's cells, with the selection done by a

@@ -2,7 +2,8 @@
 
 One home per method: :mod:`.engine` (the public :func:`sssp` and the choice of method),
 :mod:`.incore` (the whole grid in memory; numba :mod:`._incore_cpu`, CuPy :mod:`._incore_gpu`),
-:mod:`.pipeline` (the terrain thesis's three phases over the stored boundary index of
+:mod:`.pipeline` (the three phases of Gerritsen 2012, part III: docs/ARCHITECTURE.md#sssp-index-pipeline,
+over the stored boundary index of
 :mod:`.index`; kernels :mod:`._pipeline_cpu`, :mod:`._pipeline_gpu`, merge :mod:`._merge`) and
 :mod:`.path` (tracing predecessors back to a source).
 """

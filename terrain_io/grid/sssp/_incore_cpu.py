@@ -1,4 +1,4 @@
-"""numba kernels of the in-core SSSP engine (DESIGN.md "SSSP engines"): one block of cells solved
+"""numba kernels of the in-core SSSP engine (docs/ARCHITECTURE.md#sssp-engines): one block of cells solved
 whole in memory. The rules they compute are in :mod:`.incore`; this module only follows them.
 
 A block is an (h + 2) x (w + 2) array with a one-cell ring around its h x w interior, flattened

@@ -1,6 +1,7 @@
 """Parallel merge phase of the grid SSSP (phase 2 over the boundary graph G', all of it in memory).
 
-The thesis's merge (part III ch. 4) is one Dijkstra over G' with a cluster priority queue: one
+The merge of Gerritsen 2012 (part III ch. 4; docs/ARCHITECTURE.md#sssp-index-pipeline) is one Dijkstra over
+G' with a cluster priority queue: one
 vertex settled at a time, a heap update for every grid edge it relaxes -- inherently sequential,
 and on a 8192^2 DEM (28M vertices, 0.8G edges) about 45 s of a single core. Here the same
 distances come from a bucketed label-correcting search (Meyer & Sanders' Delta-stepping, with

@@ -1,6 +1,6 @@
-"""numba kernels of the grid SSSP pipeline (terrain thesis part III, ch. 4; DESIGN.md "SSSP pipeline").
+"""numba kernels of the grid SSSP pipeline (Gerritsen 2012, part III, ch. 4; docs/ARCHITECTURE.md#sssp-index-pipeline).
 
-Clusters are c x c squares of cells (the thesis's blocks; several per store tile). A cluster's
+Clusters are c x c squares of cells (Gerritsen 2012's blocks; several per store tile). A cluster's
 boundary cells are numbered clockwise from its top-left corner (:func:`local_index`); a partial
 cluster at the DEM's edge (h x w < c x c) uses the first ``boundary_count(h, w)`` numbers of the
 ``B = 4c - 4`` slots. Values are float64 with NaN for cells that are not vertices (nodata, or an
@@ -9,7 +9,7 @@ unusable cost); edge weights come from :func:`terrain_io.weights.edge_weight`.
 * :func:`boundary_phase` -- phase 1: the shortest distances inside each cluster from every
   boundary cell to every other (vectorised label-correcting sweeps), the cluster's dense B x B
   block of the boundary graph G'.
-* :func:`merge_run` -- phase 2: Dijkstra over G' with the thesis's cluster priority queue (a heap
+* :func:`merge_run` -- phase 2: Dijkstra over G' with the cluster priority queue of Gerritsen 2012, ch. 4 (a heap
   of clusters keyed by their smallest tentative boundary distance; the cluster on top settles
   that vertex, relaxes its row of the block and its grid edges into neighbouring clusters).
   Cluster blocks live in "slots" (tile-sized chunks of the index); the kernel returns to Python

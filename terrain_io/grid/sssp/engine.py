@@ -1,9 +1,9 @@
 """``sssp()``: shortest paths over a store's grid graph by one of three methods, the same bytes from each.
 
-DESIGN.md "SSSP engines": ``incore`` solves the whole grid in memory (:mod:`.incore`; the GPU's
+docs/ARCHITECTURE.md#sssp-engines: ``incore`` solves the whole grid in memory (:mod:`.incore`; the GPU's
 memory with ``device="gpu"``); ``shards`` solves it out of core, unit by unit of whole shards in
-a Dijkstra over units, with no boundary graph (:mod:`.shards`); ``index`` runs the terrain
-thesis's three phases over the stored boundary graph G' (:mod:`.pipeline`), cheap for every
+a Dijkstra over units, with no boundary graph (:mod:`.shards`); ``index`` runs the three
+phases of Gerritsen 2012 over the stored boundary graph G' (:mod:`.pipeline`), cheap for every
 further source once the index exists; ``auto`` takes ``index`` when a usable index is stored,
 else ``incore`` when the grid fits the budget (and no Dask scheduler is asked for), else
 ``shards``. ``incore`` and ``shards`` give the same bytes (distances, and predecessors by the tie

@@ -1,4 +1,4 @@
-"""The in-core SSSP engine: a block of the grid solved whole in memory (DESIGN.md "SSSP engines").
+"""The in-core SSSP engine: a block of the grid solved whole in memory (docs/ARCHITECTURE.md#sssp-engines).
 
 The in-core and shard methods give these answers, byte for byte (the index method its own
 predecessors on exact ties):

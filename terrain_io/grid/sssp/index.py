@@ -1,4 +1,5 @@
-"""The reusable SSSP boundary index G' of a store (terrain thesis ch. 4, phase 1; DESIGN.md "SSSP pipeline").
+"""The reusable SSSP boundary index G' of a store (Gerritsen 2012, ch. 4, phase 1;
+docs/ARCHITECTURE.md#sssp-index-pipeline).
 
 For every c x c cluster of cells, the shortest distances inside the cluster between all pairs of
 its B = 4c - 4 boundary cells: a dense B x B float32 block. Together with the grid edges between

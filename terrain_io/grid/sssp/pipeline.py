@@ -1,7 +1,7 @@
 """Single-source shortest paths on a DEM's 8-connected grid graph, out of core (``terrain sssp``).
 
-The three-phase I/O-efficient algorithm of the terrain thesis, part III (ch. 4-5), after
-Haverkort and Arge et al.; DESIGN.md "SSSP pipeline":
+The three-phase I/O-efficient algorithm of Gerritsen 2012, part III (ch. 4-5), after
+Haverkort and Arge et al.; docs/ARCHITECTURE.md#sssp-index-pipeline:
 
 1. Boundary phase (:mod:`.index`) -- per c x c cluster, the shortest distances between all pairs
    of its boundary cells: the boundary graph G', stored in the store as ``index/<weight>`` and
@@ -9,7 +9,7 @@ Haverkort and Arge et al.; DESIGN.md "SSSP pipeline":
    in the budget, the blocks of a first build also go straight into the merge's memory.
 2. Merge phase -- shortest distances over G' from the sources (seeded with the distances from
    each source to its own cluster's boundary). When G' fits in the budget: the parallel
-   label-correcting merge of :mod:`._merge` on all cores. Otherwise the thesis's Dijkstra with
+   label-correcting merge of :mod:`._merge` on all cores. Otherwise Gerritsen 2012's Dijkstra with
    the cluster priority queue, G' paged in tile-sized chunks through a bounded number of memory
    slots (``memory``), the evicted merge state in a scratch file, so G' may be many times larger
    than memory. Both give the same distances, bit for bit.
@@ -355,7 +355,7 @@ class MergeState:
 
     def run(self, field: Field, sequential: bool = False) -> None:
         """Phase 2: the parallel merge when G' is resident (unless ``sequential``), else the
-        thesis's sequential Dijkstra with the cluster priority queue, paging G' if needed."""
+        Gerritsen 2012's sequential Dijkstra with the cluster priority queue, paging G' if needed."""
         rows, cols = self.store.shape
         steps = field.steps()
         if self.flat is None and self.S >= self.TR * self.TC and not sequential:

@@ -1,4 +1,4 @@
-"""The shard method: shortest paths out of core with no boundary graph G' (DESIGN.md "SSSP engines").
+"""The shard method: shortest paths out of core with no boundary graph G' (docs/ARCHITECTURE.md#sssp-engines).
 
 The grid is cut into *units* of whole store shards (k x k of them, the largest that the memory
 budget holds; tile-aligned blocks when even one shard does not fit). A unit is solved in core by
@@ -15,7 +15,7 @@ On the CPU every other re-solve is warm from disk: its written result plus a scr
 about 4 bytes a cell (:class:`UnitScratch`; winding paths on zero-weight plateaus re-solve units
 ~5 times, and a budget 8x below the store keeps none in memory).
 
-Schedule: a Dijkstra over units, after the cluster priority queue of the terrain thesis (part
+Schedule: a Dijkstra over units, after the cluster priority queue of Gerritsen 2012 (part
 III, the merge phase) with units for clusters. A unit waits with the least (distance, plateau
 level) among its ring cells that changed since its last solve (levels order the flats); the least waiting unit is read, solved, written, and
 its boundary compared with what its neighbours last saw; each neighbour whose ring changed waits
