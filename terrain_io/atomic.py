@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from .interrupts import deferred
+
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-f]+(?P<old>\.old)?$")
 
 
@@ -136,8 +138,9 @@ def atomic_directory(final, tmp_parent=None):
         yield tmp
         for fn in _BEFORE_COMMIT.pop(tmp, []):
             fn()
-        replace(tmp, final)
-        _OWN.discard(tmp)
+        with deferred():  # a signal now ends the run after the swap: whole, and no temporary left
+            replace(tmp, final)
+            _OWN.discard(tmp)
     except BaseException:
         _BEFORE_COMMIT.pop(tmp, None)
         _remove(tmp)
@@ -149,20 +152,21 @@ def replace(tmp: Path, final: Path) -> None:
 
     A directory cannot be renamed over a non-empty one, so the old one is moved aside first; the
     two renames happen under a lock on the parent folder, so concurrent writers of the same name
-    take turns (the last one wins, and each swap is whole).
+    take turns (the last one wins, and each swap is whole); a signal waits for both renames.
     """
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if final.is_dir() and not final.is_symlink():
-            old = tmp.with_name(tmp.name + ".old")
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    finally:
-        os.close(fd)
+    with deferred():
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if final.is_dir() and not final.is_symlink():
+                old = tmp.with_name(tmp.name + ".old")
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -174,8 +178,9 @@ def atomic_file(final):
     _OWN.add(tmp)
     try:
         yield tmp
-        os.replace(tmp, final)
-        _OWN.discard(tmp)
+        with deferred():
+            os.replace(tmp, final)
+            _OWN.discard(tmp)
     except BaseException:
         _remove(tmp)
         Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
