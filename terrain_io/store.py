@@ -21,6 +21,7 @@ import datetime as _dt
 import itertools
 import os
 import sys
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,8 @@ class TerrainStore:
             "shard_size": shard,
             "nodata": None if dtype.kind == "f" else nodata,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            # Which elevation this is: each result records it, and is refused once the store holds another.
+            "generation": uuid.uuid4().hex,
         }
         meta.update(attrs or {})
         group.attrs.update(meta)
@@ -377,12 +380,35 @@ class TerrainStore:
         parts = check_result_name(name)
         for i in range(1, len(parts)):  # intermediate groups (zarr v3 needs their zarr.json)
             self.group.require_group("/".join(parts[:i]))
-        with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path.parent) as tmp:
-            group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs or {})._async_group)
-            yield ResultWriter(self, group)
-            integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
+        generation = self.attrs.get("generation")
+        attrs = dict(attrs or {}, **({"generation": generation} if generation is not None else {}))
+        with contextlib.ExitStack() as commit:
+            with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path.parent) as tmp:
+                group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs)._async_group)
+                yield ResultWriter(self, group)
+                integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
+                commit.enter_context(self._unchanged(name))
         self.group = self._open_group(self.path, "r+")
         self.elevation = self.group[ELEVATION]
+
+    @contextlib.contextmanager
+    def _unchanged(self, name: str):
+        """Hold the lock under which a store is replaced (:func:`terrain_io.atomic.replace` locks the
+        store's folder) while a result is renamed into it, after checking that the store still holds
+        the elevation the result was computed from: a ``convert --overwrite`` that replaced it meanwhile
+        makes the result stale, and it is not written."""
+        import fcntl
+
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            now = integrity.node_attrs(self.path).get("generation")
+            if now != self.attrs.get("generation"):
+                raise StoreError(f"{self.path}: the store was replaced while {name} was computed (another "
+                                 f"elevation now): {name} is not written; run the command again")
+            yield
+        finally:
+            os.close(fd)
 
     def lock(self, name: str = "store", shared: bool = False, wait: bool = True):
         """An advisory inter-process lock named ``name`` on this store (a lock file beside it)."""
