@@ -1,12 +1,15 @@
 """``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
 from __future__ import annotations
 
-import signal
-import sys
-
 # The command's first instruction: SIGINT and SIGTERM wait (blocked) until terrain_io.interrupts
 # handles them, so that a Ctrl-C during the imports below is one line and exit 130, not a traceback.
-_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+# (_signal, the C module, is loaded with the interpreter; signal.py takes milliseconds: enum.)
+import _signal
+
+_MASK = _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT, _signal.SIGTERM))
+
+import signal  # noqa: E402
+import sys  # noqa: E402
 
 from terrain_io import interrupts  # noqa: E402 -- light: the standard library only
 
