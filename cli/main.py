@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as exc:  # arrived before a command started (while importing)
         _exit_interrupted(exc)
     finally:
+        # The command is over. The interpreter's shutdown restores the default handlers (a signal then
+        # kills the process: no line): from here a signal waits, blocked, and the exit status is the command's.
+        signal.pthread_sigmask(signal.SIG_BLOCK, tuple(interrupts.EXITS))
         # The process ends here: spare its objects (numba's registries: ~100k) the cyclic collections
         # of the interpreter's shutdown, 0.1-0.15 s with numba loaded (references still count down).
         gc.freeze()
