@@ -173,3 +173,18 @@ def _check_trial(world, d: Path, before: set, clean: dict, proc, sig, err: str, 
         assert_same(found, clean["snapshot"])
     assert proc.returncode != 0 or found is not None, "exit 0 without its result"
     assert tree_digest(d / "dem.zarr" / "elevation") == world["elevation"], "the elevation changed"
+
+
+def test_a_signal_during_a_commit_ends_the_run_after_it():
+    """A signal inside :func:`terrain_io.interrupts.deferred` (a result's renames) is held until the
+    section ends: the section completes, then the run ends with its line and exit status."""
+    code = ("import os, signal, time\n"
+            "from terrain_io import interrupts\n"
+            "interrupts.install()\n"
+            "with interrupts.deferred():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(0.2)\n"
+            "    print('commit done', flush=True)\n"
+            "print('not reached', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (143, "commit done\n", "terrain: terminated\n")
