@@ -127,8 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         _exit_interrupted(exc)
     finally:
         # The command is over. The interpreter's shutdown restores the default handlers (a signal then
-        # kills the process: no line): from here a signal waits, blocked, and the exit status is the command's.
-        signal.pthread_sigmask(signal.SIG_BLOCK, tuple(interrupts.EXITS))
+        # kills the process, no line), but keeps SIG_IGN: from here the exit status is the command's.
+        # (Ignored, not blocked: blocking holds only this thread, and zarr's and numba's threads live on.)
+        for signum in interrupts.EXITS:
+            signal.signal(signum, signal.SIG_IGN)
         # The process ends here: spare its objects (numba's registries: ~100k) the cyclic collections
         # of the interpreter's shutdown, 0.1-0.15 s with numba loaded (references still count down).
         gc.freeze()
