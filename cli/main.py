@@ -1,15 +1,40 @@
 """``terrain``: the command-line entry point. Subcommands live in their own modules of ``cli``."""
 from __future__ import annotations
 
-import gc
-import os
-import signal
-import sys
+# The command's first instruction: SIGINT and SIGTERM wait (blocked) until terrain_io.interrupts
+# handles them, so that a Ctrl-C during the imports below is one line and exit 130, not a traceback.
+# (_signal, the C module, is loaded with the interpreter; signal.py takes milliseconds: enum.)
+import _signal
 
-import click
+_MASK = _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT, _signal.SIGTERM))
 
-from terrain_io import DISTRIBUTION, __version__
-from terrain_io.errors import TerrainError
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from terrain_io import interrupts  # noqa: E402 -- light: the standard library only
+
+
+def _is_program() -> bool:
+    """Whether this process is the ``terrain`` command (its console script or ``python -m cli``),
+    not a program importing the command line (tests), whose own Ctrl-C is left alone."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return spec.name == "cli.__main__"
+    return (getattr(main, "__file__", None) or "").rsplit("/", 1)[-1].startswith("terrain")
+
+
+if _is_program():
+    interrupts.install()
+else:
+    signal.pthread_sigmask(signal.SIG_SETMASK, _MASK)
+
+import gc  # noqa: E402
+
+import click  # noqa: E402
+
+from terrain_io import DISTRIBUTION, __version__  # noqa: E402
+from terrain_io.errors import TerrainError  # noqa: E402
 
 
 class UsageError(click.UsageError):
@@ -131,29 +156,10 @@ def _register() -> None:
     from . import depressions  # noqa: F401
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an exception so that temporary outputs are cleaned up on the way out."""
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated
-
-
 def _exit_interrupted(exc: KeyboardInterrupt):
-    """One line and exit 130 (Ctrl-C) or 143 (SIGTERM), once the temporaries are gone.
-
-    The outputs' ``except BaseException`` blocks have removed their temporaries by now; exiting at
-    once (os._exit) keeps worker threads still inside numba or zarr from crashing the interpreter's
-    shutdown.
-    """
-    from terrain_io.atomic import sweep_temporaries
-
-    sweep_temporaries()
-    terminated = isinstance(exc, Terminated)
-    click.echo(f"terrain: {'terminated' if terminated else 'interrupted'}", err=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(143 if terminated else 130)
+    """A KeyboardInterrupt where the signal handlers are not installed (``cli`` called in-process):
+    the same end as the handlers' (terrain_io.interrupts): one line, exit 130, no temporaries."""
+    interrupts.leave(signal.SIGINT)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=None):
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     # A file-size limit (RLIMIT_FSIZE) then makes writes fail with EFBIG -- reported as one line and
     # cleaned up -- instead of killing the process with SIGXFSZ and leaving temporaries behind.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts.install()  # again, for a caller of main() that imported this module first
     from terrain_io import jit
 
     cache = jit.configure_cache()  # before numba is imported
@@ -187,6 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as exc:  # arrived before a command started (while importing)
         _exit_interrupted(exc)
     finally:
+        # The command is over. The interpreter's shutdown restores the default handlers (a signal then
+        # kills the process, no line), but keeps SIG_IGN: from here the exit status is the command's.
+        # (Ignored, not blocked: blocking holds only this thread, and zarr's and numba's threads live on.)
+        for signum in interrupts.EXITS:
+            signal.signal(signum, signal.SIG_IGN)
         # The process ends here: spare its objects (numba's registries: ~100k) the cyclic collections
         # of the interpreter's shutdown, 0.1-0.15 s with numba loaded (references still count down).
         gc.freeze()

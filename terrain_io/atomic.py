@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from .errors import OutputError
+from .interrupts import deferred
 
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:partial|scratch)-(?P<pid>\d+)-[0-9a-f]+(?P<old>\.old)?$")
 
@@ -155,8 +156,9 @@ def atomic_directory(final, tmp_parent=None):
         yield tmp
         for fn in _BEFORE_COMMIT.pop(tmp, []):
             fn()
-        replace(tmp, final)
-        _OWN.discard(tmp)
+        with deferred():  # a signal now ends the run after the swap: whole, and no temporary left
+            replace(tmp, final)
+            _OWN.discard(tmp)
     except BaseException as exc:
         _BEFORE_COMMIT.pop(tmp, None)
         _remove(tmp)
@@ -170,9 +172,9 @@ def replace(tmp: Path, final: Path) -> None:
 
     A directory cannot be renamed over a non-empty one, so the old one is moved aside first; the
     two renames happen under a lock on the parent folder, so concurrent writers of the same name
-    take turns (the last one wins, and each swap is whole).
+    take turns (the last one wins, and each swap is whole); a signal waits for both renames.
     """
-    with folder_lock(final.parent):
+    with deferred(), folder_lock(final.parent):
         if final.is_dir() and not final.is_symlink():
             old = tmp.with_name(tmp.name + ".old")
             os.rename(final, old)
@@ -205,8 +207,9 @@ def atomic_file(final):
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # a read-only folder fails here, before
         os.unlink(tmp)  # the work (GDAL's drivers would name the temporary): writers make the file anew
         yield tmp
-        os.replace(tmp, final)
-        _OWN.discard(tmp)
+        with deferred():
+            os.replace(tmp, final)
+            _OWN.discard(tmp)
     except BaseException as exc:
         _remove(tmp)
         Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
@@ -238,13 +241,14 @@ def atomic_files(final, overwrite: bool = False, side: tuple[str, ...] = ()):
         for name in made:
             refuse_existing(final.parent / name, overwrite)
         replaced = os.path.lexists(final)
-        for name in made:
-            os.replace(tmp / name, final.parent / name)
-        if replaced:
-            for suffix in side:
-                old = final.with_suffix(suffix)
-                if old.name not in made:
-                    old.unlink(missing_ok=True)
+        with deferred():  # a signal ends the run after the whole set is in place
+            for name in made:
+                os.replace(tmp / name, final.parent / name)
+            if replaced:
+                for suffix in side:
+                    old = final.with_suffix(suffix)
+                    if old.name not in made:
+                        old.unlink(missing_ok=True)
         _remove(tmp)
         _OWN.discard(tmp)
     except BaseException as exc:

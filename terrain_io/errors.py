@@ -28,7 +28,8 @@ class DamagedStoreError(StoreError):
         self.store, self.array, self.problem, self.unit = str(store), array, problem, unit
         self.chunk = tuple(int(i) for i in chunk) if chunk is not None else None
         where = f" {unit} {self.chunk}" if self.chunk is not None else ""
-        super().__init__(f"{self.store}: array {array}{where}: {problem}")
+        noun = "result" if unit == "result" else "array"  # a result computed from another elevation
+        super().__init__(f"{self.store}: {noun} {array}{where}: {problem}")
 
     def __reduce__(self):  # raised in Dask workers and thread pools: it must survive pickling
         return type(self), (self.store, self.array, self.chunk, self.problem, self.unit)

@@ -160,14 +160,124 @@ def chunk_files(array_dir: Path) -> dict[str, int]:
 
 def seal(root) -> None:
     """Write the manifest of every array under ``root`` (a store or a result group being completed):
-    the chunk files it holds now, with their sizes. Called once the arrays are written, before the
-    store or result is renamed into place."""
-    for _, array_dir, _meta in _array_dirs(Path(root)):
-        files = chunk_files(array_dir)
-        tmp = array_dir / (MANIFEST + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"chunks": dict(sorted(files.items()))}, f, separators=(",", ":"))
-        os.replace(tmp, array_dir / MANIFEST)
+    the chunk files it holds now, with their sizes, and the tree it was sealed in: ``root``
+    (relative to the array) and the digest of the metadata (zarr.json) of every node under it
+    (:func:`metadata_digest`), so that a node's metadata deleted or edited later is told. (In the
+    arrays' manifests, not a file of the group's: zarr warns about files in a group it does not
+    know.) Called once the arrays are written, before the store or result is renamed into place."""
+    root = Path(root)
+    nodes = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "c")
+        if "zarr.json" in filenames:
+            nodes[os.path.relpath(dirpath, root).replace(os.sep, "/").removeprefix(".")] = \
+                metadata_digest(Path(dirpath) / "zarr.json")
+    for _, array_dir, _meta in _array_dirs(root):
+        _write_json(array_dir / MANIFEST, {"chunks": dict(sorted(chunk_files(array_dir).items())),
+                                           "tree": os.path.relpath(root, array_dir).replace(os.sep, "/"),
+                                           "nodes": nodes})
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+# Attributes written after a result is complete (how long its run took): not part of what it is.
+RUN_REPORT = frozenset({"timings"})
+
+
+def metadata_digest(path: Path) -> str:
+    """sha256 of a node's zarr.json as JSON (key order and spacing aside), without :data:`RUN_REPORT`'s
+    attributes: its shape, data type, chunking, codecs, fill value and attributes (georeferencing,
+    nodata, the generation of the elevation a result was computed from)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        meta = json.loads(f.read())
+    if isinstance(meta.get("attributes"), dict):
+        meta["attributes"] = {k: v for k, v in meta["attributes"].items() if k not in RUN_REPORT}
+    return hashlib.sha256(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def node_attrs(path: Path) -> dict:
+    try:
+        with open(path / "zarr.json") as f:
+            attrs = json.load(f).get("attributes")
+        return attrs if isinstance(attrs, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def tree_of(root, array: str) -> tuple[str, dict] | None:
+    """(tree, its nodes' metadata digests) that array ``array`` of store ``root`` was sealed in, as
+    its manifest tells (``""``: the store itself, else a result group); None without one."""
+    try:
+        with open(Path(root) / array / MANIFEST) as f:
+            manifest = json.load(f)
+        rel, nodes = manifest["tree"], manifest["nodes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no manifest, or one of before the metadata digests: the chunk checks tell the rest
+    prefix = os.path.normpath(os.path.join(array, rel)).replace(os.sep, "/")
+    return ("" if prefix == "." else prefix), nodes
+
+
+def tree_problems(root, prefix: str, nodes: dict, listing: bool = True) -> list["Problem"]:
+    """What is wrong with the sealed tree ``prefix`` of the store ``root`` (``""``: the store itself,
+    else a result group), as its manifest tells: a node whose zarr.json is missing or not the one it
+    was sealed with (a shape edited, an array's metadata deleted); with ``listing``, each listed
+    array's chunk files against its own manifest; and for a result, an elevation other than the
+    store's (its ``generation`` differs: the store was replaced after the result was written)."""
+    root = Path(root)
+    base = root / prefix if prefix else root
+    problems = []
+    version = int(node_attrs(root).get("format_version", 1))
+    for node, digest in sorted(nodes.items()):
+        name = "/".join(p for p in (prefix, node) if p) or "/"
+        meta_path = base / node / "zarr.json" if node else base / "zarr.json"
+        try:
+            same = metadata_digest(meta_path) == digest
+        except FileNotFoundError:
+            problems.append(Problem(name, None, "node", "its zarr.json is missing (the store lists it)"))
+            continue
+        except (OSError, ValueError, AttributeError) as exc:
+            problems.append(Problem(name, None, "node", f"its zarr.json cannot be read ({exc})"))
+            continue
+        if not same:
+            problems.append(Problem(name, None, "node", "its zarr.json is not the one it was written with "
+                                    "(edited afterwards: shape, data type, codecs or attributes)"))
+        elif listing and node_is_array(meta_path):
+            problems += _listing_problems(name, meta_path.parent, version)
+    if prefix:
+        made_from, current = node_attrs(base).get("generation"), node_attrs(root).get("generation")
+        if made_from is not None and current is not None and made_from != current:
+            problems.append(Problem(prefix, None, "result", "was computed from another elevation than the store "
+                                    "holds now (the store was replaced after it was written): compute it again"))
+    return problems
+
+
+def node_is_array(meta_path: Path) -> bool:
+    try:
+        with open(meta_path) as f:
+            return json.load(f).get("node_type") == "array"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def sealed_trees(root) -> dict[str, dict]:
+    """The sealed trees of a store, as its arrays' manifests tell: tree -> its nodes' digests."""
+    root = Path(root)
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "c")
+        if MANIFEST in filenames:
+            dirnames[:] = []
+            tree = tree_of(root, os.path.relpath(dirpath, root).replace(os.sep, "/"))
+            if tree is not None:
+                found.setdefault(*tree)
+    return found
 
 
 def read_manifest(array_dir: Path) -> dict[str, int] | None:
@@ -192,6 +302,7 @@ class Integrity:
         self.strict = strict  # format_version >= 2: an array without a manifest is damage
         self._arrays: dict[str, tuple[Layout, dict | None]] = {}
         self._sound: set = set()
+        self._trees: set = set()  # sealed trees (the store, a result) found whole
         self._lock = threading.Lock()
 
     def __getstate__(self):
@@ -204,6 +315,7 @@ class Integrity:
         """(layout, manifest or None) of array ``name`` (its path in the store)."""
         got = self._arrays.get(name)
         if got is None:
+            self.check_trees(name)
             array_dir = self.root / name
             with open(array_dir / "zarr.json") as f:
                 layout = layout_from_metadata(json.load(f))
@@ -213,6 +325,29 @@ class Integrity:
                                         "shard files is lost, so a missing one could not be told")
             got = self._arrays[name] = (layout, manifest)
         return got
+
+    def check_trees(self, name: str) -> None:
+        """Before the first read of array ``name``: the sealed trees it lies in -- the store's own and
+        its result's -- as :func:`tree_problems` checks them (metadata, chunk listings, generation),
+        once each; raises DamagedStoreError on the first problem that a second look a moment later
+        finds too (a result being swapped into place by another process is briefly absent)."""
+        for array in (name, "elevation"):  # the result's tree, and the store's (the elevation's)
+            tree = tree_of(self.root, array)
+            if tree is None or tree[0] in self._trees:
+                continue
+            prefix, nodes = tree
+            problems = tree_problems(self.root, prefix, nodes)
+            if problems:
+                import time
+
+                time.sleep(0.2)
+                tree = tree_of(self.root, array) or tree
+                problems = tree_problems(self.root, *tree)
+            if problems:
+                p = problems[0]
+                raise DamagedStoreError(self.root, p.array, p.chunk, p.problem, unit=p.unit)
+            with self._lock:
+                self._trees.add(prefix)
 
     def check_entry(self, name: str, key: str, size: int | None, _again: bool = True) -> bool:
         """Check a chunk file against the manifest: ``size`` is its size on disk, None when missing.
@@ -353,7 +488,7 @@ class Problem:
 
     def line(self) -> str:
         where = f" {self.unit} {self.chunk}" if self.chunk is not None else ""
-        return f"array {self.array}{where}: {self.problem}"
+        return f"{'result' if self.unit == 'result' else 'array'} {self.array}{where}: {self.problem}"
 
 
 @dataclass
@@ -404,26 +539,35 @@ def _check_manifests(path) -> list[Problem]:
         version = int(json.load(f).get("attributes", {}).get("format_version", 1))
     problems = []
     for name, array_dir, meta in _array_dirs(root):
-        unit = "shard" if layout_from_metadata(meta).kind == "sharded" else "chunk"
-        try:
-            manifest = read_manifest(array_dir)
-        except DamagedStoreError as exc:
-            problems.append(Problem(name, None, unit, exc.problem))
-            continue
-        if manifest is None:
-            if version >= 2:
-                problems.append(Problem(name, None, unit, f"no manifest ({MANIFEST})"))
-            continue
-        on_disk = chunk_files(array_dir)
-        for key in sorted(set(manifest) | set(on_disk)):
-            want, got = manifest.get(key), on_disk.get(key)
-            if want is None:
-                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is not in the manifest"))
-            elif got is None:
-                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is missing"))
-            elif got != want:
-                problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is {got} bytes, "
-                                        f"the manifest lists {want}"))
+        problems += _listing_problems(name, array_dir, version, meta)
+    for prefix, nodes in sealed_trees(root).items():
+        problems += tree_problems(root, prefix, nodes, listing=False)
+    return problems
+
+
+def _listing_problems(name: str, array_dir: Path, version: int, meta: dict | None = None) -> list[Problem]:
+    """An array's chunk files against its manifest: missing, of another size, or not listed."""
+    if meta is None:
+        with open(array_dir / "zarr.json") as f:
+            meta = json.load(f)
+    unit = "shard" if layout_from_metadata(meta).kind == "sharded" else "chunk"
+    try:
+        manifest = read_manifest(array_dir)
+    except DamagedStoreError as exc:
+        return [Problem(name, None, unit, exc.problem)]
+    if manifest is None:
+        return [Problem(name, None, unit, f"no manifest ({MANIFEST})")] if version >= 2 else []
+    problems = []
+    on_disk = chunk_files(array_dir)
+    for key in sorted(set(manifest) | set(on_disk)):
+        want, got = manifest.get(key), on_disk.get(key)
+        if want is None:
+            problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is not in the manifest"))
+        elif got is None:
+            problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is missing"))
+        elif got != want:
+            problems.append(Problem(name, chunk_coords(key), unit, f"{unit} file {key} is {got} bytes, "
+                                    f"the manifest lists {want}"))
     return problems
 
 
@@ -505,6 +649,8 @@ def verify(path, progress: bool = False, threads: int | None = None) -> VerifyRe
         for key in keys:
             jobs.append((name, layout, key, (manifest or {}).get(key), not layout.chunk_crc))
     report.problems += [Problem(name, None, "chunk", "its zarr.json cannot be read") for name in unreadable]
+    for prefix, nodes in sealed_trees(root).items():
+        report.problems += tree_problems(root, prefix, nodes, listing=False)  # the listing: the chunk checks below
     report.files = len(jobs)
     bar = progress_bar(progress, len(jobs), f"verify {root.name}", unit="file")
     try:

@@ -23,6 +23,7 @@ import datetime as _dt
 import itertools
 import os
 import sys
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,8 @@ class TerrainStore:
             "shard_size": shard,
             "nodata": None if dtype.kind == "f" else nodata,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            # Which elevation this is: each result records it, and is refused once the store holds another.
+            "generation": uuid.uuid4().hex,
         }
         meta.update(attrs or {})
         group.attrs.update(meta)
@@ -389,13 +392,17 @@ class TerrainStore:
         and the store keeps exactly what it had.
         """
         parts = check_result_name(name)
+        generation = self.attrs.get("generation")
+        attrs = dict(attrs or {}, **({"generation": generation} if generation is not None else {}))
         made: list[Path] = []
         try:
-            with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
-                group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs or {})._async_group)
-                yield ResultWriter(self, group)
-                integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
-                made = self._require_parents(parts)
+            with contextlib.ExitStack() as commit:
+                with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
+                    group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs)._async_group)
+                    yield ResultWriter(self, group)
+                    integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
+                    commit.enter_context(self._unchanged(name))
+                    made = self._require_parents(parts)
         except BaseException:
             for folder in reversed(made):  # parent groups made for this result, still empty
                 with contextlib.suppress(OSError), folder_lock(folder):  # a concurrent result moves in under it
@@ -415,6 +422,19 @@ class TerrainStore:
                 self.group.require_group("/".join(parts[:i]))
                 made.append(folder)
         return made
+
+    @contextlib.contextmanager
+    def _unchanged(self, name: str):
+        """Hold the lock under which a store is replaced (:func:`terrain_io.atomic.replace` locks the
+        store's folder) while a result is renamed into it, after checking that the store still holds
+        the elevation the result was computed from: a ``convert --overwrite`` that replaced it meanwhile
+        makes the result stale, and it is not written."""
+        with folder_lock(self.path.parent):
+            now = integrity.node_attrs(self.path).get("generation")
+            if now != self.attrs.get("generation"):
+                raise StoreError(f"{self.path}: the store was replaced while {name} was computed (another "
+                                 f"elevation now): {name} is not written; run the command again")
+            yield
 
     def lock(self, name: str = "store", shared: bool = False, wait: bool = True):
         """An advisory inter-process lock named ``name`` on this store (a hidden lock file inside it: a
