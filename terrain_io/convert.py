@@ -30,6 +30,7 @@ from .errors import InputError, TerrainError, TerrainNote
 from .jit import SERIAL_BELOW
 from .atomic import atomic_directory
 from .progress import progress_bar
+from .units import crs_label
 from .parallel import check_scheduler, map_shards
 from .store import (DEFAULT_SHARD, DEFAULT_TILE, Statistics, TerrainStore, Window, check_store_output, check_tiling,
                     write_elevation_window)
@@ -264,13 +265,6 @@ def _same_crs(a: str, b: str) -> bool:
     from rasterio.crs import CRS
 
     return CRS.from_user_input(a) == CRS.from_user_input(b)
-
-
-def _crs_label(crs: str) -> str:
-    """EPSG:n where the CRS has a code, else its name."""
-    from .units import crs_label
-
-    return crs_label(crs)
 
 
 def _first_line(exc: Exception) -> str:
@@ -558,7 +552,7 @@ def convert(src, out=None, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHA
         if crs is not None:
             own = hdr.crs or (_readable_prj(src) if ascii_grid else None)
             if own is not None and not _same_crs(own, crs):
-                warnings.warn(f"{src}: its CRS {_crs_label(own)} replaced by --crs {_crs_label(crs)}", TerrainNote,
+                warnings.warn(f"{src}: its CRS {crs_label(own)} replaced by --crs {crs_label(crs)}", TerrainNote,
                               stacklevel=2)
             hdr.crs = crs
         elif ascii_grid and (prj := prj_beside(src)) is not None:
@@ -743,7 +737,7 @@ def aligned_raster(source, store: TerrainStore, scratch, what: str, dtype: str =
     if other.shape != store.shape:
         raise InputError(f"{what} {src}: shape {other.shape} differs from the DEM's {store.shape}")
     if store.crs and other.crs and not _same_crs(store.crs, other.crs):
-        raise InputError(f"{what} {src}: its CRS {_crs_label(other.crs)} is not the DEM's {_crs_label(store.crs)} "
+        raise InputError(f"{what} {src}: its CRS {crs_label(other.crs)} is not the DEM's {crs_label(store.crs)} "
                          "(reproject it onto the DEM's grid, e.g. gdalwarp)")
     st = store.transform
     if st and other.transform and not np.allclose(other.transform, st, rtol=0, atol=1e-9 * max(1.0, *map(abs, st))):

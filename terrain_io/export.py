@@ -102,6 +102,7 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     from rasterio.errors import RasterioError
 
     prj = out.with_suffix(".prj")
+    replacing = out.exists()  # (with --overwrite: the .prj of the grid replaced goes with it)
     wkt = _esri_wkt(store.crs) if suffix == ".asc" else None
     if wkt and prj.exists() and not overwrite:
         raise StoreError(f"{prj}: already exists beside {out.name} (use --overwrite to replace it)")
@@ -115,8 +116,8 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
             raise OutputError(f"{out}: cannot write it: {str(exc).replace(str(tmp), str(out))}") from None
         if wkt:
             prj_tmp.write_text(wkt + "\n")
-    if suffix == ".asc" and not wkt:
-        prj.unlink(missing_ok=True)  # --overwrite: an old .prj would give the grid a CRS it has not
+    if suffix == ".asc" and not wkt and replacing:
+        prj.unlink(missing_ok=True)  # --overwrite: the old grid's .prj would give the new one a CRS it has not
     return out
 
 

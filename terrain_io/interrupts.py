@@ -14,7 +14,7 @@ ends:
 
 - a section of this package marked :func:`deferred` (a commit's renames, :func:`terrain_io.atomic.replace`);
 - numba writing a compiled kernel into its cache (an exit mid-write leaves a ``.tmp`` file there);
-  the main thread's stack is inspected, and the handler looks again every few milliseconds.
+  every thread's stack is inspected, and the handler looks again every few milliseconds.
 
 This module imports nothing heavy: the command line installs it before anything else.
 """
@@ -83,17 +83,19 @@ def _in_numba_cache_write(frame) -> bool:
     if cache_file is None:
         return False
     codes = {cache_file.save.__code__, cache_file._save_index.__code__, cache_file._save_data.__code__}
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
+    for top in (frame, *sys._current_frames().values()):  # a worker thread may be the one compiling
+        while top is not None:
+            if top.f_code in codes:
+                return True
+            top = top.f_back
     return False
 
 
 def leave(signum: int) -> None:
     """Remove this process's temporaries, say one line, and end the process at once."""
-    for s in (*EXITS, signal.SIGALRM):
-        signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C does not cut the clean-up short
+    if threading.current_thread() is threading.main_thread():  # (a deferred section may end in a worker)
+        for s in (*EXITS, signal.SIGALRM):
+            signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C does not cut the clean-up short
     code, word = EXITS[signum]
     atomic = sys.modules.get("terrain_io.atomic")  # not imported yet: nothing to remove
     try:

@@ -429,7 +429,7 @@ class TerrainStore:
         store's folder) while a result is renamed into it, after checking that the store still holds
         the elevation the result was computed from: a ``convert --overwrite`` that replaced it meanwhile
         makes the result stale, and it is not written."""
-        with folder_lock(self.path.parent):
+        with folder_lock(self.path.resolve().parent):  # (the store given as '.': its real parent, not '.')
             now = integrity.node_attrs(self.path).get("generation")
             if now != self.attrs.get("generation"):
                 raise StoreError(f"{self.path}: the store was replaced while {name} was computed (another "

@@ -4,7 +4,6 @@ cost models refuse distances beyond float32; notes reach the user during ``expor
 weights as the CLI does; ``-q demo`` is quiet."""
 from __future__ import annotations
 
-import math
 import re
 import warnings
 
@@ -12,7 +11,6 @@ import numpy as np
 import pytest
 import rasterio
 from click.testing import CliRunner
-from rasterio.crs import CRS
 
 from cli.main import _register, cli
 from terrain_io.errors import InputError, TerrainNote
@@ -22,34 +20,13 @@ from terrain_io.grid.depressions import depressions
 from terrain_io.grid.fill import fill
 from terrain_io.store import TerrainStore
 
+from references import ROOT, UTM33, parse_esri_ascii, utm_store
+
 _register()
-UTM33 = CRS.from_epsg(32633)
 
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def make_store(path, values, tile=8, shard=2):
-    attrs = {"transform": [500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0], "cell_size": [30.0, 30.0],
-             "crs": UTM33.to_wkt()}
-    return TerrainStore.from_array(path, values, tile=tile, shard=shard, attrs=attrs)
-
-
-def parse_esri_ascii(path):
-    """(header, values float64 with NaN for NODATA_value) by the format's definition: keyword lines,
-    then nrows lines of ncols numbers."""
-    tokens = path.read_text().split()
-    header, i = {}, 0
-    while tokens[i][0].isalpha():
-        header[tokens[i].lower()] = tokens[i + 1]
-        i += 2
-    rows, cols = int(header["nrows"]), int(header["ncols"])
-    body = tokens[i:]
-    assert len(body) == rows * cols
-    nodata = header.get("nodata_value")
-    values = np.array([math.nan if t == nodata else float(t) for t in body]).reshape(rows, cols)
-    return header, values
 
 
 # -- 1. ids whose 0 means something: only the DEM's nodata cells are nodata -----------------------
@@ -59,7 +36,7 @@ def test_id_results_export_only_the_dems_nodata_cells_as_nodata(tmp_path):
     v[rng.random(v.shape) < 0.1] = np.nan
     v[17, 21] = 3.0
     valid = ~np.isnan(v)
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8)
     fill(st, progress=False)
     depressions(st, progress=False)
     sssp(st, [(17, 21), (3, 3)], cell=True, name="a", allocation=True, max_cost=60.0, progress=False,
@@ -85,7 +62,7 @@ def test_an_id_equal_to_the_marker_is_refused_not_written_as_nodata(tmp_path, mo
 
     v = np.ones((9, 10), np.float32)
     v[0, 0] = np.nan
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8)
     fill(st, progress=False)  # a flat DEM: no lakes, every valid cell holds id 0
     monkeypatch.setattr(ex, "_elevation_marker", lambda name, arr: 0)  # as if the ids reached the marker
     with pytest.raises(InputError, match="holds 0, the value that marks nodata"):
@@ -107,7 +84,7 @@ def _tif(path, values):
 @pytest.mark.parametrize("weight", ["cell", "walk"])
 def test_costs_whose_distances_pass_float32_are_refused_in_one_line(tmp_path, weight):
     v = np.random.default_rng(4).random((20, 24)).astype(np.float32)
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8)
     # a 30 m step costs 3e38 (cell) or about 21 s x 1e37 (walk): the far corner lies beyond float32's 3.4e38
     huge = _tif(tmp_path / "huge.tif", np.full(v.shape, 1e37, np.float32))
     with pytest.raises(InputError, match=r"costs up to 1e\+37 over 480 cells: .*float32's range"):
@@ -153,7 +130,7 @@ def test_info_names_walk_with_friction_as_the_cli_does(tmp_path):
     import json
 
     v = np.random.default_rng(6).random((12, 14)).astype(np.float32)
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8)
     friction = _tif(tmp_path / "f.tif", np.full(v.shape, 2.0, np.float32))
     r = run("-q", "sssp", st.path, "--cell", "--source", "1,1", "--weight", "walk", "--cost", friction,
             "--name", "w")
@@ -178,3 +155,30 @@ def test_quiet_demo_prints_nothing_but_errors(tmp_path):
     r = CliRunner().invoke(cli, ["-q", "demo", "-o", str(tmp_path / "e")])
     assert r.exit_code == 1 and r.stdout == "", r.output
     assert r.stderr.startswith("terrain: error: ") and "elevation.png" in r.stderr, r.stderr
+
+
+# -- found in review ---------------------------------------------------------------------------------
+def test_a_store_given_as_dot_takes_its_result(tmp_path):
+    """`terrain mst .` inside the store: the commit's lock is on the store's real parent folder (the
+    lock of '.'.parent, '.', was the store itself, which the rename locks too: the run waited on
+    itself forever)."""
+    import os
+    import subprocess
+    import sys
+
+    v = np.random.default_rng(7).random((20, 24)).astype(np.float32)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "cli", "-q", "mst", ".", "--device", "cpu"], cwd=st.path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    edges = TerrainStore.open(st.path, mode="r").group["mst/edges"][:]
+    assert sum(bin(int(x)).count("1") for x in edges.ravel()) == v.size - 1  # a spanning tree of the grid
+
+
+def test_ascii_export_leaves_a_prj_it_did_not_write(tmp_path):
+    """A store without a CRS exported beside a user's own dem.prj (no dem.asc there): the .prj stays."""
+    st = utm_store(tmp_path / "dem.zarr", np.ones((6, 7), np.float32), crs=None, tile=8)
+    (tmp_path / "dem.prj").write_text("mine")
+    export(st.path, "elevation", tmp_path / "dem.asc")
+    assert (tmp_path / "dem.prj").read_text() == "mine"

@@ -20,38 +20,16 @@ from terrain_io.errors import InputError, TerrainError, TerrainNote
 from terrain_io.export import export
 from terrain_io.grid import cost_distance, mst, sssp
 from terrain_io.points import from_coordinates
-from terrain_io.store import TerrainStore
 from terrain_io.synth import synthesize
 
+from references import UTM33, parse_esri_ascii, utm_store
+
 _register()
-UTM33 = CRS.from_epsg(32633)
 F32MAX = float(np.finfo(np.float32).max)
 
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def make_store(path, values, crs=UTM33, tile=16, shard=2):
-    attrs = {"transform": [500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0], "cell_size": [30.0, 30.0],
-             "crs": crs.to_wkt() if crs else None}
-    return TerrainStore.from_array(path, values, tile=tile, shard=shard, attrs=attrs)
-
-
-def parse_esri_ascii(path):
-    """(header, values float64 with NaN for NODATA_value) by the format's definition: keyword lines,
-    then nrows lines of ncols numbers."""
-    tokens = path.read_text().split()
-    header, i = {}, 0
-    while tokens[i][0].isalpha():
-        header[tokens[i].lower()] = tokens[i + 1]
-        i += 2
-    rows, cols = int(header["nrows"]), int(header["ncols"])
-    body = tokens[i:]
-    assert len(body) == rows * cols
-    nodata = header.get("nodata_value")
-    values = np.array([math.nan if t == nodata else float(t) for t in body]).reshape(rows, cols)
-    return header, values
 
 
 def tricky_values():
@@ -69,7 +47,7 @@ def tricky_values():
 # -- 1. Esri ASCII: nodata, exact values, --decimals, .prj ---------------------------------------
 def test_ascii_export_reads_back_exactly_with_its_own_nodata_and_prj(tmp_path):
     v = tricky_values()
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v)
     out = tmp_path / "dem.asc"
     export(st.path, "elevation", out)
     header, got = parse_esri_ascii(out)
@@ -91,7 +69,7 @@ def test_ascii_export_reads_back_exactly_with_its_own_nodata_and_prj(tmp_path):
 def test_ascii_export_17_decimals_round_trips_float32(tmp_path):
     rng = np.random.default_rng(5)
     v = (rng.standard_normal((20, 30)) * 10.0 ** rng.integers(-6, 8, (20, 30))).astype(np.float32)
-    st = make_store(tmp_path / "dem.zarr", v, crs=None)
+    st = utm_store(tmp_path / "dem.zarr", v, crs=None)
     export(st.path, "elevation", tmp_path / "d.asc", decimals=17)
     _, got = parse_esri_ascii(tmp_path / "d.asc")
     np.testing.assert_array_equal(got.astype(np.float32), v)
@@ -101,14 +79,14 @@ def test_ascii_export_17_decimals_round_trips_float32(tmp_path):
 
 
 def test_prj_follows_the_overwrite_rule(tmp_path):
-    st = make_store(tmp_path / "dem.zarr", np.ones((4, 5), np.float32))
+    st = utm_store(tmp_path / "dem.zarr", np.ones((4, 5), np.float32))
     (tmp_path / "d.prj").write_text("mine")
     with pytest.raises(TerrainError, match="d.prj: already exists"):
         export(st.path, "elevation", tmp_path / "d.asc")
     assert (tmp_path / "d.prj").read_text() == "mine" and not (tmp_path / "d.asc").exists()
     export(st.path, "elevation", tmp_path / "d.asc", overwrite=True)
     assert CRS.from_wkt((tmp_path / "d.prj").read_text()) == UTM33
-    bare = make_store(tmp_path / "bare.zarr", np.ones((4, 5), np.float32), crs=None)
+    bare = utm_store(tmp_path / "bare.zarr", np.ones((4, 5), np.float32), crs=None)
     export(bare.path, "elevation", tmp_path / "d.asc", overwrite=True)  # no CRS: no .prj to tell another
     assert not (tmp_path / "d.prj").exists()
     with rasterio.open(tmp_path / "d.asc") as ds:
@@ -117,7 +95,7 @@ def test_prj_follows_the_overwrite_rule(tmp_path):
 
 @pytest.mark.parametrize("decimals", [-1, 18, 2.5])
 def test_decimals_out_of_range_are_refused(tmp_path, decimals):
-    st = make_store(tmp_path / "dem.zarr", np.ones((4, 4), np.float32))
+    st = utm_store(tmp_path / "dem.zarr", np.ones((4, 4), np.float32))
     with pytest.raises(InputError, match="--decimals"):
         export(st.path, "elevation", tmp_path / "d.asc", decimals=decimals)
     r = run("export", st.path, "-o", tmp_path / "d.asc", "--decimals", decimals)
@@ -131,7 +109,7 @@ def test_unreached_cells_are_nodata_in_geotiff_and_ascii(tmp_path):
     v = (rng.random((40, 50)) * 50).astype(np.float32)
     v[rng.random(v.shape) < 0.05] = np.nan
     v[20, 25] = 1.0
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v)
     sssp(st, (20, 25), cell=True, progress=False, name="s", max_cost=120.0, method="incore")
     d = st.group["sssp/s/distance"][:]
     unreached = np.isinf(d)
@@ -155,7 +133,7 @@ def test_mst_edges_export_marks_only_nodata_cells(tmp_path):
     rng = np.random.default_rng(2)
     v = (rng.random((33, 41)) * 9).astype(np.float32)
     v[rng.random(v.shape) < 0.15] = np.nan
-    st = make_store(tmp_path / "dem.zarr", v, tile=8, shard=2)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8, shard=2)
     mst(st, progress=False)
     edges = st.group["mst/edges"][:]
     valid = ~np.isnan(v)
@@ -200,7 +178,7 @@ def test_convert_refuses_infinite_elevations(tmp_path, token):
 def test_mst_refuses_a_store_with_infinite_elevations(tmp_path):
     v = np.ones((6, 7), np.float32)
     v[2, 2] = np.inf  # a store not made by convert (from_array, or written before convert refused it)
-    st = make_store(tmp_path / "dem.zarr", v)
+    st = utm_store(tmp_path / "dem.zarr", v)
     with pytest.raises(InputError, match="infinite"):
         mst(st, progress=False)
     assert "mst" not in st.group
@@ -252,7 +230,7 @@ def test_allocation_ids_follow_the_points_order(tmp_path, method):
     rng = np.random.default_rng(11)
     v = (rng.random((31, 37)) * 40).astype(np.float32)
     v[5, 5] = np.nan
-    st = make_store(tmp_path / "dem.zarr", v, tile=8, shard=2)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8, shard=2)
     points = [(5, 5), (3, 4), (20, 30), (3, 4), (28, 2), (20, 30), (12, 17)]  # first: on nodata, skipped
     kw = {"unit": 8} if method == "shards" else {}
     with pytest.warns(TerrainNote) as notes:
@@ -277,7 +255,7 @@ def _tif(path, values, crs=UTM33, transform=(500000.0, 30.0, 0.0, 4100000.0, 0.0
 def test_bad_cost_cells_are_noted_with_their_count(tmp_path):
     v = np.random.default_rng(1).random((12, 14)).astype(np.float32)
     v[0, 0] = np.nan  # no data: not counted
-    st = make_store(tmp_path / "dem.zarr", v, tile=8, shard=1)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8, shard=1)
     cost = np.ones(v.shape, np.float32)
     cost[0, 0] = np.nan
     cost[3, 3], cost[4, 4], cost[5, 5], cost[6, 6] = -1.0, np.nan, np.inf, -np.inf
@@ -293,7 +271,7 @@ def test_bad_cost_cells_are_noted_with_their_count(tmp_path):
 
 def test_rasters_in_another_crs_are_refused(tmp_path):
     v = np.ones((10, 12), np.float32)
-    st = make_store(tmp_path / "dem.zarr", v, tile=8, shard=1)
+    st = utm_store(tmp_path / "dem.zarr", v, tile=8, shard=1)
     other = _tif(tmp_path / "src.tif", np.eye(10, 12, dtype=np.uint8), crs=CRS.from_epsg(32634))
     with pytest.raises(InputError, match="EPSG:32634.*EPSG:32633"):
         sssp(st, str(other), progress=False)
@@ -304,7 +282,7 @@ def test_rasters_in_another_crs_are_refused(tmp_path):
 
 
 def test_cell_sources_must_be_whole_numbers(tmp_path):
-    st = make_store(tmp_path / "dem.zarr", np.ones((10, 12), np.float32), tile=8, shard=1)
+    st = utm_store(tmp_path / "dem.zarr", np.ones((10, 12), np.float32), tile=8, shard=1)
     with pytest.raises(InputError, match="whole numbers"):
         from_coordinates(st, (7.7, 2.0), cell=True)
     r = run("sssp", st.path, "--cell", "--source", "7.7,2.9")
