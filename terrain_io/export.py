@@ -32,7 +32,7 @@ import numba as nb
 import numpy as np
 
 from .errors import InputError, OutputError, StoreError
-from .atomic import atomic_file
+from .atomic import atomic_file, refuse_existing
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from .legend import band_for
@@ -91,8 +91,7 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     store = TerrainStore.open(store_path, mode="r")
     arr = _array(store, name)
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise StoreError(f"{out}: already exists (use --overwrite to replace it)")
+    refuse_existing(out, overwrite)
     suffix = out.suffix.lower()
     writers = {".tif": _write_geotiff, ".tiff": _write_geotiff, ".asc": _write_ascii, ".png": _write_png}
     if suffix not in writers:

@@ -25,16 +25,23 @@ def parse_size(text) -> int:
     return value
 
 
-def available_memory() -> int:
-    """Bytes of RAM available now (MemAvailable), or 4 GiB when it cannot be read."""
+def _proc_bytes(path: str, key: str) -> int | None:
+    """The ``key:`` line of a /proc file whose values are in kB (meminfo, status), in bytes; None
+    where it cannot be read."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 4 * 1024**3
+    return None
+
+
+def available_memory() -> int:
+    """Bytes of RAM available now (MemAvailable), or 4 GiB when it cannot be read."""
+    available = _proc_bytes("/proc/meminfo", "MemAvailable")
+    return 4 * 1024**3 if available is None else available
 
 
 def memory_budget(text=None, fraction: float = 0.5) -> int:
@@ -70,27 +77,16 @@ def peak_rss() -> int:
     Reads VmHWM (reset at exec, so a child started by fork+exec reports its own peak, unlike
     ru_maxrss, which can carry the parent's); falls back to getrusage elsewhere.
     """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = _proc_bytes("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
 
 def current_rss() -> int:
     """Resident set size of this process now, in bytes (VmRSS; 0 where /proc is missing)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_bytes("/proc/self/status", "VmRSS") or 0
 
 
 def reset_peak_rss() -> bool:

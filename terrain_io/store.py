@@ -34,7 +34,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import integrity
-from .atomic import atomic_directory, before_commit, folder_lock, locked
+from .atomic import atomic_directory, before_commit, folder_lock, locked, refuse_existing
 from .errors import DamagedStoreError, InputError, OutputError, StoreError, UnverifiedStoreWarning
 from .tiling import DEFAULT_SHARD, DEFAULT_TILE, check_tiling  # noqa: F401 -- this module's API too
 from .zorder import morton_order
@@ -903,8 +903,7 @@ def check_store_output(out, overwrite: bool, source=None) -> None:
     out = Path(out)
     if not os.path.lexists(out):
         return
-    if not overwrite:
-        raise OutputError(f"{out}: already exists (use --overwrite to replace it)")
+    refuse_existing(out, overwrite)
     if source is not None and out.resolve() == Path(source).resolve():
         raise OutputError(f"{out}: output would overwrite the input")
     if out.is_symlink() or not is_terrain_store(out):

@@ -12,6 +12,8 @@ from terrain_io.store import TerrainStore
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 UTM33 = CRS.from_epsg(32633)
+# attributes of a store or result that differ between equal runs (the generation: a random id per store)
+VOLATILE = {"seconds", "timings", "created", "index_reused", "generation"}
 
 
 def utm_store(path, values, crs=UTM33, tile=16, shard=2) -> TerrainStore:

@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 import zarr
 
+from references import VOLATILE
+
 pytestmark = pytest.mark.reliability
 
 TRIALS = int(os.environ.get("TERRAIN_KILL_TRIALS", "9"))
 SIZE = 768
-VOLATILE = {"seconds", "timings", "created", "index_reused", "generation"}  # attributes that differ between equal runs
 
 
 def terrain(*args, **kw) -> subprocess.Popen:

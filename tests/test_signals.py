@@ -27,11 +27,12 @@ import numpy as np
 import pytest
 import zarr
 
+from references import VOLATILE
+
 pytestmark = pytest.mark.reliability
 
 TRIALS = int(os.environ.get("TERRAIN_SIGNAL_TRIALS", "20"))
 SIZE = 256
-VOLATILE = {"seconds", "timings", "created", "index_reused", "generation"}  # attributes that differ between equal runs
 EXITS = {signal.SIGINT: (130, "terrain: interrupted"), signal.SIGTERM: (143, "terrain: terminated")}
 TEMPORARY = (".partial", ".scratch-", ".old", ".tmp")
 
