@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..errors import InputError
+from ..unionfind import find
 from ._csr import edge_arrays, result_device
 
 METHODS = ("auto", "union_find", "sv")
@@ -43,18 +44,10 @@ METHODS = ("auto", "union_find", "sv")
 
 
 @njit(cache=True)
-def _find(parent, x):
-    while parent[x] != x:
-        parent[x] = parent[parent[x]]
-        x = parent[x]
-    return x
-
-
-@njit(cache=True)
 def _cpu_union_find(u, v, parent):
     for e in range(u.shape[0]):
-        a = _find(parent, u[e])
-        b = _find(parent, v[e])
+        a = find(parent, u[e])
+        b = find(parent, v[e])
         if a < b:
             parent[b] = a
         elif b < a:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..backend import device_of, is_cupy, to_host
 from ..errors import InputError
+from ..unionfind import find
 from .io import EdgeList
 
 METHODS = ("auto", "kruskal", "filter_kruskal", "boruvka")
@@ -121,14 +122,6 @@ def _normalize(u, v, w, n, xp):
 # --------------------------------------------------------------------------------------------
 
 @nb.njit(inline="always")
-def _find(parent, x):
-    while parent[x] != x:  # path halving
-        parent[x] = parent[parent[x]]
-        x = parent[x]
-    return x
-
-
-@nb.njit(inline="always")
 def _less(w, lo, hi, ids, i, pw, plo, phi, pid):
     """Edge at position i before the pivot (pw, plo, phi, pid) in the strict order."""
     if w[i] != pw:
@@ -152,7 +145,7 @@ def _swap(w, lo, hi, ids, i, j):
 def _kruskal_scan(lo, hi, ids, l, r, parent, size, out, count):
     """Kruskal over positions l..r-1 (already in strict order): union-find, union by size."""
     for i in range(l, r):
-        a, b = _find(parent, lo[i]), _find(parent, hi[i])
+        a, b = find(parent, lo[i]), find(parent, hi[i])
         if a != b:
             if size[a] < size[b]:
                 a, b = b, a
@@ -195,7 +188,7 @@ def _filter(w, lo, hi, ids, l, r, parent):
     different trees; returns the new end."""
     j = l
     for i in range(l, r):
-        if _find(parent, lo[i]) != _find(parent, hi[i]):
+        if find(parent, lo[i]) != find(parent, hi[i]):
             if i != j:
                 w[j], lo[j], hi[j], ids[j] = w[i], lo[i], hi[i], ids[i]
             j += 1
