@@ -16,6 +16,7 @@ from .errors import DeviceError
 
 DEVICES = ("auto", "cpu", "gpu")
 KERNELS = Path(__file__).resolve().parent / "kernels"
+EXACT_OPTIONS = ("--std=c++17", "--fmad=false")  # NVRTC options: no FMA contraction, the CPU's rounding bit for bit
 
 
 def kernel_source(name: str) -> str:
@@ -37,6 +38,14 @@ def gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # ImportError, CUDARuntimeError, missing driver libraries
         return False
+
+
+def gpu_free_bytes() -> float:
+    """The GPU memory a solve may take: 90% of the free memory and of what CuPy's pool holds unused."""
+    import cupy
+
+    free, _ = cupy.cuda.Device().mem_info
+    return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
 
 def resolve_device(device: str | None = "auto") -> str:

@@ -59,7 +59,7 @@ import numba
 import numpy as np
 
 from ..atomic import scratch_directory
-from ..backend import resolve_device
+from ..backend import gpu_free_bytes, resolve_device
 from ..errors import InputError, TerrainNote
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
@@ -453,7 +453,6 @@ def _gpu_host_bytes(store: TerrainStore) -> int:
 def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
     """Why the in-core GPU fill cannot take ``store`` (None: it can)."""
     from ._fill_gpu import device_bytes, value_dtype
-    from .sssp.incore import gpu_free_bytes
 
     rows, cols = store.shape
     if value_dtype(store.dtype) is None:

@@ -7,11 +7,8 @@ import functools
 
 import numpy as np
 
-from ...backend import kernel_source
-
-TILE = 32  # TS in the kernel source
-ROWS_PER_PASS = 8  # BY
-OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
+from ...backend import EXACT_OPTIONS, kernel_source
+from ...worklist import TILE, WorkLists
 
 
 @functools.cache
@@ -19,38 +16,7 @@ def _module(value_type: str, kind: int):
     import cupy as cp
 
     return cp.RawModule(code=kernel_source("sssp_incore.cu"),
-                        options=OPTIONS + (f"-DVAL={value_type}", f"-DKIND={kind}"))
-
-
-class _WorkLists:
-    """Two lists of tile numbers with a flag per tile: the current round's and the next one's."""
-
-    def __init__(self, ntiles: int):
-        import cupy as cp
-
-        self.flags = [cp.zeros(ntiles, cp.int32), cp.zeros(ntiles, cp.int32)]
-        self.lists = [cp.empty(ntiles, cp.int32), cp.empty(ntiles, cp.int32)]
-        self.count = cp.zeros(1, cp.int32)
-
-    def run(self, kernel, args, first) -> int:
-        """Rounds from the tiles ``first`` (a CuPy int32 array) until no tile is queued; the rounds."""
-        import cupy as cp
-
-        n = int(first.size)
-        cur = 0
-        self.lists[0][:n] = first
-        self.flags[0][first] = 1
-        rounds = 0
-        while n:
-            nxt = 1 - cur
-            self.count.fill(0)
-            kernel((n,), (TILE, ROWS_PER_PASS), args + (self.lists[cur], self.flags[cur], self.flags[nxt],
-                                                       self.lists[nxt], self.count))
-            n = int(self.count.get()[0])
-            cur = nxt
-            rounds += 1
-        cp.cuda.get_current_stream().synchronize()
-        return rounds
+                        options=EXACT_OPTIONS + (f"-DVAL={value_type}", f"-DKIND={kind}"))
 
 
 def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = False, limit: float = np.inf):
@@ -75,7 +41,7 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
     d.reshape(-1)[src] = 0.0
     st = cp.asarray(np.asarray(steps, np.float64))
     ntr, ntc = -(-h // TILE), -(-w // TILE)
-    lists = _WorkLists(ntr * ntc)
+    lists = WorkLists(ntr * ntc)
     if warm:  # the tiles of the block's edge: only a ring cell's fall starts a change
         t = cp.arange(ntr * ntc, dtype=cp.int32)
         tr, tc = t // ntc, t % ntc

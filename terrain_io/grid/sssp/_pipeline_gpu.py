@@ -12,17 +12,16 @@ import functools
 
 import numpy as np
 
-from ...backend import kernel_source
+from ...backend import EXACT_OPTIONS, kernel_source
 
 MAX_CLUSTER = 16  # phase 1: done flags of 256 cells per thread; phase 3: arrays of 256 cells per thread
-OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
 
 
 @functools.cache
 def _kernel():
     import cupy as cp
 
-    return cp.RawKernel(kernel_source("sssp.cu"), "sssp_boundary_phase", options=OPTIONS)
+    return cp.RawKernel(kernel_source("sssp.cu"), "sssp_boundary_phase", options=EXACT_OPTIONS)
 
 
 @functools.cache
@@ -30,7 +29,7 @@ def _final_kernel(c: int):
     """Phase 3's kernel for clusters of at most c x c cells (its arrays are sized at compile time)."""
     import cupy as cp
 
-    return cp.RawModule(code=kernel_source("sssp.cu"), options=OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
+    return cp.RawModule(code=kernel_source("sssp.cu"), options=EXACT_OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
         "sssp_final_phase")
 
 

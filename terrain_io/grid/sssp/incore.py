@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import resolve_device
+from ...backend import gpu_free_bytes, resolve_device
 from ...jit import SERIAL_BELOW
 from . import _incore_cpu as K
 
@@ -130,14 +130,6 @@ def value_dtype(field) -> np.dtype:
     dt = field.store.dtype
     small = dt == np.float32 or (dt.kind in "iu" and dt.itemsize <= 2)
     return np.dtype(np.float32 if small and field.cost_array is None else np.float64)
-
-
-def gpu_free_bytes() -> float:
-    """The GPU memory a solve may take: 90% of the free memory and of what CuPy's pool holds unused."""
-    import cupy
-
-    free, _ = cupy.cuda.Device().mem_info
-    return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
 
 def incore_bytes(store, field, device: str, allocation: bool = False) -> int:

@@ -47,11 +47,11 @@ from ...atomic import scratch_directory
 from ...errors import InputError
 from ...memory import format_bytes, return_freed_memory_to_os
 from ...progress import progress_bar
-from ...backend import to_host
+from ...backend import gpu_free_bytes, to_host
 from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
 from ...weights import DC, DR, edge_weights
 from . import _incore_cpu as K
-from .incore import NO_LEVEL, NO_PRED, block_bytes, gpu_free_bytes, output_distance, solve_block, value_dtype
+from .incore import NO_LEVEL, NO_PRED, block_bytes, output_distance, solve_block, value_dtype
 
 # (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
 # ("top"/"bottom"/"left"/"right": a whole side; a corner: one end of a side)
