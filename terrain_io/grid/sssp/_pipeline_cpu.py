@@ -30,8 +30,7 @@ import numpy as np
 from numba import prange
 
 from ...weights import DC, DR, edge_weight
-
-NO_PRED = 255
+from .result import NO_PRED
 HOW_INTRA = 254   # settled in the merge over a path inside its own cluster
 HOW_SOURCE = 253  # a source
 HOW_NONE = 255    # never reached

@@ -24,9 +24,7 @@ import numba
 import numpy as np
 
 from ...weights import DC, DR
-from .incore import NO_PRED
-
-ALLOCATION_DTYPE = "uint32"
+from .result import NO_PRED
 
 
 @numba.njit(cache=True)

@@ -26,9 +26,8 @@ import numpy as np
 from ...backend import gpu_free_bytes, resolve_device
 from ...jit import SERIAL_BELOW
 from . import _incore_cpu as K
+from .result import NO_LEVEL, SSSPResult, write_result
 
-NO_LEVEL = int(K.NO_LEVEL)
-NO_PRED = K.NO_PRED
 _NO_CELLS = np.empty(0, np.int64)  # the levels kernel's cell list when it runs on every cell
 
 
@@ -187,7 +186,6 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
 
     from ...progress import progress_bar
     from ...store import write_shard
-    from .engine import DISTANCE_DTYPE, SSSPResult
 
     if not fits_in_core(store, field, device, budget, allocation):
         raise _too_large(store, field, device, budget, allocation)
@@ -230,13 +228,10 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     d32 = output_distance(dist, vals)
     del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
     bar = progress_bar(progress, nsr * nsc, "sssp write")
-    with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
-        outputs = [(wr.create_array("distance", DISTANCE_DTYPE, float("nan")), d32),
-                   (wr.create_array("predecessor", "uint8", NO_PRED), pred)]
+    with write_result(store, name, attrs, allocation) as arrays:
+        outputs = [(arrays.distance, d32), (arrays.predecessor, pred)]
         if allocation:
-            from .allocation import ALLOCATION_DTYPE
-
-            outputs.append((wr.create_array("source", ALLOCATION_DTYPE, 0), source))
+            outputs.append((arrays.source, source))
         finite = xp.isfinite(d32)
         reached = int(finite.sum())
         dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
@@ -265,7 +260,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                     pending.pop(0).result()
             for f in pending:
                 f.result()
-        wr.attrs.update({"reached": reached, "max_distance": dmax})
+        arrays.finish(reached, dmax)
     bar.close()
     timings["write"] = time.perf_counter() - t0
     return SSSPResult(name, field.model.name, cells, "incore", reached, dmax,

@@ -40,8 +40,8 @@ from ...store import TerrainStore, Window, read_plain_chunk
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 from ._merge import merge_parallel
-from .engine import DISTANCE_DTYPE, SSSPResult
 from .index import Field, cluster_size, ensure_index
+from .result import NO_PRED, SSSPResult, write_result
 
 class MergeState:
     """Phase 2's data: the cluster heap (in RAM) and G' chunks with their vertex state in slots.
@@ -448,9 +448,8 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
     kind = field.model.kind
     src = np.array(cells, np.int64).reshape(-1, 2)
     bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp final")
-    with store.write_result(f"sssp/{name}", attrs=attrs) as w:
-        dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
-        pred_arr = w.create_array("predecessor", "uint8", K.NO_PRED)
+    with write_result(store, name, attrs, allocation) as arrays:
+        dist_arr, pred_arr = arrays.distance, arrays.predecessor
         if (scheduler or "local") != "local":
             reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar,
                                            device, limit)
@@ -494,11 +493,11 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
             reached = sum(n for n, _ in done)
             dmax = max((d for _, d in done), default=0.0)
         if allocation:
-            from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
+            from .allocation import allocation_threads, write_allocation
 
-            write_allocation(pred_arr, w.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), cells,
+            write_allocation(pred_arr, arrays.source, store.shards(), cells,
                              store.shape, allocation_threads(store, merge.budget, os.cpu_count() or 1))
-        w.attrs.update({"reached": reached, "max_distance": dmax})
+        arrays.finish(reached, dmax)
     bar.close()
     return reached, dmax
 
@@ -544,7 +543,7 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
     if limit < np.inf:
         beyond = out_d > np.float32(limit)
         out_d[beyond] = np.inf
-        out_p[beyond] = K.NO_PRED
+        out_p[beyond] = NO_PRED
     if bar is not None:
         bar.update(len(tiles))
     return out_d, out_p

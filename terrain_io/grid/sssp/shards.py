@@ -51,7 +51,8 @@ from ...backend import gpu_free_bytes, to_host
 from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
 from ...weights import DC, DR, edge_weights
 from . import _incore_cpu as K
-from .incore import NO_LEVEL, NO_PRED, block_bytes, output_distance, solve_block, value_dtype
+from .incore import block_bytes, output_distance, solve_block, value_dtype
+from .result import NO_LEVEL, NO_PRED, SSSPResult, write_result
 
 # (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
 # ("top"/"bottom"/"left"/"right": a whole side; a corner: one end of a side)
@@ -688,7 +689,6 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     solved again (nor at all when never within it). ``allocation``: ``source`` too, by a pass over
     the written predecessors (:func:`.allocation.write_allocation`)."""
     from ...parallel import check_scheduler, map_shards
-    from .engine import DISTANCE_DTYPE, SSSPResult
 
     return_freed_memory_to_os()
     scheduler = check_scheduler(scheduler)
@@ -734,9 +734,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             stage = UnitStage(folder) if staged else None
         if device == "cpu":
             load_warm_kernels(vdtype, field.model.kind)
-        wr = stack.enter_context(store.write_result(f"sssp/{name}", attrs=attrs))
-        dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
-        pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
+        arrays = stack.enter_context(write_result(store, name, attrs, allocation))
+        dist_arr, pred_arr = arrays.distance, arrays.predecessor
         paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
 
         def task(i, j, reached=True):
@@ -792,9 +791,9 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             lanes = (budget - PROCESS_BYTES) // assemble_bytes(store, side)
             _assemble(stage, dist_arr, pred_arr, lines, int(max(1, min(threads, lanes))), progress)
         if allocation:
-            from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
+            from .allocation import allocation_threads, write_allocation
 
-            write_allocation(pred_arr, wr.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), cells,
+            write_allocation(pred_arr, arrays.source, store.shards(), cells,
                              store.shape, allocation_threads(store, budget, threads))
         reached = sum(n for n, _ in reach.values())
         dmax = max((m for _, m in reach.values()), default=0.0)
@@ -807,7 +806,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                  "scratch_bytes": scratch_bytes,
                  "read_bytes_per_cell": round((io1[0] - io0[0]) / n_cells, 3),
                  "written_bytes_per_cell": round((io1[1] - io0[1]) / n_cells, 3)}
-        wr.attrs.update({"reached": reached, "max_distance": dmax, "shards": stats})
+        arrays.finish(reached, dmax, shards=stats)
     bar.close()
     timings = {"solve": round(time.perf_counter() - t0, 3)}
     return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings, device, merge_stats=stats)
