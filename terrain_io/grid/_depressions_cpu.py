@@ -28,7 +28,7 @@ import numpy as np
 
 from ..weights import DC, DR
 from ..unionfind import find
-from ._fill_cpu import _node, _two_sum, perimeter_id
+from ._fill_cpu import boundary_node, perimeter_id, two_sum
 from ._radix_cpu import radix_argsort, radix_sort32
 
 UNSET = np.int64(-(2**62))
@@ -131,7 +131,7 @@ def _ends(i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, par, rid, rloc, 
                 cur = find(par, rloc[cur])
                 continue
             g = rid[cur]
-            val = -2 - _node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
+            val = -2 - boundary_node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
             break
         for k in range(top):
             end[stack[k]] = val
@@ -145,7 +145,7 @@ def _receiver_end(r, tw, rows, cols, T, ntc, offset, par, rid, rloc, end):
     if rloc[r] >= 0:
         return end[find(par, rloc[r])]
     g = rid[r]
-    return -2 - _node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
+    return -2 - boundary_node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -236,7 +236,7 @@ def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
                     continue
                 if vals[a + DR[d], b + DC[d]] == vals[a, b]:
                     cu[m] = base + p
-                    cv[m] = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                    cv[m] = boundary_node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
                     m += 1
     return (o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h), cu[:m].copy(), cv[:m].copy(), leaf_key, leaf_h
 
@@ -351,7 +351,7 @@ def _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset,
                 if 0 <= ni < th and 0 <= nj < tw:
                     lb = basin[ni, nj]
                 else:
-                    lb = res_id[_node(gr, gc, rows, cols, T, ntc, offset)]
+                    lb = res_id[boundary_node(gr, gc, rows, cols, T, ntc, offset)]
                 if la == lb:
                     continue
                 if emit:
@@ -546,7 +546,7 @@ def tile_volumes(vals, ok, basin, up, jump, level):
             k += 1
             node[k] = keys[q]
         cnt[k] += 1
-        s, e = _two_sum(shi[k], hs[q])
+        s, e = two_sum(shi[k], hs[q])
         shi[k] = s
         slo[k] += e
     return node, cnt, shi, slo
@@ -558,7 +558,7 @@ def add_volumes(node, cnt, shi, slo, c_all, h_hi, h_lo):
     for k in range(node.shape[0]):
         u = node[k]
         c_all[u] += cnt[k]
-        s, e = _two_sum(h_hi[u], shi[k])
+        s, e = two_sum(h_hi[u], shi[k])
         h_hi[u] = s
         h_lo[u] += e + slo[k]
 
@@ -580,7 +580,7 @@ def subtree_volumes(parent, spill, c_all, h_hi, h_lo):
         p = parent[v]
         if p > 0:
             c_all[p] += c_all[v]
-            s, e = _two_sum(h_hi[p], h_hi[v])
+            s, e = two_sum(h_hi[p], h_hi[v])
             h_hi[p] = s
             h_lo[p] += e + h_lo[v]
     vol = np.full(nn, np.nan)
@@ -593,6 +593,6 @@ def subtree_volumes(parent, spill, c_all, h_hi, h_lo):
         sh, sl = _split(s)
         ch, cl = _split(c)
         pe = ((sh * ch - p) + sh * cl + sl * ch) + sl * cl  # s * c = p + pe exactly
-        d, e = _two_sum(p, -h_hi[v])
+        d, e = two_sum(p, -h_hi[v])
         vol[v] = d + ((e + pe) - h_lo[v])
     return vol

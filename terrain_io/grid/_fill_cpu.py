@@ -149,7 +149,7 @@ def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
 
 
 @numba.njit(nogil=True, cache=True)
-def _node(gr, gc, rows, cols, T, ntc, offset):
+def boundary_node(gr, gc, rows, cols, T, ntc, offset):
     """Boundary-graph node of global perimeter cell (gr, gc)."""
     tr, tc = gr // T, gc // T
     th = min(T, rows - tr * T)
@@ -225,7 +225,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 if not ok[a + DR[d], b + DC[d]]:
                     continue
                 eu[k] = base + p
-                ev[k] = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                ev[k] = boundary_node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
                 ew[k] = max(vals[a, b], vals[a + DR[d], b + DC[d]])
                 k += 1
     return k
@@ -288,7 +288,8 @@ def solve_levels(n_nodes, eu, ev, ew):
 
 # -- phase 3 -------------------------------------------------------------------------------------
 @numba.njit(inline="always", cache=True)
-def _two_sum(a, b):
+def two_sum(a, b):
+    """``a + b`` rounded and its rounding error, exactly (Knuth's TwoSum)."""
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
@@ -389,7 +390,7 @@ def lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
                 st_f[row, 4] = h
             st_i[row, 1] += 1
             dd = np.float64(f) - np.float64(h)
-            s, e = _two_sum(st_f[row, 1], dd)
+            s, e = two_sum(st_f[row, 1], dd)
             st_f[row, 1] = s
             st_f[row, 2] += e
             if dd > st_f[row, 3]:
@@ -412,7 +413,7 @@ def lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
                 ni, nj = i + DR[d], j + DC[d]
                 if (0 <= ni < th and 0 <= nj < tw) or not ok[a + DR[d], b + DC[d]]:
                     continue
-                q = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                q = boundary_node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
                 if G[q] == G[q] and G[q] > vals[a + DR[d], b + DC[d]]:
                     links[k, 0] = -1 - q
                     links[k, 1] = row
@@ -479,7 +480,7 @@ def join_lakes(n_nodes, st_i, st_f, links):
         if r == x:
             continue
         acc_i[r, 1] += st_i[x, 1]
-        s, e = _two_sum(acc_f[r, 1], st_f[x, 1])
+        s, e = two_sum(acc_f[r, 1], st_f[x, 1])
         acc_f[r, 1] = s
         acc_f[r, 2] += e + st_f[x, 2]
         acc_f[r, 3] = max(acc_f[r, 3], st_f[x, 3])

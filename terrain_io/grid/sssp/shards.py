@@ -688,7 +688,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     ``limit``: no cell farther is reached, and a unit whose ring changed only beyond it is not
     solved again (nor at all when never within it). ``allocation``: ``source`` too, by a pass over
     the written predecessors (:func:`.allocation.write_allocation`)."""
-    from ...parallel import check_scheduler, map_shards
+    from ...parallel import check_scheduler, map_shards, scheduler_threads
 
     return_freed_memory_to_os()
     scheduler = check_scheduler(scheduler)
@@ -761,7 +761,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                     heapq.heappush(heap, (key, ij))
 
         rounds = 0
-        per_round = 1 if scheduler == "local" else _batch_size(scheduler)
+        per_round = 1 if scheduler == "local" else scheduler_threads(scheduler)  # a Dask round
         while heap:
             batch = _next_batch(heap, waiting, per_round)
             rounds += 1
@@ -810,15 +810,6 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     bar.close()
     timings = {"solve": round(time.perf_counter() - t0, 3)}
     return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings, device, merge_stats=stats)
-
-
-def _batch_size(scheduler: str) -> int:
-    """How many units a Dask round solves: the workers' threads (the cores for local Dask)."""
-    if scheduler in ("threads", "processes"):
-        return os.cpu_count() or 1
-    from ...parallel import _client
-
-    return max(1, sum(_client(scheduler, None).nthreads().values()))
 
 
 def _next_batch(heap, waiting: dict, size: int) -> list:
