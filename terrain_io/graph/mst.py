@@ -13,7 +13,7 @@ The forest is then unique, and every method and device returns the same edge ids
   small parts with NumPy's SIMD sort and scans them; ``kruskal`` is the same without the filter (a
   lazily sorted Kruskal that stops once the forest is complete); ``boruvka`` (numba) scans the
   remaining edges per round and contracts.
-- GPU (CuPy, terrain_io/kernels/mst.cu): ``boruvka`` sorts the edges once into the strict order
+- GPU (CuPy, terrain_io/kernels/graph_mst.cu): ``boruvka`` sorts the edges once into the strict order
   (two stable radix sorts), then each round takes the lightest edge per component by atomicMin on
   its 32-bit position, hooks, pointer-jumps and compacts the crossing edges. ``kruskal`` and
   ``filter_kruskal`` follow the report's hybrid: sort, partition and filter kernels on the GPU,
@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import numba as nb
 import numpy as np
 
-from ..backend import device_of, is_cupy, to_host
+from ..backend import device_of, is_cupy, kernel_source, to_host
 from ..errors import InputError
 from ..unionfind import find
 from .io import EdgeList
@@ -316,7 +315,7 @@ def _all_roots(parent):
 def _module():
     import cupy
 
-    src = (Path(__file__).resolve().parents[1] / "kernels" / "mst.cu").read_text()
+    src = kernel_source("graph_mst.cu")
     return cupy.RawModule(code=src, options=("-std=c++17",))
 
 

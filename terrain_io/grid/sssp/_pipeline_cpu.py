@@ -229,7 +229,7 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
     the block -- 3-4x faster on the CPU than one heap Dijkstra per source. The fixpoint is the
     minimum over paths of the left-to-right float64 sums of their weights (rounding is monotone),
     which is exactly what Dijkstra from s settles: the blocks are bit-identical to a Dijkstra per
-    source, and to the GPU kernel (kernels/sssp.cu).
+    source, and to the GPU kernel (kernels/sssp_pipeline.cu).
     """
     H, W = vals.shape
     mr = (H + c - 1) // c

@@ -1,4 +1,4 @@
-"""CuPy side of the grid SSSP pipeline: phases 1 and 3 on the GPU (terrain_io/kernels/sssp.cu).
+"""CuPy side of the grid SSSP pipeline: phases 1 and 3 on the GPU (terrain_io/kernels/sssp_pipeline.cu).
 
 Phase 1 (the boundary index G') runs one thread block per cluster and one thread per boundary
 cell; its output has the layout of :func:`terrain_io.grid._pipeline_cpu.boundary_phase`, bit for bit,
@@ -21,7 +21,7 @@ MAX_CLUSTER = 16  # phase 1: done flags of 256 cells per thread; phase 3: arrays
 def _kernel():
     import cupy as cp
 
-    return cp.RawKernel(kernel_source("sssp.cu"), "sssp_boundary_phase", options=EXACT_OPTIONS)
+    return cp.RawKernel(kernel_source("sssp_pipeline.cu"), "sssp_boundary_phase", options=EXACT_OPTIONS)
 
 
 @functools.cache
@@ -29,7 +29,7 @@ def _final_kernel(c: int):
     """Phase 3's kernel for clusters of at most c x c cells (its arrays are sized at compile time)."""
     import cupy as cp
 
-    return cp.RawModule(code=kernel_source("sssp.cu"), options=EXACT_OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
+    return cp.RawModule(code=kernel_source("sssp_pipeline.cu"), options=EXACT_OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
         "sssp_final_phase")
 
 
