@@ -2,7 +2,9 @@
 private name taken from another module.
 
 Every ``import`` and ``from ... import`` of a module counts, at module level and inside functions
-alike (a deferred import is still a dependency, it only hides the cycle until a function runs).
+alike (a deferred import is still a dependency, it only hides the cycle until a function runs),
+and so does every ``"package.module:name"`` entry of a :class:`terrain_io.backend.Dispatch` table
+(imported on first use: a deferred import).
 Not counted: imports under ``if TYPE_CHECKING:`` (never executed), and a *deferred* import of one
 of the module's own parent packages (Python has run the parent's ``__init__`` before any of its
 submodules, so by the time a function runs the parent is complete: ``jit`` asks ``terrain_io`` for
@@ -60,6 +62,15 @@ def _imports(tree: ast.Module):
     yield from walk(tree, True)
 
 
+def _dispatch_entries(tree: ast.Module):
+    """The modules named by ``Dispatch(..., gpu="package.module:name")`` entries (imported on first use)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Dispatch":
+            for kw in node.keywords:
+                if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    yield kw.value.value.partition(":")[0]
+
+
 def import_graph(package: Path = PACKAGE):
     """({module: {(imported module, at module level)}}, [(module, from module, private name)])."""
     modules = _modules(package)
@@ -67,7 +78,9 @@ def import_graph(package: Path = PACKAGE):
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         targets = edges.setdefault(name, set())
-        for node, top in _imports(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        targets |= {(module, False) for module in _dispatch_entries(tree)}
+        for node, top in _imports(tree):
             if isinstance(node, ast.Import):
                 targets |= {(a.name, top) for a in node.names if a.name in modules}
                 continue
@@ -175,7 +188,7 @@ def test_walk_sees_what_it_checks(tmp_path):
     (pkg / "b.py").write_text("from . import a\n")  # module level: a <-> b
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import x\n"
                               "def h():\n    from .a import _private\n    from . import f\n")
-    (pkg / "d.py").write_text("from .c import h\n")
+    (pkg / "d.py").write_text("from .c import h\nT = Dispatch('table', gpu='pkg.sub.e:f')\n")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "e.py").write_text("from ..c import h\n")
     edges, private = import_graph(pkg)
@@ -184,3 +197,23 @@ def test_walk_sees_what_it_checks(tmp_path):
     assert private == [("pkg.c", "pkg.a", "_private")]
     assert ("pkg.c", True) in edges["pkg.sub.e"]
     assert ("pkg.d", True) not in edges["pkg.c"]  # under TYPE_CHECKING
+    assert ("pkg.sub.e", False) in edges["pkg.d"]  # a Dispatch entry
+
+
+def test_dispatch_entries_name_what_exists():
+    """Every ``"module:name"`` entry of a Dispatch table names a function its module defines (the GPU
+    entries are imported only on a GPU run, so a typo would otherwise pass every CPU test)."""
+    modules = _modules(PACKAGE)
+    entries = []
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Dispatch":
+                entries += [kw.value.value for kw in node.keywords
+                            if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)]
+    assert entries  # the walk finds the tables
+    for entry in entries:
+        module, _, name = entry.partition(":")
+        assert module in modules, entry
+        defined = {n.name for n in ast.parse(modules[module].read_text()).body
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert name in defined, entry

@@ -42,7 +42,7 @@ import numba
 import numpy as np
 
 from .. import weights as weight_models
-from ..backend import resolve_device
+from ..backend import Dispatch, resolve_device
 from ..errors import InputError
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
@@ -276,26 +276,30 @@ class _TileTask:
     device: str = "cpu"  # "gpu": the worker's GPU (dask-cuda gives each worker its own)
 
 
+def _tile_phase_cpu(store: TerrainStore, task: _TileTask, values, valid):
+    """The tile phase of a task's batch on the CPU (numba): (edge bits, tile_phase_batch output)."""
+    rows, cols = store.shape
+    win = task.window
+    bits = np.zeros(values.shape, dtype=np.uint8)
+    hkey, float_bits = K.key_source(values)
+    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
+                             weight_models.get(task.weight).kind, task.cap, task.forest,
+                             parallel=rows * cols >= SERIAL_BELOW)
+    return bits, out
+
+
+TILE_PHASE = Dispatch("the grid MST's tile phase", cpu=_tile_phase_cpu,
+                      gpu="terrain_io.grid._mst_gpu:worker_tile_phase")
+
+
 def _tile_task(task: _TileTask):
     """Runs on a worker; returns (valid cells, tile_phase_batch output) -- the small merge data."""
     import zarr
 
     store = TerrainStore.open(task.store, mode="r")
-    rows, cols = store.shape
     values = store.read(task.window)
     valid = store.valid(values)
-    win = task.window
-    if task.device == "gpu":
-        from ._mst_gpu import worker_tile_forest
-
-        gpu = worker_tile_forest(store.tile_size, task.weight, store.dtype.str)
-        bits, out = gpu.tile_phase(values, valid, task.tiles, win.r0, win.c0, rows, cols, task.cap)
-    else:
-        bits = np.zeros(values.shape, dtype=np.uint8)
-        hkey, float_bits = K.key_source(values)
-        out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
-                                 weight_models.get(task.weight).kind, task.cap, task.forest,
-                                 parallel=rows * cols >= SERIAL_BELOW)
+    bits, out = TILE_PHASE[task.device](store, task, values, valid)
     zarr.open_array(task.edges, mode="r+")[task.window.slices] = bits  # a whole shard: rerunnable
     return int(np.count_nonzero(valid)), out
 

@@ -19,10 +19,12 @@ def _module(value_type: str, kind: int):
                         options=EXACT_OPTIONS + (f"-DVAL={value_type}", f"-DKIND={kind}"))
 
 
-def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = False, limit: float = np.inf):
+def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = False, limit: float = np.inf,
+                    pred=None, changed=None, parallel=None):
     """:func:`.incore.solve_block` on the GPU: ``vals``/``dist``/``level`` NumPy or CuPy arrays of
     the ringed block's shape; returns CuPy (dist, level, pred) (CuPy ``dist``/``level`` of the
-    right types are solved in place). ``warm``: the interior of ``dist`` holds the solution for
+    right types are solved in place). ``pred``, ``changed``, ``parallel``: the CPU's options (its
+    partial warm re-solve, its threads), not used here. ``warm``: the interior of ``dist`` holds the solution for
     an earlier ring that has only fallen since -- an upper bound on the new fixpoint, so the
     rounds start from the tiles next to the ring only and follow where it improves."""
     import cupy as cp

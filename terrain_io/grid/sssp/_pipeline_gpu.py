@@ -77,3 +77,15 @@ def boundary_phase_gpu(vals: np.ndarray, c: int, kind: int, steps: np.ndarray):
                                cp.asarray(steps, dtype=cp.float64), out_d, out_v, np.int32(mc)),
       shared_mem=shared)
     return out_d, out_v
+
+
+def boundary_shard_gpu(vals, win, t: int, c: int, kind: int, steps, sink, bar=None) -> None:
+    """Phase 1 for one shard in one launch; its blocks of clusters go to ``sink`` as in
+    :func:`.index._boundary_shard`."""
+    out_d, out_v = boundary_phase_gpu(vals, c, kind, steps)
+    out_d, out_v = out_d.get(), out_v.get()
+    m = t // c  # one row of index chunks at a time: the sink's writer threads share the shard
+    for i in range(0, out_d.shape[0], m):
+        sink(win.r0 // c + i, win.c0 // c, out_d[i : i + m], out_v[i : i + m])
+    if bar is not None:
+        bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))

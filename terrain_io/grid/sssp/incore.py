@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import gpu_free_bytes, resolve_device
+from ...backend import Dispatch, gpu_free_bytes, resolve_device
 from ...jit import SERIAL_BELOW
 from . import _incore_cpu as K
 from .result import NO_LEVEL, SSSPResult, write_result
@@ -72,10 +72,9 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     run without it, and the work follows the area reached. ``parallel``: the CPU's threaded
     kernels (default: for blocks of SERIAL_BELOW cells or more)."""
     H2, W2 = vals.shape
-    h, w = H2 - 2, W2 - 2
-    gpu = resolve_device(device) == "gpu"
+    device = resolve_device(device)
     xp = np
-    if gpu:
+    if device == "gpu":
         import cupy as xp
     if dist is None:
         dist = xp.full((H2, W2), np.inf)
@@ -83,10 +82,15 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         level = xp.full((H2, W2), NO_LEVEL, np.int32)
     src = np.asarray(sources, np.int64).reshape(-1, 2)
     flat_src = (src[:, 0] + 1) * W2 + src[:, 1] + 1
-    if gpu:
-        from ._incore_gpu import solve_block_gpu
+    return SOLVE_BLOCK[device](vals, kind, steps, flat_src, dist, level, warm, limit, pred, changed, parallel)
 
-        return solve_block_gpu(vals, kind, steps, flat_src, dist, level, warm, limit)
+
+def _solve_block_cpu(vals, kind, steps, flat_src, dist, level, warm=False, limit=np.inf, pred=None, changed=None,
+                     parallel=None):
+    """:func:`solve_block` on the CPU (numba, :mod:`._incore_cpu`), ``flat_src`` the sources' flat
+    indices in the ringed block."""
+    H2, W2 = vals.shape
+    h, w = H2 - 2, W2 - 2
     if not warm:
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
@@ -105,6 +109,10 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     plateau = levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True, pred)
     codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, plateau)
     return dist, level, pred
+
+
+SOLVE_BLOCK = Dispatch("the in-core SSSP", cpu=_solve_block_cpu,
+                       gpu="terrain_io.grid.sssp._incore_gpu:solve_block_gpu")
 
 
 def ringed(values: np.ndarray, dtype=None) -> np.ndarray:

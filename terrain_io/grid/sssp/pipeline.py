@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from ...backend import Dispatch
 from ...errors import InputError
 from ...atomic import scratch_directory
 from ...memory import format_bytes, return_freed_memory_to_os
@@ -532,14 +533,8 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
     inside = _sources_in(src, win)
     src_r = np.ascontiguousarray(inside[:, 0] - win.r0)
     src_c = np.ascontiguousarray(inside[:, 1] - win.c0)
-    if device == "gpu" and c <= MAX_GPU_CLUSTER:
-        from ._pipeline_gpu import final_phase_gpu
-
-        out_d, out_p = final_phase_gpu(vals_shard, c, kind, steps, *merged, src_r, src_c)
-    else:
-        out_d = np.empty(win.shape, np.float32)
-        out_p = np.empty(win.shape, np.uint8)
-        K.final_phase(np.ascontiguousarray(vals_shard), c, kind, steps, *merged, src_r, src_c, out_d, out_p)
+    on = device if c <= MAX_GPU_CLUSTER else "cpu"  # larger clusters than the GPU kernel's: the CPU's
+    out_d, out_p = FINAL_PHASE[on](vals_shard, c, kind, steps, *merged, src_r, src_c)
     if limit < np.inf:
         beyond = out_d > np.float32(limit)
         out_d[beyond] = np.inf
@@ -547,6 +542,19 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
     if bar is not None:
         bar.update(len(tiles))
     return out_d, out_p
+
+
+def _final_phase_cpu(vals, c: int, kind: int, steps, m_dist, m_rank, m_how, m_set, src_r, src_c):
+    """Phase 3 of a shard on the CPU (all its clusters in one parallel numba call): distances
+    (float32) and predecessor codes (uint8), as :func:`._pipeline_gpu.final_phase_gpu`."""
+    out_d = np.empty(vals.shape, np.float32)
+    out_p = np.empty(vals.shape, np.uint8)
+    K.final_phase(np.ascontiguousarray(vals), c, kind, steps, m_dist, m_rank, m_how, m_set, src_r, src_c, out_d, out_p)
+    return out_d, out_p
+
+
+FINAL_PHASE = Dispatch("the SSSP index method's final phase", cpu=_final_phase_cpu,
+                       gpu="terrain_io.grid.sssp._pipeline_gpu:final_phase_gpu")
 
 
 def _reach(out_d) -> tuple[int, float]:
