@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from ...memory import memory_budget
 from ...parallel import check_task_memory, map_shards
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, write_block
+from ...timings import Timings
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 
@@ -349,7 +349,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     local = (scheduler or "local") == "local"
     if not local:  # a quarter of the budget for the write queue
         check_task_memory(_index_task_bytes(store, c, gpu) * 4 // 3, budget, "phase 1")
-    t0 = time.perf_counter()
+    timings = Timings()
     rows, cols = store.shape
     ncr, ncc = -(-rows // c), -(-cols // c)
     m = store.tile_size // c
@@ -378,7 +378,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
                                     sink, bar)
             finally:
                 sink.close()
-        w.attrs["seconds"] = round(time.perf_counter() - t0, 3)
+        w.attrs["seconds"] = round(timings.seconds(), 3)
     bar.close()
     group = store.group[index_name(field.model)]
     return Index(index_name(field.model), c, group["d"], group["v"], dict(group.attrs))

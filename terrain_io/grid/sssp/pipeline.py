@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 
 import numba
@@ -38,6 +37,7 @@ from ...parallel import check_task_memory, imap_shards
 from ...progress import progress_bar
 from ...integrity import MANIFEST_ENTRY_BYTES
 from ...store import TerrainStore, Window, read_plain_chunk
+from ...timings import Timings
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 from ._merge import merge_parallel
@@ -403,7 +403,7 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
     if (scheduler or "local") != "local":  # before any work (phase 1 checks its own tasks)
         check_task_memory(_final_task_bytes(store, cluster_size(store, cluster)), budget, "final phase")
     return_freed_memory_to_os()
-    timings = {}
+    timings = Timings()
     with scratch_directory(store.path, "sssp") as scratch_dir:
         made = []
 
@@ -412,30 +412,26 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
             made.append(MergeState(store, None, budget, scratch_dir, cluster=c))
             return made[0].keep_blocks if made[0].resident else None
 
-        t0 = time.perf_counter()
-        index, reused = ensure_index(store, field, cluster, device, progress, rebuild=rebuild_index,
-                                     scheduler=scheduler, announce=announce, keep=keep, memory=budget)
-        timings["boundary"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
-        if made:
-            merge.attach(index)
-        timings["load"] = time.perf_counter() - t0  # G' into memory (or the paging set-up)
-        t0 = time.perf_counter()
+        with timings.phase("boundary"):
+            index, reused = ensure_index(store, field, cluster, device, progress, rebuild=rebuild_index,
+                                         scheduler=scheduler, announce=announce, keep=keep, memory=budget)
+        with timings.phase("load"):  # G' into memory (or the paging set-up)
+            merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
+            if made:
+                merge.attach(index)
         try:
-            merge.seed(field, cells)
-            merge.run(field)
-            timings["merge"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
-            reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler, device=device,
-                                   limit=limit, allocation=allocation)
-            timings["final"] = time.perf_counter() - t0
+            with timings.phase("merge"):
+                merge.seed(field, cells)
+                merge.run(field)
+            with timings.phase("final"):
+                attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
+                reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler,
+                                       device=device, limit=limit, allocation=allocation)
             merge_stats = getattr(merge, "stats", {})
         finally:
             merge.close()
-    return SSSPResult(name, model.name, cells, "index", reached, dmax, {k: round(v, 3) for k, v in timings.items()},
-                      device, index.cluster, reused, merge_stats)
+    return SSSPResult(name, model.name, cells, "index", reached, dmax, timings.rounded(), device,
+                      index.cluster, reused, merge_stats)
 
 
 def _final(store, field, merge, cells, name, attrs, progress, scheduler="local", announce=None, device="cpu",

@@ -36,7 +36,6 @@ import dataclasses
 import functools
 import heapq
 import os
-import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from ...memory import format_bytes, return_freed_memory_to_os
 from ...progress import progress_bar
 from ...backend import gpu_free_bytes, to_host
 from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
+from ...timings import Timings
 from ...weights import DC, DR, edge_weights
 from . import _incore_cpu as K
 from .incore import block_bytes, output_distance, solve_block, value_dtype
@@ -722,11 +722,12 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     warm = np.zeros((nur, nuc), np.int32)  # of them warm
     reach = {}
     io0 = _io_bytes()
-    t0 = time.perf_counter()
+    timings = Timings()
     bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
     shard_side = store.tile_size * store.shard_size
     staged = side % shard_side != 0  # units smaller than a shard: results staged (UnitStage)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(timings.phase("solve"))  # the whole run, the result's commit included
         scratch = stage = None
         if device == "cpu" or staged:
             folder = stack.enter_context(scratch_directory(store.path, "sssp-shards"))
@@ -808,8 +809,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                  "written_bytes_per_cell": round((io1[1] - io0[1]) / n_cells, 3)}
         arrays.finish(reached, dmax, shards=stats)
     bar.close()
-    timings = {"solve": round(time.perf_counter() - t0, 3)}
-    return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings, device, merge_stats=stats)
+    return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings.rounded(), device,
+                      merge_stats=stats)
 
 
 def _next_batch(heap, waiting: dict, size: int) -> list:
