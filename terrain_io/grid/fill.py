@@ -58,7 +58,7 @@ import numba
 import numpy as np
 
 from ..atomic import scratch_directory
-from ..backend import gpu_free_bytes, resolve_device
+from ..backend import Dispatch, gpu_free_bytes, resolve_device
 from ..errors import InputError, TerrainNote
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
@@ -291,8 +291,12 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
             raise InputError("the GPU fill runs in this process: use --scheduler local, or --device cpu for tasks")
         device = device if (device or "auto").lower() != "auto" else "cpu"
     device = _choose_device(store, device, budget)
-    if device == "gpu":
-        return _fill_gpu_incore(store, outlets, budget, progress, timings)
+    return FILL[device](store, outlets, budget, progress, timings, scheduler, batch_tiles, held, announce)
+
+
+def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings, scheduler: str,
+                batch_tiles: int | None, held: bool | None, announce) -> FillResult:
+    """The CPU pipeline (module docstring): the tiled plan, here or as Dask tasks (:func:`fill`'s options)."""
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = Geometry(rows, cols, store.tile_size)
@@ -398,7 +402,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                             volume_cells=acc_f[:, 1] + acc_f[:, 2], max_depth=acc_f[:, 3],
                             pit_elevation=acc_f[:, 4], spills_to=spills_to)
         dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
-        result = FillResult(outlets=outlets, device=device, method="held" if plan_held else "tiled",
+        result = FillResult(outlets=outlets, device="cpu", method="held" if plan_held else "tiled",
                             cells=rows * cols, depressions=len(table), filled_cells=filled_cells,
                             volume=float(table.volume_cells.sum() * dx * dy), seconds=timings.seconds(),
                             timings=timings.rounded(4), tile_size=store.tile_size,
@@ -463,10 +467,12 @@ def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
     return None
 
 
-def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings) -> FillResult:
+def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings,
+                     *cpu_plan) -> FillResult:
     """The in-core GPU fill (:mod:`._fill_gpu`): the DEM read band by band (a band of shard rows,
     its shards decoded in parallel threads) into one GPU array, levels and lakes solved there, the
-    outputs brought back a band at a time while the threads encode the band before."""
+    outputs brought back a band at a time while the threads encode the band before. ``cpu_plan``:
+    the CPU pipeline's options (scheduler, batch, held), not used here."""
     from ._fill_gpu import GpuFill
 
     rows, cols = store.shape
@@ -533,6 +539,9 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
     finally:
         gpu.close()
     return result
+
+
+FILL = Dispatch("fill", cpu=_fill_tiled, gpu=_fill_gpu_incore)
 
 
 def _sync() -> None:
