@@ -9,6 +9,7 @@ import numpy as np
 
 from ...backend import EXACT_OPTIONS, kernel_source
 from ...worklist import TILE, WorkLists
+from .result import NO_PRED
 
 
 @functools.cache
@@ -65,6 +66,6 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
     pred = cp.empty((h, w), cp.uint8)
     mod.get_function("parent_codes")((blocks,), (threads,), (vals, d, lv, pred, np.int32(h), np.int32(w), st))
     rr, cc = src // W2 - 1, src % W2 - 1
-    pred[rr, cc] = 255
+    pred[rr, cc] = NO_PRED
     solve_block_gpu.rounds = rounds
     return d, lv, pred
