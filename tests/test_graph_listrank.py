@@ -134,3 +134,20 @@ def test_empty_and_bad_args():
         list_rank(np.array([-1]), method="nope")
     with pytest.raises(InputError):
         list_scan(np.array([-1]), np.ones(1), op="mul")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("list_length", [1, 2, 3])
+def test_many_short_lists(device, list_length):
+    """Lists so short that every head is a splitter: the reduced lists do not shrink (the recursive
+    method once recursed until Python's stack ran out)."""
+    n = 20_000 - 20_000 % list_length
+    succ = generate.random_list(n, n // list_length, seed=list_length)
+    expected = np.empty(n, np.int64)
+    for seq in walk_lists(succ):
+        expected[seq] = np.arange(len(seq))
+    values = np.arange(n, dtype=np.float64)
+    for method in ("auto", "recursive_hj", "helman_jaja"):
+        np.testing.assert_array_equal(to_host(list_rank(to_device(succ, device), method=method)), expected)
+        got = list_scan(to_device(succ, device), to_device(values, device), method=method)
+        np.testing.assert_array_equal(to_host(got), reference_scan(succ, values, "sum"))

@@ -472,8 +472,13 @@ def _hj(be, nxt, prv, val, unit, op, dtype, stride, recursive):
     local, owner, sub_val, sub_next, sub_prev, covered = be.split(nxt, prv, val, unit, op, dtype, s)
     if covered != n:
         raise _cycle_error()
-    if recursive:
+    if recursive and 2 * len(sub_next) <= n:
         sub_prefix = _hj(be, sub_next, sub_prev, sub_val, False, op, dtype, stride, True)
+    elif recursive:
+        # Many short lists: every head is a splitter, so the reduced lists barely shrink and
+        # recursing again would never reach the base case. They are short, so pointer jumping
+        # (O(log longest) rounds) ranks them in parallel.
+        sub_prefix = _wyllie(be, sub_next, sub_prev, sub_val, False, op, dtype)
     else:
         sub_prefix, covered = be.sequential(sub_next, sub_prev, sub_val, False, op, dtype)
         if covered != len(sub_next):
