@@ -68,7 +68,7 @@ import numpy as np
 from ..backend import resolve_device
 from ..errors import DeviceError, InputError
 from ..jit import SERIAL_BELOW
-from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ..memory import memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore, read_window, write_window
 from . import _depressions_cpu as K
@@ -80,7 +80,7 @@ from ._tiled import (
     table_cell,
     write_held,
 )
-from .mst import _plan_batches
+from .tiling import Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "depressions"
 TABLE_COLUMNS = ("id", "parent", "kind", "spill_elevation", "spill_row", "spill_col", "spill_x", "spill_y",
@@ -163,24 +163,16 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (itemsize + 2 + 4)
 
 
-def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
-    """(hold the whole DEM, batch side in tiles). Fixed: ~90 bytes a boundary node (ends, flags,
-    union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell for the
-    pieces, ~64 per edge between labels: two a cell allowed)."""
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
+    """Hold the whole DEM, or the batch side in tiles. Fixed: ~90 bytes a boundary node (ends,
+    flags, union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell
+    for the pieces, ~64 per edge between labels: two a cell allowed)."""
     t = store.tile_size
     fixed = geo.nodes * 90 + numba.get_num_threads() * 190 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
-    if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
-        return True, 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
-    k = store.shard_size
-    while k > 1 and fixed + _block_bytes((k * t + 2) ** 2, isz) > budget:
-        k //= 2
-    if fixed + _block_bytes((k * t + 2) ** 2, isz) > budget:
-        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: depressions needs at "
-                         f"least {format_bytes(fixed + _block_bytes((t + 2) ** 2, isz))} with {t} x {t} tiles "
-                         "(raise --memory or use smaller tiles)")
-    return False, k
+    return plan(store, budget, "depressions", lambda k: fixed + _block_bytes((k * t + 2) ** 2, isz),
+                held_need=fixed + _block_bytes((rows + 2) * (cols + 2), isz))
 
 
 def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
@@ -208,16 +200,12 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
     budget = memory_budget(memory)
     rows, cols = store.shape
     geo = Geometry(rows, cols, store.tile_size)
-    plan_held, k = _plan(store, geo, budget)
-    if held is not None:
-        plan_held = held
-    if batch_tiles is not None:
-        if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
-            raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
-        k = batch_tiles
+    chosen = _plan(store, geo, budget)
+    plan_held = chosen.held if held is None else held
+    k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if plan_held:
-        k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
-    batches = _plan_batches(store, k)
+        k = whole_side(store)
+    batches = plan_batches(store, k)
     whole_shard = k == store.shard_size
     nodata_drains = outlets == "edge+nodata"
     args = (rows, cols, geo.tile, geo.ntc, geo.offset)

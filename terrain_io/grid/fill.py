@@ -48,7 +48,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv
-import math
 import os
 import time
 import warnings
@@ -75,7 +74,7 @@ from ._tiled import (
     table_cell,
     write_held,
 )
-from .mst import _Batch, _plan_batches
+from .tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "fill"
 TABLE_COLUMNS = ("id", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "spill_row", "spill_col",
@@ -195,26 +194,17 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (2 * itemsize + 2 + 4 + 4 + 4)
 
 
-def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
-    """(hold the floods of the whole DEM, batch side in tiles). Fixed: the boundary graph (about
-    2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of solve
-    and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find)."""
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
+    """Hold the floods of the whole DEM, or the batch side in tiles. Fixed: the boundary graph
+    (about 2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of
+    solve and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find);
+    out of core two batches at once."""
     t = store.tile_size
-    threads = numba.get_num_threads()
-    fixed = geo.nodes * 112 + threads * 40 * t * t
+    fixed = geo.nodes * 112 + numba.get_num_threads() * 40 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
-    if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
-        side = max(geo.ntr, geo.ntc)
-        return True, 1 << max(0, math.ceil(math.log2(side)))
-    k = store.shard_size
-    while k > 1 and fixed + 2 * _block_bytes((k * t + 2) ** 2, isz) > budget:
-        k //= 2
-    if fixed + 2 * _block_bytes((k * t + 2) ** 2, isz) > budget:
-        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: fill needs at least "
-                         f"{format_bytes(fixed + 2 * _block_bytes((t + 2) ** 2, isz))} with {t} x {t} tiles "
-                         "(raise --memory or use smaller tiles)")
-    return False, k
+    return plan(store, budget, "fill", lambda k: fixed + 2 * _block_bytes((k * t + 2) ** 2, isz),
+                held_need=fixed + _block_bytes((rows + 2) * (cols + 2), isz))
 
 
 def _edges(out, ntiles, wdtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -296,21 +286,17 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = Geometry(rows, cols, store.tile_size)
-    plan_held, k = _plan(store, geo, budget)
-    if held is not None:
-        plan_held = held
-    if batch_tiles is not None:
-        if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
-            raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
-        k = batch_tiles
+    chosen = _plan(store, geo, budget)
+    plan_held = chosen.held if held is None else held
+    k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if scheduler != "local":  # Dask tasks of whole shards, floods not held
         if not batch_tiles and k != store.shard_size and not plan_held:
             raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory "
                              f"budget {format_bytes(budget)} (raise --memory)")
         plan_held, k = False, batch_tiles or store.shard_size
     if plan_held:
-        k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
-    batches = _plan_batches(store, k)
+        k = whole_side(store)
+    batches = plan_batches(store, k)
     nodata_drains = outlets == "edge+nodata"
     whole_shard = k == store.shard_size
     timings = {}
@@ -551,7 +537,7 @@ def _sync() -> None:
     cupy.cuda.get_current_stream().synchronize()
 
 
-def _relabel_and_spill(store, batches: list[_Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
+def _relabel_and_spill(store, batches: list[Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
                        spills_to, progress) -> None:
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
     reading a one-cell halo around each batch that holds spill cells."""

@@ -49,8 +49,9 @@ from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_window, write_window
-from ..zorder import morton_decode, morton_encode, morton_order
+from ..zorder import morton_decode
 from . import _mst_cpu as K
+from .tiling import Batch, check_side, plan, plan_batches
 
 RESULT = "mst"
 
@@ -149,7 +150,7 @@ class _Merger:
         with self._lock:
             self.seconds += time.perf_counter() - t0
 
-    def _merge_batch(self, b: "_Batch", out, side: int):
+    def _merge_batch(self, b: Batch, out, side: int):
         """All merges inside a full batch of ``side`` x ``side`` tiles, in one compiled call
         (``merge_batch``, no GIL: batches merge in parallel threads); returns ``_record``'s input."""
         t0 = time.perf_counter()
@@ -187,7 +188,7 @@ class _Merger:
                 except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
                     self._error = exc
 
-    def submit(self, b: "_Batch", out, side: int, next_code: int | None) -> None:
+    def submit(self, b: Batch, out, side: int, next_code: int | None) -> None:
         """Queue one batch's tile-phase output (``tile_phase_batch``'s; ``side``: the batch side in
         tiles) for merging; a full batch starts merging inside at once, in the pool."""
         if self._error is not None:
@@ -245,16 +246,7 @@ class _Merger:
         return cat(self.removed), cat(self.kept)
 
 
-@dataclass
-class _Batch:
-    """A quadtree block of tiles processed together (one shard, or a part of it under a small budget)."""
-
-    window: Window
-    codes: np.ndarray  # Morton codes of its tiles, in order
-    tiles: np.ndarray  # (n, 4): i0, j0, h, w inside the window
-
-
-def _blocks(b: _Batch, out) -> list[_Block]:
+def _blocks(b: Batch, out) -> list[_Block]:
     """The contracted graphs of a batch's tiles, from ``tile_phase_batch``'s output, as merge blocks."""
     nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
     return [_Block(0, int(b.codes[ti]), vid[ti, :nv[ti]], vh[ti, :nv[ti]], vm[ti, :nv[ti]],
@@ -300,32 +292,6 @@ def _tile_task(task: _TileTask):
     return int(np.count_nonzero(valid)), out
 
 
-def _plan_batches(store: TerrainStore, k: int) -> list[_Batch]:
-    t = store.tile_size
-    rows, cols = store.shape
-    order = morton_order(*store.tile_grid)
-    codes = morton_encode(order[:, 0], order[:, 1]).astype(np.int64)
-    shift = 2 * int(math.log2(k))
-    batches = []
-    start = 0
-    n = len(codes)
-    while start < n:
-        b = codes[start] >> shift
-        stop = start
-        while stop < n and codes[stop] >> shift == b:
-            stop += 1
-        br, bc = morton_decode(np.uint64(b))
-        win = Window(br * k * t, min((br + 1) * k * t, rows), bc * k * t, min((bc + 1) * k * t, cols))
-        tr, tc = order[start:stop, 0], order[start:stop, 1]
-        i0 = tr * t - win.r0
-        j0 = tc * t - win.c0
-        h = np.minimum(t, rows - tr * t)
-        w = np.minimum(t, cols - tc * t)
-        batches.append(_Batch(win, codes[start:stop], np.stack([i0, j0, h, w], axis=1).astype(np.int64)))
-        start = stop
-    return batches
-
-
 def _readers(device: str) -> int:
     """Threads reading (and decoding) batches ahead of the tile phase: half the cores, at least the
     GPU's two lanes, at most 8."""
@@ -352,15 +318,7 @@ def _plan_bytes(store: TerrainStore, device: str, sorts_edges: bool, k: int) -> 
 
 def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: bool) -> int:
     """The largest power-of-two batch side (in tiles, at most the shard) that fits ``budget``."""
-    k = store.shard_size
-    while k > 1 and _plan_bytes(store, device, sorts_edges, k) > budget:
-        k //= 2
-    if _plan_bytes(store, device, sorts_edges, k) > budget:
-        t = store.tile_size
-        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: the MST needs at "
-                         f"least {format_bytes(_plan_bytes(store, device, sorts_edges, 1))} with {t} x {t} tiles "
-                         "(raise --memory or use smaller tiles)")
-    return k
+    return plan(store, budget, "the MST", lambda k: _plan_bytes(store, device, sorts_edges, k)).side
 
 
 def _holds_bits(store: TerrainStore, budget: int, device: str, sorts_edges: bool, k: int) -> bool:
@@ -378,7 +336,7 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
     return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
 
 
-def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: int, decided: list,
+def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: int, decided: list,
             progress: bool, held: dict | None = None) -> int:
     """Phase 3: apply the merge decisions (``decided``: [removed, kept] codes, emptied here) to
     ``mst/edges``, each shard read and written once, shards in
@@ -475,9 +433,8 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     if scheduler != "local" and k != store.shard_size:
         raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory budget "
                          f"{format_bytes(budget)} (raise --memory)")
-    if k & (k - 1) or k > store.shard_size:
-        raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}, got {k}")
-    batches = _plan_batches(store, k)
+    check_side(store, k)
+    batches = plan_batches(store, k)
     rows, cols = store.shape
     held = {} if scheduler == "local" and _holds_bits(store, budget, device, forest == K.FOREST_EDGES, k) else None
     cap = 8 * store.tile_size + 8
@@ -492,7 +449,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
 
         gpu = GpuTileForest(store.tile_size, model, store.dtype)
 
-    def prepare(b: _Batch):
+    def prepare(b: Batch):
         """Read a batch (worker thread) and, on the GPU, run its tile phase: forests (and contraction)."""
         t0 = time.perf_counter()
         values = store.read(b.window)
