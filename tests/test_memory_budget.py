@@ -18,9 +18,8 @@ import pytest
 from terrain_io.store import TerrainStore
 
 MST_OVER_BUDGET = pytest.mark.xfail(
-    reason="MST: after the tile phase ~12-15 MiB stay resident at 4096 x 8192 (the decisions and what the threads' "
-           "allocators keep), and the expand pass's shards go 0.1-3 MiB past a 16 MB budget (measured 16.05-18.6 MiB, "
-           "from 29.7 before this branch)", strict=False)
+    reason="MST on the GPU: not re-measured since the merge decisions went into 1 MiB blocks (the CPU's fix: "
+           "21.7-23.2 -> 14.8 MiB under 16 MiB); before, 0.1-3 MiB past a 16 MB budget", strict=False)
 NEEDS_PROC = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux peak-RSS reset")
 
 _SCRIPT = r"""
@@ -131,15 +130,15 @@ def test_sssp_auto_cpu_within_budget(tmp_path):
 
 @NEEDS_PROC
 @pytest.mark.slow
-@MST_OVER_BUDGET
 def test_mst_cpu_within_budget(tmp_path):
-    """The MST out of core on a store 8x the budget (batches of one tile), peak RSS within it (the
-    warm-up on the big store itself: a small one loads the serial builds of the kernels, and
-    loading the parallel ones in the measured run took +72 MiB)."""
+    """The MST out of core on a store 8x the budget (batches of a part of a shard), peak RSS within
+    it (the warm-up on the big store itself: a small one loads the serial builds of the kernels,
+    and loading the parallel ones in the measured run took +72 MiB). Before the merge decisions
+    were kept in blocks of 1 MiB: 21.7-23.2 MiB (joined into one array, held twice)."""
     budget = 16 << 20
     big, warm = _stores(tmp_path, 4096, 8192, 128, 4)
     res = _grown("mst", "cpu", big, warm, budget, [{"big": True, "memory": budget}])
-    assert res["method"] == "batch 1" and res["edges"] == 4096 * 8192 - 1, res
+    assert res["method"] in ("batch 1", "batch 2") and res["edges"] == 4096 * 8192 - 1, res
     _check(res, big, budget)
 
 
