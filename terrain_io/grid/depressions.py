@@ -48,9 +48,11 @@ Pipeline (kernels :mod:`._depressions_cpu`), tiles in Morton batches as :mod:`.f
    give every node's cells and volume.
 
 Memory: the per-cell work is in batches of tiles within ``memory`` (when the DEM, its masks and
-labels fit, the whole DEM is one batch read once); arrays of O(number of basins) -- leaves, the
-basin graph's pairs (~40 bytes each, about three a basin), the tree (~100 bytes a node) -- and of
-O(N / T) boundary nodes are held in memory beside the budget.
+labels fit, the whole DEM is one batch read once), beside the O(N / T) boundary nodes
+(:func:`_plan`, :mod:`.tiling`); arrays of O(number of basins) -- leaves, the basin graph's pairs
+(~40 bytes each, about three a basin), the tree (~100 bytes a node) -- are counted against the
+rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
+refused before the tree is built.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ import numpy as np
 from ..backend import resolve_device
 from ..errors import DeviceError, InputError
 from ..jit import SERIAL_BELOW
-from ..memory import memory_budget, return_freed_memory_to_os
+from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore, read_window, write_window
 from . import _depressions_cpu as K
@@ -175,6 +177,21 @@ def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
                 held_need=fixed + _block_bytes((rows + 2) * (cols + 2), isz))
 
 
+BASIN_BYTES = 600  # host memory a leaf basin takes at the tree's peak: its keys, pairs, tree nodes (measured ~550)
+
+
+def _basins_fit(leaves: int, budget: int, planned: int, done: int, total: int) -> None:
+    """Refuse a budget whose room beside the plan (``planned`` bytes) the basins (O(leaves):
+    their pairs, the tree) outgrow, as soon as the leaves found show it and before the tree is
+    built; the least budget named is extrapolated from ``done`` of ``total`` batches."""
+    if planned + leaves * BASIN_BYTES > budget:
+        least = planned + leaves * BASIN_BYTES * total // max(done, 1)
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store's basins: {leaves:,} "
+                         f"local minima in {done:,} of {total:,} batches, about {format_bytes(least - planned)} "
+                         f"beside the tiles' {format_bytes(planned)} (raise --memory to about "
+                         f"{format_bytes(least)} or more)")
+
+
 def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
                 batch_tiles: int | None = None, held: bool | None = None) -> DepressionsResult:
     """The depression hierarchy of the DEM in ``store`` (a TerrainStore or a path): writes
@@ -223,6 +240,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             tgt = np.full(geo.nodes, K.UNSET, np.int64)
             openf = np.zeros(geo.nodes, np.bool_)
             pieces, cross, leaves = [], [], []
+            n_found = done = 0  # leaves found so far (those on tile edges come in the solve)
             with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
                 for b in batches:
                     vals, ok, outl = read_block(store, b.window, nodata_drains)
@@ -234,7 +252,10 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                         pieces.append(o)
                         cross.append((cu, cv))
                         leaves.append((lk, lh))
+                        n_found += len(lk)
                     del vals, ok, outl
+                    done += 1
+                    _basins_fit(n_found, budget, chosen.bytes, done, len(batches))
                     bar.update(1)
             timings["chains"] = time.perf_counter() - t0
 
@@ -252,6 +273,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             n_leaves = len(keys)
             if n_leaves >= 2**32 - 1:
                 raise InputError(f"{n_leaves:,} local minima: more than uint32 basin ids hold")
+            _basins_fit(n_leaves, budget, chosen.bytes, 1, 1)
             res_id = np.where(res >= 0, np.searchsorted(keys, np.maximum(res, 0)) + 1, 0).astype(np.uint32)
             del res
             timings["solve"] = time.perf_counter() - t0

@@ -36,11 +36,14 @@ class Batch:
 
 @dataclass(frozen=True)
 class Plan:
-    """A pipeline's choice: ``side`` (batch side in tiles) and ``held`` (the whole DEM is one batch
-    whose per-cell state stays in memory between the phases)."""
+    """A pipeline's choice: ``side`` (batch side in tiles), ``held`` (the whole DEM is one batch
+    whose per-cell state stays in memory between the phases) and ``bytes`` (what the planner
+    counted for it: the rest of the budget is room for state that grows with the output, such as
+    a table of depressions, which the pipeline counts as it grows)."""
 
     side: int
     held: bool = False
+    bytes: int = 0
 
 
 def plan_batches(store: TerrainStore, side: int) -> list[Batch]:
@@ -90,7 +93,7 @@ def plan(store: TerrainStore, budget: int, what: str, need: Callable[[int], int]
     ``budget``. A budget that not even one-tile batches fit is refused with one line naming the
     least that works (``need(1)``); ``what`` names the pipeline in it."""
     if held_need is not None and held_need <= budget:
-        return Plan(whole_side(store), held=True)
+        return Plan(whole_side(store), held=True, bytes=held_need)
     k = store.shard_size
     while k > 1 and need(k) > budget:
         k //= 2
@@ -98,4 +101,4 @@ def plan(store: TerrainStore, budget: int, what: str, need: Callable[[int], int]
         t = store.tile_size
         raise InputError(f"memory budget {format_bytes(budget)} too small for this store: {what} needs at least "
                          f"{format_bytes(need(1))} with {t} x {t} tiles (raise --memory or use smaller tiles)")
-    return Plan(k)
+    return Plan(k, bytes=need(k))
