@@ -100,5 +100,6 @@ def plan(store: TerrainStore, budget: int, what: str, need: Callable[[int], int]
     if need(k) > budget:
         t = store.tile_size
         raise InputError(f"memory budget {format_bytes(budget)} too small for this store: {what} needs at least "
-                         f"{format_bytes(need(1))} with {t} x {t} tiles (raise --memory or use smaller tiles)")
+                         f"{format_bytes(need(1))} with {t} x {t} tiles (raise --memory, or convert with "
+                         "another --tile)")
     return Plan(k, bytes=need(k))
