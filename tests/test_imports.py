@@ -19,15 +19,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "terrain_io"
 
-# Private names that may still cross modules, each with its reason. Only the tiled plan, which
-# issue 28 gives a home of its own in another change (the "memory" part): remove these lines then.
-ALLOWED_PRIVATE = {
-    ("terrain_io.grid.depressions", "terrain_io.grid.mst", "_plan_batches"),
-    ("terrain_io.grid.fill", "terrain_io.grid.mst", "_Batch"),
-    ("terrain_io.grid.fill", "terrain_io.grid.mst", "_plan_batches"),
-}
-
-
 def _modules(package: Path) -> dict[str, Path]:
     """Dotted module name -> source file, for every module of the package below ``package``."""
     root = package.parent
@@ -170,13 +161,7 @@ def test_no_cycle_through_deferred_imports(graph):
 
 def test_no_private_name_across_modules(graph):
     _, private = graph
-    assert sorted(set(private) - ALLOWED_PRIVATE) == []
-
-
-def test_allowed_private_names_still_exist(graph):
-    """An allowance nobody needs any more is taken off the list."""
-    _, private = graph
-    assert ALLOWED_PRIVATE <= set(private)
+    assert sorted(set(private)) == []
 
 
 def test_walk_sees_what_it_checks(tmp_path):
