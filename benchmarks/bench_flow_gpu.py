@@ -120,6 +120,7 @@ def main():
         ta = timed(lambda: accumulation(code), args.repeat)
         acc = accumulation(code)
         exits = accumulation.exits
+        phases = {k: round(v, 2) for k, v in accumulation.timings.items()}
         wt = cp.random.RandomState(2).random_sample(z.shape)
         tw = timed(lambda: accumulation(code, wt), args.repeat)
         # every cell is counted once at the end of its path (an outlet or a sink)
@@ -131,11 +132,12 @@ def main():
         r = {"cells": cells, "synth_s": gen, "directions_s": td, "directions_cells_per_s": cells / td,
              "bfs_rounds": list(rounds), "accumulation_s": ta, "accumulation_cells_per_s": cells / ta,
              "weighted_s": tw, "weighted_cells_per_s": cells / tw, "exits": exits, "max_accumulation": longest,
-             "sinks": int(cp.count_nonzero(code == 9)), "unresolved_left": flat}
+             "sinks": int(cp.count_nonzero(code == 9)), "unresolved_left": flat,
+             "accumulation_phases_ms": phases}
         rows[n] = r
         print(f"{n}^2: directions {td * 1e3:.1f} ms ({cells / td:.3g} cells/s, BFS rounds {rounds}); "
               f"accumulation {ta * 1e3:.2f} ms ({cells / ta:.3g} cells/s; {exits:,} exits = "
-              f"{exits / cells:.1%}); weighted {tw * 1e3:.2f} ms ({cells / tw:.3g} cells/s); "
+              f"{exits / cells:.1%}; phases ms {phases}); weighted {tw * 1e3:.2f} ms ({cells / tw:.3g} cells/s); "
               f"largest basin {longest:,} cells", flush=True)
         if n == args.xrs_size or n == args.xrs_small:
             rows[n]["code"] = code

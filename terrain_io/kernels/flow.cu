@@ -9,9 +9,9 @@
 //
 // Accumulation (Barnes 2017, "Parallel non-divergent flow accumulation for trillion cell digital
 // elevation models", with the perimeter solve done by an Euler tour + list ranking):
-//   A. acc_tile<.., FINAL=0>: every TS x TS tile alone in shared memory: donors counted, then from
-//      each cell without donors a thread walks downstream, finishing a cell when its last donor is
-//      done (the last to arrive carries on); the cells whose code leaves the tile are its *exits*,
+//   A. acc_tile<.., FINAL=0>: every TS x TS tile alone in shared memory (counts by doubling along
+//      the in-tile paths, weighted sums by walks in the CPU's order: see acc_tile); the cells
+//      whose code leaves the tile are its *exits*,
 //      ranked in the tile; their tile-local values and, for every cell, the rank of the exit its
 //      in-tile path reaches (pointer jumping, log2(TS * TS) rounds) are written out.
 //   B. reduce_links: the exits form a forest (an exit's parent is the exit its target's path
@@ -201,6 +201,13 @@ extern "C" __global__ void flat_codes(const VAL* __restrict__ z, const unsigned 
 
 // ---- accumulation -------------------------------------------------------------------------------
 
+// The value of an outside donor in phase C: the final value of that exit of its tile.
+template <typename ACC>
+__device__ __forceinline__ ACC exit_total(const short* term_rank, const int* offset, const ACC* total, int R2, int C2,
+                                          int w, int ntc) {
+    return total[offset[(R2 / TS) * ntc + C2 / TS] + term_rank[(long long)R2 * w + C2]];
+}
+
 // Phases A (FINAL = 0) and C (FINAL = 1) of the module comment, one TS x TS tile a block. ACC:
 // unsigned long long (counts, weights unused) or double (weights). A writes term_rank (every
 // cell: the rank in its tile of the exit its in-tile path reaches, -1 if the path ends in the
@@ -208,6 +215,11 @@ extern "C" __global__ void flat_codes(const VAL* __restrict__ z, const unsigned 
 // reads the exits' final values total[offset[tile] + rank] for the donors outside the tile and
 // writes out (v, or s without the cell itself). err[0] counts valid cells never finished (codes
 // on a cycle).
+// Counts: by doubling along the in-tile paths (V_{k+1}(c) = V_k(c) + the V_k of the cells 2^k
+// steps upstream, scattered by shared-memory atomics; at most log2(TS * TS) rounds, every lane
+// busy; integer sums, so any order gives the same bits). Weights: the CPU's order, by walks (from
+// every cell without donors downstream, the last donor to finish carrying on), so the in-tile
+// sums are the CPU's bits.
 template <typename ACC, int WEIGHTED, int FINAL>
 __global__ void __launch_bounds__(TS * BY)
 acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weights, int h, int w,
@@ -215,12 +227,11 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
          ACC* __restrict__ exit_val, short* __restrict__ exit_loc, int* __restrict__ exit_count,
          ACC* __restrict__ out, int include_self, unsigned long long* err) {
     __shared__ unsigned char sc[HS][HS];
-    __shared__ ACC sacc[TS * TS];
-    __shared__ int pend[TS * TS];
+    __shared__ ACC sacc[2][TS * TS];
+    __shared__ int pend[TS * TS];  // walks: donors left; doubling: two short pointer arrays
     __shared__ short snext[TS * TS];
     __shared__ short srank[TS * TS];
     __shared__ int wsum[BY];
-    volatile ACC* vacc = sacc;
     const int ntc = (w + TS - 1) / TS;
     const int tile = blockIdx.x;
     const int tr = tile / ntc, tc = tile - (tile / ntc) * ntc;
@@ -232,63 +243,121 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
     }
     __syncthreads();
     const int j = threadIdx.x;
-    bool start[TS / BY];  // taken before any walk: a walk's last donor lowers a count to 0 too
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = threadIdx.y + BY * m;
-        int n = 0;
-        for (int d = 0; d < 8; ++d) {
-            const int i2 = i + DR[d], j2 = j + DC[d];
-            n += i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS && sc[i2 + 1][j2 + 1] == (d ^ 4);
-        }
-        pend[i * TS + j] = n;
-        start[m] = n == 0;
-    }
-    __syncthreads();
     unsigned long long left = 0;
+    const ACC* fin = sacc[0];  // the finished values v
+    if (!WEIGHTED) {
+        ACC* V = sacc[0];
+        ACC* V2 = sacc[1];
+        short* P = reinterpret_cast<short*>(pend);
+        short* P2 = P + TS * TS;
 #pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        int ci = threadIdx.y + BY * m, cj = j;
-        if (sc[ci + 1][cj + 1] == NODATA_CODE) {
-            const int R = tr * TS + ci, C = tc * TS + cj;
-            if (FINAL && R < h && C < w) out[(long long)R * w + C] = (ACC)0;
-            continue;
-        }
-        if (!start[m]) continue;
-        while (true) {
-            const long long g = (long long)(tr * TS + ci) * w + tc * TS + cj;
-            ACC s = (ACC)0;
-            for (int d = 0; d < 8; ++d) {
-                const int i2 = ci + DR[d], j2 = cj + DC[d];
-                if (sc[i2 + 1][j2 + 1] != (d ^ 4)) continue;
-                if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS) {
-                    s += vacc[i2 * TS + j2];
-                } else if (FINAL) {
-                    const int R2 = tr * TS + i2, C2 = tc * TS + j2;
-                    const long long g2 = (long long)R2 * w + C2;
-                    s += total[offset[(R2 / TS) * ntc + C2 / TS] + term_rank[g2]];
+        for (int m = 0; m < TS / BY; ++m) {
+            const int i = threadIdx.y + BY * m, l = i * TS + j;
+            const int d = sc[i + 1][j + 1];
+            int p = -1;
+            if (d < 8) {
+                const int i2 = i + DR[d], j2 = j + DC[d];
+                if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS && sc[i2 + 1][j2 + 1] != NODATA_CODE) p = i2 * TS + j2;
+            }
+            P[l] = (short)p;
+            ACC seed = d == NODATA_CODE ? (ACC)0 : (ACC)1;
+            if (FINAL && d != NODATA_CODE) {
+                for (int k = 0; k < 8; ++k) {
+                    const int i2 = i + DR[k], j2 = j + DC[k];
+                    if ((i2 < 0 || i2 >= TS || j2 < 0 || j2 >= TS) && sc[i2 + 1][j2 + 1] == (k ^ 4))
+                        seed += exit_total(term_rank, offset, total, tr * TS + i2, tc * TS + j2, w, ntc);
                 }
             }
-            const ACC v = s + (WEIGHTED ? (ACC)weights[g] : (ACC)1);
-            vacc[ci * TS + cj] = v;
-            if (FINAL) out[g] = include_self ? v : s;
-            pend[ci * TS + cj] = -1;  // finished
-            __threadfence_block();
-            const int d = sc[ci + 1][cj + 1];
-            if (d >= 8) break;
-            const int i2 = ci + DR[d], j2 = cj + DC[d];
-            if (i2 < 0 || i2 >= TS || j2 < 0 || j2 >= TS || sc[i2 + 1][j2 + 1] == NODATA_CODE) break;
-            if (atomicSub(&pend[i2 * TS + j2], 1) != 1) break;
-            __threadfence_block();
-            ci = i2;
-            cj = j2;
+            V[l] = seed;
         }
-    }
-    __syncthreads();
+        __syncthreads();
+        for (int round = 0; round <= 10; ++round) {  // paths in a tile: < 2^10 steps
 #pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = threadIdx.y + BY * m;
-        left += sc[i + 1][j + 1] != NODATA_CODE && pend[i * TS + j] != -1;
+            for (int m = 0; m < TS / BY; ++m) V2[(threadIdx.y + BY * m) * TS + j] = V[(threadIdx.y + BY * m) * TS + j];
+            __syncthreads();
+            bool any = false;
+#pragma unroll
+            for (int m = 0; m < TS / BY; ++m) {
+                const int l = (threadIdx.y + BY * m) * TS + j;
+                const int p = P[l];
+                if (p >= 0) {
+                    atomicAdd(&V2[p], V[l]);
+                    P2[l] = P[p];
+                    any = true;
+                } else {
+                    P2[l] = -1;
+                }
+            }
+            any = __syncthreads_or(any);
+            ACC* tv = V; V = V2; V2 = tv;
+            short* tp = P; P = P2; P2 = tp;
+            if (!any) break;
+        }
+        fin = V;
+#pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            const int i = threadIdx.y + BY * m, l = i * TS + j;
+            const int R = tr * TS + i, C = tc * TS + j;
+            left += P[l] >= 0;  // still a successor after 2^10 steps: a cycle
+            if (FINAL && R < h && C < w) {
+                const bool ok = sc[i + 1][j + 1] != NODATA_CODE;
+                out[(long long)R * w + C] = ok ? (include_self ? V[l] : V[l] - (ACC)1) : (ACC)0;
+            }
+        }
+    } else {
+        volatile ACC* vacc = sacc[0];
+        bool start[TS / BY];  // taken before any walk: a walk's last donor lowers a count to 0 too
+#pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            const int i = threadIdx.y + BY * m;
+            int n = 0;
+            for (int d = 0; d < 8; ++d) {
+                const int i2 = i + DR[d], j2 = j + DC[d];
+                n += i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS && sc[i2 + 1][j2 + 1] == (d ^ 4);
+            }
+            pend[i * TS + j] = n;
+            start[m] = n == 0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            int ci = threadIdx.y + BY * m, cj = j;
+            if (sc[ci + 1][cj + 1] == NODATA_CODE) {
+                const int R = tr * TS + ci, C = tc * TS + cj;
+                if (FINAL && R < h && C < w) out[(long long)R * w + C] = (ACC)0;
+                continue;
+            }
+            if (!start[m]) continue;
+            while (true) {
+                const long long g = (long long)(tr * TS + ci) * w + tc * TS + cj;
+                ACC s = (ACC)0;
+                for (int d = 0; d < 8; ++d) {
+                    const int i2 = ci + DR[d], j2 = cj + DC[d];
+                    if (sc[i2 + 1][j2 + 1] != (d ^ 4)) continue;
+                    if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS) s += vacc[i2 * TS + j2];
+                    else if (FINAL) s += exit_total(term_rank, offset, total, tr * TS + i2, tc * TS + j2, w, ntc);
+                }
+                const ACC v = s + (ACC)weights[g];
+                vacc[ci * TS + cj] = v;
+                if (FINAL) out[g] = include_self ? v : s;
+                pend[ci * TS + cj] = -1;  // finished
+                __threadfence_block();
+                const int d = sc[ci + 1][cj + 1];
+                if (d >= 8) break;
+                const int i2 = ci + DR[d], j2 = cj + DC[d];
+                if (i2 < 0 || i2 >= TS || j2 < 0 || j2 >= TS || sc[i2 + 1][j2 + 1] == NODATA_CODE) break;
+                if (atomicSub(&pend[i2 * TS + j2], 1) != 1) break;
+                __threadfence_block();
+                ci = i2;
+                cj = j2;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            const int i = threadIdx.y + BY * m;
+            left += sc[i + 1][j + 1] != NODATA_CODE && pend[i * TS + j] != -1;
+        }
     }
     if (left) atomicAdd(err, left);
     if (FINAL) return;
@@ -323,11 +392,17 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
         base += all;
         __syncthreads();
     }
-    for (int round = 0; (1 << round) < TS * TS; ++round) {  // pointer jumping to each path's end
+    bool moving = true;
+    for (int round = 0; moving && (1 << round) < TS * TS; ++round) {  // pointer jumping to each path's end
         short got[TS / BY];
+        bool moved = false;
 #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) got[m] = snext[snext[(threadIdx.y + BY * m) * TS + j]];
-        __syncthreads();
+        for (int m = 0; m < TS / BY; ++m) {
+            const short a = snext[(threadIdx.y + BY * m) * TS + j];
+            got[m] = snext[a];
+            moved = moved || got[m] != a;
+        }
+        moving = __syncthreads_or(moved);
 #pragma unroll
         for (int m = 0; m < TS / BY; ++m) snext[(threadIdx.y + BY * m) * TS + j] = got[m];
         __syncthreads();
@@ -340,7 +415,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
         term_rank[(long long)R * w + C] = srank[snext[l]];
         const int r = srank[l];
         if (r >= 0) {
-            exit_val[(long long)tile * MAXE + r] = sacc[l];
+            exit_val[(long long)tile * MAXE + r] = fin[l];
             exit_loc[(long long)tile * MAXE + r] = (short)l;
         }
     }

@@ -119,9 +119,11 @@ def accumulation(direction, weights=None, include_self: bool = True):
     out = cp.empty((h, w), acc_t)
     none_i, none_a = cp.empty(1, cp.int32), cp.empty(1, acc_t)
     block = (TILE, ROWS_PER_PASS)
+    marks = [_mark()]
     mod.get_function(f"acc_tile<{A}, {int(weighted)}, 0>")(
         (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, none_i, none_a, exit_val, exit_loc, exit_count,
                            none_a, i32(1), err))
+    marks.append(_mark())
     offset = cp.cumsum(exit_count, dtype=cp.int64) - exit_count
     m = int(offset[-1] + exit_count[-1])
     if 2 * m + 2 >= 2**31:
@@ -133,17 +135,35 @@ def accumulation(direction, weights=None, include_self: bool = True):
     mod.get_function(f"reduce_links<{A}>")(*_grid(slots), (code, i32(h), i32(w), term_rank, offset, exit_count,
                                                           exit_val, exit_loc, np.int64(slots), parent, val))
     del exit_val, exit_loc
+    marks.append(_mark())
     try:
         total = _subtree_sums(mod, parent, val, h * w, weighted) if m else val
     except InputError:  # the list ranking found the tour's cycle: codes on a loop across tiles
         raise InputError("the flow directions have a cycle: some cells never drain") from None
+    marks.append(_mark())
     mod.get_function(f"acc_tile<{A}, {int(weighted)}, 1>")(
         (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, offset, total, none_a, cp.empty(1, cp.int16),
                            exit_count, out, i32(include_self), err))
+    marks.append(_mark())
     accumulation.exits = m
-    if int(err.get()[0]):
+    bad = int(err.get()[0])
+    accumulation.timings = {k: cp.cuda.get_elapsed_time(a, b) for k, a, b in
+                            zip(("tiles", "links", "tour", "finish"), marks, marks[1:])}  # ms, for the benchmark
+    if m:
+        sub = _subtree_sums.marks
+        accumulation.timings.update(tour_build=cp.cuda.get_elapsed_time(sub[0], sub[1]),
+                                    tour_scan=cp.cuda.get_elapsed_time(sub[1], sub[2]))
+    if bad:
         raise InputError("the flow directions have a cycle: some cells never drain")
     return out
+
+
+def _mark():
+    import cupy as cp
+
+    e = cp.cuda.Event()
+    e.record()
+    return e
 
 
 def _subtree_sums(mod, parent, val, cells: int, weighted: bool):
@@ -157,6 +177,7 @@ def _subtree_sums(mod, parent, val, cells: int, weighted: bool):
     from ...graph.listrank import list_scan
 
     m = parent.size
+    marks = [_mark()]
     order = cp.argsort(parent).astype(cp.int32)
     sp = parent[order]
     first_child = cp.full(m, -1, cp.int32)
@@ -174,6 +195,9 @@ def _subtree_sums(mod, parent, val, cells: int, weighted: bool):
     V = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long", np.dtype(np.float64): "double"}[np.dtype(vt)]
     mod.get_function(f"euler_links<{V}>")(*_grid(m), (parent, first_child, next_sib, tv, np.int32(m), succ, tour_val))
     del first_child, next_sib
+    marks.append(_mark())
     prefix = list_scan(succ, tour_val, check=False)
+    marks.append(_mark())
     total = prefix[1::2] - prefix[0::2] + tv
+    _subtree_sums.marks = marks
     return total.astype(val.dtype, copy=False)
