@@ -41,6 +41,35 @@ def synthetic_filled(n: int, seed: int = 1):
     return out
 
 
+class PeakPool:
+    """Peak bytes held in CuPy's memory pool while installed (a CuPy memory hook)."""
+
+    def __init__(self):
+        import cupy
+
+        class Hook(cupy.cuda.MemoryHook):
+            name = "peak"
+
+            def __init__(self):
+                self.now = self.peak = 0
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                self.now += mem_size
+                self.peak = max(self.peak, self.now)
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                self.now -= mem_size
+
+        self.hook = Hook()
+
+    def __enter__(self):
+        self.hook.__enter__()
+        return self.hook
+
+    def __exit__(self, *exc):
+        self.hook.__exit__(*exc)
+
+
 def timed(fn, repeat: int):
     import cupy as cp
 
@@ -94,7 +123,9 @@ def main():
     args = ap.parse_args()
     import cupy as cp
 
-    from terrain_io.grid.flow._gpu import accumulation, directions
+    import numpy as np
+
+    from terrain_io.grid.flow._gpu import accumulation, device_bytes, directions
 
     props = cp.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode()}, CuPy {cp.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
@@ -119,7 +150,11 @@ def main():
         rounds = directions.rounds
         flat = int(cp.count_nonzero(code == 254))
         ta = timed(lambda: accumulation(code), args.repeat)
-        acc = accumulation(code)
+        base = cp.get_default_memory_pool().used_bytes()
+        with PeakPool() as peak_d:
+            directions(z, ok, 10.0, 10.0)
+        with PeakPool() as peak_a:
+            acc = accumulation(code)
         exits = accumulation.exits
         phases = {k: round(v, 2) for k, v in accumulation.timings.items()}
         wt = cp.random.RandomState(2).random_sample(z.shape)
@@ -134,7 +169,13 @@ def main():
              "bfs_rounds": list(rounds), "accumulation_s": ta, "accumulation_cells_per_s": cells / ta,
              "weighted_s": tw, "weighted_cells_per_s": cells / tw, "exits": exits, "max_accumulation": longest,
              "sinks": int(cp.count_nonzero(code == 9)), "unresolved_left": flat,
-             "accumulation_phases_ms": phases}
+             "accumulation_phases_ms": phases,
+             "peak_gpu_directions": peak_d.peak, "peak_gpu_accumulation": peak_a.peak, "held_before": base,
+             "device_bytes_directions": device_bytes(n, n, np.float32),
+             "device_bytes_accumulation": device_bytes(n, n, np.float32)}
+        print(f"  GPU pool beyond the inputs: directions {peak_d.peak / 2**30:.2f} GiB, accumulation "
+              f"{peak_a.peak / 2**30:.2f} GiB (inputs: {base / 2**30:.2f} GiB; device_bytes bound "
+              f"{device_bytes(n, n, np.float32) / 2**30:.2f} GiB with the inputs)", flush=True)
         rows[n] = r
         print(f"{n}^2: directions {td * 1e3:.1f} ms ({cells / td:.3g} cells/s, BFS rounds {rounds}); "
               f"accumulation {ta * 1e3:.2f} ms ({cells / ta:.3g} cells/s; {exits:,} exits = "

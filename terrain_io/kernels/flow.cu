@@ -10,7 +10,7 @@
 // Accumulation (Barnes 2017, "Parallel non-divergent flow accumulation for trillion cell digital
 // elevation models", with the perimeter solve done by an Euler tour + list ranking):
 //   A. acc_tile<.., FINAL=0>: every TS x TS tile alone in shared memory (counts by doubling along
-//      the in-tile paths, weighted sums by walks in the CPU's order: see acc_tile); the cells
+//      the in-tile paths, weighted sums by rounds in the CPU's order: see acc_tile); the cells
 //      whose code leaves the tile are its *exits*,
 //      ranked in the tile; their tile-local values and, for every cell, the rank of the exit its
 //      in-tile path reaches (pointer jumping, log2(TS * TS) rounds) are written out.
@@ -217,9 +217,11 @@ __device__ __forceinline__ ACC exit_total(const short* term_rank, const int* off
 // on a cycle).
 // Counts: by doubling along the in-tile paths (V_{k+1}(c) = V_k(c) + the V_k of the cells 2^k
 // steps upstream, scattered by shared-memory atomics; at most log2(TS * TS) rounds, every lane
-// busy; integer sums, so any order gives the same bits). Weights: the CPU's order, by walks (from
-// every cell without donors downstream, the last donor to finish carrying on), so the in-tile
-// sums are the CPU's bits.
+// busy; integer sums, so any order gives the same bits). Weights: rounds of Kahn's algorithm in
+// the tile (a cell is summed, its donors in direction order, once they are all done; rounds = the
+// longest in-tile path), so the in-tile sums are the CPU's bits. (Walks from the cells without
+// donors, the last donor carrying on, as the CPU does, leave most lanes of a warp waiting for its
+// longest walk.)
 template <typename ACC, int WEIGHTED, int FINAL>
 __global__ void __launch_bounds__(TS * BY)
 acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weights, int h, int w,
@@ -305,8 +307,8 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
             }
         }
     } else {
-        volatile ACC* vacc = sacc[0];
-        bool start[TS / BY];  // taken before any walk: a walk's last donor lowers a count to 0 too
+        ACC* V = sacc[0];
+        unsigned done = 0;  // bit m: cell (threadIdx.y + BY * m, j) is summed (or nodata)
 #pragma unroll
         for (int m = 0; m < TS / BY; ++m) {
             const int i = threadIdx.y + BY * m;
@@ -316,48 +318,46 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
                 n += i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS && sc[i2 + 1][j2 + 1] == (d ^ 4);
             }
             pend[i * TS + j] = n;
-            start[m] = n == 0;
+            if (sc[i + 1][j + 1] == NODATA_CODE) {
+                done |= 1u << m;
+                const int R = tr * TS + i, C = tc * TS + j;
+                if (FINAL && R < h && C < w) out[(long long)R * w + C] = (ACC)0;
+            }
         }
         __syncthreads();
+        for (int round = 0; round <= TS * TS; ++round) {  // a cell a round at least: a cycle stops it
+            unsigned ready = 0;
 #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            int ci = threadIdx.y + BY * m, cj = j;
-            if (sc[ci + 1][cj + 1] == NODATA_CODE) {
-                const int R = tr * TS + ci, C = tc * TS + cj;
-                if (FINAL && R < h && C < w) out[(long long)R * w + C] = (ACC)0;
-                continue;
-            }
-            if (!start[m]) continue;
-            while (true) {
+            for (int m = 0; m < TS / BY; ++m)
+                if (!(done >> m & 1u) && pend[(threadIdx.y + BY * m) * TS + j] == 0) ready |= 1u << m;
+            __syncthreads();  // the round's ready cells fixed before any of them is summed
+            done |= ready;
+#pragma unroll 1
+            for (int m = 0; m < TS / BY; ++m) {
+                if (!(ready >> m & 1u)) continue;
+                const int ci = threadIdx.y + BY * m, cj = j;
                 const long long g = (long long)(tr * TS + ci) * w + tc * TS + cj;
                 ACC s = (ACC)0;
+#pragma unroll 1
                 for (int d = 0; d < 8; ++d) {
                     const int i2 = ci + DR[d], j2 = cj + DC[d];
                     if (sc[i2 + 1][j2 + 1] != (d ^ 4)) continue;
-                    if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS) s += vacc[i2 * TS + j2];
+                    if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS) s += V[i2 * TS + j2];
                     else if (FINAL) s += exit_total(term_rank, offset, total, tr * TS + i2, tc * TS + j2, w, ntc);
                 }
                 const ACC v = s + (ACC)weights[g];
-                vacc[ci * TS + cj] = v;
+                V[ci * TS + cj] = v;
                 if (FINAL) out[g] = include_self ? v : s;
-                pend[ci * TS + cj] = -1;  // finished
-                __threadfence_block();
                 const int d = sc[ci + 1][cj + 1];
-                if (d >= 8) break;
-                const int i2 = ci + DR[d], j2 = cj + DC[d];
-                if (i2 < 0 || i2 >= TS || j2 < 0 || j2 >= TS || sc[i2 + 1][j2 + 1] == NODATA_CODE) break;
-                if (atomicSub(&pend[i2 * TS + j2], 1) != 1) break;
-                __threadfence_block();
-                ci = i2;
-                cj = j2;
+                if (d < 8) {
+                    const int i2 = ci + DR[d], j2 = cj + DC[d];
+                    if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS && sc[i2 + 1][j2 + 1] != NODATA_CODE)
+                        atomicSub(&pend[i2 * TS + j2], 1);
+                }
             }
+            if (!__syncthreads_or(ready != 0)) break;
         }
-        __syncthreads();
-#pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            const int i = threadIdx.y + BY * m;
-            left += sc[i + 1][j + 1] != NODATA_CODE && pend[i * TS + j] != -1;
-        }
+        left += (TS / BY) - __popc(done);
     }
     if (left) atomicAdd(err, left);
     if (FINAL) return;

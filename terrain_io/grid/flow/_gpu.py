@@ -15,7 +15,7 @@ import numpy as np
 
 from ...backend import kernel_source
 from ...errors import InputError
-from ..sssp._incore_gpu import OPTIONS, ROWS_PER_PASS, TILE, _WorkLists
+from ...worklist import ROWS_PER_PASS, TILE, WorkLists
 from ..sssp._pipeline_cpu import steps_of
 
 THREADS = 256
@@ -33,8 +33,24 @@ def _module(vtype: str):
     names = [f"acc_tile<{a}, {int(wt)}, {f}>" for wt, a in _ACC.items() for f in (0, 1)]
     names += [f"reduce_links<{a}>" for a in _ACC.values()]
     names += [f"euler_links<{v}>" for v in ("int", "long long", "double")]
-    return cp.RawModule(code=kernel_source("flow.cu"), options=OPTIONS + (f"-DVAL={vtype}",),
+    # --fmad=false as every grid kernel (backend.EXACT_OPTIONS once issue 28's machinery is merged)
+    return cp.RawModule(code=kernel_source("flow.cu"), options=("--std=c++17", "--fmad=false", f"-DVAL={vtype}"),
                         name_expressions=names)
+
+
+def device_bytes(rows: int, cols: int, dtype, weighted: bool = False) -> int:
+    """GPU memory (an upper bound) that :func:`directions` (a DEM of ``dtype``, with its mask) or
+    :func:`accumulation` (codes, with ``weighted`` float64 weights) holds at its peak, inputs
+    included: directions the values in the value type, the mask, two code arrays and two int32
+    distances; accumulation the codes, uint64/float64 output, int16 exit ranks, the exit slots
+    (MAXE a tile) and the Euler tour of at most every slot (about 100 bytes an exit, list
+    ranking's working arrays included)."""
+    n = rows * cols
+    ntiles = -(-rows // TILE) * -(-cols // TILE)
+    direc = n * (np.dtype(dtype).itemsize + _value_type(dtype).itemsize + 1 + 2 + 8)
+    exits = ntiles * MAXE
+    acc = n * (1 + 8 + 2 + (8 if weighted else 0)) + exits * (10 + 100)
+    return max(direc, acc) + (64 << 20)
 
 
 def _grid(n: int) -> tuple:
@@ -79,7 +95,7 @@ def directions(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
     towards = cp.empty((h, w), cp.int32)
     away = cp.empty((h, w), cp.int32)
     mod.get_function("flat_edges")(*grid, (z, ok, raw, np.int32(h), np.int32(w), towards, away))
-    lists = _WorkLists(ntr * ntc)
+    lists = WorkLists(ntr * ntc)
     relax = mod.get_function("relax_bfs")
     assert (TILE, ROWS_PER_PASS) == (32, 8)  # TS, BY of worklist.cuh
     rounds = tuple(lists.run(relax, (raw, dist, np.int32(h), np.int32(w)), first) for dist in (towards, away))
