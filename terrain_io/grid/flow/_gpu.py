@@ -5,8 +5,9 @@ again: Barnes 2017's three phases with O(log n) rounds across tiles). The defini
 codes are the CPU kernels' (:mod:`._cpu`, :mod:`.codes`): directions and counts are the same
 bytes; weighted sums differ from the CPU's by rounding only (see ``_subtree_sums``).
 
-Sizes: the in-core arrays use 32-bit cell counts per tile list and an Euler tour of int32 ids, so
-up to 2**31 / 2 exits (any DEM whose whole working set fits the GPU)."""
+Sizes: rows and columns below 2**31, cell ids 64-bit; the Euler tour uses int32 ids, so at most
+2**30 tile exits (any DEM whose working set fits the GPU: :func:`device_bytes`). 64-bit integer
+DEMs are compared as float64 (exact below 2**53)."""
 from __future__ import annotations
 
 import functools
@@ -20,9 +21,11 @@ from ..sssp._pipeline_cpu import steps_of
 
 THREADS = 256
 MAXE = 4 * TILE - 4  # exits a tile can have (flow.cu)
-# Weighted sums (_subtree_sums): the exits' values come from differences of prefix sums along one Euler tour of
-# all the exits, so they differ from the CPU's left-to-right sums by rounding of the order of
-# 2**-52 * (the sum of all weights) at most (tested: 1e-12 relative, 1e-9 absolute).
+# Weighted sums: each tile sums its cells in the CPU's order, but the exits' totals come from
+# differences of prefix sums along one Euler tour of all the exits (_subtree_sums), so a cell
+# downstream of a tile border differs from the CPU's sum by rounding of the order of 2**-52 times
+# the sum of all weights (tested: 1e-12 relative, 1e-9 absolute); cells whose upstream area stays
+# in their tile get the CPU's bits.
 _ACC = {False: "unsigned long long", True: "double"}
 
 
