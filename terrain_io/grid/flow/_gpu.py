@@ -1,0 +1,222 @@
+"""CuPy side of flow routing in core (terrain_io/kernels/flow.cu): :func:`directions` (D8, then the
+flats of Barnes, Lehman & Mulla 2014 by two multi-source BFS relaxed tile by tile over a work list)
+and :func:`accumulation` (tiles alone, the exits' forest by an Euler tour + list ranking, tiles
+again: Barnes 2017's three phases with O(log n) rounds across tiles). The definitions and the
+codes are the CPU kernels' (:mod:`._cpu`, :mod:`.codes`): directions and counts are the same
+bytes; weighted sums differ from the CPU's by rounding only (see ``_subtree_sums``).
+
+Sizes: rows and columns below 2**31, cell ids 64-bit; the Euler tour uses int32 ids, so at most
+2**30 tile exits (any DEM whose working set fits the GPU: :func:`device_bytes`). 64-bit integer
+DEMs are compared as float64 (exact below 2**53)."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...backend import kernel_source
+from ...errors import InputError
+from ...worklist import ROWS_PER_PASS, TILE, WorkLists
+from ..sssp._pipeline_cpu import steps_of
+
+THREADS = 256
+MAXE = 4 * TILE - 4  # exits a tile can have (flow.cu)
+# Weighted sums: each tile sums its cells in the CPU's order, but the exits' totals come from
+# differences of prefix sums along one Euler tour of all the exits (_subtree_sums), so a cell
+# downstream of a tile border differs from the CPU's sum by rounding of the order of 2**-52 times
+# the sum of all weights (tested: 1e-12 relative, 1e-9 absolute); cells whose upstream area stays
+# in their tile get the CPU's bits.
+_ACC = {False: "unsigned long long", True: "double"}
+
+
+@functools.cache
+def _module(vtype: str):
+    import cupy as cp
+
+    names = [f"acc_tile<{a}, {int(wt)}, {f}>" for wt, a in _ACC.items() for f in (0, 1)]
+    names += [f"reduce_links<{a}>" for a in _ACC.values()]
+    names += [f"euler_links<{v}>" for v in ("int", "long long", "double")]
+    # --fmad=false as every grid kernel (backend.EXACT_OPTIONS once issue 28's machinery is merged)
+    return cp.RawModule(code=kernel_source("flow.cu"), options=("--std=c++17", "--fmad=false", f"-DVAL={vtype}"),
+                        name_expressions=names)
+
+
+def device_bytes(rows: int, cols: int, dtype, weighted: bool = False) -> int:
+    """GPU memory (an upper bound) that :func:`directions` (a DEM of ``dtype``, with its mask) or
+    :func:`accumulation` (codes, with ``weighted`` float64 weights) holds at its peak, inputs
+    included: directions the values in the value type, the mask, two code arrays and two int32
+    distances; accumulation the codes, uint64/float64 output, int16 exit ranks, the exit slots
+    (MAXE a tile) and the Euler tour of at most every slot (about 100 bytes an exit, list
+    ranking's working arrays included)."""
+    n = rows * cols
+    ntiles = -(-rows // TILE) * -(-cols // TILE)
+    direc = n * (np.dtype(dtype).itemsize + _value_type(dtype).itemsize + 1 + 2 + 8)
+    exits = ntiles * MAXE
+    acc = n * (1 + 8 + 2 + (8 if weighted else 0)) + exits * (10 + 100)
+    return max(direc, acc) + (64 << 20)
+
+
+def _grid(n: int) -> tuple:
+    return (max(1, min(-(-n // THREADS), 65536)),), (THREADS,)
+
+
+def _value_type(dtype) -> np.dtype:
+    """float32 for float32 and integers of up to 16 bits (exact), else float64."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32 or (dtype.kind in "iub" and dtype.itemsize <= 2):
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def directions(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
+    """D8 + flats codes (uint8 CuPy array, :mod:`.codes`) of the DEM ``z`` with mask ``valid``."""
+    import cupy as cp
+
+    if outlets not in ("edge+nodata", "edge"):
+        raise InputError(f"unknown outlets {outlets!r}: choose edge+nodata or edge")
+    z = cp.asarray(z)
+    if z.ndim != 2:
+        raise InputError("the DEM must be 2-D")
+    vt = _value_type(z.dtype)
+    z = cp.ascontiguousarray(z.astype(vt, copy=False))
+    ok = cp.ascontiguousarray(cp.asarray(valid, dtype=cp.bool_)).view(cp.uint8)
+    if ok.shape != z.shape:
+        raise InputError("valid must have the DEM's shape")
+    h, w = z.shape
+    mod = _module("float" if vt == np.float32 else "double")
+    ntr, ntc = -(-h // TILE), -(-w // TILE)
+    raw = cp.empty((h, w), cp.uint8)
+    flag = cp.zeros(ntr * ntc, cp.int32)
+    L = cp.asarray(steps_of(float(dx), float(dy)))
+    grid = _grid(h * w)
+    mod.get_function("d8")(*grid, (z, ok, np.int32(h), np.int32(w), L, np.int32(outlets == "edge+nodata"), raw, flag))
+    first = cp.flatnonzero(flag).astype(cp.int32)
+    del flag
+    directions.rounds = (0, 0)
+    if not first.size:
+        return raw
+    towards = cp.empty((h, w), cp.int32)
+    away = cp.empty((h, w), cp.int32)
+    mod.get_function("flat_edges")(*grid, (z, ok, raw, np.int32(h), np.int32(w), towards, away))
+    lists = WorkLists(ntr * ntc)
+    relax = mod.get_function("relax_bfs")
+    assert (TILE, ROWS_PER_PASS) == (32, 8)  # TS, BY of worklist.cuh
+    rounds = tuple(lists.run(relax, (raw, dist, np.int32(h), np.int32(w)), first) for dist in (towards, away))
+    directions.rounds = rounds
+    out = cp.empty((h, w), cp.uint8)
+    mod.get_function("flat_codes")(*grid, (z, ok, raw, towards, away, np.int32(h), np.int32(w), out))
+    return out
+
+
+def accumulation(direction, weights=None, include_self: bool = True):
+    """Cells (uint64) or the sum of ``weights`` (float64) draining through each cell, itself
+    included unless ``include_self`` is False; 0 at nodata (module docstring of flow.cu)."""
+    import cupy as cp
+
+    code = cp.ascontiguousarray(cp.asarray(direction))
+    if code.ndim != 2 or code.dtype != cp.uint8:
+        raise InputError("direction must be a 2-D uint8 array of flow codes")
+    weighted = weights is not None
+    h, w = code.shape
+    if weighted:
+        wt = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float64))
+        if wt.shape != code.shape:
+            raise InputError(f"weights of shape {wt.shape} for directions of shape {code.shape}")
+    else:
+        wt = cp.empty(1, cp.float64)
+    acc_t = cp.float64 if weighted else cp.uint64
+    A = _ACC[weighted]
+    mod = _module("float")
+    ntr, ntc = -(-h // TILE), -(-w // TILE)
+    ntiles = ntr * ntc
+    i32 = np.int32
+    term_rank = cp.empty((h, w), cp.int16)
+    exit_val = cp.empty(ntiles * MAXE, acc_t)
+    exit_loc = cp.empty(ntiles * MAXE, cp.int16)
+    exit_count = cp.empty(ntiles, cp.int32)
+    err = cp.zeros(1, cp.uint64)
+    out = cp.empty((h, w), acc_t)
+    none_i, none_a = cp.empty(1, cp.int32), cp.empty(1, acc_t)
+    block = (TILE, ROWS_PER_PASS)
+    marks = [_mark()]
+    mod.get_function(f"acc_tile<{A}, {int(weighted)}, 0>")(
+        (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, none_i, none_a, exit_val, exit_loc, exit_count,
+                           none_a, i32(1), err))
+    marks.append(_mark())
+    offset = cp.cumsum(exit_count, dtype=cp.int64) - exit_count
+    m = int(offset[-1] + exit_count[-1])
+    if 2 * m + 2 >= 2**31:
+        raise InputError(f"{m} tile exits: too many for the in-core GPU accumulation")
+    offset = offset.astype(cp.int32)
+    parent = cp.empty(m, cp.int32)
+    val = cp.empty(m, acc_t)
+    slots = ntiles * MAXE
+    mod.get_function(f"reduce_links<{A}>")(*_grid(slots), (code, i32(h), i32(w), term_rank, offset, exit_count,
+                                                          exit_val, exit_loc, np.int64(slots), parent, val))
+    del exit_val, exit_loc
+    marks.append(_mark())
+    try:
+        total = _subtree_sums(mod, parent, val, h * w, weighted) if m else val
+    except InputError:  # the list ranking found the tour's cycle: codes on a loop across tiles
+        raise InputError("the flow directions have a cycle: some cells never drain") from None
+    marks.append(_mark())
+    mod.get_function(f"acc_tile<{A}, {int(weighted)}, 1>")(
+        (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, offset, total, none_a, cp.empty(1, cp.int16),
+                           exit_count, out, i32(include_self), err))
+    marks.append(_mark())
+    accumulation.exits = m
+    bad = int(err.get()[0])
+    accumulation.timings = {k: cp.cuda.get_elapsed_time(a, b) for k, a, b in
+                            zip(("tiles", "links", "tour", "finish"), marks, marks[1:])}  # ms, for the benchmark
+    if m:
+        sub = _subtree_sums.marks
+        accumulation.timings.update(tour_build=cp.cuda.get_elapsed_time(sub[0], sub[1]),
+                                    tour_scan=cp.cuda.get_elapsed_time(sub[1], sub[2]))
+    if bad:
+        raise InputError("the flow directions have a cycle: some cells never drain")
+    return out
+
+
+def _mark():
+    import cupy as cp
+
+    e = cp.cuda.Event()
+    e.record()
+    return e
+
+
+def _subtree_sums(mod, parent, val, cells: int, weighted: bool):
+    """Sum of ``val`` over every subtree of the forest ``parent`` (-1 at roots): an Euler tour (the
+    children of a node, and the roots, in the order of a stable sort by parent; the trees' tours
+    chained into one list, which the recursive Helman-JaJa ranking needs: every head of a list is a
+    splitter, so a forest of many small trees would never reduce) ranked by list scan, then
+    prefix(up) - prefix(down) + val."""
+    import cupy as cp
+
+    from ...graph.listrank import list_scan
+
+    m = parent.size
+    marks = [_mark()]
+    order = cp.argsort(parent).astype(cp.int32)
+    sp = parent[order]
+    first_child = cp.full(m, -1, cp.int32)
+    next_sib = cp.full(m, -1, cp.int32)
+    same = sp[1:] == sp[:-1]
+    next_sib[order[:-1][same]] = order[1:][same]  # the roots (parent -1) too: one list for the forest
+    starts = cp.flatnonzero(cp.concatenate([cp.ones(1, cp.bool_), ~same]) & (sp >= 0))
+    first_child[sp[starts]] = order[starts]
+    del sp, same, starts, order
+    # counts: int32 values while every sum fits (one packed 64-bit word per element in the walks)
+    vt = np.float64 if weighted else (np.int32 if cells < 2**31 else np.int64)
+    tv = val.astype(vt, copy=False)
+    succ = cp.empty(2 * m, cp.int32)
+    tour_val = cp.empty(2 * m, vt)
+    V = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long", np.dtype(np.float64): "double"}[np.dtype(vt)]
+    mod.get_function(f"euler_links<{V}>")(*_grid(m), (parent, first_child, next_sib, tv, np.int32(m), succ, tour_val))
+    del first_child, next_sib
+    marks.append(_mark())
+    prefix = list_scan(succ, tour_val, check=False)
+    marks.append(_mark())
+    total = prefix[1::2] - prefix[0::2] + tv
+    _subtree_sums.marks = marks
+    return total.astype(val.dtype, copy=False)
