@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from ...backend import kernel_source
+from ...backend import EXACT_OPTIONS, kernel_source
 from ...errors import InputError
 from ...worklist import ROWS_PER_PASS, TILE, WorkLists
 from ..sssp._pipeline_cpu import steps_of
@@ -36,8 +36,7 @@ def _module(vtype: str):
     names = [f"acc_tile<{a}, {int(wt)}, {f}>" for wt, a in _ACC.items() for f in (0, 1)]
     names += [f"reduce_links<{a}>" for a in _ACC.values()]
     names += [f"euler_links<{v}>" for v in ("int", "long long", "double")]
-    # --fmad=false as every grid kernel (backend.EXACT_OPTIONS once issue 28's machinery is merged)
-    return cp.RawModule(code=kernel_source("flow.cu"), options=("--std=c++17", "--fmad=false", f"-DVAL={vtype}"),
+    return cp.RawModule(code=kernel_source("flow.cu"), options=(*EXACT_OPTIONS, f"-DVAL={vtype}"),
                         name_expressions=names)
 
 
