@@ -1,0 +1,270 @@
+"""numba kernels of flow routing (``terrain flow``): D8 directions, flats, accumulation.
+
+Blocks
+    The kernels work on a *block*: a window with a one-cell halo. ``vals``, ``ok`` (vertex mask,
+    False outside the DEM) and ``outlet`` (cells that drain out of the DEM: ``_fill_cpu.outlets``,
+    the outlet definition of ``terrain fill``) have the block's shape (h + 2, w + 2); the direction
+    codes they write have the interior's shape (h, w). In core the block is the whole DEM with a
+    ring of non-vertices.
+
+Directions (the contract in :mod:`.codes`)
+    D8 steepest descent: over valid lower neighbours, slope = (z[c] - z[n]) / L[d] in float64
+    (float64(z[c]) - float64(z[n]), no fast-math); the largest wins, ties the smallest code. A cell
+    without a lower valid neighbour is OUTLET on an outlet cell, else *unresolved*.
+    Flats: Barnes, Lehman & Mulla 2014, "An efficient assignment of drainage direction over flat
+    surfaces" (Computers & Geosciences 62), with its two breadth-first searches as plain
+    multi-source BFS over the unresolved cells (8-connected): ``towards`` from the low edges
+    (unresolved cells beside a resolved cell of equal elevation), ``away`` from the high edges
+    (unresolved cells beside a higher cell), 1 at the sources, 0 where unreached. The combined
+    mask 2 * towards - away orders each flat as Barnes' 2 * towards + (FlatHeight - away) does,
+    without flat labels. A flat cell drains to its equal neighbour of least mask (resolved cells
+    count as -infinity; ties: least code); a flat with no low edge is SINK.
+
+Accumulation
+    s(c), the sum over c's donors n (neighbours whose code points at c) in increasing code order
+    of v(n), left to right from 0; v(n) = s(n) + w(n) (w = 1 for counts). The kernel stores s
+    (the ESRI convention, ``include_self=False``); the caller adds w for v (TauDEM's). Every cell's
+    value is fixed by that order, not by the order cells are visited, so weighted sums are the same
+    bits in core and tile by tile. O(n) without a queue (as Barnes 2017 describes for a tile):
+    count each cell's donors, then from every cell without donors walk downstream, finishing a cell
+    when its last donor is done (its donor count reaches 0). Halo cells of a block are not visited:
+    the halo of ``acc`` holds their v, given (0 where they do not drain into the block).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ...jit import SERIAL_BELOW, serial_twin
+from ...weights import DC, DR
+from .codes import NODATA, OUTLET, SINK
+
+UNRESOLVED = 254  # internal: no lower neighbour, not an outlet (a flat cell); never written out
+DONE = 255  # donor count of a finished cell
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def d8(vals, ok, outlet, L, code):
+    """D8 codes of the block's interior into ``code`` (h, w): 0..7, OUTLET, NODATA or UNRESOLVED;
+    ``L``: the 8 step lengths (float64). Returns the number of unresolved cells."""
+    h, w = code.shape
+    unresolved = np.zeros(h, np.int64)
+    for a in prange(h):
+        for b in range(w):
+            i, j = a + 1, b + 1
+            if not ok[i, j]:
+                code[a, b] = NODATA
+                continue
+            zc = vals[i, j]
+            best = -1
+            top = 0.0
+            for d in range(8):
+                ii, jj = i + DR[d], j + DC[d]
+                if ok[ii, jj] and vals[ii, jj] < zc:
+                    s = (np.float64(zc) - np.float64(vals[ii, jj])) / L[d]
+                    if best < 0 or s > top:
+                        best, top = d, s
+            if best >= 0:
+                code[a, b] = best
+            elif outlet[i, j]:
+                code[a, b] = OUTLET
+            else:
+                code[a, b] = UNRESOLVED
+                unresolved[a] += 1
+    return unresolved.sum()
+
+
+@numba.njit(nogil=True, cache=True)
+def _bfs(queue, n, dist, code):
+    """Multi-source BFS over unresolved cells from ``queue[:n]`` (their dist already 1)."""
+    h, w = code.shape
+    head, tail = 0, n
+    while head < tail:
+        c = queue[head]
+        head += 1
+        a, b = c // w, c % w
+        nxt = dist[a, b] + 1
+        for d in range(8):
+            a2, b2 = a + DR[d], b + DC[d]
+            if 0 <= a2 < h and 0 <= b2 < w and code[a2, b2] == UNRESOLVED and dist[a2, b2] == 0:
+                dist[a2, b2] = nxt
+                queue[tail] = a2 * w + b2
+                tail += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def flats(vals, ok, code, towards, away, queue):
+    """Barnes 2014 on the unresolved cells of ``code`` (module docstring): writes their codes.
+    ``towards``/``away``: zeroed (h, w) integer scratch; ``queue``: int64 of at least the number
+    of unresolved cells."""
+    h, w = code.shape
+    n = 0
+    for a in range(h):  # high edges
+        for b in range(w):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a + 1, b + 1]
+            for d in range(8):
+                i, j = a + 1 + DR[d], b + 1 + DC[d]
+                if ok[i, j] and vals[i, j] > z:
+                    away[a, b] = 1
+                    queue[n] = a * w + b
+                    n += 1
+                    break
+    _bfs(queue, n, away, code)
+    n = 0
+    for a in range(h):  # low edges
+        for b in range(w):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a + 1, b + 1]
+            for d in range(8):
+                a2, b2 = a + DR[d], b + DC[d]
+                if ok[a2 + 1, b2 + 1] and vals[a2 + 1, b2 + 1] == z and code[a2, b2] != UNRESOLVED:
+                    towards[a, b] = 1
+                    queue[n] = a * w + b
+                    n += 1
+                    break
+    _bfs(queue, n, towards, code)
+    for a in range(h):  # directions: towards > 0 marks the drainable flat cells (resolved cells have 0)
+        for b in range(w):
+            if code[a, b] != UNRESOLVED:
+                continue
+            if towards[a, b] == 0:
+                code[a, b] = SINK
+                continue
+            z = vals[a + 1, b + 1]
+            m = 2 * np.int64(towards[a, b]) - np.int64(away[a, b])
+            best = -1
+            low = m
+            for d in range(8):
+                a2, b2 = a + DR[d], b + DC[d]
+                if not (ok[a2 + 1, b2 + 1] and vals[a2 + 1, b2 + 1] == z):
+                    continue
+                if towards[a2, b2] == 0:  # resolved: mask -infinity
+                    best = d
+                    break
+                mn = 2 * np.int64(towards[a2, b2]) - np.int64(away[a2, b2])
+                if mn < low:
+                    best, low = d, mn
+            code[a, b] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def _pull(code, weights, weighted, acc, zero, a, b):
+    """s of interior cell (a, b): its donors' v in increasing code order (module docstring)."""
+    h, w = code.shape[0] - 2, code.shape[1] - 2
+    s = zero
+    for d in range(8):
+        i, j = a + 1 + DR[d], b + 1 + DC[d]
+        if code[i, j] != (d ^ 4):
+            continue
+        if 1 <= i <= h and 1 <= j <= w:
+            s += acc[i, j] + (weights[i - 1, j - 1] if weighted else weights[0, 0])
+        else:
+            s += acc[i, j]
+    return s
+
+
+@numba.njit(nogil=True, cache=True)
+def accumulate(code, weights, weighted, acc, zero, donors):
+    """s of every interior cell of the block (module docstring) into ``acc`` (h + 2, w + 2; its
+    halo holds the given v of outside donors, its interior any values); ``code``: the block's codes
+    (halo included); ``weights``: (h, w) float64 when ``weighted``, else (1, 1) holding the unit of
+    a count (uint64 1); ``zero``: 0 of acc's dtype; ``donors``: (h, w) uint8 scratch. Returns the number of valid interior cells left unfinished (on a cycle: 0 for codes
+    from :func:`d8` and :func:`flats`)."""
+    h, w = donors.shape
+    left = 0
+    for a in range(h):
+        for b in range(w):
+            n = 0
+            for d in range(8):
+                i, j = a + 1 + DR[d], b + 1 + DC[d]
+                if 1 <= i <= h and 1 <= j <= w and code[i, j] == (d ^ 4):
+                    n += 1
+            donors[a, b] = n
+            if code[a + 1, b + 1] != NODATA:
+                left += 1
+            else:
+                acc[a + 1, b + 1] = zero
+    for a0 in range(h):
+        for b0 in range(w):
+            if donors[a0, b0] != 0 or code[a0 + 1, b0 + 1] == NODATA:
+                continue
+            a, b = a0, b0
+            while True:
+                acc[a + 1, b + 1] = _pull(code, weights, weighted, acc, zero, a, b)
+                donors[a, b] = DONE
+                left -= 1
+                d = code[a + 1, b + 1]
+                if d >= 8:
+                    break
+                a2, b2 = a + DR[d], b + DC[d]
+                if not (0 <= a2 < h and 0 <= b2 < w) or code[a2 + 1, b2 + 1] == NODATA:
+                    break
+                donors[a2, b2] -= 1
+                if donors[a2, b2] != 0:
+                    break
+                a, b = a2, b2
+    return left
+
+
+d8_serial = serial_twin(d8)
+
+
+def ringed(values: np.ndarray, fill) -> np.ndarray:
+    """``values`` inside a one-cell ring of ``fill`` (the in-core block)."""
+    out = np.empty((values.shape[0] + 2, values.shape[1] + 2), values.dtype)
+    out[0], out[-1], out[:, 0], out[:, -1] = fill, fill, fill, fill
+    out[1:-1, 1:-1] = values
+    return out
+
+
+def solve_flats(vals: np.ndarray, ok: np.ndarray, code: np.ndarray, unresolved: int) -> None:
+    """:func:`flats` with its scratch: BFS distances in int32 (a flat has fewer cells than the
+    block), int64 for blocks of 2^31 cells or more."""
+    if not unresolved:
+        return
+    dist = np.int32 if code.size < 2**31 else np.int64
+    towards, away = np.zeros(code.shape, dist), np.zeros(code.shape, dist)
+    flats(vals, ok, code, towards, away, np.empty(unresolved, np.int64))
+
+
+def directions(z, valid, dx, dy, outlets: str = "edge+nodata") -> np.ndarray:
+    """D8 + flats codes (uint8, :mod:`.codes`) of an in-memory DEM ``z`` with vertex mask ``valid``
+    and cell size ``dx`` (column step) x ``dy`` (row step); ``outlets``: ``edge+nodata`` or ``edge``."""
+    from .._fill_cpu import outlets as outlet_cells, outlets_serial
+    from ..sssp._pipeline_cpu import steps_of
+
+    z = np.asarray(z)
+    rows, cols = z.shape
+    small = rows * cols < SERIAL_BELOW
+    vals = ringed(z, 0)
+    ok = ringed(np.asarray(valid, bool), False)
+    outl = (outlets_serial if small else outlet_cells)(ok, 0, 0, rows, cols, outlets == "edge+nodata")
+    code = np.empty((rows, cols), np.uint8)
+    unresolved = (d8_serial if small else d8)(vals, ok, outl, steps_of(float(dx), float(dy)), code)
+    del outl
+    solve_flats(vals, ok, code, int(unresolved))
+    return code
+
+
+def accumulation(direction, weights=None, include_self: bool = True) -> np.ndarray:
+    """Flow accumulation of direction codes (module docstring): uint64 counts, or float64 sums of
+    ``weights`` (finite, >= 0 at valid cells); 0 at nodata. Raises ValueError on a cycle."""
+    code = ringed(np.asarray(direction, np.uint8), NODATA)
+    rows, cols = direction.shape
+    if weights is None:
+        wts, zero = np.ones((1, 1), np.uint64), np.uint64(0)
+    else:
+        wts, zero = np.ascontiguousarray(weights, np.float64), np.float64(0)
+    acc = np.zeros((rows + 2, cols + 2), wts.dtype)
+    left = accumulate(code, wts, weights is not None, acc, zero, np.empty((rows, cols), np.uint8))
+    if left:
+        raise ValueError(f"the flow directions have cycles: {left:,} cells never drain")
+    out = acc[1:-1, 1:-1]
+    if include_self:
+        valid = code[1:-1, 1:-1] != NODATA
+        out += np.where(valid, wts if weights is not None else wts[0, 0], zero)
+    return np.ascontiguousarray(out)
