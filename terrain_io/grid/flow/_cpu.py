@@ -36,6 +36,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ...errors import InputError
 from ...jit import SERIAL_BELOW, serial_twin
 from ...weights import DC, DR
 from .codes import NODATA, OUTLET, SINK
@@ -234,6 +235,12 @@ def solve_flats(vals: np.ndarray, ok: np.ndarray, code: np.ndarray, unresolved: 
 def directions(z, valid, dx, dy, outlets: str = "edge+nodata") -> np.ndarray:
     """D8 + flats codes (uint8, :mod:`.codes`) of an in-memory DEM ``z`` with vertex mask ``valid``
     and cell size ``dx`` (column step) x ``dy`` (row step); ``outlets``: ``edge+nodata`` or ``edge``."""
+    return routed(z, valid, dx, dy, outlets)[0]
+
+
+def routed(z, valid, dx, dy, outlets: str = "edge+nodata") -> tuple[np.ndarray, int]:
+    """:func:`directions` and the number of flat cells (no lower neighbour, not an outlet: routed by
+    the flat rule, or SINK)."""
     from .._fill_cpu import outlets as outlet_cells, outlets_serial
     from ..sssp._pipeline_cpu import steps_of
 
@@ -247,12 +254,12 @@ def directions(z, valid, dx, dy, outlets: str = "edge+nodata") -> np.ndarray:
     unresolved = (d8_serial if small else d8)(vals, ok, outl, steps_of(float(dx), float(dy)), code)
     del outl
     solve_flats(vals, ok, code, int(unresolved))
-    return code
+    return code, int(unresolved)
 
 
 def accumulation(direction, weights=None, include_self: bool = True) -> np.ndarray:
     """Flow accumulation of direction codes (module docstring): uint64 counts, or float64 sums of
-    ``weights`` (finite, >= 0 at valid cells); 0 at nodata. Raises ValueError on a cycle."""
+    ``weights`` (finite, >= 0 at valid cells); 0 at nodata. Raises InputError on a cycle."""
     code = ringed(np.asarray(direction, np.uint8), NODATA)
     rows, cols = direction.shape
     if weights is None:
@@ -262,9 +269,253 @@ def accumulation(direction, weights=None, include_self: bool = True) -> np.ndarr
     acc = np.zeros((rows + 2, cols + 2), wts.dtype)
     left = accumulate(code, wts, weights is not None, acc, zero, np.empty((rows, cols), np.uint8))
     if left:
-        raise ValueError(f"the flow directions have cycles: {left:,} cells never drain")
+        raise InputError(f"the flow directions have cycles: {left:,} cells never drain")
     out = acc[1:-1, 1:-1]
     if include_self:
         valid = code[1:-1, 1:-1] != NODATA
         out += np.where(valid, wts if weights is not None else wts[0, 0], zero)
     return np.ascontiguousarray(out)
+
+
+# --- out of core: flats from a compact list of their cells, accumulation tile by tile --------------------------
+
+@numba.njit(nogil=True, cache=True)
+def flat_cells(vals, ok, code, r0, c0, cols, gid, high, lowdir):
+    """The unresolved cells of a window (out of core): global ids (row-major, in row order of the
+    window), high-edge flags and ``lowdir``, the least code of a resolved valid neighbour of equal
+    elevation (255: none; such a cell is a low edge and drains there). ``vals``/``ok``: the window
+    with a two-cell halo; ``code``: :func:`d8` of the window with a one-cell ring (h + 2, w + 2)."""
+    h, w = code.shape[0] - 2, code.shape[1] - 2
+    n = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a + 1, b + 1]
+            up = False
+            low = 255
+            for d in range(8):
+                i, j = a + 1 + DR[d], b + 1 + DC[d]
+                if not ok[i, j]:
+                    continue
+                if vals[i, j] > z:
+                    up = True
+                elif vals[i, j] == z and low == 255 and code[a + DR[d], b + DC[d]] != UNRESOLVED:
+                    low = d
+            gid[n] = (r0 + a - 1) * cols + c0 + b - 1
+            high[n] = up
+            lowdir[n] = low
+            n += 1
+    return n
+
+
+@numba.njit(nogil=True, cache=True)
+def _find_id(ids, x):
+    k = np.searchsorted(ids, x)
+    if k < len(ids) and ids[k] == x:
+        return k
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _compact_bfs(ids, rows, cols, dist, queue, n):
+    head, tail = 0, n
+    while head < tail:
+        k = queue[head]
+        head += 1
+        r, c = ids[k] // cols, ids[k] % cols
+        for d in range(8):
+            r2, c2 = r + DR[d], c + DC[d]
+            if 0 <= r2 < rows and 0 <= c2 < cols:
+                k2 = _find_id(ids, r2 * cols + c2)
+                if k2 >= 0 and dist[k2] == 0:
+                    dist[k2] = dist[k] + 1
+                    queue[tail] = k2
+                    tail += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def flats_compact(ids, high, lowdir, rows, cols, out):
+    """:func:`flats` over the sorted global ids of all unresolved cells (two unresolved cells are
+    neighbours when their ids are 8-adjacent: they have equal elevation), their high-edge flags and
+    low-edge directions (:func:`flat_cells`): their codes into ``out``. Same BFS, same mask, same
+    tie rule as :func:`flats`, so the same codes."""
+    u = len(ids)
+    towards, away = np.zeros(u, np.int64), np.zeros(u, np.int64)
+    queue = np.empty(u, np.int64)
+    n = 0
+    for k in range(u):
+        if high[k]:
+            away[k] = 1
+            queue[n] = k
+            n += 1
+    _compact_bfs(ids, rows, cols, away, queue, n)
+    n = 0
+    for k in range(u):
+        if lowdir[k] != 255:
+            towards[k] = 1
+            queue[n] = k
+            n += 1
+    _compact_bfs(ids, rows, cols, towards, queue, n)
+    for k in range(u):
+        if towards[k] == 0:
+            out[k] = SINK
+        elif lowdir[k] != 255:
+            out[k] = lowdir[k]
+        else:
+            m = 2 * towards[k] - away[k]
+            r, c = ids[k] // cols, ids[k] % cols
+            best = -1
+            for d in range(8):
+                r2, c2 = r + DR[d], c + DC[d]
+                if 0 <= r2 < rows and 0 <= c2 < cols:
+                    k2 = _find_id(ids, r2 * cols + c2)
+                    if k2 >= 0 and 2 * towards[k2] - away[k2] < m:
+                        best, m = d, 2 * towards[k2] - away[k2]
+            out[k] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def set_codes(code, r0, c0, cols, ids, codes):
+    """Write ``codes`` of global cells ``ids`` (sorted) that lie in the window at (r0, c0)."""
+    h, w = code.shape
+    lo = np.searchsorted(ids, r0 * cols)
+    for k in range(lo, len(ids)):
+        r, c = ids[k] // cols - r0, ids[k] % cols - c0
+        if r >= h:
+            break
+        if 0 <= c < w:
+            code[r, c] = codes[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_links(code, weights, weighted, acc, zero, r0, c0, cols):
+    """Tile phase of Barnes 2017 ("Parallel non-divergent flow accumulation for trillion cell
+    digital elevation models") on one window: ``acc`` (halo zero) gets the in-tile s; returns its
+    *exits* (cells draining into another window: global id, the receiving cell's id, in-tile v) and
+    its *entries* (cells with a donor in the halo: global id, the exit its in-tile flow path leaves
+    by, -1 when the path ends inside)."""
+    h, w = code.shape[0] - 2, code.shape[1] - 2
+    accumulate(code, weights, weighted, acc, zero, np.empty((h, w), np.uint8))
+    n_exit = 0
+    n_entry = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            d = code[a, b]
+            if d < 8:
+                i, j = a + DR[d], b + DC[d]
+                if not (1 <= i <= h and 1 <= j <= w) and code[i, j] != NODATA:
+                    n_exit += 1
+            if d != NODATA:
+                for e in range(8):
+                    i, j = a + DR[e], b + DC[e]
+                    if not (1 <= i <= h and 1 <= j <= w) and code[i, j] == (e ^ 4):
+                        n_entry += 1
+                        break
+    exit_id = np.empty(n_exit, np.int64)
+    exit_to = np.empty(n_exit, np.int64)
+    exit_v = np.empty(n_exit, acc.dtype)
+    entry_id = np.empty(n_entry, np.int64)
+    entry_link = np.empty(n_entry, np.int64)
+    leaves = np.full((h, w), -2, np.int64)  # the exit a cell's path leaves by; -1 none, -2 not known yet
+    path = np.empty(h * w, np.int64)
+    n_exit = 0
+    n_entry = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            d = code[a, b]
+            if d < 8:
+                i, j = a + DR[d], b + DC[d]
+                if not (1 <= i <= h and 1 <= j <= w) and code[i, j] != NODATA:
+                    exit_id[n_exit] = (r0 + a - 1) * cols + c0 + b - 1
+                    exit_to[n_exit] = (r0 + i - 1) * cols + c0 + j - 1
+                    exit_v[n_exit] = acc[a, b] + (weights[a - 1, b - 1] if weighted else weights[0, 0])
+                    n_exit += 1
+            if d == NODATA:
+                continue
+            entry = False
+            for e in range(8):
+                i, j = a + DR[e], b + DC[e]
+                if not (1 <= i <= h and 1 <= j <= w) and code[i, j] == (e ^ 4):
+                    entry = True
+                    break
+            if not entry:
+                continue
+            m = 0  # walk down to a cell of known exit, then name it along the path
+            i, j = a, b
+            found = -1
+            while True:
+                if leaves[i - 1, j - 1] != -2:
+                    found = leaves[i - 1, j - 1]
+                    break
+                path[m] = (i - 1) * w + j - 1
+                m += 1
+                d = code[i, j]
+                if d >= 8:
+                    break
+                i2, j2 = i + DR[d], j + DC[d]
+                if not (1 <= i2 <= h and 1 <= j2 <= w):
+                    found = -1 if code[i2, j2] == NODATA else (r0 + i - 1) * cols + c0 + j - 1
+                    break
+                if code[i2, j2] == NODATA:
+                    break
+                i, j = i2, j2
+            for q in range(m):
+                leaves[path[q] // w, path[q] % w] = found
+            entry_id[n_entry] = (r0 + a - 1) * cols + c0 + b - 1
+            entry_link[n_entry] = found
+            n_entry += 1
+    return exit_id, exit_to, exit_v, entry_id, entry_link
+
+
+@numba.njit(nogil=True, cache=True)
+def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
+    """Boundary solve of Barnes 2017: the final v of every exit (``exit_id`` sorted, ``entry_id``
+    sorted): each exit adds its v to the exit its receiver's path leaves by, in topological order
+    (Kahn); returns the v, or raises on a cycle."""
+    n = len(exit_id)
+    down = np.full(n, -1, np.int64)
+    indeg = np.zeros(n, np.int64)
+    for k in range(n):
+        x = _find_id(entry_id, exit_to[k])
+        if x >= 0 and entry_link[x] >= 0:
+            down[k] = _find_id(exit_id, entry_link[x])
+            indeg[down[k]] += 1
+    v = exit_v.copy()
+    queue = np.empty(n, np.int64)
+    tail = 0
+    for k in range(n):
+        if indeg[k] == 0:
+            queue[tail] = k
+            tail += 1
+    head = 0
+    while head < tail:
+        k = queue[head]
+        head += 1
+        j = down[k]
+        if j >= 0:
+            v[j] += v[k]
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                queue[tail] = j
+                tail += 1
+    if tail != n:
+        raise ValueError("the flow directions have cycles")
+    return v
+
+
+@numba.njit(nogil=True, cache=True)
+def set_inflows(code, acc, r0, c0, cols, exit_id, v):
+    """The halo of a window's ``acc`` (zeroed): the final v of every halo cell that drains into the window."""
+    H, W = code.shape
+    for a in range(H):
+        for b in range(W):
+            if 1 <= a <= H - 2 and 1 <= b <= W - 2:
+                continue
+            d = code[a, b]
+            if d >= 8:
+                continue
+            i, j = a + DR[d], b + DC[d]
+            if 1 <= i <= H - 2 and 1 <= j <= W - 2:
+                k = _find_id(exit_id, (r0 + a - 1) * cols + c0 + b - 1)
+                acc[a, b] = v[k]
