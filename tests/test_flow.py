@@ -374,3 +374,46 @@ def test_accumulation_equals_pyflwdir():
         assert np.array_equal(_cpu.accumulation(code)[valid], counts[valid].astype(np.uint64)), name
         w = rng.random(z.shape)
         np.testing.assert_allclose(_cpu.accumulation(code, w)[valid], flw.accuflux(w)[valid], rtol=1e-12)
+
+
+# --- the array API (terrain_io.flow_direction / flow_accumulation) ---
+
+def test_array_api_numpy_and_xarray():
+    import terrain_io
+    from terrain_io.errors import InputError
+
+    xr = pytest.importorskip("xarray")
+    z, valid = holed()
+    da = xr.DataArray(z, dims=("y", "x"), coords={"y": 1000.0 - 20.0 * np.arange(z.shape[0]),
+                                                  "x": 500.0 + 30.0 * np.arange(z.shape[1])}, attrs={"units": "m"})
+    expected, _, _ = reference_directions(z, valid, 30.0, 20.0, "edge+nodata")
+    code = terrain_io.flow_direction(da)  # cell size from the coordinates
+    assert isinstance(code, xr.DataArray) and code.attrs["units"] == "m"
+    assert np.array_equal(code.x, da.x) and np.array_equal(code.y, da.y)
+    assert np.array_equal(code.values, expected)
+    acc = terrain_io.flow_accumulation(code)
+    assert isinstance(acc, xr.DataArray) and np.array_equal(acc.y, da.y)
+    assert np.array_equal(acc.values, topological_sum(expected).astype(np.uint64))
+    assert np.array_equal(terrain_io.flow_direction(z, cell_size=(30.0, 20.0)), expected)
+    w = np.where(valid, 2.0, np.nan)
+    np.testing.assert_allclose(terrain_io.flow_accumulation(expected, w, include_self=False),
+                               2.0 * (topological_sum(expected) - valid).astype(np.float64))
+    for bad in (np.ones((3, 3)), np.where(valid, -1.0, 0.0), np.where(valid, np.nan, 1.0)):
+        with pytest.raises(InputError):
+            terrain_io.flow_accumulation(expected, bad)
+    with pytest.raises(InputError, match="no data"):
+        terrain_io.flow_direction(np.full((4, 4), np.nan))
+    with pytest.raises(InputError):
+        terrain_io.flow_accumulation(np.full((2, 2), 17, np.uint8))
+
+
+def test_array_api_condition_fill():
+    import terrain_io
+
+    f = flat_bottomed()
+    valid = np.ones(f.shape, bool)
+    expected, _, _ = reference_directions(priority_flood(f, valid), valid, 1.0, 1.0, "edge+nodata")
+    assert np.array_equal(terrain_io.flow_direction(f, condition="fill"), expected)
+    zi = np.round(f * 10).astype(np.int32)  # integers: the temporary store's nodata is a free value
+    expected, _, _ = reference_directions(priority_flood(zi, valid), valid, 1.0, 1.0, "edge+nodata")
+    assert np.array_equal(terrain_io.flow_direction(zi, condition="fill"), expected)

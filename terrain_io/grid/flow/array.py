@@ -102,8 +102,9 @@ def flow_accumulation(direction, weights=None, *, include_self: bool = True, dev
     dev = device_of(data, device=device)
     xp = _module(dev)
     code = xp.asarray(data)
-    if code.dtype != np.uint8 or bool(((code > 9) & (code != NODATA)).any()):
-        raise InputError("directions must be uint8 codes 0..9 or 255 (flow_direction's)")
+    if code.dtype.kind not in "iu" or bool((((code < 0) | (code > 9)) & (code != NODATA)).any()):
+        raise InputError("directions must be integer codes 0..9 or 255 (flow_direction's)")
+    code = code.astype(np.uint8, copy=False)
     w = None
     if weights is not None:
         w = xp.asarray(weights.data if _is_dataarray(weights) else weights, dtype=np.float64)
