@@ -53,11 +53,26 @@ def test_same_bytes_for_every_tile_size_in_core_and_out_of_core(tmp_path, tile):
     expected, _, _ = reference_directions(z, valid, 1.0, 1.0, "edge")
     acc = topological_sum(expected).astype(np.uint64)
     st = TerrainStore.from_array(tmp_path / "a.zarr", z, tile=tile, shard=2)
-    for window_tiles in (None, 1, 2):
-        flow(st, condition="none", outlets="edge", window_tiles=window_tiles, progress=False)
+    for window_tiles, sweeps in ((None, None), (1, False), (2, False), (1, True), (2, True)):
+        res = flow(st, condition="none", outlets="edge", window_tiles=window_tiles, flat_sweeps=sweeps,
+                   progress=False)
         out = read_flow(st)
-        assert np.array_equal(out["direction"], expected), window_tiles
-        assert np.array_equal(out["accumulation"], acc), window_tiles
+        assert np.array_equal(out["direction"], expected), (window_tiles, sweeps)
+        assert np.array_equal(out["accumulation"], acc), (window_tiles, sweeps)
+        assert ("flat_sweeps" in res.timings) == bool(sweeps)
+
+
+def test_flats_larger_than_the_budget_are_swept(tmp_path):
+    """A filled lake across many windows whose flat cells do not fit the list: window sweeps, the
+    same codes as the Barnes 2014 reference."""
+    z = dem()
+    valid = ~np.isnan(z)
+    filled = np.where(valid, priority_flood(np.nan_to_num(z), valid), np.nan).astype(np.float32)
+    st = TerrainStore.from_array(tmp_path / "a.zarr", filled, tile=16, shard=4)
+    res = flow(st, condition="none", memory="40KB", progress=False)  # in core needs ~560 KB, the flat list 30 KB
+    assert res.method == "tiled" and res.timings["flat_sweeps"] >= 2
+    expected, _, _ = reference_directions(filled, valid, 1.0, 1.0, "edge+nodata")
+    assert np.array_equal(read_flow(st)["direction"], expected)
 
 
 def test_weights_exclude_self_and_tiles(tmp_path):

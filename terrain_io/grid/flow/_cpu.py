@@ -521,3 +521,135 @@ def set_inflows(code, acc, r0, c0, cols, exit_id, v):
             if 1 <= i <= H - 2 and 1 <= j <= W - 2:
                 k = _find_id(exit_id, (r0 + a - 1) * cols + c0 + b - 1)
                 acc[a, b] = v[k]
+
+
+# --- out of core: flats by window sweeps (the flat cells of the DEM do not fit the memory budget) -------------
+
+@numba.njit(nogil=True, cache=True)
+def _halo_flat(pid, r0, c0, cols, i, j):
+    """Index in ``pid`` of halo cell (i, j) of the window at (r0, c0) when it is a flat cell, else -1."""
+    return _find_id(pid, (r0 + i - 1) * cols + c0 + j - 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def window_bfs(code, vals, ok, r0, c0, cols, pid, pval, towards, dist, queue, inq):
+    """One BFS of Barnes 2014 (``towards``: from the low edges, else from the high edges) inside a
+    window, seeded also from its halo: a halo flat cell k (in the sorted perimeter list ``pid``) at
+    distance ``pval[k]`` > 0 offers pval[k] + 1 to its flat neighbours inside. ``code``, ``vals``,
+    ``ok``: the window with a one-cell halo (UNRESOLVED marks inside); ``dist`` (h, w): 0 unreached.
+    Label-correcting FIFO (seeds differ in distance), each cell queued at most once at a time."""
+    H, W = code.shape
+    h, w = H - 2, W - 2
+    cap = h * w
+    head = 0
+    size = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            dist[a - 1, b - 1] = 0
+            inq[a - 1, b - 1] = False
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a, b]
+            best = 0
+            for d in range(8):
+                i, j = a + DR[d], b + DC[d]
+                if not ok[i, j]:
+                    continue
+                inside = 1 <= i <= h and 1 <= j <= w
+                if not towards and vals[i, j] > z:
+                    best = 1
+                    break
+                if vals[i, j] != z:
+                    continue
+                k = -1 if inside else _halo_flat(pid, r0, c0, cols, i, j)
+                if towards and (code[i, j] != UNRESOLVED if inside else k < 0):
+                    best = 1  # a resolved neighbour of equal elevation: a low edge
+                    break
+                if k >= 0 and pval[k] > 0 and (best == 0 or pval[k] + 1 < best):
+                    best = pval[k] + 1
+            if best:
+                dist[a - 1, b - 1] = best
+                queue[(head + size) % cap] = (a - 1) * w + b - 1
+                size += 1
+                inq[a - 1, b - 1] = True
+    while size:
+        c = queue[head]
+        head = (head + 1) % cap
+        size -= 1
+        a, b = c // w, c % w
+        inq[a, b] = False
+        nxt = dist[a, b] + 1
+        for d in range(8):
+            a2, b2 = a + DR[d], b + DC[d]
+            if 0 <= a2 < h and 0 <= b2 < w and code[a2 + 1, b2 + 1] == UNRESOLVED and \
+                    (dist[a2, b2] == 0 or nxt < dist[a2, b2]):
+                dist[a2, b2] = nxt
+                if not inq[a2, b2]:
+                    queue[(head + size) % cap] = a2 * w + b2
+                    size += 1
+                    inq[a2, b2] = True
+
+
+@numba.njit(nogil=True, cache=True)
+def window_flat_codes(code, vals, ok, r0, c0, cols, pid, p_tow, p_away, towards, away, out):
+    """The codes of a window's flat cells (the rule of :func:`flats`) into ``out`` (h, w), from the
+    window's converged ``towards``/``away`` and its halo's (the perimeter list)."""
+    H, W = code.shape
+    h, w = H - 2, W - 2
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            if code[a, b] != UNRESOLVED:
+                continue
+            if towards[a - 1, b - 1] == 0:
+                out[a - 1, b - 1] = SINK
+                continue
+            z = vals[a, b]
+            m = 2 * towards[a - 1, b - 1] - away[a - 1, b - 1]
+            best = -1
+            for d in range(8):
+                i, j = a + DR[d], b + DC[d]
+                if not (ok[i, j] and vals[i, j] == z):
+                    continue
+                if 1 <= i <= h and 1 <= j <= w:
+                    if code[i, j] != UNRESOLVED:
+                        best = d
+                        break
+                    mn = 2 * towards[i - 1, j - 1] - away[i - 1, j - 1]
+                else:
+                    k = _halo_flat(pid, r0, c0, cols, i, j)
+                    if k < 0:
+                        best = d
+                        break
+                    mn = 2 * p_tow[k] - p_away[k]
+                if mn < m:
+                    best, m = d, mn
+            out[a - 1, b - 1] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def perimeter_flats(code, r0, c0, cols):
+    """Global ids of the flat (UNRESOLVED) cells on a window's perimeter, from its codes (h, w)."""
+    h, w = code.shape
+    n = 0
+    out = np.empty(2 * (h + w), np.int64)
+    for a in range(h):
+        for b in range(w):
+            if (a == 0 or b == 0 or a == h - 1 or b == w - 1) and code[a, b] == UNRESOLVED:
+                out[n] = (r0 + a) * cols + c0 + b
+                n += 1
+    return out[:n]
+
+
+@numba.njit(nogil=True, cache=True)
+def update_perimeter(pid, pval, ids, dist, r0, c0, cols):
+    """Write a window's perimeter distances into the list; returns whether any changed."""
+    changed = False
+    for q in range(len(ids)):
+        k = _find_id(pid, ids[q])
+        v = dist[ids[q] // cols - r0, ids[q] % cols - c0]
+        if pval[k] != v:
+            pval[k] = v
+            changed = True
+    return changed

@@ -13,10 +13,11 @@ Out of core: windows of k x k tiles (a shard or a quadtree part of one) in Morto
 1. Directions, tile phase -- each window read with a two-cell halo: D8 of the window and its ring
    (the ring's codes say which neighbours are resolved), written; the window's flat cells kept as
    a compact list: global id, high-edge flag, low-edge direction (:func:`._cpu.flat_cells`).
-2. Flats, boundary solve -- the two BFS of Barnes 2014 over the compact list of all flat cells of
-   the DEM (:func:`._cpu.flats_compact`: the same mask and tie rule as in core), and the windows
-   holding flat cells rewritten. The list must fit the budget: 35 bytes a flat cell (a DEM whose
-   flats do not fit is refused with one error line; an out-of-core BFS is not implemented yet).
+2. Flats -- the two BFS of Barnes 2014 over the compact list of all flat cells of the DEM
+   (:func:`._cpu.flats_compact`: the same mask and tie rule as in core) when it fits half the budget
+   (35 bytes a flat cell), and the windows holding flat cells rewritten; otherwise window sweeps
+   (:func:`_sweep_flats`): each window's BFS seeded from its halo's distances, kept only for the flat
+   cells on the windows' edges (tile-local distances, a boundary solve by relaxation, a final pass).
 3. Accumulation (Barnes 2017, "Parallel non-divergent flow accumulation for trillion cell digital
    elevation models"): each window accumulated alone (halo inflow 0), handing up its *exits*
    (cells draining into another window, with their in-window total) and *entries* (cells fed from
@@ -130,7 +131,7 @@ class _Weights:
 
 def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weights=None, include_self: bool = True,
          device: str = "auto", memory=None, progress: bool = True, scheduler: str | None = "local",
-         window_tiles: int | None = None, announce=None) -> FlowResult:
+         window_tiles: int | None = None, flat_sweeps: bool | None = None, announce=None) -> FlowResult:
     """Route the DEM of ``store``: writes ``flow/direction`` (uint8 codes, :mod:`.codes`) and
     ``flow/accumulation`` (uint64 cells, or float64 sums of ``weights``; 0 at nodata).
 
@@ -140,7 +141,8 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     itself; ``device``: ``auto|cpu|gpu`` (the GPU routes in core); ``memory``: the budget (default
     half the free RAM); ``scheduler``: ``local`` (shard tasks elsewhere are not implemented for
     flow); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
-    (a power of two <= the shard size; tests, benchmarks).
+    (a power of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
+    flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
     t_start = time.perf_counter()
     return_freed_memory_to_os()
@@ -184,7 +186,7 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
                              f"{format_bytes(_window_bytes(store.tile_size, isz))} with {store.tile_size} x "
                              f"{store.tile_size} tiles (raise --memory or use smaller tiles)")
         return _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
-                           budget)
+                           budget, flat_sweeps)
     finally:
         if wsrc is not None:
             wsrc.close()
@@ -317,7 +319,7 @@ def _read_halo(arr, win: Window, halo: int, fill, shape) -> np.ndarray:
 
 
 def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
-                budget) -> FlowResult:
+                budget, flat_sweeps=None) -> FlowResult:
     rows, cols = store.shape
     batches = _plan_batches(store, k)
     whole_shard = k == store.shard_size
@@ -332,7 +334,8 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
 
         # 1. directions of each window, its flat cells listed
         t0 = time.perf_counter()
-        parts, holding = [], []
+        parts, holding, perimeter = [], [], []
+        compact = not flat_sweeps
         with progress_bar(progress, len(batches), "flow: directions", unit="batch") as bar:
             for b in batches:
                 win = b.window
@@ -346,15 +349,15 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
                 inner = ring[1:-1, 1:-1]
                 n = int(np.count_nonzero(inner == K.UNRESOLVED))
                 if n:
-                    gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
-                    K.flat_cells(block, ok, ring, win.r0, win.c0, cols, gid, high, low)
-                    parts.append((gid, high, low))
                     holding.append(b)
                     flat_total += n
-                    if flat_total * FLAT_BYTES > budget // 2:
-                        raise InputError(f"the flats hold more than {flat_total:,} cells: their solve needs more than "
-                                         f"{format_bytes(flat_total * FLAT_BYTES)}, over half the memory budget "
-                                         f"{format_bytes(budget)} (raise --memory; flats are solved in memory)")
+                    perimeter.append(K.perimeter_flats(inner, win.r0, win.c0, cols))
+                    if compact and flat_total * FLAT_BYTES > budget // 2 and flat_sweeps is None:
+                        compact, parts = False, []  # too many flat cells for the list: window sweeps
+                    if compact:
+                        gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
+                        K.flat_cells(block, ok, ring, win.r0, win.c0, cols, gid, high, low)
+                        parts.append((gid, high, low))
                 write_window(d_arr, win, inner, whole_shard)
                 bar.update(1)
         timings["directions"] = time.perf_counter() - t0
@@ -362,7 +365,14 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
         # 2. flats: Barnes 2014 over the compact list, windows holding flat cells rewritten
         t0 = time.perf_counter()
         n_flat_routed = 0
-        if parts:
+        if holding and not compact:
+            pid = np.sort(np.concatenate(perimeter))
+            if len(pid) * 24 > budget // 2:
+                raise InputError(f"the flats' window edges hold {len(pid):,} cells: more than half the memory budget "
+                                 f"{format_bytes(budget)} (raise --memory)")
+            del perimeter
+            n_flat_routed = _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings)
+        elif parts:
             ids = np.concatenate([p[0] for p in parts])
             order = np.argsort(ids, kind="stable")
             ids = ids[order]
@@ -431,6 +441,59 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
                          int(stats[0]), (int(stats[1]), int(stats[2]), n_flat_routed), peak, timings, k)
         writer.attrs.update(result.attrs())
     return result
+
+
+def _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings) -> int:
+    """Barnes 2014 out of core: both BFS solved window by window from their halos' distances (the
+    flat cells on the windows' edges, ``pid``), sweeping the windows forward and backward until no
+    edge distance changes (each sweep carries every distance at least one window further, so the
+    sweeps end; the fixpoint is the BFS distance), then each window's flat codes written. Returns
+    the number of flat cells routed (not SINK)."""
+    rows, cols = store.shape
+    p_tow, p_away = np.zeros(len(pid), np.int64), np.zeros(len(pid), np.int64)
+
+    def window(b):
+        win = b.window
+        code = _read_halo(d_arr, win, 1, NODATA, store.shape)
+        vals = store.read(win, source, halo=1)
+        ok = store.valid(vals)
+        _outside_false(ok, win, rows, cols, 1)
+        return win, code, vals, ok
+
+    def solve(win, code, vals, ok):
+        shape = win.shape
+        tow, away = np.empty(shape, np.int64), np.empty(shape, np.int64)
+        queue, inq = np.empty(shape[0] * shape[1], np.int64), np.empty(shape, np.bool_)
+        K.window_bfs(code, vals, ok, win.r0, win.c0, cols, pid, p_tow, True, tow, queue, inq)
+        K.window_bfs(code, vals, ok, win.r0, win.c0, cols, pid, p_away, False, away, queue, inq)
+        return tow, away
+
+    sweeps = 0
+    changed = True
+    with progress_bar(progress, len(holding), "flow: flats (sweeps)", unit="batch") as bar:
+        while changed:
+            changed = False
+            for b in (holding if sweeps % 2 == 0 else holding[::-1]):
+                win, code, vals, ok = window(b)
+                tow, away = solve(win, code, vals, ok)
+                ids = K.perimeter_flats(code[1:-1, 1:-1], win.r0, win.c0, cols)
+                changed |= K.update_perimeter(pid, p_tow, ids, tow, win.r0, win.c0, cols)
+                changed |= K.update_perimeter(pid, p_away, ids, away, win.r0, win.c0, cols)
+            sweeps += 1
+            bar.total = len(holding) * (sweeps + 1)
+            bar.update(len(holding))
+    routed = 0
+    with progress_bar(progress, len(holding), "flow: flats (write)", unit="batch") as bar:
+        for b in holding:
+            win, code, vals, ok = window(b)
+            tow, away = solve(win, code, vals, ok)
+            out = np.ascontiguousarray(code[1:-1, 1:-1])
+            K.window_flat_codes(code, vals, ok, win.r0, win.c0, cols, pid, p_tow, p_away, tow, away, out)
+            routed += int(np.count_nonzero((code[1:-1, 1:-1] == K.UNRESOLVED) & (out < 8)))
+            write_window(d_arr, win, out, whole_shard)
+            bar.update(1)
+    timings["flat_sweeps"] = sweeps
+    return routed
 
 
 def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
