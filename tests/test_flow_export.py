@@ -54,7 +54,8 @@ def test_export_encodings(tmp_path, encoding):
     code = read_flow(st)["direction"]
     assert {OUTLET, SINK, NODATA} <= set(np.unique(code).tolist())
     out = tmp_path / f"{encoding}.tif"
-    r = CliRunner().invoke(cli, ["-q", "export", str(st.path), "flow/direction", "-o", str(out), "--encoding", encoding])
+    r = CliRunner().invoke(cli, ["-q", "export", str(st.path), "flow/direction", "-o", str(out),
+                                 "--encoding", encoding])
     assert r.exit_code == 0, r.output
     with rasterio.open(out) as f:
         got, nodata = f.read(1), f.nodata

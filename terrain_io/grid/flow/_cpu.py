@@ -173,7 +173,8 @@ def accumulate(code, weights, weighted, acc, zero, donors):
     """s of every interior cell of the block (module docstring) into ``acc`` (h + 2, w + 2; its
     halo holds the given v of outside donors, its interior any values); ``code``: the block's codes
     (halo included); ``weights``: (h, w) float64 when ``weighted``, else (1, 1) holding the unit of
-    a count (uint64 1); ``zero``: 0 of acc's dtype; ``donors``: (h, w) uint8 scratch. Returns the number of valid interior cells left unfinished (on a cycle: 0 for codes
+    a count (uint64 1); ``zero``: 0 of acc's dtype; ``donors``: (h, w) uint8 scratch. Returns the
+    number of valid interior cells left unfinished (on a cycle: 0 for codes
     from :func:`d8` and :func:`flats`)."""
     h, w = donors.shape
     left = 0
