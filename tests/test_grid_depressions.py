@@ -23,6 +23,7 @@ from test_grid_fill import (
     _dem,  # the same random, terraced, flat-bottomed and nodata-holed DEMs
 )
 
+from terrain_io.errors import InputError
 from terrain_io.grid.depressions import depressions, read_basins
 from terrain_io.grid.fill import fill, read_fill
 from terrain_io.store import TerrainStore
@@ -270,12 +271,15 @@ def test_islands_never_spill(tmp_path):
 
 
 def test_integer_dem_out_of_core_budget(tmp_path):
-    """A store larger than the memory budget: tiled batches, the same results as held."""
+    """Tiled batches (one tile each) give the same results as held. Under a budget below the
+    store (7.5 MB) the tiles fit but its ~110,000 basins (~60 MB) do not: refused in one line."""
     rng = np.random.default_rng(7)
     h = (rng.integers(0, 60, (1000, 1000)) + np.add.outer(np.arange(1000), np.arange(1000)) // 40).astype(np.float64)
     big = TerrainStore.from_array(tmp_path / "big.zarr", h, tile=64, shard=4)
-    res = depressions(big, device="cpu", progress=False, memory="7.5MB")
-    assert res.method == "tiled" and h.nbytes > 7.5 * 2**20
+    with pytest.raises(InputError, match="too small for this store's basins"):
+        depressions(big, device="cpu", progress=False, memory="7.5MB")
+    res = depressions(big, device="cpu", progress=False, held=False, batch_tiles=1)
+    assert res.method == "tiled" and res.batch_tiles == 1
     got = read_basins(big)
     held = depressions(big, device="cpu", progress=False, held=True)
     assert held.method == "held"

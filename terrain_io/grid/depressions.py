@@ -48,9 +48,11 @@ Pipeline (kernels :mod:`._depressions_cpu`), tiles in Morton batches as :mod:`.f
    give every node's cells and volume.
 
 Memory: the per-cell work is in batches of tiles within ``memory`` (when the DEM, its masks and
-labels fit, the whole DEM is one batch read once); arrays of O(number of basins) -- leaves, the
-basin graph's pairs (~40 bytes each, about three a basin), the tree (~100 bytes a node) -- and of
-O(N / T) boundary nodes are held in memory beside the budget.
+labels fit, the whole DEM is one batch read once), beside the O(N / T) boundary nodes
+(:func:`_plan`, :mod:`.tiling`); arrays of O(number of basins) -- leaves, the basin graph's pairs
+(~40 bytes each, about three a basin), the tree (~100 bytes a node) -- are counted against the
+rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
+refused before the tree is built.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ from ._tiled import (
     table_cell,
     write_held,
 )
-from .mst import _plan_batches
+from .tiling import Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "depressions"
 TABLE_COLUMNS = ("id", "parent", "kind", "spill_elevation", "spill_row", "spill_col", "spill_x", "spill_y",
@@ -163,24 +165,31 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (itemsize + 2 + 4)
 
 
-def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
-    """(hold the whole DEM, batch side in tiles). Fixed: ~90 bytes a boundary node (ends, flags,
-    union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell for the
-    pieces, ~64 per edge between labels: two a cell allowed)."""
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
+    """Hold the whole DEM, or the batch side in tiles. Fixed: ~90 bytes a boundary node (ends,
+    flags, union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell
+    for the pieces, ~64 per edge between labels: two a cell allowed)."""
     t = store.tile_size
     fixed = geo.nodes * 90 + numba.get_num_threads() * 190 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
-    if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
-        return True, 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
-    k = store.shard_size
-    while k > 1 and fixed + _block_bytes((k * t + 2) ** 2, isz) > budget:
-        k //= 2
-    if fixed + _block_bytes((k * t + 2) ** 2, isz) > budget:
-        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: depressions needs at "
-                         f"least {format_bytes(fixed + _block_bytes((t + 2) ** 2, isz))} with {t} x {t} tiles "
-                         "(raise --memory or use smaller tiles)")
-    return False, k
+    return plan(store, budget, "depressions", lambda k: fixed + _block_bytes((k * t + 2) ** 2, isz),
+                held_need=fixed + _block_bytes((rows + 2) * (cols + 2), isz))
+
+
+BASIN_BYTES = 600  # host memory a leaf basin takes at the tree's peak: its keys, pairs, tree nodes (measured ~550)
+
+
+def _basins_fit(leaves: int, budget: int, planned: int, done: int, total: int) -> None:
+    """Refuse a budget whose room beside the plan (``planned`` bytes) the basins (O(leaves):
+    their pairs, the tree) outgrow, as soon as the leaves found show it and before the tree is
+    built; the least budget named is extrapolated from ``done`` of ``total`` batches."""
+    if planned + leaves * BASIN_BYTES > budget:
+        least = planned + leaves * BASIN_BYTES * total // max(done, 1)
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store's basins: {leaves:,} "
+                         f"local minima in {done:,} of {total:,} batches, about {format_bytes(least - planned)} "
+                         f"beside the tiles' {format_bytes(planned)} (raise --memory to about "
+                         f"{format_bytes(least)} or more)")
 
 
 def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
@@ -208,16 +217,12 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
     budget = memory_budget(memory)
     rows, cols = store.shape
     geo = Geometry(rows, cols, store.tile_size)
-    plan_held, k = _plan(store, geo, budget)
-    if held is not None:
-        plan_held = held
-    if batch_tiles is not None:
-        if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
-            raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
-        k = batch_tiles
+    chosen = _plan(store, geo, budget)
+    plan_held = chosen.held if held is None else held
+    k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if plan_held:
-        k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
-    batches = _plan_batches(store, k)
+        k = whole_side(store)
+    batches = plan_batches(store, k)
     whole_shard = k == store.shard_size
     nodata_drains = outlets == "edge+nodata"
     args = (rows, cols, geo.tile, geo.ntc, geo.offset)
@@ -235,6 +240,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             tgt = np.full(geo.nodes, K.UNSET, np.int64)
             openf = np.zeros(geo.nodes, np.bool_)
             pieces, cross, leaves = [], [], []
+            n_found = done = 0  # leaves found so far (those on tile edges come in the solve)
             with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
                 for b in batches:
                     vals, ok, outl = read_block(store, b.window, nodata_drains)
@@ -246,7 +252,10 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
                         pieces.append(o)
                         cross.append((cu, cv))
                         leaves.append((lk, lh))
+                        n_found += len(lk)
                     del vals, ok, outl
+                    done += 1
+                    _basins_fit(n_found, budget, chosen.bytes, done, len(batches))
                     bar.update(1)
             timings["chains"] = time.perf_counter() - t0
 
@@ -264,6 +273,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             n_leaves = len(keys)
             if n_leaves >= 2**32 - 1:
                 raise InputError(f"{n_leaves:,} local minima: more than uint32 basin ids hold")
+            _basins_fit(n_leaves, budget, chosen.bytes, 1, 1)
             res_id = np.where(res >= 0, np.searchsorted(keys, np.maximum(res, 0)) + 1, 0).astype(np.uint32)
             del res
             timings["solve"] = time.perf_counter() - t0

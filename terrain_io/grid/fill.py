@@ -23,6 +23,9 @@ three numbered phases over tiles in Morton order (kernels and proof in :mod:`._f
 When the whole DEM and its floods fit the memory budget, phase 1's floods are held for phase 3
 (one read, one write); otherwise phase 3 floods each tile again and the store is read twice and
 the lake raster rewritten once -- the same bytes either way, for every tile size and budget.
+The boundary graph (O(N/T)) is counted in the plan (:func:`_plan`, :mod:`.tiling`); the lakes
+(O(depressions): the table and the join's state) are counted against the rest of the budget as
+phase 3 finds them (:class:`_Lakes`), and a budget they outgrow is refused before the join.
 
 On the GPU (``device="gpu"``, or ``auto`` where CuPy sees a GPU) the fill is in core
 (:mod:`._fill_gpu`, kernels in ``kernels/fill.cu``): the whole DEM is held on the GPU, read and
@@ -48,7 +51,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv
-import math
 import os
 import time
 import warnings
@@ -63,7 +65,7 @@ from ..backend import resolve_device
 from ..errors import InputError, TerrainNote
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ..parallel import check_scheduler, map_shards
+from ..parallel import check_scheduler, imap_shards, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_window, write_window
 from . import _fill_cpu as K
@@ -75,7 +77,7 @@ from ._tiled import (
     table_cell,
     write_held,
 )
-from .mst import _Batch, _plan_batches
+from .tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "fill"
 TABLE_COLUMNS = ("id", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "spill_row", "spill_col",
@@ -99,8 +101,15 @@ class Depressions:
     def __len__(self) -> int:
         return len(self.least)
 
-    def rows(self, store: TerrainStore) -> dict[str, np.ndarray]:
-        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``."""
+    def rows(self, store: TerrainStore, part: slice = slice(None)) -> dict[str, np.ndarray]:
+        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``; of the
+        rows in ``part`` only (a CSV is written a part at a time: the whole, 16 columns of 8 bytes,
+        would double the table)."""
+        if part != slice(None):
+            start = part.indices(len(self))[0]
+            rows = Depressions(**{f: getattr(self, f)[part] for f in self.__dataclass_fields__}).rows(store)
+            rows["id"] = rows["id"] + start
+            return rows
         cols = store.shape[1]
         dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
         pr, pc = self.pit // cols, self.pit % cols
@@ -195,26 +204,17 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (2 * itemsize + 2 + 4 + 4 + 4)
 
 
-def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
-    """(hold the floods of the whole DEM, batch side in tiles). Fixed: the boundary graph (about
-    2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of solve
-    and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find)."""
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
+    """Hold the floods of the whole DEM, or the batch side in tiles. Fixed: the boundary graph
+    (about 2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of
+    solve and lake state per node) and each thread's tile scratch (heap, queue, labels, union-find);
+    out of core two batches at once."""
     t = store.tile_size
-    threads = numba.get_num_threads()
-    fixed = geo.nodes * 112 + threads * 40 * t * t
+    fixed = geo.nodes * 112 + numba.get_num_threads() * 40 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
-    if fixed + _block_bytes((rows + 2) * (cols + 2), isz) <= budget:
-        side = max(geo.ntr, geo.ntc)
-        return True, 1 << max(0, math.ceil(math.log2(side)))
-    k = store.shard_size
-    while k > 1 and fixed + 2 * _block_bytes((k * t + 2) ** 2, isz) > budget:
-        k //= 2
-    if fixed + 2 * _block_bytes((k * t + 2) ** 2, isz) > budget:
-        raise InputError(f"memory budget {format_bytes(budget)} too small for this store: fill needs at least "
-                         f"{format_bytes(fixed + 2 * _block_bytes((t + 2) ** 2, isz))} with {t} x {t} tiles "
-                         "(raise --memory or use smaller tiles)")
-    return False, k
+    return plan(store, budget, "fill", lambda k: fixed + 2 * _block_bytes((k * t + 2) ** 2, isz),
+                held_need=fixed + _block_bytes((rows + 2) * (cols + 2), isz))
 
 
 def _edges(out, ntiles, wdtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -234,27 +234,56 @@ def _weight_dtype(dtype) -> np.dtype:
 
 
 class _Lakes:
-    """Phase 3's tile-local lakes, gathered in tile order, then joined and numbered."""
+    """Phase 3's tile-local lakes, gathered in tile order, then joined and numbered.
+
+    They grow with the DEM's depressions, not with a batch, so they are counted against the budget
+    as they come (:meth:`bytes`): each local lake costs ~LAKE_BYTES at the join's peak (its rows
+    here, the join's union-find, copies and ranks, the table) and each link 16 bytes."""
+
+    LAKE_BYTES = 260
 
     def __init__(self):
         self.counts, self.st_i, self.st_f, self.links = [], [], [], []
+        self.lakes = self.n_links = 0
 
     def add(self, out) -> np.ndarray:
         """Keep a batch's lakes; returns each of its tiles' first row in the global lake list."""
         nl, st_i, st_f, links, nlinks = out
-        first = sum(len(s) for s in self.st_i)
-        self.st_i.append(st_i)
-        self.st_f.append(st_f)
+        first = self.lakes
+        self.st_i.append(st_i.astype(np.int64, copy=False))
+        self.st_f.append(st_f.astype(np.float64, copy=False))
         got = [links[t, : nlinks[t]] for t in range(len(nl))]
-        got = np.concatenate(got) if got else np.empty((0, 2), np.int64)
+        got = np.concatenate(got).astype(np.int64, copy=False) if got else np.empty((0, 2), np.int64)
         got[:, 1] += first  # rows of this batch -> rows of the whole list
         self.links.append(got)
+        self.lakes += len(st_i)
+        self.n_links += len(got)
         return first + np.concatenate([[0], np.cumsum(nl)[:-1]]).astype(np.int64)
 
+    def bytes(self) -> int:
+        """Host memory the lakes gathered so far take at the join's peak."""
+        return self.lakes * self.LAKE_BYTES + self.n_links * 16
+
     def join(self, nodes: int):
-        cat = lambda parts, w: np.concatenate(parts) if parts else np.empty((0, w))
-        return K.join_lakes(nodes, cat(self.st_i, 4).astype(np.int64), cat(self.st_f, 5).astype(np.float64),
-                            cat(self.links, 2).astype(np.int64))
+        def cat(parts, w, dtype):  # one array, the parts let go as they are joined
+            out = np.concatenate(parts) if parts else np.empty((0, w), dtype)
+            parts.clear()
+            return out
+
+        st_i, st_f, links = cat(self.st_i, 4, np.int64), cat(self.st_f, 5, np.float64), cat(self.links, 2, np.int64)
+        return K.join_lakes(nodes, st_i, st_f, links)
+
+
+def _lakes_fit(lakes: _Lakes, budget: int, planned: int, done: int, total: int) -> None:
+    """Refuse, before it is passed, a budget whose room beside the plan (``planned`` bytes) the
+    depressions found in ``done`` of ``total`` batches outgrow; the least budget named is
+    extrapolated from the batches done."""
+    if planned + lakes.bytes() > budget:
+        least = planned + lakes.bytes() * total // max(done, 1)
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store's depressions: "
+                         f"{lakes.lakes:,} in {done:,} of {total:,} batches already need "
+                         f"{format_bytes(lakes.bytes())} beside the tiles' {format_bytes(planned)} "
+                         f"(raise --memory to about {format_bytes(least)} or more)")
 
 
 def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
@@ -296,21 +325,17 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = Geometry(rows, cols, store.tile_size)
-    plan_held, k = _plan(store, geo, budget)
-    if held is not None:
-        plan_held = held
-    if batch_tiles is not None:
-        if batch_tiles & (batch_tiles - 1) or batch_tiles > store.shard_size:
-            raise InputError(f"batch size must be a power of two <= the shard size {store.shard_size}")
-        k = batch_tiles
+    chosen = _plan(store, geo, budget)
+    plan_held = chosen.held if held is None else held
+    k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if scheduler != "local":  # Dask tasks of whole shards, floods not held
         if not batch_tiles and k != store.shard_size and not plan_held:
             raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory "
                              f"budget {format_bytes(budget)} (raise --memory)")
         plan_held, k = False, batch_tiles or store.shard_size
     if plan_held:
-        k = 1 << max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
-    batches = _plan_batches(store, k)
+        k = whole_side(store)
+    batches = plan_batches(store, k)
     nodata_drains = outlets == "edge+nodata"
     whole_shard = k == store.shard_size
     timings = {}
@@ -361,6 +386,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                 out = final_batch(vals, ok, ok, b.tiles, *geo.args(b.window), G, fl, lab, True, fl,
                                   np.empty((0, 0), np.float32), dep)
                 starts.append(lakes.add(out))
+                _lakes_fit(lakes, budget, chosen.bytes, 1, 1)
                 filled_cells += int(np.count_nonzero(dep))
                 kept = (fl, vals, dep)
                 del ok, lab, out
@@ -375,9 +401,11 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
                         np.save(levels, G)
                     tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains, arrays, levels, whole_shard)
                              for b in batches]
-                    for out, n_filled in map_shards(_final_phase_task, tasks, scheduler, progress=bar,
-                                                    announce=announce):
+                    # one batch's lakes at a time, counted as they come (map_shards would gather all)
+                    for out, n_filled in imap_shards(_final_phase_task, tasks, scheduler, progress=bar,
+                                                     announce=announce):
                         starts.append(lakes.add(out))
+                        _lakes_fit(lakes, budget, chosen.bytes, len(starts), len(batches))
                         filled_cells += n_filled
         final, acc_i, acc_f = lakes.join(geo.nodes)
         del lakes
@@ -551,7 +579,7 @@ def _sync() -> None:
     cupy.cuda.get_current_stream().synchronize()
 
 
-def _relabel_and_spill(store, batches: list[_Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
+def _relabel_and_spill(store, batches: list[Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
                        spills_to, progress) -> None:
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
     reading a one-cell halo around each batch that holds spill cells."""
@@ -597,13 +625,15 @@ def write_table(result: FillResult, store, path) -> Path:
 
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store), mode="r")
-    cols = result.table.rows(store)
     path = Path(path)
+    step = 1 << 16
     with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(TABLE_COLUMNS)
-        for i in range(len(result.table)):
-            out.writerow([table_cell(cols[c][i]) for c in TABLE_COLUMNS])
+        for start in range(0, len(result.table), step):
+            cols = result.table.rows(store, slice(start, start + step))
+            for i in range(len(cols["id"])):
+                out.writerow([table_cell(cols[c][i]) for c in TABLE_COLUMNS])
     return path
 
 

@@ -46,7 +46,7 @@ from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from .._fill_cpu import outlets as outlet_cells
 from .._tiled import OUTLETS, write_held
-from ..mst import _plan_batches
+from ..tiling import check_side, plan, plan_batches
 from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
 from .array import DIRECTION_CODES, check_weights
@@ -158,8 +158,8 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         raise InputError(f"cannot route a DEM of dtype {store.dtype}")
     if store.attrs.get("valid_count") == 0:
         raise InputError(f"{store.path}: the DEM holds no data (every cell is nodata): nothing to route")
-    if window_tiles is not None and (window_tiles & (window_tiles - 1) or not 1 <= window_tiles <= store.shard_size):
-        raise InputError(f"window_tiles must be a power of two <= the shard size {store.shard_size}")
+    if window_tiles is not None:
+        check_side(store, window_tiles)
     budget = memory_budget(memory)
     wsrc = _Weights(weights, store) if weights is not None else None
     try:
@@ -176,15 +176,12 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         rows, cols = store.shape
         isz = store.dtype.itemsize
         incore_need = rows * cols * (max(isz, 8 if wsrc else 0) + 27)
-        if window_tiles is None and incore_need <= budget:
-            return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now)
-        k = window_tiles or store.shard_size
-        while window_tiles is None and k > 1 and _window_bytes(k * store.tile_size, isz) > budget // 2:
-            k //= 2
-        if _window_bytes(k * store.tile_size, isz) > budget:
-            raise InputError(f"memory budget {format_bytes(budget)} too small for this store: flow needs at least "
-                             f"{format_bytes(_window_bytes(store.tile_size, isz))} with {store.tile_size} x "
-                             f"{store.tile_size} tiles (raise --memory or use smaller tiles)")
+        if window_tiles is None:  # a window takes at most half the budget: the rest for the flats and exits
+            chosen = plan(store, budget, "flow", lambda k: 2 * _window_bytes(k * store.tile_size, isz), incore_need)
+            if chosen.held:
+                return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start,
+                                    filled_now)
+        k = window_tiles or chosen.side
         return _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
                            budget, flat_sweeps)
     finally:
@@ -321,7 +318,7 @@ def _read_halo(arr, win: Window, halo: int, fill, shape) -> np.ndarray:
 def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
                 budget, flat_sweeps=None) -> FlowResult:
     rows, cols = store.shape
-    batches = _plan_batches(store, k)
+    batches = plan_batches(store, k)
     whole_shard = k == store.shard_size
     steps = steps_of(*map(float, store.metric_cell_size))
     drains = outlets == "edge+nodata"
