@@ -69,7 +69,7 @@ def test_flats_larger_than_the_budget_are_swept(tmp_path):
     valid = ~np.isnan(z)
     filled = np.where(valid, priority_flood(np.nan_to_num(z), valid), np.nan).astype(np.float32)
     st = TerrainStore.from_array(tmp_path / "a.zarr", filled, tile=16, shard=4)
-    res = flow(st, condition="none", memory="40KB", progress=False)  # in core needs ~560 KB, the flat list 30 KB
+    res = flow(st, condition="none", memory="300KB", progress=False)  # in core ~560 KB; windows ~280 KB, the flat list 30 KB
     assert res.method == "tiled" and res.timings["flat_sweeps"] >= 2
     expected, _, _ = reference_directions(filled, valid, 1.0, 1.0, "edge+nodata")
     assert np.array_equal(read_flow(st)["direction"], expected)

@@ -176,8 +176,9 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         rows, cols = store.shape
         isz = store.dtype.itemsize
         incore_need = rows * cols * (max(isz, 8 if wsrc else 0) + 27)
-        if window_tiles is None:  # a window takes at most half the budget: the rest for the flats and exits
-            chosen = plan(store, budget, "flow", lambda k: 2 * _window_bytes(k * store.tile_size, isz), incore_need)
+        if window_tiles is None:  # a window and the boundary lists; the flats' lists get what is left
+            chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz),
+                          incore_need)
             if chosen.held:
                 return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start,
                                     filled_now)
@@ -187,6 +188,13 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     finally:
         if wsrc is not None:
             wsrc.close()
+
+
+def _tiled_bytes(rows: int, cols: int, side: int, isz: int) -> int:
+    """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (24 bytes)
+    and entries (16 bytes) of every window's edge cells, twice while they are gathered and sorted."""
+    edge_cells = 2 * (rows * -(-cols // side) + cols * -(-rows // side))
+    return _window_bytes(side, isz) + edge_cells * 80
 
 
 def _window_bytes(side: int, isz: int) -> int:
@@ -333,6 +341,7 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
         t0 = time.perf_counter()
         parts, holding, perimeter = [], [], []
         compact = not flat_sweeps
+        room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize))
         with progress_bar(progress, len(batches), "flow: directions", unit="batch") as bar:
             for b in batches:
                 win = b.window
@@ -349,7 +358,7 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
                     holding.append(b)
                     flat_total += n
                     perimeter.append(K.perimeter_flats(inner, win.r0, win.c0, cols))
-                    if compact and flat_total * FLAT_BYTES > budget // 2 and flat_sweeps is None:
+                    if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
                         compact, parts = False, []  # too many flat cells for the list: window sweeps
                     if compact:
                         gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
@@ -364,9 +373,10 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
         n_flat_routed = 0
         if holding and not compact:
             pid = np.sort(np.concatenate(perimeter))
-            if len(pid) * 24 > budget // 2:
-                raise InputError(f"the flats' window edges hold {len(pid):,} cells: more than half the memory budget "
-                                 f"{format_bytes(budget)} (raise --memory)")
+            if len(pid) * 24 > room:
+                raise InputError(f"the flats' window edges hold {len(pid):,} cells: {format_bytes(len(pid) * 24)}, "
+                                 f"more than the memory budget {format_bytes(budget)} leaves beside its windows "
+                                 f"({format_bytes(room)}; raise --memory)")
             del perimeter
             n_flat_routed = _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings)
         elif parts:
