@@ -407,6 +407,7 @@ def test_array_api_numpy_and_xarray():
         terrain_io.flow_accumulation(np.full((2, 2), 17, np.uint8))
 
 
+@pytest.mark.slow  # compiles the fill kernels' held path (tens of seconds cold); test_flow_store covers fill too
 def test_array_api_condition_fill():
     import terrain_io
 
