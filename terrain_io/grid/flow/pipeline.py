@@ -168,7 +168,7 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
             store = TerrainStore.open(store.path)
         dev = resolve_device(device)
         if dev == "gpu" and window_tiles is None:
-            why = _gpu_misfit(store)
+            why = _gpu_misfit(store, wsrc is not None)
             if why is None:
                 return _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now)
             if (device or "auto").lower() == "gpu":
@@ -515,15 +515,18 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
         ok[:, ok.shape[1] - (win.c1 + halo - cols):] = False
 
 
-def _gpu_misfit(store) -> str | None:
+def _gpu_misfit(store, weighted: bool = False) -> str | None:
     """Why the in-core GPU routing cannot take ``store`` (None: it can)."""
     try:
-        from . import _gpu  # noqa: F401
+        from . import _gpu
         from ..sssp.incore import gpu_free_bytes
     except ImportError as e:
         return f"the GPU kernels are not available ({e})"
     rows, cols = store.shape
-    need = rows * cols * (store.dtype.itemsize + 40)
+    if hasattr(_gpu, "device_bytes"):  # the GPU side's own bound (inputs, codes, accumulation, scratch)
+        need = _gpu.device_bytes(rows, cols, store.dtype, weighted)
+    else:
+        need = rows * cols * (store.dtype.itemsize + 40)
     free = gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
