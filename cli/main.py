@@ -154,6 +154,7 @@ def _register() -> None:
     from . import sssp  # noqa: F401
     from . import fill  # noqa: F401
     from . import depressions  # noqa: F401
+    from . import flow  # noqa: F401
 
 
 def _exit_interrupted(exc: KeyboardInterrupt):

@@ -260,9 +260,13 @@ def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, schedu
               help="OUT.tif (tiled, compressed GeoTIFF), OUT.asc (Esri ASCII) or OUT.png (picture).")
 @click.option("--decimals", type=click.IntRange(0, 17),  # terrain_io.export.DECIMALS_MAX
               help="Decimals in ASCII output, 0..17 [default: 3, 0 for integers].")
+@click.option("--encoding", type=click.Choice(["esri", "taudem", "grass", "whitebox"]), default=None,
+              help="Flow directions (flow/direction) in another tool's codes, GeoTIFF: esri 1..128 clockwise from E, "
+                   "taudem 1..8 counter-clockwise from E, grass r.watershed 1..8 (negative where flow leaves), "
+                   "whitebox D8 pointer.")
 @scheduler_option
 @overwrite_option
-def export(store, array, out, decimals, scheduler, overwrite):
+def export(store, array, out, decimals, encoding, scheduler, overwrite):
     """Export ARRAY of a store (default: elevation; e.g. sssp/NAME/distance) to a file.
 
     Unreached cells (+inf) and nodata are written as nodata; OUT.asc gets OUT.prj with the CRS.
@@ -278,5 +282,5 @@ def export(store, array, out, decimals, scheduler, overwrite):
     with warnings.catch_warnings():  # notes (TerrainNote) still reach the user
         warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture, a DEM without a transform
         run(store, array, out, overwrite=overwrite, decimals=decimals, scheduler=scheduler, progress=not quiet(),
-            announce=say)
+            announce=say, encoding=encoding)
     say(f"{out}: written in {timer.elapsed:.2f} s ({format_bytes(out.stat().st_size)})")

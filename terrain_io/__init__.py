@@ -21,3 +21,12 @@ from .jit import defer_blas_check  # noqa: E402
 defer_blas_check()
 
 from .errors import DeviceError, InputError, StoreError, TerrainError  # noqa: E402,F401
+
+
+def __getattr__(name):
+    """The in-memory raster functions, imported on first use (``import terrain_io`` stays light)."""
+    if name in ("flow_direction", "flow_accumulation"):
+        from .grid import flow
+
+        return getattr(flow, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,11 +79,13 @@ def _nodata_of(store: TerrainStore, name: str, arr):
 
 
 def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int | None = None,
-           scheduler: str | None = "local", progress: bool = False, announce=None) -> Path:
+           scheduler: str | None = "local", progress: bool = False, announce=None, encoding: str | None = None) -> Path:
     """Write array ``name`` of the store to ``out`` (.tif/.tiff, .asc, .png by suffix).
 
     ``scheduler``: where the per-shard work runs (``local``, ``threads``, ``processes`` or a
     ``dask.distributed`` address; see the module docstring); the file is the same either way.
+    ``encoding``: flow directions (``flow/direction``) in another tool's codes, GeoTIFF only
+    (:mod:`terrain_io.grid.flow.encodings`: esri, taudem, grass, whitebox).
     """
     scheduler = check_scheduler(scheduler)
     if decimals is not None and not (isinstance(decimals, (int, np.integer)) and 0 <= decimals <= DECIMALS_MAX):
@@ -96,7 +98,15 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
     writers = {".tif": _write_geotiff, ".tiff": _write_geotiff, ".asc": _write_ascii, ".png": _write_png}
     if suffix not in writers:
         raise InputError(f"{out}: unknown output type {suffix!r} (use .tif, .asc or .png)")
-    run = _Runner(scheduler, progress, announce)
+    if encoding is not None:
+        from .grid.flow.encodings import check
+
+        check(encoding)
+        if name.rsplit("/", 1)[-1] != "direction" or arr.dtype != np.uint8:
+            raise InputError(f"--encoding applies to flow directions (flow/direction), not {name}")
+        if suffix not in (".tif", ".tiff"):
+            raise InputError(f"--encoding writes GeoTIFF (.tif), not {suffix}")
+    run = _Runner(scheduler, progress, announce, encoding)
     from rasterio._err import CPLE_BaseError
     from rasterio.errors import RasterioError
 
@@ -137,6 +147,7 @@ class _Runner:
     scheduler: str
     progress: bool
     announce: object
+    encoding: str | None = None  # flow directions in another tool's codes (GeoTIFF)
 
     def __call__(self, func, tasks: list, result_bytes: int):
         in_flight = max(2, IN_FLIGHT_BYTES // max(1, result_bytes))
@@ -157,6 +168,7 @@ class _ShardTask:
     nodata: object = None  # ASCII: the integer nodata value (None: NaN and +-inf)
     nodata_text: str = "-9999"
     elevation_masked: object = None  # mark the DEM's nodata cells with this value (_elevation_marker)
+    encoding: str | None = None  # flow directions: written in this tool's codes (grid.flow.encodings)
 
 
 def _open(task: _ShardTask):
@@ -167,6 +179,15 @@ def _read_block(task: _ShardTask) -> np.ndarray:
     """The window's values as a file holds them: +-inf as NaN (nodata), the DEM's nodata cells
     marked for arrays whose own values cannot tell them (``ELEVATION_MASKED``)."""
     w = task.window
+    if task.encoding is not None:  # the outlets' outward direction needs the neighbours: a one-cell halo
+        from .grid.flow.encodings import encode
+
+        arr = _open(task)
+        rows, cols = arr.shape
+        halo = np.full((w.r1 - w.r0 + 2, w.c1 - w.c0 + 2), 255, np.uint8)
+        r0, r1, c0, c1 = max(w.r0 - 1, 0), min(w.r1 + 1, rows), max(w.c0 - 1, 0), min(w.c1 + 1, cols)
+        halo[r0 - w.r0 + 1 : r1 - w.r0 + 1, c0 - w.c0 + 1 : c1 - w.c0 + 1] = arr[r0:r1, c0:c1]
+        return encode(halo, task.encoding)
     block = _open(task)[w.r0 : w.r1, w.c0 : w.c1]
     if block.dtype.kind == "f":
         block[np.isinf(block)] = np.nan
@@ -188,10 +209,14 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
 
     rows, cols = arr.shape
     t = store.transform
-    profile = dict(driver="GTiff", width=cols, height=rows, count=1, dtype=str(arr.dtype),
+    dtype, nodata = str(arr.dtype), _nodata_of(store, name, arr)
+    if run.encoding is not None:
+        from .grid.flow.encodings import DTYPES
+
+        dtype, nodata = np.dtype(DTYPES[run.encoding][0]).name, DTYPES[run.encoding][1]
+    profile = dict(driver="GTiff", width=cols, height=rows, count=1, dtype=dtype,
                    tiled=True, blockxsize=256, blockysize=256, compress="deflate", predictor=2 if arr.dtype.kind in "iu" else 3,
                    BIGTIFF="IF_SAFER")
-    nodata = _nodata_of(store, name, arr)
     profile["nodata"] = float("nan") if arr.dtype.kind == "f" else nodata
     if t is not None:
         profile["transform"] = Affine.from_gdal(*t)
@@ -201,7 +226,8 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
     wins = list(store.shards())
-    tasks = [_ShardTask(str(store.path), name, win, elevation_masked=_elevation_marker(name, arr)) for win in wins]
+    tasks = [_ShardTask(str(store.path), name, win, elevation_masked=_elevation_marker(name, arr),
+                        encoding=run.encoding) for win in wins]
     shard_bytes = (store.tile_size * store.shard_size) ** 2 * arr.dtype.itemsize
     with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
         for block, win in zip(run(_read_block, tasks, shard_bytes), wins):
@@ -455,6 +481,16 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
         ok &= z > 0
         rgb = _categorical(z)
         legend = _ids_legend(rgb.shape[1], name, leaf, np.unique(z[ok]).astype(np.int64))
+    elif leaf == "accumulation":  # flow accumulation: log scale (counts span 1 .. millions), 0 clear
+        ok &= z > 0
+        logs = np.log10(np.where(ok, z, np.nan))
+        span = (0.0, float(np.nanmax(logs))) if ok.any() else (0.0, 1.0)
+        rgb = colorize(logs, _BLUES, span)
+        title = f"{name} ({store.group[name].attrs.get('units', 'cells')}), log scale{every}"
+        band = band_for(rgb.shape[1], [title])
+        band.text(title)
+        band.ramp(_ramp_colours(_BLUES), [f"{10 ** v:.3g}" for v in (span[0], sum(span) / 2, span[1])])
+        legend = band.image()
     elif arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
         rgb = np.repeat(np.where(np.nan_to_num(z) > 0, 230.0, 30.0)[..., None], 3, axis=-1)
         band = band_for(rgb.shape[1], [f"{name}: codes / bit mask"])

@@ -1,0 +1,656 @@
+"""numba kernels of flow routing (``terrain flow``): D8 directions, flats, accumulation.
+
+Blocks
+    The kernels work on a *block*: a window with a one-cell halo. ``vals``, ``ok`` (vertex mask,
+    False outside the DEM) and ``outlet`` (cells that drain out of the DEM: ``_fill_cpu.outlets``,
+    the outlet definition of ``terrain fill``) have the block's shape (h + 2, w + 2); the direction
+    codes they write have the interior's shape (h, w). In core the block is the whole DEM with a
+    ring of non-vertices.
+
+Directions (the contract in :mod:`.codes`)
+    D8 steepest descent: over valid lower neighbours, slope = (z[c] - z[n]) / L[d] in float64
+    (float64(z[c]) - float64(z[n]), no fast-math); the largest wins, ties the smallest code. A cell
+    without a lower valid neighbour is OUTLET on an outlet cell, else *unresolved*.
+    Flats: Barnes, Lehman & Mulla 2014, "An efficient assignment of drainage direction over flat
+    surfaces" (Computers & Geosciences 62), with its two breadth-first searches as plain
+    multi-source BFS over the unresolved cells (8-connected): ``towards`` from the low edges
+    (unresolved cells beside a resolved cell of equal elevation), ``away`` from the high edges
+    (unresolved cells beside a higher cell), 1 at the sources, 0 where unreached. The combined
+    mask 2 * towards - away orders each flat as Barnes' 2 * towards + (FlatHeight - away) does,
+    without flat labels. A flat cell drains to its equal neighbour of least mask (resolved cells
+    count as -infinity; ties: least code); a flat with no low edge is SINK.
+
+Accumulation
+    s(c), the sum over c's donors n (neighbours whose code points at c) in increasing code order
+    of v(n), left to right from 0; v(n) = s(n) + w(n) (w = 1 for counts). The kernel stores s
+    (the ESRI convention, ``include_self=False``); the caller adds w for v (TauDEM's). Every cell's
+    value is fixed by that order, not by the order cells are visited, so weighted sums are the same
+    bits in core and tile by tile. O(n) without a queue (as Barnes 2017 describes for a tile):
+    count each cell's donors, then from every cell without donors walk downstream, finishing a cell
+    when its last donor is done (its donor count reaches 0). Halo cells of a block are not visited:
+    the halo of ``acc`` holds their v, given (0 where they do not drain into the block).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from ...errors import InputError
+from ...jit import SERIAL_BELOW, serial_twin
+from ...weights import DC, DR
+from .codes import NODATA, OUTLET, SINK
+
+UNRESOLVED = 254  # internal: no lower neighbour, not an outlet (a flat cell); never written out
+DONE = 255  # donor count of a finished cell
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def d8(vals, ok, outlet, L, code):
+    """D8 codes of the block's interior into ``code`` (h, w): 0..7, OUTLET, NODATA or UNRESOLVED;
+    ``L``: the 8 step lengths (float64). Returns the number of unresolved cells."""
+    h, w = code.shape
+    unresolved = np.zeros(h, np.int64)
+    for a in prange(h):
+        for b in range(w):
+            i, j = a + 1, b + 1
+            if not ok[i, j]:
+                code[a, b] = NODATA
+                continue
+            zc = vals[i, j]
+            best = -1
+            top = 0.0
+            for d in range(8):
+                ii, jj = i + DR[d], j + DC[d]
+                if ok[ii, jj] and vals[ii, jj] < zc:
+                    s = (np.float64(zc) - np.float64(vals[ii, jj])) / L[d]
+                    if best < 0 or s > top:
+                        best, top = d, s
+            if best >= 0:
+                code[a, b] = best
+            elif outlet[i, j]:
+                code[a, b] = OUTLET
+            else:
+                code[a, b] = UNRESOLVED
+                unresolved[a] += 1
+    return unresolved.sum()
+
+
+@numba.njit(nogil=True, cache=True)
+def _bfs(queue, n, dist, code):
+    """Multi-source BFS over unresolved cells from ``queue[:n]`` (their dist already 1)."""
+    h, w = code.shape
+    head, tail = 0, n
+    while head < tail:
+        c = queue[head]
+        head += 1
+        a, b = c // w, c % w
+        nxt = dist[a, b] + 1
+        for d in range(8):
+            a2, b2 = a + DR[d], b + DC[d]
+            if 0 <= a2 < h and 0 <= b2 < w and code[a2, b2] == UNRESOLVED and dist[a2, b2] == 0:
+                dist[a2, b2] = nxt
+                queue[tail] = a2 * w + b2
+                tail += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def flats(vals, ok, code, towards, away, queue):
+    """Barnes 2014 on the unresolved cells of ``code`` (module docstring): writes their codes.
+    ``towards``/``away``: zeroed (h, w) integer scratch; ``queue``: int64 of at least the number
+    of unresolved cells."""
+    h, w = code.shape
+    n = 0
+    for a in range(h):  # high edges
+        for b in range(w):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a + 1, b + 1]
+            for d in range(8):
+                i, j = a + 1 + DR[d], b + 1 + DC[d]
+                if ok[i, j] and vals[i, j] > z:
+                    away[a, b] = 1
+                    queue[n] = a * w + b
+                    n += 1
+                    break
+    _bfs(queue, n, away, code)
+    n = 0
+    for a in range(h):  # low edges
+        for b in range(w):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a + 1, b + 1]
+            for d in range(8):
+                a2, b2 = a + DR[d], b + DC[d]
+                if ok[a2 + 1, b2 + 1] and vals[a2 + 1, b2 + 1] == z and code[a2, b2] != UNRESOLVED:
+                    towards[a, b] = 1
+                    queue[n] = a * w + b
+                    n += 1
+                    break
+    _bfs(queue, n, towards, code)
+    for a in range(h):  # directions: towards > 0 marks the drainable flat cells (resolved cells have 0)
+        for b in range(w):
+            if code[a, b] != UNRESOLVED:
+                continue
+            if towards[a, b] == 0:
+                code[a, b] = SINK
+                continue
+            z = vals[a + 1, b + 1]
+            m = 2 * np.int64(towards[a, b]) - np.int64(away[a, b])
+            best = -1
+            low = m
+            for d in range(8):
+                a2, b2 = a + DR[d], b + DC[d]
+                if not (ok[a2 + 1, b2 + 1] and vals[a2 + 1, b2 + 1] == z):
+                    continue
+                if towards[a2, b2] == 0:  # resolved: mask -infinity
+                    best = d
+                    break
+                mn = 2 * np.int64(towards[a2, b2]) - np.int64(away[a2, b2])
+                if mn < low:
+                    best, low = d, mn
+            code[a, b] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def _pull(code, weights, weighted, acc, zero, a, b):
+    """s of interior cell (a, b): its donors' v in increasing code order (module docstring)."""
+    h, w = code.shape[0] - 2, code.shape[1] - 2
+    s = zero
+    for d in range(8):
+        i, j = a + 1 + DR[d], b + 1 + DC[d]
+        if code[i, j] != (d ^ 4):
+            continue
+        if 1 <= i <= h and 1 <= j <= w:
+            s += acc[i, j] + (weights[i - 1, j - 1] if weighted else weights[0, 0])
+        else:
+            s += acc[i, j]
+    return s
+
+
+@numba.njit(nogil=True, cache=True)
+def accumulate(code, weights, weighted, acc, zero, donors):
+    """s of every interior cell of the block (module docstring) into ``acc`` (h + 2, w + 2; its
+    halo holds the given v of outside donors, its interior any values); ``code``: the block's codes
+    (halo included); ``weights``: (h, w) float64 when ``weighted``, else (1, 1) holding the unit of
+    a count (uint64 1); ``zero``: 0 of acc's dtype; ``donors``: (h, w) uint8 scratch. Returns the
+    number of valid interior cells left unfinished (on a cycle: 0 for codes
+    from :func:`d8` and :func:`flats`)."""
+    h, w = donors.shape
+    left = 0
+    for a in range(h):
+        for b in range(w):
+            n = 0
+            for d in range(8):
+                i, j = a + 1 + DR[d], b + 1 + DC[d]
+                if 1 <= i <= h and 1 <= j <= w and code[i, j] == (d ^ 4):
+                    n += 1
+            donors[a, b] = n
+            if code[a + 1, b + 1] != NODATA:
+                left += 1
+            else:
+                acc[a + 1, b + 1] = zero
+    for a0 in range(h):
+        for b0 in range(w):
+            if donors[a0, b0] != 0 or code[a0 + 1, b0 + 1] == NODATA:
+                continue
+            a, b = a0, b0
+            while True:
+                acc[a + 1, b + 1] = _pull(code, weights, weighted, acc, zero, a, b)
+                donors[a, b] = DONE
+                left -= 1
+                d = code[a + 1, b + 1]
+                if d >= 8:
+                    break
+                a2, b2 = a + DR[d], b + DC[d]
+                if not (0 <= a2 < h and 0 <= b2 < w) or code[a2 + 1, b2 + 1] == NODATA:
+                    break
+                donors[a2, b2] -= 1
+                if donors[a2, b2] != 0:
+                    break
+                a, b = a2, b2
+    return left
+
+
+d8_serial = serial_twin(d8)
+
+
+def ringed(values: np.ndarray, fill) -> np.ndarray:
+    """``values`` inside a one-cell ring of ``fill`` (the in-core block)."""
+    out = np.empty((values.shape[0] + 2, values.shape[1] + 2), values.dtype)
+    out[0], out[-1], out[:, 0], out[:, -1] = fill, fill, fill, fill
+    out[1:-1, 1:-1] = values
+    return out
+
+
+def solve_flats(vals: np.ndarray, ok: np.ndarray, code: np.ndarray, unresolved: int) -> None:
+    """:func:`flats` with its scratch: BFS distances in int32 (a flat has fewer cells than the
+    block), int64 for blocks of 2^31 cells or more."""
+    if not unresolved:
+        return
+    dist = np.int32 if code.size < 2**31 else np.int64
+    towards, away = np.zeros(code.shape, dist), np.zeros(code.shape, dist)
+    flats(vals, ok, code, towards, away, np.empty(unresolved, np.int64))
+
+
+def directions(z, valid, dx, dy, outlets: str = "edge+nodata") -> np.ndarray:
+    """D8 + flats codes (uint8, :mod:`.codes`) of an in-memory DEM ``z`` with vertex mask ``valid``
+    and cell size ``dx`` (column step) x ``dy`` (row step); ``outlets``: ``edge+nodata`` or ``edge``."""
+    return routed(z, valid, dx, dy, outlets)[0]
+
+
+def routed(z, valid, dx, dy, outlets: str = "edge+nodata") -> tuple[np.ndarray, int]:
+    """:func:`directions` and the number of flat cells (no lower neighbour, not an outlet: routed by
+    the flat rule, or SINK)."""
+    from .._fill_cpu import outlets as outlet_cells, outlets_serial
+    from ..sssp._pipeline_cpu import steps_of
+
+    z = np.asarray(z)
+    rows, cols = z.shape
+    small = rows * cols < SERIAL_BELOW
+    vals = ringed(z, 0)
+    ok = ringed(np.asarray(valid, bool), False)
+    outl = (outlets_serial if small else outlet_cells)(ok, 0, 0, rows, cols, outlets == "edge+nodata")
+    code = np.empty((rows, cols), np.uint8)
+    unresolved = (d8_serial if small else d8)(vals, ok, outl, steps_of(float(dx), float(dy)), code)
+    del outl
+    solve_flats(vals, ok, code, int(unresolved))
+    return code, int(unresolved)
+
+
+def accumulation(direction, weights=None, include_self: bool = True) -> np.ndarray:
+    """Flow accumulation of direction codes (module docstring): uint64 counts, or float64 sums of
+    ``weights`` (finite, >= 0 at valid cells); 0 at nodata. Raises InputError on a cycle."""
+    code = ringed(np.asarray(direction, np.uint8), NODATA)
+    rows, cols = direction.shape
+    if weights is None:
+        wts, zero = np.ones((1, 1), np.uint64), np.uint64(0)
+    else:
+        wts, zero = np.ascontiguousarray(weights, np.float64), np.float64(0)
+    acc = np.zeros((rows + 2, cols + 2), wts.dtype)
+    left = accumulate(code, wts, weights is not None, acc, zero, np.empty((rows, cols), np.uint8))
+    if left:
+        raise InputError(f"the flow directions have cycles: {left:,} cells never drain")
+    out = acc[1:-1, 1:-1]  # a view: no copy of 8 bytes a cell at the peak
+    if include_self:
+        for r in range(0, rows, 256):  # v = s + w, a band at a time (no full-size temporaries)
+            ok = code[1:-1, 1:-1][r : r + 256] != NODATA
+            band = out[r : r + 256]
+            band[ok] += wts[r : r + 256][ok] if weights is not None else wts[0, 0]
+    return out
+
+
+# --- out of core: flats from a compact list of their cells, accumulation tile by tile --------------------------
+
+@numba.njit(nogil=True, cache=True)
+def flat_cells(vals, ok, code, r0, c0, cols, gid, high, lowdir):
+    """The unresolved cells of a window (out of core): global ids (row-major, in row order of the
+    window), high-edge flags and ``lowdir``, the least code of a resolved valid neighbour of equal
+    elevation (255: none; such a cell is a low edge and drains there). ``vals``/``ok``: the window
+    with a two-cell halo; ``code``: :func:`d8` of the window with a one-cell ring (h + 2, w + 2)."""
+    h, w = code.shape[0] - 2, code.shape[1] - 2
+    n = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a + 1, b + 1]
+            up = False
+            low = 255
+            for d in range(8):
+                i, j = a + 1 + DR[d], b + 1 + DC[d]
+                if not ok[i, j]:
+                    continue
+                if vals[i, j] > z:
+                    up = True
+                elif vals[i, j] == z and low == 255 and code[a + DR[d], b + DC[d]] != UNRESOLVED:
+                    low = d
+            gid[n] = (r0 + a - 1) * cols + c0 + b - 1
+            high[n] = up
+            lowdir[n] = low
+            n += 1
+    return n
+
+
+@numba.njit(nogil=True, cache=True)
+def _find_id(ids, x):
+    k = np.searchsorted(ids, x)
+    if k < len(ids) and ids[k] == x:
+        return k
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _compact_bfs(ids, rows, cols, dist, queue, n):
+    head, tail = 0, n
+    while head < tail:
+        k = queue[head]
+        head += 1
+        r, c = ids[k] // cols, ids[k] % cols
+        for d in range(8):
+            r2, c2 = r + DR[d], c + DC[d]
+            if 0 <= r2 < rows and 0 <= c2 < cols:
+                k2 = _find_id(ids, r2 * cols + c2)
+                if k2 >= 0 and dist[k2] == 0:
+                    dist[k2] = dist[k] + 1
+                    queue[tail] = k2
+                    tail += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def flats_compact(ids, high, lowdir, rows, cols, out):
+    """:func:`flats` over the sorted global ids of all unresolved cells (two unresolved cells are
+    neighbours when their ids are 8-adjacent: they have equal elevation), their high-edge flags and
+    low-edge directions (:func:`flat_cells`): their codes into ``out``. Same BFS, same mask, same
+    tie rule as :func:`flats`, so the same codes."""
+    u = len(ids)
+    towards, away = np.zeros(u, np.int64), np.zeros(u, np.int64)
+    queue = np.empty(u, np.int64)
+    n = 0
+    for k in range(u):
+        if high[k]:
+            away[k] = 1
+            queue[n] = k
+            n += 1
+    _compact_bfs(ids, rows, cols, away, queue, n)
+    n = 0
+    for k in range(u):
+        if lowdir[k] != 255:
+            towards[k] = 1
+            queue[n] = k
+            n += 1
+    _compact_bfs(ids, rows, cols, towards, queue, n)
+    for k in range(u):
+        if towards[k] == 0:
+            out[k] = SINK
+        elif lowdir[k] != 255:
+            out[k] = lowdir[k]
+        else:
+            m = 2 * towards[k] - away[k]
+            r, c = ids[k] // cols, ids[k] % cols
+            best = -1
+            for d in range(8):
+                r2, c2 = r + DR[d], c + DC[d]
+                if 0 <= r2 < rows and 0 <= c2 < cols:
+                    k2 = _find_id(ids, r2 * cols + c2)
+                    if k2 >= 0 and 2 * towards[k2] - away[k2] < m:
+                        best, m = d, 2 * towards[k2] - away[k2]
+            out[k] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def set_codes(code, r0, c0, cols, ids, codes):
+    """Write ``codes`` of global cells ``ids`` (sorted) that lie in the window at (r0, c0)."""
+    h, w = code.shape
+    lo = np.searchsorted(ids, r0 * cols)
+    for k in range(lo, len(ids)):
+        r, c = ids[k] // cols - r0, ids[k] % cols - c0
+        if r >= h:
+            break
+        if 0 <= c < w:
+            code[r, c] = codes[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_links(code, weights, weighted, acc, zero, r0, c0, cols):
+    """Tile phase of Barnes 2017 ("Parallel non-divergent flow accumulation for trillion cell
+    digital elevation models") on one window: ``acc`` (halo zero) gets the in-tile s; returns its
+    *exits* (cells draining into another window: global id, the receiving cell's id, in-tile v) and
+    its *entries* (cells with a donor in the halo: global id, the exit its in-tile flow path leaves
+    by, -1 when the path ends inside)."""
+    h, w = code.shape[0] - 2, code.shape[1] - 2
+    accumulate(code, weights, weighted, acc, zero, np.empty((h, w), np.uint8))
+    n_exit = 0
+    n_entry = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            d = code[a, b]
+            if d < 8:
+                i, j = a + DR[d], b + DC[d]
+                if not (1 <= i <= h and 1 <= j <= w) and code[i, j] != NODATA:
+                    n_exit += 1
+            if d != NODATA:
+                for e in range(8):
+                    i, j = a + DR[e], b + DC[e]
+                    if not (1 <= i <= h and 1 <= j <= w) and code[i, j] == (e ^ 4):
+                        n_entry += 1
+                        break
+    exit_id = np.empty(n_exit, np.int64)
+    exit_to = np.empty(n_exit, np.int64)
+    exit_v = np.empty(n_exit, acc.dtype)
+    entry_id = np.empty(n_entry, np.int64)
+    entry_link = np.empty(n_entry, np.int64)
+    leaves = np.full((h, w), -2, np.int64)  # the exit a cell's path leaves by; -1 none, -2 not known yet
+    path = np.empty(h * w, np.int64)
+    n_exit = 0
+    n_entry = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            d = code[a, b]
+            if d < 8:
+                i, j = a + DR[d], b + DC[d]
+                if not (1 <= i <= h and 1 <= j <= w) and code[i, j] != NODATA:
+                    exit_id[n_exit] = (r0 + a - 1) * cols + c0 + b - 1
+                    exit_to[n_exit] = (r0 + i - 1) * cols + c0 + j - 1
+                    exit_v[n_exit] = acc[a, b] + (weights[a - 1, b - 1] if weighted else weights[0, 0])
+                    n_exit += 1
+            if d == NODATA:
+                continue
+            entry = False
+            for e in range(8):
+                i, j = a + DR[e], b + DC[e]
+                if not (1 <= i <= h and 1 <= j <= w) and code[i, j] == (e ^ 4):
+                    entry = True
+                    break
+            if not entry:
+                continue
+            m = 0  # walk down to a cell of known exit, then name it along the path
+            i, j = a, b
+            found = -1
+            while True:
+                if leaves[i - 1, j - 1] != -2:
+                    found = leaves[i - 1, j - 1]
+                    break
+                path[m] = (i - 1) * w + j - 1
+                m += 1
+                d = code[i, j]
+                if d >= 8:
+                    break
+                i2, j2 = i + DR[d], j + DC[d]
+                if not (1 <= i2 <= h and 1 <= j2 <= w):
+                    found = -1 if code[i2, j2] == NODATA else (r0 + i - 1) * cols + c0 + j - 1
+                    break
+                if code[i2, j2] == NODATA:
+                    break
+                i, j = i2, j2
+            for q in range(m):
+                leaves[path[q] // w, path[q] % w] = found
+            entry_id[n_entry] = (r0 + a - 1) * cols + c0 + b - 1
+            entry_link[n_entry] = found
+            n_entry += 1
+    return exit_id, exit_to, exit_v, entry_id, entry_link
+
+
+@numba.njit(nogil=True, cache=True)
+def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
+    """Boundary solve of Barnes 2017: the final v of every exit (``exit_id`` sorted, ``entry_id``
+    sorted): each exit adds its v to the exit its receiver's path leaves by, in topological order
+    (Kahn); returns the v, or raises on a cycle."""
+    n = len(exit_id)
+    down = np.full(n, -1, np.int64)
+    indeg = np.zeros(n, np.int64)
+    for k in range(n):
+        x = _find_id(entry_id, exit_to[k])
+        if x >= 0 and entry_link[x] >= 0:
+            down[k] = _find_id(exit_id, entry_link[x])
+            indeg[down[k]] += 1
+    v = exit_v.copy()
+    queue = np.empty(n, np.int64)
+    tail = 0
+    for k in range(n):
+        if indeg[k] == 0:
+            queue[tail] = k
+            tail += 1
+    head = 0
+    while head < tail:
+        k = queue[head]
+        head += 1
+        j = down[k]
+        if j >= 0:
+            v[j] += v[k]
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                queue[tail] = j
+                tail += 1
+    if tail != n:
+        raise ValueError("the flow directions have cycles")
+    return v
+
+
+@numba.njit(nogil=True, cache=True)
+def set_inflows(code, acc, r0, c0, cols, exit_id, v):
+    """The halo of a window's ``acc`` (zeroed): the final v of every halo cell that drains into the window."""
+    H, W = code.shape
+    for a in range(H):
+        for b in range(W):
+            if 1 <= a <= H - 2 and 1 <= b <= W - 2:
+                continue
+            d = code[a, b]
+            if d >= 8:
+                continue
+            i, j = a + DR[d], b + DC[d]
+            if 1 <= i <= H - 2 and 1 <= j <= W - 2:
+                k = _find_id(exit_id, (r0 + a - 1) * cols + c0 + b - 1)
+                acc[a, b] = v[k]
+
+
+# --- out of core: flats by window sweeps (the flat cells of the DEM do not fit the memory budget) -------------
+
+@numba.njit(nogil=True, cache=True)
+def _halo_flat(pid, r0, c0, cols, i, j):
+    """Index in ``pid`` of halo cell (i, j) of the window at (r0, c0) when it is a flat cell, else -1."""
+    return _find_id(pid, (r0 + i - 1) * cols + c0 + j - 1)
+
+
+@numba.njit(nogil=True, cache=True)
+def window_bfs(code, vals, ok, r0, c0, cols, pid, pval, towards, dist, queue, inq):
+    """One BFS of Barnes 2014 (``towards``: from the low edges, else from the high edges) inside a
+    window, seeded also from its halo: a halo flat cell k (in the sorted perimeter list ``pid``) at
+    distance ``pval[k]`` > 0 offers pval[k] + 1 to its flat neighbours inside. ``code``, ``vals``,
+    ``ok``: the window with a one-cell halo (UNRESOLVED marks inside); ``dist`` (h, w): 0 unreached.
+    Label-correcting FIFO (seeds differ in distance), each cell queued at most once at a time."""
+    H, W = code.shape
+    h, w = H - 2, W - 2
+    cap = h * w
+    head = 0
+    size = 0
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            dist[a - 1, b - 1] = 0
+            inq[a - 1, b - 1] = False
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            if code[a, b] != UNRESOLVED:
+                continue
+            z = vals[a, b]
+            best = 0
+            for d in range(8):
+                i, j = a + DR[d], b + DC[d]
+                if not ok[i, j]:
+                    continue
+                inside = 1 <= i <= h and 1 <= j <= w
+                if not towards and vals[i, j] > z:
+                    best = 1
+                    break
+                if vals[i, j] != z:
+                    continue
+                k = -1 if inside else _halo_flat(pid, r0, c0, cols, i, j)
+                if towards and (code[i, j] != UNRESOLVED if inside else k < 0):
+                    best = 1  # a resolved neighbour of equal elevation: a low edge
+                    break
+                if k >= 0 and pval[k] > 0 and (best == 0 or pval[k] + 1 < best):
+                    best = pval[k] + 1
+            if best:
+                dist[a - 1, b - 1] = best
+                queue[(head + size) % cap] = (a - 1) * w + b - 1
+                size += 1
+                inq[a - 1, b - 1] = True
+    while size:
+        c = queue[head]
+        head = (head + 1) % cap
+        size -= 1
+        a, b = c // w, c % w
+        inq[a, b] = False
+        nxt = dist[a, b] + 1
+        for d in range(8):
+            a2, b2 = a + DR[d], b + DC[d]
+            if 0 <= a2 < h and 0 <= b2 < w and code[a2 + 1, b2 + 1] == UNRESOLVED and \
+                    (dist[a2, b2] == 0 or nxt < dist[a2, b2]):
+                dist[a2, b2] = nxt
+                if not inq[a2, b2]:
+                    queue[(head + size) % cap] = a2 * w + b2
+                    size += 1
+                    inq[a2, b2] = True
+
+
+@numba.njit(nogil=True, cache=True)
+def window_flat_codes(code, vals, ok, r0, c0, cols, pid, p_tow, p_away, towards, away, out):
+    """The codes of a window's flat cells (the rule of :func:`flats`) into ``out`` (h, w), from the
+    window's converged ``towards``/``away`` and its halo's (the perimeter list)."""
+    H, W = code.shape
+    h, w = H - 2, W - 2
+    for a in range(1, h + 1):
+        for b in range(1, w + 1):
+            if code[a, b] != UNRESOLVED:
+                continue
+            if towards[a - 1, b - 1] == 0:
+                out[a - 1, b - 1] = SINK
+                continue
+            z = vals[a, b]
+            m = 2 * towards[a - 1, b - 1] - away[a - 1, b - 1]
+            best = -1
+            for d in range(8):
+                i, j = a + DR[d], b + DC[d]
+                if not (ok[i, j] and vals[i, j] == z):
+                    continue
+                if 1 <= i <= h and 1 <= j <= w:
+                    if code[i, j] != UNRESOLVED:
+                        best = d
+                        break
+                    mn = 2 * towards[i - 1, j - 1] - away[i - 1, j - 1]
+                else:
+                    k = _halo_flat(pid, r0, c0, cols, i, j)
+                    if k < 0:
+                        best = d
+                        break
+                    mn = 2 * p_tow[k] - p_away[k]
+                if mn < m:
+                    best, m = d, mn
+            out[a - 1, b - 1] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def perimeter_flats(code, r0, c0, cols):
+    """Global ids of the flat (UNRESOLVED) cells on a window's perimeter, from its codes (h, w)."""
+    h, w = code.shape
+    n = 0
+    out = np.empty(2 * (h + w), np.int64)
+    for a in range(h):
+        for b in range(w):
+            if (a == 0 or b == 0 or a == h - 1 or b == w - 1) and code[a, b] == UNRESOLVED:
+                out[n] = (r0 + a) * cols + c0 + b
+                n += 1
+    return out[:n]
+
+
+@numba.njit(nogil=True, cache=True)
+def update_perimeter(pid, pval, ids, dist, r0, c0, cols):
+    """Write a window's perimeter distances into the list; returns whether any changed."""
+    changed = False
+    for q in range(len(ids)):
+        k = _find_id(pid, ids[q])
+        v = dist[ids[q] // cols - r0, ids[q] % cols - c0]
+        if pval[k] != v:
+            pval[k] = v
+            changed = True
+    return changed
