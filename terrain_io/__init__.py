@@ -21,3 +21,19 @@ from .jit import defer_blas_check  # noqa: E402
 defer_blas_check()
 
 from .errors import DeviceError, InputError, StoreError, TerrainError  # noqa: E402,F401
+
+# The public entry points (README "API"), imported on first use: ``import terrain_io`` (the command's
+# startup) stays free of numba, zarr and the pipelines.
+_ENTRY_POINTS = {"mst": "grid.mst", "sssp": "grid.sssp.engine", "fill": "grid.fill", "depressions": "grid.depressions",
+                 "cost_distance": "grid.sssp.array", "TerrainStore": "store"}
+__all__ = ["DeviceError", "InputError", "StoreError", "TerrainError", *_ENTRY_POINTS]
+
+
+def __getattr__(name: str):
+    if name not in _ENTRY_POINTS:
+        raise AttributeError(f"module 'terrain_io' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{_ENTRY_POINTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

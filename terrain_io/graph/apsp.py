@@ -113,13 +113,41 @@ def _initial_predecessors(D, xp):
 # Public API
 # --------------------------------------------------------------------------------------------
 
-def apsp(W, method: str = "auto", return_predecessors: bool = False, device: str | None = None,
+def apsp(W, *, method: str = "auto", return_predecessors: bool = False, device: str | None = None,
          tile: int | None = None):
-    """All-pairs shortest distances of the dense weight matrix ``W`` (n x n).
+    """All-pairs shortest distances of the dense weight matrix ``W`` (module docstring).
 
-    ``method``: ``auto`` (blocked), ``minplus``, ``floyd_warshall`` or ``blocked``; ``tile``: the
-    blocked method's tile size (default: tuned by size and device). Returns ``D`` or ``(D, pred)``
-    with ``return_predecessors``. Raises NegativeCycleError, InputError (non-square, NaN, ...).
+    Parameters
+    ----------
+    W : (n, n) array
+        Edge weights, inf (an integer matrix: the dtype's maximum) = no edge; NumPy or CuPy.
+    method : {"auto", "minplus", "floyd_warshall", "blocked"}
+        ``auto`` is ``blocked``.
+    return_predecessors : bool
+        Also return the predecessor matrix (:func:`reconstruct_path`).
+    device : {"cpu", "gpu"}, optional
+        Default: the input's.
+    tile : int, optional
+        The blocked method's tile size (default: tuned by size and device).
+
+    Returns
+    -------
+    D : (n, n) array
+        In the input's dtype (:func:`as_float_distances`: float64 with inf = unreachable).
+    pred : (n, n) array
+        Only with ``return_predecessors``.
+
+    Raises
+    ------
+    NegativeCycleError, InputError
+        A negative cycle; a matrix that is not square, NaN weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> W = np.array([[0, 1, np.inf], [np.inf, 0, 2], [1, np.inf, 0]])
+    >>> apsp(W).tolist()
+    [[0.0, 1.0, 3.0], [3.0, 0.0, 2.0], [1.0, 2.0, 0.0]]
     """
     if method not in METHODS:
         raise InputError(f"unknown APSP method {method!r}: choose one of {', '.join(METHODS)}")
@@ -138,7 +166,7 @@ def apsp(W, method: str = "auto", return_predecessors: bool = False, device: str
     return (D, P) if return_predecessors else D
 
 
-def minplus(A, B, device: str | None = None):
+def minplus(A, B, *, device: str | None = None):
     """Min-plus product ``C[i, j] = min_k A[i, k] + B[k, j]`` (A: m x k, B: k x n; inf = no path).
 
     Both inputs in one dtype family; integer inputs use the dtype's maximum as infinity and give
@@ -190,7 +218,7 @@ def _broken(i, j):
     raise InputError(f"predecessor matrix holds no consistent path {i} -> {j}")
 
 
-def dense_from_edges(u, v, w, n: int, directed: bool = True, dtype=None):
+def dense_from_edges(u, v, w, n: int, *, directed: bool = True, dtype=None):
     """Dense weight matrix of an edge list (parallel edges: the lightest; no edge: inf / int max).
 
     ``dtype`` None: int32 for integer weights whose path sums fit (unit weights when ``w`` is None),

@@ -183,14 +183,42 @@ def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[bool, int]:
     return False, k
 
 
-def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
+def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
                 batch_tiles: int | None = None, held: bool | None = None) -> DepressionsResult:
-    """The depression hierarchy of the DEM in ``store`` (a TerrainStore or a path): writes
-    ``depressions/basin`` (uint32 leaf id per cell, 0: none) and returns the tree (module docstring).
+    """The depression hierarchy of the DEM in ``store`` (Barnes, Callaghan & Wickert 2020; module
+    docstring); writes ``depressions/basin`` (uint32 leaf id per cell, 0: none).
 
-    ``outlets``: ``edge+nodata`` or ``edge`` (as :func:`.fill.fill`); ``memory``: the budget for the
-    per-cell work (default half the free RAM); ``batch_tiles``/``held``: force the batch side /
-    holding the DEM (tests, benchmarks).
+    Parameters
+    ----------
+    store : TerrainStore or path
+        The DEM store.
+    outlets : {"edge+nodata", "edge"}
+        As :func:`.fill.fill`.
+    device : {"auto", "cpu"}
+        CPU only for now (``"gpu"`` is a DeviceError).
+    memory : str or int, optional
+        The budget for the per-cell work, such as ``"2GB"`` (default: half the free RAM).
+    progress : bool
+        Show progress bars.
+    batch_tiles, held : optional
+        Force the batch side / holding the DEM (tests, benchmarks).
+
+    Returns
+    -------
+    DepressionsResult
+        Leaves, merges, roots and filled volume of the tree, and phase times.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import numpy as np
+    >>> from terrain_io.store import TerrainStore
+    >>> tmp = pathlib.Path(tempfile.mkdtemp())
+    >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
+    >>> st = TerrainStore.from_array(tmp / "dem.zarr", dem)
+    >>> res = depressions(st, progress=False)
+    >>> res.leaves, res.roots
+    (1, 1)
     """
     t_start = time.perf_counter()
     return_freed_memory_to_os()
