@@ -298,8 +298,9 @@ def _relax_row(D, P, S, PS, pred, i, k, a, lo, hi):
 def _relax_rows(D, i, arow, acol, S, s0, s1, lo, hi):
     """D[i, lo:hi] = min(D[i, lo:hi], min over t of arow[acol + t] + S[s0 + t, lo:hi]), t < s1 - s0.
 
-    Works on a private copy of the row segment (so the compiler sees no aliasing and vectorizes,
-    about 7x a direct in-place loop) and folds four source rows per sweep; the a-values are read
+    Works on a private copy of the row segment (so the compiler sees no aliasing and vectorizes;
+    many times a direct in-place loop: benchmarks/RESULTS.md, "Measurements behind decisions in the
+    code") and folds four source rows per sweep; the a-values are read
     before the row is written back, so the result is the plain min-plus product of the old row."""
     if hi <= lo:
         return
@@ -360,7 +361,8 @@ def _cpu_blocked_round(D, P, pred, k0, k1):
 
 
 def _cpu_tile(n: int) -> int:
-    """128 (measured best on 2 cores at n = 1024..2048 for float32 and float64), smaller for tiny n."""
+    """128 (the best tile on 2 cores for float32 and float64: benchmarks/RESULTS.md, "Measurements behind
+    decisions in the code"), smaller for tiny n."""
     return min(128, max(32, n))
 
 

@@ -39,7 +39,7 @@ METHODS = ("auto", "frontier", "naive")
 ALPHA, BETA = 14, 24   # Beamer et al.'s switching thresholds
 WARP_DEGREE = 32       # GPU top-down: a warp per frontier vertex when their mean degree reaches this
                        # and no vertex has more than 4x the mean (skewed frontiers, e.g. R-MAT, would
-                       # leave one warp with a huge list: measured 2.5x slower there)
+                       # leave one warp with a huge list: slower there, benchmarks/RESULTS.md "BFS")
 
 
 # ---------------------------------------------------------------------------------------------- CPU

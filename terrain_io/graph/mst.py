@@ -294,7 +294,9 @@ def _cpu_filter_kruskal(w, lo, hi, n, threshold, filtering=True):
     complete)."""
     ids = np.flatnonzero(lo != hi)
     w, lo, hi = w[ids], lo[ids], hi[ids]
-    leaf = threshold or max(1 << 16, n // 2)  # measured: n/2..n best on sparse graphs (2 cores)
+    # Parts of n/2 .. n edges are the best leaves on sparse graphs (benchmarks/RESULTS.md, "Measurements
+    # behind decisions in the code").
+    leaf = threshold or max(1 << 16, n // 2)
     parent = np.arange(n, dtype=lo.dtype)
     size = np.ones(n, dtype=np.int64)
     out = np.empty(max(n - 1, 0), dtype=np.int64)

@@ -391,11 +391,12 @@ def _expand(store: TerrainStore, edges, batches: list[_Batch], k: int, budget: i
     """
     rows, cols = store.shape
     span_shard = store.shard_size * store.tile_size
-    workers = max(1, min(4, os.cpu_count() or 1))  # whole-shard writes plateau from 4 threads on (H100 host: 0.43 s
-    # for 64 shards with 4, 0.48-0.58 s with 8, 0.6-0.74 s with 16); decoding, deciding, counting are cheaper
-    # as many as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks
-    # encoded and the shard file joined, ~8 bytes a cell a thread (measured: +4 MiB with two threads
-    # of 512^2 shards)
+    # Whole-shard writes are fastest at 4 threads, slower with more (benchmarks/RESULTS.md, "Issue #16: the tile
+    # Kruskal of the max model", its writer-threads table); decoding, deciding, counting are cheaper. As many
+    # as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks encoded and the
+    # shard file joined, ~8 bytes a cell a thread (benchmarks/RESULTS.md, "Measurements behind decisions in
+    # the code").
+    workers = max(1, min(4, os.cpu_count() or 1))
     shard_cells = min(span_shard, rows) * min(span_shard, cols)
     decisions = 8 * sum(len(c) for c in decided)
     workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
