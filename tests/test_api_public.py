@@ -8,6 +8,7 @@ import inspect
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from references import ROOT
@@ -72,7 +73,7 @@ def test_examples_run(name):
     """Each Examples section gives what its lines say (the values checked by hand: see each docstring's
     small input)."""
     func = entry(name)
-    tests = doctest.DocTestFinder(recurse=False).find(func, name, globs={name: func})
+    tests = doctest.DocTestFinder(recurse=False).find(func, name, globs={name: func, "np": np})  # numpydoc: np given
     assert tests and tests[0].examples
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for t in tests:

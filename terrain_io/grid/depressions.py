@@ -210,12 +210,9 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
 
     Examples
     --------
-    >>> import pathlib, tempfile
-    >>> import numpy as np
+    >>> from tempfile import mkdtemp
     >>> from terrain_io.store import TerrainStore
-    >>> tmp = pathlib.Path(tempfile.mkdtemp())
-    >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
-    >>> st = TerrainStore.from_array(tmp / "dem.zarr", dem)
+    >>> st = TerrainStore.from_array(mkdtemp() + "/pit.zarr", np.array([[3.0, 3, 3], [3, 1, 3], [3, 2, 3]]))
     >>> res = depressions(st, progress=False)
     >>> res.leaves, res.roots
     (1, 1)

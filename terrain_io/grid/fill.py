@@ -293,12 +293,10 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
 
     Examples
     --------
-    >>> import pathlib, tempfile
-    >>> import numpy as np
+    >>> import tempfile
     >>> from terrain_io.store import TerrainStore
-    >>> tmp = pathlib.Path(tempfile.mkdtemp())
     >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
-    >>> st = TerrainStore.from_array(tmp / "dem.zarr", dem)
+    >>> st = TerrainStore.from_array(tempfile.mkdtemp() + "/dem.zarr", dem)
     >>> res = fill(st, progress=False)
     >>> res.depressions, res.filled_cells
     (1, 3)

@@ -485,12 +485,9 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
 
     Examples
     --------
-    >>> import pathlib, tempfile
-    >>> import numpy as np
+    >>> import tempfile
     >>> from terrain_io.store import TerrainStore
-    >>> tmp = pathlib.Path(tempfile.mkdtemp())
-    >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
-    >>> st = TerrainStore.from_array(tmp / "dem.zarr", dem)
+    >>> st = TerrainStore.from_array(tempfile.mkdtemp() + "/dem.zarr", np.arange(16.0).reshape(4, 4))
     >>> res = mst(st, progress=False)
     >>> res.edges, res.trees
     (15, 1)

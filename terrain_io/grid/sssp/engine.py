@@ -187,12 +187,10 @@ def sssp(store, sources, *, weight: str = "absdiff", name: str | None = None, de
 
     Examples
     --------
-    >>> import tempfile, pathlib
-    >>> import numpy as np
+    >>> import pathlib, tempfile
     >>> from terrain_io.store import TerrainStore
-    >>> tmp = pathlib.Path(tempfile.mkdtemp())
     >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
-    >>> st = TerrainStore.from_array(tmp / "dem.zarr", dem)
+    >>> st = TerrainStore.from_array(pathlib.Path(tempfile.mkdtemp()) / "dem.zarr", dem)
     >>> res = sssp(st, (1, 1), cell=True, name="pit", progress=False)
     >>> res.reached, float(res.max_distance)
     (16, 4.0)
