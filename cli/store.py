@@ -85,7 +85,7 @@ def info(store, as_json):
     lines = [
         f"store:      {st.path}",
         f"shape:      {rows} rows x {cols} cols = {rows * cols:,} cells, {st.dtype}",
-        f"crs:        {_crs_name(st.crs)}",
+        f"crs:        {crs_label(st.crs, projection=True)}",
         f"cell size:  {coordinate(dx)} x {coordinate(dy)} {unit}{metres}" + ("" if st.transform else " (no transform)"),
         f"origin:     x={coordinate(st.transform[0])} y={coordinate(st.transform[3])} {unit} (upper-left corner)"
         if st.transform else "origin:     -",
@@ -125,19 +125,6 @@ def _report_damage(store, problems) -> None:
         for p in problems:
             click.echo(f"terrain: error: {store}: {p.line()}", err=True)
         click.get_current_context().exit(1)
-
-
-def _crs_name(wkt: str | None) -> str:
-    if not wkt:
-        return "none"
-    try:
-        from rasterio.crs import CRS
-
-        crs = CRS.from_wkt(wkt)
-        epsg = crs.to_epsg()
-        return f"EPSG:{epsg} ({crs.to_dict().get('proj', '')})" if epsg else crs.to_string()[:80]
-    except Exception:
-        return wkt[:80]
 
 
 # documentation strings, CF plumbing and timings: in --json, not in the summary

@@ -124,3 +124,13 @@ def test_graph_commands_share_the_directed_default(tmp_path):
         D = np.load(tmp_path / "D.npy")
         m = D.shape[0]
         np.testing.assert_array_equal(D, ref[:m, :m])
+
+
+def test_info_names_the_crs_through_units_crs_label(tmp_path):
+    """One home for a CRS's short name (terrain_io.units.crs_label): info's line, with the projection."""
+    from references import utm_store
+
+    st = utm_store(tmp_path / "u.zarr", np.arange(16, dtype=np.float32).reshape(4, 4))
+    r = run("info", st.path)
+    assert r.exit_code == 0, r.output
+    assert "crs:        EPSG:32633 (utm)\n" in r.output  # EPSG 32633: WGS 84 / UTM zone 33N
