@@ -27,6 +27,12 @@ ENTRY_POINTS = {
     "apsp": ("terrain_io.graph.apsp", ["W"]),
     "minplus": ("terrain_io.graph.apsp", ["A", "B"]),
     "minimum_spanning_forest": ("terrain_io.graph.mst", ["edges", "n"]),
+    "random_list": ("terrain_io.graph.generate", ["n", "n_lists"]),
+    "kary_tree": ("terrain_io.graph.generate", ["n", "k", "n_trees"]),
+    "random_graph": ("terrain_io.graph.generate", ["n", "m"]),
+    "rmat": ("terrain_io.graph.generate", ["scale", "edge_factor"]),
+    "grid_2d": ("terrain_io.graph.generate", ["rows", "cols"]),
+    "bfs_project_graph": ("terrain_io.graph.generate", ["n"]),
 }
 DOCUMENTED = ["sssp", "cost_distance", "mst", "fill", "depressions", "list_rank", "connected_components", "bfs",
               "apsp", "minimum_spanning_forest"]
