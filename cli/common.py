@@ -16,13 +16,19 @@ class AliasedOption(click.Option):
         super().__init__(*args, **kwargs)
         self.hidden_aliases = frozenset(hidden_aliases)
 
-    def get_help_record(self, ctx):
-        shown = self.opts
-        self.opts = [o for o in shown if o not in self.hidden_aliases]
+    def _shown(self, method, ctx):
+        every = self.opts
+        self.opts = [o for o in every if o not in self.hidden_aliases]
         try:
-            return super().get_help_record(ctx)
+            return method(ctx)
         finally:
-            self.opts = shown
+            self.opts = every
+
+    def get_help_record(self, ctx):
+        return self._shown(super().get_help_record, ctx)
+
+    def get_error_hint(self, ctx):  # "Missing option '-o' / '--output'"
+        return self._shown(super().get_error_hint, ctx)
 
 
 def device_option_for(*supported: str):

@@ -69,6 +69,11 @@ def test_output_is_o_or_output_everywhere_and_out_is_hidden():
         assert "--output" in shown and "--out," not in shown and not shown.endswith("--out"), path
 
 
+def test_a_missing_output_names_only_the_shown_spellings(tmp_path):
+    r = run("export", tmp_path / "x.zarr")
+    assert r.exit_code == 2 and "Missing option '-o' / '--output'." in r.output, r.output
+
+
 def test_out_alias_still_works(tmp_path):
     (tmp_path / "g.csv").write_text("0,1\n1,2\n3,4\n")
     for spelling in ("-o", "--output", "--out"):
