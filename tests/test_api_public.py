@@ -34,8 +34,8 @@ ENTRY_POINTS = {
     "grid_2d": ("terrain_io.graph.generate", ["rows", "cols"]),
     "bfs_project_graph": ("terrain_io.graph.generate", ["n"]),
 }
-DOCUMENTED = ["sssp", "cost_distance", "mst", "fill", "depressions", "list_rank", "connected_components", "bfs",
-              "apsp", "minimum_spanning_forest"]
+DOCUMENTED = ["sssp", "cost_distance", "mst", "fill", "depressions", "list_rank", "list_scan", "connected_components",
+              "bfs", "apsp", "minplus", "minimum_spanning_forest"]
 
 
 def entry(name):

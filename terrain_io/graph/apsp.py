@@ -167,10 +167,28 @@ def apsp(W, *, method: str = "auto", return_predecessors: bool = False, device: 
 
 
 def minplus(A, B, *, device: str | None = None):
-    """Min-plus product ``C[i, j] = min_k A[i, k] + B[k, j]`` (A: m x k, B: k x n; inf = no path).
+    """Min-plus product ``C[i, j] = min_k A[i, k] + B[k, j]`` (inf = no path).
 
-    Both inputs in one dtype family; integer inputs use the dtype's maximum as infinity and give
-    int32. The terrain SSSP index composes boundary-distance matrices with it.
+    The terrain SSSP index composes boundary-distance matrices with it.
+
+    Parameters
+    ----------
+    A : (m, k) array
+    B : (k, n) array
+        In one dtype family with ``A``; integer inputs use the dtype's maximum as infinity.
+    device : {"cpu", "gpu"}, optional
+        Default: the inputs'.
+
+    Returns
+    -------
+    C : (m, n) array
+        int32 for integer inputs.
+
+    Examples
+    --------
+    >>> A = np.array([[0.0, 1.0], [np.inf, 0.0]])
+    >>> minplus(A, A).tolist()
+    [[0.0, 1.0], [inf, 0.0]]
     """
     device = device_of(A, B, device=device)
     A, B = to_device(A, device), to_device(B, device)

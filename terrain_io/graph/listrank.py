@@ -563,9 +563,33 @@ def list_rank(succ, *, method: str = "auto", origin: str = "head", stride=None, 
 
 def list_scan(succ, values, op: str = "sum", *, exclusive: bool = False, origin: str = "head",
               method: str = "auto", stride=None, check: bool = True, device: str | None = None):
-    """Prefix ``op`` ("sum", "min", "max") of ``values`` along every list of ``succ``, from the head
-    (``origin="head"``) or from the tail; inclusive unless ``exclusive`` (then the head's entry is
-    the identity: 0, +inf / max int for "min", -inf / min int for "max")."""
+    """Prefix ``op`` of ``values`` along every list of ``succ`` (module docstring).
+
+    Parameters
+    ----------
+    succ : 1-D integer array
+        The successor of each element; -1 at a tail (NumPy or CuPy).
+    values : 1-D array
+        One value per element.
+    op : {"sum", "min", "max"}
+    exclusive : bool
+        Leave each element's own value out: the head's entry is then the identity (0; +inf or the
+        dtype's maximum for "min"; -inf or its minimum for "max").
+    origin : {"head", "tail"}
+        Scan from the head or from the tail.
+    method, stride, check, device
+        As :func:`list_rank`.
+
+    Returns
+    -------
+    scanned : 1-D array
+        On the input's device unless ``device`` is given.
+
+    Examples
+    --------
+    >>> list_scan(np.array([2, -1, 1]), np.array([1, 10, 100])).tolist()  # the list 0 -> 2 -> 1
+    [1, 111, 101]
+    """
     if op not in OPS:
         raise InputError(f"unknown scan op {op!r}: choose one of {', '.join(OPS)}")
     code = OPS[op]
