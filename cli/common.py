@@ -8,9 +8,72 @@ import click
 
 from terrain_io.backend import DEVICES
 
-device_option = click.option(
-    "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
-    help="Compute device: the GPU (CuPy) when usable, else the CPU (numba).")
+class AliasedOption(click.Option):
+    """A click option whose ``hidden_aliases`` (old spellings kept for users' scripts) are accepted but
+    left out of ``--help``."""
+
+    def __init__(self, *args, hidden_aliases: tuple[str, ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hidden_aliases = frozenset(hidden_aliases)
+
+    def _shown(self, method, ctx):
+        every = self.opts
+        self.opts = [o for o in every if o not in self.hidden_aliases]
+        try:
+            return method(ctx)
+        finally:
+            self.opts = every
+
+    def get_help_record(self, ctx):
+        return self._shown(super().get_help_record, ctx)
+
+    def get_error_hint(self, ctx):  # "Missing option '-o' / '--output'"
+        return self._shown(super().get_error_hint, ctx)
+
+
+def device_option_for(*supported: str):
+    """``--device`` offering only the devices the command has kernels for (``auto``: the best of them).
+
+    ``device_option_for("cpu")`` for a CPU-only command; :data:`device_option` for CPU and GPU."""
+    choices = ("auto", *supported)
+    unknown = set(choices) - set(DEVICES)
+    assert not unknown, unknown
+    help = ("Compute device: the GPU (CuPy) when usable, else the CPU (numba)." if "gpu" in supported
+            else "Compute device: the CPU (numba); this command has no GPU kernels yet.")
+    return click.option("--device", type=click.Choice(choices), default="auto", show_default=True, help=help)
+
+
+device_option = device_option_for("cpu", "gpu")
+
+
+class MemorySize(click.ParamType):
+    """A size such as ``2GB``, ``512M``, ``1.5GiB`` (terrain_io.memory.parse_size), checked before any
+    work; the value stays the text given (the library functions take it as it is)."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        from terrain_io.errors import TerrainError
+        from terrain_io.memory import parse_size
+
+        try:
+            parse_size(value)
+        except TerrainError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+memory_option = click.option(
+    "--memory", type=MemorySize(), default=None, metavar="SIZE",
+    help="Memory budget, e.g. 2GB [default: half the free RAM].")
+
+
+def output_option(help: str, *, type=click.Path(dir_okay=False, path_type=Path), dest: str = "output", **kwargs):
+    """``-o/--output PATH``, the one spelling of every command's output (``--out``, the older one of some
+    commands, still accepted). Output files pair it with ``callback=new_output_file`` and
+    :data:`overwrite_files_option`; ``dest`` names the command's parameter."""
+    return click.option("-o", "--output", "--out", dest, cls=AliasedOption, hidden_aliases=("--out",), type=type,
+                        help=help, **kwargs)
 
 
 scheduler_option = click.option(
@@ -26,7 +89,7 @@ def _remember_overwrite(ctx, param, value):
 
 # The rule of every output: one that exists is replaced only with --overwrite (terrain_io.atomic.refuse_existing).
 overwrite_option = click.option("--overwrite", is_flag=True, is_eager=True, callback=_remember_overwrite,
-                                help="Replace OUT if it exists.")
+                                help="Replace the output if it exists.")
 overwrite_files_option = click.option("--overwrite", is_flag=True, is_eager=True, expose_value=False,
                                       callback=_remember_overwrite, help="Replace the output file if it exists.")
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from terrain_io import jit
 
-from .common import Timer, say
+from .common import Timer, output_option, say
 from .main import cli
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "jacksboro_fault_dem.asc"
@@ -23,10 +23,11 @@ FILES = ("elevation.png", "distance.png", "path.geojson", "depth.png", "depressi
 MARK = ".terrain-demo.json"  # size and mtime of each file the demo wrote: which of FILES it may replace
 
 
-@cli.command()
-@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("terrain-demo"),
-              show_default=True, help="Folder for the demo's store and pictures (made if missing). In an existing "
-                                      "folder only the demo's own earlier outputs are replaced; other files stay.")
+@cli.command(short_help="Run the main job on the bundled sample DEM.")
+@output_option("Folder for the demo's store and pictures (made if missing). In an existing folder only the "
+               "demo's own earlier outputs are replaced; other files stay.",
+               type=click.Path(file_okay=False, path_type=Path), dest="out", default=Path("terrain-demo"),
+               show_default=True)
 @click.pass_context
 def demo(ctx, out):
     """Run the main job on the bundled sample DEM (Jacksboro fault, USGS) and say what was done."""

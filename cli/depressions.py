@@ -5,18 +5,17 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, outlets_option, overwrite_files_option, quiet, say, table_option
+from .common import device_option_for, memory_option, outlets_option, overwrite_files_option, quiet, say, table_option
 from .main import cli
 
 
-@cli.command()
+@cli.command(short_help="Depression hierarchy and basin raster (Barnes et al. 2020).")
 @click.argument("store", type=click.Path(path_type=Path))
 @outlets_option
 @overwrite_files_option
 @table_option("the tree (one row per node: leaves, then merges)")
-@device_option
-@click.option("--memory", default=None, metavar="SIZE",
-              help="Memory budget for the per-cell work, e.g. 2GB (default: half the free RAM).")
+@device_option_for("cpu")
+@memory_option
 def depressions(store, outlets, table, device, memory):
     """The depression hierarchy of the DEM (Barnes, Callaghan & Wickert 2020): the merge tree of the
     basins of every local minimum, and STORE/depressions/basin (uint32 leaf id, 0: drains out).

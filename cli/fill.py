@@ -7,6 +7,7 @@ import click
 
 from .common import (
     device_option,
+    memory_option,
     outlets_option,
     overwrite_files_option,
     quiet,
@@ -17,14 +18,13 @@ from .common import (
 from .main import cli
 
 
-@cli.command()
+@cli.command(short_help="Fill the depressions (Priority-Flood, exact).")
 @click.argument("store", type=click.Path(path_type=Path))
 @outlets_option
 @overwrite_files_option
 @table_option("the depression table (one row per depression)")
 @device_option
-@click.option("--memory", default=None, metavar="SIZE",
-              help="Memory budget, e.g. 2GB (default: half the free RAM).")
+@memory_option
 @scheduler_option
 def fill(store, outlets, table, device, memory, scheduler):
     """Fill the depressions of the DEM: STORE/fill/elevation (filled DEM), fill/depth (float32) and

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, outlets_option, quiet, say, scheduler_option
+from .common import device_option, memory_option, outlets_option, quiet, say, scheduler_option
 from .main import cli
 
 
-@cli.command()
+@cli.command(short_help="Flow directions (D8, flats resolved) and accumulation.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--condition", type=click.Choice(["fill", "none"]), default="fill", show_default=True,
               help="fill: route the filled DEM (fill/elevation; terrain fill runs first when it is missing); "
@@ -22,8 +22,7 @@ from .main import cli
               help="Leave each cell out of its own accumulation (the ESRI convention; default: counted, as "
                    "TauDEM, Whitebox and pysheds).")
 @device_option
-@click.option("--memory", default=None, metavar="SIZE",
-              help="Memory budget, e.g. 2GB (default: half the free RAM).")
+@memory_option
 @scheduler_option
 def flow(store, condition, outlets, weights, exclude_self, device, memory, scheduler):
     """Flow directions and accumulation: STORE/flow/direction (uint8 D8 codes: 0..7 = E, SE, S, SW, W,

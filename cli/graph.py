@@ -10,27 +10,31 @@ from terrain_io.atomic import atomic_file
 from terrain_io.backend import to_host
 from terrain_io.errors import InputError, TerrainError
 
-from .common import Timer, device_option, new_output_file, overwrite_files_option, say
+from .common import Timer, device_option, new_output_file, output_option, overwrite_files_option, say
 from .main import cli
 
 
-@cli.group()
+# One default for every command whose graph may be directed: as scipy.sparse.csgraph and terrain_io.graph.
+directed_option = click.option("--directed/--undirected", default=True, show_default=True,
+                               help="Follow edges u -> v only, or every edge both ways (edge lists).")
+
+
+@cli.group(short_help="General graphs: listrank, cc, bfs, apsp, mst on edge lists.")
 def graph():
     """General graphs: list ranking, components, BFS, APSP, MST on edge lists."""
 
 
 # --- apsp and mst (General graphs II) ---------------------------------------------------------
 
-@graph.command("apsp")
+@graph.command("apsp", short_help="All-pairs shortest paths of a matrix or edge list.")
 @click.argument("source", type=click.Path(dir_okay=False))
 @overwrite_files_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
-              help="Write the distance matrix (.npy, float64, inf = unreachable).")
+@output_option("Write the distance matrix (.npy, float64, inf = unreachable).", callback=new_output_file)
 @click.option("--method", type=click.Choice(["auto", "minplus", "floyd_warshall", "blocked"]), default="auto",
               show_default=True, help="Repeated min-plus squaring, Floyd-Warshall or blocked Floyd-Warshall.")
-@click.option("--undirected", is_flag=True, help="Edge lists: every edge goes both ways.")
+@directed_option
 @device_option
-def apsp_command(source, output, method, undirected, device):
+def apsp_command(source, output, method, directed, device):
     """All-pairs shortest paths of SOURCE: a square weight matrix (.npy, inf = no edge; integer
     matrices: the dtype's maximum) or an edge list (CSV source,target,weight or .npz). Writes the
     distances as float64 .npy, inf = unreachable (as scipy.sparse.csgraph), whatever the input's type."""
@@ -48,7 +52,7 @@ def apsp_command(source, output, method, undirected, device):
             raise InputError(f"{path}: not a readable .npy file ({exc})") from None
     else:
         e = read_edge_list(path)
-        W = dense_from_edges(e.u, e.v, e.w, e.n, directed=not undirected)
+        W = dense_from_edges(e.u, e.v, e.w, e.n, directed=directed)
     D = as_float_distances(to_host(apsp(W, method=method, device=device)))  # inf = unreachable, any input dtype
     n = D.shape[0]
     unreachable = int(np.sum(~np.isfinite(D)))
@@ -59,11 +63,10 @@ def apsp_command(source, output, method, undirected, device):
         + (f" -> {output}" if output else ""))
 
 
-@graph.command("mst")
+@graph.command("mst", short_help="Minimum spanning forest of an edge list.")
 @click.argument("source", type=click.Path(dir_okay=False))
 @overwrite_files_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
-              help="Write the forest's edges (CSV).")
+@output_option("Write the forest's edges (CSV).", callback=new_output_file)
 @click.option("--method", type=click.Choice(["auto", "kruskal", "filter_kruskal", "boruvka"]), default="auto",
               show_default=True, help="Kruskal, Filter-Kruskal or Borůvka (auto: Borůvka on the GPU).")
 @click.option("--check", is_flag=True, help="Compare with the ground truth XYZ_gt.csv beside XYZ.csv.")
@@ -117,11 +120,10 @@ def _write_table(path, names, columns):
             np.savetxt(tmp, table, fmt="%d", delimiter=",", header=",".join(names), comments="")
 
 
-@graph.command("listrank")
+@graph.command("listrank", short_help="Rank the linked lists of an edge list.")
 @click.argument("source", type=click.Path(dir_okay=False))
 @overwrite_files_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
-              help="Write vertex,rank (CSV or .npy).")
+@output_option("Write vertex,rank (CSV or .npy).", callback=new_output_file)
 @click.option("--method", type=click.Choice(["auto", "recursive_hj", "helman_jaja", "wyllie", "sequential"]),
               default="auto", show_default=True, help="List-ranking algorithm.")
 @click.option("--origin", type=click.Choice(["head", "tail"]), default="head", show_default=True,
@@ -147,11 +149,11 @@ def listrank_command(source, output, method, origin, vertices, device):
         f"{timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))
 
 
-@graph.command("cc")
+@graph.command("cc", short_help="Connected components of an undirected graph.")
 @click.argument("source", type=click.Path(dir_okay=False))
 @overwrite_files_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
-              help="Write vertex,label (label = smallest vertex id of the component; CSV or .npy).")
+@output_option("Write vertex,label (label = smallest vertex id of the component; CSV or .npy).",
+               callback=new_output_file)
 @click.option("--method", type=click.Choice(["auto", "union_find", "sv"]), default="auto", show_default=True,
               help="Union-find (ECL-CC style) or Shiloach-Vishkin hooking + pointer jumping.")
 @click.option("--vertices", type=int, help="Number of vertices (default: largest id + 1).")
@@ -171,15 +173,14 @@ def cc_command(source, output, method, vertices, device):
         f"{timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))
 
 
-@graph.command("bfs")
+@graph.command("bfs", short_help="Breadth-first search from one vertex.")
 @click.argument("source", type=click.Path(dir_okay=False))
 @click.option("--from", "--source", "start", type=int, default=0, show_default=True, help="Source vertex.")
 @overwrite_files_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), callback=new_output_file,
-              help="Write vertex,depth,parent (CSV or .npy).")
+@output_option("Write vertex,depth,parent (CSV or .npy).", callback=new_output_file)
 @click.option("--method", type=click.Choice(["auto", "frontier", "naive"]), default="auto", show_default=True,
               help="Direction-optimising frontier BFS, top-down frontier only, or the every-edge baseline.")
-@click.option("--directed", is_flag=True, help="Follow edges u -> v only (default: undirected).")
+@directed_option
 @click.option("--vertices", type=int, help="Number of vertices (default: largest id + 1).")
 @device_option
 def bfs_command(source, start, output, method, directed, vertices, device):

@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         for signum in interrupts.EXITS:
             signal.signal(signum, signal.SIG_IGN)
         # The process ends here: spare its objects (numba's registries: ~100k) the cyclic collections
-        # of the interpreter's shutdown, 0.1-0.15 s with numba loaded (references still count down).
+        # of the interpreter's shutdown, most of its exit time with numba loaded (references still count
+        # down; benchmarks/RESULTS.md, "2-core VM, first source in a fresh process: start-up and solve").
         gc.freeze()
 

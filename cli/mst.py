@@ -5,17 +5,16 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, quiet, say, scheduler_option
+from .common import device_option, memory_option, quiet, say, scheduler_option
 from .main import cli
 
 
-@cli.command()
+@cli.command(short_help="Minimum spanning forest of the DEM's grid graph.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--weight", type=click.Choice(["max", "absdiff"]), default="max", show_default=True,
               help="Edge weight: max = max(h_i, h_j) (the default), absdiff = |h_i - h_j|.")
 @device_option
-@click.option("--memory", default=None, metavar="SIZE",
-              help="Memory budget, e.g. 2GB (default: half the free RAM).")
+@memory_option
 @scheduler_option
 def mst(store, weight, device, memory, scheduler):
     """Minimum spanning forest of the DEM's 8-connected grid graph, written to STORE/mst/edges.

@@ -8,7 +8,17 @@ import click
 from terrain_io.errors import TerrainError
 from terrain_io.units import cli_weight, distance_unit, number
 
-from .common import Timer, device_option, overwrite_option, quiet, say, scheduler_option
+from .common import (
+    AliasedOption,
+    Timer,
+    device_option,
+    memory_option,
+    output_option,
+    overwrite_option,
+    quiet,
+    say,
+    scheduler_option,
+)
 from .main import cli
 
 WEIGHTS = ["absdiff", "surface", "cell", "walk"]
@@ -37,10 +47,9 @@ cost_option = click.option("--cost", help="Cost raster for --weight cell, or fri
                                           "with the DEM, or the name of an array in the store.")
 cluster_option = click.option("--cluster", type=int, default=None,
                               help="Cluster side in cells (power of two, at most the tile size) [default: 8, or the stored index's].")
-memory_option = click.option("--memory", default=None, help="Memory budget, e.g. 2GB [default: half the free RAM].")
 
 
-@cli.command("sssp")
+@cli.command("sssp", short_help="Shortest paths from sources over the DEM's grid graph.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--source", "sources", multiple=True,
               help="Source X,Y in map coordinates (ROW,COL with --cell); repeat for several sources.")
@@ -57,7 +66,7 @@ memory_option = click.option("--memory", default=None, help="Memory budget, e.g.
 @click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
               help="A source given by its cell, ROW,COL (repeatable); alone (no value): the --source values are "
                    "ROW,COL cell indices.")
-@click.option("--crs-coords", "crs_coords", is_flag=True, help="Sources are map coordinates (the default).")
+@click.option("--crs-coords", "crs_coords", is_flag=True, hidden=True)  # the default, kept for scripts: no --cell
 @weight_option
 @cost_option
 @click.option("--name", default=None, help="Result name: sssp/NAME [default: from the source cell].")
@@ -123,16 +132,17 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
         f"total {timer.elapsed:.2f} s")
 
 
-@cli.command("index")
+@cli.command("index", short_help="Build the SSSP boundary index for later sources.")
 @click.argument("store", type=click.Path(path_type=Path))
 @weight_option
 @cost_option
 @cluster_option
 @device_option
 @memory_option
-@click.option("--rebuild", is_flag=True, help="Rebuild even if an index for these settings is stored.")
+@click.option("--rebuild-index", "--rebuild", "rebuild_index", cls=AliasedOption, hidden_aliases=("--rebuild",),
+              is_flag=True, help="Rebuild even if an index for these settings is stored.")
 @scheduler_option
-def index_command(store, weight, cost, cluster, device, memory, rebuild, scheduler):
+def index_command(store, weight, cost, cluster, device, memory, rebuild_index, scheduler):
     """Build the SSSP boundary index (phase 1) for a weight model, so later sources skip it."""
     from terrain_io.backend import resolve_device
     from terrain_io.grid.sssp.index import Field, ensure_index
@@ -143,18 +153,18 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
     timer = Timer()
     field = Field(st, weight, cost)
     try:
-        idx, reused = ensure_index(st, field, cluster, resolve_device(device), not quiet(), rebuild=rebuild,
+        idx, reused = ensure_index(st, field, cluster, resolve_device(device), not quiet(), rebuild=rebuild_index,
                                    scheduler=scheduler, announce=say, memory=memory_budget(memory))
     finally:
         field.close()
     if reused:
-        say(f"{idx.name}: already built (cluster {idx.cluster}); use --rebuild to redo it")
+        say(f"{idx.name}: already built (cluster {idx.cluster}); use --rebuild-index to redo it")
         return
     say(f"{idx.name}: clusters of {idx.cluster}^2, {idx.d.shape[0]} x {idx.d.shape[1]} blocks of "
         f"{idx.d.shape[2]}^2 boundary distances in {timer.elapsed:.2f} s")
 
 
-@cli.command("path")
+@cli.command("path", short_help="Trace the paths from targets back to the source.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--to", "to", multiple=True, help="Target X,Y in map coordinates (ROW,COL with --cell); repeatable.")
 @click.option("--targets", "targets_file", default=None, metavar="FILE|ARRAY",
@@ -169,11 +179,10 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild, schedul
               help="A target given by its cell, ROW,COL (repeatable); alone (no value): the --to values are ROW,COL "
                    "cell indices.")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
-                   ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")
+@output_option("File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
+               ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")
 @overwrite_option
-def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, cells, name, out, overwrite):
+def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, cells, name, output, overwrite):
     """Follow the predecessors from each target back to the source; write the paths as vector features.
 
     One LineString Feature per target (source to target) with properties target (its number in the
@@ -193,8 +202,8 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, cel
         raise click.UsageError("--cell applies to --to ROW,COL")
     if to_crs is not None and (not to or as_cell):
         raise click.UsageError("--to-crs applies to --to X,Y map coordinates")
-    if out is not None:
-        check_paths_output(out, overwrite)  # before the work
+    if output is not None:
+        check_paths_output(output, overwrite)  # before the work
     targets = targets_file if targets_file is not None else [_pair(t) for t in to]
     paths = trace_all(store, targets, name=name, cell=as_cell, crs=targets_crs if targets_file else to_crs,
                       skip_invalid=skip_invalid)
@@ -202,12 +211,12 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, cel
     if not reached:
         which = f"target {to[0]} is not" if len(to) == 1 else f"none of the {len(paths)} targets is"
         raise TerrainError(f"{which} reachable from the source(s) of sssp/{paths[0].name}")
-    if out is not None:
-        write_paths(store, paths, out, overwrite)
+    if output is not None:
+        write_paths(store, paths, output, overwrite)
     if len(reached) < len(paths):
         click.echo(f"terrain: note: {len(paths) - len(reached)} of {len(paths)} targets not reached from the "
                    f"source(s) of sssp/{paths[0].name}: their features have a null geometry and cost", err=True)
-    to_out = f" -> {out}" if out else ""
+    to_out = f" -> {output}" if output else ""
     unit = distance_unit(TerrainStore.open(store, mode="r").group[f"sssp/{paths[0].name}"].attrs.get("weight", ""))
     if len(paths) == 1:
         p = paths[0]

@@ -13,7 +13,7 @@ from terrain_io.memory import format_bytes
 from terrain_io.tiling import DEFAULT_SHARD, DEFAULT_TILE
 from terrain_io.units import cli_weight, coordinate, crs_label, distance_unit, map_unit, number
 
-from .common import Timer, overwrite_option, quiet, say, scheduler_option
+from .common import Timer, output_option, overwrite_option, quiet, say, scheduler_option
 from .main import cli
 
 tile_option = click.option("--tile", type=int, default=DEFAULT_TILE, show_default=True,
@@ -22,9 +22,9 @@ shard_option = click.option("--shard", type=int, default=DEFAULT_SHARD, show_def
                             help="Shard side in tiles, a power of two (tiles of a shard lie in z-order on disk).")
 
 
-@cli.command()
+@cli.command(short_help="Convert an ASCII grid or GDAL raster into a store.")
 @click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), help="Output store [default: SRC with .zarr].")
+@output_option("Output store [default: SRC with .zarr].", type=click.Path(path_type=Path), dest="out")
 @tile_option
 @shard_option
 @click.option("--dtype", default="auto", show_default=True,
@@ -57,7 +57,7 @@ def convert(src, out, tile, shard, dtype, crs, scheduler, overwrite):
         f"CRS {crs_label(crs)}; {summary.seconds:.2f} s, {summary.mb_per_s:.1f} MB/s")
 
 
-@cli.command()
+@cli.command(short_help="Describe a store and the results it holds.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the store's attributes and results as JSON.")
 def info(store, as_json):
@@ -85,7 +85,7 @@ def info(store, as_json):
     lines = [
         f"store:      {st.path}",
         f"shape:      {rows} rows x {cols} cols = {rows * cols:,} cells, {st.dtype}",
-        f"crs:        {_crs_name(st.crs)}",
+        f"crs:        {crs_label(st.crs, projection=True)}",
         f"cell size:  {coordinate(dx)} x {coordinate(dy)} {unit}{metres}" + ("" if st.transform else " (no transform)"),
         f"origin:     x={coordinate(st.transform[0])} y={coordinate(st.transform[3])} {unit} (upper-left corner)"
         if st.transform else "origin:     -",
@@ -125,19 +125,6 @@ def _report_damage(store, problems) -> None:
         for p in problems:
             click.echo(f"terrain: error: {store}: {p.line()}", err=True)
         click.get_current_context().exit(1)
-
-
-def _crs_name(wkt: str | None) -> str:
-    if not wkt:
-        return "none"
-    try:
-        from rasterio.crs import CRS
-
-        crs = CRS.from_wkt(wkt)
-        epsg = crs.to_epsg()
-        return f"EPSG:{epsg} ({crs.to_dict().get('proj', '')})" if epsg else crs.to_string()[:80]
-    except Exception:
-        return wkt[:80]
 
 
 # documentation strings, CF plumbing and timings: in --json, not in the summary
@@ -197,7 +184,7 @@ def _disk_size(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-@cli.command()
+@cli.command(short_help="Check every chunk's checksum and the manifests.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--threads", type=int, help="Parallel readers [default: 2 x cores, at most 16].")
@@ -228,8 +215,8 @@ def verify(store, as_json, threads):
         click.get_current_context().exit(1)
 
 
-@cli.command()
-@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="Output store.")
+@cli.command(short_help="Generate fractal test terrain.")
+@output_option("Output store.", type=click.Path(path_type=Path), dest="out", required=True)
 @click.option("--size", required=True, type=int, help="Rows (and columns, unless --cols).")
 @click.option("--cols", type=int, help="Columns, if not square.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -253,11 +240,11 @@ def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, schedu
         f"{timer.elapsed:.2f} s, {n / 1e6 / timer.elapsed:.1f} Mcells/s")
 
 
-@cli.command()
+@cli.command(short_help="Export an array to GeoTIFF, Esri ASCII or PNG.")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.argument("array", default="elevation")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="OUT.tif (tiled, compressed GeoTIFF), OUT.asc (Esri ASCII) or OUT.png (picture).")
+@output_option("OUT.tif (tiled, compressed GeoTIFF), OUT.asc (Esri ASCII) or OUT.png (picture).", dest="out",
+               required=True)
 @click.option("--decimals", type=click.IntRange(0, 17),  # terrain_io.export.DECIMALS_MAX
               help="Decimals in ASCII output, 0..17 [default: 3, 0 for integers].")
 @click.option("--encoding", type=click.Choice(["esri", "taudem", "grass", "whitebox"]), default=None,

@@ -22,11 +22,19 @@ defer_blas_check()
 
 from .errors import DeviceError, InputError, StoreError, TerrainError  # noqa: E402,F401
 
+# The public entry points (README "API"), imported on first use: ``import terrain_io`` (the command's
+# startup) stays free of numba, zarr and the pipelines.
+_ENTRY_POINTS = {"mst": "grid.mst", "sssp": "grid.sssp.engine", "fill": "grid.fill", "depressions": "grid.depressions",
+                 "cost_distance": "grid.sssp.array", "flow_direction": "grid.flow.array",
+                 "flow_accumulation": "grid.flow.array", "TerrainStore": "store"}
+__all__ = ["DeviceError", "InputError", "StoreError", "TerrainError", *_ENTRY_POINTS]
 
-def __getattr__(name):
-    """The in-memory raster functions, imported on first use (``import terrain_io`` stays light)."""
-    if name in ("flow_direction", "flow_accumulation"):
-        from .grid import flow
 
-        return getattr(flow, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str):
+    if name not in _ENTRY_POINTS:
+        raise AttributeError(f"module 'terrain_io' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{_ENTRY_POINTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -106,8 +106,8 @@ _pool = None
 def _local_options(scheduler: str) -> dict:
     """``dask.compute``'s options for Dask's local schedulers. ``processes`` runs on one pool of
     worker processes kept for this process's life: Dask would start a pool at every compute, each
-    worker importing the package and loading its kernels again (~1 s), and the shard method of
-    the SSSP computes once a round (a 64 x 72 DEM: 33 rounds, 41.6 s -> 2.0 s on 2 cores). A broken
+    worker importing the package and loading its kernels again, and the shard method of the SSSP
+    computes once a round (benchmarks/RESULTS.md, "Measurements behind decisions in the code"). A broken
     pool (a worker killed) is replaced at the next compute."""
     global _pool
     if scheduler != "processes":

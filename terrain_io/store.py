@@ -588,8 +588,9 @@ def plain_chunk_file(arr: zarr.Array, coords) -> str | None:
     on local disk (no compression, no sharding: the SSSP index), followed by their crc32c (format 2)
     or not (format 1), else None.
 
-    zarr funnels every chunk read and write through one event-loop thread (0.3-0.7 GB/s here); such
-    chunks are read and written as files directly instead, at disk speed from parallel threads.
+    zarr funnels every chunk read and write through one event-loop thread (benchmarks/RESULTS.md,
+    "Measurements behind decisions in the code"); such chunks are read and written as files directly
+    instead, at disk speed from parallel threads.
     """
     if _plain_checksum(arr) is None:
         return None
@@ -720,8 +721,8 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None) ->
     ``part`` of it (a window of the array inside that shard: only the chunks it touches are read
     and decoded, each from its offset in the file).
 
-    zarr decodes every chunk in one event-loop thread (0.3-0.7 GB/s) and reads a part of a shard
-    through its event loop too (a 128^2 unit of a 512^2 shard: 10 ms); this reads the shard file
+    zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
+    loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
     and decodes its chunks here, so that parallel threads read parallel shards (zstd releases the
     GIL). The shard index's crc32c is checked, as zarr does, and each chunk's (format 2), and the
     file against the array's manifest: damage raises DamagedStoreError. Other layouts: through zarr."""

@@ -49,8 +49,9 @@ def map_unit(crs: str | None, transform=True) -> str:
         return "map units"
 
 
-def crs_label(crs: str | None) -> str:
-    """A short name of a CRS (WKT or any user input): ``EPSG:32617``, else its name; ``none``."""
+def crs_label(crs: str | None, projection: bool = False) -> str:
+    """A short name of a CRS (WKT or any user input): ``EPSG:32617``, else its name; ``none``.
+    ``projection``: an EPSG code followed by the PROJ projection's name, ``EPSG:32617 (utm)``."""
     if not crs:
         return "none"
     try:
@@ -59,7 +60,7 @@ def crs_label(crs: str | None) -> str:
         c = CRS.from_user_input(crs)
         epsg = c.to_epsg()
         if epsg:
-            return f"EPSG:{epsg}"
+            return f"EPSG:{epsg} ({c.to_dict().get('proj', '')})" if projection else f"EPSG:{epsg}"
         name = c.to_wkt().split('"')[1] if '"' in c.to_wkt() else c.to_string()
         return name[:80]
     except Exception:  # noqa: BLE001 -- an unreadable CRS: its text

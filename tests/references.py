@@ -1,16 +1,32 @@
-"""References and helpers shared by test modules: written from the formats' definitions, never from
-our own code's output."""
+"""References and helpers shared by test modules, one home for all of them (no test module imports
+another): written from the formats' and algorithms' definitions or taken from independent libraries
+(scipy, pyflwdir), never from our own code's output. Optional libraries are ``pytest.importorskip``-ed
+where used; data files beside the repository (:data:`SHARED_DATA`) skip with a reason where missing."""
 from __future__ import annotations
 
+import hashlib
+import heapq
 import math
+import os
+from collections import deque
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pytest
+import scipy.sparse as sp
+import zarr
 from rasterio.crs import CRS
+from scipy import ndimage
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 
-from terrain_io.store import TerrainStore
+from terrain_io.store import TerrainStore, write_block
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
+# Larger DEMs kept beside the repository, not in it (too large to commit): ROOT/../shared/data, or the
+# folder TERRAIN_TEST_DATA names. Tests that need one skip, saying so, where it is missing.
+SHARED_DATA = Path(os.environ.get("TERRAIN_TEST_DATA") or ROOT.parent / "shared" / "data")
 UTM33 = CRS.from_epsg(32633)
 # attributes of a store or result that differ between equal runs (the generation: a random id per store)
 VOLATILE = {"seconds", "timings", "created", "index_reused", "generation"}
@@ -37,3 +53,456 @@ def parse_esri_ascii(path):
     nodata = header.get("nodata_value")
     values = np.array([math.nan if t == nodata else float(t) for t in body]).reshape(rows, cols)
     return header, values
+
+
+# --- Grid shortest paths: scipy's Dijkstra on the explicit 8-neighbour graph, edge weights from the models' definitions ---
+
+DR = [0, 1, 1, 1, 0, -1, -1, -1]
+
+
+DC = [1, 1, 0, -1, -1, -1, 0, 1]
+
+
+def reference(vals, sources, kind="absdiff", dx=1.0, dy=1.0):
+    """Multi-source distances by scipy's Dijkstra on the explicit 8-neighbour graph (NaN = no vertex)."""
+    H, W = vals.shape
+    ids = np.arange(H * W).reshape(H, W)
+    us, vs, ws = [], [], []
+    for k in range(8):
+        dr, dc = DR[k], DC[k]
+        r0, r1, c0, c1 = max(0, -dr), H - max(0, dr), max(0, -dc), W - max(0, dc)
+        a, b = vals[r0:r1, c0:c1], vals[r0 + dr : r1 + dr, c0 + dc : c1 + dc]
+        m = ~np.isnan(a) & ~np.isnan(b)  # (walk_friction: elevation + 1j * friction)
+        step = np.hypot(dx * abs(dc), dy * abs(dr))
+        w = {"absdiff": lambda: np.abs(a - b), "surface": lambda: np.sqrt(step**2 + (a - b) ** 2),
+             "cell": lambda: (a + b) / 2 * step, "walk": lambda: tobler_seconds(a, b, step),
+             "walk_friction": lambda: tobler_seconds(a.real, b.real, step) * (a.imag + b.imag) / 2}[kind]()
+        us.append(ids[r0:r1, c0:c1][m])
+        vs.append(ids[r0 + dr : r1 + dr, c0 + dc : c1 + dc][m])
+        ws.append(w[m])
+    w = np.concatenate(ws)
+    w = np.where(w == 0, 1e-300, w)  # a sparse matrix drops explicit zeros: keep zero-weight edges
+    g = sp.csr_matrix((w, (np.concatenate(us), np.concatenate(vs))), shape=(H * W, H * W))
+    d = dijkstra(g, directed=True, indices=[r * W + c for r, c in sources], min_only=True).reshape(H, W)
+    d[d < 1e-250] = 0.0
+    d[np.isnan(vals)] = np.nan
+    return d
+
+
+def tobler_seconds(a, b, step):
+    """Seconds to walk from height a to height b over ``step`` metres: Tobler's hiking function
+    v = 6 exp(-3.5 |dh/step + 0.05|) km/h, from its definition (NumPy's exp)."""
+    speed = 6.0 * np.exp(-3.5 * np.abs((b - a) / step + 0.05)) / 3.6  # m/s
+    return step / speed
+
+
+def edge_w(kind, a, b, k, dx=1.0, dy=1.0):
+    """w(a -> b) over direction k."""
+    step = np.hypot(dx * abs(DC[k]), dy * abs(DR[k]))
+    if kind == "walk_friction":
+        return tobler_seconds(a.real, b.real, step) * (a.imag + b.imag) / 2
+    return {"absdiff": abs(a - b), "surface": np.sqrt(step**2 + (a - b) ** 2), "cell": (a + b) / 2 * step,
+            "walk": tobler_seconds(a, b, step)}[kind]
+
+
+def check_predecessors(dist, pred, vals, sources, kind, dx=1.0, dy=1.0):
+    """Every reached cell's parent is a vertex one step away with dist[parent] + w == dist[cell];
+    every chain ends at a source (no cycles) and unreached cells have no parent."""
+    H, W = dist.shape
+    src = set(map(tuple, sources))
+    for (r, c) in src:
+        assert pred[r, c] == 255 and dist[r, c] == 0
+    reached = np.isfinite(dist)
+    assert np.all(pred[~reached] == 255)
+    rr, cc = np.nonzero(reached)
+    for r, c in zip(rr, cc):
+        if (r, c) in src:
+            continue
+        p = int(pred[r, c])
+        assert p < 8, (r, c)
+        pr, pc = r + DR[p], c + DC[p]
+        assert 0 <= pr < H and 0 <= pc < W and np.isfinite(dist[pr, pc])
+        w = edge_w(kind, vals[pr, pc], vals[r, c], p, dx, dy)
+        assert np.isclose(float(dist[pr, pc]) + w, float(dist[r, c]), rtol=1e-5, atol=1e-4)
+    # chains: walk in order of distance so each walk stops at an already verified cell
+    ok = np.zeros(dist.shape, bool)
+    for r, c in src:
+        ok[r, c] = True
+    for r, c in zip(rr, cc):
+        path = []
+        while not ok[r, c]:
+            path.append((r, c))
+            assert len(path) <= H * W, "predecessor cycle"
+            p = int(pred[r, c])
+            r, c = r + DR[p], c + DC[p]
+        for q in path:
+            ok[q] = True
+
+
+def make_store(tmp_path, vals, tile=16, shard=2, name="dem.zarr", dx=1.0, dy=1.0):
+    attrs = {"transform": [100.0, dx, 0.0, 500.0, 0.0, -dy], "cell_size": [dx, dy]}
+    return TerrainStore.from_array(tmp_path / name, vals, tile=tile, shard=shard, attrs=attrs)
+
+
+def random_dem(shape, seed, holes=0.0):
+    rng = np.random.default_rng(seed)
+    v = (rng.random(shape) * 50).astype(np.float32)
+    if holes:
+        v[rng.random(shape) < holes] = np.nan
+    return v
+
+
+# --- The in-core SSSP engine's tie rule, from its definition, and test DEMs with ties ----------------------------
+
+KINDS = {"absdiff": 1, "surface": 2, "cell": 3}
+
+
+def exact_weight(kind, a, b, k, dx, dy):
+    """w(a -> b) over direction k, as IEEE float64 operations (squares as products: pow() can be
+    1 ulp off)."""
+    step = float(np.hypot(dx * abs(DC[k]), dy * abs(DR[k])))
+    return {"absdiff": lambda: abs(a - b), "surface": lambda: float(np.sqrt(step * step + (a - b) * (a - b))),
+            "cell": lambda: (a + b) * 0.5 * step}[kind]()
+
+
+def rule_predecessors(vals, dist, sources, kind, dx=1.0, dy=1.0):
+    """The tie rule from its definition (engine docstring), by a plain breadth-first search.
+
+    Tight edge u -> v: dist[u] + w(u, v) == dist[v]. Level 0 at sources and cells with a strictly
+    nearer tight parent; else 1 + the least level of the (equal-distance) tight parents. Parent:
+    the least key (0 strictly nearer, else level + 1), then the least direction code."""
+    from terrain_io.grid.sssp.incore import NO_LEVEL
+
+    H, W = vals.shape
+    src = set(map(tuple, sources))
+
+    def parents(r, c):
+        for k in range(8):
+            pr, pc = r + DR[k], c + DC[k]
+            if 0 <= pr < H and 0 <= pc < W and not np.isnan(vals[pr, pc]) and np.isfinite(dist[pr, pc]):
+                if dist[pr, pc] + exact_weight(kind, float(vals[pr, pc]), float(vals[r, c]), k, dx, dy) == dist[r, c]:
+                    yield k, pr, pc
+
+    level = np.full((H, W), NO_LEVEL, np.int64)
+    reached = np.isfinite(dist) & ~np.isnan(vals)
+    queue = deque()
+    for r, c in zip(*np.nonzero(reached)):
+        if (r, c) in src or any(dist[pr, pc] < dist[r, c] for _, pr, pc in parents(r, c)):
+            level[r, c] = 0
+            queue.append((r, c))
+    while queue:  # plateau cells, in order of level
+        r, c = queue.popleft()
+        for k in range(8):
+            x, y = r - DR[k], c - DC[k]  # the cell whose neighbour in direction k is (r, c)
+            if 0 <= x < H and 0 <= y < W and reached[x, y] and level[x, y] == NO_LEVEL and dist[x, y] == dist[r, c]:
+                if any((pr, pc) == (r, c) for _, pr, pc in parents(x, y)):
+                    level[x, y] = level[r, c] + 1
+                    queue.append((x, y))
+    pred = np.full((H, W), 255, np.uint8)
+    for r, c in zip(*np.nonzero(reached)):
+        if (r, c) in src:
+            continue
+        keys = [(0 if dist[pr, pc] < dist[r, c] else level[pr, pc] + 1, k) for k, pr, pc in parents(r, c)]
+        pred[r, c] = min(keys)[1]
+    return pred
+
+
+def terraced(shape, seed, step=10.0):
+    return (np.floor(random_dem(shape, seed) / step) * step).astype(np.float32)
+
+
+CASES = {
+    "random": lambda: random_dem((37, 53), 1, holes=0.08),
+    "terraced": lambda: terraced((40, 40), 2),  # exact ties and zero-weight plateaus
+    "flat": lambda: np.full((30, 33), 7.0, np.float32),
+    "holes": lambda: np.where(random_dem((41, 29), 3) > 40, np.nan, terraced((41, 29), 4, 25.0)).astype(np.float32),
+}
+
+
+def check_warm_solve(kind: str, device: str):
+    """A sub-block solved cold for an earlier ring (distances higher on one side, another side
+    not known yet: NaN values, +inf distances) and then warm, in the same blocks, for the true
+    ring gives the whole grid's solve inside -- whose distances are scipy's."""
+    from terrain_io.grid.sssp._pipeline_cpu import steps_of
+    from terrain_io.grid.sssp.incore import NO_LEVEL, ringed, solve_block
+
+    v = terraced((150, 140), 5, step=6.0)  # plateaus: levels and ties matter
+    v[np.random.default_rng(6).random(v.shape) < 0.03] = np.nan
+    steps, sources = steps_of(2.0, 3.0), [(4, 7)]
+    whole = ringed(v)
+    dist, level, pred = solve_block(whole, KINDS[kind], steps, sources)
+    np.testing.assert_array_equal(dist[1:-1, 1:-1][~np.isnan(v)],
+                                  reference(v.astype(np.float64), sources, kind, 2.0, 3.0)[~np.isnan(v)])
+    r0, r1, c0, c1 = 40, 140, 30, 130  # interior rows r0..r1-1, cols c0..c1-1 of the DEM (several GPU tiles)
+    true = [a[r0 : r1 + 2, c0 : c1 + 2].copy() for a in (whole, dist, level)]
+    early = [a.copy() for a in true]
+    early[1][0] += 5.0
+    early[0][:, -1], early[1][:, -1], early[2][:, -1] = np.nan, np.inf, NO_LEVEL
+    xp = np
+    if device == "gpu":
+        import cupy as xp
+    blocks = [xp.asarray(a) for a in early]
+    none = np.empty((0, 2), np.int64)
+    d, lv, _ = solve_block(blocks[0], KINDS[kind], steps, none, blocks[1], blocks[2], device=device)
+    blocks[1:] = [d, lv]
+    inner = d[1:-1, 1:-1].get() if xp is not np else d[1:-1, 1:-1]
+    assert (inner > dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1]).sum() > 100  # the early ring's solve is above
+    for block, new in zip(blocks, true):
+        block[0], block[-1], block[:, 0], block[:, -1] = (xp.asarray(x) for x in (new[0], new[-1], new[:, 0],
+                                                                                  new[:, -1]))
+    d, lv, p = (xp.asnumpy(a) if xp is not np else a
+                for a in solve_block(blocks[0], KINDS[kind], steps, none, blocks[1], blocks[2], device=device,
+                                     warm=True))
+    np.testing.assert_array_equal(d[1:-1, 1:-1], dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(lv[1:-1, 1:-1], level[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
+    np.testing.assert_array_equal(p, pred[r0:r1, c0:c1])
+
+
+# --- Path costs summed edge by edge ------------------------------------------------------------------------------
+
+def walk_cost(vals, cells, kind, dx=1.0, dy=1.0):
+    total = 0.0
+    for (r0, c0), (r1, c1) in zip(cells[:-1], cells[1:]):
+        dr, dc = r1 - r0, c1 - c0
+        assert max(abs(dr), abs(dc)) == 1, "cells of a path must be neighbours"
+        k = [(0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1)].index((dr, dc))
+        total += edge_w(kind, float(vals[r0, c0]), float(vals[r1, c1]), k, dx, dy)
+    return total
+
+
+# --- Depression filling: Priority-Flood written from its definition, pyflwdir, scipy.ndimage lakes ---------------
+
+REAL = [ROOT / "sample_data" / "jacksboro_fault_dem.asc", ROOT / "sample_data" / "jacksboro_fault_dem_holes.grass.asc",
+        ROOT / "sample_data" / "pysheds_dem.tif", ROOT / "sample_data" / "topobathy_land.tif",
+        SHARED_DATA / "topobathy.tif"]  # convert_dem skips where a file is missing
+_REFS: dict = {}  # fill_references' cache: the last DEM's references
+
+
+N8 = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
+
+
+def priority_flood(h, valid, nodata_drains=True):
+    """F by Priority-Flood from the definition: seeds = valid cells on the grid's edge (or next to a
+    non-vertex), at their own elevation; a popped level spreads as max(level, h). Unreached: h."""
+    rows, cols = h.shape
+    F = h.astype(np.float64).copy()
+    done = ~valid.copy()
+    pq = []
+    for i, j in zip(*np.nonzero(valid)):
+        edge = i in (0, rows - 1) or j in (0, cols - 1)
+        if edge or (nodata_drains and any(not valid[i + a, j + b] for a, b in N8)):
+            heapq.heappush(pq, (float(h[i, j]), int(i), int(j)))
+            done[i, j] = True
+    while pq:
+        v, i, j = heapq.heappop(pq)
+        for a, b in N8:
+            x, y = i + a, j + b
+            if 0 <= x < rows and 0 <= y < cols and not done[x, y]:
+                done[x, y] = True
+                F[x, y] = max(v, float(h[x, y]))
+                heapq.heappush(pq, (F[x, y], x, y))
+    return F
+
+
+def pyflwdir_fill(h, valid, nodata_drains=True):
+    hh = np.where(valid, h.astype(np.float64), -9999.0)
+    pits = None
+    if not nodata_drains:
+        edge = np.zeros(h.shape, bool)
+        edge[0], edge[-1], edge[:, 0], edge[:, -1] = True, True, True, True
+        pits = np.flatnonzero(edge & valid)
+        if not len(pits):
+            return np.where(valid, hh, np.nan)
+    pyflwdir = pytest.importorskip("pyflwdir")
+    out, _ = pyflwdir.dem.fill_depressions(hh, nodata=-9999.0, idxs_pit=pits)
+    if not nodata_drains:  # pyflwdir fills cells no outlet reaches with nothing: they keep h
+        out = np.where(out == -9999.0, hh, out)
+    return out
+
+
+def lakes_reference(h, valid, F, cell_area=1.0):
+    """The depression table from the reference levels, by scipy.ndimage.label and direct sums."""
+    rows, cols = h.shape
+    hf = h.astype(np.float64)
+    raised = valid & (F > hf)
+    lab, n = ndimage.label(raised, structure=np.ones((3, 3)))
+    ids = np.arange(rows * cols).reshape(rows, cols)
+    idx = np.arange(1, n + 1)
+    least = np.asarray(ndimage.minimum(ids, lab, idx), np.int64) if n else np.empty(0, np.int64)
+    renum = np.zeros(n + 1, np.int64)
+    renum[1 + np.argsort(least)] = idx
+    lab = renum[lab]
+    least = np.sort(least)
+    flat = lab.ravel()
+    cells = np.bincount(flat, minlength=n + 1)[1:]
+    level = np.asarray(ndimage.maximum(F, lab, idx)) if n else np.empty(0)
+    assert n == 0 or np.array_equal(level, ndimage.minimum(F, lab, idx))  # one flat water surface per lake
+    depth = np.where(raised, F - hf, 0.0)
+    volume = np.bincount(flat, depth.ravel(), minlength=n + 1)[1:] * cell_area
+    max_depth = np.asarray(ndimage.maximum(depth, lab, idx)) if n else np.empty(0)
+    sel = np.flatnonzero(flat)
+    first = sel[np.lexsort((sel, hf.ravel()[sel], flat[sel]))]  # by lake, elevation, cell id
+    pit = first[np.searchsorted(flat[first], idx)] if n else np.empty(0, np.int64)
+    spill = np.full(n + 1, np.iinfo(np.int64).max)
+    pad_h = np.pad(hf, 1, constant_values=np.nan)
+    pad_ok = np.pad(valid, 1)
+    r, c = np.nonzero(raised)
+    for a, b in N8:  # cells next to a lake at its level
+        x, y = r + a + 1, c + b + 1
+        at = pad_ok[x, y] & (pad_h[x, y] == F[r, c])
+        np.minimum.at(spill, lab[r[at], c[at]], (x[at] - 1) * cols + y[at] - 1)
+    spill = spill[1:]
+    spills_to = np.zeros(n, np.int64)
+    for k in range(n):
+        si, sj = divmod(int(spill[k]), cols)
+        best = (np.inf, -1, 0)
+        for a, b in N8:
+            x, y = si + a, sj + b
+            if 0 <= x < rows and 0 <= y < cols and lab[x, y] not in (0, k + 1):
+                best = min(best, (F[x, y], x * cols + y, lab[x, y]))
+        spills_to[k] = best[2]
+    return lab, dict(least=least, cells=cells, pit=pit, spill=spill, level=level, volume=volume,
+                     max_depth=max_depth, spills_to=spills_to)
+
+
+def fill_references(vals, valid, drains, cell_area):
+    """(F by Priority-Flood, F by pyflwdir, lake raster, table), computed once per DEM."""
+    key = (vals.tobytes(), vals.shape, str(vals.dtype), drains, cell_area)
+    if key not in _REFS:
+        F = priority_flood(vals, valid, drains)
+        _REFS.clear()
+        _REFS[key] = (F, pyflwdir_fill(vals, valid, drains)) + lakes_reference(vals, valid, F, cell_area)
+    return _REFS[key]
+
+
+def check_against_references(store, outlets="edge+nodata", **kw):
+    from terrain_io.grid.fill import fill, read_fill
+
+    vals = np.asarray(store.elevation[...])
+    valid = store.valid(vals)
+    res = fill(store, outlets=outlets, device="cpu", progress=False, **kw)
+    got = read_fill(store)
+    drains = outlets == "edge+nodata"
+    F, P, lab, table = fill_references(vals, valid, drains, float(np.prod(store.cell_size)))
+    assert np.array_equal(got["elevation"][valid], F[valid].astype(vals.dtype))
+    assert np.array_equal(got["elevation"][valid], P[valid].astype(vals.dtype))
+    assert np.array_equal(got["depth"][valid], (F - vals)[valid].astype(np.float32))
+    assert np.isnan(got["depth"][~valid]).all() and (got["depression"][~valid] == 0).all()
+    assert np.array_equal(got["depression"], lab)
+    t = res.table
+    assert len(t) == len(table["cells"]) == res.depressions
+    for f in ("least", "cells", "pit", "spill", "level", "max_depth", "spills_to"):
+        assert np.array_equal(getattr(t, f), table[f]), f
+    assert np.allclose(t.volume_cells * np.prod(store.cell_size), table["volume"], rtol=1e-12, atol=0)
+    return res, got
+
+
+def fill_test_dem(kind, rows, cols, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        h = rng.random((rows, cols)).astype(np.float32) * 100
+    elif kind == "terraced":  # few levels: ties and flats everywhere
+        h = (rng.integers(0, 12, (rows, cols)) // 3).astype(np.float32)
+    elif kind == "flat-bottomed":  # bowls with flat floors, a rim with one notch
+        y, x = np.mgrid[0:rows, 0:cols]
+        h = np.maximum(np.hypot(y - rows / 2, x - cols / 2).astype(np.float32), 5.0)
+        h += (rng.integers(0, 3, (rows, cols)) * (h > 6)).astype(np.float32)
+        h[rows // 2, :3] = 0.0
+    else:  # nodata-holed
+        h = rng.integers(0, 40, (rows, cols)).astype(np.float32)
+        h[rng.random((rows, cols)) < 0.08] = np.nan
+        h[rows // 3 : rows // 3 + 6, cols // 4 : cols // 4 + 9] = np.nan
+    return h
+
+
+def convert_dem(path, out, tile):
+    """``path`` converted into the store ``out`` (tile ``tile``, shard 4); the test skips, saying why,
+    when ``path`` (a file of the shared data folder) is not there."""
+    if not Path(path).exists():
+        pytest.skip(f"{path} not found: the shared data folder beside the repository (TERRAIN_TEST_DATA=DIR names "
+                    f"another)")
+    from terrain_io.convert import convert
+
+    convert(path, out, tile=tile, shard=4)
+    return out
+
+
+# --- Grid MST: scipy's minimum_spanning_tree on the explicit grid graph ------------------------------------------
+
+FORWARD = [(0, 1), (1, -1), (1, 0), (1, 1)]  # E, SW, S, SE: the order of the larger endpoint
+
+
+def grid_edges(vals, valid, weight):
+    """Every edge (u < v) of the 8-connected grid graph with its float64 weight."""
+    rows, cols = vals.shape
+    us, vs, ws = [], [], []
+    r, c = np.nonzero(valid)
+    for dr, dc in FORWARD:
+        rr, cc = r + dr, c + dc
+        ok = (rr >= 0) & (rr < rows) & (cc >= 0) & (cc < cols)
+        ok[ok] &= valid[rr[ok], cc[ok]]
+        a = vals[r[ok], c[ok]].astype(np.float64)
+        b = vals[rr[ok], cc[ok]].astype(np.float64)
+        us.append(r[ok] * cols + c[ok])
+        vs.append(rr[ok] * cols + cc[ok])
+        ws.append(np.maximum(a, b) if weight == "max" else np.abs(a - b))
+    return np.concatenate(us), np.concatenate(vs), np.concatenate(ws)
+
+
+def scipy_msf(vals, valid, weight="max"):
+    """(edge set, exact total weight) of the unique MSF under the strict order, by scipy."""
+    u, v, w = grid_edges(vals, valid, weight)
+    order = np.lexsort((v, u, w))  # weight, then smaller id, then larger id
+    rank = np.empty(len(order), dtype=np.float64)
+    rank[order] = np.arange(1, len(order) + 1)
+    n = vals.size
+    tree = minimum_spanning_tree(coo_matrix((rank, (u, v)), shape=(n, n)).tocsr()).tocoo()
+    a, b = np.minimum(tree.row, tree.col), np.maximum(tree.row, tree.col)
+    chosen = set(zip(a.tolist(), b.tolist()))
+    weight_of = dict(zip(zip(u.tolist(), v.tolist()), w.tolist()))
+    return chosen, sum(Fraction(weight_of[e]) for e in chosen)
+
+
+def islands(valid):
+    return ndimage.label(valid, structure=np.ones((3, 3)))[1]
+
+
+def terrain(rows, cols, seed=0, levels=None):
+    """Smoothed noise (hills); ``levels`` rounds it to that many values (large flat areas, ties)."""
+    rng = np.random.default_rng(seed)
+    z = ndimage.gaussian_filter(rng.standard_normal((rows, cols)), 3) * 50 + rng.standard_normal((rows, cols))
+    if levels:
+        z = np.round((z - z.min()) / (np.ptp(z) + 1e-9) * levels)
+    return z.astype(np.float32)
+
+
+# --- Files -------------------------------------------------------------------------------------------------------
+
+def tree_digest(path: Path) -> str | None:
+    """A digest of every file's name and bytes under ``path`` (None when there is no such folder)."""
+    if not path.exists():
+        return None
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+# --- Zarr blocks -------------------------------------------------------------------------------------------------
+
+def blocks_written(tmp_path, compressors):
+    """Blocks of a 4-D array written by write_block over whole and partial chunks; (array, the same
+    cells written into a numpy copy, the chunk shape), zarr's reading checked against the copy."""
+    rng = np.random.default_rng(0)
+    shape, chunks = (11, 7, 3, 3), (4, 4, 3, 3)
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=shape, chunks=chunks, dtype="float32", fill_value=np.inf,
+                            compressors=compressors)
+    want = np.full(shape, np.inf, np.float32)
+    for start, size in [((0, 0), (8, 4)), ((8, 4), (3, 3)), ((8, 0), (3, 4)), ((1, 5), (2, 1)), ((0, 4), (4, 3))]:
+        block = rng.random(size + (3, 3)).astype(np.float32)
+        write_block(arr, start + (0, 0), block)
+        want[start[0] : start[0] + size[0], start[1] : start[1] + size[1]] = block
+    np.testing.assert_array_equal(arr[:], want)
+    return arr, want, chunks

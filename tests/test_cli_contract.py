@@ -92,7 +92,7 @@ def test_bfs_takes_source_as_well_as_from(tmp_path):
                         indices=4)
     for opt in ("--from", "--source"):
         out = tmp_path / f"d{opt}.csv"
-        r = run("graph", "bfs", tmp_path / "g.csv", opt, "4", "-o", out)
+        r = run("graph", "bfs", tmp_path / "g.csv", "--undirected", opt, "4", "-o", out)
         assert r.exit_code == 0, r.output
         depth = np.loadtxt(out, delimiter=",", skiprows=1, dtype=np.int64)[:, 1]
         np.testing.assert_array_equal(np.where(depth < 0, np.inf, depth), ref)

@@ -49,7 +49,7 @@ def test_cc_and_bfs_npz(tmp_path):
     np.minimum.at(smallest, lab, np.arange(300))
     np.testing.assert_array_equal(labels, smallest[lab])
     out = tmp_path / "bfs.csv"
-    res = run("graph", "bfs", str(path), "--from", str(int(u[0])), "-o", str(out))
+    res = run("graph", "bfs", str(path), "--undirected", "--from", str(int(u[0])), "-o", str(out))
     assert res.exit_code == 0, res.output
     depth = np.loadtxt(out, delimiter=",", skiprows=1, dtype=np.int64)[:, 1]
     ref = shortest_path(mat, unweighted=True, directed=False, indices=int(u[0]))

@@ -1,7 +1,6 @@
 """BFS depths and parents against scipy.sparse.csgraph.breadth_first_order and networkx."""
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -70,6 +69,7 @@ def test_matches_scipy(device, method, name, directed):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("density,cap", [(0.05, 0.1), (0.25, 1.0)])   # low and high mean degree
 def test_bfs_project_graph_matches_networkx(device, method, density, cap):
+    nx = pytest.importorskip("networkx")  # the reference
     g = generate.bfs_project_graph(300, density=density, max_degree=cap, seed=4)
     G = nx.DiGraph()
     G.add_nodes_from(range(g.n))

@@ -19,16 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import ndimage
-from test_grid_fill import (
-    _dem,  # the same random, terraced, flat-bottomed and nodata-holed DEMs
-)
 
 from terrain_io.errors import InputError
 from terrain_io.grid.depressions import depressions, read_basins
 from terrain_io.grid.fill import fill, read_fill
 from terrain_io.store import TerrainStore
-
-N8 = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
+from references import N8, fill_test_dem
 
 
 def _outlets(valid, nodata_drains):
@@ -228,7 +224,7 @@ def _same(a, b):
 @pytest.mark.parametrize("kind", ["random", "terraced", "flat-bottomed", "nodata-holed"])
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
 def test_synthetic_dems(tmp_path, kind, outlets):
-    h = _dem(kind, 41, 57, seed=len(kind) + 3)
+    h = fill_test_dem(kind, 41, 57, seed=len(kind) + 3)
     first = None
     for tile, shard, kw in ((8, 2, {"held": False}), (16, 2, {"held": False, "batch_tiles": 1}), (64, 2, {})):
         st = TerrainStore.from_array(tmp_path / f"{kind}{tile}.zarr", h, tile=tile, shard=shard)
@@ -307,7 +303,7 @@ def test_parallel_tiles_equal_serial(tmp_path, monkeypatch):
     import terrain_io.grid._tiled as tiled_module
     import terrain_io.grid.depressions as module
 
-    h = _dem("terraced", 61, 50, seed=4)
+    h = fill_test_dem("terraced", 61, 50, seed=4)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=8, shard=2)
     serial, got = check_hierarchy(st, held=False)
     monkeypatch.setattr(module, "SERIAL_BELOW", 0)
@@ -323,7 +319,7 @@ def test_cli_table_attrs_and_export(tmp_path):
     from cli.main import _register, cli
 
     _register()
-    h = _dem("nodata-holed", 40, 50, seed=2)
+    h = fill_test_dem("nodata-holed", 40, 50, seed=2)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=16, shard=2)
     out = CliRunner().invoke(cli, ["depressions", str(st.path), "--device", "cpu", "--outlets", "edge",
                                    "--table", str(tmp_path / "d.csv")])

@@ -1,175 +1,30 @@
 """Depression filling (terrain_io.grid.fill) against independent references.
 
-References: a Priority-Flood written here from its definition (Barnes et al. 2014, a heapq over
+References (tests/references.py): a Priority-Flood written from its definition (Barnes et al. 2014, a heapq over
 the outlets), pyflwdir's ``fill_depressions`` (Wang & Liu 2006; given float64 input, so that its
 ``z + (z0 - z)`` is exact, with ``outlets='edge'`` = our ``edge+nodata`` and ``idxs_pit`` = the
 DEM's edge cells for our ``edge``), and scipy.ndimage.label (8-connectivity) for the lakes, whose
-areas, volumes, pits, spill cells and targets are summed / searched here from the reference levels.
+areas, volumes, pits, spill cells and targets are summed / searched there from the reference levels.
 """
 from __future__ import annotations
 
-import heapq
 import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
-import pyflwdir
 import pytest
-from scipy import ndimage
 
-from terrain_io.convert import convert
 from terrain_io.grid.fill import fill, read_fill
 from terrain_io.store import TerrainStore
-
-ROOT = Path(__file__).resolve().parents[1]
-REAL = [ROOT / "sample_data" / "jacksboro_fault_dem.asc", ROOT / "sample_data" / "jacksboro_fault_dem_holes.grass.asc",
-        ROOT / "sample_data" / "pysheds_dem.tif", ROOT / "sample_data" / "topobathy_land.tif"]
-SHARED = Path("/work/shared/data")
-REAL += [p for p in (SHARED / "topobathy.tif",) if p.exists()]
-N8 = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
-
-
-def priority_flood(h, valid, nodata_drains=True):
-    """F by Priority-Flood from the definition: seeds = valid cells on the grid's edge (or next to a
-    non-vertex), at their own elevation; a popped level spreads as max(level, h). Unreached: h."""
-    rows, cols = h.shape
-    F = h.astype(np.float64).copy()
-    done = ~valid.copy()
-    pq = []
-    for i, j in zip(*np.nonzero(valid)):
-        edge = i in (0, rows - 1) or j in (0, cols - 1)
-        if edge or (nodata_drains and any(not valid[i + a, j + b] for a, b in N8)):
-            heapq.heappush(pq, (float(h[i, j]), int(i), int(j)))
-            done[i, j] = True
-    while pq:
-        v, i, j = heapq.heappop(pq)
-        for a, b in N8:
-            x, y = i + a, j + b
-            if 0 <= x < rows and 0 <= y < cols and not done[x, y]:
-                done[x, y] = True
-                F[x, y] = max(v, float(h[x, y]))
-                heapq.heappush(pq, (F[x, y], x, y))
-    return F
-
-
-def pyflwdir_fill(h, valid, nodata_drains=True):
-    hh = np.where(valid, h.astype(np.float64), -9999.0)
-    pits = None
-    if not nodata_drains:
-        edge = np.zeros(h.shape, bool)
-        edge[0], edge[-1], edge[:, 0], edge[:, -1] = True, True, True, True
-        pits = np.flatnonzero(edge & valid)
-        if not len(pits):
-            return np.where(valid, hh, np.nan)
-    out, _ = pyflwdir.dem.fill_depressions(hh, nodata=-9999.0, idxs_pit=pits)
-    if not nodata_drains:  # pyflwdir fills cells no outlet reaches with nothing: they keep h
-        out = np.where(out == -9999.0, hh, out)
-    return out
-
-
-def lakes_reference(h, valid, F, cell_area=1.0):
-    """The depression table from the reference levels, by scipy.ndimage.label and direct sums."""
-    rows, cols = h.shape
-    hf = h.astype(np.float64)
-    raised = valid & (F > hf)
-    lab, n = ndimage.label(raised, structure=np.ones((3, 3)))
-    ids = np.arange(rows * cols).reshape(rows, cols)
-    idx = np.arange(1, n + 1)
-    least = np.asarray(ndimage.minimum(ids, lab, idx), np.int64) if n else np.empty(0, np.int64)
-    renum = np.zeros(n + 1, np.int64)
-    renum[1 + np.argsort(least)] = idx
-    lab = renum[lab]
-    least = np.sort(least)
-    flat = lab.ravel()
-    cells = np.bincount(flat, minlength=n + 1)[1:]
-    level = np.asarray(ndimage.maximum(F, lab, idx)) if n else np.empty(0)
-    assert n == 0 or np.array_equal(level, ndimage.minimum(F, lab, idx))  # one flat water surface per lake
-    depth = np.where(raised, F - hf, 0.0)
-    volume = np.bincount(flat, depth.ravel(), minlength=n + 1)[1:] * cell_area
-    max_depth = np.asarray(ndimage.maximum(depth, lab, idx)) if n else np.empty(0)
-    sel = np.flatnonzero(flat)
-    first = sel[np.lexsort((sel, hf.ravel()[sel], flat[sel]))]  # by lake, elevation, cell id
-    pit = first[np.searchsorted(flat[first], idx)] if n else np.empty(0, np.int64)
-    spill = np.full(n + 1, np.iinfo(np.int64).max)
-    pad_h = np.pad(hf, 1, constant_values=np.nan)
-    pad_ok = np.pad(valid, 1)
-    r, c = np.nonzero(raised)
-    for a, b in N8:  # cells next to a lake at its level
-        x, y = r + a + 1, c + b + 1
-        at = pad_ok[x, y] & (pad_h[x, y] == F[r, c])
-        np.minimum.at(spill, lab[r[at], c[at]], (x[at] - 1) * cols + y[at] - 1)
-    spill = spill[1:]
-    spills_to = np.zeros(n, np.int64)
-    for k in range(n):
-        si, sj = divmod(int(spill[k]), cols)
-        best = (np.inf, -1, 0)
-        for a, b in N8:
-            x, y = si + a, sj + b
-            if 0 <= x < rows and 0 <= y < cols and lab[x, y] not in (0, k + 1):
-                best = min(best, (F[x, y], x * cols + y, lab[x, y]))
-        spills_to[k] = best[2]
-    return lab, dict(least=least, cells=cells, pit=pit, spill=spill, level=level, volume=volume,
-                     max_depth=max_depth, spills_to=spills_to)
-
-
-_REFS: dict = {}
-
-
-def references(vals, valid, drains, cell_area):
-    """(F by Priority-Flood, F by pyflwdir, lake raster, table), computed once per DEM."""
-    key = (vals.tobytes(), vals.shape, str(vals.dtype), drains, cell_area)
-    if key not in _REFS:
-        F = priority_flood(vals, valid, drains)
-        _REFS.clear()
-        _REFS[key] = (F, pyflwdir_fill(vals, valid, drains)) + lakes_reference(vals, valid, F, cell_area)
-    return _REFS[key]
-
-
-def check_against_references(store, outlets="edge+nodata", **kw):
-    vals = np.asarray(store.elevation[...])
-    valid = store.valid(vals)
-    res = fill(store, outlets=outlets, device="cpu", progress=False, **kw)
-    got = read_fill(store)
-    drains = outlets == "edge+nodata"
-    F, P, lab, table = references(vals, valid, drains, float(np.prod(store.cell_size)))
-    assert np.array_equal(got["elevation"][valid], F[valid].astype(vals.dtype))
-    assert np.array_equal(got["elevation"][valid], P[valid].astype(vals.dtype))
-    assert np.array_equal(got["depth"][valid], (F - vals)[valid].astype(np.float32))
-    assert np.isnan(got["depth"][~valid]).all() and (got["depression"][~valid] == 0).all()
-    assert np.array_equal(got["depression"], lab)
-    t = res.table
-    assert len(t) == len(table["cells"]) == res.depressions
-    for f in ("least", "cells", "pit", "spill", "level", "max_depth", "spills_to"):
-        assert np.array_equal(getattr(t, f), table[f]), f
-    assert np.allclose(t.volume_cells * np.prod(store.cell_size), table["volume"], rtol=1e-12, atol=0)
-    return res, got
-
-
-def _dem(kind, rows, cols, seed):
-    rng = np.random.default_rng(seed)
-    if kind == "random":
-        h = rng.random((rows, cols)).astype(np.float32) * 100
-    elif kind == "terraced":  # few levels: ties and flats everywhere
-        h = (rng.integers(0, 12, (rows, cols)) // 3).astype(np.float32)
-    elif kind == "flat-bottomed":  # bowls with flat floors, a rim with one notch
-        y, x = np.mgrid[0:rows, 0:cols]
-        h = np.maximum(np.hypot(y - rows / 2, x - cols / 2).astype(np.float32), 5.0)
-        h += (rng.integers(0, 3, (rows, cols)) * (h > 6)).astype(np.float32)
-        h[rows // 2, :3] = 0.0
-    else:  # nodata-holed
-        h = rng.integers(0, 40, (rows, cols)).astype(np.float32)
-        h[rng.random((rows, cols)) < 0.08] = np.nan
-        h[rows // 3 : rows // 3 + 6, cols // 4 : cols // 4 + 9] = np.nan
-    return h
+from references import check_against_references, convert_dem, fill_references, fill_test_dem, REAL
 
 
 @pytest.mark.parametrize("kind", ["random", "terraced", "flat-bottomed", "nodata-holed"])
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
 def test_synthetic_dems(tmp_path, kind, outlets):
-    h = _dem(kind, 53, 71, seed=len(kind))
+    h = fill_test_dem(kind, 53, 71, seed=len(kind))
     first = None
     for tile, shard, kw in ((8, 2, {"held": False}), (64, 2, {})):
         st = TerrainStore.from_array(tmp_path / f"{kind}{tile}.zarr", h, tile=tile, shard=shard)
@@ -183,7 +38,7 @@ def test_synthetic_dems(tmp_path, kind, outlets):
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])
 def test_dask_schedulers_give_the_same_bytes(tmp_path, scheduler):
     """Phases 1 and 3 as Dask tasks of whole shards: equal to the references and to the local run."""
-    h = _dem("nodata-holed", 90, 77, seed=5)
+    h = fill_test_dem("nodata-holed", 90, 77, seed=5)
     local = TerrainStore.from_array(tmp_path / "local.zarr", h, tile=8, shard=2)
     check_against_references(local)
     st = TerrainStore.from_array(tmp_path / "dask.zarr", h, tile=8, shard=2)
@@ -201,7 +56,7 @@ def test_parallel_kernels_equal_their_serial_twins(tmp_path, monkeypatch, outlet
     import terrain_io.grid._tiled as tiled_module
     import terrain_io.grid.fill as fill_module
 
-    h = _dem("nodata-holed", 61, 50, seed=4)
+    h = fill_test_dem("nodata-holed", 61, 50, seed=4)
     serial = {}
     for held in (True, False):
         st = TerrainStore.from_array(tmp_path / f"s{held}.zarr", h, tile=16, shard=2)
@@ -232,28 +87,23 @@ def test_edge_outlets_wall_in_islands(tmp_path):
 
 @pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
 def test_real_dems(tmp_path, path):
-    check_against_references(TerrainStore.open(_convert(path, tmp_path / "a.zarr", 64)))
+    check_against_references(TerrainStore.open(convert_dem(path, tmp_path / "a.zarr", 64)))
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=[] if "holes" in p.name else [pytest.mark.slow])
                                   for p in REAL], ids=[p.name for p in REAL])
 def test_real_dems_out_of_core_same_bytes(tmp_path, path):
     """Re-flooded tile by tile (small tiles, store read twice) = held floods, byte for byte."""
-    st = TerrainStore.open(_convert(path, tmp_path / "a.zarr", 64))
+    st = TerrainStore.open(convert_dem(path, tmp_path / "a.zarr", 64))
     res = fill(st, device="cpu", progress=False)
     got = read_fill(st)
-    st2 = TerrainStore.open(_convert(path, tmp_path / "b.zarr", 16))
+    st2 = TerrainStore.open(convert_dem(path, tmp_path / "b.zarr", 16))
     res2 = fill(st2, device="cpu", progress=False, held=False)
     assert res2.method == "tiled"
     got2 = read_fill(st2)
     for k in got:
         assert got2[k].tobytes() == got[k].tobytes(), k
     assert np.array_equal(res2.table.volume_cells, res.table.volume_cells)
-
-
-def _convert(path, out, tile):
-    convert(path, out, tile=tile, shard=4)
-    return out
 
 
 def test_integer_dem_and_attrs(tmp_path):
@@ -288,14 +138,14 @@ def test_cli_fill_table_and_export(tmp_path):
     from cli.main import _register, cli
 
     _register()
-    h = _dem("nodata-holed", 40, 50, seed=2)
+    h = fill_test_dem("nodata-holed", 40, 50, seed=2)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=16, shard=2)
     out = CliRunner().invoke(cli, ["fill", str(st.path), "--device", "cpu", "--outlets", "edge",
                                    "--table", str(tmp_path / "d.csv")])
     assert out.exit_code == 0, out.output
     vals = np.asarray(st.elevation[...])
     valid = st.valid(vals)
-    F, _, lab, table = references(vals, valid, False, 1.0)
+    F, _, lab, table = fill_references(vals, valid, False, 1.0)
     assert f"{len(table['cells']):,} depressions" in out.output
     assert np.array_equal(read_fill(st)["elevation"][valid], F[valid].astype(np.float32))
     with open(tmp_path / "d.csv") as f:

@@ -10,16 +10,10 @@ import warnings
 
 import numpy as np
 import pytest
-from test_grid_fill import (
-    REAL,
-    _convert,
-    _dem,
-    check_against_references,
-    priority_flood,
-)
 
 from terrain_io.grid.fill import fill, read_fill
 from terrain_io.store import TerrainStore
+from references import check_against_references, convert_dem, fill_test_dem, priority_flood, REAL
 
 pytestmark = pytest.mark.gpu
 
@@ -54,7 +48,7 @@ def gpu_equals_cpu(st_gpu, st_cpu, outlets="edge+nodata"):
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
 @pytest.mark.parametrize("shape,tile", [((53, 71), 8), ((53, 71), 64), ((300, 257), 16), ((517, 611), 128)])
 def test_gpu_equals_cpu_synthetic(tmp_path, kind, outlets, shape, tile):
-    h = _dem(kind, *shape, seed=len(kind) + shape[0])
+    h = fill_test_dem(kind, *shape, seed=len(kind) + shape[0])
     gpu_equals_cpu(TerrainStore.from_array(tmp_path / "g.zarr", h, tile=tile, shard=2),
                    TerrainStore.from_array(tmp_path / "c.zarr", h, tile=tile, shard=2), outlets)
 
@@ -62,7 +56,7 @@ def test_gpu_equals_cpu_synthetic(tmp_path, kind, outlets, shape, tile):
 def test_gpu_against_references(tmp_path):
     """The GPU result against the independent references directly (pyflwdir, Priority-Flood, lakes by
     scipy.ndimage.label): check_against_references runs the CPU, so compare its outputs to the GPU's."""
-    h = _dem("nodata-holed", 97, 130, seed=3)
+    h = fill_test_dem("nodata-holed", 97, 130, seed=3)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=32, shard=2)
     check_against_references(st, "edge")
     ref = read_fill(st)
@@ -123,12 +117,12 @@ def test_gpu_large_synthetic_many_rounds(tmp_path):
 @pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
 def test_gpu_real_dems(tmp_path, path, outlets):
-    gpu_equals_cpu(TerrainStore.open(_convert(path, tmp_path / "g.zarr", 64)),
-                   TerrainStore.open(_convert(path, tmp_path / "c.zarr", 128)), outlets)
+    gpu_equals_cpu(TerrainStore.open(convert_dem(path, tmp_path / "g.zarr", 64)),
+                   TerrainStore.open(convert_dem(path, tmp_path / "c.zarr", 128)), outlets)
 
 
 def test_gpu_auto_and_fallback(tmp_path):
-    h = _dem("random", 40, 40, seed=1)
+    h = fill_test_dem("random", 40, 40, seed=1)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=8, shard=2)
     assert fill(st, progress=False).device == "gpu"  # auto: the GPU when it fits
     h64 = (h * 10).astype(np.int64)

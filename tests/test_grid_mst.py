@@ -14,56 +14,16 @@ import textwrap
 from fractions import Fraction
 from pathlib import Path
 
-import networkx as nx
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy import ndimage
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import minimum_spanning_tree
 
 from terrain_io.grid.mst import edge_list, mst, read_edges
 from terrain_io.store import TerrainStore, valid_mask
+from references import grid_edges, islands, scipy_msf, terrain
 
 SAMPLE_DATA = Path(__file__).resolve().parents[1] / "sample_data"
-
-FORWARD = [(0, 1), (1, -1), (1, 0), (1, 1)]  # E, SW, S, SE: the order of the larger endpoint
-
-
-def grid_edges(vals, valid, weight):
-    """Every edge (u < v) of the 8-connected grid graph with its float64 weight."""
-    rows, cols = vals.shape
-    us, vs, ws = [], [], []
-    r, c = np.nonzero(valid)
-    for dr, dc in FORWARD:
-        rr, cc = r + dr, c + dc
-        ok = (rr >= 0) & (rr < rows) & (cc >= 0) & (cc < cols)
-        ok[ok] &= valid[rr[ok], cc[ok]]
-        a = vals[r[ok], c[ok]].astype(np.float64)
-        b = vals[rr[ok], cc[ok]].astype(np.float64)
-        us.append(r[ok] * cols + c[ok])
-        vs.append(rr[ok] * cols + cc[ok])
-        ws.append(np.maximum(a, b) if weight == "max" else np.abs(a - b))
-    return np.concatenate(us), np.concatenate(vs), np.concatenate(ws)
-
-
-def scipy_msf(vals, valid, weight="max"):
-    """(edge set, exact total weight) of the unique MSF under the strict order, by scipy."""
-    u, v, w = grid_edges(vals, valid, weight)
-    order = np.lexsort((v, u, w))  # weight, then smaller id, then larger id
-    rank = np.empty(len(order), dtype=np.float64)
-    rank[order] = np.arange(1, len(order) + 1)
-    n = vals.size
-    tree = minimum_spanning_tree(coo_matrix((rank, (u, v)), shape=(n, n)).tocsr()).tocoo()
-    a, b = np.minimum(tree.row, tree.col), np.maximum(tree.row, tree.col)
-    chosen = set(zip(a.tolist(), b.tolist()))
-    weight_of = dict(zip(zip(u.tolist(), v.tolist()), w.tolist()))
-    return chosen, sum(Fraction(weight_of[e]) for e in chosen)
-
-
-def islands(valid):
-    return ndimage.label(valid, structure=np.ones((3, 3)))[1]
-
 
 def run(tmp_path, vals, tile=32, shard=2, nodata=None, weight="max", name="dem.zarr", **kw):
     store = TerrainStore.from_array(tmp_path / name, vals, tile=tile, shard=shard, nodata=nodata)
@@ -84,15 +44,6 @@ def check(tmp_path, vals, nodata=None, weight="max", **kw):
     attrs = store.results()["mst"]
     assert attrs["edge_count"] == res.edges and attrs["trees"] == res.trees and attrs["weight_model"] == weight
     return res
-
-
-def terrain(rows, cols, seed=0, levels=None):
-    """Smoothed noise (hills); ``levels`` rounds it to that many values (large flat areas, ties)."""
-    rng = np.random.default_rng(seed)
-    z = ndimage.gaussian_filter(rng.standard_normal((rows, cols)), 3) * 50 + rng.standard_normal((rows, cols))
-    if levels:
-        z = np.round((z - z.min()) / (np.ptp(z) + 1e-9) * levels)
-    return z.astype(np.float32)
 
 
 @pytest.mark.parametrize("shape,tile,shard", [((37, 53), 8, 2), ((64, 64), 8, 4), ((100, 130), 32, 2),
@@ -199,6 +150,7 @@ def test_sample_dems(tmp_path):
 
 
 def test_networkx_tiny(tmp_path):
+    nx = pytest.importorskip("networkx")  # the reference
     rng = np.random.default_rng(4)
     for k in range(6):
         vals = rng.integers(0, 3, size=(5 + k, 7)).astype(np.float32)  # ties everywhere

@@ -16,10 +16,10 @@ from scipy import ndimage
 
 from terrain_io import weights as weight_models
 from terrain_io.grid import _mst_cpu as K
-from terrain_io.grid.mst import mst, read_edges
+from terrain_io.grid.mst import edge_list, mst, read_edges
 from terrain_io.store import TerrainStore, valid_mask
+from references import islands, scipy_msf, terrain
 
-from test_grid_mst import edge_list, islands, scipy_msf, terrain
 
 pytestmark = pytest.mark.gpu
 

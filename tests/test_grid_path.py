@@ -14,20 +14,10 @@ from cli.main import _register, cli
 from terrain_io.grid.sssp.path import trace
 from terrain_io.grid.sssp import sssp
 from terrain_io.store import TerrainStore
+from references import make_store, random_dem, reference, walk_cost
 
-from test_grid_sssp import edge_w, make_store, random_dem, reference
 
 _register()
-
-
-def walk_cost(vals, cells, kind, dx=1.0, dy=1.0):
-    total = 0.0
-    for (r0, c0), (r1, c1) in zip(cells[:-1], cells[1:]):
-        dr, dc = r1 - r0, c1 - c0
-        assert max(abs(dr), abs(dc)) == 1, "cells of a path must be neighbours"
-        k = [(0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1)].index((dr, dc))
-        total += edge_w(kind, float(vals[r0, c0]), float(vals[r1, c1]), k, dx, dy)
-    return total
 
 
 @pytest.mark.parametrize("kind", ["absdiff", "surface"])

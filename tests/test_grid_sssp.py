@@ -8,97 +8,11 @@ import sys
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
-from scipy.sparse.csgraph import dijkstra
 
 from terrain_io.errors import InputError
 from terrain_io.grid.sssp import sssp
 from terrain_io.store import TerrainStore
-
-DR = [0, 1, 1, 1, 0, -1, -1, -1]
-DC = [1, 1, 0, -1, -1, -1, 0, 1]
-
-
-def reference(vals, sources, kind="absdiff", dx=1.0, dy=1.0):
-    """Multi-source distances by scipy's Dijkstra on the explicit 8-neighbour graph (NaN = no vertex)."""
-    H, W = vals.shape
-    ids = np.arange(H * W).reshape(H, W)
-    us, vs, ws = [], [], []
-    for k in range(8):
-        dr, dc = DR[k], DC[k]
-        r0, r1, c0, c1 = max(0, -dr), H - max(0, dr), max(0, -dc), W - max(0, dc)
-        a, b = vals[r0:r1, c0:c1], vals[r0 + dr : r1 + dr, c0 + dc : c1 + dc]
-        m = ~np.isnan(a) & ~np.isnan(b)  # (walk_friction: elevation + 1j * friction)
-        step = np.hypot(dx * abs(dc), dy * abs(dr))
-        w = {"absdiff": lambda: np.abs(a - b), "surface": lambda: np.sqrt(step**2 + (a - b) ** 2),
-             "cell": lambda: (a + b) / 2 * step, "walk": lambda: tobler_seconds(a, b, step),
-             "walk_friction": lambda: tobler_seconds(a.real, b.real, step) * (a.imag + b.imag) / 2}[kind]()
-        us.append(ids[r0:r1, c0:c1][m])
-        vs.append(ids[r0 + dr : r1 + dr, c0 + dc : c1 + dc][m])
-        ws.append(w[m])
-    w = np.concatenate(ws)
-    w = np.where(w == 0, 1e-300, w)  # a sparse matrix drops explicit zeros: keep zero-weight edges
-    g = sp.csr_matrix((w, (np.concatenate(us), np.concatenate(vs))), shape=(H * W, H * W))
-    d = dijkstra(g, directed=True, indices=[r * W + c for r, c in sources], min_only=True).reshape(H, W)
-    d[d < 1e-250] = 0.0
-    d[np.isnan(vals)] = np.nan
-    return d
-
-
-def tobler_seconds(a, b, step):
-    """Seconds to walk from height a to height b over ``step`` metres: Tobler's hiking function
-    v = 6 exp(-3.5 |dh/step + 0.05|) km/h, from its definition (NumPy's exp)."""
-    speed = 6.0 * np.exp(-3.5 * np.abs((b - a) / step + 0.05)) / 3.6  # m/s
-    return step / speed
-
-
-def edge_w(kind, a, b, k, dx=1.0, dy=1.0):
-    """w(a -> b) over direction k."""
-    step = np.hypot(dx * abs(DC[k]), dy * abs(DR[k]))
-    if kind == "walk_friction":
-        return tobler_seconds(a.real, b.real, step) * (a.imag + b.imag) / 2
-    return {"absdiff": abs(a - b), "surface": np.sqrt(step**2 + (a - b) ** 2), "cell": (a + b) / 2 * step,
-            "walk": tobler_seconds(a, b, step)}[kind]
-
-
-def check_predecessors(dist, pred, vals, sources, kind, dx=1.0, dy=1.0):
-    """Every reached cell's parent is a vertex one step away with dist[parent] + w == dist[cell];
-    every chain ends at a source (no cycles) and unreached cells have no parent."""
-    H, W = dist.shape
-    src = set(map(tuple, sources))
-    for (r, c) in src:
-        assert pred[r, c] == 255 and dist[r, c] == 0
-    reached = np.isfinite(dist)
-    assert np.all(pred[~reached] == 255)
-    rr, cc = np.nonzero(reached)
-    for r, c in zip(rr, cc):
-        if (r, c) in src:
-            continue
-        p = int(pred[r, c])
-        assert p < 8, (r, c)
-        pr, pc = r + DR[p], c + DC[p]
-        assert 0 <= pr < H and 0 <= pc < W and np.isfinite(dist[pr, pc])
-        w = edge_w(kind, vals[pr, pc], vals[r, c], p, dx, dy)
-        assert np.isclose(float(dist[pr, pc]) + w, float(dist[r, c]), rtol=1e-5, atol=1e-4)
-    # chains: walk in order of distance so each walk stops at an already verified cell
-    ok = np.zeros(dist.shape, bool)
-    for r, c in src:
-        ok[r, c] = True
-    for r, c in zip(rr, cc):
-        path = []
-        while not ok[r, c]:
-            path.append((r, c))
-            assert len(path) <= H * W, "predecessor cycle"
-            p = int(pred[r, c])
-            r, c = r + DR[p], c + DC[p]
-        for q in path:
-            ok[q] = True
-
-
-def make_store(tmp_path, vals, tile=16, shard=2, name="dem.zarr", dx=1.0, dy=1.0):
-    attrs = {"transform": [100.0, dx, 0.0, 500.0, 0.0, -dy], "cell_size": [dx, dy]}
-    return TerrainStore.from_array(tmp_path / name, vals, tile=tile, shard=shard, attrs=attrs)
-
+from references import check_predecessors, DC, DR, make_store, random_dem, reference
 
 def run(store, sources, kind, method="index", **kw):
     if method == "incore":
@@ -106,14 +20,6 @@ def run(store, sources, kind, method="index", **kw):
     r = sssp(store, sources, weight=kind, cell=True, progress=False, method=method, **kw)
     g = store.group[f"sssp/{r.name}"]
     return r, g["distance"][:].astype(np.float64), g["predecessor"][:]
-
-
-def random_dem(shape, seed, holes=0.0):
-    rng = np.random.default_rng(seed)
-    v = (rng.random(shape) * 50).astype(np.float32)
-    if holes:
-        v[rng.random(shape) < holes] = np.nan
-    return v
 
 
 @pytest.mark.parametrize("kind", ["absdiff", "surface"])
@@ -164,7 +70,7 @@ def test_real_dem_matches_scipy(tmp_path, method, sample_data):
 
 @pytest.mark.parametrize("method", ["incore", "index"])
 def test_cell_model_matches_skimage_mcp_geometric(tmp_path, method):
-    from skimage.graph import MCP_Geometric
+    MCP_Geometric = pytest.importorskip("skimage.graph").MCP_Geometric
 
     rng = np.random.default_rng(3)
     dem = rng.random((50, 37)).astype(np.float32)
@@ -183,7 +89,7 @@ def test_cell_model_matches_skimage_mcp_geometric(tmp_path, method):
 def test_cell_cost_from_geotiff_file(tmp_path, method):
     import rasterio
     from rasterio.transform import from_origin
-    from skimage.graph import MCP_Geometric
+    MCP_Geometric = pytest.importorskip("skimage.graph").MCP_Geometric
 
     rng = np.random.default_rng(4)
     dem = rng.random((24, 40)).astype(np.float32)

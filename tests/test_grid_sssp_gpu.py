@@ -7,8 +7,8 @@ import pytest
 
 from terrain_io.grid.sssp import _pipeline_cpu as K
 from terrain_io.grid.sssp import sssp
+from references import check_predecessors, make_store, random_dem, reference
 
-from test_grid_sssp import check_predecessors, make_store, random_dem, reference
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -15,70 +14,7 @@ import pytest
 from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp._pipeline_cpu import steps_of
 from terrain_io.grid.sssp.incore import NO_LEVEL, output_distance, ringed, solve_block
-from test_grid_sssp import DC, DR, make_store, random_dem, reference
-
-KINDS = {"absdiff": 1, "surface": 2, "cell": 3}
-
-
-def weight(kind, a, b, k, dx, dy):
-    """w(a -> b) over direction k, as IEEE float64 operations (squares as products: pow() can be
-    1 ulp off)."""
-    step = float(np.hypot(dx * abs(DC[k]), dy * abs(DR[k])))
-    return {"absdiff": lambda: abs(a - b), "surface": lambda: float(np.sqrt(step * step + (a - b) * (a - b))),
-            "cell": lambda: (a + b) * 0.5 * step}[kind]()
-
-
-def rule_predecessors(vals, dist, sources, kind, dx=1.0, dy=1.0):
-    """The tie rule from its definition (engine docstring), by a plain breadth-first search.
-
-    Tight edge u -> v: dist[u] + w(u, v) == dist[v]. Level 0 at sources and cells with a strictly
-    nearer tight parent; else 1 + the least level of the (equal-distance) tight parents. Parent:
-    the least key (0 strictly nearer, else level + 1), then the least direction code."""
-    H, W = vals.shape
-    src = set(map(tuple, sources))
-
-    def parents(r, c):
-        for k in range(8):
-            pr, pc = r + DR[k], c + DC[k]
-            if 0 <= pr < H and 0 <= pc < W and not np.isnan(vals[pr, pc]) and np.isfinite(dist[pr, pc]):
-                if dist[pr, pc] + weight(kind, float(vals[pr, pc]), float(vals[r, c]), k, dx, dy) == dist[r, c]:
-                    yield k, pr, pc
-
-    level = np.full((H, W), NO_LEVEL, np.int64)
-    reached = np.isfinite(dist) & ~np.isnan(vals)
-    queue = deque()
-    for r, c in zip(*np.nonzero(reached)):
-        if (r, c) in src or any(dist[pr, pc] < dist[r, c] for _, pr, pc in parents(r, c)):
-            level[r, c] = 0
-            queue.append((r, c))
-    while queue:  # plateau cells, in order of level
-        r, c = queue.popleft()
-        for k in range(8):
-            x, y = r - DR[k], c - DC[k]  # the cell whose neighbour in direction k is (r, c)
-            if 0 <= x < H and 0 <= y < W and reached[x, y] and level[x, y] == NO_LEVEL and dist[x, y] == dist[r, c]:
-                if any((pr, pc) == (r, c) for _, pr, pc in parents(x, y)):
-                    level[x, y] = level[r, c] + 1
-                    queue.append((x, y))
-    pred = np.full((H, W), 255, np.uint8)
-    for r, c in zip(*np.nonzero(reached)):
-        if (r, c) in src:
-            continue
-        keys = [(0 if dist[pr, pc] < dist[r, c] else level[pr, pc] + 1, k) for k, pr, pc in parents(r, c)]
-        pred[r, c] = min(keys)[1]
-    return pred
-
-
-def terraced(shape, seed, step=10.0):
-    return (np.floor(random_dem(shape, seed) / step) * step).astype(np.float32)
-
-
-CASES = {
-    "random": lambda: random_dem((37, 53), 1, holes=0.08),
-    "terraced": lambda: terraced((40, 40), 2),  # exact ties and zero-weight plateaus
-    "flat": lambda: np.full((30, 33), 7.0, np.float32),
-    "holes": lambda: np.where(random_dem((41, 29), 3) > 40, np.nan, terraced((41, 29), 4, 25.0)).astype(np.float32),
-}
-
+from references import CASES, check_warm_solve, KINDS, make_store, random_dem, reference, rule_predecessors, terraced
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("kind", ["absdiff", "surface", "cell"])
@@ -116,42 +52,6 @@ def test_a_ringed_block_with_true_ring_values_reproduces_the_whole_solve(case):
     np.testing.assert_array_equal(d2[1:-1, 1:-1], dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
     np.testing.assert_array_equal(l2[1:-1, 1:-1], level[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
     np.testing.assert_array_equal(p2, pred[r0:r1, c0:c1])
-
-
-def check_warm_solve(kind: str, device: str):
-    """A sub-block solved cold for an earlier ring (distances higher on one side, another side
-    not known yet: NaN values, +inf distances) and then warm, in the same blocks, for the true
-    ring gives the whole grid's solve inside -- whose distances are scipy's."""
-    v = terraced((150, 140), 5, step=6.0)  # plateaus: levels and ties matter
-    v[np.random.default_rng(6).random(v.shape) < 0.03] = np.nan
-    steps, sources = steps_of(2.0, 3.0), [(4, 7)]
-    whole = ringed(v)
-    dist, level, pred = solve_block(whole, KINDS[kind], steps, sources)
-    np.testing.assert_array_equal(dist[1:-1, 1:-1][~np.isnan(v)],
-                                  reference(v.astype(np.float64), sources, kind, 2.0, 3.0)[~np.isnan(v)])
-    r0, r1, c0, c1 = 40, 140, 30, 130  # interior rows r0..r1-1, cols c0..c1-1 of the DEM (several GPU tiles)
-    true = [a[r0 : r1 + 2, c0 : c1 + 2].copy() for a in (whole, dist, level)]
-    early = [a.copy() for a in true]
-    early[1][0] += 5.0
-    early[0][:, -1], early[1][:, -1], early[2][:, -1] = np.nan, np.inf, NO_LEVEL
-    xp = np
-    if device == "gpu":
-        import cupy as xp
-    blocks = [xp.asarray(a) for a in early]
-    none = np.empty((0, 2), np.int64)
-    d, lv, _ = solve_block(blocks[0], KINDS[kind], steps, none, blocks[1], blocks[2], device=device)
-    blocks[1:] = [d, lv]
-    inner = d[1:-1, 1:-1].get() if xp is not np else d[1:-1, 1:-1]
-    assert (inner > dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1]).sum() > 100  # the early ring's solve is above
-    for block, new in zip(blocks, true):
-        block[0], block[-1], block[:, 0], block[:, -1] = (xp.asarray(x) for x in (new[0], new[-1], new[:, 0],
-                                                                                  new[:, -1]))
-    d, lv, p = (xp.asnumpy(a) if xp is not np else a
-                for a in solve_block(blocks[0], KINDS[kind], steps, none, blocks[1], blocks[2], device=device,
-                                     warm=True))
-    np.testing.assert_array_equal(d[1:-1, 1:-1], dist[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
-    np.testing.assert_array_equal(lv[1:-1, 1:-1], level[r0 + 1 : r1 + 1, c0 + 1 : c1 + 1])
-    np.testing.assert_array_equal(p, pred[r0:r1, c0:c1])
 
 
 @pytest.mark.parametrize("kind", ["absdiff", "surface"])
@@ -221,7 +121,7 @@ def test_store_incore_method_and_auto(tmp_path):
 
 
 def test_cost_distance_on_numpy_and_xarray():
-    import xarray as xr
+    xr = pytest.importorskip("xarray")
 
     from terrain_io.grid import cost_distance
 
@@ -243,7 +143,7 @@ def test_cost_distance_on_numpy_and_xarray():
     np.testing.assert_array_equal(dx.values, d)
     np.testing.assert_array_equal(px.values, p)
     # the cell model on a cost raster, against scikit-image
-    from skimage.graph import MCP_Geometric
+    MCP_Geometric = pytest.importorskip("skimage.graph").MCP_Geometric
 
     cost = np.abs(np.nan_to_num(v, nan=1.0)).astype(np.float64) + 0.5
     dc, _ = cost_distance(v, [src], weight="cell", cost=cost)

@@ -8,8 +8,7 @@ import pytest
 from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp._pipeline_cpu import steps_of
 from terrain_io.grid.sssp.incore import ringed, solve_block
-from test_grid_sssp import make_store, random_dem, reference
-from test_grid_sssp_incore import CASES, KINDS, check_warm_solve, rule_predecessors, terraced
+from references import CASES, check_warm_solve, KINDS, make_store, random_dem, reference, rule_predecessors, terraced
 
 pytestmark = pytest.mark.gpu
 

@@ -10,8 +10,7 @@ from click.testing import CliRunner
 from cli.main import _register, cli
 from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp.array import cost_distance
-from test_grid_sssp import DC, DR, make_store, random_dem, reference
-from test_grid_sssp_incore import terraced
+from references import DC, DR, make_store, random_dem, reference, terraced
 
 _register()
 METHODS = {"incore": {}, "shards": {"unit": 16}, "index": {"cluster": 4}}

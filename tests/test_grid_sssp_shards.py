@@ -13,8 +13,7 @@ import pytest
 
 from terrain_io.errors import InputError
 from terrain_io.grid.sssp import sssp
-from test_grid_sssp import make_store, random_dem, reference
-from test_grid_sssp_incore import CASES, rule_predecessors, terraced
+from references import CASES, make_store, random_dem, reference, rule_predecessors, terraced
 
 
 def result(st, name):

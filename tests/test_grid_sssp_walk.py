@@ -7,7 +7,7 @@ import pytest
 
 from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp.array import cost_distance
-from test_grid_sssp import check_predecessors, make_store, random_dem, reference
+from references import check_predecessors, make_store, random_dem, reference
 
 METHODS = {"incore": {}, "shards": {"unit": 16}, "index": {"cluster": 4}}
 

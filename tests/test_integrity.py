@@ -32,7 +32,7 @@ from cli.main import _register, cli
 from terrain_io.errors import DamagedStoreError, UnverifiedStoreWarning
 from terrain_io.store import TerrainStore, read_shard
 from terrain_io.synth import synth_array
-from test_reliability import tree_digest
+from references import tree_digest
 
 _register()
 
@@ -378,7 +378,7 @@ def test_plain_chunks_with_crc32c_written_directly_are_zarrs_and_checked(tmp_pat
     from zarr.codecs import Crc32cCodec
 
     from terrain_io.store import read_plain_chunk
-    from test_store import blocks_written
+    from references import blocks_written
 
     arr, want, chunks = blocks_written(tmp_path, Crc32cCodec())
     f = tmp_path / "a.zarr" / "c" / "2" / "1" / "0" / "0"

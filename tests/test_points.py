@@ -27,9 +27,8 @@ from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp.path import trace_all
 from terrain_io.points import from_coordinates, read_points, vertex_mask
 from terrain_io.store import TerrainStore
+from references import edge_w, random_dem, reference, walk_cost
 
-from test_grid_path import walk_cost
-from test_grid_sssp import edge_w, random_dem, reference
 
 pyogrio = pytest.importorskip("pyogrio")
 _register()

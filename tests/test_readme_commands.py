@@ -62,7 +62,7 @@ def _wkb_point(x, y):
 
 
 def _write_points(path, xy, crs, driver):
-    import pyogrio
+    pyogrio = pytest.importorskip("pyogrio")
 
     geometry = np.array([_wkb_point(x, y) for x, y in xy], dtype=object)
     with warnings.catch_warnings():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zarr
 
-from references import VOLATILE
+from references import tree_digest, VOLATILE
 
 pytestmark = pytest.mark.reliability
 
@@ -46,18 +46,6 @@ def run_ok(*args):
 
 def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def tree_digest(path: Path) -> str | None:
-    """A digest of every file's name and bytes under ``path`` (None when there is no such folder)."""
-    if not path.exists():
-        return None
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(path)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def snapshot(store: Path, result: str) -> dict | None:

@@ -4,7 +4,8 @@ import pytest
 import zarr
 
 from terrain_io.errors import StoreError
-from terrain_io.store import TerrainStore, Window, check_result_name, read_plain_chunk, write_block
+from terrain_io.store import TerrainStore, Window, check_result_name, read_plain_chunk
+from references import blocks_written
 
 
 def interleave(row, col):
@@ -152,22 +153,6 @@ def test_map_and_cell_coordinates_invert(tmp_path):
     x, y = st.cell_to_map(rows, cols)
     assert all(st.map_to_cell(float(a), float(b)) == (int(r), int(c))
                for a, b, r, c in zip(x.ravel()[::37], y.ravel()[::37], rows.ravel()[::37], cols.ravel()[::37]))
-
-
-def blocks_written(tmp_path, compressors):
-    """Blocks of a 4-D array written by write_block over whole and partial chunks; (array, the same
-    cells written into a numpy copy, the chunk shape), zarr's reading checked against the copy."""
-    rng = np.random.default_rng(0)
-    shape, chunks = (11, 7, 3, 3), (4, 4, 3, 3)
-    arr = zarr.create_array(tmp_path / "a.zarr", shape=shape, chunks=chunks, dtype="float32", fill_value=np.inf,
-                            compressors=compressors)
-    want = np.full(shape, np.inf, np.float32)
-    for start, size in [((0, 0), (8, 4)), ((8, 4), (3, 3)), ((8, 0), (3, 4)), ((1, 5), (2, 1)), ((0, 4), (4, 3))]:
-        block = rng.random(size + (3, 3)).astype(np.float32)
-        write_block(arr, start + (0, 0), block)
-        want[start[0] : start[0] + size[0], start[1] : start[1] + size[1]] = block
-    np.testing.assert_array_equal(arr[:], want)
-    return arr, want, chunks
 
 
 @pytest.mark.parametrize("compressed", [False, True])

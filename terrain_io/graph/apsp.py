@@ -112,13 +112,41 @@ def _initial_predecessors(D, xp):
 # Public API
 # --------------------------------------------------------------------------------------------
 
-def apsp(W, method: str = "auto", return_predecessors: bool = False, device: str | None = None,
+def apsp(W, *, method: str = "auto", return_predecessors: bool = False, device: str | None = None,
          tile: int | None = None):
-    """All-pairs shortest distances of the dense weight matrix ``W`` (n x n).
+    """All-pairs shortest distances of the dense weight matrix ``W`` (module docstring).
 
-    ``method``: ``auto`` (blocked), ``minplus``, ``floyd_warshall`` or ``blocked``; ``tile``: the
-    blocked method's tile size (default: tuned by size and device). Returns ``D`` or ``(D, pred)``
-    with ``return_predecessors``. Raises NegativeCycleError, InputError (non-square, NaN, ...).
+    Parameters
+    ----------
+    W : (n, n) array
+        Edge weights, inf (an integer matrix: the dtype's maximum) = no edge; NumPy or CuPy.
+    method : {"auto", "minplus", "floyd_warshall", "blocked"}
+        ``auto`` is ``blocked``.
+    return_predecessors : bool
+        Also return the predecessor matrix (:func:`reconstruct_path`).
+    device : {"cpu", "gpu"}, optional
+        Default: the input's.
+    tile : int, optional
+        The blocked method's tile size (default: tuned by size and device).
+
+    Returns
+    -------
+    D : (n, n) array
+        In the input's dtype (:func:`as_float_distances`: float64 with inf = unreachable).
+    pred : (n, n) array
+        Only with ``return_predecessors``.
+
+    Raises
+    ------
+    NegativeCycleError, InputError
+        A negative cycle; a matrix that is not square, NaN weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> W = np.array([[0, 1, np.inf], [np.inf, 0, 2], [1, np.inf, 0]])
+    >>> apsp(W).tolist()
+    [[0.0, 1.0, 3.0], [3.0, 0.0, 2.0], [1.0, 2.0, 0.0]]
     """
     if method not in METHODS:
         raise InputError(f"unknown APSP method {method!r}: choose one of {', '.join(METHODS)}")
@@ -137,11 +165,29 @@ def apsp(W, method: str = "auto", return_predecessors: bool = False, device: str
     return (D, P) if return_predecessors else D
 
 
-def minplus(A, B, device: str | None = None):
-    """Min-plus product ``C[i, j] = min_k A[i, k] + B[k, j]`` (A: m x k, B: k x n; inf = no path).
+def minplus(A, B, *, device: str | None = None):
+    """Min-plus product ``C[i, j] = min_k A[i, k] + B[k, j]`` (inf = no path).
 
-    Both inputs in one dtype family; integer inputs use the dtype's maximum as infinity and give
-    int32. The terrain SSSP index composes boundary-distance matrices with it.
+    The terrain SSSP index composes boundary-distance matrices with it.
+
+    Parameters
+    ----------
+    A : (m, k) array
+    B : (k, n) array
+        In one dtype family with ``A``; integer inputs use the dtype's maximum as infinity.
+    device : {"cpu", "gpu"}, optional
+        Default: the inputs'.
+
+    Returns
+    -------
+    C : (m, n) array
+        int32 for integer inputs.
+
+    Examples
+    --------
+    >>> A = np.array([[0.0, 1.0], [np.inf, 0.0]])
+    >>> minplus(A, A).tolist()
+    [[0.0, 1.0], [inf, 0.0]]
     """
     device = device_of(A, B, device=device)
     A, B = to_device(A, device), to_device(B, device)
@@ -189,7 +235,7 @@ def _broken(i, j):
     raise InputError(f"predecessor matrix holds no consistent path {i} -> {j}")
 
 
-def dense_from_edges(u, v, w, n: int, directed: bool = True, dtype=None):
+def dense_from_edges(u, v, w, n: int, *, directed: bool = True, dtype=None):
     """Dense weight matrix of an edge list (parallel edges: the lightest; no edge: inf / int max).
 
     ``dtype`` None: int32 for integer weights whose path sums fit (unit weights when ``w`` is None),
@@ -269,8 +315,9 @@ def _relax_row(D, P, S, PS, pred, i, k, a, lo, hi):
 def _relax_rows(D, i, arow, acol, S, s0, s1, lo, hi):
     """D[i, lo:hi] = min(D[i, lo:hi], min over t of arow[acol + t] + S[s0 + t, lo:hi]), t < s1 - s0.
 
-    Works on a private copy of the row segment (so the compiler sees no aliasing and vectorizes,
-    about 7x a direct in-place loop) and folds four source rows per sweep; the a-values are read
+    Works on a private copy of the row segment (so the compiler sees no aliasing and vectorizes;
+    many times a direct in-place loop: benchmarks/RESULTS.md, "Measurements behind decisions in the
+    code") and folds four source rows per sweep; the a-values are read
     before the row is written back, so the result is the plain min-plus product of the old row."""
     if hi <= lo:
         return
@@ -331,7 +378,8 @@ def _cpu_blocked_round(D, P, pred, k0, k1):
 
 
 def _cpu_tile(n: int) -> int:
-    """128 (measured best on 2 cores at n = 1024..2048 for float32 and float64), smaller for tiny n."""
+    """128 (the best tile on 2 cores for float32 and float64: benchmarks/RESULTS.md, "Measurements behind
+    decisions in the code"), smaller for tiny n."""
     return min(128, max(32, n))
 
 

@@ -39,7 +39,7 @@ METHODS = ("auto", "frontier", "naive")
 ALPHA, BETA = 14, 24   # Beamer et al.'s switching thresholds
 WARP_DEGREE = 32       # GPU top-down: a warp per frontier vertex when their mean degree reaches this
                        # and no vertex has more than 4x the mean (skewed frontiers, e.g. R-MAT, would
-                       # leave one warp with a huge list: measured 2.5x slower there)
+                       # leave one warp with a huge list: slower there, benchmarks/RESULTS.md "BFS")
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -197,11 +197,41 @@ def _gpu_naive(u, v, source, depth, parent):
 # ---------------------------------------------------------------------------------------------- API
 
 
-def bfs(graph, source: int, method: str = "auto", directed: bool = True, device: str | None = None,
+def bfs(graph, source: int, *, method: str = "auto", directed: bool = True, device: str | None = None,
         return_info: bool = False):
-    """``(depth, parent)`` of a breadth-first search from ``source`` (module docstring).
+    """Breadth-first search from ``source`` (module docstring).
 
-    ``return_info=True`` adds a dict: levels, bottom-up levels, adjacency entries inspected, method.
+    Parameters
+    ----------
+    graph : EdgeList, (indptr, indices), CSR graph or sparse matrix
+        NumPy or CuPy.
+    source : int
+        The start vertex.
+    method : {"auto", "frontier", "naive"}
+        Direction-optimising frontier BFS (``auto``), top-down frontier only, or the every-edge
+        baseline.
+    directed : bool
+        Follow edges u -> v only (as scipy.sparse.csgraph); False: both ways.
+    device : {"cpu", "gpu"}, optional
+        Default: the input's.
+    return_info : bool
+        Also return a dict: levels, bottom-up levels, adjacency entries inspected, method.
+
+    Returns
+    -------
+    depth : 1-D array
+        Edges from ``source``; -1 unreached.
+    parent : 1-D array
+        The vertex each was reached from; -1 at the source and unreached vertices.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from terrain_io.graph.io import EdgeList
+    >>> cycle = EdgeList(np.array([0, 1, 2]), np.array([1, 2, 0]), None, 3)  # 0 -> 1 -> 2 -> 0
+    >>> depth, parent = bfs(cycle, 1)
+    >>> depth.tolist(), parent.tolist()
+    ([2, 0, 1], [2, -1, 1])
     """
     if method not in METHODS:
         raise InputError(f"unknown BFS method {method!r}: choose one of {', '.join(METHODS)}")

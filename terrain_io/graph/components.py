@@ -104,10 +104,33 @@ def _launch(name, dtype, count, args):
 # ---------------------------------------------------------------------------------------------- API
 
 
-def connected_components(graph, method: str = "auto", device: str | None = None, return_info: bool = False):
-    """``(n_components, labels)`` of ``graph`` (module docstring); labels = smallest id per component.
+def connected_components(graph, *, method: str = "auto", device: str | None = None, return_info: bool = False):
+    """Connected components of an undirected graph (module docstring).
 
-    ``return_info=True`` adds a dict with the method used and the SV round count.
+    Parameters
+    ----------
+    graph : EdgeList, (indptr, indices), CSR graph or sparse matrix
+        NumPy or CuPy; the edges are read both ways.
+    method : {"auto", "union_find", "sv"}
+        ECL-CC-style union-find (``auto``) or Shiloach-Vishkin hooking and pointer jumping.
+    device : {"cpu", "gpu"}, optional
+        Default: the input's.
+    return_info : bool
+        Also return a dict with the method used and the SV round count.
+
+    Returns
+    -------
+    n_components : int
+    labels : 1-D array
+        The smallest vertex id of each vertex's component.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from terrain_io.graph.io import EdgeList
+    >>> n, labels = connected_components(EdgeList(np.array([0, 3]), np.array([1, 4]), None, 5))
+    >>> n, labels.tolist()
+    (3, [0, 0, 2, 3, 3])
     """
     if method not in METHODS:
         raise InputError(f"unknown components method {method!r}: choose one of {', '.join(METHODS)}")

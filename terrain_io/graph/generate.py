@@ -81,7 +81,7 @@ def _cuts(n: int, pieces: int, rng: _Rng):
     return np.concatenate([[0], rng.choice(n, pieces - 1)]).astype(np.int64)
 
 
-def random_list(n: int, n_lists: int = 1, seed: int = 0, ordered: bool = False, device: str = "cpu"):
+def random_list(n: int, n_lists: int = 1, *, seed: int = 0, ordered: bool = False, device: str = "cpu"):
     """Successor array of ``n_lists`` linked lists covering ``0 .. n-1`` (``-1`` marks each tail).
 
     Random lists visit the elements in a random permutation (the paper's "random list", figure 1b);
@@ -98,12 +98,12 @@ def random_list(n: int, n_lists: int = 1, seed: int = 0, ordered: bool = False, 
     return succ
 
 
-def ordered_list(n: int, n_lists: int = 1, seed: int = 0, device: str = "cpu"):
+def ordered_list(n: int, n_lists: int = 1, *, seed: int = 0, device: str = "cpu"):
     """``random_list(..., ordered=True)``: element ``i`` is followed by ``i + 1``."""
-    return random_list(n, n_lists, seed, ordered=True, device=device)
+    return random_list(n, n_lists, seed=seed, ordered=True, device=device)
 
 
-def list_graph(n: int, n_lists: int = 1, seed: int = 0, device: str = "cpu") -> EdgeList:
+def list_graph(n: int, n_lists: int = 1, *, seed: int = 0, device: str = "cpu") -> EdgeList:
     """Undirected graph of ``n_lists`` random paths over ``n`` vertices (``n - n_lists`` edges)."""
     rng, xp, idt = _setup(n, seed, device)
     order = rng.permutation(n, idt)
@@ -113,7 +113,7 @@ def list_graph(n: int, n_lists: int = 1, seed: int = 0, device: str = "cpu") -> 
     return EdgeList(order[:-1][keep], order[1:][keep], None, n)
 
 
-def kary_tree(n: int, k: int = 2, n_trees: int = 1, seed: int = 0, device: str = "cpu") -> EdgeList:
+def kary_tree(n: int, k: int = 2, n_trees: int = 1, *, seed: int = 0, device: str = "cpu") -> EdgeList:
     """``n_trees`` complete ``k``-ary trees over ``n`` randomly labelled vertices (edges child-parent)."""
     if k < 1:
         raise InputError(f"tree degree k must be >= 1, got {k}")
@@ -128,7 +128,7 @@ def kary_tree(n: int, k: int = 2, n_trees: int = 1, seed: int = 0, device: str =
     return EdgeList(order[child], order[parent_pos[child]], None, n)
 
 
-def random_graph(n: int, m: int | None = None, density: float | None = None, seed: int = 0,
+def random_graph(n: int, m: int | None = None, *, density: float | None = None, seed: int = 0,
                  device: str = "cpu") -> EdgeList:
     """Uniform random graph: ``m`` edges with independent uniform endpoints (self-loops and
     duplicates possible, as in Yogaratnam 2010's generator). ``density`` instead of ``m``: its
@@ -148,7 +148,7 @@ def thesis_graph_vertices(m: int, density: float) -> int:
     return max(1, int(round(math.sqrt(m / (2 * density)))))
 
 
-def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c: float = 0.19,
+def rmat(scale: int, edge_factor: int = 16, *, a: float = 0.57, b: float = 0.19, c: float = 0.19,
          seed: int = 0, permute: bool = True, device: str = "cpu") -> EdgeList:
     """R-MAT graph (Chakrabarti et al.) with ``2**scale`` vertices and ``edge_factor * 2**scale`` edges.
 
@@ -177,7 +177,7 @@ def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c:
     return EdgeList(u, v, None, n)
 
 
-def grid_2d(rows: int, cols: int, diagonals: bool = False, device: str = "cpu") -> EdgeList:
+def grid_2d(rows: int, cols: int, *, diagonals: bool = False, device: str = "cpu") -> EdgeList:
     """Grid graph of ``rows x cols`` vertices (id = row * cols + col), 4- or 8-neighbour edges."""
     if rows < 0 or cols < 0:
         raise InputError("grid dimensions must be non-negative")
@@ -194,7 +194,7 @@ def grid_2d(rows: int, cols: int, diagonals: bool = False, device: str = "cpu") 
     return EdgeList(u, v, None, n)
 
 
-def bfs_project_graph(n: int, density: float = 0.25, max_degree: float = 1.0, seed: int = 0,
+def bfs_project_graph(n: int, *, density: float = 0.25, max_degree: float = 1.0, seed: int = 0,
                       device: str = "cpu", rows_per_chunk: int | None = None) -> EdgeList:
     """Directed graph of the BFS project's ``initGraph`` (Padamata & Raveendran 2013, "Breadth First Search").
 

@@ -531,25 +531,69 @@ def _prefix(succ, values, op: int, origin: str, method: str, stride, check: bool
     return out, nxt, prv
 
 
-def list_rank(succ, method: str = "auto", origin: str = "head", stride=None, check: bool = True,
+def list_rank(succ, *, method: str = "auto", origin: str = "head", stride=None, check: bool = True,
               device: str | None = None):
-    """Rank of every element of the lists in ``succ`` (module docstring): its position from the head
-    (``origin="head"``, head = 0) or its distance to the tail (``origin="tail"``, tail = 0).
+    """Rank of every element of the lists in ``succ`` (module docstring).
 
-    ``method``: "auto" (= "recursive_hj"), "recursive_hj", "helman_jaja", "wyllie", "sequential".
-    ``stride``: elements per splitter (int or callable n -> int) for the Helman-JaJa methods.
-    ``check=False`` skips the validation pass (the caller guarantees a well-formed forest of lists).
-    The result is on the input's device unless ``device`` is given.
+    Parameters
+    ----------
+    succ : 1-D integer array
+        The successor of each element; -1 at a tail (NumPy or CuPy).
+    method : {"auto", "recursive_hj", "helman_jaja", "wyllie", "sequential"}
+        ``auto`` is ``recursive_hj``.
+    origin : {"head", "tail"}
+        The position from the head (head = 0) or the distance to the tail (tail = 0).
+    stride : int or callable, optional
+        Elements per splitter (int or n -> int) for the Helman-JaJa methods.
+    check : bool
+        False skips the validation pass (the caller guarantees a well-formed forest of lists).
+    device : {"cpu", "gpu"}, optional
+        Default: the input's.
+
+    Returns
+    -------
+    ranks : 1-D int64 array
+        On the input's device unless ``device`` is given.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> list_rank(np.array([2, -1, 1])).tolist()  # the list 0 -> 2 -> 1
+    [0, 2, 1]
     """
     out, _, _ = _prefix(succ, None, 0, origin, method, stride, check, device)
     return out - out.dtype.type(1)
 
 
-def list_scan(succ, values, op: str = "sum", exclusive: bool = False, origin: str = "head",
+def list_scan(succ, values, op: str = "sum", *, exclusive: bool = False, origin: str = "head",
               method: str = "auto", stride=None, check: bool = True, device: str | None = None):
-    """Prefix ``op`` ("sum", "min", "max") of ``values`` along every list of ``succ``, from the head
-    (``origin="head"``) or from the tail; inclusive unless ``exclusive`` (then the head's entry is
-    the identity: 0, +inf / max int for "min", -inf / min int for "max")."""
+    """Prefix ``op`` of ``values`` along every list of ``succ`` (module docstring).
+
+    Parameters
+    ----------
+    succ : 1-D integer array
+        The successor of each element; -1 at a tail (NumPy or CuPy).
+    values : 1-D array
+        One value per element.
+    op : {"sum", "min", "max"}
+    exclusive : bool
+        Leave each element's own value out: the head's entry is then the identity (0; +inf or the
+        dtype's maximum for "min"; -inf or its minimum for "max").
+    origin : {"head", "tail"}
+        Scan from the head or from the tail.
+    method, stride, check, device
+        As :func:`list_rank`.
+
+    Returns
+    -------
+    scanned : 1-D array
+        On the input's device unless ``device`` is given.
+
+    Examples
+    --------
+    >>> list_scan(np.array([2, -1, 1]), np.array([1, 10, 100])).tolist()  # the list 0 -> 2 -> 1
+    [1, 111, 101]
+    """
     if op not in OPS:
         raise InputError(f"unknown scan op {op!r}: choose one of {', '.join(OPS)}")
     code = OPS[op]

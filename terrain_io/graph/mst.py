@@ -48,16 +48,38 @@ class SpanningForest:
     n: int
 
 
-def minimum_spanning_forest(edges, n: int | None = None, method: str = "auto", device: str | None = None,
+def minimum_spanning_forest(edges, n: int | None = None, *, method: str = "auto", device: str | None = None,
                             threshold: int | None = None) -> SpanningForest:
     """Minimum spanning forest of an undirected edge list.
 
-    ``edges``: an :class:`EdgeList` or a tuple ``(u, v, w)`` of 1-D arrays (NumPy or CuPy; ``w``
-    may be None = unit weights). ``n``: vertex count (default: largest id + 1). ``method``:
-    ``auto`` (GPU: boruvka, or filter_kruskal past 256 edges per vertex; CPU: filter_kruskal),
-    ``kruskal``, ``filter_kruskal`` or ``boruvka``.
-    ``threshold``: Filter-Kruskal's size below which a part goes to plain Kruskal.
-    Self-loops never enter the forest; parallel edges are fine.
+    Parameters
+    ----------
+    edges : EdgeList or (u, v, w)
+        1-D arrays (NumPy or CuPy); ``w`` may be None (unit weights). Self-loops never enter the
+        forest; parallel edges are fine.
+    n : int, optional
+        The vertex count (default: largest id + 1).
+    method : {"auto", "kruskal", "filter_kruskal", "boruvka"}
+        ``auto``: on the GPU Borůvka, or Filter-Kruskal past 256 edges per vertex; on the CPU
+        Filter-Kruskal. Ties are broken by (w, min id, max id), so every method and device gives
+        the same forest.
+    device : {"cpu", "gpu"}, optional
+        Default: the input's.
+    threshold : int, optional
+        Filter-Kruskal's size below which a part goes to plain Kruskal.
+
+    Returns
+    -------
+    SpanningForest
+        The forest's edge indices (``.edges``), its weight and number of trees.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> u, v, w = np.array([0, 1, 0, 3]), np.array([1, 2, 2, 4]), np.array([1.0, 2.0, 3.0, 1.0])
+    >>> forest = minimum_spanning_forest((u, v, w))
+    >>> sorted(forest.edges.tolist()), forest.weight, forest.trees
+    ([0, 1, 3], 4.0, 2)
     """
     if method not in METHODS:
         raise InputError(f"unknown MST method {method!r}: choose one of {', '.join(METHODS)}")
@@ -264,7 +286,9 @@ def _cpu_filter_kruskal(w, lo, hi, n, threshold, filtering=True):
     complete)."""
     ids = np.flatnonzero(lo != hi)
     w, lo, hi = w[ids], lo[ids], hi[ids]
-    leaf = threshold or max(1 << 16, n // 2)  # measured: n/2..n best on sparse graphs (2 cores)
+    # Parts of n/2 .. n edges are the best leaves on sparse graphs (benchmarks/RESULTS.md, "Measurements
+    # behind decisions in the code").
+    leaf = threshold or max(1 << 16, n // 2)
     parent = np.arange(n, dtype=lo.dtype)
     size = np.ones(n, dtype=np.int64)
     out = np.empty(max(n - 1, 0), dtype=np.int64)

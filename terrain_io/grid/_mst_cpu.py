@@ -390,7 +390,8 @@ def max_tile_work(threads, side):
     """Scratch of :func:`tile_forest_max` for ``threads`` threads and tiles up to ``side`` square, as a
     tuple of arrays with a row per thread (~33 bytes a cell): order, parent, term, out on the bordered
     tile, then keys, ids and the radix sort's two. Reused tile after tile: fresh pages for every tile
-    cost page faults (the tile phase on 2 threads went from 2.8 to 1.4 ms a tile)."""
+    cost page faults that doubled the tile phase (benchmarks/RESULTS.md, "Issue #16: the tile Kruskal of
+    the max model")."""
     b = (side + 2) * (side + 2)
     n = side * side
     return (np.empty((threads, b), dtype=np.int64), np.empty((threads, b), dtype=np.int32),

@@ -192,14 +192,39 @@ def _basins_fit(leaves: int, budget: int, planned: int, done: int, total: int) -
                          f"{format_bytes(least)} or more)")
 
 
-def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
+def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
                 batch_tiles: int | None = None, held: bool | None = None) -> DepressionsResult:
-    """The depression hierarchy of the DEM in ``store`` (a TerrainStore or a path): writes
-    ``depressions/basin`` (uint32 leaf id per cell, 0: none) and returns the tree (module docstring).
+    """The depression hierarchy of the DEM in ``store`` (Barnes, Callaghan & Wickert 2020; module
+    docstring); writes ``depressions/basin`` (uint32 leaf id per cell, 0: none).
 
-    ``outlets``: ``edge+nodata`` or ``edge`` (as :func:`.fill.fill`); ``memory``: the budget for the
-    per-cell work (default half the free RAM); ``batch_tiles``/``held``: force the batch side /
-    holding the DEM (tests, benchmarks).
+    Parameters
+    ----------
+    store : TerrainStore or path
+        The DEM store.
+    outlets : {"edge+nodata", "edge"}
+        As :func:`.fill.fill`.
+    device : {"auto", "cpu"}
+        CPU only for now (``"gpu"`` is a DeviceError).
+    memory : str or int, optional
+        The budget for the per-cell work, such as ``"2GB"`` (default: half the free RAM).
+    progress : bool
+        Show progress bars.
+    batch_tiles, held : optional
+        Force the batch side / holding the DEM (tests, benchmarks).
+
+    Returns
+    -------
+    DepressionsResult
+        Leaves, merges, roots and filled volume of the tree, and phase times.
+
+    Examples
+    --------
+    >>> from tempfile import mkdtemp
+    >>> from terrain_io.store import TerrainStore
+    >>> st = TerrainStore.from_array(mkdtemp() + "/pit.zarr", np.array([[3.0, 3, 3], [3, 1, 3], [3, 2, 3]]))
+    >>> res = depressions(st, progress=False)
+    >>> res.leaves, res.roots
+    (1, 1)
     """
     timings = Timings()
     return_freed_memory_to_os()

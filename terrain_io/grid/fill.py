@@ -286,20 +286,51 @@ def _lakes_fit(lakes: _Lakes, budget: int, planned: int, done: int, total: int) 
                          f"(raise --memory to about {format_bytes(least)} or more)")
 
 
-def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
+def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
          scheduler: str | None = "local", batch_tiles: int | None = None, held: bool | None = None,
          announce=None) -> FillResult:
-    """Fill the depressions of the DEM in ``store`` (a TerrainStore or a path); writes
-    ``fill/elevation`` (the DEM's dtype), ``fill/depth`` (F - h, float32) and ``fill/depression``
-    (uint32 lake id, 0 outside lakes) and returns the result with its depression table.
+    """Fill the depressions of the DEM in ``store``: exact Priority-Flood levels, out of core.
 
-    ``outlets``: ``edge+nodata`` (cells on the DEM's edge or next to nodata drain out) or ``edge``
-    (only the DEM's edge; nodata cells are walls); ``device``: ``auto|cpu|gpu`` (module
-    docstring); ``memory``: the budget (default half the free RAM); ``scheduler``: where the CPU
-    pipeline's tiled plan runs its batches (:func:`terrain_io.parallel.map_shards`: ``local``, Dask
-    ``threads`` / ``processes`` or a dask.distributed address; tasks of whole shards, phases 1 and
-    3, the floods not held; ``announce`` gets a cluster's dashboard address); ``batch_tiles``/
-    ``held``: force the CPU pipeline's batch side / holding the floods (tests, benchmarks).
+    Writes ``fill/elevation`` (the DEM's dtype), ``fill/depth`` (F - h, float32) and
+    ``fill/depression`` (uint32 lake id, 0 outside lakes).
+
+    Parameters
+    ----------
+    store : TerrainStore or path
+        The DEM store.
+    outlets : {"edge+nodata", "edge"}
+        Cells on the DEM's edge or next to nodata drain out, or only the DEM's edge (nodata cells
+        are then walls).
+    device : {"auto", "cpu", "gpu"}
+    memory : str or int, optional
+        The budget, such as ``"2GB"`` (default: half the free RAM).
+    progress : bool
+        Show progress bars.
+    scheduler : str
+        Where the CPU pipeline's tiled plan runs its batches (:func:`terrain_io.parallel.map_shards`:
+        ``local``, Dask ``threads`` / ``processes`` or a dask.distributed address; tasks of whole
+        shards, phases 1 and 3, the floods not held).
+    batch_tiles, held : optional
+        Force the CPU pipeline's batch side / holding the floods (tests, benchmarks).
+    announce : callable, optional
+        Gets a cluster's dashboard address.
+
+    Returns
+    -------
+    FillResult
+        Depressions, filled cells and volume, phase times, and the depression table (``.table``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from terrain_io.store import TerrainStore
+    >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
+    >>> st = TerrainStore.from_array(tempfile.mkdtemp() + "/dem.zarr", dem)
+    >>> res = fill(st, progress=False)
+    >>> res.depressions, res.filled_cells
+    (1, 3)
+    >>> st.group["fill/depth"][1:4, 1:3].tolist()  # spilling over the edge cell of elevation 4
+    [[3.0, 2.0], [0.0, 1.0], [0.0, 0.0]]
     """
     timings = Timings()
     return_freed_memory_to_os()
@@ -606,7 +637,7 @@ def _relabel_and_spill(store, batches: list[Batch], starts, final, spill, dep_ar
             spills_to[sel] = got
 
 
-def fill_array(values: np.ndarray, outlets: str = "edge+nodata", nodata=None, tile: int = 64,
+def fill_array(values: np.ndarray, *, outlets: str = "edge+nodata", nodata=None, tile: int = 64,
                workdir=None) -> tuple[np.ndarray, FillResult]:
     """Fill an in-memory DEM (NaN or ``nodata`` = no vertex): the filled array and the result (a
     temporary store under ``workdir``; for tests and small arrays)."""

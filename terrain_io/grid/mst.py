@@ -403,11 +403,12 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     """
     rows, cols = store.shape
     span_shard = store.shard_size * store.tile_size
-    workers = max(1, min(4, os.cpu_count() or 1))  # whole-shard writes plateau from 4 threads on (H100 host: 0.43 s
-    # for 64 shards with 4, 0.48-0.58 s with 8, 0.6-0.74 s with 16); decoding, deciding, counting are cheaper
-    # as many as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks
-    # encoded and the shard file joined, ~8 bytes a cell a thread (measured: +4 MiB with two threads
-    # of 512^2 shards)
+    # Whole-shard writes are fastest at 4 threads, slower with more (benchmarks/RESULTS.md, "Issue #16: the tile
+    # Kruskal of the max model", its writer-threads table); decoding, deciding, counting are cheaper. As many
+    # as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks encoded and the
+    # shard file joined, ~8 bytes a cell a thread (benchmarks/RESULTS.md, "Measurements behind decisions in
+    # the code").
+    workers = max(1, min(4, os.cpu_count() or 1))
     shard_cells = min(span_shard, rows) * min(span_shard, cols)
     decisions = 8 * sum(len(c) for c in decided)
     workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
@@ -448,16 +449,48 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     return n_edges
 
 
-def mst(store, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
+def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
         batch_tiles: int | None = None, scheduler: str | None = "local", announce=None,
         gpu_contract: bool = True) -> MSTResult:
-    """Minimum spanning forest of the DEM in ``store`` (a TerrainStore or a path); writes ``mst/edges``.
+    """Minimum spanning forest of the DEM in ``store``; writes ``mst/edges``.
 
-    ``weight``: an edge-weight model name (``max`` or ``absdiff``, see terrain_io.weights);
-    ``device``: ``auto|cpu|gpu``; ``memory``: the budget (``"2GB"``; default half the free RAM);
-    ``batch_tiles``: force the batch side in tiles (a power of two <= the shard size);
-    ``gpu_contract``: on the GPU, contract the tile forests there too (default; False: the numba
-    contraction on the CPU, as before -- for benchmarks and tests, same result).
+    Parameters
+    ----------
+    store : TerrainStore or path
+        The DEM store.
+    weight : {"max", "absdiff"}
+        The edge-weight model (terrain_io.weights): max(h_i, h_j) or |h_i - h_j|.
+    device : {"auto", "cpu", "gpu"}
+    memory : str or int, optional
+        The budget, such as ``"2GB"`` (default: half the free RAM).
+    progress : bool
+        Show progress bars.
+    batch_tiles : int, optional
+        Force the batch side in tiles (a power of two <= the shard size).
+    scheduler : str
+        Where the batches run (terrain_io.parallel): ``local``, Dask ``threads``/``processes`` or a
+        scheduler address.
+    announce : callable, optional
+        Gets one-line notes (a Dask dashboard's address).
+    gpu_contract : bool
+        On the GPU, contract the tile forests there too (default; False: the numba contraction on
+        the CPU -- for benchmarks and tests, same result).
+
+    Returns
+    -------
+    MSTResult
+        Edges, trees and total weight (exact as a fraction too) of the forest, and phase times. The
+        store holds ``mst/edges``: a uint8 bitmask per cell (bit k: the edge to the neighbour in
+        direction k = 0 E, 1 SE, 2 S, 3 SW); nodata cells are not vertices.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from terrain_io.store import TerrainStore
+    >>> st = TerrainStore.from_array(tempfile.mkdtemp() + "/dem.zarr", np.arange(16.0).reshape(4, 4))
+    >>> res = mst(st, progress=False)
+    >>> res.edges, res.trees
+    (15, 1)
     """
     timings = Timings(read=0.0, gpu=0.0, wait=0.0, tile=0.0, write=0.0)
     return_freed_memory_to_os()

@@ -11,7 +11,7 @@ the DEM) and their distances and plateau levels are given, fixed, and only flow 
   keyed by the distances' bits (absdiff, costs with zeros) or the 4-ary heap of ``_heap_cpu`` (walk),
   with a FIFO for zero weights. The 4-ary heap also holds the seeds, and is the tests' reference.
   The three queues' loops each spell out the relaxation of a popped cell's neighbours: the same
-  lines as an inlined helper (it takes the arrays) made each loop ~1.7x slower (measured).
+  lines as an inlined helper (it takes the arrays) made each loop slower (benchmarks/RESULTS.md, "Measurements behind decisions in the code").
 * :func:`plateau_levels` -- the plateau level of every interior cell: 0 where a tight parent is
   strictly nearer (or at a source), else 1 + the least level of its tight parents (which all
   lie at the same distance): a breadth-first search over equal-distance plateaus.
@@ -56,16 +56,17 @@ def solve_distances(vals, h, w, kind, steps, dist, warm=False, limit=np.inf, mar
     and the work follows the area reached.
     ``mark`` (uint8, the block's shape, flat; warm only): set to 1 at every cell whose distance falls
     (:func:`affected_cells` starts from them).
-    ``buckets``: Dial's buckets where the weight model allows (:func:`_bucket_width`; about twice
-    as fast as the 4-ary heap), else for absdiff and costs with no positive floor a radix heap
-    (~1.25x; walk's weights span so many binades that its entries move through many buckets: the
-    4-ary heap was 1.4x faster there); False: the 4-ary heap. The same distances either way (each
-    is label-correcting: a cell improved after its pop is pushed again).
+    ``buckets``: Dial's buckets where the weight model allows (:func:`_bucket_width`; the fastest
+    queue), else for absdiff and costs with no positive floor a radix heap (faster than the 4-ary
+    heap there; walk's weights span so many binades that its entries move through many buckets, and
+    the 4-ary heap is faster for it): benchmarks/RESULTS.md, "2-core VM, first source: Dial's
+    buckets, a radix heap, ..."; False: the 4-ary heap. The same distances either way (each is
+    label-correcting: a cell improved after its pop is pushed again).
 
     A Python function in front of one compiled entry point per queue, so that a run compiles only
     the queue it uses (each is seconds of numba compilation). ``mark`` stays None or an array: with
     None numba drops the marking from the loops (an empty array and a test in the loop instead made
-    the bucket queue's loop ~8% slower), at the price of a second build of a queue for the warm
+    the bucket queue's loop slower (benchmarks/RESULTS.md, "Measurements behind decisions in the code")), at the price of a second build of a queue for the warm
     re-solves of the shard method.
     """
     warm, limit = bool(warm), float(limit)
@@ -178,8 +179,8 @@ def _bucket_push(head, item, nxt, state, v, slot):
 @numba.njit(cache=True)
 def _run_radix(vals, kind, steps, dist, off, limit, warm, mark, hk, hv, n):
     """Dijkstra on a radix heap from the heap (hk, hv) of n seeds, with a FIFO for zero weights;
-    returns the pops. See :func:`_settle_radix`. (Distances alone, one core: absdiff 1024^2 170 ->
-    130 ms, 2048^2 805 -> 642 ms, 4096^2 4.12 -> 3.79 s against the 4-ary heap.)"""
+    returns the pops. See :func:`_settle_radix`. (Faster than the 4-ary heap for absdiff: benchmarks/
+    RESULTS.md, "2-core VM, first source: Dial's buckets, a radix heap, ...".)"""
     cap = 1024
     while cap < n + 16:
         cap *= 2

@@ -17,25 +17,56 @@ from .allocation import allocate_block, allocate_gpu
 from .incore import ringed, solve_block
 
 
-def cost_distance(dem, sources, weight: str = "absdiff", cost=None, cell_size=None, nodata=None,
+def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size=None, nodata=None,
                   device: str | None = None, max_cost: float | None = None, allocation: bool = False):
     """Distance to the nearest source and the predecessor code of every cell of a 2-D raster.
 
-    ``dem``: a NumPy or CuPy array, or an xarray DataArray of them (dims (y, x)); NaN, or the value
-    ``nodata``, marks cells that are not vertices. ``sources``: (row, col) cells -- one pair or a
-    list -- or a raster of the DEM's shape whose non-zero cells are sources (xarray-spatial's
-    convention). ``weight``: ``absdiff`` |dh|, ``surface`` sqrt(step^2 + dh^2), or ``cell``
-    (c_i + c_j) / 2 * step over ``cost`` (a raster of the DEM's shape; NaN, negative or infinite
-    costs are barriers). ``cell_size``: (dx, dy) for the steps; default from a DataArray's x/y
-    coordinates, else 1. ``device``: ``cpu|gpu``, default the input's (CuPy -> GPU). ``walk``:
-    seconds by Tobler's hiking function (directed), times the mean friction of the two cells when
-    ``cost`` is given (elevations then taken as float32). ``max_cost``: cells farther stay unreached.
+    Parameters
+    ----------
+    dem : array or xarray.DataArray
+        A NumPy or CuPy array, or a DataArray of one (dims (y, x)); NaN, or the value ``nodata``,
+        marks cells that are not vertices.
+    sources : pair, list of pairs or array
+        (row, col) cells -- one pair or a list -- or a raster of the DEM's shape whose non-zero
+        cells are sources (xarray-spatial's convention).
+    weight : {"absdiff", "surface", "cell", "walk"}
+        ``absdiff`` |dh|, ``surface`` sqrt(step^2 + dh^2), ``cell`` (c_i + c_j) / 2 * step over
+        ``cost``, ``walk`` seconds by Tobler's hiking function (directed), times the mean friction
+        of the two cells when ``cost`` is given (elevations then taken as float32).
+    cost : array, optional
+        A raster of the DEM's shape; NaN, negative or infinite costs are barriers.
+    cell_size : (dx, dy), optional
+        The steps; default from a DataArray's x/y coordinates, else 1.
+    nodata : number, optional
+        The value of cells that are not vertices.
+    device : {"cpu", "gpu"}, optional
+        Default: the input's (CuPy -> GPU).
+    max_cost : float, optional
+        Cells farther stay unreached.
+    allocation : bool
+        Also return the nearest source's number.
 
-    Returns ``(distance, predecessor)``: float32 (+inf unreached, NaN where no vertex) and uint8
-    direction codes of the parent (0=E, 1=SE, ..., 7=NE; 255 at sources and unreached cells),
+    Returns
+    -------
+    distance : array
+        float32, +inf unreached, NaN where no vertex.
+    predecessor : array
+        uint8 direction code of the parent (0=E, 1=SE, ..., 7=NE; 255 at sources and unreached).
+    source : array
+        Only with ``allocation``: uint32, the number of the nearest source (1, 2, ... in the order
+        given, or of a source raster's cells in row-major order; 0 unreached), as :mod:`.allocation`.
+
     NumPy or CuPy like the input, or DataArrays with the input's coordinates and attributes.
-    With ``allocation``, a third: uint32, the number of the nearest source (1, 2, ... in the order
-    given, or of a source raster's cells in row-major order; 0 unreached), as :mod:`.allocation`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> dem = np.array([[0, 1, 3], [9, 9, 9]], dtype=np.float32)
+    >>> distance, predecessor = cost_distance(dem, (0, 0))
+    >>> distance.tolist()
+    [[0.0, 1.0, 3.0], [9.0, 9.0, 9.0]]
+    >>> predecessor[0].tolist()  # 255 at the source; 4: the parent is west
+    [255, 4, 4]
     """
     model = weight_models.sssp_model(weight)
     template = dem if _is_dataarray(dem) else None

@@ -89,29 +89,78 @@ def choose_method(method: str, store: TerrainStore, field: Field, device: str, b
     return "shards"
 
 
-def sssp(store, sources, weight: str = "absdiff", name: str | None = None, device: str = "auto",
+def sssp(store, sources, *, weight: str = "absdiff", name: str | None = None, device: str = "auto",
          memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
          rebuild_index: bool = False, scheduler: str | None = "local", announce=None,
          method: str = "auto", unit: int | None = None, sources_crs=None, skip_invalid: bool = False,
          max_cost: float | None = None, allocation: bool = False) -> SSSPResult:
     """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
 
-    ``sources``: (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list
-    (several sources give the distance to the nearest); or a file of points (GeoJSON, GeoPackage,
-    Shapefile, CSV: reprojected from their CRS or ``sources_crs``, which also names the CRS of
-    (x, y) pairs), a raster aligned with the DEM
-    or the name of a store array (non-zero cells), see :mod:`terrain_io.points`; ``skip_invalid``
-    leaves out sources off the DEM or on nodata instead of refusing them. ``weight``: ``absdiff`` (default),
-    ``surface`` or ``cell`` (with ``cost``: a store array name or a raster file aligned with the
-    DEM). ``memory``: budget such as ``"2GB"`` (default: half the free RAM). ``method``:
-    ``auto|incore|shards|index`` (module docstring); ``scheduler`` runs the shard method's unit
-    solves or the index method's tile phases as Dask tasks (terrain_io.parallel); ``unit`` sets the
-    shard method's unit side in cells (default: from the budget); ``cluster`` and
-    ``rebuild_index`` apply to the index method (``auto`` takes it when they are asked for).
-    ``max_cost``: cells farther than it stay unreached (+inf), the others get the values of a run
-    without it; the in-core and shard methods then only do the work of the area reached.
-    ``allocation``: also write ``sssp/NAME/source``, the nearest source's number (1, 2, ... in
-    the order given; 0 unreached) -- the root of each cell's predecessor chain (:mod:`.allocation`).
+    Parameters
+    ----------
+    store : TerrainStore or path
+        The DEM store.
+    sources : pair, list of pairs, path or str
+        (x, y) map coordinates, or (row, col) cells with ``cell=True``; one pair or a list (several
+        sources give the distance to the nearest); or a file of points (GeoJSON, GeoPackage,
+        Shapefile, CSV), a raster aligned with the DEM or the name of a store array (non-zero cells);
+        see :mod:`terrain_io.points`.
+    weight : {"absdiff", "surface", "cell", "walk"}
+        The edge-weight model (terrain_io.weights); ``cell`` and a friction for ``walk`` read ``cost``.
+    name : str, optional
+        The result's name, ``sssp/NAME`` (default: from the first source's cell).
+    device : {"auto", "cpu", "gpu"}
+    memory : str or int, optional
+        The budget, such as ``"2GB"`` (default: half the free RAM).
+    progress : bool
+        Show progress bars.
+    cost : str or path, optional
+        A store array name or a raster file aligned with the DEM.
+    cell : bool
+        ``sources`` pairs are (row, col) cells.
+    cluster : int, optional
+        The index method's cluster side in cells.
+    rebuild_index : bool
+        Rebuild the stored boundary index (``method="auto"`` then takes the index method, as with
+        ``cluster``).
+    scheduler : str
+        Where the shard method's unit solves or the index method's tile phases run
+        (terrain_io.parallel): ``local``, Dask ``threads``/``processes`` or a scheduler address.
+    announce : callable, optional
+        Gets one-line notes (a Dask dashboard's address).
+    method : {"auto", "incore", "shards", "index"}
+        See the module docstring; every method gives the same result.
+    unit : int, optional
+        The shard method's unit side in cells (default: from the budget).
+    sources_crs : str, optional
+        The CRS of the source points (default: a file's own, else the DEM's).
+    skip_invalid : bool
+        Leave out sources off the DEM or on nodata instead of refusing them.
+    max_cost : float, optional
+        Cells farther stay unreached (+inf); the others get the values of a run without it, and the
+        in-core and shard methods only do the work of the area reached.
+    allocation : bool
+        Also write ``sssp/NAME/source``: the nearest source's number (1, 2, ... in the order given; 0
+        unreached), the root of each cell's predecessor chain (:mod:`.allocation`).
+
+    Returns
+    -------
+    SSSPResult
+        The result's name, sources (cells), method, cells reached, largest distance and phase times.
+        The store holds ``sssp/NAME/distance`` (float32; +inf unreached, NaN nodata) and
+        ``sssp/NAME/predecessor`` (uint8 direction code of the parent; 255 at sources and unreached).
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from terrain_io.store import TerrainStore
+    >>> dem = np.array([[5, 5, 5, 5], [5, 1, 2, 5], [5, 5, 3, 5], [5, 5, 4, 5]], dtype=np.float32)
+    >>> st = TerrainStore.from_array(pathlib.Path(tempfile.mkdtemp()) / "dem.zarr", dem)
+    >>> res = sssp(st, (1, 1), cell=True, name="pit", progress=False)
+    >>> res.reached, float(res.max_distance)
+    (16, 4.0)
+    >>> st.group["sssp/pit/distance"][1, :].tolist()
+    [4.0, 0.0, 1.0, 4.0]
     """
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store)
     model = weight_models.sssp_model(weight)
