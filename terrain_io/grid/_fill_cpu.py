@@ -182,7 +182,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 ni, nj = i + DR[d], j + DC[d]
                 if 0 <= ni < th and 0 <= nj < tw and lab[ni, nj] >= 0 and lab[ni, nj] != la:
                     m += 1
-    cw = np.empty(m, np.float64)
+    cw = np.empty(m, fl.dtype)  # (the DEM's type, as solve_levels' weights of a float32 DEM: one argsort build)
     ca = np.empty(m, np.int32)
     cb = np.empty(m, np.int32)
     m = 0
@@ -203,7 +203,9 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 cb[m] = lb
                 m += 1
     order = argsort_float(cw[:m])
-    parent = np.arange(B + 1, dtype=np.int32)
+    parent = np.empty(B + 1, np.int32)  # (loops, not np.arange: three signatures of it cost ~0.4 s to compile)
+    for x in range(B + 1):
+        parent[x] = x
     k = 0
     for q in order:
         ra, rb = _find(parent, ca[q]), _find(parent, cb[q])
@@ -269,9 +271,12 @@ def solve_levels(n_nodes, eu, ev, ew):
     component joins O's at weight w, each of its nodes gets w. NaN: no path to O."""
     G = np.full(n_nodes, np.nan)
     G[0] = -np.inf
-    parent = np.arange(n_nodes, dtype=eu.dtype)
+    parent = np.empty(n_nodes, eu.dtype)
     nxt = np.full(n_nodes, -1, eu.dtype)
-    tail = np.arange(n_nodes, dtype=eu.dtype)
+    tail = np.empty(n_nodes, eu.dtype)
+    for x in range(n_nodes):
+        parent[x] = x
+        tail[x] = x
     order = argsort_float(ew)
     for q in order:
         ra, rb = _find(parent, eu[q]), _find(parent, ev[q])
@@ -465,7 +470,9 @@ def join_lakes(n_nodes, st_i, st_f, links):
     """Join tile-local lakes across tile edges; returns (final id per local lake, merged rows of the
     roots in id order: st_i, st_f). Ids 1, 2, ... in order of each lake's least cell id."""
     m = st_i.shape[0]
-    parent = np.arange(m)
+    parent = np.empty(m, np.int64)
+    for x in range(m):
+        parent[x] = x
     node_lake = np.full(n_nodes, -1, np.int64)
     for k in range(links.shape[0]):
         if links[k, 0] >= 0:

@@ -408,12 +408,12 @@ def _weight_part(key, float_bits):
     return e, -mant if u >> np.uint32(31) else mant
 
 
-@numba.njit(cache=True)
 def max_tile_work(threads, side):
     """Scratch of :func:`tile_forest_max` for ``threads`` threads and tiles up to ``side`` square, as a
     tuple of arrays with a row per thread (~33 bytes a cell): order, parent, term, out on the bordered
     tile, then keys, ids and the radix sort's two. Reused tile after tile: fresh pages for every tile
-    cost page faults (the tile phase on 2 threads went from 2.8 to 1.4 ms a tile)."""
+    cost page faults (the tile phase on 2 threads went from 2.8 to 1.4 ms a tile). (numpy: a kernel
+    for eight allocations cost ~0.4 s of a first run.)"""
     b = (side + 2) * (side + 2)
     n = side * side
     return (np.empty((threads, b), dtype=np.int64), np.empty((threads, b), dtype=np.int32),
@@ -722,25 +722,35 @@ def _is_separator(code, cols, tile):
 @numba.njit(cache=True)
 def _argsort_runs(a):
     """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
-    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: a radix sort."""
+    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: a radix sort.
+    (Run bounds in fixed arrays: numba's typed lists cost a second of compilation.)"""
     n = a.shape[0]
-    bounds = [0]
+    bounds = np.empty(18, dtype=np.int64)
+    bounds[0] = 0
+    nb = 1
     for i in range(1, n):
         if a[i] < a[i - 1]:
-            bounds.append(i)
-            if len(bounds) > 16:
+            bounds[nb] = i
+            nb += 1
+            if nb > 16:
                 return argsort_int(a)
-    bounds.append(n)
-    idx = np.arange(n)
+    bounds[nb] = n
+    nb += 1
+    idx = np.empty(n, dtype=np.int64)
+    for x in range(n):
+        idx[x] = x
     tmp = np.empty(n, dtype=np.int64)
-    while len(bounds) > 2:
-        nb = [0]
-        for r in range(0, len(bounds) - 1, 2):
+    merged = np.empty(18, dtype=np.int64)
+    while nb > 2:
+        merged[0] = 0
+        nm = 1
+        for r in range(0, nb - 1, 2):
             lo = bounds[r]
-            if r + 2 >= len(bounds):  # an odd run left over
+            if r + 2 >= nb:  # an odd run left over
                 for x in range(lo, bounds[r + 1]):
                     tmp[x] = idx[x]
-                nb.append(bounds[r + 1])
+                merged[nm] = bounds[r + 1]
+                nm += 1
                 continue
             mid = bounds[r + 1]
             hi = bounds[r + 2]
@@ -761,9 +771,11 @@ def _argsort_runs(a):
                 tmp[o] = idx[y]
                 y += 1
                 o += 1
-            nb.append(hi)
+            merged[nm] = hi
+            nm += 1
         idx, tmp = tmp, idx
-        bounds = nb
+        bounds, merged = merged, bounds
+        nb = nm
     return idx
 
 
@@ -775,17 +787,14 @@ def _argsort_strict(w, code):
     m = w.shape[0]
     wk = np.empty(m, dtype=np.uint64)
     ck = np.empty(m, dtype=np.uint64)
-    bits = w.copy()
-    for x in range(m):
-        if bits[x] == 0.0:
-            bits[x] = 0.0  # -0.0 -> +0.0
-    ub = bits.view(np.uint64)
     top = np.uint64(1) << np.uint64(63)
     for x in range(m):
-        u = ub[x]
+        u = np.uint64(float64_bits(w[x] + 0.0))  # (-0.0 + 0.0 is +0.0; a bitcast: no copy, no view)
         wk[x] = ~u if u & top else u | top
         ck[x] = np.uint64(code[x])
-    idx = np.arange(m)
+    idx = np.empty(m, dtype=np.int64)
+    for x in range(m):
+        idx[x] = x
     tmp = np.empty(m, dtype=np.int64)
     idx, tmp = radix_argsort(ck, idx, tmp)
     idx, tmp = radix_argsort(wk, idx, tmp)
@@ -818,6 +827,21 @@ def _merge_blocks_jit(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, c
                              kind)
     return merge_kruskal(block[0], block[1], block[2], block[3], block[4], block[5], block[6],
                          _argsort_strict(block[5], block[6]), cols, tile)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lower_bound(a, x):
+    """``np.searchsorted(a, x)`` (the first index whose key is >= x) of sorted int64 ``a``: a binary
+    search, not numba's generic searchsorted (its comparisons for every dtype: ~0.4 s to compile)."""
+    lo = np.int64(0)
+    hi = np.int64(a.shape[0])
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @numba.njit(cache=True, nogil=True)
@@ -854,7 +878,7 @@ def merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, r
                 m &= np.uint8(~(1 << d) & 0xFF)
                 if d < 4:
                     other = rr * cols + cc
-                    x = np.searchsorted(vid, other)
+                    x = _lower_bound(vid, other)
                     if x < nv and vid[x] == other:  # else a nodata cell
                         su[ns] = k
                         sv[ns] = x
@@ -870,8 +894,8 @@ def merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, r
     aw = np.empty(m_all, dtype=np.float64)
     ac = np.empty(m_all, dtype=np.int64)
     for k in range(nold):
-        au[k] = np.searchsorted(vid, eu[k])
-        av[k] = np.searchsorted(vid, ev[k])
+        au[k] = _lower_bound(vid, eu[k])
+        av[k] = _lower_bound(vid, ev[k])
         aw[k] = ew[k]
         ac[k] = ecode[k]
     for k in range(ns):  # (loops, here and below: a slice copy compiles numba's shape-error message)
