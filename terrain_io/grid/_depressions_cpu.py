@@ -371,14 +371,28 @@ def _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset,
     return m
 
 
-@numba.njit(nogil=True, cache=True)
 def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, pieces, keys, res_id,
                 basin):
     """Pass 2 of one tile (``pieces``: :func:`tile_pieces`): every cell's leaf id into ``basin`` (the
     tile's slice; 0: drains to O or a non-vertex) and the least spill edge of every label pair it
     holds (module docstring).
     ``keys``: the sorted leaf keys (id = index + 1); ``res_id``: each node's leaf id.
-    Returns (a < b labels, weight, least cell id, other cell id, saddle cell) per pair."""
+    Returns (a < b labels, weight, least cell id, other cell id, saddle cell) per pair.
+    Four kernels called in turn (in Python: none links another in, to be compiled again there)."""
+    tile_basins(th, tw, pieces, keys, res_id, basin)
+    geo = (vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin)
+    m = _label_edges(*geo, np.bool_(False), np.empty(0, np.uint64), np.empty(0), np.empty(0, np.int64),
+                     np.empty(0, np.int64), np.empty(0, np.int64))
+    edges = (np.empty(m, np.uint64), np.empty(m, np.float64), np.empty(m, np.int64), np.empty(m, np.int64),
+             np.empty(m, np.int64))
+    _label_edges(*geo, np.bool_(True), *edges)
+    idx, _ = radix_argsort(edges[0], np.arange(m, dtype=np.int64), np.empty(m, np.int64))
+    return least_pair_edges(edges, idx)
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_basins(th, tw, pieces, keys, res_id, basin):
+    """Step 1 of :func:`tile_labels`: every cell's leaf id into ``basin``."""
     n = th * tw
     par, rh, rid, rloc, flags, first, end = pieces
     lab = np.empty(n, np.uint32)
@@ -397,18 +411,14 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
         for j in range(tw):
             x = i * tw + j
             basin[i, j] = 0 if par[x] < 0 else lab[_find(par, x)]
-    # (np.bool_: a literal True / False would compile _label_edges twice, once for each)
-    m = _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(False),
-                     np.empty(0, np.uint64), np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64),
-                     np.empty(0, np.int64))
-    ka = np.empty(m, np.uint64)
-    ew = np.empty(m, np.float64)
-    elo = np.empty(m, np.int64)
-    ehi = np.empty(m, np.int64)
-    esad = np.empty(m, np.int64)
-    _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(True), ka, ew,
-                 elo, ehi, esad)
-    idx, _ = radix_argsort(ka, np.arange(m, dtype=np.int64), np.empty(m, np.int64))
+
+
+@numba.njit(nogil=True, cache=True)
+def least_pair_edges(edges, idx):
+    """Step 3 of :func:`tile_labels`: the least spill edge of each label pair, from the tile's label
+    edges ``edges`` (pair key, weight, least cell id, other cell id, saddle) in pair-key order ``idx``."""
+    ka, ew, elo, ehi, esad = edges
+    m = idx.shape[0]
     npair = 0
     for q in range(m):
         if q == 0 or ka[idx[q]] != ka[idx[q - 1]]:
