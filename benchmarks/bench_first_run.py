@@ -10,6 +10,8 @@ its wall time from above on one core and from below by half on two -- or on the 
 
     python benchmarks/bench_first_run.py                 # everything, ~3-5 min on 2 cores
     python benchmarks/bench_first_run.py --only demo     # the cold demo alone
+
+Where one command's compilation goes, kernel by kernel: ``benchmarks/profile_compile.py``.
 """
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ print(sorted(signatures() - warm) or "none", sorted({{name for name, _ in warm}}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     new, warmed = out.stdout.split(" ", 1)
     assert new == "none", out.stdout + out.stderr
-    assert all(k in warmed for k in ("'merge_blocks'", "'tile_phase_cells_serial'", "'apply_decisions'")), warmed
+    kernels = ("'merge_candidates'", "'merge_kruskal'", "'tile_forest_max'", "'apply_decisions'")
+    assert all(k in warmed for k in kernels), warmed
     code = subprocess.run([sys.executable, "-c", "import sys, cli.demo; sys.exit(cli.demo._mst_beside())"],
                           stdin=subprocess.DEVNULL, capture_output=True)
     assert code.returncode == 1, code.stderr

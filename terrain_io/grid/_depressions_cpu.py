@@ -29,7 +29,7 @@ import numpy as np
 from ..weights import DC, DR
 from ..unionfind import find
 from ._fill_cpu import boundary_node, perimeter_id, two_sum
-from ._radix_cpu import radix_argsort, radix_sort32
+from ._radix_cpu import radix_argsort, radix_sort32_in
 
 UNSET = np.int64(-(2**62))
 OUTLET = np.uint8(1)
@@ -149,9 +149,12 @@ def _receiver_end(r, tw, rows, cols, T, ntc, offset, par, rid, rloc, end):
 
 
 @numba.njit(nogil=True, cache=True)
-def _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset):
+def tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset):
     """A tile's plateau pieces and their receivers (:func:`_pieces`) and where each chain ends
-    (:func:`_ends`), as both passes start: (par, rh, rid, rloc, flags, first, end)."""
+    (:func:`_ends`), as both passes start: the tuple ``pieces`` (par, rh, rid, rloc, flags, first,
+    end) that :func:`tile_chains` and :func:`tile_labels` take (each a fresh one: they compress
+    ``par``). Called by the caller, not inside them: a callee is optimized and compiled again in
+    every kernel that calls it, and this one is most of both (~1 s of a first run)."""
     n = th * tw
     par = np.empty(n, np.int64)
     rh = np.empty(n, np.float64)
@@ -166,14 +169,15 @@ def _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc,
 
 
 @numba.njit(nogil=True, cache=True)
-def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tgt, openf):
-    """Pass 1 of one tile: each perimeter cell's end into ``tgt[node]`` (``openf[node]``: in an open
-    piece); returns the open pieces (rep node, receiver elevation, receiver id, receiver end, outlet,
-    least cell id, elevation), the cross-tile equal-elevation edges of their cells (node pairs),
-    and the tile's own leaves (least cell id, elevation)."""
+def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, pieces, tgt,
+                openf):
+    """Pass 1 of one tile (``pieces``: :func:`tile_pieces`): each perimeter cell's end into
+    ``tgt[node]`` (``openf[node]``: in an open piece); returns the open pieces (rep node, receiver
+    elevation, receiver id, receiver end, outlet, least cell id, elevation), the cross-tile
+    equal-elevation edges of their cells (node pairs), and the tile's own leaves (least cell id,
+    elevation)."""
     n = th * tw
-    par, rh, rid, rloc, flags, first, end = _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols,
-                                                         T, ntc, offset)
+    par, rh, rid, rloc, flags, first, end = pieces
     base = 1 + offset[((gr0 + i0) // T) * ntc + (gc0 + j0) // T]
     nleaf = 0
     nopen = 0
@@ -368,15 +372,30 @@ def _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset,
     return m
 
 
-@numba.njit(nogil=True, cache=True)
-def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, keys, res_id, basin):
-    """Pass 2 of one tile: every cell's leaf id into ``basin`` (the tile's slice; 0: drains to O
-    or a non-vertex) and the least spill edge of every label pair it holds (module docstring).
+def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, pieces, keys, res_id,
+                basin):
+    """Pass 2 of one tile (``pieces``: :func:`tile_pieces`): every cell's leaf id into ``basin`` (the
+    tile's slice; 0: drains to O or a non-vertex) and the least spill edge of every label pair it
+    holds (module docstring).
     ``keys``: the sorted leaf keys (id = index + 1); ``res_id``: each node's leaf id.
-    Returns (a < b labels, weight, least cell id, other cell id, saddle cell) per pair."""
+    Returns (a < b labels, weight, least cell id, other cell id, saddle cell) per pair.
+    Four kernels called in turn (in Python: none links another in, to be compiled again there)."""
+    tile_basins(th, tw, pieces, keys, res_id, basin)
+    geo = (vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin)
+    m = _label_edges(*geo, np.bool_(False), np.empty(0, np.uint64), np.empty(0), np.empty(0, np.int64),
+                     np.empty(0, np.int64), np.empty(0, np.int64))
+    edges = (np.empty(m, np.uint64), np.empty(m, np.float64), np.empty(m, np.int64), np.empty(m, np.int64),
+             np.empty(m, np.int64))
+    _label_edges(*geo, np.bool_(True), *edges)
+    idx, _ = radix_argsort(edges[0], np.arange(m, dtype=np.int64), np.empty(m, np.int64))
+    return least_pair_edges(edges, idx)
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_basins(th, tw, pieces, keys, res_id, basin):
+    """Step 1 of :func:`tile_labels`: every cell's leaf id into ``basin``."""
     n = th * tw
-    par, rh, rid, rloc, flags, first, end = _tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols,
-                                                         T, ntc, offset)
+    par, rh, rid, rloc, flags, first, end = pieces
     lab = np.empty(n, np.uint32)
     last_key, last_id = np.int64(-1), np.uint32(0)  # neighbouring roots mostly reach the same leaf
     for x in range(n):  # ends -> leaf ids, at the roots
@@ -393,18 +412,14 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
         for j in range(tw):
             x = i * tw + j
             basin[i, j] = 0 if par[x] < 0 else lab[find(par, x)]
-    # (np.bool_: a literal True / False would compile _label_edges twice, once for each)
-    m = _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(False),
-                     np.empty(0, np.uint64), np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64),
-                     np.empty(0, np.int64))
-    ka = np.empty(m, np.uint64)
-    ew = np.empty(m, np.float64)
-    elo = np.empty(m, np.int64)
-    ehi = np.empty(m, np.int64)
-    esad = np.empty(m, np.int64)
-    _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(True), ka, ew,
-                 elo, ehi, esad)
-    idx, _ = radix_argsort(ka, np.arange(m, dtype=np.int64), np.empty(m, np.int64))
+
+
+@numba.njit(nogil=True, cache=True)
+def least_pair_edges(edges, idx):
+    """Step 3 of :func:`tile_labels`: the least spill edge of each label pair, from the tile's label
+    edges ``edges`` (pair key, weight, least cell id, other cell id, saddle) in pair-key order ``idx``."""
+    ka, ew, elo, ehi, esad = edges
+    m = idx.shape[0]
     npair = 0
     for q in range(m):
         if q == 0 or ka[idx[q]] != ka[idx[q - 1]]:
@@ -531,7 +546,7 @@ def tile_volumes(vals, ok, basin, up, jump, level):
             keys[m] = np.uint32(u)
             hs[m] = h
             m += 1
-    keys, hs = radix_sort32(keys[:m], hs[:m])
+    keys, hs = radix_sort32_in(keys[:m], hs[:m], np.empty(m, np.uint32), np.empty(m, np.float64))
     n = 0
     for q in range(m):
         if q == 0 or keys[q] != keys[q - 1]:

@@ -175,7 +175,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 ni, nj = i + DR[d], j + DC[d]
                 if 0 <= ni < th and 0 <= nj < tw and lab[ni, nj] >= 0 and lab[ni, nj] != la:
                     m += 1
-    cw = np.empty(m, np.float64)
+    cw = np.empty(m, fl.dtype)  # (the DEM's type, as solve_levels' weights of a float32 DEM: one argsort build)
     ca = np.empty(m, np.int32)
     cb = np.empty(m, np.int32)
     m = 0
@@ -196,7 +196,9 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 cb[m] = lb
                 m += 1
     order = argsort_float(cw[:m])
-    parent = np.arange(B + 1, dtype=np.int32)
+    parent = np.empty(B + 1, np.int32)  # (loops, not np.arange: three signatures of it cost ~0.4 s to compile)
+    for x in range(B + 1):
+        parent[x] = x
     k = 0
     for q in order:
         ra, rb = find(parent, ca[q]), find(parent, cb[q])
@@ -262,9 +264,12 @@ def solve_levels(n_nodes, eu, ev, ew):
     component joins O's at weight w, each of its nodes gets w. NaN: no path to O."""
     G = np.full(n_nodes, np.nan)
     G[0] = -np.inf
-    parent = np.arange(n_nodes, dtype=eu.dtype)
+    parent = np.empty(n_nodes, eu.dtype)
     nxt = np.full(n_nodes, -1, eu.dtype)
-    tail = np.arange(n_nodes, dtype=eu.dtype)
+    tail = np.empty(n_nodes, eu.dtype)
+    for x in range(n_nodes):
+        parent[x] = x
+        tail[x] = x
     order = argsort_float(ew)
     for q in order:
         ra, rb = find(parent, eu[q]), find(parent, ev[q])
@@ -459,7 +464,9 @@ def join_lakes(n_nodes, st_i, st_f, links):
     """Join tile-local lakes across tile edges; returns (final id per local lake, merged rows of the
     roots in id order: st_i, st_f). Ids 1, 2, ... in order of each lake's least cell id."""
     m = st_i.shape[0]
-    parent = np.arange(m)
+    parent = np.empty(m, np.int64)
+    for x in range(m):
+        parent[x] = x
     node_lake = np.full(n_nodes, -1, np.int64)
     for k in range(links.shape[0]):
         if links[k, 0] >= 0:
@@ -544,8 +551,94 @@ def spill_targets(filled, dep, r0, c0, cols, spill, ids, out):
 
 
 # Small DEMs (fewer than SERIAL_BELOW cells) run the same loops without threads: no thread pool to
-# start, and a first run compiles no parallel build (terrain_io.jit)
+# start, and a first run compiles no parallel build (terrain_io.jit). The batch loops run in Python:
+# each tile's kernels are called with the argument types the parallel batch kernels pass them (one
+# build of each), and no build of the loop itself is compiled (~2 s of a first fill; a call costs
+# microseconds).
 outlets_serial = serial_twin(outlets)
-graph_batch_serial = serial_twin(graph_batch)
-final_batch_serial = serial_twin(final_batch)
-relabel_serial = serial_twin(relabel)
+
+
+def _window(a, i0, j0, th, tw):
+    """``a[i0:i0+th, j0:j0+tw]`` typed as the batch kernels slice it (numba's layout "A"): a window
+    that numpy sees contiguous (a block one tile wide) is given as a strided copy, to be written
+    back by :func:`_put_back`; returns (window, the view it copies or None)."""
+    view = a[i0 : i0 + th, j0 : j0 + tw]
+    if not view.flags.c_contiguous or th < 2:  # (a 1-row window is contiguous however it is cut)
+        return view, None
+    copy = _strided(view.shape, view.dtype)
+    copy[...] = view
+    return copy, view
+
+
+def _put_back(pairs):
+    for window, view in pairs:
+        if view is not None:
+            view[...] = window
+
+
+def _strided(shape, dtype):
+    """A new array of ``shape`` that numpy sees strided (numba's layout "A"), rows of 2 and more."""
+    return np.empty((shape[0], shape[1] + 1), dtype)[:, : shape[1]]
+
+
+def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
+    """:func:`graph_batch` without threads."""
+    n = tiles.shape[0]
+    cap = 6 * 4 * T + 8
+    ne = np.zeros(n, np.int64)
+    eu = np.empty((n, cap), np.int64)
+    ev = np.empty((n, cap), np.int64)
+    ew = np.empty((n, cap), np.float64)
+    for t in range(n):
+        i0, j0, th, tw = tiles[t]
+        if keep:
+            pairs = [_window(fl, i0, j0, th, tw), _window(lab, i0, j0, th, tw)]
+            tfl, tlab = pairs[0][0], pairs[1][0]
+        else:
+            pairs = []
+            tfl, tlab = _strided((th, tw), vals.dtype), _strided((th, tw), LABEL)
+        flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
+        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
+                           eu[t], ev[t], ew[t])
+        _put_back(pairs)
+    return ne, eu, ev, ew
+
+
+def final_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth,
+                       dep):
+    """:func:`final_batch` without threads."""
+    n = tiles.shape[0]
+    nl = np.zeros(n, np.int64)
+    for t in range(n):
+        i0, j0, th, tw = tiles[t]
+        windows = {}  # one window per array: ``filled`` may be ``fl``, written where it is read
+        for a in (fl, lab, filled, depth, dep):
+            windows.setdefault(id(a), _window(a, i0, j0, th, tw))
+        tfl, tlab, tfilled, tdepth, tdep = (windows[id(a)][0] for a in (fl, lab, filled, depth, dep))
+        if not held:
+            flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
+        nl[t] = final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, tfl, tlab, tfilled,
+                           tdepth, tdep)
+        _put_back(windows.values())
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(nl, out=start[1:])
+    st_i = np.zeros((start[n], 4), np.int64)
+    st_f = np.zeros((start[n], 5), np.float64)
+    cap = 5 * 4 * T + 8
+    links = np.empty((n, cap, 2), np.int64)
+    nlinks = np.zeros((n, 1), np.int64)
+    for t in range(n):
+        i0, j0, th, tw = tiles[t]
+        tfl, _ = _window(fl, i0, j0, th, tw)
+        tdep, _ = _window(dep, i0, j0, th, tw)
+        lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, tfl, tdep, start[t], st_i, st_f,
+                   links[t], nlinks[t])
+    return nl, st_i, st_f, links, nlinks[:, 0]
+
+
+def relabel_serial(dep, tiles, lake_start, final):
+    """:func:`relabel` without threads (numpy, one tile at a time)."""
+    for i0, j0, th, tw, s in zip(tiles[:, 0], tiles[:, 1], tiles[:, 2], tiles[:, 3], lake_start):
+        d = dep[i0 : i0 + th, j0 : j0 + tw]
+        lake = d != 0
+        d[lake] = final[s + d[lake].astype(np.int64) - 1]

@@ -32,7 +32,7 @@ from numba import prange
 from ..jit import njit_as
 from ..unionfind import find_sized, union_sized
 from ..weights import DC, DR, edge_weight, float64_bits
-from ._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32, radix_sort32_in
+from ._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
@@ -385,13 +385,13 @@ def _weight_part(key, float_bits):
     return e, -mant if u >> np.uint32(31) else mant
 
 
-@numba.njit(cache=True)
 def max_tile_work(threads, side):
     """Scratch of :func:`tile_forest_max` for ``threads`` threads and tiles up to ``side`` square, as a
     tuple of arrays with a row per thread (~33 bytes a cell): order, parent, term, out on the bordered
     tile, then keys, ids and the radix sort's two. Reused tile after tile: fresh pages for every tile
     cost page faults that doubled the tile phase (benchmarks/RESULTS.md, "Issue #16: the tile Kruskal of
-    the max model")."""
+    the max model"); numpy rather than a kernel for
+    eight allocations, which would add to a first run's compile time)."""
     b = (side + 2) * (side + 2)
     n = side * side
     return (np.empty((threads, b), dtype=np.int64), np.empty((threads, b), dtype=np.int32),
@@ -407,7 +407,8 @@ def _sort_codes(buf, nb):
         ck = np.empty(nb, dtype=np.uint32)
         for x in range(nb):
             ck[x] = np.uint32(buf[x])
-        ck, _ = radix_sort32(ck, np.empty(nb, dtype=np.int32))  # nothing to carry
+        ck, _ = radix_sort32_in(ck, np.empty(nb, dtype=np.int32), np.empty(nb, dtype=np.uint32),
+                                np.empty(nb, dtype=np.int32))  # nothing to carry
         for x in range(nb):
             buf[x] = np.int64(ck[x])
     else:  # a few edges: insertion sort, no allocation
@@ -575,7 +576,8 @@ def _order_key(x, float_bits):
 
 
 def _tile_phase_kernel(forest: int, parallel: bool):
-    """The tile phase's kernel for one forest method, with or without threads.
+    """The tile phase's kernel for one forest method, with or without threads (small DEMs run
+    :func:`_tile_phase_serial` instead).
 
     ``forest`` is a constant of the kernel, so numba compiles only the Kruskal it uses; each
     variant is cached under its own name (see :mod:`terrain_io.jit`)."""
@@ -621,7 +623,7 @@ def _tile_phase_kernel(forest: int, parallel: bool):
 
 
 _FOREST_NAMES = {FOREST_GIVEN: "given", FOREST_EDGES: "edges", FOREST_CELLS: "cells"}
-_TILE_PHASE: dict = {}  # (forest, parallel) -> kernel, built on first use
+_TILE_PHASE: dict = {}  # forest -> parallel kernel, built on first use
 
 
 def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
@@ -635,13 +637,46 @@ def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows,
     entries) with counts, and the exact weight sum of the forests. ``work``: the threads' scratch
     (:func:`tile_work`), made once per run by callers with many batches.
     """
-    key = (forest, bool(parallel))
-    kernel = _TILE_PHASE.get(key)
-    if kernel is None:
-        kernel = _TILE_PHASE.setdefault(key, _tile_phase_kernel(*key))
     if work is None:
         work = tile_work(forest, int(tiles[:, 2:].max(initial=0)), parallel)
+    if not parallel:
+        return _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
+                                  work)
+    kernel = _TILE_PHASE.get(forest)
+    if kernel is None:
+        kernel = _TILE_PHASE.setdefault(forest, _tile_phase_kernel(forest, True))
     return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work)
+
+
+def _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest, work):
+    """The tile phase's loop without threads, in Python: the per-tile kernels are called with the
+    argument types the parallel kernel passes them (one build each), and no serial build of the
+    loop itself is compiled (~1.5-2 s of a small DEM's first run; a call costs microseconds)."""
+    n = tiles.shape[0]
+    bh, bw = vals.shape
+    nv = np.zeros(n, dtype=np.int64)
+    ne = np.zeros(n, dtype=np.int64)
+    vid = np.empty((n, cap), dtype=np.int64)
+    vh = np.empty((n, cap), dtype=np.float64)
+    vmask = np.empty((n, cap), dtype=np.uint8)
+    eu = np.empty((n, cap), dtype=np.int64)
+    ev = np.empty((n, cap), dtype=np.int64)
+    ew = np.empty((n, cap), dtype=np.float64)
+    ecode = np.empty((n, cap), dtype=np.int64)
+    buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
+    scratch = tuple(a[0] for a in work)
+    for t in range(n):
+        i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        if forest == FOREST_CELLS:
+            nv[t], ne[t] = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
+                                           bits, vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t],
+                                           scratch)
+        else:
+            if forest == FOREST_EDGES:
+                tile_forest(vals, valid, i0, j0, h, w, kind, bits)
+            nv[t], ne[t] = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                                         vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+    return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets.sum(axis=0)
 
 
 def tile_work(forest: int, tile: int, parallel: bool = True) -> tuple:
@@ -665,25 +700,35 @@ def _is_separator(code, cols, tile):
 @numba.njit(cache=True)
 def _argsort_runs(a):
     """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
-    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: a radix sort."""
+    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: a radix sort.
+    (Run bounds in fixed arrays: numba's typed lists cost a second of compilation.)"""
     n = a.shape[0]
-    bounds = [0]
+    bounds = np.empty(18, dtype=np.int64)
+    bounds[0] = 0
+    nb = 1
     for i in range(1, n):
         if a[i] < a[i - 1]:
-            bounds.append(i)
-            if len(bounds) > 16:
+            bounds[nb] = i
+            nb += 1
+            if nb > 16:
                 return argsort_int(a)
-    bounds.append(n)
-    idx = np.arange(n)
+    bounds[nb] = n
+    nb += 1
+    idx = np.empty(n, dtype=np.int64)
+    for x in range(n):
+        idx[x] = x
     tmp = np.empty(n, dtype=np.int64)
-    while len(bounds) > 2:
-        nb = [0]
-        for r in range(0, len(bounds) - 1, 2):
+    merged = np.empty(18, dtype=np.int64)
+    while nb > 2:
+        merged[0] = 0
+        nm = 1
+        for r in range(0, nb - 1, 2):
             lo = bounds[r]
-            if r + 2 >= len(bounds):  # an odd run left over
+            if r + 2 >= nb:  # an odd run left over
                 for x in range(lo, bounds[r + 1]):
                     tmp[x] = idx[x]
-                nb.append(bounds[r + 1])
+                merged[nm] = bounds[r + 1]
+                nm += 1
                 continue
             mid = bounds[r + 1]
             hi = bounds[r + 2]
@@ -704,9 +749,11 @@ def _argsort_runs(a):
                 tmp[o] = idx[y]
                 y += 1
                 o += 1
-            nb.append(hi)
+            merged[nm] = hi
+            nm += 1
         idx, tmp = tmp, idx
-        bounds = nb
+        bounds, merged = merged, bounds
+        nb = nm
     return idx
 
 
@@ -718,24 +765,20 @@ def _argsort_strict(w, code):
     m = w.shape[0]
     wk = np.empty(m, dtype=np.uint64)
     ck = np.empty(m, dtype=np.uint64)
-    bits = w.copy()
-    for x in range(m):
-        if bits[x] == 0.0:
-            bits[x] = 0.0  # -0.0 -> +0.0
-    ub = bits.view(np.uint64)
     top = np.uint64(1) << np.uint64(63)
     for x in range(m):
-        u = ub[x]
+        u = np.uint64(float64_bits(w[x] + 0.0))  # (-0.0 + 0.0 is +0.0; a bitcast: no copy, no view)
         wk[x] = ~u if u & top else u | top
         ck[x] = np.uint64(code[x])
-    idx = np.arange(m)
+    idx = np.empty(m, dtype=np.int64)
+    for x in range(m):
+        idx[x] = x
     tmp = np.empty(m, dtype=np.int64)
     idx, tmp = radix_argsort(ck, idx, tmp)
     idx, tmp = radix_argsort(wk, idx, tmp)
     return idx
 
 
-@numba.njit(cache=True, nogil=True)
 def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
     """Merge sibling blocks into the block of cells ``[R0:R1, C0:C1]`` (Gerritsen 2012, part II ch. 2-3).
 
@@ -747,8 +790,43 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     dead ends and non-maximal path edges, part II ch. 2-3). Returns the new block graph and the
     decisions: ``removed`` codes (tile-internal representatives dropped) and ``kept`` separator codes
     (final), with weights.
-    """
-    order = _argsort_runs(vid)
+
+    Three kernels and two sorts, called in turn here (in Python: a merge of a small DEM compiles no
+    kernel that links the sorts in again; :func:`merge_batch` calls :func:`_merge_blocks_jit`)."""
+    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, _argsort_runs(vid), R0, R1, C0, C1, rows, cols,
+                             kind)
+    return merge_kruskal(*block, _argsort_strict(block[5], block[6]), cols, tile)
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_blocks_jit(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
+    """:func:`merge_blocks` inside a kernel."""
+    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, _argsort_runs(vid), R0, R1, C0, C1, rows, cols,
+                             kind)
+    return merge_kruskal(block[0], block[1], block[2], block[3], block[4], block[5], block[6],
+                         _argsort_strict(block[5], block[6]), cols, tile)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lower_bound(a, x):
+    """``np.searchsorted(a, x)`` (the first index whose key is >= x) of sorted int64 ``a``: a binary
+    search, not numba's generic searchsorted (its comparisons for every dtype: ~0.4 s to compile)."""
+    lo = np.int64(0)
+    hi = np.int64(a.shape[0])
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, rows, cols, kind):
+    """Step 1 of :func:`merge_blocks`: the children's vertices in id order (``order``), their outmasks
+    against the new block, and every candidate edge (the children's super-edges, then the separator
+    edges between them) as vertex indices: (vid, vh, vmask, au, av, aw, ac)."""
     vid = vid[order]
     vh = vh[order]
     vmask = vmask[order].copy()
@@ -778,7 +856,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
                 m &= np.uint8(~(1 << d) & 0xFF)
                 if d < 4:
                     other = rr * cols + cc
-                    x = np.searchsorted(vid, other)
+                    x = _lower_bound(vid, other)
                     if x < nv and vid[x] == other:  # else a nodata cell
                         su[ns] = k
                         sv[ns] = x
@@ -794,8 +872,8 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     aw = np.empty(m_all, dtype=np.float64)
     ac = np.empty(m_all, dtype=np.int64)
     for k in range(nold):
-        au[k] = np.searchsorted(vid, eu[k])
-        av[k] = np.searchsorted(vid, ev[k])
+        au[k] = _lower_bound(vid, eu[k])
+        av[k] = _lower_bound(vid, ev[k])
         aw[k] = ew[k]
         ac[k] = ecode[k]
     for k in range(ns):  # (loops, here and below: a slice copy compiles numba's shape-error message)
@@ -803,7 +881,15 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
         av[nold + k] = sv[k]
         aw[nold + k] = sw[k]
         ac[nold + k] = sc[k]
-    order = _argsort_strict(aw, ac)
+    return vid, vh, vmask, au, av, aw, ac
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_kruskal(vid, vh, vmask, au, av, aw, ac, order, cols, tile):
+    """Step 2 of :func:`merge_blocks`: Kruskal over the candidate edges in the strict order
+    (``order``), contracting as it unites; returns the new block graph and the decisions."""
+    m_all = au.shape[0]
+    nv = vid.shape[0]
     removed_c = np.empty(m_all, dtype=np.int64)
     removed_w = np.empty(m_all, dtype=np.float64)
     kept_c = np.empty(m_all, dtype=np.int64)
@@ -966,7 +1052,7 @@ def merge_batch(nv, vid, vh, vmask, ne, eu, ev, ew, ecode, tr, tc, levels, rows,
             bc = tc[first] >> level
             v0, v1 = voff[4 * g], voff[4 * g + 4]
             e0, e1 = eoff[4 * g], eoff[4 * g + 4]
-            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = merge_blocks(
+            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = _merge_blocks_jit(
                 fvid[v0:v1], fvh[v0:v1], fvm[v0:v1], feu[e0:e1], fev[e0:e1], few[e0:e1], fec[e0:e1],
                 br * span, (br + 1) * span, bc * span, (bc + 1) * span, rows, cols, tile, kind)
             a = gvoff[g]

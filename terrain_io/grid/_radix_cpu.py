@@ -34,16 +34,11 @@ def _one_digit(count, m):
 
 
 @numba.njit(cache=True)
-def radix_sort32(keys, vals):
-    """Stable sort of uint32 ``keys`` carrying ``vals`` along; returns the sorted (keys, vals)
-    (the inputs, or new arrays)."""
-    return radix_sort32_in(keys, vals, np.empty_like(keys), np.empty_like(vals))
-
-
-@numba.njit(cache=True)
 def radix_sort32_in(keys, vals, k2, v2):
-    """:func:`radix_sort32` with scratch arrays of the inputs' sizes (callers that sort tile after
-    tile reuse them instead of faulting in fresh pages); returns views of either pair."""
+    """Stable sort of uint32 ``keys`` carrying ``vals`` along, with scratch arrays ``k2``, ``v2`` of
+    the inputs' sizes (callers that sort tile after tile reuse them instead of faulting in fresh
+    pages); returns the sorted (keys, vals): views of either pair. (No wrapper that allocates the
+    scratch: each caller's ``np.empty_like`` is cheaper than one more kernel to compile.)"""
     m = keys.shape[0]
     count = np.empty(256, dtype=np.int64)
     for shift in range(0, 32, 8):

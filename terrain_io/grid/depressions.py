@@ -381,11 +381,12 @@ def _cat(parts: list, i: int, dtype) -> np.ndarray:
 
 
 def _chains(block, r0, c0, args, tgt, openf, t):
-    return K.tile_chains(*block, *t, r0, c0, *args, tgt, openf)
+    return K.tile_chains(*block, *t, r0, c0, *args, K.tile_pieces(*block, *t, r0, c0, *args), tgt, openf)
 
 
 def _labels(block, r0, c0, args, keys, res_id, basin, t):
-    return K.tile_labels(*block, *t, r0, c0, *args, keys, res_id, basin[t[0]:t[0] + t[2], t[1]:t[1] + t[3]])
+    return K.tile_labels(*block, *t, r0, c0, *args, K.tile_pieces(*block, *t, r0, c0, *args), keys, res_id,
+                         basin[t[0]:t[0] + t[2], t[1]:t[1] + t[3]])
 
 
 def _volumes(vals, ok, basin, up, jump, level, t):

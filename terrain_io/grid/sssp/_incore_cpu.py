@@ -30,7 +30,7 @@ from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 from ...jit import serial_twin
 from .._heap_cpu import heap_pop, heap_push, heap_replace
 from ...weights import ABSDIFF, CELL, DC, DR, SURFACE, WALK, edge_weight, float64_bits, walk_time
-from .._radix_cpu import radix_sort32
+from .._radix_cpu import radix_sort32_in
 from .result import NO_LEVEL, NO_PRED
 
 
@@ -571,7 +571,9 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every, 
     the ring's entries are given, NO_LEVEL where unknown). ``sources``: flat indices of interior
     sources. ``every``: all interior cells; else only the flat indices ``cells`` (int64), every
     other level known and final (a warm re-solve: :func:`affected_cells`). Returns the plateau
-    cells (level > 0) among them, as flat indices (int64).
+    cells (level > 0) among them, as flat indices (int64), their levels not yet known: the caller
+    runs :func:`plateau_search` on them next (not called in here: a callee is optimized and compiled
+    again in every kernel that calls it, in both builds of this one).
     Also writes the parent codes of the cells that need no plateau level into ``out`` (uint8,
     h x w): the first tight strictly nearer parent found, in direction order, is the least key
     (0) with the least code, so a level-0 cell's code is known here; NO_PRED at unreached cells and
@@ -608,15 +610,12 @@ def plateau_levels(vals, h, w, kind, steps, dist, level, sources, cells, every, 
         v = (m // w + 1) * W2 + m % w + 1 if every else cells[m]
         count += level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v])
     todo = np.empty(count, np.int64)
-    if count == 0:
-        return todo
     j = 0
     for m in range(n):
         v = (m // w + 1) * W2 + m % w + 1 if every else cells[m]
         if level[v] == NO_LEVEL and dist[v] < np.inf and not np.isnan(vals[v]):
             todo[j] = v
             j += 1
-    _plateau_search(vals, h, w, kind, steps, dist, level, todo)
     return todo
 
 
@@ -634,9 +633,9 @@ def _seed_level(vals, kind, steps, dist, level, off, v):
 
 
 @numba.njit(cache=True)
-def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
-    """Steps 2 and 3 of :func:`plateau_levels` for ``cells``: the reached plateau cells (flat
-    indices) whose level is NO_LEVEL; every other cell's level is known (final).
+def plateau_search(vals, h, w, kind, steps, dist, level, cells):
+    """Steps 2 and 3 of :func:`plateau_levels` for ``cells`` (its result): the reached plateau cells
+    (flat indices) whose level is NO_LEVEL; every other cell's level is known (final).
     Work memory, besides ``cells``: the seeds with their levels and their sort's scratch (24 bytes
     a seed, at most one a cell), then the seeds and the queue (8 bytes a cell): see SEARCH_BYTES."""
     W2 = w + 2
@@ -658,7 +657,8 @@ def _plateau_search(vals, h, w, kind, steps, dist, level, cells):
             slevel[j] = lv
             seed[j] = cells[m]
             j += 1
-    slevel, seed = radix_sort32(slevel, seed)  # stable, by level (ring levels vary)
+    # stable, by level (ring levels vary)
+    slevel, seed = radix_sort32_in(slevel, seed, np.empty_like(slevel), np.empty_like(seed))
     # 3. breadth-first over plateau cells, the seeds merged in by level. A queued cell is taken at
     # its current level: a seed may have lowered it since it was queued, and then the cell was
     # already expanded at that level (taking it again changes nothing). A cell is queued once.

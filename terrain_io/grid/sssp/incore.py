@@ -102,12 +102,14 @@ def _solve_block_cpu(vals, kind, steps, flat_src, dist, level, warm=False, limit
         mark = changed.reshape(-1)
         K.solve_distances(fv, h, w, kind, steps, fd, True, float(limit), mark)
         plateau, near = K.affected_cells(fv, h, w, kind, steps, fd, mark)
-        levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau.astype(np.int64), False, pred)
+        todo = levels(fv, h, w, kind, steps, fd, fl, flat_src, plateau.astype(np.int64), False, pred)
+        K.plateau_search(fv, h, w, kind, steps, fd, fl, todo)
         codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, near.astype(np.int64))  # (near holds the plateau)
         return dist, level, pred
     K.solve_distances(fv, h, w, kind, steps, fd, warm, float(limit))
     pred = np.empty((h, w), np.uint8)
     plateau = levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True, pred)
+    K.plateau_search(fv, h, w, kind, steps, fd, fl, plateau)
     codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, plateau)
     return dist, level, pred
 
