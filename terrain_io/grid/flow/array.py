@@ -9,7 +9,7 @@ import numpy as np
 
 from ...backend import device_of
 from ...errors import InputError
-from ..sssp.array import _coordinate_steps, _is_dataarray
+from ...rasters import coordinate_steps, is_dataarray, like
 from .codes import NODATA
 
 CONDITIONS = ("none", "fill")
@@ -50,7 +50,7 @@ def flow_direction(dem, *, cell_size=None, nodata=None, outlets: str = "edge+nod
         raise InputError(f"outlets must be edge+nodata or edge, got {outlets!r}")
     if condition not in CONDITIONS:
         raise InputError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
-    template = dem if _is_dataarray(dem) else None
+    template = dem if is_dataarray(dem) else None
     data = dem.data if template is not None else dem
     if getattr(data, "ndim", None) != 2:
         raise InputError(f"the DEM must be a 2-D array, got shape {getattr(data, 'shape', None)}")
@@ -66,9 +66,9 @@ def flow_direction(dem, *, cell_size=None, nodata=None, outlets: str = "edge+nod
         raise InputError("the DEM holds no data: every cell is nodata")
     if condition == "fill":
         vals = xp.asarray(_filled(vals, valid, outlets))
-    dx, dy = cell_size if cell_size is not None else _coordinate_steps(template)
+    dx, dy = cell_size if cell_size is not None else coordinate_steps(template)
     code = _backend(dev).directions(vals, valid, float(dx), float(dy), outlets)
-    return _like(template, code, "direction", {"codes": DIRECTION_CODES, "outlets": outlets, "condition": condition})
+    return like(template, code, "direction", {"codes": DIRECTION_CODES, "outlets": outlets, "condition": condition})
 
 
 def flow_accumulation(direction, weights=None, *, include_self: bool = True, device: str | None = None):
@@ -95,7 +95,7 @@ def flow_accumulation(direction, weights=None, *, include_self: bool = True, dev
     >>> flow_accumulation(np.array([[0, 0, 8]], np.uint8))
     array([[1, 2, 3]], dtype=uint64)
     """
-    template = direction if _is_dataarray(direction) else None
+    template = direction if is_dataarray(direction) else None
     data = direction.data if template is not None else direction
     if getattr(data, "ndim", None) != 2:
         raise InputError(f"the directions must be a 2-D array, got shape {getattr(data, 'shape', None)}")
@@ -107,14 +107,14 @@ def flow_accumulation(direction, weights=None, *, include_self: bool = True, dev
     code = code.astype(np.uint8, copy=False)
     w = None
     if weights is not None:
-        w = xp.asarray(weights.data if _is_dataarray(weights) else weights, dtype=np.float64)
+        w = xp.asarray(weights.data if is_dataarray(weights) else weights, dtype=np.float64)
         check_weights(w, code != NODATA, code.shape)
     acc = _backend(dev).accumulation(code, w, include_self)
     units = "cells" if weights is None else "sum of weights"
     if template is not None:  # the directions' own attributes do not describe an accumulation
         template = template.copy(deep=False)
         template.attrs.pop("codes", None)
-    return _like(template, acc, "accumulation", {"units": units, "include_self": include_self})
+    return like(template, acc, "accumulation", {"units": units, "include_self": include_self})
 
 
 def check_weights(w, valid, shape) -> None:
@@ -168,13 +168,3 @@ def _backend(dev: str):
     from . import _cpu
 
     return _cpu
-
-
-def _like(template, values, name, attrs):
-    if template is None:
-        return values
-    import xarray as xr
-
-    return xr.DataArray(values, coords=template.coords, dims=template.dims, name=name,
-                        attrs={**template.attrs, **attrs})
-

@@ -12,6 +12,7 @@ import numpy as np
 from ... import weights as weight_models
 from ...backend import device_of, is_cupy, to_host
 from ...errors import InputError
+from ...rasters import coordinate_steps, is_dataarray, like
 from ._pipeline_cpu import steps_of
 from .allocation import allocate_block, allocate_gpu
 from .incore import ringed, solve_block
@@ -69,7 +70,7 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
     [255, 4, 4]
     """
     model = weight_models.sssp_model(weight)
-    template = dem if _is_dataarray(dem) else None
+    template = dem if is_dataarray(dem) else None
     data = dem.data if template is not None else dem
     if getattr(data, "ndim", None) != 2:
         raise InputError(f"the DEM must be a 2-D array, got shape {getattr(data, 'shape', None)}")
@@ -86,7 +87,7 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
     if model.kind in (weight_models.CELL, weight_models.WALK_FRICTION):
         if cost is None:
             raise InputError(f"weight model {model.name!r} needs a cost raster (cost=...)")
-        c = xp.asarray(cost.data if _is_dataarray(cost) else cost, dtype=np.float64)
+        c = xp.asarray(cost.data if is_dataarray(cost) else cost, dtype=np.float64)
         if c.shape != vals.shape:
             raise InputError(f"cost raster has shape {c.shape}, the DEM {vals.shape}")
         weight_models.note_barriers(weight_models.unusable_costs(c[ok]), "cost", stacklevel=2)
@@ -98,7 +99,7 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
         vals.dtype == np.float32 or (vals.dtype.kind in "iu" and vals.dtype.itemsize <= 2))
     vals = xp.where(ok, vals, np.nan).astype(np.float32 if exact32 else np.float64)
     cells = _source_cells(sources, vals.shape, to_host(ok))
-    dx, dy = cell_size if cell_size is not None else _coordinate_steps(template)
+    dx, dy = cell_size if cell_size is not None else coordinate_steps(template)
     block = ringed(vals) if xp is np else _ringed_gpu(vals)
     limit = np.inf if max_cost is None else float(max_cost)
     dist, _, pred = solve_block(block, model.kind, steps_of(float(dx), float(dy)), cells, device=dev, limit=limit)
@@ -109,20 +110,10 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
         outputs.append(allocate_gpu(pred, cells) if dev == "gpu" else allocate_block(pred, cells))
     if template is None:
         return tuple(outputs)
-    import xarray as xr
-
-    def like(values, name, attrs):
-        return xr.DataArray(values, coords=template.coords, dims=template.dims, name=name,
-                            attrs={**template.attrs, **attrs})
-
     named = [("distance", {"weight": model.name, "units": "seconds" if model.name.startswith("walk") else "cost"}),
              ("predecessor", {"codes": "0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none"}),
              ("source", {"codes": "the nearest source's number (1, 2, ...); 0 none"})]
-    return tuple(like(values, name, attrs) for values, (name, attrs) in zip(outputs, named))
-
-
-def _is_dataarray(x) -> bool:
-    return type(x).__name__ == "DataArray" and hasattr(x, "dims")
+    return tuple(like(template, values, name, attrs) for values, (name, attrs) in zip(outputs, named))
 
 
 def _ringed_gpu(vals):
@@ -135,8 +126,8 @@ def _ringed_gpu(vals):
 
 def _source_cells(sources, shape, ok) -> np.ndarray:
     """(n, 2) source cells from (row, col) pairs or a raster whose non-zero cells are sources."""
-    if is_cupy(sources) or (hasattr(sources, "shape") and tuple(sources.shape) == tuple(shape)) or _is_dataarray(sources):
-        mask = to_host(sources.data if _is_dataarray(sources) else sources)
+    if is_cupy(sources) or (hasattr(sources, "shape") and tuple(sources.shape) == tuple(shape)) or is_dataarray(sources):
+        mask = to_host(sources.data if is_dataarray(sources) else sources)
         cells = np.argwhere(np.nan_to_num(mask) != 0)
     else:
         cells = np.asarray(sources, np.int64).reshape(-1, 2)
@@ -148,17 +139,3 @@ def _source_cells(sources, shape, ok) -> np.ndarray:
         if not ok[r, c]:
             raise InputError(f"source cell {r},{c} lies on a nodata cell")
     return cells
-
-
-def _coordinate_steps(template) -> tuple[float, float]:
-    """Cell size from a DataArray's 1-D x/y coordinates (regular grids), else (1, 1)."""
-    if template is None:
-        return 1.0, 1.0
-    steps = []
-    for dim in (template.dims[1], template.dims[0]):
-        coord = template.coords.get(dim)
-        if coord is None or coord.size < 2:
-            steps.append(1.0)
-        else:
-            steps.append(float(abs(coord.values[1] - coord.values[0])))
-    return steps[0], steps[1]
