@@ -1,0 +1,2 @@
+"""Watersheds, basins, stream networks and HAND on flow directions (issue 30): numba kernels in
+:mod:`._cpu`, in-memory rasters in :mod:`.array`."""
