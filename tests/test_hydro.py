@@ -176,7 +176,7 @@ def test_basins_equal_reverse_traversal(routed):
     np.testing.assert_array_equal(table.cells, np.bincount(ref.ravel(), minlength=len(terminals) + 1)[1:])
 
 
-@pytest.mark.parametrize("threshold", [1, 4, 25])
+@pytest.mark.parametrize("threshold", [1, 25])
 def test_stream_order_and_links_equal_recursion(routed, threshold):
     z, d, acc = routed
     stream, strahler, shreve, link, heads, ds = reference_network(d, acc, threshold)
@@ -202,7 +202,7 @@ def test_stream_order_and_links_equal_recursion(routed, threshold):
         assert table.strahler[i] == ref_s[tail] and table.shreve[i] == ref_m[tail]
 
 
-@pytest.mark.parametrize("threshold", [1, 6, 40])
+@pytest.mark.parametrize("threshold", [3, 40])
 def test_hand_equals_walk_down(routed, threshold):
     z, d, acc = routed
     zf = np.where(np.isnan(z), 0.0, z)
