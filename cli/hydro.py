@@ -1,0 +1,101 @@
+"""``terrain watershed | basins | streams | hand STORE``: the hydrology on ``terrain flow``'s
+directions (terrain_io.grid.hydro.pipeline)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import overwrite_files_option, quiet, say, table_option
+from .main import cli
+
+memory_option = click.option("--memory", default=None, metavar="SIZE",
+                             help="Memory budget, e.g. 2GB (default: half the free RAM).")
+threshold_option = click.option("--threshold", type=float, required=True,
+                                help="A cell is on a stream where its accumulation reaches this (> 0).")
+units_option = click.option("--units", type=click.Choice(["cells", "m2"]), default="cells", show_default=True,
+                            help="Units of --threshold: cells, or square metres of upstream area.")
+
+
+def _pair(text: str, what: str) -> tuple[float, float]:
+    try:
+        a, b = (float(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{what} must be two numbers A,B, got {text!r}") from None
+    return a, b
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--at", "points", multiple=True, metavar="X,Y",
+              help="An outlet in map coordinates (the store's CRS); repeat for several.")
+@click.option("--cell", "cells", multiple=True, metavar="ROW,COL", help="An outlet given by its cell; repeatable.")
+@click.option("--name", default="default", show_default=True, help="The result: STORE/watershed/NAME/label.")
+@memory_option
+def watershed(store, points, cells, name, memory):
+    """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
+    order given -- --at first, then --cell -- a cell drains to first; 0 none). A nested outlet splits
+    its parent's area (ESRI Watershed, Whitebox)."""
+    from terrain_io.grid.hydro.pipeline import watershed as run
+    from terrain_io.store import TerrainStore
+
+    if not points and not cells:
+        raise click.UsageError("give the outlets: --at X,Y or --cell ROW,COL (repeatable)")
+    st = TerrainStore.open(store)
+    outlets = []
+    for p in points:
+        x, y = _pair(p, "--at")
+        outlets.append(st.map_to_cell(x, y))
+    for c in cells:
+        r, col = _pair(c, "--cell")
+        outlets.append((int(r), int(col)))
+    say(run(st, outlets, name=name, memory=memory, progress=not quiet()).line)
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@table_option("the basin table (id, outlet cell and its centre, cells, area)")
+@overwrite_files_option
+@memory_option
+def basins(store, table, memory):
+    """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
+    at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
+    from terrain_io.grid.hydro.pipeline import basins as run, write_table
+
+    result = run(store, memory=memory, progress=not quiet())
+    if table is not None:
+        write_table(result, table)
+    say(result.line + (f"; table -> {table}" if table is not None else ""))
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@threshold_option
+@units_option
+@table_option("the link table (id, downstream link, Strahler order, Shreve magnitude, cells, head, tail)")
+@overwrite_files_option
+@memory_option
+def streams(store, threshold, units, table, memory):
+    """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
+    (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
+    a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
+    from terrain_io.grid.hydro.pipeline import streams as run, write_table
+
+    result = run(store, threshold, units=units, memory=memory, progress=not quiet())
+    if table is not None:
+        write_table(result, table)
+    say(result.line + (f"; table -> {table}" if table is not None else ""))
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@threshold_option
+@units_option
+@memory_option
+def hand(store, threshold, units, memory):
+    """Height above the nearest drainage: STORE/hand/height (float32: a cell's elevation minus that
+    of the first stream cell on its flow path; NaN where it meets none) and hand/drainage (that
+    cell's link id, 0 none). Streams as terrain streams --threshold defines them."""
+    from terrain_io.grid.hydro.pipeline import hand as run
+
+    say(run(store, threshold, units=units, memory=memory, progress=not quiet()).line)

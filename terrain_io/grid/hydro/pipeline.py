@@ -1,0 +1,197 @@
+"""Watersheds, basins, streams and HAND of a store routed by ``terrain flow``, in core.
+
+Each command reads ``flow/direction`` (and ``flow/accumulation``, and for HAND the elevations the
+flow was routed on: ``flow``'s ``source`` attribute) whole, runs the kernels of :mod:`._cpu`, and
+writes its result group atomically (``TerrainStore.write_result``), shard by shard in parallel
+threads. A DEM whose arrays and scratch do not fit the memory budget is refused with one line (out
+of core: not written yet).
+"""
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import InputError
+from ...memory import format_bytes, memory_budget
+from ...progress import progress_bar
+from ...store import TerrainStore, Window
+from .._tiled import table_cell, write_held
+from ..flow.codes import NODATA
+from . import _cpu
+
+# host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
+# network's mask, donors, Strahler, Shreve, link, scratch 12; + HAND's elevation 8, drainage
+# elevation 8, height 4, link 4)
+BYTES = {"watershed": 22, "basins": 22, "streams": 42, "hand": 66}
+UNITS = ("cells", "m2")
+
+
+@dataclass
+class HydroResult:
+    """What a command computed: its one summary line, the result group's attributes and, for
+    basins and streams, a table (column name -> 1-D array, one row per basin or link)."""
+
+    line: str
+    attrs: dict
+    table: dict | None = None
+
+
+def write_table(result: HydroResult, path) -> Path:
+    """The result's table as CSV (written under a temporary name, renamed when complete)."""
+    from ...atomic import atomic_file
+
+    path = Path(path)
+    names = list(result.table)
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(names)
+        for row in zip(*(result.table[n] for n in names)):
+            out.writerow([table_cell(v) for v in row])
+    return path
+
+
+def _open(store, what: str, memory) -> TerrainStore:
+    if not isinstance(store, TerrainStore):
+        store = TerrainStore.open(Path(store))
+    if "flow/direction" not in store.results():
+        raise InputError(f"{store.path}: no flow directions: run terrain flow {store.path} first")
+    rows, cols = store.shape
+    need, budget = rows * cols * BYTES[what], memory_budget(memory)
+    if need > budget:
+        raise InputError(f"{what} runs in core and needs about {format_bytes(need)} for this {rows:,} x {cols:,} DEM, "
+                         f"more than the memory budget {format_bytes(budget)} (raise --memory; out of core is not "
+                         f"implemented yet)")
+    return store
+
+
+def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
+    rows, cols = store.shape
+    with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
+        out = store.read(Window(0, rows, 0, cols), name)
+        bar.update(1)
+    return out
+
+
+def _threshold_cells(store: TerrainStore, threshold: float, units: str) -> float:
+    if units not in UNITS:
+        raise InputError(f"units must be one of {', '.join(UNITS)}, got {units!r}")
+    if not np.isfinite(threshold) or not threshold > 0:
+        raise InputError(f"the threshold must be a number > 0, got {threshold}")
+    if units == "m2":
+        dx, dy = store.metric_cell_size
+        return threshold / (dx * dy)
+    return threshold
+
+
+def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict) -> None:
+    """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs)), atomically."""
+    with store.write_result(group, attrs=attrs) as writer:
+        pairs = []
+        for name, (values, fill, a) in arrays.items():
+            arr = writer.create_array(name, values.dtype, fill, attrs=a)
+            pairs.append((arr, lambda s, v=values: v[s]))
+        write_held(store, *pairs)
+
+
+def watershed(store, cells, *, name: str = "default", memory=None, progress: bool = True) -> HydroResult:
+    """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col) first)."""
+    t0 = time.perf_counter()
+    store = _open(store, "watershed", memory)
+    code = _read(store, "flow/direction", progress)
+    rows, cols = code.shape
+    flat = []
+    for i, (r, c) in enumerate(cells, 1):
+        if not (0 <= r < rows and 0 <= c < cols):
+            raise InputError(f"outlet {i} lies outside the DEM (cell {r}, {c} of {rows:,} x {cols:,})")
+        if code[r, c] == NODATA:
+            raise InputError(f"outlet {i} lies on nodata (cell {r}, {c})")
+        flat.append(r * cols + c)
+    if len(set(flat)) != len(flat):
+        raise InputError("two outlets lie in the same cell")
+    label = _cpu.label_outlets(code, np.asarray(flat, np.int64))
+    counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
+    dx, dy = store.metric_cell_size
+    attrs = {"outlets": [[int(r), int(c)] for r, c in cells], "cells": counts.tolist(),
+             "area_m2": (counts * dx * dy).tolist()}  # one entry an outlet given: small
+    _write(store, f"watershed/{name}", {"label": (label, 0, {"outlet_ids": "1.. in the order given; 0 none"})}, attrs)
+    sec = time.perf_counter() - t0
+    return HydroResult(f"watershed {name}: {len(flat)} outlets, {int(counts.sum()):,} cells drain to them, largest "
+                       f"{int(counts.max()):,} cells, {sec:.2f} s (cpu, incore)", attrs)
+
+
+def basins(store, *, memory=None, progress: bool = True) -> HydroResult:
+    """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
+    (attributes ``outlet_row``, ``outlet_col``, ``cells``, ``area_m2``)."""
+    t0 = time.perf_counter()
+    store = _open(store, "basins", memory)
+    code = _read(store, "flow/direction", progress)
+    label, outlet, counts = _cpu.label_basins(code)
+    row, col = np.divmod(outlet, code.shape[1])
+    dx, dy = store.metric_cell_size
+    attrs = {"basins": len(outlet)}
+    x, y = store.cell_to_map(row, col)
+    table = {"id": np.arange(1, len(outlet) + 1), "outlet_row": row, "outlet_col": col, "outlet_x": x, "outlet_y": y,
+             "cells": counts, "area_m2": counts * dx * dy}
+    _write(store, "basins", {"label": (label, 0, {"ids": "1.. in row-major order of the outlet cells; 0 nodata"})},
+           attrs)
+    sec = time.perf_counter() - t0
+    return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
+                       f"(cpu, incore)", attrs, table)
+
+
+def _network(store, what, threshold, units, memory, progress):
+    store = _open(store, what, memory)
+    cells = _threshold_cells(store, threshold, units)
+    code = _read(store, "flow/direction", progress)
+    acc = _read(store, "flow/accumulation", progress)
+    if store.group["flow/accumulation"].attrs.get("units") != "cells" and units == "m2":
+        raise InputError("--units m2 needs an accumulation of cells (this flow summed weights)")
+    return store, code, acc, cells
+
+
+def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True) -> HydroResult:
+    """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
+    of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``)."""
+    t0 = time.perf_counter()
+    store, code, acc, cells = _network(store, "streams", threshold, units, memory, progress)
+    net = _cpu.stream_network(code, acc, cells)
+    t = net.links
+    attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "links": len(t.head)}
+    w = code.shape[1]
+    hr, hc = np.divmod(t.head, w)
+    tr, tc = np.divmod(t.tail, w)
+    table = {"id": np.arange(1, len(t.head) + 1), "downstream": t.downstream, "strahler": t.strahler,
+             "shreve": t.shreve, "cells": t.cells, "head_row": hr, "head_col": hc, "tail_row": tr, "tail_col": tc,
+             "upstream_cells": acc.reshape(-1)[t.tail]}
+    _write(store, "streams", {"order": (net.strahler, 0, {"method": "strahler"}),
+                              "magnitude": (net.shreve, 0, {"method": "shreve"}),
+                              "link": (net.link, 0, {"ids": "1.. in row-major order of the link heads; 0 off"})}, attrs)
+    sec = time.perf_counter() - t0
+    n = int(np.count_nonzero(net.stream))
+    return HydroResult(f"streams: {n:,} stream cells (accumulation >= {cells:g} cells), {len(t.head):,} links, highest "
+                       f"Strahler order {int(t.strahler.max(initial=0))}, {sec:.2f} s (cpu, incore)", attrs, table)
+
+
+def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True) -> HydroResult:
+    """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
+    (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
+    t0 = time.perf_counter()
+    store, code, acc, cells = _network(store, "hand", threshold, units, memory, progress)
+    net = _cpu.stream_network(code, acc, cells)
+    del acc
+    source = store.group["flow"].attrs.get("source", "elevation")
+    z = _read(store, source, progress)
+    height, drainage = _cpu.height_above_drainage(code, z, net)
+    del z
+    attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "elevation": source}
+    _write(store, "hand", {"height": (height, float("nan"), {"units": "elevation units above the drainage"}),
+                           "drainage": (drainage, 0, {"ids": "streams' link ids; 0 none"})}, attrs)
+    sec = time.perf_counter() - t0
+    ok = ~np.isnan(height)
+    top = float(height[ok].max()) if ok.any() else float("nan")
+    return HydroResult(f"hand: {int(ok.sum()):,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
+                       f"{top:.6g}, {sec:.2f} s (cpu, incore)", attrs)

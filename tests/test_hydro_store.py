@@ -1,0 +1,112 @@
+"""``terrain watershed | basins | streams | hand`` on stores: the stored results equal the references
+of test_hydro (a reverse-graph traversal, a recursion, a flow-path walk) on the stored directions;
+bad input is one line, exit 1, nothing written."""
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli.main import _register, cli
+from references import utm_store
+from terrain_io.grid.flow.codes import NODATA
+from test_hydro import dem, reference_hand, reference_labels, reference_network
+
+_register()
+pytestmark = pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hydro") / "a.zarr"
+    utm_store(path, dem(7).astype(np.float32), tile=16, shard=2)
+    res = run("flow", path, "--condition", "fill")
+    assert res.exit_code == 0, res.output
+    from terrain_io.store import TerrainStore
+
+    st = TerrainStore.open(path)
+    arrays = {n: np.asarray(st.group[n][...]) for n in ("flow/direction", "flow/accumulation", "fill/elevation")}
+    return path, arrays
+
+
+def read(path, name):
+    from terrain_io.store import TerrainStore
+
+    return np.asarray(TerrainStore.open(path).group[name][...])
+
+
+def test_watershed_and_basins(routed, tmp_path):
+    path, a = routed
+    d = a["flow/direction"]
+    cells = [tuple(int(v) for v in c) for c in np.argwhere(a["flow/accumulation"] >= 60)[::5][:4]]
+    x, y = 500000.0 + 30 * (cells[0][1] + 0.5), 4100000.0 - 30 * (cells[0][0] + 0.5)
+    args = ["watershed", path, "--at", f"{x},{y}", "--name", "g"]
+    for r, c in cells[1:]:
+        args += ["--cell", f"{r},{c}"]
+    res = run(*args)
+    assert res.exit_code == 0, res.output
+    assert res.output.count("\n") == 1 and res.output.startswith("watershed g: 4 outlets")
+    np.testing.assert_array_equal(read(path, "watershed/g/label"), reference_labels(d, cells))
+    res = run("basins", path, "--table", tmp_path / "b.csv")
+    assert res.exit_code == 0, res.output
+    terminals = sorted((r, c) for r, c in np.argwhere(d != NODATA) if d[r, c] >= 8)
+    ref = reference_labels(d, [tuple(int(v) for v in t) for t in terminals])
+    np.testing.assert_array_equal(read(path, "basins/label"), ref)
+    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    assert [int(r["cells"]) for r in rows] == np.bincount(ref.ravel())[1:].tolist()
+    assert [float(r["area_m2"]) for r in rows] == [900.0 * int(r["cells"]) for r in rows]
+
+
+def test_streams_and_hand(routed, tmp_path):
+    path, a = routed
+    d, acc, z = a["flow/direction"], a["flow/accumulation"], a["fill/elevation"]
+    res = run("streams", path, "--threshold", 9000, "--units", "m2", "--table", tmp_path / "s.csv")  # 10 cells
+    assert res.exit_code == 0, res.output
+    stream, strahler, shreve, link, heads, ds = reference_network(d, acc, 10)
+    ref_s = np.zeros(d.shape, np.int64)
+    for cell in stream:
+        ref_s[cell] = strahler[cell]
+    np.testing.assert_array_equal(read(path, "streams/order"), ref_s)
+    np.testing.assert_array_equal(read(path, "streams/link"), link)
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert len(rows) == len(heads)
+    for row in rows:  # the downstream link is the link of the cell below the tail
+        nxt = ds[(int(row["tail_row"]), int(row["tail_col"]))]
+        assert int(row["downstream"]) == (link[nxt] if nxt is not None else 0)
+    res = run("hand", path, "--threshold", 10)
+    assert res.exit_code == 0, res.output
+    zf = np.where(np.isnan(z), 0, z)
+    ref, first = reference_hand(zf, d, stream)
+    got = read(path, "hand/height")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(got[~np.isnan(ref)], ref[~np.isnan(ref)].astype(np.float32))
+    drain = read(path, "hand/drainage")
+    assert all(drain[cell] == link[c] for cell, c in first.items())
+
+
+def test_bad_input(routed, tmp_path):
+    path, _ = routed
+    bare = tmp_path / "bare.zarr"
+    utm_store(bare, dem(8, shape=(20, 20)).astype(np.float32))
+    for args, words in [
+        (["streams", bare, "--threshold", 5], "run terrain flow"),
+        (["basins", bare], "run terrain flow"),
+        (["streams", path, "--threshold", 0], "threshold must be a number > 0"),
+        (["hand", path, "--threshold", -3], "threshold must be a number > 0"),
+        (["watershed", path, "--cell", "500,3", "--name", "bad"], "outside the DEM"),
+        (["watershed", path, "--at", "0,0", "--name", "bad"], "outside the DEM"),
+        (["streams", path, "--threshold", 5, "--memory", "1KB"], "memory budget"),
+    ]:
+        res = run(*args)
+        assert res.exit_code == 1 and res.output.startswith("terrain: error:") and words in res.output, (args, res.output)
+        assert res.output.count("\n") == 1
+    from terrain_io.store import TerrainStore
+
+    assert "watershed/bad/label" not in TerrainStore.open(path).results()
+    assert not any(k.startswith("streams") for k in TerrainStore.open(bare).results())
