@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .common import overwrite_files_option, quiet, say, table_option
+from .common import new_output_file, overwrite_files_option, quiet, say, table_option
 from .main import cli
 
 memory_option = click.option("--memory", default=None, metavar="SIZE",
@@ -73,18 +73,24 @@ def basins(store, table, memory):
 @threshold_option
 @units_option
 @table_option("the link table (id, downstream link, Strahler order, Shreve magnitude, cells, head, tail)")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=new_output_file,
+              help="Write the network as vectors, one LineString a link (.gpkg, .geojson, .shp, .fgb).")
 @overwrite_files_option
 @memory_option
-def streams(store, threshold, units, table, memory):
+def streams(store, threshold, units, table, output, memory):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
     from terrain_io.grid.hydro.pipeline import streams as run, write_table
 
-    result = run(store, threshold, units=units, memory=memory, progress=not quiet())
+    overwrite = click.get_current_context().meta.get("overwrite", False)
+    result = run(store, threshold, units=units, memory=memory, progress=not quiet(), vectors=output,
+                 overwrite=overwrite)
     if table is not None:
         write_table(result, table)
-    say(result.line + (f"; table -> {table}" if table is not None else ""))
+    say(result.line + (f"; table -> {table}" if table is not None else "")
+        + (f"; links -> {output}" if output is not None else ""))
 
 
 @cli.command()

@@ -110,3 +110,37 @@ def test_bad_input(routed, tmp_path):
 
     assert "watershed/bad/label" not in TerrainStore.open(path).results()
     assert not any(k.startswith("streams") for k in TerrainStore.open(bare).results())
+
+
+@pytest.mark.parametrize("suffix", [".gpkg", ".geojson"])
+def test_stream_vectors_follow_the_flow(routed, tmp_path, suffix):
+    pyogrio = pytest.importorskip("pyogrio")
+    path, a = routed
+    d, acc, z = a["flow/direction"], a["flow/accumulation"], a["fill/elevation"]
+    out = tmp_path / f"links{suffix}"
+    res = run("streams", path, "--threshold", 10, "-o", out)
+    assert res.exit_code == 0, res.output
+    stream, strahler, shreve, link, heads, ds = reference_network(d, acc, 10)
+    meta, _, geometry, values = pyogrio.raw.read(out)
+    from rasterio.crs import CRS
+    from terrain_io.store import TerrainStore
+
+    assert CRS.from_user_input(meta["crs"]) == CRS.from_user_input(TerrainStore.open(path).crs)
+    f = dict(zip(meta["fields"], values))
+    assert len(geometry) == len(heads) and list(f["link"]) == list(range(1, len(heads) + 1))
+    for i, wkb in enumerate(geometry):
+        n = int(np.frombuffer(wkb[5:9], "<u4")[0])
+        xy = np.frombuffer(wkb[9:], "<f8").reshape(n, 2)
+        cells = [(int((4100000.0 - y) // 30), int((x - 500000.0) // 30)) for x, y in xy]
+        assert cells[0] == heads[i]
+        # each vertex is the flow's next cell from the one before; the last is the downstream link's head
+        k = int((link == i + 1).sum())
+        assert k == f["cells"][i] and len(cells) == k + (1 if f["downstream"][i] or k == 1 else 0)
+        for a_, b_ in zip(cells, cells[1:]):
+            assert a_ == b_ or ds[a_] == b_
+        assert all(link[c] == i + 1 for c in cells[: int(f["cells"][i])])
+        nxt = ds[cells[int(f["cells"][i]) - 1]]
+        assert f["downstream"][i] == (link[nxt] if nxt is not None else 0)
+        assert f["strahler"][i] == strahler[cells[0]] and f["shreve"][i] == shreve[cells[0]]
+        assert f["drop"][i] == pytest.approx(float(z[cells[0]]) - float(z[cells[-1]]))
+        assert f["upstream_m2"][i] == 900.0 * acc[cells[int(f["cells"][i]) - 1]]

@@ -19,7 +19,9 @@ from ...errors import InputError
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
+from ...atomic import atomic_files
 from .._tiled import table_cell, write_held
+from ..sssp.path import VECTOR_DRIVERS, check_paths_output
 from ..flow.codes import NODATA
 from . import _cpu
 
@@ -153,10 +155,20 @@ def _network(store, what, threshold, units, memory, progress):
     return store, code, acc, cells
 
 
-def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True) -> HydroResult:
+def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
+            overwrite: bool = False) -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
-    of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``)."""
+    of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``); with
+    ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
     t0 = time.perf_counter()
+    if vectors is not None:
+        check_paths_output(vectors, overwrite)  # before the work
+        try:
+            import pyogrio  # noqa: F401
+        except ImportError:
+            from ...points import VECTOR_EXTRA
+
+            raise InputError(f"{vectors}: writing stream links needs pyogrio ({VECTOR_EXTRA})") from None
     store, code, acc, cells = _network(store, "streams", threshold, units, memory, progress)
     net = _cpu.stream_network(code, acc, cells)
     t = net.links
@@ -170,6 +182,9 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     _write(store, "streams", {"order": (net.strahler, 0, {"method": "strahler"}),
                               "magnitude": (net.shreve, 0, {"method": "shreve"}),
                               "link": (net.link, 0, {"ids": "1.. in row-major order of the link heads; 0 off"})}, attrs)
+    if vectors is not None:
+        z = _read(store, store.group["flow"].attrs.get("source", "elevation"), progress)
+        write_links(store, code, acc, z, net, vectors, overwrite)
     sec = time.perf_counter() - t0
     n = int(np.count_nonzero(net.stream))
     return HydroResult(f"streams: {n:,} stream cells (accumulation >= {cells:g} cells), {len(t.head):,} links, highest "
@@ -195,3 +210,51 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     top = float(height[ok].max()) if ok.any() else float("nan")
     return HydroResult(f"hand: {int(ok.sum()):,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
                        f"{top:.6g}, {sec:.2f} s (cpu, incore)", attrs)
+
+
+def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, overwrite: bool = False) -> Path:
+    """One LineString a stream link, in the store's CRS: vertices at the centres of its cells in
+    flow order, then the head of its downstream link (links meet at junctions; a lone cell with no
+    downstream link is a line of two equal points). Fields: ``link``, ``downstream`` (0: the flow
+    path ends), ``strahler``, ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres),
+    ``upstream`` (accumulation at the link's last cell: cells, or the flow's weights),
+    ``upstream_m2`` (that many cells' area; NaN for weights), ``drop`` (first vertex's elevation
+    minus the last's)."""
+    from pyogrio import raw
+
+    out = Path(out)
+    driver = VECTOR_DRIVERS[out.suffix.lower()]
+    flat, order, m = _cpu.flow_order(code)
+    stream, link, t = net.stream.reshape(-1), net.link.reshape(-1), net.links
+    seq = order[:m][stream[order[:m]]]  # stream cells, each after its donors
+    seq = seq[np.argsort(link[seq], kind="stable")]  # grouped by link, in flow order within each
+    ends = np.cumsum(t.cells)
+    w = code.shape[1]
+    dx, dy = store.metric_cell_size
+    zf, accf = np.asarray(z).reshape(-1), np.asarray(acc).reshape(-1)
+    n = len(t.head)
+    geometry = np.empty(n, object)
+    length, drop = np.zeros(n), np.zeros(n)
+    for i in range(n):
+        cells = seq[ends[i] - t.cells[i] : ends[i]]
+        if t.downstream[i]:
+            cells = np.append(cells, t.head[t.downstream[i] - 1])
+        elif len(cells) == 1:
+            cells = np.append(cells, cells)
+        r, c = np.divmod(cells, w)
+        x, y = store.cell_to_map(r, c)
+        xy = np.ascontiguousarray(np.column_stack([x, y]), "<f8")
+        geometry[i] = b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()  # ISO WKB LineString
+        length[i] = np.hypot(np.diff(r) * dy, np.diff(c) * dx).sum()
+        drop[i] = float(zf[cells[0]]) - float(zf[cells[-1]])
+    upstream = accf[t.tail].astype(np.float64)
+    counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
+    fields = {"link": np.arange(1, n + 1, dtype=np.int64), "downstream": t.downstream.astype(np.int64),
+              "strahler": t.strahler.astype(np.int32), "shreve": t.shreve.astype(np.int64),
+              "cells": t.cells, "length_m": length, "upstream": upstream,
+              "upstream_m2": upstream * dx * dy if counted else np.full(n, np.nan), "drop": drop}
+    side = (".shx", ".dbf", ".prj", ".cpg") if driver == "ESRI Shapefile" else ()
+    with atomic_files(out, overwrite, side=side) as tmp:
+        raw.write(str(tmp / out.name), geometry, list(fields.values()), list(fields), layer=out.stem, driver=driver,
+                  geometry_type="LineString", crs=store.crs or None)
+    return out
