@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import numpy as np
 
 from .common import new_output_file, overwrite_files_option, quiet, say, table_option
 from .main import cli
@@ -28,28 +29,38 @@ def _pair(text: str, what: str) -> tuple[float, float]:
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--at", "points", multiple=True, metavar="X,Y",
-              help="An outlet in map coordinates (the store's CRS); repeat for several.")
+              help="An outlet in map coordinates (the store's CRS, or --at-crs); repeat for several.")
+@click.option("--at-crs", default=None, metavar="CRS", help="CRS of the --at coordinates, e.g. EPSG:4326.")
 @click.option("--cell", "cells", multiple=True, metavar="ROW,COL", help="An outlet given by its cell; repeatable.")
+@click.option("--outlets", "outlets_file", default=None, metavar="FILE|ARRAY",
+              help="Outlets from a file: points (GeoJSON, GeoPackage, Shapefile, CSV) or a raster aligned with "
+                   "the DEM whose non-zero cells are outlets (the readers of terrain sssp --sources).")
+@click.option("--outlets-crs", default=None, metavar="CRS", help="CRS of the --outlets points [default: the file's].")
+@click.option("--snap", type=float, default=None, metavar="DIST",
+              help="Move each outlet to the cell of largest accumulation within DIST map units (ESRI Snap Pour "
+                   "Point); the result's attributes record where.")
 @click.option("--name", default="default", show_default=True, help="The result: STORE/watershed/NAME/label.")
 @memory_option
-def watershed(store, points, cells, name, memory):
+def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, memory):
     """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
-    order given -- --at first, then --cell -- a cell drains to first; 0 none). A nested outlet splits
-    its parent's area (ESRI Watershed, Whitebox)."""
+    order given -- --at, then --cell, then --outlets -- a cell drains to first; 0 none). A nested
+    outlet splits its parent's area (ESRI Watershed, Whitebox)."""
     from terrain_io.grid.hydro.pipeline import watershed as run
+    from terrain_io.points import from_coordinates, read_points
     from terrain_io.store import TerrainStore
 
-    if not points and not cells:
-        raise click.UsageError("give the outlets: --at X,Y or --cell ROW,COL (repeatable)")
+    if not points and not cells and outlets_file is None:
+        raise click.UsageError("give the outlets: --at X,Y, --cell ROW,COL (repeatable) or --outlets FILE")
     st = TerrainStore.open(store)
-    outlets = []
-    for p in points:
-        x, y = _pair(p, "--at")
-        outlets.append(st.map_to_cell(x, y))
-    for c in cells:
-        r, col = _pair(c, "--cell")
-        outlets.append((int(r), int(col)))
-    say(run(st, outlets, name=name, memory=memory, progress=not quiet()).line)
+    parts = []
+    if points:
+        parts.append(from_coordinates(st, [_pair(p, "--at") for p in points], what="outlet", crs=at_crs).cells)
+    if cells:
+        parts.append(from_coordinates(st, [_pair(c, "--cell") for c in cells], cell=True, what="outlet").cells)
+    if outlets_file is not None:
+        parts.append(read_points(outlets_file, st, outlets_crs, what="outlet").cells)
+    outlets = np.concatenate(parts)
+    say(run(st, outlets, name=name, snap=snap, memory=memory, progress=not quiet()).line)
 
 
 @cli.command()

@@ -144,3 +144,32 @@ def test_stream_vectors_follow_the_flow(routed, tmp_path, suffix):
         assert f["strahler"][i] == strahler[cells[0]] and f["shreve"][i] == shreve[cells[0]]
         assert f["drop"][i] == pytest.approx(float(z[cells[0]]) - float(z[cells[-1]]))
         assert f["upstream_m2"][i] == 900.0 * acc[cells[int(f["cells"][i]) - 1]]
+
+
+def test_snap_and_outlets_file(routed, tmp_path):
+    path, a = routed
+    d, acc = a["flow/direction"], a["flow/accumulation"]
+    rng = np.random.default_rng(3)
+    valid = np.argwhere(d != NODATA)
+    given = [tuple(int(v) for v in valid[i]) for i in rng.choice(len(valid), 3, replace=False)]
+    dist = 75.0  # map units (30 m cells): 2.5 cells
+    snapped = []
+    for r, c in given:  # brute force over every cell: the largest accumulation within dist, nearest, row-major
+        best = None
+        for rr in range(d.shape[0]):
+            for cc in range(d.shape[1]):
+                d2 = ((rr - r) * 30.0) ** 2 + ((cc - c) * 30.0) ** 2
+                if d[rr, cc] != NODATA and d2 <= dist * dist:
+                    key = (-int(acc[rr, cc]), d2, rr, cc)
+                    best = key if best is None or key < best else best
+        snapped.append((best[2], best[3]))
+    assert len(set(snapped)) == len(snapped) and snapped != given
+    csv_path = tmp_path / "outlets.csv"
+    csv_path.write_text("x,y\n" + "".join(f"{500000 + 30 * (c + 0.5)},{4100000 - 30 * (r + 0.5)}\n" for r, c in given))
+    res = run("watershed", path, "--outlets", csv_path, "--snap", dist, "--name", "snapped")
+    assert res.exit_code == 0, res.output
+    from terrain_io.store import TerrainStore
+
+    attrs = TerrainStore.open(path).group["watershed/snapped"].attrs
+    assert [tuple(p) for p in attrs["snapped"]] == snapped and [tuple(p) for p in attrs["outlets"]] == given
+    np.testing.assert_array_equal(read(path, "watershed/snapped/label"), reference_labels(d, snapped))

@@ -99,30 +99,65 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict) -> None:
         write_held(store, *pairs)
 
 
-def watershed(store, cells, *, name: str = "default", memory=None, progress: bool = True) -> HydroResult:
-    """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col) first)."""
+def snap_outlets(code, acc, cells, dist: float, cell_size) -> np.ndarray:
+    """ESRI Snap Pour Point: each outlet moved to the valid cell of largest accumulation whose centre
+    lies within ``dist`` map units of its own (``cell_size``: dx, dy in map units); ties to the
+    nearest, then the first in row-major order."""
+    dx, dy = cell_size
+    rows, cols = code.shape
+    rr, rc = int(dist // dy), int(dist // dx)
+    out = []
+    for r, c in cells:
+        r0, r1, c0, c1 = max(r - rr, 0), min(r + rr + 1, rows), max(c - rc, 0), min(c + rc + 1, cols)
+        gr, gc = np.mgrid[r0:r1, c0:c1]
+        d2 = ((gr - r) * dy) ** 2 + ((gc - c) * dx) ** 2
+        ok = (d2 <= dist * dist) & (code[r0:r1, c0:c1] != NODATA)
+        a = acc[r0:r1, c0:c1].astype(np.float64)
+        pick = np.lexsort((gc[ok], gr[ok], d2[ok], -a[ok]))[0]
+        out.append((int(gr[ok][pick]), int(gc[ok][pick])))
+    return np.asarray(out, np.int64).reshape(-1, 2)
+
+
+def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
+              progress: bool = True) -> HydroResult:
+    """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col)
+    first); with ``snap`` (map units), the outlets are moved first (:func:`snap_outlets`) and the
+    result's attributes record where to (``snapped``)."""
     t0 = time.perf_counter()
     store = _open(store, "watershed", memory)
     code = _read(store, "flow/direction", progress)
     rows, cols = code.shape
-    flat = []
+    cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
         if not (0 <= r < rows and 0 <= c < cols):
             raise InputError(f"outlet {i} lies outside the DEM (cell {r}, {c} of {rows:,} x {cols:,})")
         if code[r, c] == NODATA:
             raise InputError(f"outlet {i} lies on nodata (cell {r}, {c})")
-        flat.append(r * cols + c)
-    if len(set(flat)) != len(flat):
-        raise InputError("two outlets lie in the same cell")
-    label = _cpu.label_outlets(code, np.asarray(flat, np.int64))
+    given = cells
+    attrs = {"outlets": given.tolist()}
+    if snap is not None:
+        if not np.isfinite(snap) or snap < 0:
+            raise InputError(f"--snap must be a distance >= 0, got {snap}")
+        acc = _read(store, "flow/accumulation", progress)
+        cells = snap_outlets(code, acc, cells, snap, store.cell_size)
+        for i, (r, c) in enumerate(cells, 1):
+            if not acc[r, c] > 0:
+                raise InputError(f"outlet {i} snapped to cell ({r}, {c}), which has no accumulation")
+        del acc
+        attrs.update(snap=snap, snapped=cells.tolist())
+    flat = cells[:, 0] * cols + cells[:, 1]
+    if len(np.unique(flat)) != len(flat):
+        raise InputError("two outlets lie in the same cell" + (" after snapping" if snap is not None else ""))
+    label = _cpu.label_outlets(code, flat)
     counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
     dx, dy = store.metric_cell_size
-    attrs = {"outlets": [[int(r), int(c)] for r, c in cells], "cells": counts.tolist(),
-             "area_m2": (counts * dx * dy).tolist()}  # one entry an outlet given: small
+    attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
     _write(store, f"watershed/{name}", {"label": (label, 0, {"outlet_ids": "1.. in the order given; 0 none"})}, attrs)
     sec = time.perf_counter() - t0
-    return HydroResult(f"watershed {name}: {len(flat)} outlets, {int(counts.sum()):,} cells drain to them, largest "
-                       f"{int(counts.max()):,} cells, {sec:.2f} s (cpu, incore)", attrs)
+    moved = int((cells != given).any(axis=1).sum())
+    return HydroResult(f"watershed {name}: {len(flat)} outlets{f' ({moved} moved by --snap)' if snap is not None else ''}"
+                       f", {int(counts.sum()):,} cells drain to them, largest {int(counts.max()):,} cells, {sec:.2f} s "
+                       f"(cpu, incore)", attrs)
 
 
 def basins(store, *, memory=None, progress: bool = True) -> HydroResult:
