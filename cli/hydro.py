@@ -40,8 +40,12 @@ def _pair(text: str, what: str) -> tuple[float, float]:
               help="Move each outlet to the cell of largest accumulation within DIST map units (ESRI Snap Pour "
                    "Point); the result's attributes record where.")
 @click.option("--name", default="default", show_default=True, help="The result: STORE/watershed/NAME/label.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=new_output_file,
+              help="Also write the watersheds as polygons (.gpkg, .geojson, .shp, .fgb): id, cells, area_m2, outlet.")
+@overwrite_files_option
 @memory_option
-def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, memory):
+def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory):
     """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
     order given -- --at, then --cell, then --outlets -- a cell drains to first; 0 none). A nested
     outlet splits its parent's area (ESRI Watershed, Whitebox)."""
@@ -60,23 +64,31 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
     if outlets_file is not None:
         parts.append(read_points(outlets_file, st, outlets_crs, what="outlet").cells)
     outlets = np.concatenate(parts)
-    say(run(st, outlets, name=name, snap=snap, memory=memory, progress=not quiet()).line)
+    overwrite = click.get_current_context().meta.get("overwrite", False)
+    result = run(st, outlets, name=name, snap=snap, memory=memory, progress=not quiet(), vectors=output,
+                 overwrite=overwrite)
+    say(result.line + (f"; polygons -> {output}" if output is not None else ""))
 
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @table_option("the basin table (id, outlet cell and its centre, cells, area)")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=new_output_file,
+              help="Also write the basins as polygons (.gpkg, .geojson, .shp, .fgb) with the table's fields.")
 @overwrite_files_option
 @memory_option
-def basins(store, table, memory):
+def basins(store, table, output, memory):
     """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
     at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
     from terrain_io.grid.hydro.pipeline import basins as run, write_table
 
-    result = run(store, memory=memory, progress=not quiet())
+    overwrite = click.get_current_context().meta.get("overwrite", False)
+    result = run(store, memory=memory, progress=not quiet(), vectors=output, overwrite=overwrite)
     if table is not None:
         write_table(result, table)
-    say(result.line + (f"; table -> {table}" if table is not None else ""))
+    say(result.line + (f"; table -> {table}" if table is not None else "")
+        + (f"; polygons -> {output}" if output is not None else ""))
 
 
 @cli.command()

@@ -173,3 +173,39 @@ def test_snap_and_outlets_file(routed, tmp_path):
     attrs = TerrainStore.open(path).group["watershed/snapped"].attrs
     assert [tuple(p) for p in attrs["snapped"]] == snapped and [tuple(p) for p in attrs["outlets"]] == given
     np.testing.assert_array_equal(read(path, "watershed/snapped/label"), reference_labels(d, snapped))
+
+
+def test_basin_polygons_cover_their_cells(routed, tmp_path):
+    pyogrio = pytest.importorskip("pyogrio")
+    from rasterio import features
+    from rasterio.crs import CRS
+    from affine import Affine
+    from terrain_io.store import TerrainStore
+
+    path, a = routed
+    out = tmp_path / "basins.gpkg"
+    res = run("basins", path, "-o", out)
+    assert res.exit_code == 0, res.output
+    label = read(path, "basins/label")
+    meta, _, geometry, values = pyogrio.raw.read(out)
+    st = TerrainStore.open(path)
+    assert CRS.from_user_input(meta["crs"]) == CRS.from_user_input(st.crs)
+    f = dict(zip(meta["fields"], values))
+    assert sorted(set(f["id"].tolist())) == list(range(1, label.max() + 1))
+    # the polygons burnt back onto the grid (GDAL's rasterize, cell centres) give the labels again
+    import json
+
+    shapes = []
+    for wkb, i in zip(geometry, f["id"]):
+        nrings = int(np.frombuffer(wkb[5:9], "<u4")[0])
+        off, rings = 9, []
+        for _ in range(nrings):
+            n = int(np.frombuffer(wkb[off : off + 4], "<u4")[0])
+            rings.append(np.frombuffer(wkb[off + 4 : off + 4 + 16 * n], "<f8").reshape(n, 2).tolist())
+            off += 4 + 16 * n
+        shapes.append((json.loads(json.dumps({"type": "Polygon", "coordinates": rings})), int(i)))
+    burnt = features.rasterize(shapes, out_shape=label.shape, transform=Affine.from_gdal(*st.transform), dtype="int32")
+    np.testing.assert_array_equal(burnt, label)
+    cells = np.bincount(label.ravel())[1:]
+    for i, n, area in zip(f["id"], f["cells"], f["area_m2"]):
+        assert n == cells[i - 1] and area == 900.0 * n

@@ -119,11 +119,14 @@ def snap_outlets(code, acc, cells, dist: float, cell_size) -> np.ndarray:
 
 
 def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
-              progress: bool = True) -> HydroResult:
+              progress: bool = True, vectors=None, overwrite: bool = False) -> HydroResult:
     """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col)
     first); with ``snap`` (map units), the outlets are moved first (:func:`snap_outlets`) and the
-    result's attributes record where to (``snapped``)."""
+    result's attributes record where to (``snapped``); ``vectors``: a polygon file of the
+    watersheds (:func:`write_polygons`: outlet id, cells, area_m2, outlet row/col)."""
     t0 = time.perf_counter()
+    if vectors is not None:
+        check_vectors(vectors, overwrite)
     store = _open(store, "watershed", memory)
     code = _read(store, "flow/direction", progress)
     rows, cols = code.shape
@@ -153,6 +156,9 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     dx, dy = store.metric_cell_size
     attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
     _write(store, f"watershed/{name}", {"label": (label, 0, {"outlet_ids": "1.. in the order given; 0 none"})}, attrs)
+    if vectors is not None:
+        write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
+                                      "outlet_col": cells[:, 1]}, vectors, overwrite)
     sec = time.perf_counter() - t0
     moved = int((cells != given).any(axis=1).sum())
     return HydroResult(f"watershed {name}: {len(flat)} outlets{f' ({moved} moved by --snap)' if snap is not None else ''}"
@@ -160,10 +166,12 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
                        f"(cpu, incore)", attrs)
 
 
-def basins(store, *, memory=None, progress: bool = True) -> HydroResult:
+def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False) -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
-    (attributes ``outlet_row``, ``outlet_col``, ``cells``, ``area_m2``)."""
+    (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
     t0 = time.perf_counter()
+    if vectors is not None:
+        check_vectors(vectors, overwrite)
     store = _open(store, "basins", memory)
     code = _read(store, "flow/direction", progress)
     label, outlet, counts = _cpu.label_basins(code)
@@ -175,6 +183,8 @@ def basins(store, *, memory=None, progress: bool = True) -> HydroResult:
              "cells": counts, "area_m2": counts * dx * dy}
     _write(store, "basins", {"label": (label, 0, {"ids": "1.. in row-major order of the outlet cells; 0 nodata"})},
            attrs)
+    if vectors is not None:
+        write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
     sec = time.perf_counter() - t0
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
                        f"(cpu, incore)", attrs, table)
@@ -197,13 +207,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
     t0 = time.perf_counter()
     if vectors is not None:
-        check_paths_output(vectors, overwrite)  # before the work
-        try:
-            import pyogrio  # noqa: F401
-        except ImportError:
-            from ...points import VECTOR_EXTRA
-
-            raise InputError(f"{vectors}: writing stream links needs pyogrio ({VECTOR_EXTRA})") from None
+        check_vectors(vectors, overwrite)
     store, code, acc, cells = _network(store, "streams", threshold, units, memory, progress)
     net = _cpu.stream_network(code, acc, cells)
     t = net.links
@@ -292,4 +296,54 @@ def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, ove
     with atomic_files(out, overwrite, side=side) as tmp:
         raw.write(str(tmp / out.name), geometry, list(fields.values()), list(fields), layer=out.stem, driver=driver,
                   geometry_type="LineString", crs=store.crs or None)
+    return out
+
+
+def check_vectors(out, overwrite: bool) -> None:
+    """Before the work: a known vector suffix, no file there unless ``overwrite``, pyogrio installed."""
+    check_paths_output(out, overwrite)
+    try:
+        import pyogrio  # noqa: F401
+    except ImportError:
+        from ...points import VECTOR_EXTRA
+
+        raise InputError(f"{out}: writing vectors needs pyogrio ({VECTOR_EXTRA})") from None
+
+
+def _wkb_polygon(geom: dict) -> bytes:
+    """A GeoJSON Polygon's rings as ISO WKB (little-endian, type 3)."""
+    rings = geom["coordinates"]
+    parts = [b"\x01" + np.array([3, len(rings)], "<u4").tobytes()]
+    for ring in rings:
+        xy = np.ascontiguousarray(ring, "<f8")
+        parts.append(np.array([len(xy)], "<u4").tobytes() + xy.tobytes())
+    return b"".join(parts)
+
+
+def write_polygons(store: TerrainStore, label: np.ndarray, fields: dict, out, overwrite: bool = False) -> Path:
+    """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
+    8-connected: one polygon a region, a region whose cells touch only at corners one feature a
+    part), with ``fields`` (name -> array indexed by id - 1) and the ``id``."""
+    from affine import Affine
+    from pyogrio import raw
+    from rasterio import features
+
+    out = Path(out)
+    driver = VECTOR_DRIVERS[out.suffix.lower()]
+    t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    geoms, ids = [], []
+    if int(label.max(initial=0)) >= 2**31:
+        raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
+    as_int = label.astype(np.int32)  # the widest integer type rasterio's shapes reads
+    for geom, value in features.shapes(as_int, mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)):
+        geoms.append(_wkb_polygon(geom))
+        ids.append(int(value))
+    order = np.argsort(np.asarray(ids, np.int64), kind="stable")
+    ids = np.asarray(ids, np.int64)[order]
+    geometry = np.array([geoms[i] for i in order], object)
+    values = {"id": ids, **{k: np.asarray(v)[ids - 1] for k, v in fields.items()}}
+    side = (".shx", ".dbf", ".prj", ".cpg") if driver == "ESRI Shapefile" else ()
+    with atomic_files(out, overwrite, side=side) as tmp:
+        raw.write(str(tmp / out.name), geometry, list(values.values()), list(values), layer=out.stem, driver=driver,
+                  geometry_type="Polygon", crs=store.crs or None)
     return out
