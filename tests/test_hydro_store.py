@@ -209,3 +209,21 @@ def test_basin_polygons_cover_their_cells(routed, tmp_path):
     cells = np.bincount(label.ravel())[1:]
     for i, n, area in zip(f["id"], f["cells"], f["area_m2"]):
         assert n == cells[i - 1] and area == 900.0 * n
+
+
+def test_pictures(routed, tmp_path):
+    import rasterio
+
+    path, a = routed
+    assert run("basins", path).exit_code == 0 and run("streams", path, "--threshold", 10).exit_code == 0
+    for name in ("basins/label", "streams/order", "streams/link"):
+        out = tmp_path / (name.replace("/", "_") + ".png")
+        res = run("export", path, name, "-o", out)
+        assert res.exit_code == 0, res.output
+        values = read(path, name)
+        with rasterio.open(out) as f:
+            img = f.read()[:, : values.shape[0], : values.shape[1]]
+        np.testing.assert_array_equal(img[3] == 0, values == 0)  # clear off the basins / the network
+        for v in np.unique(values)[1:6]:  # one colour a value
+            colours = img[:3, values == v].T
+            assert (colours == colours[0]).all()
