@@ -93,9 +93,9 @@ def main():
         folder = Path(tmp)
         z = synth_array(a.size, a.size, seed=1)
         d = flow_direction(z, condition="fill", cell_size=(10.0, 10.0))
-        from terrain_io.grid.flow.array import _filled  # the filled elevations the directions were routed on
+        from terrain_io.grid.fill import fill_array  # the filled elevations the directions were routed on
 
-        zf = np.asarray(_filled(z, ~np.isnan(z), "edge+nodata"), np.float32)
+        zf = np.asarray(fill_array(z, outlets="edge+nodata")[0], np.float32)
         np.save(folder / "d.npy", d), np.save(folder / "acc.npy", flow_accumulation(d)), np.save(folder / "z.npy", zf)
         del z, d, zf
         for tool in ("ours", "pyflwdir"):

@@ -155,7 +155,8 @@ def test_watershed_equals_reverse_traversal(routed):
     valid = np.argwhere(d != NODATA)
     # outlets on the big rivers (nested ones among them) and random cells
     big = np.argwhere(acc >= np.quantile(acc[d != NODATA], 0.97))
-    picks = np.concatenate([big[rng.choice(len(big), 6, replace=False)], valid[rng.choice(len(valid), 6, replace=False)]])
+    picks = np.concatenate([big[rng.choice(len(big), 6, replace=False)],
+                            valid[rng.choice(len(valid), 6, replace=False)]])
     outlets = [tuple(int(v) for v in p) for p in {tuple(p) for p in picks.tolist()}]
     outlets.sort(key=lambda p: (p[1], p[0]))
     got = watershed(d, outlets)

@@ -104,7 +104,8 @@ def test_bad_input(routed, tmp_path):
         (["streams", path, "--threshold", 5, "--memory", "1KB"], "memory budget"),
     ]:
         res = run(*args)
-        assert res.exit_code == 1 and res.output.startswith("terrain: error:") and words in res.output, (args, res.output)
+        assert res.exit_code == 1 and res.output.startswith("terrain: error:"), (args, res.output)
+        assert words in res.output, (args, res.output)
         assert res.output.count("\n") == 1
     from terrain_io.store import TerrainStore
 

@@ -161,7 +161,8 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
                                       "outlet_col": cells[:, 1]}, vectors, overwrite)
     sec = time.perf_counter() - t0
     moved = int((cells != given).any(axis=1).sum())
-    return HydroResult(f"watershed {name}: {len(flat)} outlets{f' ({moved} moved by --snap)' if snap is not None else ''}"
+    note = f" ({moved} moved by --snap)" if snap is not None else ""
+    return HydroResult(f"watershed {name}: {len(flat)} outlets{note}"
                        f", {int(counts.sum()):,} cells drain to them, largest {int(counts.max()):,} cells, {sec:.2f} s "
                        f"(cpu, incore)", attrs)
 
