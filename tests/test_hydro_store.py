@@ -228,3 +228,17 @@ def test_pictures(routed, tmp_path):
         for v in np.unique(values)[1:6]:  # one colour a value
             colours = img[:3, values == v].T
             assert (colours == colours[0]).all()
+
+
+def test_same_bytes_for_every_tile_size(routed, tmp_path):
+    path, a = routed
+    z = dem(7).astype(np.float32)
+    other = tmp_path / "b.zarr"
+    utm_store(other, z, tile=8, shard=4)
+    assert run("flow", other, "--condition", "fill").exit_code == 0
+    for p in (path, other):
+        for args in (["basins"], ["streams", "--threshold", 7], ["hand", "--threshold", 7]):
+            res = run(args[0], p, *args[1:])
+            assert res.exit_code == 0, res.output
+    for name in ("basins/label", "streams/order", "streams/magnitude", "streams/link", "hand/height", "hand/drainage"):
+        assert read(path, name).tobytes() == read(other, name).tobytes(), name
