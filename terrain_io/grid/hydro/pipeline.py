@@ -26,9 +26,9 @@ from ..flow.codes import NODATA
 from . import _cpu
 
 # host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
-# network's mask, donors, Strahler, Shreve, link, scratch 12; + HAND's elevation 8, drainage
-# elevation 8, height 4, link 4)
-BYTES = {"watershed": 22, "basins": 22, "streams": 42, "hand": 66}
+# network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
+# elevations 8; + HAND's elevation 8, drainage elevation 8, height 4, link 4)
+BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "hand": 66}
 UNITS = ("cells", "m2")
 
 
@@ -64,7 +64,7 @@ def _open(store, what: str, memory) -> TerrainStore:
     rows, cols = store.shape
     need, budget = rows * cols * BYTES[what], memory_budget(memory)
     if need > budget:
-        raise InputError(f"{what} runs in core and needs about {format_bytes(need)} for this {rows:,} x {cols:,} DEM, "
+        raise InputError(f"{what.replace('+', ' with ')} runs in core and needs about {format_bytes(need)} for this {rows:,} x {cols:,} DEM, "
                          f"more than the memory budget {format_bytes(budget)} (raise --memory; out of core is not "
                          f"implemented yet)")
     return store
@@ -209,7 +209,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     t0 = time.perf_counter()
     if vectors is not None:
         check_vectors(vectors, overwrite)
-    store, code, acc, cells = _network(store, "streams", threshold, units, memory, progress)
+    what = "streams" if vectors is None else "streams+vectors"
+    store, code, acc, cells = _network(store, what, threshold, units, memory, progress)
     net = _cpu.stream_network(code, acc, cells)
     t = net.links
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "links": len(t.head)}
