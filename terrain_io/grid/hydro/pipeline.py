@@ -64,7 +64,8 @@ def _open(store, what: str, memory) -> TerrainStore:
     rows, cols = store.shape
     need, budget = rows * cols * BYTES[what], memory_budget(memory)
     if need > budget:
-        raise InputError(f"{what.replace('+', ' with ')} runs in core and needs about {format_bytes(need)} for this {rows:,} x {cols:,} DEM, "
+        raise InputError(f"{what.replace('+', ' with ')} runs in core and needs about {format_bytes(need)} for this "
+                         f"{rows:,} x {cols:,} DEM, "
                          f"more than the memory budget {format_bytes(budget)} (raise --memory; out of core is not "
                          f"implemented yet)")
     return store
