@@ -277,3 +277,29 @@ def test_bad_input():
     cycle = np.array([[0, 4]], np.uint8)  # two cells draining into each other
     with pytest.raises(InputError, match="cycles"):
         basins(cycle)
+
+
+def test_watershed_against_pysheds_catchment(routed, tmp_path, monkeypatch):
+    """pysheds' ``catchment`` on the same directions (ESRI codes in a GeoTIFF): equal inside the DEM's
+    outermost ring, which pysheds' catchment leaves out."""
+    if not hasattr(np, "in1d"):  # pysheds 0.5 calls np.in1d, gone in NumPy 2.4 (this test only)
+        monkeypatch.setattr(np, "in1d", np.isin, raising=False)
+    grid_mod = pytest.importorskip("pysheds.grid")
+    rasterio = pytest.importorskip("rasterio")
+    from affine import Affine
+
+    z, d, acc = routed
+    esri = as_pyflwdir(d).astype(np.int32)
+    esri[d == NODATA] = -1
+    path = tmp_path / "d.tif"
+    with rasterio.open(path, "w", driver="GTiff", width=d.shape[1], height=d.shape[0], count=1, dtype="int32",
+                       nodata=-1, transform=Affine(1, 0, 0, 0, -1, d.shape[0]), crs="EPSG:32633") as f:
+        f.write(esri, 1)
+    grid = grid_mod.Grid.from_raster(str(path))
+    fdir = grid.read_raster(str(path))
+    big = np.argwhere(acc >= np.quantile(acc[d != NODATA], 0.9))[::9][:4]
+    for r, c in big:
+        ours = watershed(d, [(int(r), int(c))]) == 1
+        theirs = np.asarray(grid.catchment(x=int(c), y=int(r), fdir=fdir, xytype="index")).astype(bool)
+        np.testing.assert_array_equal(ours[1:-1, 1:-1], theirs[1:-1, 1:-1])
+        assert ours.sum() > 1
