@@ -155,6 +155,7 @@ def _register() -> None:
     from . import fill  # noqa: F401
     from . import depressions  # noqa: F401
     from . import flow  # noqa: F401
+    from . import hydro  # noqa: F401
 
 
 def _exit_interrupted(exc: KeyboardInterrupt):

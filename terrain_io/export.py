@@ -438,7 +438,8 @@ def _ramp_legend(width: int, title: str, ramp: np.ndarray, span: tuple[float, fl
 
 
 def _ids_legend(width: int, name: str, leaf: str, ids: np.ndarray) -> np.ndarray:
-    what = {"depression": "depressions", "basin": "leaf basins", "source": "nearest sources"}[leaf]
+    what = {"depression": "depressions", "basin": "leaf basins", "source": "nearest sources", "label": "basins",
+            "link": "stream links"}[leaf]
     title = f"{name}: {ids.size:,} {what}; clear: 0"
     band = band_for(width, [title])
     band.text(title)
@@ -477,7 +478,13 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
         span = value_range(np.where(ok, z, np.nan))
         rgb = colorize(np.where(ok, z, np.nan), _BLUES, span)
         legend = _ramp_legend(rgb.shape[1], f"water depth (m); clear: dry{every}", _BLUES, span)
-    elif leaf in ("depression", "basin", "source"):  # ids: one colour each, transparent outside
+    elif leaf in ("order", "magnitude") and name.startswith("streams/"):  # Strahler / Shreve: blues, 0 clear
+        ok &= z > 0
+        span = (1.0, float(np.nanmax(np.where(ok, z, np.nan)))) if ok.any() else (1.0, 2.0)
+        rgb = colorize(np.where(ok, z, np.nan), _BLUES, span)
+        legend = _ramp_legend(rgb.shape[1], f"{name} ({store.group[name].attrs.get('method', '')}); clear: off the "
+                              f"network{every}", _BLUES, span)
+    elif leaf in ("depression", "basin", "source", "label", "link"):  # ids: one colour each, transparent outside
         ok &= z > 0
         rgb = _categorical(z)
         legend = _ids_legend(rgb.shape[1], name, leaf, np.unique(z[ok]).astype(np.int64))

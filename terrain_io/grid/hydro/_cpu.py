@@ -1,0 +1,299 @@
+"""numba kernels of the second half of the hydrology workflow on flow directions (``terrain flow``'s
+codes, :mod:`..flow.codes`): watershed and basin labels, stream order and links, HAND. In core.
+
+Cells are flat (row-major) indices k = r * w + c of the direction raster ``code`` (uint8, 1-D view).
+A cell's *downstream* cell is the neighbour its code 0..7 points at (:func:`down`); OUTLET, SINK, a
+code that points off the DEM or at nodata end the flow path (a *terminal* cell).
+
+Order
+    Every kernel walks the flow forest in a topological order built once, O(n) without a queue
+    (as :func:`..flow._cpu.accumulate` does): count each cell's donors, then from every cell without
+    donors walk downstream, appending a cell when its last donor is appended. ``order`` lists every
+    valid cell after all its donors (*upstream first*); read backwards it lists every cell after its
+    downstream cell (*downstream first*).
+
+Labels (watersheds, basins)
+    Downstream first, an unlabelled cell takes its downstream cell's label; seeded cells keep theirs,
+    so a nested outlet splits its parent's area (ESRI Watershed, Whitebox Watershed).
+
+Streams
+    A stream cell: accumulation >= threshold. Upstream first: Strahler (1957) order is 1 at a cell
+    with no stream donor, else the largest order among its stream donors, plus one where two or more
+    donors hold it; Shreve (1966) magnitude is 1 at a cell with no stream donor, else the sum of its
+    stream donors'. A *link* runs from a head (a stream cell whose stream donors are not exactly one:
+    a source or a junction) down to the cell above the next head or the path's end; links are
+    numbered 1, 2, ... in row-major order of their heads.
+
+HAND (Nobre et al. 2011, height above the nearest drainage)
+    Downstream first, a stream cell's drainage is itself; any other cell takes its downstream cell's
+    drainage elevation and link; a path that ends without meeting a stream has none (NaN, link 0).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from ...errors import InputError
+from ...weights import DC, DR
+from ..flow.codes import NODATA
+
+DONE = 255  # donor count of a cell already placed in the order
+
+
+@numba.njit(nogil=True, cache=True)
+def down(code, h, w, k):
+    """The downstream cell of valid cell ``k`` or -1 for a terminal cell (module docstring)."""
+    d = code[k]
+    if d >= 8:
+        return np.int64(-1)
+    r = k // w
+    c = k - r * w
+    r2, c2 = r + DR[d], c + DC[d]
+    if r2 < 0 or r2 >= h or c2 < 0 or c2 >= w:
+        return np.int64(-1)
+    k2 = r2 * w + c2
+    if code[k2] == NODATA:
+        return np.int64(-1)
+    return k2
+
+
+@numba.njit(nogil=True, cache=True)
+def upstream_first(code, h, w, order):
+    """Fill ``order`` (int64, at least the number of valid cells) with the valid cells, each after
+    all its donors (module docstring); returns how many were placed (fewer than the valid cells
+    where the codes hold a cycle)."""
+    n = code.size
+    donors = np.zeros(n, np.uint8)
+    for k in range(n):
+        if code[k] != NODATA:
+            t = down(code, h, w, k)
+            if t >= 0:
+                donors[t] += 1
+    m = 0
+    for k0 in range(n):
+        if donors[k0] != 0 or code[k0] == NODATA:
+            continue
+        k = k0
+        while True:
+            order[m] = k
+            m += 1
+            donors[k] = DONE
+            t = down(code, h, w, k)
+            if t < 0:
+                break
+            donors[t] -= 1
+            if donors[t] != 0:
+                break
+            k = t
+    return m
+
+
+@numba.njit(nogil=True, cache=True)
+def spread_labels(code, h, w, order, m, label):
+    """Downstream first, every unlabelled (0) cell takes its downstream cell's label."""
+    for i in range(m - 1, -1, -1):
+        k = order[i]
+        if label[k] == 0:
+            t = down(code, h, w, k)
+            if t >= 0:
+                label[k] = label[t]
+
+
+@numba.njit(nogil=True, cache=True)
+def terminals(code, h, w, label):
+    """Number the terminal valid cells 1, 2, ... in row-major order into ``label``; returns their count."""
+    n = np.uint32(0)
+    for k in range(code.size):
+        if code[k] != NODATA and down(code, h, w, k) < 0:
+            n += np.uint32(1)
+            label[k] = n
+    return n
+
+
+@numba.njit(nogil=True, cache=True)
+def count_labels(label, counts):
+    """``counts[i]`` += the number of cells labelled i."""
+    for k in range(label.size):
+        counts[label[k]] += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def stream_donors(code, h, w, stream, sdon):
+    """``sdon[k]``: the number of stream cells draining into stream cell k."""
+    for k in range(code.size):
+        if stream[k]:
+            t = down(code, h, w, k)
+            if t >= 0 and stream[t]:
+                sdon[t] += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def number_heads(stream, sdon, link):
+    """Link heads (stream cells whose stream donors are not exactly one) numbered 1, 2, ... in
+    row-major order into ``link``; returns their count."""
+    n = np.uint32(0)
+    for k in range(stream.size):
+        if stream[k] and sdon[k] != 1:
+            n += np.uint32(1)
+            link[k] = n
+    return n
+
+
+@numba.njit(nogil=True, cache=True)
+def orders(code, h, w, order, m, stream, sdon, strahler, shreve, link, top, ntop):
+    """Upstream first: Strahler order, Shreve magnitude and link of every stream cell (module
+    docstring); ``link`` holds the heads' numbers; ``top``/``ntop`` (uint8, zeros): scratch for the
+    largest donor order and how many donors hold it."""
+    for i in range(m):
+        k = order[i]
+        if not stream[k]:
+            continue
+        if sdon[k] == 0:
+            s = np.uint8(1)
+            shreve[k] = 1
+        else:
+            s = top[k] + np.uint8(1 if ntop[k] >= 2 else 0)
+        strahler[k] = s
+        t = down(code, h, w, k)
+        if t >= 0 and stream[t]:
+            if s > top[t]:
+                top[t] = s
+                ntop[t] = 1
+            elif s == top[t]:
+                ntop[t] += 1
+            shreve[t] += shreve[k]
+            if sdon[t] == 1:
+                link[t] = link[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def link_table(code, h, w, stream, sdon, strahler, shreve, link, head, tail, downlink, cells, lorder, magnitude):
+    """Per link (index = id - 1): head and last cell, downstream link (0 where its path ends),
+    cell count, Strahler order and Shreve magnitude (constant along a link)."""
+    for k in range(code.size):
+        if not stream[k]:
+            continue
+        i = link[k] - 1
+        cells[i] += 1
+        if sdon[k] != 1:
+            head[i] = k
+        t = down(code, h, w, k)
+        if t < 0 or link[t] != link[k] or not stream[t]:
+            tail[i] = k
+            downlink[i] = link[t] if t >= 0 and stream[t] else 0
+            lorder[i] = strahler[k]
+            magnitude[i] = shreve[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def hand(code, h, w, order, m, stream, z, link, height, drainage):
+    """Downstream first: ``height`` (float32) = z minus the elevation of the first stream cell on
+    the flow path (computed in float64), ``drainage`` its link; NaN and 0 where the path meets no
+    stream (``height`` and ``drainage`` come in as NaN and 0)."""
+    dz = np.empty(code.size, np.float64)  # the drainage elevation of each placed cell
+    for i in range(m - 1, -1, -1):
+        k = order[i]
+        if stream[k]:
+            dz[k] = np.float64(z[k])
+            drainage[k] = link[k]
+        else:
+            t = down(code, h, w, k)
+            if t >= 0:
+                dz[k] = dz[t]
+                drainage[k] = drainage[t]
+            else:
+                dz[k] = np.nan
+        height[k] = np.float32(np.float64(z[k]) - dz[k])
+
+
+# --- in-core entry points on NumPy arrays (2-D codes; the array API and the store commands call these) ---------
+
+class Links(NamedTuple):
+    """The stream links, index i = link id i + 1 (module docstring): flat indices of the ``head`` and
+    last (``tail``) cell, the ``downstream`` link id (0: the path ends), ``cells``, ``strahler``
+    order and ``shreve`` magnitude."""
+
+    head: np.ndarray
+    tail: np.ndarray
+    downstream: np.ndarray
+    cells: np.ndarray
+    strahler: np.ndarray
+    shreve: np.ndarray
+
+
+class Network(NamedTuple):
+    """Rasters of a stream network (2-D): ``stream`` mask, ``strahler`` (uint8), ``shreve`` (uint32,
+    uint64 from 2^32 cells), ``link`` (uint32), and the :class:`Links` table."""
+
+    stream: np.ndarray
+    strahler: np.ndarray
+    shreve: np.ndarray
+    link: np.ndarray
+    links: Links
+
+
+def flow_order(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The flat codes, the upstream-first order and its length; InputError on a cycle."""
+    flat = np.ascontiguousarray(code, np.uint8).reshape(-1)
+    h, w = code.shape
+    valid = int(np.count_nonzero(flat != NODATA))
+    order = np.empty(valid, np.int64)
+    m = upstream_first(flat, h, w, order)
+    if m < valid:
+        raise InputError(f"the flow directions have cycles: {valid - m:,} cells never drain")
+    return flat, order, m
+
+
+def label_outlets(code: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """uint32 labels: i + 1 for the cells that drain to flat cell ``cells[i]`` first (nested outlets
+    split their parent's area), 0 for the others and nodata."""
+    flat, order, m = flow_order(code)
+    label = np.zeros(flat.size, np.uint32)
+    label[cells] = np.arange(1, len(cells) + 1, dtype=np.uint32)
+    spread_labels(flat, *code.shape, order, m, label)
+    return label.reshape(code.shape)
+
+
+def label_basins(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every drainage basin: uint32 labels (1, 2, ... in row-major order of the basins' terminal
+    cells, 0 at nodata), the terminal cells (flat indices, index = id - 1) and each basin's cell count."""
+    flat, order, m = flow_order(code)
+    label = np.zeros(flat.size, np.uint32)
+    n = int(terminals(flat, *code.shape, label))
+    outlet = np.flatnonzero(label)
+    spread_labels(flat, *code.shape, order, m, label)
+    counts = np.zeros(n + 1, np.int64)
+    count_labels(label, counts)
+    return label.reshape(code.shape), outlet, counts[1:]
+
+
+def stream_network(code: np.ndarray, accumulation: np.ndarray, threshold: float) -> Network:
+    """The stream network of the cells whose ``accumulation`` >= ``threshold`` (module docstring)."""
+    flat, order, m = flow_order(code)
+    h, w = code.shape
+    stream = (np.asarray(accumulation).reshape(-1) >= threshold) & (flat != NODATA)
+    sdon = np.zeros(flat.size, np.uint8)
+    stream_donors(flat, h, w, stream, sdon)
+    link = np.zeros(flat.size, np.uint32)
+    n = int(number_heads(stream, sdon, link))
+    strahler = np.zeros(flat.size, np.uint8)
+    shreve = np.zeros(flat.size, np.uint32 if flat.size < 2**32 else np.uint64)
+    orders(flat, h, w, order, m, stream, sdon, strahler, shreve, link,
+           np.zeros(flat.size, np.uint8), np.zeros(flat.size, np.uint8))
+    links = Links(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32), np.zeros(n, np.int64),
+                  np.zeros(n, np.uint8), np.zeros(n, shreve.dtype))
+    link_table(flat, h, w, stream, sdon, strahler, shreve, link, *links)
+    return Network(stream.reshape(h, w), strahler.reshape(h, w), shreve.reshape(h, w), link.reshape(h, w), links)
+
+
+def height_above_drainage(code: np.ndarray, z: np.ndarray, network: Network) -> tuple[np.ndarray, np.ndarray]:
+    """HAND (float32, NaN where the flow path meets no stream and at nodata) and the drainage link
+    (uint32, 0 there) of every cell (module docstring)."""
+    flat, order, m = flow_order(code)
+    height = np.full(flat.size, np.nan, np.float32)
+    drainage = np.zeros(flat.size, np.uint32)
+    hand(flat, *code.shape, order, m, network.stream.reshape(-1), np.ascontiguousarray(z).reshape(-1),
+         network.link.reshape(-1), height, drainage)
+    return height.reshape(code.shape), drainage.reshape(code.shape)
