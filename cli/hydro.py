@@ -7,11 +7,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .common import new_output_file, overwrite_files_option, quiet, say, table_option
+from .common import memory_option, new_output_file, output_option, overwrite_files_option, quiet, say, table_option
 from .main import cli
 
-memory_option = click.option("--memory", default=None, metavar="SIZE",
-                             help="Memory budget, e.g. 2GB (default: half the free RAM).")
 threshold_option = click.option("--threshold", type=float, required=True,
                                 help="A cell is on a stream where its accumulation reaches this (> 0).")
 units_option = click.option("--units", type=click.Choice(["cells", "m2"]), default="cells", show_default=True,
@@ -26,7 +24,7 @@ def _pair(text: str, what: str) -> tuple[float, float]:
     return a, b
 
 
-@cli.command()
+@cli.command(short_help="The watershed of each outlet (labels, polygons).")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--at", "points", multiple=True, metavar="X,Y",
               help="An outlet in map coordinates (the store's CRS, or --at-crs); repeat for several.")
@@ -40,9 +38,8 @@ def _pair(text: str, what: str) -> tuple[float, float]:
               help="Move each outlet to the cell of largest accumulation within DIST map units (ESRI Snap Pour "
                    "Point); the result's attributes record where.")
 @click.option("--name", default="default", show_default=True, help="The result: STORE/watershed/NAME/label.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              callback=new_output_file,
-              help="Also write the watersheds as polygons (.gpkg, .geojson, .shp, .fgb): id, cells, area_m2, outlet.")
+@output_option("Also write the watersheds as polygons (.gpkg, .geojson, .shp, .fgb): id, cells, area_m2, outlet.",
+               default=None, callback=new_output_file)
 @overwrite_files_option
 @memory_option
 def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory):
@@ -70,12 +67,11 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
     say(result.line + (f"; polygons -> {output}" if output is not None else ""))
 
 
-@cli.command()
+@cli.command(short_help="Every drainage basin (labels, table, polygons).")
 @click.argument("store", type=click.Path(path_type=Path))
 @table_option("the basin table (id, outlet cell and its centre, cells, area)")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              callback=new_output_file,
-              help="Also write the basins as polygons (.gpkg, .geojson, .shp, .fgb) with the table's fields.")
+@output_option("Also write the basins as polygons (.gpkg, .geojson, .shp, .fgb) with the table's fields.",
+               default=None, callback=new_output_file)
 @overwrite_files_option
 @memory_option
 def basins(store, table, output, memory):
@@ -91,14 +87,13 @@ def basins(store, table, output, memory):
         + (f"; polygons -> {output}" if output is not None else ""))
 
 
-@cli.command()
+@cli.command(short_help="The stream network: Strahler order, links, vectors.")
 @click.argument("store", type=click.Path(path_type=Path))
 @threshold_option
 @units_option
 @table_option("the link table (id, downstream link, Strahler order, Shreve magnitude, cells, head, tail)")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              callback=new_output_file,
-              help="Write the network as vectors, one LineString a link (.gpkg, .geojson, .shp, .fgb).")
+@output_option("Write the network as vectors, one LineString a link (.gpkg, .geojson, .shp, .fgb).",
+               default=None, callback=new_output_file)
 @overwrite_files_option
 @memory_option
 def streams(store, threshold, units, table, output, memory):
@@ -116,7 +111,7 @@ def streams(store, threshold, units, table, output, memory):
         + (f"; links -> {output}" if output is not None else ""))
 
 
-@cli.command()
+@cli.command(short_help="Height above the nearest drainage (HAND).")
 @click.argument("store", type=click.Path(path_type=Path))
 @threshold_option
 @units_option

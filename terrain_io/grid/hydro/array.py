@@ -12,6 +12,7 @@ import numpy as np
 
 from ...backend import is_cupy, to_host
 from ...errors import InputError, TerrainNote
+from ...rasters import is_dataarray
 from ..flow.codes import NODATA
 from . import _cpu
 
@@ -195,7 +196,7 @@ def hand(direction, elevation, accumulation, threshold, *, drainage: bool = Fals
 
 
 def _host(x) -> np.ndarray:
-    data = x.data if _is_dataarray(x) else x
+    data = x.data if is_dataarray(x) else x
     if is_cupy(data):
         warnings.warn("hydrology on CuPy arrays runs on the CPU (the GPU kernels are not written yet)", TerrainNote,
                       stacklevel=3)
@@ -203,7 +204,7 @@ def _host(x) -> np.ndarray:
 
 
 def _codes(direction):
-    template = direction if _is_dataarray(direction) else None
+    template = direction if is_dataarray(direction) else None
     code = _host(direction)
     if code.ndim != 2:
         raise InputError(f"the directions must be a 2-D array, got shape {code.shape}")
@@ -238,10 +239,6 @@ def _outlet_cells(outlets, code) -> np.ndarray:
         k = int(np.flatnonzero(counts > 1)[0])
         raise InputError(f"outlet {first[k] + 1} at cell {tuple(cells[first[k]])} is given more than once")
     return flat
-
-
-def _is_dataarray(x) -> bool:
-    return type(x).__name__ == "DataArray" and hasattr(x, "dims")
 
 
 def _like(template, original, values, name, attrs):

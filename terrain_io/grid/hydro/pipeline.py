@@ -19,9 +19,8 @@ from ...errors import InputError
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
-from ...atomic import atomic_files
+from ...vectors import check_output, wkb_linestring, wkb_polygon, write_features
 from .._tiled import table_cell, write_held
-from ..sssp.path import VECTOR_DRIVERS, check_paths_output
 from ..flow.codes import NODATA
 from . import _cpu
 
@@ -127,7 +126,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     watersheds (:func:`write_polygons`: outlet id, cells, area_m2, outlet row/col)."""
     t0 = time.perf_counter()
     if vectors is not None:
-        check_vectors(vectors, overwrite)
+        check_output(vectors, overwrite)
     store = _open(store, "watershed", memory)
     code = _read(store, "flow/direction", progress)
     rows, cols = code.shape
@@ -173,7 +172,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
     t0 = time.perf_counter()
     if vectors is not None:
-        check_vectors(vectors, overwrite)
+        check_output(vectors, overwrite)
     store = _open(store, "basins", memory)
     code = _read(store, "flow/direction", progress)
     label, outlet, counts = _cpu.label_basins(code)
@@ -209,7 +208,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
     t0 = time.perf_counter()
     if vectors is not None:
-        check_vectors(vectors, overwrite)
+        check_output(vectors, overwrite)
     what = "streams" if vectors is None else "streams+vectors"
     store, code, acc, cells = _network(store, what, threshold, units, memory, progress)
     net = _cpu.stream_network(code, acc, cells)
@@ -262,10 +261,6 @@ def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, ove
     ``upstream`` (accumulation at the link's last cell: cells, or the flow's weights),
     ``upstream_m2`` (that many cells' area; NaN for weights), ``drop`` (first vertex's elevation
     minus the last's)."""
-    from pyogrio import raw
-
-    out = Path(out)
-    driver = VECTOR_DRIVERS[out.suffix.lower()]
     flat, order, m = _cpu.flow_order(code)
     stream, link, t = net.stream.reshape(-1), net.link.reshape(-1), net.links
     seq = order[:m][stream[order[:m]]]  # stream cells, each after its donors
@@ -285,8 +280,7 @@ def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, ove
             cells = np.append(cells, cells)
         r, c = np.divmod(cells, w)
         x, y = store.cell_to_map(r, c)
-        xy = np.ascontiguousarray(np.column_stack([x, y]), "<f8")
-        geometry[i] = b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()  # ISO WKB LineString
+        geometry[i] = wkb_linestring(np.column_stack([x, y]))
         length[i] = np.hypot(np.diff(r) * dy, np.diff(c) * dx).sum()
         drop[i] = float(zf[cells[0]]) - float(zf[cells[-1]])
     upstream = accf[t.tail].astype(np.float64)
@@ -295,32 +289,7 @@ def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, ove
               "strahler": t.strahler.astype(np.int32), "shreve": t.shreve.astype(np.int64),
               "cells": t.cells, "length_m": length, "upstream": upstream,
               "upstream_m2": upstream * dx * dy if counted else np.full(n, np.nan), "drop": drop}
-    side = (".shx", ".dbf", ".prj", ".cpg") if driver == "ESRI Shapefile" else ()
-    with atomic_files(out, overwrite, side=side) as tmp:
-        raw.write(str(tmp / out.name), geometry, list(fields.values()), list(fields), layer=out.stem, driver=driver,
-                  geometry_type="LineString", crs=store.crs or None)
-    return out
-
-
-def check_vectors(out, overwrite: bool) -> None:
-    """Before the work: a known vector suffix, no file there unless ``overwrite``, pyogrio installed."""
-    check_paths_output(out, overwrite)
-    try:
-        import pyogrio  # noqa: F401
-    except ImportError:
-        from ...points import VECTOR_EXTRA
-
-        raise InputError(f"{out}: writing vectors needs pyogrio ({VECTOR_EXTRA})") from None
-
-
-def _wkb_polygon(geom: dict) -> bytes:
-    """A GeoJSON Polygon's rings as ISO WKB (little-endian, type 3)."""
-    rings = geom["coordinates"]
-    parts = [b"\x01" + np.array([3, len(rings)], "<u4").tobytes()]
-    for ring in rings:
-        xy = np.ascontiguousarray(ring, "<f8")
-        parts.append(np.array([len(xy)], "<u4").tobytes() + xy.tobytes())
-    return b"".join(parts)
+    return write_features(out, geometry, fields, "LineString", store.crs, overwrite)
 
 
 def write_polygons(store: TerrainStore, label: np.ndarray, fields: dict, out, overwrite: bool = False) -> Path:
@@ -328,25 +297,18 @@ def write_polygons(store: TerrainStore, label: np.ndarray, fields: dict, out, ov
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
     part), with ``fields`` (name -> array indexed by id - 1) and the ``id``."""
     from affine import Affine
-    from pyogrio import raw
     from rasterio import features
 
-    out = Path(out)
-    driver = VECTOR_DRIVERS[out.suffix.lower()]
     t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
     geoms, ids = [], []
     if int(label.max(initial=0)) >= 2**31:
         raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
     as_int = label.astype(np.int32)  # the widest integer type rasterio's shapes reads
     for geom, value in features.shapes(as_int, mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)):
-        geoms.append(_wkb_polygon(geom))
+        geoms.append(wkb_polygon(geom["coordinates"]))
         ids.append(int(value))
     order = np.argsort(np.asarray(ids, np.int64), kind="stable")
     ids = np.asarray(ids, np.int64)[order]
     geometry = np.array([geoms[i] for i in order], object)
     values = {"id": ids, **{k: np.asarray(v)[ids - 1] for k, v in fields.items()}}
-    side = (".shx", ".dbf", ".prj", ".cpg") if driver == "ESRI Shapefile" else ()
-    with atomic_files(out, overwrite, side=side) as tmp:
-        raw.write(str(tmp / out.name), geometry, list(values.values()), list(values), layer=out.stem, driver=driver,
-                  geometry_type="Polygon", crs=store.crs or None)
-    return out
+    return write_features(out, geometry, values, "Polygon", store.crs, overwrite)

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ...atomic import atomic_file, atomic_files, refuse_existing
-from ...errors import InputError, OutputError, StoreError
+from ... import vectors
+from ...atomic import atomic_file
+from ...errors import InputError, StoreError
 from ...store import TerrainStore
 from ...weights import DC, DR
 from .result import NO_PRED
@@ -164,33 +164,13 @@ def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=N
     return out
 
 
-# Output formats of `terrain path -o` by suffix: GeoJSON written here, the others through pyogrio (OGR).
-VECTOR_DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "ESRI Shapefile",
-                  ".fgb": "FlatGeobuf"}
-_SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
-
-
 def check_paths_output(out, overwrite: bool = False) -> str:
-    """The OGR driver for writing paths to ``out``; one line (an error) for an unknown suffix, an
-    existing file without ``overwrite``, or pyogrio missing for a format other than GeoJSON."""
-    out = Path(out)
-    driver = VECTOR_DRIVERS.get(out.suffix.lower())
-    if driver is None:
-        raise InputError(f"{out}: unknown output type {out.suffix!r} (use "
-                         + ", ".join(sorted(set(VECTOR_DRIVERS))) + ")")
-    refuse_existing(out, overwrite)
-    if driver != "GeoJSON":
-        try:
-            import pyogrio  # noqa: F401
-        except ImportError:
-            from ...points import VECTOR_EXTRA
-
-            raise InputError(f"{out}: writing {driver} needs pyogrio ({VECTOR_EXTRA}); or write .geojson") from None
-    return driver
+    """The OGR driver for writing paths to ``out`` (GeoJSON is written here, without pyogrio)."""
+    return vectors.check_output(out, overwrite, own_geojson=True)
 
 
 def write_paths(store, paths, out, overwrite: bool = False) -> Path:
-    """Write paths to ``out`` in the format its suffix names (:data:`VECTOR_DRIVERS`): GeoJSON here
+    """Write paths to ``out`` in the format its suffix names (:data:`terrain_io.vectors.DRIVERS`): GeoJSON here
     (:func:`write_geojson`), GeoPackage, Shapefile and FlatGeobuf through pyogrio, with the same
     features (the cells [row, col] as two integer fields each: ``target_row``, ``target_col``,
     ``source_row``, ``source_col``). An existing ``out`` is replaced only with ``overwrite``."""
@@ -198,8 +178,6 @@ def write_paths(store, paths, out, overwrite: bool = False) -> Path:
     driver = check_paths_output(out, overwrite)
     if driver == "GeoJSON":
         return write_geojson(store, paths, out)
-    from pyogrio import raw
-
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
     paths = [paths] if isinstance(paths, TracedPath) else list(paths)
     features = [p.feature(store) for p in paths]
@@ -216,28 +194,9 @@ def write_paths(store, paths, out, overwrite: bool = False) -> Path:
               "cells": (np.array([q["cells"] for q in props], np.int64), None),
               "sssp": (np.array([q["sssp"] for q in props], object), None),
               "weight": (np.array([q["weight"] or "" for q in props], object), None)}
-    geometry = np.array([_wkb_linestring(f["geometry"]["coordinates"]) if f["geometry"] else None
-                         for f in features], object)
-    options = None
-    if driver == "FlatGeobuf" and any(g is None for g in geometry):
-        options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry (a target not reached)
-    with atomic_files(out, overwrite, side=_SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
-                raw.write(str(tmp / out.name), geometry, [v for v, _ in fields.values()], list(fields),
-                          field_mask=[m for _, m in fields.values()], layer=out.stem, driver=driver,
-                          geometry_type="LineString", crs=store.crs or None, layer_options=options)
-        except Exception as exc:  # noqa: BLE001 -- pyogrio/GDAL errors: one line naming OUT
-            message = str(exc).replace(str(tmp / out.name), str(out)).splitlines()[0]
-            raise OutputError(f"{out}: cannot write it as {driver}: {message}") from None
-    return out
-
-
-def _wkb_linestring(coords) -> bytes:
-    """A 2-D LineString as ISO WKB (little-endian, type 2, the point count, x y doubles)."""
-    xy = np.ascontiguousarray(coords, dtype="<f8")
-    return b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()
+    geometry = [vectors.wkb_linestring(f["geometry"]["coordinates"]) if f["geometry"] else None for f in features]
+    return vectors.write_features(out, geometry, {k: v for k, (v, _) in fields.items()}, "LineString", store.crs,
+                                  overwrite, masks={k: m for k, (_, m) in fields.items()})
 
 
 def write_geojson(store, paths, out) -> Path:

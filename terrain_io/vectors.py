@@ -1,0 +1,75 @@
+"""Vector outputs (``-o`` of ``path``, ``watershed``, ``basins``, ``streams``): the format named by
+the file's suffix, features written through pyogrio as ISO WKB in the store's CRS, staged under a
+temporary name with a Shapefile's side files and renamed when complete (:mod:`.atomic`)."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_files, refuse_existing
+from .errors import InputError, OutputError
+
+DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "ESRI Shapefile",
+           ".fgb": "FlatGeobuf"}
+SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
+
+
+def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str:
+    """The OGR driver for writing to ``out``; one line (an error) for an unknown suffix, an existing
+    file without ``overwrite``, or pyogrio missing (but for GeoJSON when the caller writes it
+    itself: ``own_geojson``)."""
+    out = Path(out)
+    driver = DRIVERS.get(out.suffix.lower())
+    if driver is None:
+        raise InputError(f"{out}: unknown output type {out.suffix!r} (use " + ", ".join(sorted(set(DRIVERS))) + ")")
+    refuse_existing(out, overwrite)
+    if not (own_geojson and driver == "GeoJSON"):
+        try:
+            import pyogrio  # noqa: F401
+        except ImportError:
+            from .points import VECTOR_EXTRA
+
+            raise InputError(f"{out}: writing {driver} needs pyogrio ({VECTOR_EXTRA})"
+                             + ("; or write .geojson" if own_geojson else "")) from None
+    return driver
+
+
+def wkb_linestring(coords) -> bytes:
+    """A 2-D LineString as ISO WKB (little-endian, type 2, the point count, x y doubles)."""
+    xy = np.ascontiguousarray(coords, dtype="<f8")
+    return b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()
+
+
+def wkb_polygon(rings) -> bytes:
+    """A Polygon's rings (GeoJSON coordinates) as ISO WKB (little-endian, type 3)."""
+    parts = [b"\x01" + np.array([3, len(rings)], "<u4").tobytes()]
+    for ring in rings:
+        xy = np.ascontiguousarray(ring, "<f8")
+        parts.append(np.array([len(xy)], "<u4").tobytes() + xy.tobytes())
+    return b"".join(parts)
+
+
+def write_features(out, geometry, fields: dict, geometry_type: str, crs=None, overwrite: bool = False,
+                   masks: dict | None = None) -> Path:
+    """Write ``geometry`` (WKB bytes or None, one a feature) with ``fields`` (name -> array) to
+    ``out`` in the format its suffix names; GDAL's errors become one line naming ``out``."""
+    from pyogrio import raw
+
+    out = Path(out)
+    driver = DRIVERS[out.suffix.lower()]
+    options = None
+    if driver == "FlatGeobuf" and any(g is None for g in geometry):
+        options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
+    with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
+                raw.write(str(tmp / out.name), np.asarray(geometry, object), list(fields.values()), list(fields),
+                          field_mask=[(masks or {}).get(k) for k in fields], layer=out.stem, driver=driver,
+                          geometry_type=geometry_type, crs=crs or None, layer_options=options)
+        except Exception as exc:  # noqa: BLE001 -- pyogrio/GDAL errors: one line naming OUT
+            message = str(exc).replace(str(tmp / out.name), str(out)).splitlines()[0]
+            raise OutputError(f"{out}: cannot write it as {driver}: {message}") from None
+    return out
