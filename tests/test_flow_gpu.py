@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 from references import ROOT, parse_esri_ascii
-from test_grid_fill import _dem, priority_flood
+from references import fill_test_dem as _dem, priority_flood
 
 from terrain_io.errors import InputError
 
