@@ -14,7 +14,7 @@ Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
 The floor of a store write is max(encode + crc32c on all cores, compressed bytes at the raw write
 bandwidth); of a read, max(compressed bytes at the raw read bandwidth, decode + crc32c on all cores).
 "% floor" = floor time / store time (100% = at the floor). Bandwidths are of raw (decoded) bytes
-unless marked "disk". Needs numpy, numcodecs, zarr, google-crc32c and this repository only.
+unless marked "disk". The store measured is the ``terrain_io`` on the path (PYTHONPATH). Needs numpy, numcodecs, zarr, google-crc32c and this repository only.
 
     python benchmarks/bench_io.py --size 4096
     python benchmarks/bench_io.py --size 32768 --dtypes float32 --dir /scratch
@@ -28,7 +28,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 BLOCK = 4 << 20  # raw file I/O call size
 DTYPES = ("float32", "float64", "uint8", "uint32")
@@ -169,10 +167,12 @@ def store_read(folder: Path, name: str, threads: int) -> np.ndarray:
     return out
 
 
-def commit() -> str:
+def commit(root) -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        git = ["git", "-C", str(root)]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "?"
 
@@ -191,6 +191,8 @@ def main() -> None:
     import numcodecs
     import zarr
 
+    import terrain_io
+
     from terrain_io import store as store_mod
     from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
 
@@ -202,7 +204,7 @@ def main() -> None:
         raw_bytes = int(args.raw_bytes * mib) or max(n * n * 4, 256 * mib)
         print(f"# bench_io: {n}^2, {threads} threads, best of {reps}; {platform.node()} {platform.machine()}, "
               f"{os.cpu_count()} cores; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-              f"commit {commit()}; numcodecs {numcodecs.__version__}, zarr {zarr.__version__}; disk {folder}")
+              f"terrain_io of {Path(terrain_io.__file__).parents[1]} commit {commit(Path(terrain_io.__file__).parent)}; numcodecs {numcodecs.__version__}, zarr {zarr.__version__}; disk {folder}")
         raw = folder / "raw"
         raw.mkdir()
         w = timed(lambda: raw_write(raw, raw_bytes, threads), reps)
