@@ -25,7 +25,7 @@ from scipy.sparse.csgraph import breadth_first_order
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import cpu_median, gpu_median  # noqa: E402
+from common import cpu_median, gpu_median, save_rows  # noqa: E402
 
 from terrain_io.backend import gpu_available, to_host  # noqa: E402
 from terrain_io.graph import generate  # noqa: E402
@@ -143,10 +143,7 @@ def main(argv=None):
             row["gpu_pool_peak"] = format_bytes(cupy.get_default_memory_pool().total_bytes())
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
+    return save_rows(rows, args.json)
 
 
 if __name__ == "__main__":

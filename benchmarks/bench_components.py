@@ -23,7 +23,7 @@ from scipy.sparse.csgraph import connected_components as scipy_cc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import cpu_median, gpu_median, parse_count  # noqa: E402
+from common import cpu_median, gpu_median, parse_count, save_rows  # noqa: E402
 
 from terrain_io.backend import gpu_available, to_host  # noqa: E402
 from terrain_io.graph import generate  # noqa: E402
@@ -113,10 +113,7 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
         del g, host, mat
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
+    return save_rows(rows, args.json)
 
 
 if __name__ == "__main__":

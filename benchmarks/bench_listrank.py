@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import cpu_median, gpu_median, parse_count  # noqa: E402  (benchmarks/ is on the path)
+from common import cpu_median, gpu_median, parse_count, save_rows  # noqa: E402  (benchmarks/ is on the path)
 from terrain_io.backend import gpu_available, to_host  # noqa: E402
 from terrain_io.graph import generate  # noqa: E402
 from terrain_io.graph.listrank import auto_stride, list_rank  # noqa: E402
@@ -92,10 +92,7 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         ratio = r.get("speedup_vs_gtx280") or r.get("speedup_vs_paper_cpu")
         print(f"| {r['device']} | {r['n'] >> 20}M | {r['method']} | {r['ms']} | {ratio}x |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
+    return save_rows(rows, args.json)
 
 
 if __name__ == "__main__":

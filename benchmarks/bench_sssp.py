@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import warm_side  # benchmarks/ is on sys.path when run as a script
+from common import warm_side, with_cost_raster  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,21 +132,9 @@ def spawn(what, store, n, device, cluster, out) -> dict:
 
 
 def make_store(folder: Path, n: int):
-    import numpy as np
-
-    from terrain_io.store import TerrainStore
     from terrain_io.synth import synthesize
 
-    st = synthesize(folder / f"dem{n}.zarr", n, seed=1, cell_size=10.0, overwrite=True)
-    # cost raster for the cell model: 1 + slope-like |dh| to the east neighbour, per shard
-    with st.write_result("cost", attrs={"what": "1 + |dh east| / 10"}) as w:
-        arr = w.create_array("c", "float32", float("nan"))
-        for win in st.shards():
-            z = st.read(win, halo=1).astype(np.float64)
-            c = 1.0 + np.abs(z[1:-1, 2:] - z[1:-1, 1:-1]) / 10.0
-            c[~np.isfinite(c)] = 1.0
-            arr[win.slices] = c.astype(np.float32)
-    return TerrainStore.open(st.path)
+    return with_cost_raster(synthesize(folder / f"dem{n}.zarr", n, seed=1, cell_size=10.0, overwrite=True))
 
 
 def compare(store, name: str, ref_path: str) -> float:

@@ -1,6 +1,8 @@
-"""Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU, warm-up sizes."""
+"""Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU, warm-up sizes,
+the SSSP benchmarks' cost raster, saving the rows."""
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -46,3 +48,27 @@ def cpu_median(fn, reps: int = 3) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def save_rows(rows: list, path: str | None) -> list:
+    """Write the benchmark's rows as JSON to ``path`` (nothing without one); returns them."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+def with_cost_raster(st):
+    """``st`` with the cell model's cost raster ``cost/c``: 1 + |dh| to the east neighbour / 10, per shard."""
+    import numpy as np
+
+    from terrain_io.store import TerrainStore
+
+    with st.write_result("cost", attrs={"what": "1 + |dh east| / 10"}) as w:
+        arr = w.create_array("c", "float32", float("nan"))
+        for win in st.shards():
+            z = st.read(win, halo=1).astype(np.float64)
+            c = 1.0 + np.abs(z[1:-1, 2:] - z[1:-1, 1:-1]) / 10.0
+            c[~np.isfinite(c)] = 1.0
+            arr[win.slices] = c.astype(np.float32)
+    return TerrainStore.open(st.path)

@@ -6,6 +6,7 @@ In the manner of xarray-spatial's dispatch: public functions take ``device="auto
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from .errors import DeviceError
 
 DEVICES = ("auto", "cpu", "gpu")
 KERNELS = Path(__file__).resolve().parent / "kernels"
+EXACT_OPTIONS = ("--std=c++17", "--fmad=false")  # NVRTC options: no FMA contraction, the CPU's rounding bit for bit
 
 
 def kernel_source(name: str) -> str:
@@ -37,6 +39,14 @@ def gpu_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # ImportError, CUDARuntimeError, missing driver libraries
         return False
+
+
+def gpu_free_bytes() -> float:
+    """The GPU memory a solve may take: 90% of the free memory and of what CuPy's pool holds unused."""
+    import cupy
+
+    free, _ = cupy.cuda.Device().mem_info
+    return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
 
 def resolve_device(device: str | None = "auto") -> str:
@@ -86,3 +96,26 @@ def to_host(x):
     if is_cupy(x):
         return x.get()
     return np.asarray(x)
+
+
+class Dispatch:
+    """One operation's implementations by device (``cpu``, ``gpu``), in the manner of xarray-spatial's
+    ``ArrayTypeFunctionMapping``: the table is written once beside the operation, instead of an
+    ``if device == "gpu": from ._x_gpu import ...`` in each pipeline. Every entry takes the same
+    arguments. An entry is a function, or ``"package.module:name"`` imported on first use (so a
+    CuPy module loads only when a GPU run asks for it); a device without an entry is refused."""
+
+    def __init__(self, operation: str, **by_device):
+        if set(by_device) - {"cpu", "gpu"}:
+            raise ValueError(f"{operation}: devices are cpu and gpu, got {sorted(by_device)}")
+        self.operation = operation
+        self._by_device = by_device
+
+    def __getitem__(self, device: str):
+        impl = self._by_device.get(device)
+        if impl is None:
+            raise DeviceError(f"{self.operation} has no {device.upper()} implementation: use --device cpu")
+        if isinstance(impl, str):
+            module, _, name = impl.partition(":")
+            impl = self._by_device[device] = getattr(importlib.import_module(module), name)
+        return impl

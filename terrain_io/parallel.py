@@ -134,6 +134,14 @@ def _close_pool() -> None:
         _pool = None
 
 
+def scheduler_threads(scheduler: str) -> int:
+    """How many tasks a Dask ``scheduler`` runs at once: the workers' threads (the cores for local Dask)."""
+    if scheduler in ("threads", "processes"):
+        return os.cpu_count() or 1
+    with _client(scheduler, None) as client:
+        return max(1, sum(client.nthreads().values()))
+
+
 def _client(address: str, announce):
     try:
         from distributed import Client

@@ -8,7 +8,7 @@ Three algorithms from Padamata & Raveendran 2013 (after Cormen et al. 2009, ch. 
 - ``blocked``: the three-phase tiled Floyd-Warshall of Venkataraman, Sahni & Mukhopadhyaya (2003):
   for each diagonal tile, (1) Floyd-Warshall inside it, (2) its row and column panels, (3) every
   other tile. On the GPU phases 2 and 3 are min-plus products (the panel closure is D* (x) panel),
-  run by the same register-tiled kernel as :func:`minplus` (terrain_io/kernels/apsp.cu; integer
+  run by the same register-tiled kernel as :func:`minplus` (terrain_io/kernels/graph_apsp.cu; integer
   weights use Hopper's DPX ``__viaddmin_s32``).
 
 Conventions: ``W[i, j]`` is the weight of the edge i -> j, ``inf`` (for integer matrices the dtype's
@@ -22,17 +22,16 @@ convention of every written result (``terrain graph apsp -o``) and of scipy.spar
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numba as nb
 import numpy as np
 
-from ..backend import device_of, is_cupy, to_device
+from ..backend import device_of, is_cupy, kernel_source, to_device
 from ..errors import InputError
 from ..memory import available_memory, format_bytes
 
 METHODS = ("auto", "minplus", "floyd_warshall", "blocked")
-# Saturating infinity for integer matrices (also in kernels/apsp.cu): a + b stays inside int32.
+# Saturating infinity for integer matrices (also in kernels/graph_apsp.cu): a + b stays inside int32.
 INT_INF = 2**30 - 1
 _INT_LIMIT = 2**28  # n * max|w| must stay below this, so that INT_INF minus any path is still "no path"
 
@@ -371,7 +370,7 @@ _CPU = {"minplus": _cpu_minplus_apsp, "floyd_warshall": _cpu_floyd_warshall, "bl
 
 
 # --------------------------------------------------------------------------------------------
-# GPU (CuPy RawModule over kernels/apsp.cu)
+# GPU (CuPy RawModule over kernels/graph_apsp.cu)
 # --------------------------------------------------------------------------------------------
 
 _SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64", np.dtype(np.int32): "i32"}
@@ -382,7 +381,7 @@ _BK = {"f32": 32, "i32": 32, "f64": 16}
 def _module():
     import cupy
 
-    src = (Path(__file__).resolve().parents[1] / "kernels" / "apsp.cu").read_text()
+    src = kernel_source("graph_apsp.cu")
     return cupy.RawModule(code=src, options=("-std=c++17",))
 
 

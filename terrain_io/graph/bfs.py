@@ -27,11 +27,11 @@ treats the graph as undirected (EdgeLists are stored both ways; matrices are sym
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 from numba import njit, prange
 
+from ..backend import kernel_source
 from ..errors import InputError
 from ._csr import CSRGraph, result_device, to_csr
 
@@ -127,7 +127,7 @@ def _kernel(name, dtype):
     if _module is None:
         names = [f"{k}<{t}>" for k in ("bfs_naive", "bfs_expand", "bfs_expand_warp", "bfs_bottom_up")
                  for t in ("int", "long long")]
-        src = (Path(__file__).resolve().parents[1] / "kernels" / "bfs.cu").read_text()
+        src = kernel_source("graph_bfs.cu")
         _module = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
     t = "int" if np.dtype(dtype) == np.int32 else "long long"
     return _module.get_function(f"{name}<{t}>")

@@ -28,12 +28,13 @@ are fine. Results come back on the input's device unless ``device=`` says otherw
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 from numba import njit, prange
 
+from ..backend import kernel_source
 from ..errors import InputError
+from ..unionfind import find
 from ._csr import edge_arrays, result_device
 
 METHODS = ("auto", "union_find", "sv")
@@ -43,18 +44,10 @@ METHODS = ("auto", "union_find", "sv")
 
 
 @njit(cache=True)
-def _find(parent, x):
-    while parent[x] != x:
-        parent[x] = parent[parent[x]]
-        x = parent[x]
-    return x
-
-
-@njit(cache=True)
 def _cpu_union_find(u, v, parent):
     for e in range(u.shape[0]):
-        a = _find(parent, u[e])
-        b = _find(parent, v[e])
+        a = find(parent, u[e])
+        b = find(parent, v[e])
         if a < b:
             parent[b] = a
         elif b < a:
@@ -97,7 +90,7 @@ def _kernel(name):
 
     if _module is None:
         names = [f"{k}<{t}>" for k in ("sv_hook", "compress", "uf_hook") for t in ("int", "long long")]
-        src = (Path(__file__).resolve().parents[1] / "kernels" / "components.cu").read_text()
+        src = kernel_source("graph_components.cu")
         _module = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
     return _module.get_function(name)
 

@@ -34,13 +34,12 @@ cycles) raise :class:`~terrain_io.errors.InputError`.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from ..backend import device_of, to_device
+from ..backend import device_of, kernel_source, to_device
 from ..errors import InputError
 from ._csr import index_dtype
 
@@ -324,7 +323,7 @@ class _Gpu:
                         names += [f"lr_wyllie_round<{i}, {v}, {op}>", f"lr_block_wyllie<{i}, {v}, {op}>"]
                         names += [f"lr_finish<{i}, {v}, {op}, {p}>" for p in (0, 1)]
                         names += [f"lr_walk<{i}, {v}, {op}, {u}, {p}>" for u in (0, 1) for p in (0, 1)]
-            src = (Path(__file__).resolve().parents[1] / "kernels" / "listrank.cu").read_text()
+            src = kernel_source("graph_listrank.cu")
             cls._module = cupy.RawModule(code=src, options=("-std=c++17",), name_expressions=names)
         return cls._module.get_function(name)
 

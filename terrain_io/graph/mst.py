@@ -13,7 +13,7 @@ The forest is then unique, and every method and device returns the same edge ids
   small parts with NumPy's SIMD sort and scans them; ``kruskal`` is the same without the filter (a
   lazily sorted Kruskal that stops once the forest is complete); ``boruvka`` (numba) scans the
   remaining edges per round and contracts.
-- GPU (CuPy, terrain_io/kernels/mst.cu): ``boruvka`` sorts the edges once into the strict order
+- GPU (CuPy, terrain_io/kernels/graph_mst.cu): ``boruvka`` sorts the edges once into the strict order
   (two stable radix sorts), then each round takes the lightest edge per component by atomicMin on
   its 32-bit position, hooks, pointer-jumps and compacts the crossing edges. ``kruskal`` and
   ``filter_kruskal`` follow the report's hybrid: sort, partition and filter kernels on the GPU,
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import numba as nb
 import numpy as np
 
-from ..backend import device_of, is_cupy, to_host
+from ..backend import device_of, is_cupy, kernel_source, to_host
 from ..errors import InputError
+from ..unionfind import find
 from .io import EdgeList
 
 METHODS = ("auto", "kruskal", "filter_kruskal", "boruvka")
@@ -121,14 +121,6 @@ def _normalize(u, v, w, n, xp):
 # --------------------------------------------------------------------------------------------
 
 @nb.njit(inline="always")
-def _find(parent, x):
-    while parent[x] != x:  # path halving
-        parent[x] = parent[parent[x]]
-        x = parent[x]
-    return x
-
-
-@nb.njit(inline="always")
 def _less(w, lo, hi, ids, i, pw, plo, phi, pid):
     """Edge at position i before the pivot (pw, plo, phi, pid) in the strict order."""
     if w[i] != pw:
@@ -152,7 +144,7 @@ def _swap(w, lo, hi, ids, i, j):
 def _kruskal_scan(lo, hi, ids, l, r, parent, size, out, count):
     """Kruskal over positions l..r-1 (already in strict order): union-find, union by size."""
     for i in range(l, r):
-        a, b = _find(parent, lo[i]), _find(parent, hi[i])
+        a, b = find(parent, lo[i]), find(parent, hi[i])
         if a != b:
             if size[a] < size[b]:
                 a, b = b, a
@@ -195,7 +187,7 @@ def _filter(w, lo, hi, ids, l, r, parent):
     different trees; returns the new end."""
     j = l
     for i in range(l, r):
-        if _find(parent, lo[i]) != _find(parent, hi[i]):
+        if find(parent, lo[i]) != find(parent, hi[i]):
             if i != j:
                 w[j], lo[j], hi[j], ids[j] = w[i], lo[i], hi[i], ids[i]
             j += 1
@@ -323,7 +315,7 @@ def _all_roots(parent):
 def _module():
     import cupy
 
-    src = (Path(__file__).resolve().parents[1] / "kernels" / "mst.cu").read_text()
+    src = kernel_source("graph_mst.cu")
     return cupy.RawModule(code=src, options=("-std=c++17",))
 
 

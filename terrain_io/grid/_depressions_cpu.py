@@ -27,7 +27,8 @@ import numba
 import numpy as np
 
 from ..weights import DC, DR
-from ._fill_cpu import _find, _node, _two_sum, perimeter_id
+from ..unionfind import find
+from ._fill_cpu import boundary_node, perimeter_id, two_sum
 from ._radix_cpu import radix_argsort, radix_sort32
 
 UNSET = np.int64(-(2**62))
@@ -53,7 +54,7 @@ def _pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, cols, par, rh, rid, rloc
                 ni, nj = i + DR[d], j + DC[d]
                 if ni < 0 or nj < 0 or nj >= tw or par[ni * tw + nj] < 0 or vals[a + DR[d], b + DC[d]] != v:
                     continue
-                ry, rx = _find(par, ni * tw + nj), _find(par, x)
+                ry, rx = find(par, ni * tw + nj), find(par, x)
                 if ry < rx:
                     par[rx] = ry
                 elif rx < ry:
@@ -68,7 +69,7 @@ def _pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, cols, par, rh, rid, rloc
             x = i * tw + j
             if par[x] < 0:
                 continue
-            r = _find(par, x)
+            r = find(par, x)
             a, b = 1 + i0 + i, 1 + j0 + j
             v = vals[a, b]
             if outlet[a, b]:
@@ -127,10 +128,10 @@ def _ends(i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, par, rid, rloc, 
                 val = np.int64(gr0 + i0 + ci) * cols + gc0 + j0 + cur - ci * tw
                 break
             if rloc[cur] >= 0:
-                cur = _find(par, rloc[cur])
+                cur = find(par, rloc[cur])
                 continue
             g = rid[cur]
-            val = -2 - _node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
+            val = -2 - boundary_node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
             break
         for k in range(top):
             end[stack[k]] = val
@@ -142,9 +143,9 @@ def _receiver_end(r, tw, rows, cols, T, ntc, offset, par, rid, rloc, end):
     if rid[r] < 0:
         return UNSET
     if rloc[r] >= 0:
-        return end[_find(par, rloc[r])]
+        return end[find(par, rloc[r])]
     g = rid[r]
-    return -2 - _node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
+    return -2 - boundary_node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -222,7 +223,7 @@ def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
             x = i * tw + j
             if p < 0 or par[x] < 0:
                 continue
-            r = _find(par, x)
+            r = find(par, x)
             tgt[base + p] = end[r]
             is_open = (flags[r] & OPEN) != 0
             openf[base + p] = is_open
@@ -235,7 +236,7 @@ def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
                     continue
                 if vals[a + DR[d], b + DC[d]] == vals[a, b]:
                     cu[m] = base + p
-                    cv[m] = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                    cv[m] = boundary_node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
                     m += 1
     return (o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h), cu[:m].copy(), cv[:m].copy(), leaf_key, leaf_h
 
@@ -250,11 +251,11 @@ def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least
     for x in range(n_nodes):  # the open pieces' perimeter cells join their piece's rep
         if openf[x]:
             e = tgt[x]
-            ra, rb = _find(par, x), _find(par, -2 - e)
+            ra, rb = find(par, x), find(par, -2 - e)
             if ra != rb:
                 par[max(ra, rb)] = min(ra, rb)
     for k in range(cu.shape[0]):
-        ra, rb = _find(par, cu[k]), _find(par, cv[k])
+        ra, rb = find(par, cu[k]), find(par, cv[k])
         if ra != rb:
             par[max(ra, rb)] = min(ra, rb)
     # per plateau root: receiver, outlet, least id
@@ -265,7 +266,7 @@ def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least
     p_least = np.full(n_nodes, -1, np.int64)
     p_h = np.zeros(n_nodes, np.float64)
     for k in range(o_rep.shape[0]):
-        r = _find(par, o_rep[k])
+        r = find(par, o_rep[k])
         if o_outl[k]:
             p_outl[r] = True
         if p_least[r] < 0 or o_least[k] < p_least[r]:
@@ -305,7 +306,7 @@ def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least
                 break
             stack[top] = cur
             top += 1
-            e = p_rend[_find(par, cur)] if openf[cur] else tgt[cur]
+            e = p_rend[find(par, cur)] if openf[cur] else tgt[cur]
             if e <= -2:
                 cur = -2 - e
                 continue
@@ -350,7 +351,7 @@ def _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset,
                 if 0 <= ni < th and 0 <= nj < tw:
                     lb = basin[ni, nj]
                 else:
-                    lb = res_id[_node(gr, gc, rows, cols, T, ntc, offset)]
+                    lb = res_id[boundary_node(gr, gc, rows, cols, T, ntc, offset)]
                 if la == lb:
                     continue
                 if emit:
@@ -391,7 +392,7 @@ def tile_labels(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
     for i in range(th):
         for j in range(tw):
             x = i * tw + j
-            basin[i, j] = 0 if par[x] < 0 else lab[_find(par, x)]
+            basin[i, j] = 0 if par[x] < 0 else lab[find(par, x)]
     # (np.bool_: a literal True / False would compile _label_edges twice, once for each)
     m = _label_edges(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, res_id, basin, np.bool_(False),
                      np.empty(0, np.uint64), np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64),
@@ -452,10 +453,10 @@ def build_tree(n_leaves, ea, eb, ew, es, leaf_h, leaf_key):
         pit_h[v] = leaf_h[v - 1]
     nn = n_leaves
     for q in range(ea.shape[0]):
-        ra, rb = _find(uf, ea[q]), _find(uf, eb[q])
+        ra, rb = find(uf, ea[q]), find(uf, eb[q])
         if ra == rb:
             continue
-        ro = _find(uf, 0)
+        ro = find(uf, 0)
         if ra == ro or rb == ro:
             t = top[rb] if ra == ro else top[ra]
             spill[t] = ew[q]
@@ -545,7 +546,7 @@ def tile_volumes(vals, ok, basin, up, jump, level):
             k += 1
             node[k] = keys[q]
         cnt[k] += 1
-        s, e = _two_sum(shi[k], hs[q])
+        s, e = two_sum(shi[k], hs[q])
         shi[k] = s
         slo[k] += e
     return node, cnt, shi, slo
@@ -557,7 +558,7 @@ def add_volumes(node, cnt, shi, slo, c_all, h_hi, h_lo):
     for k in range(node.shape[0]):
         u = node[k]
         c_all[u] += cnt[k]
-        s, e = _two_sum(h_hi[u], shi[k])
+        s, e = two_sum(h_hi[u], shi[k])
         h_hi[u] = s
         h_lo[u] += e + slo[k]
 
@@ -579,7 +580,7 @@ def subtree_volumes(parent, spill, c_all, h_hi, h_lo):
         p = parent[v]
         if p > 0:
             c_all[p] += c_all[v]
-            s, e = _two_sum(h_hi[p], h_hi[v])
+            s, e = two_sum(h_hi[p], h_hi[v])
             h_hi[p] = s
             h_lo[p] += e + h_lo[v]
     vol = np.full(nn, np.nan)
@@ -592,6 +593,6 @@ def subtree_volumes(parent, spill, c_all, h_hi, h_lo):
         sh, sl = _split(s)
         ch, cl = _split(c)
         pe = ((sh * ch - p) + sh * cl + sl * ch) + sl * cl  # s * c = p + pe exactly
-        d, e = _two_sum(p, -h_hi[v])
+        d, e = two_sum(p, -h_hi[v])
         vol[v] = d + ((e + pe) - h_lo[v])
     return vol

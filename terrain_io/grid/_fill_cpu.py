@@ -36,6 +36,7 @@ import numpy as np
 from numba import prange
 
 from ..jit import serial_twin
+from ..unionfind import find
 from ..weights import DC, DR
 from ._heap_cpu import heap_pop, heap_push
 from ._radix_cpu import argsort_float, argsort_int
@@ -147,16 +148,8 @@ def flood_tile(vals, ok, outlet, i0, j0, th, tw, fl, lab):
                 size += 1
 
 
-@numba.njit(inline="always", cache=True)
-def _find(parent, x):
-    while parent[x] != x:
-        parent[x] = parent[parent[x]]
-        x = parent[x]
-    return x
-
-
 @numba.njit(nogil=True, cache=True)
-def _node(gr, gc, rows, cols, T, ntc, offset):
+def boundary_node(gr, gc, rows, cols, T, ntc, offset):
     """Boundary-graph node of global perimeter cell (gr, gc)."""
     tr, tc = gr // T, gc // T
     th = min(T, rows - tr * T)
@@ -206,7 +199,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     parent = np.arange(B + 1, dtype=np.int32)
     k = 0
     for q in order:
-        ra, rb = _find(parent, ca[q]), _find(parent, cb[q])
+        ra, rb = find(parent, ca[q]), find(parent, cb[q])
         if ra == rb:
             continue
         parent[ra] = rb
@@ -232,7 +225,7 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                 if not ok[a + DR[d], b + DC[d]]:
                     continue
                 eu[k] = base + p
-                ev[k] = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                ev[k] = boundary_node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
                 ew[k] = max(vals[a, b], vals[a + DR[d], b + DC[d]])
                 k += 1
     return k
@@ -274,10 +267,10 @@ def solve_levels(n_nodes, eu, ev, ew):
     tail = np.arange(n_nodes, dtype=eu.dtype)
     order = argsort_float(ew)
     for q in order:
-        ra, rb = _find(parent, eu[q]), _find(parent, ev[q])
+        ra, rb = find(parent, eu[q]), find(parent, ev[q])
         if ra == rb:
             continue
-        oa, ob = ra == _find(parent, 0), rb == _find(parent, 0)
+        oa, ob = ra == find(parent, 0), rb == find(parent, 0)
         if oa or ob:
             x = rb if oa else ra
             while x >= 0:
@@ -295,7 +288,8 @@ def solve_levels(n_nodes, eu, ev, ew):
 
 # -- phase 3 -------------------------------------------------------------------------------------
 @numba.njit(inline="always", cache=True)
-def _two_sum(a, b):
+def two_sum(a, b):
+    """``a + b`` rounded and its rounding error, exactly (Knuth's TwoSum)."""
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
@@ -343,7 +337,7 @@ def final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
                     ni, nj = i + DR[d], j + DC[d]
                     if ni < 0 or nj < 0 or nj >= tw or dep[ni, nj] == 0:
                         continue
-                    ry, rx = _find(parent, ni * tw + nj), _find(parent, x)
+                    ry, rx = find(parent, ni * tw + nj), find(parent, x)
                     if ry != rx:
                         if ry < rx:
                             parent[rx] = ry
@@ -356,7 +350,7 @@ def final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
             if dep[i, j] == 0:
                 continue
             x = i * tw + j
-            r = _find(parent, x)
+            r = find(parent, x)
             if r == x:
                 n += 1
                 dep[i, j] = n
@@ -396,7 +390,7 @@ def lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
                 st_f[row, 4] = h
             st_i[row, 1] += 1
             dd = np.float64(f) - np.float64(h)
-            s, e = _two_sum(st_f[row, 1], dd)
+            s, e = two_sum(st_f[row, 1], dd)
             st_f[row, 1] = s
             st_f[row, 2] += e
             if dd > st_f[row, 3]:
@@ -419,7 +413,7 @@ def lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
                 ni, nj = i + DR[d], j + DC[d]
                 if (0 <= ni < th and 0 <= nj < tw) or not ok[a + DR[d], b + DC[d]]:
                     continue
-                q = _node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
+                q = boundary_node(gr0 + i0 + ni, gc0 + j0 + nj, rows, cols, T, ntc, offset)
                 if G[q] == G[q] and G[q] > vals[a + DR[d], b + DC[d]]:
                     links[k, 0] = -1 - q
                     links[k, 1] = row
@@ -473,7 +467,7 @@ def join_lakes(n_nodes, st_i, st_f, links):
     for k in range(links.shape[0]):
         if links[k, 0] < 0:
             other = node_lake[-1 - links[k, 0]]
-            ra, rb = _find(parent, links[k, 1]), _find(parent, other)
+            ra, rb = find(parent, links[k, 1]), find(parent, other)
             if ra != rb:
                 if st_i[ra, 0] < st_i[rb, 0]:
                     parent[rb] = ra
@@ -482,11 +476,11 @@ def join_lakes(n_nodes, st_i, st_f, links):
     acc_i = st_i.copy()
     acc_f = st_f.copy()
     for x in range(m):  # fold each lake into its root (the root's own row counted once)
-        r = _find(parent, x)
+        r = find(parent, x)
         if r == x:
             continue
         acc_i[r, 1] += st_i[x, 1]
-        s, e = _two_sum(acc_f[r, 1], st_f[x, 1])
+        s, e = two_sum(acc_f[r, 1], st_f[x, 1])
         acc_f[r, 1] = s
         acc_f[r, 2] += e + st_f[x, 2]
         acc_f[r, 3] = max(acc_f[r, 3], st_f[x, 3])
@@ -498,7 +492,7 @@ def join_lakes(n_nodes, st_i, st_f, links):
     roots = np.zeros(m, np.int64)
     nr = 0
     for x in range(m):
-        if _find(parent, x) == x:
+        if find(parent, x) == x:
             roots[nr] = x
             nr += 1
     roots = roots[:nr]
@@ -508,7 +502,7 @@ def join_lakes(n_nodes, st_i, st_f, links):
         rank[roots[k]] = k + 1
     final = np.zeros(m, np.uint32)
     for x in range(m):
-        final[x] = rank[_find(parent, x)]
+        final[x] = rank[find(parent, x)]
     return final, acc_i[roots], acc_f[roots]
 
 

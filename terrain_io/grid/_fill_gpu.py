@@ -11,8 +11,8 @@ import functools
 
 import numpy as np
 
-from ..backend import kernel_source
-from .sssp._incore_gpu import OPTIONS, ROWS_PER_PASS, TILE, _WorkLists
+from ..backend import EXACT_OPTIONS, kernel_source
+from ..worklist import ROWS_PER_PASS, TILE, WorkLists
 
 THREADS = 256
 
@@ -41,7 +41,7 @@ def device_bytes(rows: int, cols: int, dtype, band_rows: int) -> int:
 def _module(vtype: str):
     import cupy as cp
 
-    return cp.RawModule(code=kernel_source("fill.cu"), options=OPTIONS + (f"-DVAL={vtype}",))
+    return cp.RawModule(code=kernel_source("fill.cu"), options=EXACT_OPTIONS + (f"-DVAL={vtype}",))
 
 
 @functools.cache
@@ -92,7 +92,7 @@ class GpuFill:
         args = (self.vals, self.F, np.int32(h), np.int32(w), self.nd)
         self.mod.get_function("init_levels")(*self._grid(self.vals.size), args + (np.int32(nodata_drains),))
         ntr, ntc = -(-h // TILE), -(-w // TILE)
-        lists = _WorkLists(ntr * ntc)
+        lists = WorkLists(ntr * ntc)
         self.rounds = lists.run(self.mod.get_function("relax_levels"), args, cp.arange(ntr * ntc, dtype=cp.int32))
         assert (TILE, ROWS_PER_PASS) == (32, 8)  # TS, BY of worklist.cuh
 

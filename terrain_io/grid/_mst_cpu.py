@@ -30,6 +30,7 @@ import numpy as np
 from numba import prange
 
 from ..jit import njit_as
+from ..unionfind import find_sized, union_sized
 from ..weights import DC, DR, edge_weight, float64_bits
 from ._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32, radix_sort32_in
 
@@ -90,30 +91,6 @@ def exact_total(buckets: np.ndarray):
     return total
 
 
-@numba.njit(cache=True)
-def _root(parent, x):
-    """The root of ``x`` in a union-find whose roots hold -(their size); path halving."""
-    while parent[x] >= 0:
-        p = np.int64(parent[x])
-        gp = parent[p]
-        if gp < 0:
-            return p
-        parent[x] = gp
-        x = np.int64(gp)
-    return x
-
-
-@numba.njit(cache=True)
-def _union(parent, ra, rb):
-    """Join roots ``ra`` != ``rb``, the smaller tree under the larger (which hangs under which decides
-    no edge); returns (the new root, the other)."""
-    if parent[ra] > parent[rb]:
-        ra, rb = rb, ra
-    parent[ra] += parent[rb]
-    parent[rb] = ra
-    return ra, rb
-
-
 # ---------------------------------------------------------------------------------------------
 # Tile phase, CPU: Kruskal on the tile's induced subgraph.
 # ---------------------------------------------------------------------------------------------
@@ -151,10 +128,10 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
     parent = np.full(n, -1, dtype=np.int32)
     joined = 0
     for k in order:
-        ra = _root(parent, np.int64(ea[k]))
-        rb = _root(parent, np.int64(eb[k]))
+        ra = find_sized(parent, np.int64(ea[k]))
+        rb = find_sized(parent, np.int64(eb[k]))
         if ra != rb:
-            _union(parent, ra, rb)
+            union_sized(parent, ra, rb)
             a = ea[k]
             bits[i0 + a // w, j0 + a % w] |= np.uint8(1 << ed[k])
             joined += 1
@@ -356,11 +333,11 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
         for x in range(joins, nb):
             a = buf[x] >> 2
             da = RANK_TO_DIR[buf[x] & 3]
-            ra = _root(parent, a)
-            rb = _root(parent, a + off[da])
+            ra = find_sized(parent, a)
+            rb = find_sized(parent, a + off[da])
             if ra == rb:
                 continue
-            ra, rb = _union(parent, ra, rb)
+            ra, rb = union_sized(parent, ra, rb)
             ta = term[ra]
             tb = term[rb]
             if ta >= 0 and tb >= 0:
@@ -857,10 +834,10 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     oe = 0
     parent = np.full(nv, -1, dtype=np.int64)
     for k in order:
-        ra = _root(parent, au[k])
-        rb = _root(parent, av[k])
+        ra = find_sized(parent, au[k])
+        rb = find_sized(parent, av[k])
         if ra != rb:
-            ra, rb = _union(parent, ra, rb)
+            ra, rb = union_sized(parent, ra, rb)
             ta = term[ra]
             tb = term[rb]
             if ta >= 0 and tb >= 0:  # open: carried up as a super-edge between the two terminals

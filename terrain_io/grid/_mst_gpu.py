@@ -239,3 +239,11 @@ def worker_tile_forest(tile: int, weight: str, dtype: str) -> GpuTileForest:
     from .. import weights
 
     return GpuTileForest(tile, weights.get(weight), np.dtype(dtype), lanes=1)
+
+
+def worker_tile_phase(store, task, values, valid):
+    """The tile phase of a Dask task's batch (:class:`.mst._TileTask`) on the worker's GPU: (edge bits,
+    the contraction's output), as :func:`.mst._tile_phase_cpu`."""
+    gpu = worker_tile_forest(store.tile_size, task.weight, store.dtype.str)
+    win = task.window
+    return gpu.tile_phase(values, valid, task.tiles, win.r0, win.c0, *store.shape, task.cap)

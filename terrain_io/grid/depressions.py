@@ -57,7 +57,6 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import math
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -71,6 +70,7 @@ from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..progress import progress_bar
 from ..store import TerrainStore, read_window, write_window
+from ..timings import Timings
 from . import _depressions_cpu as K
 from ._tiled import (
     OUTLETS,
@@ -192,7 +192,7 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
     per-cell work (default half the free RAM); ``batch_tiles``/``held``: force the batch side /
     holding the DEM (tests, benchmarks).
     """
-    t_start = time.perf_counter()
+    timings = Timings()
     return_freed_memory_to_os()
     if outlets not in OUTLETS:
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
@@ -224,108 +224,103 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
     pool = (concurrent.futures.ThreadPoolExecutor(numba.get_num_threads())
             if rows * cols >= SERIAL_BELOW and numba.get_num_threads() > 1 else None)
     tmap = pool.map if pool is not None else map
-    timings = {}
     kept = None
     try:
         with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
             basin_arr = writer.create_array("basin", "uint32", 0)
 
             # 1: chains inside the tiles
-            t0 = time.perf_counter()
-            tgt = np.full(geo.nodes, K.UNSET, np.int64)
-            openf = np.zeros(geo.nodes, np.bool_)
-            pieces, cross, leaves = [], [], []
-            with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
-                for b in batches:
-                    vals, ok, outl = read_block(store, b.window, nodata_drains)
-                    if plan_held:
-                        kept = (vals, ok, outl)
-                    r0, c0 = b.window.r0, b.window.c0
-                    for o, cu, cv, lk, lh in tmap(partial(_chains, (vals, ok, outl), r0, c0, args, tgt, openf),
-                                                  b.tiles):
-                        pieces.append(o)
-                        cross.append((cu, cv))
-                        leaves.append((lk, lh))
-                    del vals, ok, outl
-                    bar.update(1)
-            timings["chains"] = time.perf_counter() - t0
+            with timings.phase("chains"):
+                tgt = np.full(geo.nodes, K.UNSET, np.int64)
+                openf = np.zeros(geo.nodes, np.bool_)
+                pieces, cross, leaves = [], [], []
+                with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
+                    for b in batches:
+                        vals, ok, outl = read_block(store, b.window, nodata_drains)
+                        if plan_held:
+                            kept = (vals, ok, outl)
+                        r0, c0 = b.window.r0, b.window.c0
+                        for o, cu, cv, lk, lh in tmap(partial(_chains, (vals, ok, outl), r0, c0, args, tgt, openf),
+                                                      b.tiles):
+                            pieces.append(o)
+                            cross.append((cu, cv))
+                            leaves.append((lk, lh))
+                        del vals, ok, outl
+                        bar.update(1)
 
             # 2: the boundary solve, leaves numbered
-            t0 = time.perf_counter()
-            o = [_cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_,
-                                                             np.int64, np.float64))]
-            res, pk, ph = K.solve_nodes(geo.nodes, tgt, openf, *o, _cat(cross, 0, np.int64), _cat(cross, 1, np.int64))
-            del pieces, cross, o, tgt, openf
-            keys = np.concatenate([_cat(leaves, 0, np.int64), pk])
-            leaf_h = np.concatenate([_cat(leaves, 1, np.float64), ph])
-            del leaves
-            order = np.argsort(keys, kind="stable")
-            keys, leaf_h = keys[order], leaf_h[order]
-            n_leaves = len(keys)
-            if n_leaves >= 2**32 - 1:
-                raise InputError(f"{n_leaves:,} local minima: more than uint32 basin ids hold")
-            res_id = np.where(res >= 0, np.searchsorted(keys, np.maximum(res, 0)) + 1, 0).astype(np.uint32)
-            del res
-            timings["solve"] = time.perf_counter() - t0
+            with timings.phase("solve"):
+                o = [_cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_,
+                                                                 np.int64, np.float64))]
+                res, pk, ph = K.solve_nodes(geo.nodes, tgt, openf, *o, _cat(cross, 0, np.int64),
+                                            _cat(cross, 1, np.int64))
+                del pieces, cross, o, tgt, openf
+                keys = np.concatenate([_cat(leaves, 0, np.int64), pk])
+                leaf_h = np.concatenate([_cat(leaves, 1, np.float64), ph])
+                del leaves
+                order = np.argsort(keys, kind="stable")
+                keys, leaf_h = keys[order], leaf_h[order]
+                n_leaves = len(keys)
+                if n_leaves >= 2**32 - 1:
+                    raise InputError(f"{n_leaves:,} local minima: more than uint32 basin ids hold")
+                res_id = np.where(res >= 0, np.searchsorted(keys, np.maximum(res, 0)) + 1, 0).astype(np.uint32)
+                del res
 
             # 3: labels and the least spill edge of each touching pair
-            t0 = time.perf_counter()
-            pairs = []
-            basins = []
-            with progress_bar(progress, len(batches), "depressions: basins", unit="batch") as bar:
-                for b in batches:
-                    vals, ok, outl = kept if plan_held else read_block(store, b.window, nodata_drains)
-                    basin = np.zeros(b.window.shape, np.uint32)
-                    r0, c0 = b.window.r0, b.window.c0
-                    pairs.extend(tmap(partial(_labels, (vals, ok, outl), r0, c0, args, keys, res_id, basin),
-                                      b.tiles))
-                    if plan_held:
-                        basins.append(basin)
-                    else:
-                        write_window(basin_arr, b.window, basin, whole_shard)
-                    del vals, ok, outl
-                    bar.update(1)
-            timings["basins"] = time.perf_counter() - t0
+            with timings.phase("basins"):
+                pairs = []
+                basins = []
+                with progress_bar(progress, len(batches), "depressions: basins", unit="batch") as bar:
+                    for b in batches:
+                        vals, ok, outl = kept if plan_held else read_block(store, b.window, nodata_drains)
+                        basin = np.zeros(b.window.shape, np.uint32)
+                        r0, c0 = b.window.r0, b.window.c0
+                        pairs.extend(tmap(partial(_labels, (vals, ok, outl), r0, c0, args, keys, res_id, basin),
+                                          b.tiles))
+                        if plan_held:
+                            basins.append(basin)
+                        else:
+                            write_window(basin_arr, b.window, basin, whole_shard)
+                        del vals, ok, outl
+                        bar.update(1)
 
             # 4: the tree
-            t0 = time.perf_counter()
-            ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
-                (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
-            del pairs
-            # Kruskal's strict order; a pair's edges from other tiles than its least one's are skipped
-            # by Kruskal itself (the pair is joined by then)
-            sel = np.lexsort((ehi, elo, ew))
-            parent, spill, scell, sto, merge, pit, pit_h = K.build_tree(
-                n_leaves, ea[sel].astype(np.int64), eb[sel].astype(np.int64), ew[sel], es[sel], leaf_h, keys)
-            del ea, eb, ew, elo, ehi, es, sel
-            up, jump = K.jump_pointers(parent)
-            level = np.where(np.isnan(spill), np.inf, spill)
-            timings["tree"] = time.perf_counter() - t0
+            with timings.phase("tree"):
+                ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
+                    (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
+                del pairs
+                # Kruskal's strict order; a pair's edges from other tiles than its least one's are skipped
+                # by Kruskal itself (the pair is joined by then)
+                sel = np.lexsort((ehi, elo, ew))
+                parent, spill, scell, sto, merge, pit, pit_h = K.build_tree(
+                    n_leaves, ea[sel].astype(np.int64), eb[sel].astype(np.int64), ew[sel], es[sel], leaf_h, keys)
+                del ea, eb, ew, elo, ehi, es, sel
+                up, jump = K.jump_pointers(parent)
+                level = np.where(np.isnan(spill), np.inf, spill)
 
             # 5: cells and volumes under each node's spill level
-            t0 = time.perf_counter()
-            nn = len(parent)
-            c_all = np.zeros(nn, np.int64)
-            h_hi = np.zeros(nn, np.float64)
-            h_lo = np.zeros(nn, np.float64)
-            with progress_bar(progress, len(batches), "depressions: volumes", unit="batch") as bar:
-                for b in batches:
-                    if plan_held:
-                        vals = kept[0][1:-1, 1:-1]
-                        basin = basins[0]
-                    else:
-                        vals = store.read(b.window)
-                        basin = read_window(basin_arr, b.window, whole_shard)
-                    ok = store.valid(vals)
-                    for out in tmap(partial(_volumes, vals, ok, basin, up, jump, level), b.tiles):
-                        K.add_volumes(*out, c_all, h_hi, h_lo)
-                    bar.update(1)
-            volume = K.subtree_volumes(parent, spill, c_all, h_hi, h_lo)
-            if plan_held:
-                kept = None
-                write_held(store, (basin_arr, lambda s: basins[0][s]))
-                del basins
-            timings["volumes"] = time.perf_counter() - t0
+            with timings.phase("volumes"):
+                nn = len(parent)
+                c_all = np.zeros(nn, np.int64)
+                h_hi = np.zeros(nn, np.float64)
+                h_lo = np.zeros(nn, np.float64)
+                with progress_bar(progress, len(batches), "depressions: volumes", unit="batch") as bar:
+                    for b in batches:
+                        if plan_held:
+                            vals = kept[0][1:-1, 1:-1]
+                            basin = basins[0]
+                        else:
+                            vals = store.read(b.window)
+                            basin = read_window(basin_arr, b.window, whole_shard)
+                        ok = store.valid(vals)
+                        for out in tmap(partial(_volumes, vals, ok, basin, up, jump, level), b.tiles):
+                            K.add_volumes(*out, c_all, h_hi, h_lo)
+                        bar.update(1)
+                volume = K.subtree_volumes(parent, spill, c_all, h_hi, h_lo)
+                if plan_held:
+                    kept = None
+                    write_held(store, (basin_arr, lambda s: basins[0][s]))
+                    del basins
 
             tree = Hierarchy(n_leaves=n_leaves, parent=parent, spill=spill, spill_cell=scell, spills_to=sto,
                              merge=merge, pit=pit, pit_elevation=pit_h, cells=c_all, volume_cells=volume)
@@ -334,8 +329,8 @@ def depressions(store, outlets: str = "edge+nodata", device: str = "auto", memor
             result = DepressionsResult(
                 outlets=outlets, device=device, method="held" if plan_held else "tiled", cells=rows * cols,
                 leaves=n_leaves, merges=len(tree) - n_leaves, roots=int(roots.sum()),
-                volume=float(volume[1:][roots].sum() * dx * dy), seconds=time.perf_counter() - t_start,
-                timings={k_: round(v, 4) for k_, v in timings.items()}, tile_size=store.tile_size, batch_tiles=k,
+                volume=float(volume[1:][roots].sum() * dx * dy), seconds=timings.seconds(),
+                timings=timings.rounded(4), tile_size=store.tile_size, batch_tiles=k,
                 hierarchy=tree)
             writer.attrs.update(result.attrs())
             if len(tree) <= TABLE_IN_ATTRS:

@@ -50,7 +50,6 @@ import contextlib
 import csv
 import math
 import os
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,13 +58,14 @@ import numba
 import numpy as np
 
 from ..atomic import scratch_directory
-from ..backend import resolve_device
+from ..backend import Dispatch, gpu_free_bytes, resolve_device
 from ..errors import InputError, TerrainNote
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_window, write_window
+from ..timings import Timings
 from . import _fill_cpu as K
 from ._tiled import (
     OUTLETS,
@@ -272,7 +272,7 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     3, the floods not held; ``announce`` gets a cluster's dashboard address); ``batch_tiles``/
     ``held``: force the CPU pipeline's batch side / holding the floods (tests, benchmarks).
     """
-    t_start = time.perf_counter()
+    timings = Timings()
     return_freed_memory_to_os()
     if outlets not in OUTLETS:
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
@@ -291,8 +291,12 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
             raise InputError("the GPU fill runs in this process: use --scheduler local, or --device cpu for tasks")
         device = device if (device or "auto").lower() != "auto" else "cpu"
     device = _choose_device(store, device, budget)
-    if device == "gpu":
-        return _fill_gpu_incore(store, outlets, budget, progress, t_start)
+    return FILL[device](store, outlets, budget, progress, timings, scheduler, batch_tiles, held, announce)
+
+
+def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings, scheduler: str,
+                batch_tiles: int | None, held: bool | None, announce) -> FillResult:
+    """The CPU pipeline (module docstring): the tiled plan, here or as Dask tasks (:func:`fill`'s options)."""
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = Geometry(rows, cols, store.tile_size)
@@ -313,100 +317,95 @@ def fill(store, outlets: str = "edge+nodata", device: str = "auto", memory=None,
     batches = _plan_batches(store, k)
     nodata_drains = outlets == "edge+nodata"
     whole_shard = k == store.shard_size
-    timings = {}
     with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
         filled_arr = writer.create_array("elevation", store.dtype, store.elevation.fill_value)
         depth_arr = writer.create_array("depth", "float32", float("nan"))
         dep_arr = writer.create_array("depression", "uint32", 0)
 
         # phase 1: floods and the boundary graph
-        t0 = time.perf_counter()
-        parts = []
-        kept = None
-        with progress_bar(progress, len(batches), "fill: tile phase", unit="batch") as bar:
-            if plan_held:
-                b = batches[0]
-                vals, ok, outl = read_block(store, b.window, nodata_drains)
-                h, w = b.window.shape
-                kept = (vals, ok, np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL))
-                out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), kept[2], kept[3], True)
-                parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
-                del out, outl  # held floods need no outlets again
-                bar.update(1)
-            else:
-                tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains) for b in batches]
-                parts = map_shards(_tile_phase_task, tasks, scheduler, progress=bar, announce=announce)
-        eu = np.concatenate([p[0] for p in parts])
-        ev = np.concatenate([p[1] for p in parts])
-        ew = np.concatenate([p[2] for p in parts])
-        del parts
-        timings["tile_phase"] = time.perf_counter() - t0
+        with timings.phase("tile_phase"):
+            parts = []
+            kept = None
+            with progress_bar(progress, len(batches), "fill: tile phase", unit="batch") as bar:
+                if plan_held:
+                    b = batches[0]
+                    vals, ok, outl = read_block(store, b.window, nodata_drains)
+                    h, w = b.window.shape
+                    kept = (vals, ok, np.empty((h, w), store.dtype), np.empty((h, w), K.LABEL))
+                    out = graph_batch(vals, ok, outl, b.tiles, *geo.args(b.window), kept[2], kept[3], True)
+                    parts.append(_edges(out, len(b.tiles), _weight_dtype(store.dtype)))
+                    del out, outl  # held floods need no outlets again
+                    bar.update(1)
+                else:
+                    tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains) for b in batches]
+                    parts = map_shards(_tile_phase_task, tasks, scheduler, progress=bar, announce=announce)
+            eu = np.concatenate([p[0] for p in parts])
+            ev = np.concatenate([p[1] for p in parts])
+            ew = np.concatenate([p[2] for p in parts])
+            del parts
 
         # phase 2: the boundary solve
-        t0 = time.perf_counter()
-        G = K.solve_levels(geo.nodes, eu, ev, ew)
-        del eu, ev, ew
-        timings["solve"] = time.perf_counter() - t0
+        with timings.phase("solve"):
+            G = K.solve_levels(geo.nodes, eu, ev, ew)
+            del eu, ev, ew
 
         # phase 3: final levels, depths, lakes
-        t0 = time.perf_counter()
-        lakes = _Lakes()
-        starts = []
-        filled_cells = 0
-        with progress_bar(progress, len(batches), "fill: final phase", unit="batch") as bar:
-            if plan_held:  # no outlets (no flood again), no depth yet: 5 bytes a cell less at the peak
-                b = batches[0]
-                vals, ok, fl, lab = kept
-                dep = np.empty(b.window.shape, np.uint32)
-                out = final_batch(vals, ok, ok, b.tiles, *geo.args(b.window), G, fl, lab, True, fl,
-                                  np.empty((0, 0), np.float32), dep)
-                starts.append(lakes.add(out))
-                filled_cells += int(np.count_nonzero(dep))
-                kept = (fl, vals, dep)
-                del ok, lab, out
-                bar.update(1)
-            else:
-                arrays = tuple(f"{a.store.root}/{a.path}" for a in (filled_arr, depth_arr, dep_arr))
-                with contextlib.ExitStack() as scratch:
-                    if scheduler == "local":
-                        levels = G
-                    else:  # the workers load the levels from a file beside the store
-                        levels = str(scratch.enter_context(scratch_directory(store.path, "fill-levels")) / "G.npy")
-                        np.save(levels, G)
-                    tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains, arrays, levels, whole_shard)
-                             for b in batches]
-                    for out, n_filled in map_shards(_final_phase_task, tasks, scheduler, progress=bar,
-                                                    announce=announce):
-                        starts.append(lakes.add(out))
-                        filled_cells += n_filled
-        final, acc_i, acc_f = lakes.join(geo.nodes)
-        del lakes
-        timings["final_phase"] = time.perf_counter() - t0
+        with timings.phase("final_phase"):
+            lakes = _Lakes()
+            starts = []
+            filled_cells = 0
+            with progress_bar(progress, len(batches), "fill: final phase", unit="batch") as bar:
+                if plan_held:  # no outlets (no flood again), no depth yet: 5 bytes a cell less at the peak
+                    b = batches[0]
+                    vals, ok, fl, lab = kept
+                    dep = np.empty(b.window.shape, np.uint32)
+                    out = final_batch(vals, ok, ok, b.tiles, *geo.args(b.window), G, fl, lab, True, fl,
+                                      np.empty((0, 0), np.float32), dep)
+                    starts.append(lakes.add(out))
+                    filled_cells += int(np.count_nonzero(dep))
+                    kept = (fl, vals, dep)
+                    del ok, lab, out
+                    bar.update(1)
+                else:
+                    arrays = tuple(f"{a.store.root}/{a.path}" for a in (filled_arr, depth_arr, dep_arr))
+                    with contextlib.ExitStack() as scratch:
+                        if scheduler == "local":
+                            levels = G
+                        else:  # the workers load the levels from a file beside the store
+                            levels = str(scratch.enter_context(scratch_directory(store.path, "fill-levels")) / "G.npy")
+                            np.save(levels, G)
+                        tasks = [_Task(str(store.path), b.window, b.tiles, nodata_drains, arrays, levels, whole_shard)
+                                 for b in batches]
+                        for out, n_filled in map_shards(_final_phase_task, tasks, scheduler, progress=bar,
+                                                        announce=announce):
+                            starts.append(lakes.add(out))
+                            filled_cells += n_filled
+            final, acc_i, acc_f = lakes.join(geo.nodes)
+            del lakes
 
         # lake ids and spill targets
-        t0 = time.perf_counter()
-        spills_to = np.zeros(len(acc_i), np.uint32)
-        spill = acc_i[:, 3]
-        if plan_held:
-            fl, vals, dep = kept
-            b = batches[0]
-            relabel(dep, b.tiles, starts[0], final)
-            K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
-            write_held(store, (filled_arr, lambda s: fl[s]), (dep_arr, lambda s: dep[s]),
-                        (depth_arr, lambda s: _depth(store, fl[s], vals[1:-1, 1:-1][s])))
-            del kept, fl, vals, dep
-        else:
-            _relabel_and_spill(store, batches, starts, final, spill, dep_arr, filled_arr, whole_shard, spills_to,
-                               progress)
-        timings["lakes"] = time.perf_counter() - t0
+        with timings.phase("lakes"):
+            spills_to = np.zeros(len(acc_i), np.uint32)
+            spill = acc_i[:, 3]
+            if plan_held:
+                fl, vals, dep = kept
+                b = batches[0]
+                relabel(dep, b.tiles, starts[0], final)
+                K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
+                write_held(store, (filled_arr, lambda s: fl[s]), (dep_arr, lambda s: dep[s]),
+                            (depth_arr, lambda s: _depth(store, fl[s], vals[1:-1, 1:-1][s])))
+                del kept, fl, vals, dep
+            else:
+                _relabel_and_spill(store, batches, starts, final, spill, dep_arr, filled_arr, whole_shard, spills_to,
+                                   progress)
         table = Depressions(least=acc_i[:, 0], cells=acc_i[:, 1], pit=acc_i[:, 2], spill=spill, level=acc_f[:, 0],
                             volume_cells=acc_f[:, 1] + acc_f[:, 2], max_depth=acc_f[:, 3],
                             pit_elevation=acc_f[:, 4], spills_to=spills_to)
         dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
-        result = FillResult(outlets=outlets, device=device, method="held" if plan_held else "tiled",
+        result = FillResult(outlets=outlets, device="cpu", method="held" if plan_held else "tiled",
                             cells=rows * cols, depressions=len(table), filled_cells=filled_cells,
-                            volume=float(table.volume_cells.sum() * dx * dy), seconds=time.perf_counter() - t_start,
-                            timings={k_: round(v, 4) for k_, v in timings.items()}, tile_size=store.tile_size,
+                            volume=float(table.volume_cells.sum() * dx * dy), seconds=timings.seconds(),
+                            timings=timings.rounded(4), tile_size=store.tile_size,
                             batch_tiles=k, table=table)
         writer.attrs.update(result.attrs())
         if len(table) <= TABLE_IN_ATTRS:
@@ -453,7 +452,6 @@ def _gpu_host_bytes(store: TerrainStore) -> int:
 def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
     """Why the in-core GPU fill cannot take ``store`` (None: it can)."""
     from ._fill_gpu import device_bytes, value_dtype
-    from .sssp.incore import gpu_free_bytes
 
     rows, cols = store.shape
     if value_dtype(store.dtype) is None:
@@ -469,73 +467,71 @@ def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
     return None
 
 
-def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, t_start: float) -> FillResult:
+def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings,
+                     *cpu_plan) -> FillResult:
     """The in-core GPU fill (:mod:`._fill_gpu`): the DEM read band by band (a band of shard rows,
     its shards decoded in parallel threads) into one GPU array, levels and lakes solved there, the
-    outputs brought back a band at a time while the threads encode the band before."""
+    outputs brought back a band at a time while the threads encode the band before. ``cpu_plan``:
+    the CPU pipeline's options (scheduler, batch, held), not used here."""
     from ._fill_gpu import GpuFill
 
     rows, cols = store.shape
     nsr, nsc = store.shard_grid
     bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
     threads = max(1, min(os.cpu_count() or 1, nsc))
-    timings = {}
     gpu = GpuFill(rows, cols, store.dtype, store.nodata)
     try:
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
-                progress_bar(progress, nsr * nsc, "fill: read", unit="shard") as bar:
-            for band in bands:
-                r0 = band[0].r0
-                host = np.empty((band[0].r1 - r0, cols), store.dtype)
-
-                def read(win, host=host, r0=r0):
-                    host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1] = store.read(win)
-                    bar.update(1)
-
-                list(pool.map(read, band))
-                gpu.load(r0, host)
-                del host
-        timings["read"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        gpu.levels(outlets == "edge+nodata")
-        _sync()
-        timings["levels"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        least, cells, pit, spill, level, hi, lo, max_depth, pit_elevation, spills_to = gpu.lakes()
-        timings["lakes"] = time.perf_counter() - t0
-        table = Depressions(least=least, cells=cells, pit=pit, spill=spill, level=level, volume_cells=hi + lo,
-                            max_depth=max_depth, pit_elevation=pit_elevation, spills_to=spills_to)
-        t0 = time.perf_counter()
-        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
-            arrays = (writer.create_array("elevation", store.dtype, store.elevation.fill_value),
-                      writer.create_array("depth", "float32", float("nan")),
-                      writer.create_array("depression", "uint32", 0))
-            # every shard of every output its own task: three times the band's shards to encode at once
-            with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(arrays) * nsc))) as pool, \
-                    progress_bar(progress, nsr * nsc * len(arrays), "fill: write", unit="shard") as bar:
-
-                def write(win, arr, part, r0):
-                    write_window(arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1], True)
-                    bar.update(1)
-
-                waiting = []
+        with timings.phase("read"):
+            with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
+                    progress_bar(progress, nsr * nsc, "fill: read", unit="shard") as bar:
                 for band in bands:
                     r0 = band[0].r0
-                    parts = gpu.band(r0, band[0].r1)  # comes back while the band before is encoded
+                    host = np.empty((band[0].r1 - r0, cols), store.dtype)
+
+                    def read(win, host=host, r0=r0):
+                        host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1] = store.read(win)
+                        bar.update(1)
+
+                    list(pool.map(read, band))
+                    gpu.load(r0, host)
+                    del host
+        with timings.phase("levels"):
+            gpu.levels(outlets == "edge+nodata")
+            _sync()
+        with timings.phase("lakes"):
+            least, cells, pit, spill, level, hi, lo, max_depth, pit_elevation, spills_to = gpu.lakes()
+        table = Depressions(least=least, cells=cells, pit=pit, spill=spill, level=level, volume_cells=hi + lo,
+                            max_depth=max_depth, pit_elevation=pit_elevation, spills_to=spills_to)
+        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+            with timings.phase("write"):
+                arrays = (writer.create_array("elevation", store.dtype, store.elevation.fill_value),
+                          writer.create_array("depth", "float32", float("nan")),
+                          writer.create_array("depression", "uint32", 0))
+                # every shard of every output its own task: three times the band's shards to encode at once
+                lanes = max(1, min(os.cpu_count() or 1, len(arrays) * nsc))
+                with concurrent.futures.ThreadPoolExecutor(lanes) as pool, \
+                        progress_bar(progress, nsr * nsc * len(arrays), "fill: write", unit="shard") as bar:
+
+                    def write(win, arr, part, r0):
+                        write_window(arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1], True)
+                        bar.update(1)
+
+                    waiting = []
+                    for band in bands:
+                        r0 = band[0].r0
+                        parts = gpu.band(r0, band[0].r1)  # comes back while the band before is encoded
+                        for f in waiting:
+                            f.result()
+                        waiting = [pool.submit(write, win, arr, part, r0)
+                                   for win in band for arr, part in zip(arrays, parts)]
+                        del parts
                     for f in waiting:
                         f.result()
-                    waiting = [pool.submit(write, win, arr, part, r0) for win in band for arr, part in zip(arrays, parts)]
-                    del parts
-                for f in waiting:
-                    f.result()
             dx, dy = store.metric_cell_size
-            timings["write"] = time.perf_counter() - t0
             result = FillResult(outlets=outlets, device="gpu", method="incore", cells=rows * cols,
                                 depressions=len(table), filled_cells=int(cells.sum()),
                                 volume=float(table.volume_cells.sum() * dx * dy),
-                                seconds=time.perf_counter() - t_start,
-                                timings={**{k: round(v, 4) for k, v in timings.items()}, "rounds": gpu.rounds},
+                                seconds=timings.seconds(), timings={**timings.rounded(4), "rounds": gpu.rounds},
                                 tile_size=store.tile_size, table=table)
             writer.attrs.update(result.attrs())
             if len(table) <= TABLE_IN_ATTRS:
@@ -543,6 +539,9 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
     finally:
         gpu.close()
     return result
+
+
+FILL = Dispatch("fill", cpu=_fill_tiled, gpu=_fill_gpu_incore)
 
 
 def _sync() -> None:

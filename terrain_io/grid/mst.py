@@ -34,7 +34,6 @@ import math
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,13 +41,14 @@ import numba
 import numpy as np
 
 from .. import weights as weight_models
-from ..backend import resolve_device
+from ..backend import Dispatch, resolve_device
 from ..errors import InputError
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, map_shards
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_window, write_window
+from ..timings import Timings
 from ..zorder import morton_decode, morton_encode, morton_order
 from . import _mst_cpu as K
 
@@ -123,7 +123,7 @@ class _Merger:
         self.removed: list[np.ndarray] = []  # codes of tile-forest edges dropped by a merge
         self.kept: list[np.ndarray] = []  # codes of separator edges in the final forest
         self.buckets = np.zeros((2, K.N_EXP), dtype=np.int64)  # exact weight: - removed + kept
-        self.seconds = 0.0
+        self.timings = Timings(merge=0.0)  # the merges' seconds, summed over the threads that ran them
         self.merges = 0
         self._lock = threading.Lock()
 
@@ -132,36 +132,33 @@ class _Merger:
 
         ``next_code``: Morton code of the next tile in the global order (None after the last).
         """
-        t0 = time.perf_counter()
-        self.stack.append(block)
-        m = block.code << (2 * block.level)  # the block's first tile
-        for level in range(block.level + 1, self.top + 1):
-            parent = m >> (2 * level)
-            if next_code is not None and next_code >> (2 * level) == parent:
-                break
-            children = []
-            while (self.stack and self.stack[-1].level < level
-                   and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
-                children.append(self.stack.pop())
-            self.stack.append(self._record(self._merge(children, level, parent)))
-        if next_code is None:  # the root: everything decided
-            assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
-        with self._lock:
-            self.seconds += time.perf_counter() - t0
+        with self.timings.phase("merge"):
+            self.stack.append(block)
+            m = block.code << (2 * block.level)  # the block's first tile
+            for level in range(block.level + 1, self.top + 1):
+                parent = m >> (2 * level)
+                if next_code is not None and next_code >> (2 * level) == parent:
+                    break
+                children = []
+                while (self.stack and self.stack[-1].level < level
+                       and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
+                    children.append(self.stack.pop())
+                self.stack.append(self._record(self._merge(children, level, parent)))
+            if next_code is None:  # the root: everything decided
+                assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
 
     def _merge_batch(self, b: "_Batch", out, side: int):
         """All merges inside a full batch of ``side`` x ``side`` tiles, in one compiled call
         (``merge_batch``, no GIL: batches merge in parallel threads); returns ``_record``'s input."""
-        t0 = time.perf_counter()
-        levels = int(math.log2(side))
-        tr, tc = morton_decode(b.codes.astype(np.uint64))
-        nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
-        (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = K.merge_batch(
-            nv, vid, vh, vm, ne, eu, ev, ew, ec, tr.astype(np.int64), tc.astype(np.int64), levels,
-            self.rows, self.cols, self.tile, self.kind)
-        block = _Block(levels, int(b.codes[0]) >> (2 * levels), ovid, ovh, ovm, oeu, oev, oew, oec)
+        with self.timings.phase("merge"):
+            levels = int(math.log2(side))
+            tr, tc = morton_decode(b.codes.astype(np.uint64))
+            nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
+            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = K.merge_batch(
+                nv, vid, vh, vm, ne, eu, ev, ew, ec, tr.astype(np.int64), tc.astype(np.int64), levels,
+                self.rows, self.cols, self.tile, self.kind)
+            block = _Block(levels, int(b.codes[0]) >> (2 * levels), ovid, ovh, ovm, oeu, oev, oew, oec)
         with self._lock:
-            self.seconds += time.perf_counter() - t0
             self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
         return block, rc, rw, kc, kw
 
@@ -198,13 +195,11 @@ class _Merger:
             work = _blocks(b, out)
         self._queue.put((work, next_code))
 
-    def finish(self) -> float:
-        """Wait until every queued block is merged; returns the seconds waited."""
-        t0 = time.perf_counter()
+    def finish(self) -> None:
+        """Wait until every queued block is merged."""
         self.stop()
         if self._error is not None:
             raise self._error
-        return time.perf_counter() - t0
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -276,26 +271,30 @@ class _TileTask:
     device: str = "cpu"  # "gpu": the worker's GPU (dask-cuda gives each worker its own)
 
 
+def _tile_phase_cpu(store: TerrainStore, task: _TileTask, values, valid):
+    """The tile phase of a task's batch on the CPU (numba): (edge bits, tile_phase_batch output)."""
+    rows, cols = store.shape
+    win = task.window
+    bits = np.zeros(values.shape, dtype=np.uint8)
+    hkey, float_bits = K.key_source(values)
+    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
+                             weight_models.get(task.weight).kind, task.cap, task.forest,
+                             parallel=rows * cols >= SERIAL_BELOW)
+    return bits, out
+
+
+TILE_PHASE = Dispatch("the grid MST's tile phase", cpu=_tile_phase_cpu,
+                      gpu="terrain_io.grid._mst_gpu:worker_tile_phase")
+
+
 def _tile_task(task: _TileTask):
     """Runs on a worker; returns (valid cells, tile_phase_batch output) -- the small merge data."""
     import zarr
 
     store = TerrainStore.open(task.store, mode="r")
-    rows, cols = store.shape
     values = store.read(task.window)
     valid = store.valid(values)
-    win = task.window
-    if task.device == "gpu":
-        from ._mst_gpu import worker_tile_forest
-
-        gpu = worker_tile_forest(store.tile_size, task.weight, store.dtype.str)
-        bits, out = gpu.tile_phase(values, valid, task.tiles, win.r0, win.c0, rows, cols, task.cap)
-    else:
-        bits = np.zeros(values.shape, dtype=np.uint8)
-        hkey, float_bits = K.key_source(values)
-        out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
-                                 weight_models.get(task.weight).kind, task.cap, task.forest,
-                                 parallel=rows * cols >= SERIAL_BELOW)
+    bits, out = TILE_PHASE[task.device](store, task, values, valid)
     zarr.open_array(task.edges, mode="r+")[task.window.slices] = bits  # a whole shard: rerunnable
     return int(np.count_nonzero(valid)), out
 
@@ -459,7 +458,7 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     ``gpu_contract``: on the GPU, contract the tile forests there too (default; False: the numba
     contraction on the CPU, as before -- for benchmarks and tests, same result).
     """
-    t_start = time.perf_counter()
+    timings = Timings(read=0.0, gpu=0.0, wait=0.0, tile=0.0, write=0.0)
     return_freed_memory_to_os()
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
@@ -484,7 +483,6 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
-    timings = {"read": 0.0, "gpu": 0.0, "wait": 0.0, "tile": 0.0, "write": 0.0}
     gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
     if device == "gpu" and scheduler == "local":
         forest = K.FOREST_GIVEN
@@ -494,22 +492,21 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
 
     def prepare(b: _Batch):
         """Read a batch (worker thread) and, on the GPU, run its tile phase: forests (and contraction)."""
-        t0 = time.perf_counter()
-        values = store.read(b.window)
-        valid = store.valid(values)
-        t1 = time.perf_counter()
-        out = None
-        if gpu is None:
-            bits = np.zeros(values.shape, dtype=np.uint8)
-        elif gpu_contract:
-            bits, out = gpu.tile_phase(values, valid, b.tiles, b.window.r0, b.window.c0, rows, cols, cap)
-        else:
-            bits = gpu.forest(values, valid)
-        return values, valid, bits, out, t1 - t0, time.perf_counter() - t1
+        with timings.phase("read"):
+            values = store.read(b.window)
+            valid = store.valid(values)
+        with timings.phase("gpu"):
+            out = None
+            if gpu is None:
+                bits = np.zeros(values.shape, dtype=np.uint8)
+            elif gpu_contract:
+                bits, out = gpu.tile_phase(values, valid, b.tiles, b.window.r0, b.window.c0, rows, cols, cap)
+            else:
+                bits = gpu.forest(values, valid)
+        return values, valid, bits, out
 
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
-        t_phase = time.perf_counter()
         lookahead = _readers(device)  # batches read ahead (on the GPU: its two lanes busy too)
         whole_shards = k == store.shard_size
         writes: collections.deque = collections.deque()
@@ -519,75 +516,72 @@ def mst(store, weight: str = "max", device: str = "auto", memory=None, progress:
                                forest, cap, device) for b in batches]
             with contextlib.ExitStack() as cleanup:
                 cleanup.callback(merger.stop)
-                bar = cleanup.enter_context(progress_bar(progress, len(batches), "tile phase", unit="shard"))
-                t_phase = time.perf_counter()
-                outs = map_shards(_tile_task, tasks, scheduler, progress=bar, announce=announce)
-                timings["tile"] = time.perf_counter() - t_phase
-                for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
-                    valid_cells += n_valid
-                    buckets += out[-1]
-                    merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
-                timings["tile_phase"] = time.perf_counter() - t_phase
-                timings["merge_wait"] = merger.finish()
+                with timings.phase("tile_phase"):
+                    bar = cleanup.enter_context(progress_bar(progress, len(batches), "tile phase", unit="shard"))
+                    with timings.phase("tile"):
+                        outs = map_shards(_tile_task, tasks, scheduler, progress=bar, announce=announce)
+                    for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
+                        valid_cells += n_valid
+                        buckets += out[-1]
+                        merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                with timings.phase("merge_wait"):
+                    merger.finish()
         else:
             with contextlib.ExitStack() as cleanup:
                 cleanup.callback(merger.stop)
-                pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
-                # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
-                writers = max(2, lookahead) if whole_shards else 1
-                io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
-                bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches), "tile phase"))
-                pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
-                parallel = rows * cols >= SERIAL_BELOW
-                work = K.tile_work(forest, store.tile_size, parallel)  # the threads' scratch, for every batch
-                for bi, b in enumerate(batches):
-                    t0 = time.perf_counter()
-                    values, valid, bits, out, dt_read, dt_gpu = pending.popleft().result()
-                    timings["wait"] += time.perf_counter() - t0
-                    timings["read"] += dt_read
-                    timings["gpu"] += dt_gpu
-                    if bi + lookahead < len(batches):
-                        pending.append(pool.submit(prepare, batches[bi + lookahead]))
-                    valid_cells += int(np.count_nonzero(valid))
-                    if out is None:  # CPU tile phase, or the CPU contracts the GPU's forests
-                        t0 = time.perf_counter()
-                        hkey, float_bits = K.key_source(values)
-                        out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0,
-                                                 b.window.c0, rows, cols, model.kind, cap, forest, parallel, work)
-                        timings["tile"] += time.perf_counter() - t0
-                    buckets += out[-1]
-                    t0 = time.perf_counter()
-                    if held is not None:  # written once, by the expand pass
-                        held[b.window.r0, b.window.c0] = bits
-                    else:
-                        while len(writes) > writers:
-                            writes.popleft().result()
-                        writes.append(io_pool.submit(write_window, edges, b.window, bits, whole_shards))
-                    timings["write"] += time.perf_counter() - t0
-                    merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
-                    bar.update(len(b.codes))
-                for f in writes:
-                    f.result()
-                timings["tile_phase"] = time.perf_counter() - t_phase
-                timings["merge_wait"] = merger.finish()
-        timings["merge"] = merger.seconds
+                with timings.phase("tile_phase"):
+                    pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
+                    # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
+                    writers = max(2, lookahead) if whole_shards else 1
+                    io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
+                    bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches),
+                                                             "tile phase"))
+                    pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
+                    parallel = rows * cols >= SERIAL_BELOW
+                    work = K.tile_work(forest, store.tile_size, parallel)  # the threads' scratch, for every batch
+                    for bi, b in enumerate(batches):
+                        with timings.phase("wait"):
+                            values, valid, bits, out = pending.popleft().result()
+                        if bi + lookahead < len(batches):
+                            pending.append(pool.submit(prepare, batches[bi + lookahead]))
+                        valid_cells += int(np.count_nonzero(valid))
+                        if out is None:  # CPU tile phase, or the CPU contracts the GPU's forests
+                            with timings.phase("tile"):
+                                hkey, float_bits = K.key_source(values)
+                                out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles,
+                                                         b.window.r0, b.window.c0, rows, cols, model.kind, cap,
+                                                         forest, parallel, work)
+                        buckets += out[-1]
+                        with timings.phase("write"):
+                            if held is not None:  # written once, by the expand pass
+                                held[b.window.r0, b.window.c0] = bits
+                            else:
+                                while len(writes) > writers:
+                                    writes.popleft().result()
+                                writes.append(io_pool.submit(write_window, edges, b.window, bits, whole_shards))
+                        merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                        bar.update(len(b.codes))
+                    for f in writes:
+                        f.result()
+                with timings.phase("merge_wait"):
+                    merger.finish()
+        timings["merge"] = merger.timings["merge"]
         if gpu is not None:
             timings["gpu_kernel"] = gpu.kernel_seconds
             timings["gpu_contract"] = gpu.contract_seconds
             timings["gpu_rounds"] = gpu.rounds
 
         # expand
-        t_phase = time.perf_counter()
-        rem_c, kept_c = merger.decisions()
-        buckets += merger.buckets
-        decisions = len(rem_c) + len(kept_c)
-        decided = [rem_c, kept_c]
-        del rem_c, kept_c  # (_expand drops each once grouped)
-        n_edges = _expand(store, edges, batches, k, budget, decided, progress, held)
-        timings["expand"] = time.perf_counter() - t_phase
+        with timings.phase("expand"):
+            rem_c, kept_c = merger.decisions()
+            buckets += merger.buckets
+            decisions = len(rem_c) + len(kept_c)
+            decided = [rem_c, kept_c]
+            del rem_c, kept_c  # (_expand drops each once grouped)
+            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held)
         exact = K.exact_total(buckets)
-        seconds = time.perf_counter() - t_start
-        timings = {k_: round(v, 4) for k_, v in timings.items()}
+        seconds = timings.seconds()
+        timings = timings.rounded(4)
         result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
                            edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
                            total_weight_exact=str(exact), seconds=seconds, timings=timings,

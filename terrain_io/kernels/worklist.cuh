@@ -1,5 +1,5 @@
 // Work lists of tiles for kernels that relax TS x TS tiles in shared memory, round after round
-// (sssp_incore.cu, fill.cu; the host side is terrain_io/grid/sssp/_incore_gpu.py::_WorkLists): a
+// (sssp_incore.cu, fill.cu; the host side is terrain_io/worklist.py::WorkLists): a
 // thread block of TS x BY threads per tile of the round's list; a tile whose border cells changed
 // queues its neighbours for the next round, a flag per tile keeping each once.
 // Inlined into a kernel's source by terrain_io.backend.kernel_source.

@@ -31,9 +31,7 @@ from ...jit import serial_twin
 from .._heap_cpu import heap_pop, heap_push, heap_replace
 from ...weights import ABSDIFF, CELL, DC, DR, SURFACE, WALK, edge_weight, float64_bits, walk_time
 from .._radix_cpu import radix_sort32
-
-NO_PRED = 255
-NO_LEVEL = np.int32(2**31 - 1)
+from .result import NO_LEVEL, NO_PRED
 
 
 @numba.njit(cache=True)

@@ -7,11 +7,9 @@ import functools
 
 import numpy as np
 
-from ...backend import kernel_source
-
-TILE = 32  # TS in the kernel source
-ROWS_PER_PASS = 8  # BY
-OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
+from ...backend import EXACT_OPTIONS, kernel_source
+from ...worklist import TILE, WorkLists
+from .result import NO_PRED
 
 
 @functools.cache
@@ -19,44 +17,15 @@ def _module(value_type: str, kind: int):
     import cupy as cp
 
     return cp.RawModule(code=kernel_source("sssp_incore.cu"),
-                        options=OPTIONS + (f"-DVAL={value_type}", f"-DKIND={kind}"))
+                        options=EXACT_OPTIONS + (f"-DVAL={value_type}", f"-DKIND={kind}"))
 
 
-class _WorkLists:
-    """Two lists of tile numbers with a flag per tile: the current round's and the next one's."""
-
-    def __init__(self, ntiles: int):
-        import cupy as cp
-
-        self.flags = [cp.zeros(ntiles, cp.int32), cp.zeros(ntiles, cp.int32)]
-        self.lists = [cp.empty(ntiles, cp.int32), cp.empty(ntiles, cp.int32)]
-        self.count = cp.zeros(1, cp.int32)
-
-    def run(self, kernel, args, first) -> int:
-        """Rounds from the tiles ``first`` (a CuPy int32 array) until no tile is queued; the rounds."""
-        import cupy as cp
-
-        n = int(first.size)
-        cur = 0
-        self.lists[0][:n] = first
-        self.flags[0][first] = 1
-        rounds = 0
-        while n:
-            nxt = 1 - cur
-            self.count.fill(0)
-            kernel((n,), (TILE, ROWS_PER_PASS), args + (self.lists[cur], self.flags[cur], self.flags[nxt],
-                                                       self.lists[nxt], self.count))
-            n = int(self.count.get()[0])
-            cur = nxt
-            rounds += 1
-        cp.cuda.get_current_stream().synchronize()
-        return rounds
-
-
-def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = False, limit: float = np.inf):
+def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = False, limit: float = np.inf,
+                    pred=None, changed=None, parallel=None):
     """:func:`.incore.solve_block` on the GPU: ``vals``/``dist``/``level`` NumPy or CuPy arrays of
     the ringed block's shape; returns CuPy (dist, level, pred) (CuPy ``dist``/``level`` of the
-    right types are solved in place). ``warm``: the interior of ``dist`` holds the solution for
+    right types are solved in place). ``pred``, ``changed``, ``parallel``: the CPU's options (its
+    partial warm re-solve, its threads), not used here. ``warm``: the interior of ``dist`` holds the solution for
     an earlier ring that has only fallen since -- an upper bound on the new fixpoint, so the
     rounds start from the tiles next to the ring only and follow where it improves."""
     import cupy as cp
@@ -75,7 +44,7 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
     d.reshape(-1)[src] = 0.0
     st = cp.asarray(np.asarray(steps, np.float64))
     ntr, ntc = -(-h // TILE), -(-w // TILE)
-    lists = _WorkLists(ntr * ntc)
+    lists = WorkLists(ntr * ntc)
     if warm:  # the tiles of the block's edge: only a ring cell's fall starts a change
         t = cp.arange(ntr * ntc, dtype=cp.int32)
         tr, tc = t // ntc, t % ntc
@@ -97,6 +66,6 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
     pred = cp.empty((h, w), cp.uint8)
     mod.get_function("parent_codes")((blocks,), (threads,), (vals, d, lv, pred, np.int32(h), np.int32(w), st))
     rr, cc = src // W2 - 1, src % W2 - 1
-    pred[rr, cc] = 255
+    pred[rr, cc] = NO_PRED
     solve_block_gpu.rounds = rounds
     return d, lv, pred

@@ -33,12 +33,11 @@ paged through a small memory budget.
 """
 from __future__ import annotations
 
-import time
-
 import numba
 import numpy as np
 from numba import prange
 
+from ...timings import Timings
 from ...weights import edge_weight
 from ._pipeline_cpu import HOW_INTRA, HOW_NONE, HOW_SOURCE, boundary_count, crossings
 
@@ -142,13 +141,15 @@ def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sS
             np.empty(ncl, np.int64), np.empty(ncl, np.int64))
     geometry = (c, m, rows, cols, kind, steps, tab, tcnt)
     stats = {}
-    t0 = time.perf_counter()
-    stats["rounds"], stats["emissions"] = _distances(*geometry, sD, sV, sDist, seed_k, seed_t, seed_d, batch, *work)
-    t1 = time.perf_counter()
-    stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src, *work)
-    t2 = time.perf_counter()
-    stats["unlabelled"] = _parents(*geometry, sV, sDist, sRank, sHow, sSet)
-    stats["seconds"] = (round(t1 - t0, 3), round(t2 - t1, 3), round(time.perf_counter() - t2, 3))
+    timings = Timings()
+    with timings.phase("distances"):
+        stats["rounds"], stats["emissions"] = _distances(*geometry, sD, sV, sDist, seed_k, seed_t, seed_d, batch,
+                                                         *work)
+    with timings.phase("labels"):
+        stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src, *work)
+    with timings.phase("parents"):
+        stats["unlabelled"] = _parents(*geometry, sV, sDist, sRank, sHow, sSet)
+    stats["seconds"] = tuple(timings.rounded().values())  # (distances, labels, parents)
     if stats["unlabelled"]:
         raise AssertionError(f"sssp merge: {stats['unlabelled']} reached vertices without a label")
     return stats

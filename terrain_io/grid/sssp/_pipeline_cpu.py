@@ -30,8 +30,7 @@ import numpy as np
 from numba import prange
 
 from ...weights import DC, DR, edge_weight
-
-NO_PRED = 255
+from .result import NO_PRED
 HOW_INTRA = 254   # settled in the merge over a path inside its own cluster
 HOW_SOURCE = 253  # a source
 HOW_NONE = 255    # never reached
@@ -230,7 +229,7 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
     the block -- 3-4x faster on the CPU than one heap Dijkstra per source. The fixpoint is the
     minimum over paths of the left-to-right float64 sums of their weights (rounding is monotone),
     which is exactly what Dijkstra from s settles: the blocks are bit-identical to a Dijkstra per
-    source, and to the GPU kernel (kernels/sssp.cu).
+    source, and to the GPU kernel (kernels/sssp_pipeline.cu).
     """
     H, W = vals.shape
     mr = (H + c - 1) // c

@@ -1,4 +1,4 @@
-"""CuPy side of the grid SSSP pipeline: phases 1 and 3 on the GPU (terrain_io/kernels/sssp.cu).
+"""CuPy side of the grid SSSP pipeline: phases 1 and 3 on the GPU (terrain_io/kernels/sssp_pipeline.cu).
 
 Phase 1 (the boundary index G') runs one thread block per cluster and one thread per boundary
 cell; its output has the layout of :func:`terrain_io.grid._pipeline_cpu.boundary_phase`, bit for bit,
@@ -12,17 +12,16 @@ import functools
 
 import numpy as np
 
-from ...backend import kernel_source
+from ...backend import EXACT_OPTIONS, kernel_source
 
 MAX_CLUSTER = 16  # phase 1: done flags of 256 cells per thread; phase 3: arrays of 256 cells per thread
-OPTIONS = ("--std=c++17", "--fmad=false")  # no FMA contraction: the CPU's rounding, bit for bit
 
 
 @functools.cache
 def _kernel():
     import cupy as cp
 
-    return cp.RawKernel(kernel_source("sssp.cu"), "sssp_boundary_phase", options=OPTIONS)
+    return cp.RawKernel(kernel_source("sssp_pipeline.cu"), "sssp_boundary_phase", options=EXACT_OPTIONS)
 
 
 @functools.cache
@@ -30,7 +29,7 @@ def _final_kernel(c: int):
     """Phase 3's kernel for clusters of at most c x c cells (its arrays are sized at compile time)."""
     import cupy as cp
 
-    return cp.RawModule(code=kernel_source("sssp.cu"), options=OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
+    return cp.RawModule(code=kernel_source("sssp_pipeline.cu"), options=EXACT_OPTIONS + (f"-DFINAL_CLUSTER={c}",)).get_function(
         "sssp_final_phase")
 
 
@@ -78,3 +77,15 @@ def boundary_phase_gpu(vals: np.ndarray, c: int, kind: int, steps: np.ndarray):
                                cp.asarray(steps, dtype=cp.float64), out_d, out_v, np.int32(mc)),
       shared_mem=shared)
     return out_d, out_v
+
+
+def boundary_shard_gpu(vals, win, t: int, c: int, kind: int, steps, sink, bar=None) -> None:
+    """Phase 1 for one shard in one launch; its blocks of clusters go to ``sink`` as in
+    :func:`.index._boundary_shard`."""
+    out_d, out_v = boundary_phase_gpu(vals, c, kind, steps)
+    out_d, out_v = out_d.get(), out_v.get()
+    m = t // c  # one row of index chunks at a time: the sink's writer threads share the shard
+    for i in range(0, out_d.shape[0], m):
+        sink(win.r0 // c + i, win.c0 // c, out_d[i : i + m], out_v[i : i + m])
+    if bar is not None:
+        bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))

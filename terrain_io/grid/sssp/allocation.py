@@ -24,9 +24,7 @@ import numba
 import numpy as np
 
 from ...weights import DC, DR
-from .incore import NO_PRED
-
-ALLOCATION_DTYPE = "uint32"
+from .result import NO_PRED
 
 
 @numba.njit(cache=True)
@@ -108,7 +106,7 @@ def allocate_gpu(pred, cells):
     index = cp.int32 if h * w < 2**31 else cp.int64
     parent = cp.ElementwiseKernel(
         "uint8 p, int32 w, raw int32 dr, raw int32 dc", "T nxt",
-        "const long long r = i / w, c = i % w; nxt = p == 255 ? (T)i : (T)((r + dr[p]) * w + c + dc[p]);",
+        f"const long long r = i / w, c = i % w; nxt = p == {NO_PRED} ? (T)i : (T)((r + dr[p]) * w + c + dc[p]);",
         "terrain_parent_pointer")
     nxt = cp.empty(h * w, index)
     parent(pred.reshape(-1), np.int32(w), cp.asarray(DR, cp.int32), cp.asarray(DC, cp.int32), nxt)

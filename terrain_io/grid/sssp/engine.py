@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field as dc_field
 
 import numpy as np
 
@@ -27,43 +26,9 @@ from ...store import TerrainStore
 from ...units import cli_weight
 from .allocation import SourceCells
 from .index import Field, open_index
+from .result import SSSPResult, result_attrs
 
-DISTANCE_DTYPE = "float32"
 METHODS = ("auto", "incore", "shards", "index")
-LISTED_SOURCES = 1000  # the result's attributes list the first sources only: zarr rewrites them whole on each update
-
-
-@dataclass
-class SSSPResult:
-    """What :func:`sssp` computed; the same facts are the attributes of ``sssp/NAME``."""
-
-    name: str
-    weight: str
-    sources: list  # (row, col) cells
-    method: str  # "incore", "shards" or "index"
-    reached: int
-    max_distance: float
-    timings: dict = dc_field(default_factory=dict)
-    device: str = "cpu"
-    cluster: int | None = None  # the index method's cluster size
-    index_reused: bool = False
-    merge_stats: dict = dc_field(default_factory=dict)  # the index merge's rounds and stages; the shard schedule's
-
-    @property
-    def seconds(self) -> float:
-        return sum(self.timings.values())
-
-    def phases(self) -> str:
-        """The method and its phase times, for a summary line."""
-        t = self.timings
-        if self.method == "index":
-            return (f"index method: boundary {t['boundary']:.2f} s{' (index reused)' if self.index_reused else ''}, "
-                    f"merge {t['merge']:.2f} s, final {t['final']:.2f} s")
-        if self.method == "shards":
-            m = self.merge_stats
-            return (f"shard method on the {self.device.upper()}: {m['units']} units of {m['unit']}^2, "
-                    f"{m['solves']} solves ({m['solves_per_unit']:.2f} a reached unit), {t['solve']:.2f} s")
-        return f"in-core on the {self.device.upper()}: read {t['read']:.2f} s, solve {t['solve']:.2f} s, write {t['write']:.2f} s"
 
 
 def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
@@ -185,26 +150,6 @@ def sssp(store, sources, weight: str = "absdiff", name: str | None = None, devic
         field.close()
     store.group[f"sssp/{name}"].attrs.update({"timings": result.timings})
     return result
-
-
-def result_attrs(store: TerrainStore, field: Field, cells, method: str, limit: float = np.inf) -> dict:
-    """The attributes every SSSP result group carries (a method adds its own)."""
-    return {
-        "max_cost": None if limit == np.inf else limit,
-        "weight": field.model.name,
-        "method": method,
-        "source_count": len(cells),
-        "source_cells": [list(map(int, rc)) for rc in cells[:LISTED_SOURCES]],
-        "source_xy": [list(map(float, store.cell_to_map(r, q))) for r, q in cells[:LISTED_SOURCES]],
-        "distance_dtype": DISTANCE_DTYPE,
-        "cost": field.cost_id,
-        "unreached": "distance +inf (also beyond max_cost), predecessor 255, source 0; nodata cells: distance NaN",
-        "source_codes": "the number of the source (1, 2, ... in the order of source_cells: the sources as given, "
-                        "repeated cells left out) at the root of the cell's predecessor chain; 0 none",
-        "predecessor_codes": "direction from a cell to its parent: 0=E,1=SE,2=S,3=SW,4=W,5=NW,6=N,7=NE; 255 none",
-        "predecessor_rule": "the tight parent with the least key (0 if strictly nearer, else its plateau level + 1), "
-                            "then the least direction code",
-    }
 
 
 def _check_distance_range(store: TerrainStore, model) -> None:

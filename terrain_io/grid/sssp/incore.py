@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import resolve_device
+from ...backend import Dispatch, gpu_free_bytes, resolve_device
 from ...jit import SERIAL_BELOW
+from ...timings import Timings
 from . import _incore_cpu as K
+from .result import NO_LEVEL, SSSPResult, write_result
 
-NO_LEVEL = int(K.NO_LEVEL)
-NO_PRED = K.NO_PRED
 _NO_CELLS = np.empty(0, np.int64)  # the levels kernel's cell list when it runs on every cell
 
 
@@ -73,10 +73,9 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     run without it, and the work follows the area reached. ``parallel``: the CPU's threaded
     kernels (default: for blocks of SERIAL_BELOW cells or more)."""
     H2, W2 = vals.shape
-    h, w = H2 - 2, W2 - 2
-    gpu = resolve_device(device) == "gpu"
+    device = resolve_device(device)
     xp = np
-    if gpu:
+    if device == "gpu":
         import cupy as xp
     if dist is None:
         dist = xp.full((H2, W2), np.inf)
@@ -84,10 +83,15 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
         level = xp.full((H2, W2), NO_LEVEL, np.int32)
     src = np.asarray(sources, np.int64).reshape(-1, 2)
     flat_src = (src[:, 0] + 1) * W2 + src[:, 1] + 1
-    if gpu:
-        from ._incore_gpu import solve_block_gpu
+    return SOLVE_BLOCK[device](vals, kind, steps, flat_src, dist, level, warm, limit, pred, changed, parallel)
 
-        return solve_block_gpu(vals, kind, steps, flat_src, dist, level, warm, limit)
+
+def _solve_block_cpu(vals, kind, steps, flat_src, dist, level, warm=False, limit=np.inf, pred=None, changed=None,
+                     parallel=None):
+    """:func:`solve_block` on the CPU (numba, :mod:`._incore_cpu`), ``flat_src`` the sources' flat
+    indices in the ringed block."""
+    H2, W2 = vals.shape
+    h, w = H2 - 2, W2 - 2
     if not warm:
         dist[1:-1, 1:-1] = np.inf
     fd, fl, fv = dist.reshape(-1), level.reshape(-1), vals.reshape(-1)
@@ -106,6 +110,10 @@ def solve_block(vals: np.ndarray, kind: int, steps: np.ndarray, sources, dist: n
     plateau = levels(fv, h, w, kind, steps, fd, fl, flat_src, _NO_CELLS, True, pred)
     codes(fv, h, w, kind, steps, fd, fl, flat_src, pred, plateau)
     return dist, level, pred
+
+
+SOLVE_BLOCK = Dispatch("the in-core SSSP", cpu=_solve_block_cpu,
+                       gpu="terrain_io.grid.sssp._incore_gpu:solve_block_gpu")
 
 
 def ringed(values: np.ndarray, dtype=None) -> np.ndarray:
@@ -130,14 +138,6 @@ def value_dtype(field) -> np.dtype:
     dt = field.store.dtype
     small = dt == np.float32 or (dt.kind in "iu" and dt.itemsize <= 2)
     return np.dtype(np.float32 if small and field.cost_array is None else np.float64)
-
-
-def gpu_free_bytes() -> float:
-    """The GPU memory a solve may take: 90% of the free memory and of what CuPy's pool holds unused."""
-    import cupy
-
-    free, _ = cupy.cuda.Device().mem_info
-    return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
 
 def incore_bytes(store, field, device: str, allocation: bool = False) -> int:
@@ -190,94 +190,86 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     it (no farther than ``limit``), write ``sssp/NAME`` (with ``source`` when ``allocation``). Shards are decoded and encoded in parallel threads (zstd releases the
     GIL); on the GPU they travel one band of shard rows at a time, one copy each way, so the
     threads never touch the device and host memory stays at a band or two."""
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from ...progress import progress_bar
     from ...store import write_shard
-    from .engine import DISTANCE_DTYPE, SSSPResult
 
     if not fits_in_core(store, field, device, budget, allocation):
         raise _too_large(store, field, device, budget, allocation)
     h, w = store.shape
     nsr, nsc = store.shard_grid
     bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
-    timings = {}
-    t0 = time.perf_counter()
+    timings = Timings()
     gpu = device == "gpu"
     xp = np
     if gpu:
         import cupy as xp
     vdtype = value_dtype(field)
-    vals = xp.full((h + 2, w + 2), np.nan, vdtype)
     threads = _io_threads(store)
-    with ThreadPoolExecutor(threads) as pool:
-        for band in bands:
-            r0, r1 = band[0].r0, band[0].r1
-            host = np.empty((r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
-
-            def read(win, host=host):
-                host[:, win.c0 : win.c1] = field.read(win)
-
-            list(pool.map(read, band))
-            if gpu:
-                vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
-    timings["read"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    solving = progress_bar(progress, 1, "sssp solve", unit="grid")  # one kernel call: a bar that says so
-    dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device, limit=limit)
-    solving.close()
-    del level
-    source = None
-    if allocation:
-        from .allocation import allocate_block, allocate_gpu
-
-        source = allocate_gpu(pred, cells) if gpu else allocate_block(pred, cells)
-    timings["solve"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    d32 = output_distance(dist, vals)
-    del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
-    bar = progress_bar(progress, nsr * nsc, "sssp write")
-    with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
-        outputs = [(wr.create_array("distance", DISTANCE_DTYPE, float("nan")), d32),
-                   (wr.create_array("predecessor", "uint8", NO_PRED), pred)]
-        if allocation:
-            from .allocation import ALLOCATION_DTYPE
-
-            outputs.append((wr.create_array("source", ALLOCATION_DTYPE, 0), source))
-        finite = xp.isfinite(d32)
-        reached = int(finite.sum())
-        dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
-        del finite
-
-        def write(win, parts, r0):
-            part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0, win.c1))
-            side = store.tile_size * store.shard_size
-            sr, sc = win.r0 // side, win.c0 // side
-            for (arr, _), band in zip(outputs, parts):
-                write_shard(arr, sr, sc, np.ascontiguousarray(band[part]))
-            bar.update(1)
-
+    with timings.phase("read"):
+        vals = xp.full((h + 2, w + 2), np.nan, vdtype)
         with ThreadPoolExecutor(threads) as pool:
-            pending = []
             for band in bands:
                 r0, r1 = band[0].r0, band[0].r1
-                parts = [a[r0:r1] for _, a in outputs]
-                if gpu:  # one copy a band; its shards are encoded while the next band comes over
-                    parts = [a.get() for a in parts]
-                for f in [f for f in pending if f.done()]:
-                    f.result()  # raises a failed write's error here
-                pending = [f for f in pending if not f.done()]
-                pending += [pool.submit(write, win, parts, r0) for win in band]
-                while len(pending) > 2 * len(band):  # at most about two bands waiting
-                    pending.pop(0).result()
-            for f in pending:
-                f.result()
-        wr.attrs.update({"reached": reached, "max_distance": dmax})
-    bar.close()
-    timings["write"] = time.perf_counter() - t0
+                host = np.empty((r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
+
+                def read(win, host=host):
+                    host[:, win.c0 : win.c1] = field.read(win)
+
+                list(pool.map(read, band))
+                if gpu:
+                    vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
+    with timings.phase("solve"):
+        solving = progress_bar(progress, 1, "sssp solve", unit="grid")  # one kernel call: a bar that says so
+        dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device, limit=limit)
+        solving.close()
+        del level
+        source = None
+        if allocation:
+            from .allocation import allocate_block, allocate_gpu
+
+            source = allocate_gpu(pred, cells) if gpu else allocate_block(pred, cells)
+    with timings.phase("write"):
+        d32 = output_distance(dist, vals)
+        del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
+        bar = progress_bar(progress, nsr * nsc, "sssp write")
+        with write_result(store, name, attrs, allocation) as arrays:
+            outputs = [(arrays.distance, d32), (arrays.predecessor, pred)]
+            if allocation:
+                outputs.append((arrays.source, source))
+            finite = xp.isfinite(d32)
+            reached = int(finite.sum())
+            dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
+            del finite
+
+            def write(win, parts, r0):
+                part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0, win.c1))
+                side = store.tile_size * store.shard_size
+                sr, sc = win.r0 // side, win.c0 // side
+                for (arr, _), band in zip(outputs, parts):
+                    write_shard(arr, sr, sc, np.ascontiguousarray(band[part]))
+                bar.update(1)
+
+            with ThreadPoolExecutor(threads) as pool:
+                pending = []
+                for band in bands:
+                    r0, r1 = band[0].r0, band[0].r1
+                    parts = [a[r0:r1] for _, a in outputs]
+                    if gpu:  # one copy a band; its shards are encoded while the next band comes over
+                        parts = [a.get() for a in parts]
+                    for f in [f for f in pending if f.done()]:
+                        f.result()  # raises a failed write's error here
+                    pending = [f for f in pending if not f.done()]
+                    pending += [pool.submit(write, win, parts, r0) for win in band]
+                    while len(pending) > 2 * len(band):  # at most about two bands waiting
+                        pending.pop(0).result()
+                for f in pending:
+                    f.result()
+            arrays.finish(reached, dmax)
+        bar.close()
     return SSSPResult(name, field.model.name, cells, "incore", reached, dmax,
-                      {k: round(v, 3) for k, v in timings.items()}, device)
+                      timings.rounded(), device)
 
 
 def _too_large(store, field, device, budget, allocation=False):

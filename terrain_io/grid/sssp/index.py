@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ... import weights as weight_models
+from ...backend import Dispatch
 from ...errors import InputError
 from ...memory import memory_budget
 from ...parallel import check_task_memory, map_shards
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, write_block
+from ...timings import Timings
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 
@@ -270,18 +271,12 @@ class _BackgroundWriter:
 
 def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device: str, sink, bar=None) -> None:
     """Phase 1 for one shard; every block of clusters (a.., b..) goes to ``sink(a, b, out_d, out_v)``.
-    GPU: the whole shard in one launch. CPU: tile by tile, each tile's clusters in parallel (numba)."""
-    if device == "gpu":
-        from ._pipeline_gpu import boundary_phase_gpu
+    GPU: the whole shard in one launch (:func:`._pipeline_gpu.boundary_shard_gpu`). CPU: tile by
+    tile, each tile's clusters in parallel (numba)."""
+    BOUNDARY_SHARD[device](vals, win, t, c, kind, steps, sink, bar)
 
-        out_d, out_v = boundary_phase_gpu(vals, c, kind, steps)
-        out_d, out_v = out_d.get(), out_v.get()
-        m = t // c  # one row of index chunks at a time: the sink's writer threads share the shard
-        for i in range(0, out_d.shape[0], m):
-            sink(win.r0 // c + i, win.c0 // c, out_d[i : i + m], out_v[i : i + m])
-        if bar is not None:
-            bar.update(-(-win.shape[0] // t) * -(-win.shape[1] // t))
-        return
+
+def _boundary_shard_cpu(vals, win: Window, t: int, c: int, kind: int, steps, sink, bar=None) -> None:
     B = 4 * c - 4
     for r0 in range(win.r0, win.r1, t):
         for c0 in range(win.c0, win.c1, t):
@@ -293,6 +288,10 @@ def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device:
             sink(r0 // c, c0 // c, out_d, out_v)
             if bar is not None:
                 bar.update(1)
+
+
+BOUNDARY_SHARD = Dispatch("the SSSP index's phase 1", cpu=_boundary_shard_cpu,
+                          gpu="terrain_io.grid.sssp._pipeline_gpu:boundary_shard_gpu")
 
 
 def _index_task_bytes(store: TerrainStore, c: int, gpu: bool) -> int:
@@ -350,7 +349,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
     local = (scheduler or "local") == "local"
     if not local:  # a quarter of the budget for the write queue
         check_task_memory(_index_task_bytes(store, c, gpu) * 4 // 3, budget, "phase 1")
-    t0 = time.perf_counter()
+    timings = Timings()
     rows, cols = store.shape
     ncr, ncc = -(-rows // c), -(-cols // c)
     m = store.tile_size // c
@@ -379,7 +378,7 @@ def build_index(store: TerrainStore, field: Field, cluster: int | None = None, p
                                     sink, bar)
             finally:
                 sink.close()
-        w.attrs["seconds"] = round(time.perf_counter() - t0, 3)
+        w.attrs["seconds"] = round(timings.seconds(), 3)
     bar.close()
     group = store.group[index_name(field.model)]
     return Index(index_name(field.model), c, group["d"], group["v"], dict(group.attrs))

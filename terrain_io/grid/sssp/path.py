@@ -23,7 +23,8 @@ import numpy as np
 from ...atomic import atomic_file, atomic_files, refuse_existing
 from ...errors import InputError, OutputError, StoreError
 from ...store import TerrainStore
-from ._pipeline_cpu import DC, DR, NO_PRED
+from ...weights import DC, DR
+from .result import NO_PRED
 
 
 @dataclass

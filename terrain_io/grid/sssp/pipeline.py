@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
+from ...backend import Dispatch
 from ...errors import InputError
 from ...atomic import scratch_directory
 from ...memory import format_bytes, return_freed_memory_to_os
@@ -37,11 +37,12 @@ from ...parallel import check_task_memory, imap_shards
 from ...progress import progress_bar
 from ...integrity import MANIFEST_ENTRY_BYTES
 from ...store import TerrainStore, Window, read_plain_chunk
+from ...timings import Timings
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 from ._merge import merge_parallel
-from .engine import DISTANCE_DTYPE, SSSPResult
 from .index import Field, cluster_size, ensure_index
+from .result import NO_PRED, SSSPResult, write_result
 
 class MergeState:
     """Phase 2's data: the cluster heap (in RAM) and G' chunks with their vertex state in slots.
@@ -402,7 +403,7 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
     if (scheduler or "local") != "local":  # before any work (phase 1 checks its own tasks)
         check_task_memory(_final_task_bytes(store, cluster_size(store, cluster)), budget, "final phase")
     return_freed_memory_to_os()
-    timings = {}
+    timings = Timings()
     with scratch_directory(store.path, "sssp") as scratch_dir:
         made = []
 
@@ -411,30 +412,26 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
             made.append(MergeState(store, None, budget, scratch_dir, cluster=c))
             return made[0].keep_blocks if made[0].resident else None
 
-        t0 = time.perf_counter()
-        index, reused = ensure_index(store, field, cluster, device, progress, rebuild=rebuild_index,
-                                     scheduler=scheduler, announce=announce, keep=keep, memory=budget)
-        timings["boundary"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
-        if made:
-            merge.attach(index)
-        timings["load"] = time.perf_counter() - t0  # G' into memory (or the paging set-up)
-        t0 = time.perf_counter()
+        with timings.phase("boundary"):
+            index, reused = ensure_index(store, field, cluster, device, progress, rebuild=rebuild_index,
+                                         scheduler=scheduler, announce=announce, keep=keep, memory=budget)
+        with timings.phase("load"):  # G' into memory (or the paging set-up)
+            merge = made[0] if made else MergeState(store, index, budget, scratch_dir)
+            if made:
+                merge.attach(index)
         try:
-            merge.seed(field, cells)
-            merge.run(field)
-            timings["merge"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
-            reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler, device=device,
-                                   limit=limit, allocation=allocation)
-            timings["final"] = time.perf_counter() - t0
+            with timings.phase("merge"):
+                merge.seed(field, cells)
+                merge.run(field)
+            with timings.phase("final"):
+                attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
+                reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler,
+                                       device=device, limit=limit, allocation=allocation)
             merge_stats = getattr(merge, "stats", {})
         finally:
             merge.close()
-    return SSSPResult(name, model.name, cells, "index", reached, dmax, {k: round(v, 3) for k, v in timings.items()},
-                      device, index.cluster, reused, merge_stats)
+    return SSSPResult(name, model.name, cells, "index", reached, dmax, timings.rounded(), device,
+                      index.cluster, reused, merge_stats)
 
 
 def _final(store, field, merge, cells, name, attrs, progress, scheduler="local", announce=None, device="cpu",
@@ -448,9 +445,8 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
     kind = field.model.kind
     src = np.array(cells, np.int64).reshape(-1, 2)
     bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp final")
-    with store.write_result(f"sssp/{name}", attrs=attrs) as w:
-        dist_arr = w.create_array("distance", DISTANCE_DTYPE, float("nan"))
-        pred_arr = w.create_array("predecessor", "uint8", K.NO_PRED)
+    with write_result(store, name, attrs, allocation) as arrays:
+        dist_arr, pred_arr = arrays.distance, arrays.predecessor
         if (scheduler or "local") != "local":
             reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar,
                                            device, limit)
@@ -494,11 +490,11 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
             reached = sum(n for n, _ in done)
             dmax = max((d for _, d in done), default=0.0)
         if allocation:
-            from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
+            from .allocation import allocation_threads, write_allocation
 
-            write_allocation(pred_arr, w.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), cells,
+            write_allocation(pred_arr, arrays.source, store.shards(), cells,
                              store.shape, allocation_threads(store, merge.budget, os.cpu_count() or 1))
-        w.attrs.update({"reached": reached, "max_distance": dmax})
+        arrays.finish(reached, dmax)
     bar.close()
     return reached, dmax
 
@@ -533,21 +529,28 @@ def _final_tiles(vals_shard, win: Window, t: int, c: int, kind: int, steps, stat
     inside = _sources_in(src, win)
     src_r = np.ascontiguousarray(inside[:, 0] - win.r0)
     src_c = np.ascontiguousarray(inside[:, 1] - win.c0)
-    if device == "gpu" and c <= MAX_GPU_CLUSTER:
-        from ._pipeline_gpu import final_phase_gpu
-
-        out_d, out_p = final_phase_gpu(vals_shard, c, kind, steps, *merged, src_r, src_c)
-    else:
-        out_d = np.empty(win.shape, np.float32)
-        out_p = np.empty(win.shape, np.uint8)
-        K.final_phase(np.ascontiguousarray(vals_shard), c, kind, steps, *merged, src_r, src_c, out_d, out_p)
+    on = device if c <= MAX_GPU_CLUSTER else "cpu"  # larger clusters than the GPU kernel's: the CPU's
+    out_d, out_p = FINAL_PHASE[on](vals_shard, c, kind, steps, *merged, src_r, src_c)
     if limit < np.inf:
         beyond = out_d > np.float32(limit)
         out_d[beyond] = np.inf
-        out_p[beyond] = K.NO_PRED
+        out_p[beyond] = NO_PRED
     if bar is not None:
         bar.update(len(tiles))
     return out_d, out_p
+
+
+def _final_phase_cpu(vals, c: int, kind: int, steps, m_dist, m_rank, m_how, m_set, src_r, src_c):
+    """Phase 3 of a shard on the CPU (all its clusters in one parallel numba call): distances
+    (float32) and predecessor codes (uint8), as :func:`._pipeline_gpu.final_phase_gpu`."""
+    out_d = np.empty(vals.shape, np.float32)
+    out_p = np.empty(vals.shape, np.uint8)
+    K.final_phase(np.ascontiguousarray(vals), c, kind, steps, m_dist, m_rank, m_how, m_set, src_r, src_c, out_d, out_p)
+    return out_d, out_p
+
+
+FINAL_PHASE = Dispatch("the SSSP index method's final phase", cpu=_final_phase_cpu,
+                       gpu="terrain_io.grid.sssp._pipeline_gpu:final_phase_gpu")
 
 
 def _reach(out_d) -> tuple[int, float]:

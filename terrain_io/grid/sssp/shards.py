@@ -36,7 +36,6 @@ import dataclasses
 import functools
 import heapq
 import os
-import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,11 +46,13 @@ from ...atomic import scratch_directory
 from ...errors import InputError
 from ...memory import format_bytes, return_freed_memory_to_os
 from ...progress import progress_bar
-from ...backend import to_host
+from ...backend import gpu_free_bytes, to_host
 from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
+from ...timings import Timings
 from ...weights import DC, DR, edge_weights
 from . import _incore_cpu as K
-from .incore import NO_LEVEL, NO_PRED, block_bytes, gpu_free_bytes, output_distance, solve_block, value_dtype
+from .incore import block_bytes, output_distance, solve_block, value_dtype
+from .result import NO_LEVEL, NO_PRED, SSSPResult, write_result
 
 # (di, dj) of a neighbouring unit -> which of this unit's boundary cells lie on its ring
 # ("top"/"bottom"/"left"/"right": a whole side; a corner: one end of a side)
@@ -687,8 +688,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     ``limit``: no cell farther is reached, and a unit whose ring changed only beyond it is not
     solved again (nor at all when never within it). ``allocation``: ``source`` too, by a pass over
     the written predecessors (:func:`.allocation.write_allocation`)."""
-    from ...parallel import check_scheduler, map_shards
-    from .engine import DISTANCE_DTYPE, SSSPResult
+    from ...parallel import check_scheduler, map_shards, scheduler_threads
 
     return_freed_memory_to_os()
     scheduler = check_scheduler(scheduler)
@@ -722,11 +722,12 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     warm = np.zeros((nur, nuc), np.int32)  # of them warm
     reach = {}
     io0 = _io_bytes()
-    t0 = time.perf_counter()
+    timings = Timings()
     bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
     shard_side = store.tile_size * store.shard_size
     staged = side % shard_side != 0  # units smaller than a shard: results staged (UnitStage)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(timings.phase("solve"))  # the whole run, the result's commit included
         scratch = stage = None
         if device == "cpu" or staged:
             folder = stack.enter_context(scratch_directory(store.path, "sssp-shards"))
@@ -734,9 +735,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             stage = UnitStage(folder) if staged else None
         if device == "cpu":
             load_warm_kernels(vdtype, field.model.kind)
-        wr = stack.enter_context(store.write_result(f"sssp/{name}", attrs=attrs))
-        dist_arr = wr.create_array("distance", DISTANCE_DTYPE, float("nan"))
-        pred_arr = wr.create_array("predecessor", "uint8", NO_PRED)
+        arrays = stack.enter_context(write_result(store, name, attrs, allocation))
+        dist_arr, pred_arr = arrays.distance, arrays.predecessor
         paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
 
         def task(i, j, reached=True):
@@ -762,7 +762,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                     heapq.heappush(heap, (key, ij))
 
         rounds = 0
-        per_round = 1 if scheduler == "local" else _batch_size(scheduler)
+        per_round = 1 if scheduler == "local" else scheduler_threads(scheduler)  # a Dask round
         while heap:
             batch = _next_batch(heap, waiting, per_round)
             rounds += 1
@@ -792,9 +792,9 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             lanes = (budget - PROCESS_BYTES) // assemble_bytes(store, side)
             _assemble(stage, dist_arr, pred_arr, lines, int(max(1, min(threads, lanes))), progress)
         if allocation:
-            from .allocation import ALLOCATION_DTYPE, allocation_threads, write_allocation
+            from .allocation import allocation_threads, write_allocation
 
-            write_allocation(pred_arr, wr.create_array("source", ALLOCATION_DTYPE, 0), store.shards(), cells,
+            write_allocation(pred_arr, arrays.source, store.shards(), cells,
                              store.shape, allocation_threads(store, budget, threads))
         reached = sum(n for n, _ in reach.values())
         dmax = max((m for _, m in reach.values()), default=0.0)
@@ -807,19 +807,10 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
                  "scratch_bytes": scratch_bytes,
                  "read_bytes_per_cell": round((io1[0] - io0[0]) / n_cells, 3),
                  "written_bytes_per_cell": round((io1[1] - io0[1]) / n_cells, 3)}
-        wr.attrs.update({"reached": reached, "max_distance": dmax, "shards": stats})
+        arrays.finish(reached, dmax, shards=stats)
     bar.close()
-    timings = {"solve": round(time.perf_counter() - t0, 3)}
-    return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings, device, merge_stats=stats)
-
-
-def _batch_size(scheduler: str) -> int:
-    """How many units a Dask round solves: the workers' threads (the cores for local Dask)."""
-    if scheduler in ("threads", "processes"):
-        return os.cpu_count() or 1
-    from ...parallel import _client
-
-    return max(1, sum(_client(scheduler, None).nthreads().values()))
+    return SSSPResult(name, field.model.name, cells, "shards", reached, dmax, timings.rounded(), device,
+                      merge_stats=stats)
 
 
 def _next_batch(heap, waiting: dict, size: int) -> list:
