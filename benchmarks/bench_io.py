@@ -14,7 +14,8 @@ Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
 The floor of a store write is max(encode + crc32c on all cores, compressed bytes at the raw write
 bandwidth); of a read, max(compressed bytes at the raw read bandwidth, decode + crc32c on all cores).
 "% floor" = floor time / store time (100% = at the floor). Bandwidths are of raw (decoded) bytes
-unless marked "disk". The store measured is the ``terrain_io`` on the path (PYTHONPATH). Needs numpy, numcodecs, zarr, google-crc32c and this repository only.
+unless marked "disk". The store measured is the ``terrain_io`` on the path (PYTHONPATH). Needs
+numpy, numcodecs, zarr, google-crc32c and this repository only.
 
     python benchmarks/bench_io.py --size 4096
     python benchmarks/bench_io.py --size 32768 --dtypes float32 --dir /scratch
@@ -204,7 +205,8 @@ def main() -> None:
         raw_bytes = int(args.raw_bytes * mib) or max(n * n * 4, 256 * mib)
         print(f"# bench_io: {n}^2, {threads} threads, best of {reps}; {platform.node()} {platform.machine()}, "
               f"{os.cpu_count()} cores; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-              f"terrain_io of {Path(terrain_io.__file__).parents[1]} commit {commit(Path(terrain_io.__file__).parent)}; numcodecs {numcodecs.__version__}, zarr {zarr.__version__}; disk {folder}")
+              f"terrain_io of {Path(terrain_io.__file__).parents[1]} commit {commit(Path(terrain_io.__file__).parent)}; "
+              f"numcodecs {numcodecs.__version__}, zarr {zarr.__version__}; disk {folder}")
         raw = folder / "raw"
         raw.mkdir()
         w = timed(lambda: raw_write(raw, raw_bytes, threads), reps)
@@ -249,7 +251,8 @@ def main() -> None:
             floor_r = max(disk / read_bw, c["decode"][0] + c["crc"][0])
             rows.append((dtype, nbytes, disk, c, sw, sr, floor_w, floor_r))
         print(f"\n| codec ({threads} threads) | MiB raw | ratio | zstd-{level} encode MB/s | decode MB/s "
-              f"| crc32c MB/s (encoded) | crc32c MB/s (raw) | encode + crc32c CPU s |\n|---|---|---|---|---|---|---|---|")
+              f"| crc32c MB/s (encoded) | crc32c MB/s (raw) | encode + crc32c CPU s |\n"
+              f"|---|---|---|---|---|---|---|---|")
         for dtype, nbytes, disk, c, *_ in rows:
             print(f"| {dtype} | {nbytes / mib:.0f} | {nbytes / c['compressed']:.2f} | "
                   f"{nbytes / c['encode'][0] / 1e6:.0f} | {nbytes / c['decode'][0] / 1e6:.0f} | "
