@@ -86,14 +86,16 @@ cluster_option = click.option("--cluster", type=int, default=None,
 @click.option("--allocation", is_flag=True,
               help="Also write sssp/NAME/source: the number of the nearest source (1, 2, ... in the order "
                    "given; 0 unreached), as GRASS r.cost nearest= and ArcGIS Cost Allocation.")
+@click.option("--no-predecessor", "no_predecessor", is_flag=True,
+              help="Write the distances only, without sssp/NAME/predecessor (then no 'terrain path' from it).")
 @scheduler_option
 def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_invalid, cells, crs_coords, weight, cost,
-                 name, cluster, device, memory, method, rebuild_index, max_cost, allocation, scheduler):
+                 name, cluster, device, memory, method, rebuild_index, max_cost, allocation, no_predecessor, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.
 
     Writes sssp/NAME/distance (float32; +inf unreachable, NaN nodata; seconds with --weight walk)
-    and sssp/NAME/predecessor (direction code of the parent, 255 at sources and unreached cells),
-    and with --allocation sssp/NAME/source. The index method keeps its
+    and sssp/NAME/predecessor (direction code of the parent, 255 at sources and unreached cells;
+    not with --no-predecessor), and with --allocation sssp/NAME/source. The index method keeps its
     boundary index (phase 1) in the store for later sources.
     """
     from terrain_io.grid.sssp import sssp
@@ -125,7 +127,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
     res = sssp(store, src, weight=weight, name=name, device=device, memory=memory,
                progress=not quiet(), cost=cost, cell=cell, cluster=cluster, rebuild_index=rebuild_index,
                scheduler=scheduler, announce=say, method=method, sources_crs=sources_crs, skip_invalid=skip_invalid,
-               max_cost=max_cost, allocation=allocation)
+               max_cost=max_cost, allocation=allocation, predecessor=not no_predecessor)
     unit = distance_unit(res.weight)
     say(f"sssp/{res.name}: {len(res.sources)} source(s), weight {cli_weight(res.weight)}, {res.reached:,} cells "
         f"reached, max distance {number(res.max_distance, 'float32')} {unit}; {res.phases()}; "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import concurrent.futures
 import contextlib
 import datetime as _dt
 import itertools
@@ -703,7 +704,7 @@ def write_window(arr: zarr.Array, win: Window, block: np.ndarray, whole_shard: b
     scale), a part of one through zarr (which rewrites the shard: parts of a shard in order)."""
     if whole_shard:
         sh0, sh1 = arr.shards
-        write_shard(arr, win.r0 // sh0, win.c0 // sh1, np.ascontiguousarray(block))
+        write_shard(arr, win.r0 // sh0, win.c0 // sh1, block)  # (any strides: each chunk is copied out)
     else:
         arr[win.slices] = block
 
@@ -792,10 +793,11 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None) ->
 
 
 def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
-    """Write the cells of shard (sr, sc) (``block``: the shard clipped at the array's edge) as zarr
-    would -- chunks padded with the fill value, left out when all fill value, in Morton order, the
-    index with its crc32c at the end -- but compressed here, so parallel threads write parallel
-    shards. Other layouts: through zarr."""
+    """Write the cells of shard (sr, sc) (``block``: the shard clipped at the array's edge, any
+    strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
+    Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
+    of threads (:func:`_encode_pool`: zstd and crc32c release the GIL), the file written with one
+    call. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
@@ -808,26 +810,33 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     (t0, t1), level, crc = fmt
     zstd = Zstd(level=level)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
-    index = np.full((n0, n1, 2), _EMPTY, "<u8")
-    parts, offset = [], 0
     fill = np.array(arr.fill_value, dtype=arr.dtype)
-    for i, j in morton_order(n0, n1):
-        a0, b0 = i * t0, j * t1
-        if a0 >= block.shape[0] or b0 >= block.shape[1]:
-            continue
+    cells = [(int(i), int(j)) for i, j in morton_order(n0, n1) if i * t0 < block.shape[0] and j * t1 < block.shape[1]]
+
+    def encode(ij):
+        """The chunk's stored bytes (zstd frame, crc32c) or None when it is all fill value."""
+        a0, b0 = ij[0] * t0, ij[1] * t1
         part = block[a0 : a0 + t0, b0 : b0 + t1]
         if part.shape != (t0, t1):
             whole = np.full((t0, t1), fill, dtype=arr.dtype)
             whole[: part.shape[0], : part.shape[1]] = part
             part = whole
         if _all_fill(part, fill):
-            continue
+            return None
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
-        if crc:
-            data += integrity.crc32c(data)
-        index[i, j] = offset, len(data)
-        parts.append(data)
-        offset += len(data)
+        return (data, integrity.crc32c(data)) if crc else (data,)
+
+    parallel = block.nbytes >= _PARALLEL_SHARD_BYTES and len(cells) > 1 and (os.cpu_count() or 1) > 1
+    encoded = list(_encode_pool().map(encode, cells) if parallel else map(encode, cells))
+    index = np.full((n0, n1, 2), _EMPTY, "<u8")
+    parts, offset = [], 0
+    for (i, j), data in zip(cells, encoded):
+        if data is None:
+            continue
+        size = sum(len(d) for d in data)
+        index[i, j] = offset, size
+        parts.extend(data)
+        offset += size
     path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
     if not parts:  # all fill value: zarr keeps no file
         with contextlib.suppress(FileNotFoundError):
@@ -838,26 +847,53 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     overwrite_file(path, [*parts, index_bytes, integrity.crc32c(index_bytes)])
 
 
+_PARALLEL_SHARD_BYTES = 1 << 20  # a smaller shard is encoded in its caller's thread: the pool's hand-offs cost more
+_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+
+
+def _encode_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's pool of chunk encoders, one thread a core (made again in a forked child,
+    which has none of its parent's threads)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1,
+                                                                     thread_name_prefix="terrain-encode"))
+    return _POOL[1]
+
+
 def overwrite_file(path, parts) -> None:
-    """Write the bytes ``parts`` (bytes-like, in order) as the file ``path``: over an existing
-    file in place, then cut to the new length. (A file written again -- the shard method's
-    re-solves -- costs ~30x more when first truncated to nothing: its blocks are freed and taken
-    back, more so on ext4 mounted with discard.)"""
-    data = memoryview(b"".join(parts))
+    """Write the bytes ``parts`` (bytes-like, in order) as the file ``path`` -- gathered by the
+    kernel (pwritev: no copy into one buffer here) -- over an existing file in place, then cut to
+    the new length. (A file written again -- the shard method's re-solves -- costs ~30x more when
+    first truncated to nothing: its blocks are freed and taken back, more so on ext4 mounted with
+    discard.)"""
+    views = [memoryview(p).cast("B") for p in parts]
+    total = sum(len(v) for v in views)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         done = 0
-        while done < len(data):
-            done += os.pwrite(fd, data[done:], done)
-        os.ftruncate(fd, len(data))
+        while views:
+            n = os.pwritev(fd, views[:_IOV_MAX], done)
+            done += n
+            while views and n >= len(views[0]):  # drop what was written; a short write resumes mid-buffer
+                n -= len(views.pop(0))
+            if n:
+                views[0] = views[0][n:]
+        os.ftruncate(fd, total)
     finally:
         os.close(fd)
 
 
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 16
+
+
 def _all_fill(part: np.ndarray, fill: np.ndarray) -> bool:
+    first = part.flat[0]  # most chunks differ at once: no pass over them
     if fill.dtype.kind == "f" and np.isnan(fill):
+        if not np.isnan(first):
+            return False
         return bool(np.isnan(part).all())
-    return bool((part == fill).all())
+    return bool(first == fill) and bool((part == fill).all())
 
 
 COORDINATES = ("x", "y", "spatial_ref")

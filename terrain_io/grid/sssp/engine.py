@@ -93,7 +93,7 @@ def sssp(store, sources, *, weight: str = "absdiff", name: str | None = None, de
          memory=None, progress: bool = True, cost=None, cell: bool = False, cluster: int | None = None,
          rebuild_index: bool = False, scheduler: str | None = "local", announce=None,
          method: str = "auto", unit: int | None = None, sources_crs=None, skip_invalid: bool = False,
-         max_cost: float | None = None, allocation: bool = False) -> SSSPResult:
+         max_cost: float | None = None, allocation: bool = False, predecessor: bool = True) -> SSSPResult:
     """Shortest paths from ``sources`` over the DEM's grid graph; writes ``sssp/NAME/{distance,predecessor}``.
 
     Parameters
@@ -142,6 +142,9 @@ def sssp(store, sources, *, weight: str = "absdiff", name: str | None = None, de
     allocation : bool
         Also write ``sssp/NAME/source``: the nearest source's number (1, 2, ... in the order given; 0
         unreached), the root of each cell's predecessor chain (:mod:`.allocation`).
+    predecessor : bool
+        False writes the distances only (no ``sssp/NAME/predecessor``: no paths traced from this
+        result); the distances are the same bytes.
 
     Returns
     -------
@@ -171,7 +174,7 @@ def sssp(store, sources, *, weight: str = "absdiff", name: str | None = None, de
     limit = np.inf if max_cost is None else float(max_cost)
     if not limit >= 0:
         raise InputError(f"--max-cost must be a number >= 0, got {max_cost!r}")
-    options = {"limit": limit, "allocation": bool(allocation)}
+    options = {"limit": limit, "allocation": bool(allocation), "predecessor": bool(predecessor)}
     _note_units(store, model)
     _check_distance_range(store, model)
     field = Field(store, model, cost)

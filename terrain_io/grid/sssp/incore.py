@@ -187,7 +187,7 @@ def fits_in_core(store, field, device: str, budget: int, allocation: bool = Fals
 
 
 def run_incore(store, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
-               limit: float = np.inf, allocation: bool = False):
+               limit: float = np.inf, allocation: bool = False, predecessor: bool = True):
     """The in-core method on a store: read every shard into one ringed block (host or GPU), solve
     it (no farther than ``limit``), write ``sssp/NAME`` (with ``source`` when ``allocation``). Shards are decoded and encoded in parallel threads (zstd releases the
     GIL); on the GPU they travel one band of shard rows at a time, one copy each way, so the
@@ -236,8 +236,8 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         d32 = output_distance(dist, vals)
         del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
         bar = progress_bar(progress, nsr * nsc, "sssp write")
-        with write_result(store, name, attrs, allocation) as arrays:
-            outputs = [(arrays.distance, d32), (arrays.predecessor, pred)]
+        with write_result(store, name, attrs, allocation, predecessor) as arrays:
+            outputs = [(arrays.distance, d32)] + ([(arrays.predecessor, pred)] if predecessor else [])
             if allocation:
                 outputs.append((arrays.source, source))
             finite = xp.isfinite(d32)

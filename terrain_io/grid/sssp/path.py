@@ -116,6 +116,9 @@ def trace_all(store, targets, name: str | None = None, cell: bool = False, crs=N
     store = store if isinstance(store, TerrainStore) else TerrainStore.open(store, mode="r")
     name = name or latest_sssp(store)
     if f"sssp/{name}/predecessor" not in store.group:
+        if f"sssp/{name}/distance" in store.group:
+            raise StoreError(f"{store.path}: sssp/{name} holds distances only (written with --no-predecessor): "
+                             "run sssp again without it to trace paths")
         raise StoreError(f"{store.path}: no SSSP result {name!r}")
     if isinstance(targets, Points):
         pts = targets

@@ -394,7 +394,7 @@ class MergeState:
 
 def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, budget: int, progress: bool,
               attrs: dict, cluster: int | None = None, rebuild_index: bool = False, scheduler: str | None = "local",
-              announce=None, limit: float = np.inf, allocation: bool = False) -> SSSPResult:
+              announce=None, limit: float = np.inf, allocation: bool = False, predecessor: bool = True) -> SSSPResult:
     """The index method: phases 1-3 above (phase 1 skipped when a stored index fits); writes
     ``sssp/NAME`` with ``attrs`` added (cells beyond ``limit`` cleared from the final phase's
     output; ``source`` by a pass over the written predecessors when ``allocation``). The boundary index is built on first use and reused
@@ -426,7 +426,8 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
             with timings.phase("final"):
                 attrs = dict(attrs, cluster=index.cluster, index=index.name, index_reused=reused)
                 reached, dmax = _final(store, field, merge, cells, name, attrs, progress, scheduler,
-                                       device=device, limit=limit, allocation=allocation)
+                                       device=device, limit=limit, allocation=allocation,
+                                       predecessor=predecessor)
             merge_stats = getattr(merge, "stats", {})
         finally:
             merge.close()
@@ -435,7 +436,7 @@ def run_index(store: TerrainStore, field: Field, cells, name: str, device: str, 
 
 
 def _final(store, field, merge, cells, name, attrs, progress, scheduler="local", announce=None, device="cpu",
-           limit=np.inf, allocation=False):
+           limit=np.inf, allocation=False, predecessor=True):
     """Phase 3, shard by shard: here (on the GPU with ``device="gpu"``: the same bytes), or with a
     Dask ``scheduler`` as one task per shard that gets its tiles' merge results and writes its
     shard of ``distance`` and ``predecessor`` itself."""
@@ -445,7 +446,7 @@ def _final(store, field, merge, cells, name, attrs, progress, scheduler="local",
     kind = field.model.kind
     src = np.array(cells, np.int64).reshape(-1, 2)
     bar = progress_bar(progress, store.tile_grid[0] * store.tile_grid[1], "sssp final")
-    with write_result(store, name, attrs, allocation) as arrays:
+    with write_result(store, name, attrs, allocation, predecessor) as arrays:
         dist_arr, pred_arr = arrays.distance, arrays.predecessor
         if (scheduler or "local") != "local":
             reached, dmax = _final_on_dask(store, field, merge, src, dist_arr, pred_arr, scheduler, announce, bar,

@@ -85,6 +85,7 @@ class ResultArrays:
     distance: object
     predecessor: object
     source: object | None = None
+    keep_predecessor: bool = True  # False: ``predecessor`` is scratch, left out of the result
 
     def finish(self, reached: int, max_distance: float, **attrs) -> None:
         """The figures every result carries (and a method's own ``attrs``), once its arrays are written."""
@@ -92,9 +93,17 @@ class ResultArrays:
 
 
 @contextlib.contextmanager
-def write_result(store: TerrainStore, name: str, attrs: dict, allocation: bool = False):
-    """Yields the :class:`ResultArrays` of ``sssp/NAME``, written atomically (``store.write_result``)."""
+def write_result(store: TerrainStore, name: str, attrs: dict, allocation: bool = False, predecessor: bool = True):
+    """Yields the :class:`ResultArrays` of ``sssp/NAME``, written atomically (``store.write_result``).
+
+    ``predecessor`` False (distances only): the result holds no ``predecessor``. A method that needs
+    the codes on disk meanwhile (the shard and index methods re-read them; allocation follows them)
+    writes them to the staged result as usual; they are removed before it is sealed and renamed."""
     with store.write_result(f"sssp/{name}", attrs=attrs) as wr:
-        yield ResultArrays(wr, wr.create_array("distance", DISTANCE_DTYPE, float("nan")),
-                           wr.create_array("predecessor", PREDECESSOR_DTYPE, NO_PRED),
-                           wr.create_array("source", ALLOCATION_DTYPE, 0) if allocation else None)
+        arrays = ResultArrays(wr, wr.create_array("distance", DISTANCE_DTYPE, float("nan")),
+                              wr.create_array("predecessor", PREDECESSOR_DTYPE, NO_PRED),
+                              wr.create_array("source", ALLOCATION_DTYPE, 0) if allocation else None,
+                              keep_predecessor=predecessor)
+        yield arrays
+        if not predecessor:
+            del wr.group["predecessor"]

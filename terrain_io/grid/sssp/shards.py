@@ -682,7 +682,7 @@ def _io_bytes() -> tuple[int, int]:
 
 def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget: int, progress: bool, attrs: dict,
                scheduler: str | None = "local", unit: int | None = None, announce=None, limit: float = np.inf,
-               allocation: bool = False):
+               allocation: bool = False, predecessor: bool = True):
     """The shard method on a store; writes ``sssp/NAME`` with ``attrs`` and the schedule's figures.
     ``unit``: the unit side in cells (a multiple of the tile size; default from the budget).
     ``limit``: no cell farther is reached, and a unit whose ring changed only beyond it is not
@@ -735,7 +735,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             stage = UnitStage(folder) if staged else None
         if device == "cpu":
             load_warm_kernels(vdtype, field.model.kind)
-        arrays = stack.enter_context(write_result(store, name, attrs, allocation))
+        arrays = stack.enter_context(write_result(store, name, attrs, allocation, predecessor))
         dist_arr, pred_arr = arrays.distance, arrays.predecessor
         paths = [f"{a.store.root}/{a.path}" for a in (dist_arr, pred_arr)]
 

@@ -1,0 +1,272 @@
+"""The I/O floor of this machine against our store, side by side in one run (issue 31).
+
+Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
+- raw disk: one file per thread (all cores), written in 4 MiB calls and fsync'd; then read back cold
+  (each file's pages dropped with ``posix_fadvise(DONTNEED)`` after its fsync);
+- codec: numcodecs Zstd at the store's level over the store's chunks (T x T) of each array, encoded
+  and decoded in a pool of threads (all cores; zstd releases the GIL), and google-crc32c over the
+  encoded chunks;
+- our store: one array per dtype (float32, float64, uint8, uint32) written as a result
+  (``write_result`` + ``write_window`` of whole shards from a pool of threads, its manifest sealed)
+  plus an fsync of its files (so it is as durable as the raw floor), then read back cold by
+  ``TerrainStore.read`` of whole shards from a pool of threads.
+
+The floor of a store write is max(encode + crc32c on all cores, compressed bytes at the raw write
+bandwidth); of a read, max(compressed bytes at the raw read bandwidth, decode + crc32c on all cores).
+"% floor" = floor time / store time (100% = at the floor). Bandwidths are of raw (decoded) bytes
+unless marked "disk". The store measured is the ``terrain_io`` on the path (PYTHONPATH). Needs
+numpy, numcodecs, zarr, google-crc32c and this repository only.
+
+    python benchmarks/bench_io.py --size 4096
+    python benchmarks/bench_io.py --size 32768 --dtypes float32 --dir /scratch
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCK = 4 << 20  # raw file I/O call size
+DTYPES = ("float32", "float64", "uint8", "uint32")
+
+
+def timed(fn, reps: int) -> tuple[float, float, object]:
+    """(best wall s, CPU s of that call, its last result) of ``fn()`` over ``reps`` calls."""
+    best = (float("inf"), 0.0, None)
+    for _ in range(reps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        out = fn()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if wall < best[0]:
+            best = (wall, cpu, out)
+    return best
+
+
+def drop_cache(path) -> None:
+    """Evict a (synced) file's pages, so that the next read comes from the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def raw_write(folder: Path, nbytes: int, threads: int) -> list[Path]:
+    """``nbytes`` in ``threads`` files written in parallel, each fsync'd before it is closed."""
+    share = -(-nbytes // threads)
+    payload = np.random.default_rng(0).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
+    paths = [folder / f"raw{i}.bin" for i in range(threads)]
+
+    def one(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            done = 0
+            while done < share:
+                done += os.write(fd, payload[: min(BLOCK, share - done)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, paths))
+    return paths
+
+
+def raw_read(paths: list[Path]) -> int:
+    def one(path):
+        buf, got = bytearray(BLOCK), 0
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                got += n
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(len(paths)) as pool:
+        return sum(pool.map(one, paths))
+
+
+def test_array(n: int, dtype: str) -> np.ndarray:
+    """A deterministic n x n array: smooth terrain with centimetre noise (floats), its values folded
+    into the dtype's range (uint8), blocky labels (uint32, as a depression or basin map)."""
+    rng = np.random.default_rng(1)
+    y = np.linspace(0, 6 * np.pi, n, dtype=np.float32)[:, None]
+    x = np.linspace(0, 4 * np.pi, n, dtype=np.float32)[None, :]
+    z = 300 * np.sin(y) * np.cos(x) + 80 * np.sin(3.1 * x + 1.7 * y) + 500
+    z += rng.normal(0, 0.01, (n, n)).astype(np.float32)
+    if dtype.startswith("float"):
+        return z.astype(dtype)
+    if dtype == "uint8":
+        return (z.astype(np.int64) % 256).astype(np.uint8)
+    labels = (np.arange(n)[:, None] // 61) * (n // 47 + 1) + np.arange(n)[None, :] // 47
+    return np.where(z > 450, labels, 0).astype(np.uint32)
+
+
+def chunks_of(values: np.ndarray, tile: int) -> list[np.ndarray]:
+    return [np.ascontiguousarray(values[r : r + tile, c : c + tile])
+            for r in range(0, values.shape[0], tile) for c in range(0, values.shape[1], tile)]
+
+
+def codec(values: np.ndarray, tile: int, level: int, threads: int, reps: int) -> dict:
+    """Encode, decode and crc32c of the array's chunks on ``threads`` threads."""
+    import google_crc32c
+    from numcodecs import Zstd
+
+    parts = chunks_of(values, tile)
+    zstd = Zstd(level=level)
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        enc = timed(lambda: list(pool.map(zstd.encode, parts)), reps)
+        encoded = enc[2]
+        dec = timed(lambda: list(pool.map(zstd.decode, encoded)), reps)
+        crc = timed(lambda: list(pool.map(google_crc32c.value, encoded)), reps)
+        crc_raw = timed(lambda: list(pool.map(google_crc32c.value, parts)), reps)
+    return {"encode": enc[:2], "decode": dec[:2], "crc": crc[:2], "crc_raw": crc_raw[:2],
+            "compressed": sum(len(e) for e in encoded)}
+
+
+def store_write(folder: Path, name: str, values: np.ndarray, threads: int) -> list[Path]:
+    """Our store's write of one result array, whole shards from ``threads`` threads, its files fsync'd."""
+    from terrain_io.store import TerrainStore, fill_value_for, write_window
+
+    store = TerrainStore.open(folder / "bench.zarr", mode="r+")
+    with store.write_result(name) as writer:
+        arr = writer.create_array("values", values.dtype, fill_value_for(values.dtype, None))
+        wins = list(store.shards())
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(wins)))) as pool:
+            list(pool.map(lambda w: write_window(arr, w, values[w.slices], True), wins))
+    files = [p for p in (folder / "bench.zarr" / name / "values").rglob("*") if p.is_file()]
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return files
+
+
+def store_read(folder: Path, name: str, threads: int) -> np.ndarray:
+    from terrain_io.store import TerrainStore
+
+    store = TerrainStore.open(folder / "bench.zarr", mode="r")
+    out = np.empty(store.shape, store.group[f"{name}/values"].dtype)
+    wins = list(store.shards())
+
+    def one(w):
+        out[w.slices] = store.read(w, f"{name}/values")
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(wins)))) as pool:
+        list(pool.map(one, wins))
+    return out
+
+
+def commit(root) -> str:
+    try:
+        git = ["git", "-C", str(root)]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=4096, help="side of each square test array (cells)")
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads (default: all cores)")
+    ap.add_argument("--reps", type=int, default=3, help="best of this many of each measurement")
+    ap.add_argument("--raw-bytes", type=float, default=0,
+                    help="MiB the raw disk measurement moves (default: one float32 array, at least 256 MiB)")
+    ap.add_argument("--dir", default=None, help="folder on the disk to measure (default: the system temp folder)")
+    args = ap.parse_args()
+
+    import numcodecs
+    import zarr
+
+    import terrain_io
+
+    from terrain_io import store as store_mod
+    from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
+
+    n, threads, reps = args.size, args.threads, args.reps
+    level = store_mod._COMPRESSOR.level
+    folder = Path(tempfile.mkdtemp(prefix="bench_io.", dir=args.dir))
+    mib = 1 << 20
+    try:
+        raw_bytes = int(args.raw_bytes * mib) or max(n * n * 4, 256 * mib)
+        print(f"# bench_io: {n}^2, {threads} threads, best of {reps}; {platform.node()} {platform.machine()}, "
+              f"{os.cpu_count()} cores; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+              f"terrain_io of {Path(terrain_io.__file__).parents[1]} commit {commit(Path(terrain_io.__file__).parent)}; "
+              f"numcodecs {numcodecs.__version__}, zarr {zarr.__version__}; disk {folder}")
+        raw = folder / "raw"
+        raw.mkdir()
+        w = timed(lambda: raw_write(raw, raw_bytes, threads), reps)
+        paths = w[2]
+        for p in paths:
+            drop_cache(p)
+        r = timed(lambda: (raw_read(paths), [drop_cache(p) for p in paths]), reps)
+        shutil.rmtree(raw)
+        write_bw, read_bw = raw_bytes / w[0], raw_bytes / r[0]
+        print(f"\n| floor | MiB | wall s | CPU s | MB/s |\n|---|---|---|---|---|")
+        print(f"| raw write, {threads} files, fsync'd | {raw_bytes / mib:.0f} | {w[0]:.3f} | {w[1]:.2f} "
+              f"| {write_bw / 1e6:.0f} |")
+        print(f"| raw read, cold | {raw_bytes / mib:.0f} | {r[0]:.3f} | {r[1]:.2f} | {read_bw / 1e6:.0f} |")
+
+        TerrainStore.create(folder / "bench.zarr", (n, n), "float32").seal()
+        rows = []
+        for dtype in args.dtypes:
+            values = test_array(n, dtype)
+            nbytes = values.nbytes
+            c = codec(values, DEFAULT_TILE, level, threads, reps)
+            name = f"w{dtype}"
+
+            def write():
+                shutil.rmtree(folder / "bench.zarr" / name, ignore_errors=True)
+                return store_write(folder, name, values, threads)
+
+            sw = timed(write, reps)
+            for p in sw[2]:
+                drop_cache(p)
+
+            def read():
+                out = store_read(folder, name, threads)
+                for p in sw[2]:
+                    drop_cache(p)
+                return out
+
+            sr = timed(read, reps)
+            if not np.array_equal(sr[2], values):
+                raise SystemExit(f"bench_io: {dtype}: the store read back other values than written")
+            disk = sum(p.stat().st_size for p in sw[2])
+            floor_w = max(c["encode"][0] + c["crc"][0], disk / write_bw)
+            floor_r = max(disk / read_bw, c["decode"][0] + c["crc"][0])
+            rows.append((dtype, nbytes, disk, c, sw, sr, floor_w, floor_r))
+        print(f"\n| codec ({threads} threads) | MiB raw | ratio | zstd-{level} encode MB/s | decode MB/s "
+              f"| crc32c MB/s (encoded) | crc32c MB/s (raw) | encode + crc32c CPU s |\n"
+              f"|---|---|---|---|---|---|---|---|")
+        for dtype, nbytes, disk, c, *_ in rows:
+            print(f"| {dtype} | {nbytes / mib:.0f} | {nbytes / c['compressed']:.2f} | "
+                  f"{nbytes / c['encode'][0] / 1e6:.0f} | {nbytes / c['decode'][0] / 1e6:.0f} | "
+                  f"{c['compressed'] / c['crc'][0] / 1e6:.0f} | {nbytes / c['crc_raw'][0] / 1e6:.0f} | "
+                  f"{c['encode'][1] + c['crc'][1]:.2f} |")
+        print(f"\n| store | write wall s | CPU s | MB/s | floor s | % floor | read wall s | CPU s | MB/s | floor s "
+              f"| % floor |\n|---|---|---|---|---|---|---|---|---|---|---|")
+        for dtype, nbytes, disk, c, sw, sr, floor_w, floor_r in rows:
+            print(f"| {dtype} ({disk / mib:.1f} MiB on disk) | {sw[0]:.3f} | {sw[1]:.2f} | {nbytes / sw[0] / 1e6:.0f} "
+                  f"| {floor_w:.3f} | {100 * floor_w / sw[0]:.0f}% | {sr[0]:.3f} | {sr[1]:.2f} | "
+                  f"{nbytes / sr[0] / 1e6:.0f} | {floor_r:.3f} | {100 * floor_r / sr[0]:.0f}% |")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
