@@ -366,3 +366,22 @@ def test_cpu_and_gpu_give_the_same_bytes(case):
     wt = np.random.default_rng(2).random(code.shape) * 5
     want, got = cpu.accumulation(code, wt), gpu_accumulation(code, wt)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("condition", ["fill", "none"])
+def test_store_pipeline_gpu_equals_cpu(tmp_path, condition):
+    """``terrain flow`` on the GPU (in core) writes the CPU pipeline's bytes (which test_flow_store
+    checks against the references)."""
+    from terrain_io.grid.flow.pipeline import flow
+    from terrain_io.store import TerrainStore
+
+    z = _dem("nodata-holed", 300, 257, seed=5).astype(np.float32)
+    out = {}
+    for device in ("cpu", "gpu"):
+        st = TerrainStore.from_array(tmp_path / f"{device}.zarr", z, tile=32, shard=2)
+        res = flow(st, condition=condition, device=device, progress=False)
+        assert res.device == device
+        st = TerrainStore.open(st.path)
+        out[device] = (st.group["flow/direction"][:], st.group["flow/accumulation"][:])
+    assert out["gpu"][0].tobytes() == out["cpu"][0].tobytes()
+    assert out["gpu"][1].dtype == np.uint64 and out["gpu"][1].tobytes() == out["cpu"][1].tobytes()
