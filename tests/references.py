@@ -8,6 +8,7 @@ import hashlib
 import heapq
 import math
 import os
+import sys
 from collections import deque
 from fractions import Fraction
 from pathlib import Path
@@ -21,6 +22,7 @@ from scipy import ndimage
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 
+from terrain_io.grid.flow.codes import NODATA, OUTLET, SINK
 from terrain_io.store import TerrainStore, write_block
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
@@ -506,3 +508,325 @@ def blocks_written(tmp_path, compressors):
         want[start[0] : start[0] + size[0], start[1] : start[1] + size[1]] = block
     np.testing.assert_array_equal(arr[:], want)
     return arr, want, chunks
+
+
+# Flow routing (terrain flow): D8 steepest descent and Barnes, Lehman & Mulla 2014's flats written
+# from the definitions, a topological-order accumulation, and the DEMs the flow tests share.
+
+FLAT = -1  # reference: no lower neighbour, not an outlet
+
+
+def neighbours(r, c, shape):
+    for d in range(8):
+        rr, cc = r + DR[d], c + DC[d]
+        if 0 <= rr < shape[0] and 0 <= cc < shape[1]:
+            yield d, rr, cc
+
+
+def outlet_cells(valid, outlets):
+    """Valid cells on the edge, or (edge+nodata) 8-adjacent to a nodata cell."""
+    rows, cols = valid.shape
+    out = np.zeros(valid.shape, bool)
+    for r in range(rows):
+        for c in range(cols):
+            if not valid[r, c]:
+                continue
+            edge = r in (0, rows - 1) or c in (0, cols - 1)
+            out[r, c] = edge or (outlets == "edge+nodata" and any(not valid[rr, cc] for _, rr, cc in
+                                                                   neighbours(r, c, valid.shape)))
+    return out
+
+
+def steepest_descent(z, valid, dx, dy, outlets):
+    """Reference D8: (codes with FLAT for unresolved cells, mask of cells whose steepest slope ties)."""
+    step = [dx, math.hypot(dx, dy), dy, math.hypot(dx, dy)] * 2
+    out = outlet_cells(valid, outlets)
+    code = np.full(z.shape, NODATA, np.int64)
+    tie = np.zeros(z.shape, bool)
+    for r in range(z.shape[0]):
+        for c in range(z.shape[1]):
+            if not valid[r, c]:
+                continue
+            slopes = [((float(z[r, c]) - float(z[rr, cc])) / step[d], d) for d, rr, cc in neighbours(r, c, z.shape)
+                      if valid[rr, cc] and z[rr, cc] < z[r, c]]
+            if slopes:
+                top = max(s for s, _ in slopes)
+                winners = [d for s, d in slopes if s == top]
+                code[r, c] = min(winners)
+                tie[r, c] = len(winners) > 1
+            else:
+                code[r, c] = OUTLET if out[r, c] else FLAT
+    return code, tie
+
+
+def barnes_flats(z, valid, code):
+    """Barnes, Lehman & Mulla 2014 as the paper gives it: low edges are the cells WITH a direction
+    beside a flat cell of equal elevation, high edges flat cells beside higher ground; flats labelled
+    by a flood from the low edges; BuildAwayGradient (BFS from the high edges, FlatHeight per label);
+    BuildTowardsCombinedGradient (BFS from the low edges, mask = 2 * loops + FlatHeight - away); each
+    flat cell drains to the neighbour of its label with the least mask (ties: least code here)."""
+    shape = z.shape
+    code = code.copy()
+    flat = lambda r, c: valid[r, c] and code[r, c] == FLAT
+    low, high = [], []
+    for r in range(shape[0]):
+        for c in range(shape[1]):
+            if not valid[r, c]:
+                continue
+            for _, rr, cc in neighbours(r, c, shape):
+                if not valid[rr, cc]:
+                    continue
+                if code[r, c] != FLAT and flat(rr, cc) and z[rr, cc] == z[r, c]:
+                    low.append((r, c))
+                    break
+            if flat(r, c) and any(valid[rr, cc] and z[rr, cc] > z[r, c] for _, rr, cc in neighbours(r, c, shape)):
+                high.append((r, c))
+    labels = np.zeros(shape, np.int64)
+    n_labels = 0
+    for r, c in low:  # label each flat (with its low edges) by a flood over equal elevation
+        if labels[r, c]:
+            continue
+        n_labels += 1
+        labels[r, c] = n_labels
+        todo = [(r, c)]
+        while todo:
+            a, b = todo.pop()
+            for _, rr, cc in neighbours(a, b, shape):
+                if valid[rr, cc] and not labels[rr, cc] and z[rr, cc] == z[a, b]:
+                    labels[rr, cc] = n_labels
+                    todo.append((rr, cc))
+    high = [(r, c) for r, c in high if labels[r, c]]  # flats without a low edge cannot drain
+    away = np.zeros(shape, np.int64)
+    flat_height = np.zeros(n_labels + 1, np.int64)
+    queue, loops = deque(high), 1
+    for r, c in high:
+        away[r, c] = -1  # queued
+    while queue:  # BuildAwayGradient: one BFS level per loop
+        for _ in range(len(queue)):
+            r, c = queue.popleft()
+            away[r, c] = loops
+            flat_height[labels[r, c]] = loops
+            for _, rr, cc in neighbours(r, c, shape):
+                if flat(rr, cc) and labels[rr, cc] == labels[r, c] and away[rr, cc] == 0:
+                    away[rr, cc] = -1
+                    queue.append((rr, cc))
+        loops += 1
+    mask = np.zeros(shape, np.int64)
+    seen = np.zeros(shape, bool)
+    queue, loops = deque(low), 1
+    for r, c in low:
+        seen[r, c] = True
+    while queue:  # BuildTowardsCombinedGradient
+        for _ in range(len(queue)):
+            r, c = queue.popleft()
+            mask[r, c] = 2 * loops + (flat_height[labels[r, c]] - away[r, c] if away[r, c] > 0 else 0)
+            for _, rr, cc in neighbours(r, c, shape):
+                if flat(rr, cc) and labels[rr, cc] == labels[r, c] and not seen[rr, cc]:
+                    seen[rr, cc] = True
+                    queue.append((rr, cc))
+        loops += 1
+    for r in range(shape[0]):
+        for c in range(shape[1]):
+            if not flat(r, c):
+                continue
+            if not labels[r, c]:
+                code[r, c] = SINK
+                continue
+            cands = [(mask[rr, cc], d) for d, rr, cc in neighbours(r, c, shape)
+                     if valid[rr, cc] and labels[rr, cc] == labels[r, c] and (code[rr, cc] != FLAT or seen[rr, cc])]
+            code[r, c] = min(cands)[1]
+    return code
+
+
+def topological_sum(code, weights=None):
+    """Kahn's algorithm over the cell graph of ``code``: every cell adds its total to its receiver."""
+    rows, cols = code.shape
+    w = np.where(code != NODATA, 1, 0).astype(object) if weights is None else np.where(code != NODATA, weights, 0.0)
+    total = w.copy().ravel()
+    down = np.full(rows * cols, -1)
+    indeg = np.zeros(rows * cols, np.int64)
+    for r in range(rows):
+        for c in range(cols):
+            d = int(code[r, c])
+            if d < 8:
+                down[r * cols + c] = (r + DR[d]) * cols + c + DC[d]
+                indeg[down[r * cols + c]] += 1
+    queue = deque(np.nonzero(indeg == 0)[0].tolist())
+    seen = 0
+    while queue:
+        i = queue.popleft()
+        seen += 1
+        j = down[i]
+        if j >= 0:
+            total[j] += total[i]
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                queue.append(j)
+    assert seen == rows * cols, "cycle"
+    return total.reshape(rows, cols)
+
+
+def drains_to_an_end(code):
+    """Every valid cell's path ends at OUTLET or SINK within as many steps as there are cells."""
+    rows, cols = code.shape
+    for r0 in range(rows):
+        for c0 in range(cols):
+            r, c, steps = r0, c0, 0
+            while code[r, c] < 8:
+                r, c = r + DR[code[r, c]], c + DC[code[r, c]]
+                steps += 1
+                assert steps <= rows * cols and code[r, c] != NODATA
+    return True
+
+
+def terraced_flats(shape=(40, 50), seed=1):
+    rng = np.random.default_rng(seed)
+    r, c = np.mgrid[: shape[0], : shape[1]]
+    surface = 0.15 * r + 0.1 * c + 2 * np.sin(c / 7.0) + rng.random(shape) * 0.3
+    return np.round(surface / 1.5) * 1.5  # wide terraces: flats of every shape
+
+
+def flat_bottomed(shape=(36, 44)):
+    r, c = np.mgrid[: shape[0], : shape[1]]
+    bowl = np.hypot(r - shape[0] / 2, c - shape[1] / 2)
+    z = np.maximum(bowl, 6.0)  # a flat floor of radius 6 in a bowl: one pit flat
+    z[0, 5] = 1.0  # ... drained after filling through one low edge cell
+    return z
+
+
+def holed(seed=3):
+    z = terraced_flats((32, 32), seed)
+    valid = np.ones(z.shape, bool)
+    valid[10:14, 8:20] = False
+    valid[20, 20] = False
+    valid[25:29, 3:6] = False
+    return np.where(valid, z, np.nan), valid
+
+
+def jacksboro():
+    _, values = parse_esri_ascii(ROOT / "sample_data" / "jacksboro_fault_dem.asc")
+    return values
+
+
+def cases():
+    t = terraced_flats()
+    yield "terraced", t, np.ones(t.shape, bool)
+    f = flat_bottomed()
+    yield "flat-bottomed filled", priority_flood(f, np.ones(f.shape, bool)), np.ones(f.shape, bool)
+    yield "flat-bottomed unfilled", f, np.ones(f.shape, bool)
+    h, v = holed()
+    yield "nodata holes", h, v
+    yield "nodata holes filled", np.where(v, priority_flood(np.nan_to_num(h), v), np.nan), v
+
+
+def reference_directions(z, valid, dx, dy, outlets):
+    code, tie = steepest_descent(z, valid, dx, dy, outlets)
+    return barnes_flats(z, valid, code), code, tie
+
+
+# Hydrology (watersheds, streams, HAND) written from the definitions on a direction raster.
+
+def hydro_dem(seed, shape=(37, 53), holes=True, step=None):
+    """A rough surface sloping to the south-east with bumps, pits, optional flats (values rounded
+    to ``step``) and nodata holes."""
+    rng = np.random.default_rng(seed)
+    r, c = np.mgrid[: shape[0], : shape[1]]
+    z = 0.3 * (shape[0] - r) + 0.2 * (shape[1] - c) + 3 * rng.random(shape)
+    z += 4 * np.sin(r / 5.0) * np.cos(c / 7.0)
+    if step:
+        z = np.round(z / step) * step
+    if holes:
+        z[rng.random(shape) < 0.02] = np.nan
+        z[10:13, 20:24] = np.nan
+    return z
+
+
+def downstream(d):
+    """{cell: downstream cell or None} over valid cells, straight from the code definition."""
+    h, w = d.shape
+    out = {}
+    for r in range(h):
+        for c in range(w):
+            if d[r, c] == NODATA:
+                continue
+            k = int(d[r, c])
+            t = None
+            if k < 8:
+                rr, cc = r + DR[k], c + DC[k]
+                if 0 <= rr < h and 0 <= cc < w and d[rr, cc] != NODATA:
+                    t = (rr, cc)
+            out[(r, c)] = t
+    return out
+
+
+def upstream(ds):
+    up = {cell: [] for cell in ds}
+    for cell, t in ds.items():
+        if t is not None:
+            up[t].append(cell)
+    return up
+
+
+def reference_labels(d, outlets):
+    """Breadth-first search up the reverse flow graph from each outlet, stopping at other outlets."""
+    up = upstream(downstream(d))
+    label = np.zeros(d.shape, np.int64)
+    seeds = set(outlets)
+    for i, o in enumerate(outlets, 1):
+        label[o] = i
+        queue = deque([o])
+        while queue:
+            cell = queue.popleft()
+            for u in up[cell]:
+                if u not in seeds:
+                    label[u] = i
+                    queue.append(u)
+    return label
+
+
+def reference_network(d, acc, threshold):
+    """Recursive Strahler and Shreve over the stream cells' stream donors, links walked from heads."""
+    ds = downstream(d)
+    stream = {cell for cell in ds if acc[cell] >= threshold}
+    up = {cell: [u for u in upstream(ds)[cell] if u in stream] for cell in stream}
+    strahler, shreve = {}, {}
+
+    def order(cell):
+        if cell not in strahler:
+            kids = [order(u) for u in up[cell]]
+            top = max(kids, default=0)
+            strahler[cell] = 1 if not kids else top + (kids.count(top) >= 2)
+            shreve[cell] = 1 if not kids else sum(shreve[u] for u in up[cell])
+        return strahler[cell]
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * d.size))
+    try:
+        for cell in stream:
+            order(cell)
+    finally:
+        sys.setrecursionlimit(limit)
+    heads = sorted(cell for cell in stream if len(up[cell]) != 1)  # row-major
+    link = np.zeros(d.shape, np.int64)
+    for i, cell in enumerate(heads, 1):
+        while True:
+            link[cell] = i
+            cell = ds[cell]
+            if cell is None or cell not in stream or len(up[cell]) != 1:
+                break
+    return stream, strahler, shreve, link, heads, ds
+
+
+def reference_hand(z, d, stream):
+    """Walk down each cell's flow path to its first stream cell."""
+    ds = downstream(d)
+    height = np.full(d.shape, np.nan)
+    first = {}
+    for cell in ds:
+        c = cell
+        while c is not None and c not in stream:
+            c = ds[c]
+        if c is not None:
+            height[cell] = float(z[cell]) - float(z[c])
+            first[cell] = c
+    return height, first

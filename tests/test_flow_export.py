@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+
+from references import DC, DR, holed
 import rasterio
 from click.testing import CliRunner
 
@@ -13,7 +15,6 @@ from cli.main import _register, cli
 from terrain_io.grid.flow.codes import NODATA, OUTLET, SINK
 from terrain_io.grid.flow.pipeline import flow, read_flow
 from terrain_io.store import TerrainStore
-from test_flow import DC, DR, holed
 
 _register()
 pytestmark = pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")

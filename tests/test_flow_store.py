@@ -8,11 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import _register, cli
-from references import utm_store
+from references import holed, jacksboro, priority_flood, reference_directions, topological_sum, utm_store
 from terrain_io.grid.flow.codes import NODATA
 from terrain_io.grid.flow.pipeline import flow, read_flow
 from terrain_io.store import TerrainStore
-from test_flow import holed, jacksboro, priority_flood, reference_directions, topological_sum
 
 _register()
 pytestmark = pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")

@@ -1,37 +1,18 @@
 """Watersheds, basins, stream order / links and HAND (terrain_io.grid.hydro) against references
-written here -- a traversal of the reverse flow graph, a recursive Strahler / Shreve, a walk down
+written in tests/references.py -- a traversal of the reverse flow graph, a recursive Strahler / Shreve, a walk down
 each flow path -- and against pyflwdir's basins, stream_order and hand on the same directions
 (where it is installed). DEMs are routed by our flow_direction (pits, flats and nodata included)."""
 from __future__ import annotations
 
-import sys
-from collections import deque
-
 import numpy as np
 import pytest
+
+from references import downstream, hydro_dem, reference_hand, reference_labels, reference_network
 
 from terrain_io.errors import InputError
 from terrain_io.grid.flow import flow_accumulation, flow_direction
 from terrain_io.grid.flow.codes import NODATA
 from terrain_io.grid.hydro import basins, hand, stream_links, stream_order, watershed
-
-DR = (0, 1, 1, 1, 0, -1, -1, -1)  # E, SE, S, SW, W, NW, N, NE: row grows southward
-DC = (1, 1, 0, -1, -1, -1, 0, 1)
-
-
-def dem(seed, shape=(37, 53), holes=True, step=None):
-    """A rough surface sloping to the south-east with bumps, pits, optional flats (values rounded
-    to ``step``) and nodata holes."""
-    rng = np.random.default_rng(seed)
-    r, c = np.mgrid[: shape[0], : shape[1]]
-    z = 0.3 * (shape[0] - r) + 0.2 * (shape[1] - c) + 3 * rng.random(shape)
-    z += 4 * np.sin(r / 5.0) * np.cos(c / 7.0)
-    if step:
-        z = np.round(z / step) * step
-    if holes:
-        z[rng.random(shape) < 0.02] = np.nan
-        z[10:13, 20:24] = np.nan
-    return z
 
 
 CASES = [(0, "none", None), (1, "fill", None), (2, "none", 2.0), (3, "fill", 1.0)]
@@ -40,102 +21,12 @@ CASES = [(0, "none", None), (1, "fill", None), (2, "none", 2.0), (3, "fill", 1.0
 @pytest.fixture(params=CASES, ids=lambda p: f"seed{p[0]}-{p[1]}-step{p[2]}")
 def routed(request):
     seed, condition, step = request.param
-    z = dem(seed, step=step)
+    z = hydro_dem(seed, step=step)
     d = flow_direction(z, condition=condition)
     return z, d, flow_accumulation(d)
 
 
 # --- references --------------------------------------------------------------------------------------------------
-
-def downstream(d):
-    """{cell: downstream cell or None} over valid cells, straight from the code definition."""
-    h, w = d.shape
-    out = {}
-    for r in range(h):
-        for c in range(w):
-            if d[r, c] == NODATA:
-                continue
-            k = int(d[r, c])
-            t = None
-            if k < 8:
-                rr, cc = r + DR[k], c + DC[k]
-                if 0 <= rr < h and 0 <= cc < w and d[rr, cc] != NODATA:
-                    t = (rr, cc)
-            out[(r, c)] = t
-    return out
-
-
-def upstream(ds):
-    up = {cell: [] for cell in ds}
-    for cell, t in ds.items():
-        if t is not None:
-            up[t].append(cell)
-    return up
-
-
-def reference_labels(d, outlets):
-    """Breadth-first search up the reverse flow graph from each outlet, stopping at other outlets."""
-    up = upstream(downstream(d))
-    label = np.zeros(d.shape, np.int64)
-    seeds = set(outlets)
-    for i, o in enumerate(outlets, 1):
-        label[o] = i
-        queue = deque([o])
-        while queue:
-            cell = queue.popleft()
-            for u in up[cell]:
-                if u not in seeds:
-                    label[u] = i
-                    queue.append(u)
-    return label
-
-
-def reference_network(d, acc, threshold):
-    """Recursive Strahler and Shreve over the stream cells' stream donors, links walked from heads."""
-    ds = downstream(d)
-    stream = {cell for cell in ds if acc[cell] >= threshold}
-    up = {cell: [u for u in upstream(ds)[cell] if u in stream] for cell in stream}
-    strahler, shreve = {}, {}
-
-    def order(cell):
-        if cell not in strahler:
-            kids = [order(u) for u in up[cell]]
-            top = max(kids, default=0)
-            strahler[cell] = 1 if not kids else top + (kids.count(top) >= 2)
-            shreve[cell] = 1 if not kids else sum(shreve[u] for u in up[cell])
-        return strahler[cell]
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10 * d.size))
-    try:
-        for cell in stream:
-            order(cell)
-    finally:
-        sys.setrecursionlimit(limit)
-    heads = sorted(cell for cell in stream if len(up[cell]) != 1)  # row-major
-    link = np.zeros(d.shape, np.int64)
-    for i, cell in enumerate(heads, 1):
-        while True:
-            link[cell] = i
-            cell = ds[cell]
-            if cell is None or cell not in stream or len(up[cell]) != 1:
-                break
-    return stream, strahler, shreve, link, heads, ds
-
-
-def reference_hand(z, d, stream):
-    """Walk down each cell's flow path to its first stream cell."""
-    ds = downstream(d)
-    height = np.full(d.shape, np.nan)
-    first = {}
-    for cell in ds:
-        c = cell
-        while c is not None and c not in stream:
-            c = ds[c]
-        if c is not None:
-            height[cell] = float(z[cell]) - float(z[c])
-            first[cell] = c
-    return height, first
 
 
 def as_pyflwdir(d):
@@ -246,7 +137,7 @@ def test_against_pyflwdir(routed):
 
 def test_xarray_kind_kept():
     xr = pytest.importorskip("xarray")
-    z = dem(4, shape=(20, 30), holes=False)
+    z = hydro_dem(4, shape=(20, 30), holes=False)
     da = xr.DataArray(z, dims=("y", "x"), coords={"y": np.arange(20) * -10.0, "x": np.arange(30) * 10.0},
                       attrs={"crs": "EPSG:32633"})
     d = flow_direction(da)
@@ -262,7 +153,7 @@ def test_xarray_kind_kept():
 
 
 def test_bad_input():
-    d = flow_direction(dem(6, shape=(10, 12)))
+    d = flow_direction(hydro_dem(6, shape=(10, 12)))
     acc = flow_accumulation(d)
     nodata = tuple(int(v) for v in np.argwhere(d == NODATA)[0])
     for outlets, words in [([(10, 0)], "outside"), ([nodata], "nodata"), ([(1, 1), (1, 1)], "more than once"),

@@ -10,9 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import _register, cli
-from references import utm_store
+from references import hydro_dem, reference_hand, reference_labels, reference_network, utm_store
 from terrain_io.grid.flow.codes import NODATA
-from test_hydro import dem, reference_hand, reference_labels, reference_network
 
 _register()
 pytestmark = pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")
@@ -25,7 +24,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
     path = tmp_path_factory.mktemp("hydro") / "a.zarr"
-    utm_store(path, dem(7).astype(np.float32), tile=16, shard=2)
+    utm_store(path, hydro_dem(7).astype(np.float32), tile=16, shard=2)
     res = run("flow", path, "--condition", "fill")
     assert res.exit_code == 0, res.output
     from terrain_io.store import TerrainStore
@@ -93,7 +92,7 @@ def test_streams_and_hand(routed, tmp_path):
 def test_bad_input(routed, tmp_path):
     path, _ = routed
     bare = tmp_path / "bare.zarr"
-    utm_store(bare, dem(8, shape=(20, 20)).astype(np.float32))
+    utm_store(bare, hydro_dem(8, shape=(20, 20)).astype(np.float32))
     for args, words in [
         (["streams", bare, "--threshold", 5], "run terrain flow"),
         (["basins", bare], "run terrain flow"),
@@ -232,7 +231,7 @@ def test_pictures(routed, tmp_path):
 
 def test_same_bytes_for_every_tile_size(routed, tmp_path):
     path, a = routed
-    z = dem(7).astype(np.float32)
+    z = hydro_dem(7).astype(np.float32)
     other = tmp_path / "b.zarr"
     utm_store(other, z, tile=8, shard=4)
     assert run("flow", other, "--condition", "fill").exit_code == 0
