@@ -10,7 +10,7 @@ from terrain_io import integrity
 from terrain_io.errors import StoreError
 from terrain_io.grid.sssp import sssp
 from terrain_io.grid.sssp.path import trace_all
-from test_grid_sssp import make_store, random_dem, reference
+from references import make_store, random_dem, reference
 
 
 @pytest.mark.parametrize("method,kw", [("incore", {}), ("shards", {"unit": 16}), ("index", {"cluster": 4})])
