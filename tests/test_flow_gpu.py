@@ -385,3 +385,24 @@ def test_store_pipeline_gpu_equals_cpu(tmp_path, condition):
         out[device] = (st.group["flow/direction"][:], st.group["flow/accumulation"][:])
     assert out["gpu"][0].tobytes() == out["cpu"][0].tobytes()
     assert out["gpu"][1].dtype == np.uint64 and out["gpu"][1].tobytes() == out["cpu"][1].tobytes()
+
+
+def test_gpu_route_keeps_the_memory_budget(tmp_path):
+    """The in-core GPU route holds the DEM, codes and counts on the host: under a budget they do not
+    fit it routes on the CPU out of core (one note) and gives the same bytes (issue 34)."""
+    from terrain_io.errors import TerrainNote
+    from terrain_io.grid.flow.pipeline import flow
+    from terrain_io.store import TerrainStore
+
+    z = _dem("terraced", 300, 257, seed=5).astype(np.float32)
+    out = {}
+    for device, memory in (("gpu", None), ("gpu-budget", "2MB")):
+        st = TerrainStore.from_array(tmp_path / f"{device}.zarr", z, tile=32, shard=2)
+        if memory is None:
+            res = flow(st, condition="none", device="gpu", progress=False)
+        else:
+            with pytest.warns(TerrainNote, match="beyond the budget"):
+                res = flow(st, condition="none", device="gpu", memory=memory, progress=False)
+        out[device] = (res.device, res.method, TerrainStore.open(st.path).group["flow/accumulation"][:])
+    assert out["gpu"][:2] == ("gpu", "incore") and out["gpu-budget"][0] == "cpu"
+    assert out["gpu-budget"][2].tobytes() == out["gpu"][2].tobytes()

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...backend import resolve_device
+from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler
@@ -168,7 +168,7 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
             store = TerrainStore.open(store.path)
         dev = resolve_device(device)
         if dev == "gpu" and window_tiles is None:
-            why = _gpu_misfit(store, wsrc is not None)
+            why = _gpu_misfit(store, wsrc is not None, budget)
             if why is None:
                 return _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now)
             if (device or "auto").lower() == "gpu":
@@ -521,18 +521,26 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
         ok[:, ok.shape[1] - (win.c1 + halo - cols):] = False
 
 
-def _gpu_misfit(store, weighted: bool = False) -> str | None:
-    """Why the in-core GPU routing cannot take ``store`` (None: it can)."""
+def _gpu_host_bytes(rows: int, cols: int, itemsize: int, weighted: bool) -> int:
+    """Host memory of the in-core GPU route: the DEM and its mask, the codes and counts brought back,
+    the flat count's scratch, the write (26 bytes a float32 cell measured at 16384^2 above the CUDA
+    context: 7.6 GB peak RSS, benchmarks/RESULTS.md "terrain flow --device gpu on the H100"), and the
+    weights."""
+    return rows * cols * (itemsize + 22 + (16 if weighted else 0))
+
+
+def _gpu_misfit(store, weighted: bool, budget: int) -> str | None:
+    """Why the in-core GPU routing cannot take ``store`` (None: it can): GPU memory, or the host
+    buffers it needs beyond the budget (issue 34: ``--memory`` holds on every device)."""
     try:
         from . import _gpu
-        from ..sssp.incore import gpu_free_bytes
     except ImportError as e:
         return f"the GPU kernels are not available ({e})"
     rows, cols = store.shape
-    if hasattr(_gpu, "device_bytes"):  # the GPU side's own bound (inputs, codes, accumulation, scratch)
-        need = _gpu.device_bytes(rows, cols, store.dtype, weighted)
-    else:
-        need = rows * cols * (store.dtype.itemsize + 40)
+    host = _gpu_host_bytes(rows, cols, store.dtype.itemsize, weighted)
+    if host > budget:
+        return f"its host buffers need about {format_bytes(host)}, beyond the budget of {format_bytes(budget)}"
+    need = _gpu.device_bytes(rows, cols, store.dtype, weighted)
     free = gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
