@@ -396,7 +396,7 @@ def test_gpu_route_keeps_the_memory_budget(tmp_path):
 
     z = _dem("terraced", 300, 257, seed=5).astype(np.float32)
     out = {}
-    for device, memory in (("gpu", None), ("gpu-budget", "2MB")):
+    for device, memory in (("gpu", None), ("gpu-budget", "1MB")):
         st = TerrainStore.from_array(tmp_path / f"{device}.zarr", z, tile=32, shard=2)
         if memory is None:
             res = flow(st, condition="none", device="gpu", progress=False)
