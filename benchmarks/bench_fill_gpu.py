@@ -21,38 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import warm_side  # benchmarks/ is on sys.path when run as a script
+from common import PeakGpu, warm_side  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class PeakGpu:
-    """Peak bytes held in CuPy's memory pool while installed (a CuPy memory hook)."""
-
-    def __init__(self):
-        import cupy
-
-        class Hook(cupy.cuda.MemoryHook):
-            name = "peak"
-
-            def __init__(self):
-                self.now = self.peak = 0
-
-            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
-                self.now += mem_size
-                self.peak = max(self.peak, self.now)
-
-            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
-                self.now -= mem_size
-
-        self.hook = Hook()
-
-    def __enter__(self):
-        self.hook.__enter__()
-        return self.hook
-
-    def __exit__(self, *exc):
-        self.hook.__exit__(*exc)
 
 
 def synth(path: Path, n: int) -> float:

@@ -18,6 +18,8 @@ import math
 import os
 import time
 
+from common import PeakGpu  # benchmarks/ is on sys.path when run as a script
+
 
 def synthetic_filled(n: int, seed: int = 1):
     import cupy as cp
@@ -39,35 +41,6 @@ def synthetic_filled(n: int, seed: int = 1):
     out = f.F[1:-1, 1:-1].copy()
     f.close()
     return out
-
-
-class PeakPool:
-    """Peak bytes held in CuPy's memory pool while installed (a CuPy memory hook)."""
-
-    def __init__(self):
-        import cupy
-
-        class Hook(cupy.cuda.MemoryHook):
-            name = "peak"
-
-            def __init__(self):
-                self.now = self.peak = 0
-
-            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
-                self.now += mem_size
-                self.peak = max(self.peak, self.now)
-
-            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
-                self.now -= mem_size
-
-        self.hook = Hook()
-
-    def __enter__(self):
-        self.hook.__enter__()
-        return self.hook
-
-    def __exit__(self, *exc):
-        self.hook.__exit__(*exc)
 
 
 def timed(fn, repeat: int):
@@ -151,9 +124,9 @@ def main():
         flat = int(cp.count_nonzero(code == 254))
         ta = timed(lambda: accumulation(code), args.repeat)
         base = cp.get_default_memory_pool().used_bytes()
-        with PeakPool() as peak_d:
+        with PeakGpu() as peak_d:
             directions(z, ok, 10.0, 10.0)
-        with PeakPool() as peak_a:
+        with PeakGpu() as peak_a:
             acc = accumulation(code)
         exits = accumulation.exits
         phases = {k: round(v, 2) for k, v in accumulation.timings.items()}

@@ -72,3 +72,32 @@ def with_cost_raster(st):
             c[~np.isfinite(c)] = 1.0
             arr[win.slices] = c.astype(np.float32)
     return TerrainStore.open(st.path)
+
+
+class PeakGpu:
+    """Peak bytes held in CuPy's memory pool while installed (a CuPy memory hook)."""
+
+    def __init__(self):
+        import cupy
+
+        class Hook(cupy.cuda.MemoryHook):
+            name = "peak"
+
+            def __init__(self):
+                self.now = self.peak = 0
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                self.now += mem_size
+                self.peak = max(self.peak, self.now)
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                self.now -= mem_size
+
+        self.hook = Hook()
+
+    def __enter__(self):
+        self.hook.__enter__()
+        return self.hook
+
+    def __exit__(self, *exc):
+        self.hook.__exit__(*exc)

@@ -74,7 +74,13 @@ def test_numpydoc_sections(name):
     assert set(inspect.signature(entry(name)).parameters) <= names
 
 
-@pytest.mark.parametrize("name", DOCUMENTED)
+# The examples that compile kernels no other default test builds (numba specialises on the
+# example's dtypes) run with the slow tests; the others keep every docstring honest in CI.
+SLOW_EXAMPLES = {"depressions", "apsp"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES else n
+                                  for n in DOCUMENTED])
 def test_examples_run(name):
     """Each Examples section gives what its lines say (the values checked by hand: see each docstring's
     small input)."""

@@ -170,6 +170,7 @@ def test_bad_input():
         basins(cycle)
 
 
+@pytest.mark.slow  # pysheds compiles its own numba kernels on import: ~50 s on 2 cores
 def test_watershed_against_pysheds_catchment(routed, tmp_path, monkeypatch):
     """pysheds' ``catchment`` on the same directions (ESRI codes in a GeoTIFF): equal inside the DEM's
     outermost ring, which pysheds' catchment leaves out."""

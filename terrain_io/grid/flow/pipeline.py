@@ -275,15 +275,8 @@ def _flow_incore(store, source, condition, outlets, wsrc, include_self, progress
     if include_self:
         _add_self(inner, code, wts, w is not None)
     timings["accumulation"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
-        d_arr, a_arr = _create(writer, w is not None)
-        write_held(store, (d_arr, lambda s: code[s]), (a_arr, lambda s: inner[s]))
-        timings["write"] = time.perf_counter() - t0
-        result = _result(store, condition, outlets, wsrc, include_self, "incore", "cpu", t_start, filled_now, n_valid,
-                         _code_stats(code, unresolved), inner.max(initial=0), timings)
-        writer.attrs.update(result.attrs())
-    return result
+    return _write_incore(store, source, condition, outlets, wsrc, include_self, "cpu", t_start, filled_now, n_valid,
+                         code, inner, _code_stats(code, unresolved), timings)
 
 
 def _add_self(inner, code, wts, weighted) -> None:
@@ -571,13 +564,20 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
     n_valid = int(np.count_nonzero(valid))
     del vals, valid
     timings["gpu"] = time.perf_counter() - t0
+    return _write_incore(store, source, condition, outlets, wsrc, include_self, "gpu", t_start, filled_now, n_valid,
+                         code, acc, _code_stats(code, flat), timings)
+
+
+def _write_incore(store, source, condition, outlets, wsrc, include_self, device, t_start, filled_now, n_valid, code,
+                  acc, code_stats, timings) -> FlowResult:
+    """Write the codes and accumulation held in memory as the ``flow`` result, with its attributes."""
     t0 = time.perf_counter()
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
-        d_arr, a_arr = _create(writer, w is not None)
+        d_arr, a_arr = _create(writer, wsrc is not None)
         write_held(store, (d_arr, lambda s: code[s]), (a_arr, lambda s: acc[s]))
         timings["write"] = time.perf_counter() - t0
-        result = _result(store, condition, outlets, wsrc, include_self, "incore", "gpu", t_start, filled_now, n_valid,
-                         _code_stats(code, flat), acc.max(initial=0), timings)
+        result = _result(store, condition, outlets, wsrc, include_self, "incore", device, t_start, filled_now, n_valid,
+                         code_stats, acc.max(initial=0), timings)
         writer.attrs.update(result.attrs())
     return result
 
