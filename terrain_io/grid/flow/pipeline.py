@@ -44,6 +44,7 @@ from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
+from ...timings import Timings
 from .._fill_cpu import outlets as outlet_cells
 from .._tiled import OUTLETS, write_held
 from ..tiling import check_side, plan, plan_batches
@@ -247,34 +248,31 @@ def _checked_weights(wsrc, win, valid) -> np.ndarray:
 
 def _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now) -> FlowResult:
     rows, cols = store.shape
-    timings = {}
-    t0 = time.perf_counter()
-    whole = Window(0, rows, 0, cols)
-    with progress_bar(progress, 1, "flow: read", unit="DEM") as bar:
-        vals = store.read(whole, source)
-        bar.update(1)
-    valid = store.valid(vals)
-    timings["read"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dx, dy = store.metric_cell_size
-    code, unresolved = K.routed(vals, valid, dx, dy, outlets)
-    del vals
-    timings["directions"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
-    n_valid = int(np.count_nonzero(valid))
-    del valid
-    ring = K.ringed(code, NODATA)
-    wts, zero = (np.ones((1, 1), np.uint64), np.uint64(0)) if w is None else (w, np.float64(0))
-    acc = np.zeros((rows + 2, cols + 2), wts.dtype)
-    left = K.accumulate(ring, wts, w is not None, acc, zero, np.empty((rows, cols), np.uint8))
-    del ring
-    if left:
-        raise InputError(f"the flow directions have cycles: {left:,} cells never drain")  # not for our codes
-    inner = acc[1:-1, 1:-1]
-    if include_self:
-        _add_self(inner, code, wts, w is not None)
-    timings["accumulation"] = time.perf_counter() - t0
+    timings = Timings()
+    with timings.phase("read"):
+        whole = Window(0, rows, 0, cols)
+        with progress_bar(progress, 1, "flow: read", unit="DEM") as bar:
+            vals = store.read(whole, source)
+            bar.update(1)
+        valid = store.valid(vals)
+    with timings.phase("directions"):
+        dx, dy = store.metric_cell_size
+        code, unresolved = K.routed(vals, valid, dx, dy, outlets)
+        del vals
+    with timings.phase("accumulation"):
+        w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
+        n_valid = int(np.count_nonzero(valid))
+        del valid
+        ring = K.ringed(code, NODATA)
+        wts, zero = (np.ones((1, 1), np.uint64), np.uint64(0)) if w is None else (w, np.float64(0))
+        acc = np.zeros((rows + 2, cols + 2), wts.dtype)
+        left = K.accumulate(ring, wts, w is not None, acc, zero, np.empty((rows, cols), np.uint8))
+        del ring
+        if left:
+            raise InputError(f"the flow directions have cycles: {left:,} cells never drain")  # not for our codes
+        inner = acc[1:-1, 1:-1]
+        if include_self:
+            _add_self(inner, code, wts, w is not None)
     return _write_incore(store, source, condition, outlets, wsrc, include_self, "cpu", t_start, filled_now, n_valid,
                          code, inner, _code_stats(code, unresolved), timings)
 
@@ -329,120 +327,116 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
     steps = steps_of(*map(float, store.metric_cell_size))
     drains = outlets == "edge+nodata"
     weighted = wsrc is not None
-    timings = {}
+    timings = Timings()
     stats = np.zeros(3, np.int64)  # valid, outlet cells, sinks
     flat_total = 0
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         d_arr, a_arr = _create(writer, weighted)
 
         # 1. directions of each window, its flat cells listed
-        t0 = time.perf_counter()
-        parts, holding, perimeter = [], [], []
-        compact = not flat_sweeps
-        room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize,
-                                            store.tile_size * store.shard_size))
-        with progress_bar(progress, len(batches), "flow: directions", unit="batch") as bar:
-            for b in batches:
-                win = b.window
-                block = store.read(win, source, halo=2)
-                ok = store.valid(block)
-                _outside_false(ok, win, rows, cols, 2)
-                outl = outlet_cells(ok, win.r0 - 1, win.c0 - 1, rows, cols, drains)
-                h, w = win.shape
-                ring = np.empty((h + 2, w + 2), np.uint8)
-                K.d8(block, ok, outl, steps, ring)
-                inner = ring[1:-1, 1:-1]
-                n = int(np.count_nonzero(inner == K.UNRESOLVED))
-                if n:
-                    holding.append(b)
-                    flat_total += n
-                    perimeter.append(K.perimeter_flats(inner, win.r0, win.c0, cols))
-                    if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
-                        compact, parts = False, []  # too many flat cells for the list: window sweeps
-                    if compact:
-                        gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
-                        K.flat_cells(block, ok, ring, win.r0, win.c0, cols, gid, high, low)
-                        parts.append((gid, high, low))
-                write_window(d_arr, win, inner, whole_shard)
-                bar.update(1)
-        timings["directions"] = time.perf_counter() - t0
+        with timings.phase("directions"):
+            parts, holding, perimeter = [], [], []
+            compact = not flat_sweeps
+            room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize,
+                                                store.tile_size * store.shard_size))
+            with progress_bar(progress, len(batches), "flow: directions", unit="batch") as bar:
+                for b in batches:
+                    win = b.window
+                    block = store.read(win, source, halo=2)
+                    ok = store.valid(block)
+                    _outside_false(ok, win, rows, cols, 2)
+                    outl = outlet_cells(ok, win.r0 - 1, win.c0 - 1, rows, cols, drains)
+                    h, w = win.shape
+                    ring = np.empty((h + 2, w + 2), np.uint8)
+                    K.d8(block, ok, outl, steps, ring)
+                    inner = ring[1:-1, 1:-1]
+                    n = int(np.count_nonzero(inner == K.UNRESOLVED))
+                    if n:
+                        holding.append(b)
+                        flat_total += n
+                        perimeter.append(K.perimeter_flats(inner, win.r0, win.c0, cols))
+                        if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
+                            compact, parts = False, []  # too many flat cells for the list: window sweeps
+                        if compact:
+                            gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
+                            K.flat_cells(block, ok, ring, win.r0, win.c0, cols, gid, high, low)
+                            parts.append((gid, high, low))
+                    write_window(d_arr, win, inner, whole_shard)
+                    bar.update(1)
 
         # 2. flats: Barnes 2014 over the compact list, windows holding flat cells rewritten
-        t0 = time.perf_counter()
-        n_flat_routed = 0
-        if holding and not compact:
-            pid = np.sort(np.concatenate(perimeter))
-            if len(pid) * 24 > room:
-                raise InputError(f"the flats' window edges hold {len(pid):,} cells: {format_bytes(len(pid) * 24)}, "
-                                 f"more than the memory budget {format_bytes(budget)} leaves beside its windows "
-                                 f"({format_bytes(room)}; raise --memory)")
-            del perimeter
-            n_flat_routed = _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings)
-        elif parts:
-            ids = np.concatenate([p[0] for p in parts])
-            order = np.argsort(ids, kind="stable")
-            ids = ids[order]
-            high = np.concatenate([p[1] for p in parts])[order]
-            low = np.concatenate([p[2] for p in parts])[order]
-            del parts, order
-            codes = np.empty(len(ids), np.uint8)
-            K.flats_compact(ids, high, low, rows, cols, codes)
-            n_flat_routed = int(np.count_nonzero(codes < 8))
-            del high, low
-            with progress_bar(progress, len(holding), "flow: flats", unit="batch") as bar:
-                for b in holding:
-                    code = read_window(d_arr, b.window, whole_shard)
-                    K.set_codes(code, b.window.r0, b.window.c0, cols, ids, codes)
-                    write_window(d_arr, b.window, code, whole_shard)
-                    bar.update(1)
-            del ids, codes
-        timings["flats"] = time.perf_counter() - t0
+        with timings.phase("flats"):
+            n_flat_routed = 0
+            if holding and not compact:
+                pid = np.sort(np.concatenate(perimeter))
+                if len(pid) * 24 > room:
+                    raise InputError(f"the flats' window edges hold {len(pid):,} cells: {format_bytes(len(pid) * 24)}, "
+                                     f"more than the memory budget {format_bytes(budget)} leaves beside its windows "
+                                     f"({format_bytes(room)}; raise --memory)")
+                del perimeter
+                n_flat_routed = _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings)
+            elif parts:
+                ids = np.concatenate([p[0] for p in parts])
+                order = np.argsort(ids, kind="stable")
+                ids = ids[order]
+                high = np.concatenate([p[1] for p in parts])[order]
+                low = np.concatenate([p[2] for p in parts])[order]
+                del parts, order
+                codes = np.empty(len(ids), np.uint8)
+                K.flats_compact(ids, high, low, rows, cols, codes)
+                n_flat_routed = int(np.count_nonzero(codes < 8))
+                del high, low
+                with progress_bar(progress, len(holding), "flow: flats", unit="batch") as bar:
+                    for b in holding:
+                        code = read_window(d_arr, b.window, whole_shard)
+                        K.set_codes(code, b.window.r0, b.window.c0, cols, ids, codes)
+                        write_window(d_arr, b.window, code, whole_shard)
+                        bar.update(1)
+                del ids, codes
 
         # 3. accumulation: windows alone, the exits solved together, windows again
-        t0 = time.perf_counter()
-        zero = np.float64(0) if weighted else np.uint64(0)
-        unit = np.ones((1, 1), np.uint64)
-        exits, entries = [], []
-        with progress_bar(progress, len(batches), "flow: accumulation (tiles)", unit="batch") as bar:
-            for b in batches:
-                code = _read_halo(d_arr, b.window, 1, NODATA, store.shape)
-                wts = _checked_weights(wsrc, b.window, code[1:-1, 1:-1] != NODATA) if weighted else unit
-                acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-                ei, et, ev, ni, nl = K.tile_links(code, wts, weighted, acc, zero, b.window.r0, b.window.c0, cols)
-                exits.append((ei, et, ev))
-                entries.append((ni, nl))
-                bar.update(1)
-        cat = lambda parts, i: np.concatenate([p[i] for p in parts])
-        exit_id, exit_to, exit_v = cat(exits, 0), cat(exits, 1), cat(exits, 2)
-        entry_id, entry_link = cat(entries, 0), cat(entries, 1)
-        del exits, entries
-        o = np.argsort(exit_id, kind="stable")
-        exit_id, exit_to, exit_v = exit_id[o], exit_to[o], exit_v[o]
-        o = np.argsort(entry_id, kind="stable")
-        entry_id, entry_link = entry_id[o], entry_link[o]
-        v = K.solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link)
-        del exit_to, exit_v, entry_id, entry_link
-        timings["boundary"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        peak = zero
-        with progress_bar(progress, len(batches), "flow: accumulation (final)", unit="batch") as bar:
-            for b in batches:
-                win = b.window
-                code = _read_halo(d_arr, win, 1, NODATA, store.shape)
-                inner_code = code[1:-1, 1:-1]
-                wts = _checked_weights(wsrc, win, inner_code != NODATA) if weighted else unit
-                acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-                K.set_inflows(code, acc, win.r0, win.c0, cols, exit_id, v)
-                K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
-                inner = np.ascontiguousarray(acc[1:-1, 1:-1])
-                if include_self:
-                    _add_self(inner, inner_code, wts, weighted)
-                peak = max(peak, inner.max(initial=zero))
-                counts = np.bincount(inner_code.ravel(), minlength=256)
-                stats += (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
-                write_window(a_arr, win, inner, whole_shard)
-                bar.update(1)
-        timings["accumulation"] = time.perf_counter() - t0
+        with timings.phase("boundary"):
+            zero = np.float64(0) if weighted else np.uint64(0)
+            unit = np.ones((1, 1), np.uint64)
+            exits, entries = [], []
+            with progress_bar(progress, len(batches), "flow: accumulation (tiles)", unit="batch") as bar:
+                for b in batches:
+                    code = _read_halo(d_arr, b.window, 1, NODATA, store.shape)
+                    wts = _checked_weights(wsrc, b.window, code[1:-1, 1:-1] != NODATA) if weighted else unit
+                    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
+                    ei, et, ev, ni, nl = K.tile_links(code, wts, weighted, acc, zero, b.window.r0, b.window.c0, cols)
+                    exits.append((ei, et, ev))
+                    entries.append((ni, nl))
+                    bar.update(1)
+            cat = lambda parts, i: np.concatenate([p[i] for p in parts])
+            exit_id, exit_to, exit_v = cat(exits, 0), cat(exits, 1), cat(exits, 2)
+            entry_id, entry_link = cat(entries, 0), cat(entries, 1)
+            del exits, entries
+            o = np.argsort(exit_id, kind="stable")
+            exit_id, exit_to, exit_v = exit_id[o], exit_to[o], exit_v[o]
+            o = np.argsort(entry_id, kind="stable")
+            entry_id, entry_link = entry_id[o], entry_link[o]
+            v = K.solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link)
+            del exit_to, exit_v, entry_id, entry_link
+        with timings.phase("accumulation"):
+            peak = zero
+            with progress_bar(progress, len(batches), "flow: accumulation (final)", unit="batch") as bar:
+                for b in batches:
+                    win = b.window
+                    code = _read_halo(d_arr, win, 1, NODATA, store.shape)
+                    inner_code = code[1:-1, 1:-1]
+                    wts = _checked_weights(wsrc, win, inner_code != NODATA) if weighted else unit
+                    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
+                    K.set_inflows(code, acc, win.r0, win.c0, cols, exit_id, v)
+                    K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
+                    inner = np.ascontiguousarray(acc[1:-1, 1:-1])
+                    if include_self:
+                        _add_self(inner, inner_code, wts, weighted)
+                    peak = max(peak, inner.max(initial=zero))
+                    counts = np.bincount(inner_code.ravel(), minlength=256)
+                    stats += (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
+                    write_window(a_arr, win, inner, whole_shard)
+                    bar.update(1)
         result = _result(store, condition, outlets, wsrc, include_self, "tiled", "cpu", t_start, filled_now,
                          int(stats[0]), (int(stats[1]), int(stats[2]), n_flat_routed), peak, timings, k)
         writer.attrs.update(result.attrs())
@@ -548,22 +542,20 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
 
     rows, cols = store.shape
     whole = Window(0, rows, 0, cols)
-    timings = {}
-    t0 = time.perf_counter()
-    vals = store.read(whole, source)
-    valid = store.valid(vals)
-    timings["read"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dx, dy = store.metric_cell_size
-    code_d = _gpu.directions(cupy.asarray(vals), cupy.asarray(valid), float(dx), float(dy), outlets)
-    w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
-    acc_d = _gpu.accumulation(code_d, None if w is None else cupy.asarray(w), include_self)
-    code, acc = code_d.get(), acc_d.get()
-    del code_d, acc_d
-    flat = int(np.count_nonzero(_flat_cells(vals, valid, code))) + int(np.count_nonzero(code == SINK))
-    n_valid = int(np.count_nonzero(valid))
-    del vals, valid
-    timings["gpu"] = time.perf_counter() - t0
+    timings = Timings()
+    with timings.phase("read"):
+        vals = store.read(whole, source)
+        valid = store.valid(vals)
+    with timings.phase("gpu"):
+        dx, dy = store.metric_cell_size
+        code_d = _gpu.directions(cupy.asarray(vals), cupy.asarray(valid), float(dx), float(dy), outlets)
+        w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
+        acc_d = _gpu.accumulation(code_d, None if w is None else cupy.asarray(w), include_self)
+        code, acc = code_d.get(), acc_d.get()
+        del code_d, acc_d
+        flat = int(np.count_nonzero(_flat_cells(vals, valid, code))) + int(np.count_nonzero(code == SINK))
+        n_valid = int(np.count_nonzero(valid))
+        del vals, valid
     return _write_incore(store, source, condition, outlets, wsrc, include_self, "gpu", t_start, filled_now, n_valid,
                          code, acc, _code_stats(code, flat), timings)
 
@@ -571,11 +563,10 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
 def _write_incore(store, source, condition, outlets, wsrc, include_self, device, t_start, filled_now, n_valid, code,
                   acc, code_stats, timings) -> FlowResult:
     """Write the codes and accumulation held in memory as the ``flow`` result, with its attributes."""
-    t0 = time.perf_counter()
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
-        d_arr, a_arr = _create(writer, wsrc is not None)
-        write_held(store, (d_arr, lambda s: code[s]), (a_arr, lambda s: acc[s]))
-        timings["write"] = time.perf_counter() - t0
+        with timings.phase("write"):
+            d_arr, a_arr = _create(writer, wsrc is not None)
+            write_held(store, (d_arr, lambda s: code[s]), (a_arr, lambda s: acc[s]))
         result = _result(store, condition, outlets, wsrc, include_self, "incore", device, t_start, filled_now, n_valid,
                          code_stats, acc.max(initial=0), timings)
         writer.attrs.update(result.attrs())
