@@ -24,6 +24,17 @@ def _pair(text: str, what: str) -> tuple[float, float]:
     return a, b
 
 
+def _report(result, table, output, vectors: str) -> None:
+    """Write the result's table (``--table``) and say its summary line with where the table and
+    the vectors (``-o``) went."""
+    if table is not None:
+        from terrain_io.grid.hydro.pipeline import write_table
+
+        write_table(result, table)
+    say(result.line + (f"; table -> {table}" if table is not None else "")
+        + (f"; {vectors} -> {output}" if output is not None else ""))
+
+
 @cli.command(short_help="The watershed of each outlet (labels, polygons).")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--at", "points", multiple=True, metavar="X,Y",
@@ -64,7 +75,7 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(st, outlets, name=name, snap=snap, memory=memory, progress=not quiet(), vectors=output,
                  overwrite=overwrite)
-    say(result.line + (f"; polygons -> {output}" if output is not None else ""))
+    _report(result, None, output, "polygons")
 
 
 @cli.command(short_help="Every drainage basin (labels, table, polygons).")
@@ -77,14 +88,11 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
 def basins(store, table, output, memory):
     """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
     at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
-    from terrain_io.grid.hydro.pipeline import basins as run, write_table
+    from terrain_io.grid.hydro.pipeline import basins as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(store, memory=memory, progress=not quiet(), vectors=output, overwrite=overwrite)
-    if table is not None:
-        write_table(result, table)
-    say(result.line + (f"; table -> {table}" if table is not None else "")
-        + (f"; polygons -> {output}" if output is not None else ""))
+    _report(result, table, output, "polygons")
 
 
 @cli.command(short_help="The stream network: Strahler order, links, vectors.")
@@ -100,15 +108,12 @@ def streams(store, threshold, units, table, output, memory):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
-    from terrain_io.grid.hydro.pipeline import streams as run, write_table
+    from terrain_io.grid.hydro.pipeline import streams as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(store, threshold, units=units, memory=memory, progress=not quiet(), vectors=output,
                  overwrite=overwrite)
-    if table is not None:
-        write_table(result, table)
-    say(result.line + (f"; table -> {table}" if table is not None else "")
-        + (f"; links -> {output}" if output is not None else ""))
+    _report(result, table, output, "links")
 
 
 @cli.command(short_help="Height above the nearest drainage (HAND).")

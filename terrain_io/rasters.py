@@ -3,10 +3,22 @@ arrays, or xarray DataArrays of them, whose coordinates and attributes the resul
 manner of xarray-spatial). xarray is imported only when a DataArray is given."""
 from __future__ import annotations
 
+from .errors import InputError
+
 
 def is_dataarray(x) -> bool:
     """True for an xarray DataArray (checked by type name: xarray need not be installed)."""
     return type(x).__name__ == "DataArray" and hasattr(x, "dims")
+
+
+def unwrapped(x, what: str):
+    """(the DataArray or None, its data or ``x``) for a 2-D raster argument; one line naming
+    ``what`` ("the DEM", "the directions") otherwise."""
+    template = x if is_dataarray(x) else None
+    data = x.data if template is not None else x
+    if getattr(data, "ndim", None) != 2:
+        raise InputError(f"{what} must be a 2-D array, got shape {getattr(data, 'shape', None)}")
+    return template, data
 
 
 def coordinate_steps(template) -> tuple[float, float]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...backend import device_of
 from ...errors import InputError
-from ...rasters import coordinate_steps, is_dataarray, like
+from ...rasters import coordinate_steps, is_dataarray, like, unwrapped
 from .codes import NODATA
 
 CONDITIONS = ("none", "fill")
@@ -50,10 +50,7 @@ def flow_direction(dem, *, cell_size=None, nodata=None, outlets: str = "edge+nod
         raise InputError(f"outlets must be edge+nodata or edge, got {outlets!r}")
     if condition not in CONDITIONS:
         raise InputError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
-    template = dem if is_dataarray(dem) else None
-    data = dem.data if template is not None else dem
-    if getattr(data, "ndim", None) != 2:
-        raise InputError(f"the DEM must be a 2-D array, got shape {getattr(data, 'shape', None)}")
+    template, data = unwrapped(dem, "the DEM")
     dev = device_of(data, device=device)
     xp = _module(dev)
     vals = xp.asarray(data)
@@ -95,10 +92,7 @@ def flow_accumulation(direction, weights=None, *, include_self: bool = True, dev
     >>> flow_accumulation(np.array([[0, 0, 8]], np.uint8))
     array([[1, 2, 3]], dtype=uint64)
     """
-    template = direction if is_dataarray(direction) else None
-    data = direction.data if template is not None else direction
-    if getattr(data, "ndim", None) != 2:
-        raise InputError(f"the directions must be a 2-D array, got shape {getattr(data, 'shape', None)}")
+    template, data = unwrapped(direction, "the directions")
     dev = device_of(data, device=device)
     xp = _module(dev)
     code = xp.asarray(data)

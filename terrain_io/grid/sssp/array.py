@@ -12,7 +12,7 @@ import numpy as np
 from ... import weights as weight_models
 from ...backend import device_of, is_cupy, to_host
 from ...errors import InputError
-from ...rasters import coordinate_steps, is_dataarray, like
+from ...rasters import coordinate_steps, is_dataarray, like, unwrapped
 from ._pipeline_cpu import steps_of
 from .allocation import allocate_block, allocate_gpu
 from .incore import ringed, solve_block
@@ -70,10 +70,7 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
     [255, 4, 4]
     """
     model = weight_models.sssp_model(weight)
-    template = dem if is_dataarray(dem) else None
-    data = dem.data if template is not None else dem
-    if getattr(data, "ndim", None) != 2:
-        raise InputError(f"the DEM must be a 2-D array, got shape {getattr(data, 'shape', None)}")
+    template, data = unwrapped(dem, "the DEM")
     dev = device_of(data, device=device)
     xp = np
     if dev == "gpu":
