@@ -187,6 +187,16 @@ for path in sys.argv[2:]:
 """
 
 
+@pytest.mark.parametrize("options", [{"cell_size": (0, 1)}, {"cell_size": (1, -2)}, {"cell_size": (np.nan, 1)},
+                                     {"max_cost": -1}, {"max_cost": np.nan}])
+def test_cost_distance_refuses_steps_and_limits_out_of_range(options):
+    from terrain_io import cost_distance
+    from terrain_io.errors import InputError
+
+    with pytest.raises(InputError, match="cell_size|max_cost"):
+        cost_distance(np.zeros((3, 4), np.float32), (0, 0), weight="surface", **options)
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux peak-RSS reset")
 def test_incore_peak_memory_within_its_estimate(tmp_path):
     """The in-core method's memory estimate (``host_bytes``, what ``--memory`` is checked against)
