@@ -15,7 +15,7 @@ from ...errors import InputError
 from ...rasters import coordinate_steps, is_dataarray, like, unwrapped
 from ._pipeline_cpu import steps_of
 from .allocation import allocate_block, allocate_gpu
-from .incore import ringed, solve_block
+from .incore import output_distance, ringed, solve_block
 
 
 def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size=None, nodata=None,
@@ -104,9 +104,7 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
         raise InputError(f"max_cost must be a number >= 0, got {max_cost!r}")
     block = ringed(vals) if xp is np else _ringed_gpu(vals)
     dist, _, pred = solve_block(block, model.kind, steps_of(float(dx), float(dy)), cells, device=dev, limit=limit)
-    out = dist[1:-1, 1:-1].astype(np.float32)
-    out[xp.isnan(vals)] = np.nan
-    outputs = [out, pred]
+    outputs = [output_distance(dist, block), pred]
     if allocation:
         outputs.append(allocate_gpu(pred, cells) if dev == "gpu" else allocate_block(pred, cells))
     if template is None:
