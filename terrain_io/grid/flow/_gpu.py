@@ -16,8 +16,9 @@ import numpy as np
 
 from ...backend import EXACT_OPTIONS, kernel_source
 from ...errors import InputError
-from ...worklist import ROWS_PER_PASS, TILE, WorkLists
+from ...worklist import ROWS_PER_PASS, TILE
 from ..sssp._pipeline_cpu import steps_of
+from ._cpu import UNRESOLVED
 
 THREADS = 256
 MAXE = 4 * TILE - 4  # exits a tile can have (flow.cu)
@@ -69,6 +70,12 @@ def _value_type(dtype) -> np.dtype:
 
 def directions(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
     """D8 + flats codes (uint8 CuPy array, :mod:`.codes`) of the DEM ``z`` with mask ``valid``."""
+    return routed(z, valid, dx, dy, outlets)[0]
+
+
+def routed(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
+    """:func:`directions` and the number of cells without a lower valid neighbour that are not
+    outlets (the flats' cells: routed by the flat rule or SINK), as :func:`._cpu.routed`."""
     import cupy as cp
 
     if outlets not in ("edge+nodata", "edge"):
@@ -93,18 +100,44 @@ def directions(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
     del flag
     directions.rounds = (0, 0)
     if not first.size:
-        return raw
+        return raw, 0
+    unresolved = int(cp.count_nonzero(raw == UNRESOLVED))
     towards = cp.empty((h, w), cp.int32)
     away = cp.empty((h, w), cp.int32)
     mod.get_function("flat_edges")(*grid, (z, ok, raw, np.int32(h), np.int32(w), towards, away))
-    lists = WorkLists(ntr * ntc)
     relax = mod.get_function("relax_bfs")
     assert (TILE, ROWS_PER_PASS) == (32, 8)  # TS, BY of worklist.cuh
-    rounds = tuple(lists.run(relax, (raw, dist, np.int32(h), np.int32(w)), first) for dist in (towards, away))
-    directions.rounds = rounds
+    directions.rounds = tuple(_bfs_rounds(relax, raw, dist, first, ntr * ntc) for dist in (towards, away))
     out = cp.empty((h, w), cp.uint8)
     mod.get_function("flat_codes")(*grid, (z, ok, raw, towards, away, np.int32(h), np.int32(w), out))
-    return out
+    return out, unresolved
+
+
+ROUNDS_UNCHECKED = 16  # BFS rounds launched between two reads of the work list's length
+
+
+def _bfs_rounds(relax, raw, dist, first, ntiles: int) -> int:
+    """The multi-source BFS fixpoint of ``dist`` by rounds of ``relax_bfs`` over a work list of
+    tiles, launched ROUNDS_UNCHECKED at a time before the host reads whether the list emptied
+    (flow.cu: the rounds keep the list's lengths on the GPU). Returns the rounds launched."""
+    import cupy as cp
+
+    h, w = dist.shape
+    flags = [cp.zeros(ntiles, cp.int32), cp.zeros(ntiles, cp.int32)]
+    lists = [cp.empty(ntiles, cp.int32), cp.empty(ntiles, cp.int32)]
+    counts = cp.zeros(3, cp.int32)
+    lists[0][: first.size] = first
+    flags[0][first] = 1
+    counts[0] = first.size
+    blocks = min(ntiles, 16 * cp.cuda.Device().attributes["MultiProcessorCount"])
+    r = 0
+    while True:
+        for _ in range(ROUNDS_UNCHECKED):
+            relax((blocks,), (TILE, ROWS_PER_PASS), (raw, dist, np.int32(h), np.int32(w), lists[r % 2], counts,
+                                                     np.int32(r), flags[r % 2], flags[1 - r % 2], lists[1 - r % 2]))
+            r += 1
+        if not int(counts[r % 3].get()):
+            return r
 
 
 def accumulation(direction, weights=None, include_self: bool = True):

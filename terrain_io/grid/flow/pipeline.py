@@ -31,6 +31,9 @@ in another order (relative differences of a few ulp, ~1e-15).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -274,7 +277,8 @@ def _flow_incore(store, source, condition, outlets, wsrc, include_self, progress
         if include_self:
             _add_self(inner, code, wts, w is not None)
     return _write_incore(store, source, condition, outlets, wsrc, include_self, "cpu", t_start, filled_now, n_valid,
-                         code, inner, _code_stats(code, unresolved), timings)
+                         lambda s: code[s], lambda s: inner[s], _code_stats(code, unresolved), timings,
+                         inner.max(initial=0))
 
 
 def _add_self(inner, code, wts, weighted) -> None:
@@ -286,21 +290,6 @@ def _add_self(inner, code, wts, weighted) -> None:
             inner[sl][ok] += wts[sl][ok]
         else:
             inner[sl][ok] += np.uint64(1)
-
-
-def _flat_cells(vals, valid, code) -> np.ndarray:
-    """Cells routed by the flat rule: valid, no lower valid neighbour, not OUTLET (their codes 0..7
-    point at an equal neighbour): counted for the summary."""
-    rows, cols = code.shape
-    pad = np.pad(vals, 1, mode="edge") if vals.size else vals
-    okp = np.pad(valid, 1)
-    lower = np.zeros(code.shape, bool)
-    for dr in (-1, 0, 1):
-        for dc in (-1, 0, 1):
-            if dr or dc:
-                nb = pad[1 + dr : 1 + dr + rows, 1 + dc : 1 + dc + cols]
-                lower |= okp[1 + dr : 1 + dr + rows, 1 + dc : 1 + dc + cols] & (nb < vals)
-    return valid & ~lower & (code < 8)
 
 
 def _code_stats(code, unresolved: int) -> tuple[int, int, int]:
@@ -508,23 +497,28 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
         ok[:, ok.shape[1] - (win.c1 + halo - cols):] = False
 
 
-def _gpu_host_bytes(rows: int, cols: int, itemsize: int, weighted: bool) -> int:
-    """Host memory of the in-core GPU route: the DEM and its mask, the codes and counts brought back,
-    the flat count's scratch, the write (26 bytes a float32 cell measured at 16384^2 above the CUDA
-    context: 7.6 GB peak RSS, benchmarks/RESULTS.md "terrain flow --device gpu on the H100"), and the
-    weights."""
-    return rows * cols * (itemsize + 22 + (16 if weighted else 0))
+def _gpu_host_bytes(store, weighted: bool) -> int:
+    """Host memory of the GPU route: every reader and writer thread holds one shard -- its values as
+    read and decoded, its weights, the codes and counts brought back and their encoding (the DEM
+    itself never lies whole on the host: :func:`_upload_held`, :func:`write_held`)."""
+    side = store.tile_size * store.shard_size
+    cells = min(side, store.shape[0]) * min(side, store.shape[1])
+    return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+
+
+def _threads(store) -> int:
+    return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
 
 
 def _gpu_misfit(store, weighted: bool, budget: int) -> str | None:
-    """Why the in-core GPU routing cannot take ``store`` (None: it can): GPU memory, or the host
-    buffers it needs beyond the budget (issue 34: ``--memory`` holds on every device)."""
+    """Why the GPU routing cannot take ``store`` (None: it can): GPU memory, or the host buffers it
+    needs beyond the budget (issue 34: ``--memory`` holds on every device)."""
     try:
         from . import _gpu
     except ImportError as e:
         return f"the GPU kernels are not available ({e})"
     rows, cols = store.shape
-    host = _gpu_host_bytes(rows, cols, store.dtype.itemsize, weighted)
+    host = _gpu_host_bytes(store, weighted)
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the budget of {format_bytes(budget)}"
     need = _gpu.device_bytes(rows, cols, store.dtype, weighted)
@@ -534,41 +528,66 @@ def _gpu_misfit(store, weighted: bool, budget: int) -> str | None:
     return None
 
 
+def _upload_held(store, source, wsrc):
+    """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
+    as it arrives, so that the host holds a few shards and reading overlaps the copies."""
+    import cupy
+
+    z_d = cupy.empty(store.shape, store.dtype)
+    w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None
+    lock = threading.Lock()  # a raster file's handle is not shared between threads
+
+    def one(win):
+        block = store.read(win, source)
+        if w_d is not None:
+            with lock:
+                w = wsrc.read(win)
+            check_weights(w, store.valid(block), w.shape)
+            w_d[win.slices] = cupy.asarray(w)
+        z_d[win.slices] = cupy.asarray(block)
+
+    with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
+        list(pool.map(one, store.shards()))
+    return z_d, w_d
+
+
 def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now) -> FlowResult:
-    """The whole DEM routed on the GPU (:mod:`._gpu`), read and written on the host."""
+    """The whole DEM routed on the GPU (:mod:`._gpu`); read into it and written from it shard by shard."""
     import cupy
 
     from . import _gpu
 
     rows, cols = store.shape
-    whole = Window(0, rows, 0, cols)
     timings = Timings()
     with timings.phase("read"):
-        vals = store.read(whole, source)
-        valid = store.valid(vals)
+        with progress_bar(progress, 1, "flow: read", unit="DEM") as bar:
+            z_d, w_d = _upload_held(store, source, wsrc)
+            bar.update(1)
     with timings.phase("gpu"):
         dx, dy = store.metric_cell_size
-        code_d = _gpu.directions(cupy.asarray(vals), cupy.asarray(valid), float(dx), float(dy), outlets)
-        w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
-        acc_d = _gpu.accumulation(code_d, None if w is None else cupy.asarray(w), include_self)
-        code, acc = code_d.get(), acc_d.get()
-        del code_d, acc_d
-        flat = int(np.count_nonzero(_flat_cells(vals, valid, code))) + int(np.count_nonzero(code == SINK))
-        n_valid = int(np.count_nonzero(valid))
-        del vals, valid
+        code_d, unresolved = _gpu.routed(z_d, store.valid(z_d), float(dx), float(dy), outlets)
+        del z_d
+        cupy.get_default_memory_pool().free_all_blocks()  # the directions' scratch, before the accumulation's
+        acc_d = _gpu.accumulation(code_d, w_d, include_self)
+        del w_d
+        counts = cupy.bincount(code_d.ravel(), minlength=256).get()
+        peak = acc_d.max().get()
+    n_valid = rows * cols - int(counts[NODATA])
+    code_stats = (int(counts[OUTLET]), int(counts[SINK]), unresolved - int(counts[SINK]))
     return _write_incore(store, source, condition, outlets, wsrc, include_self, "gpu", t_start, filled_now, n_valid,
-                         code, acc, _code_stats(code, flat), timings)
+                         lambda s: code_d[s].get(), lambda s: acc_d[s].get(), code_stats, timings, peak)
 
 
 def _write_incore(store, source, condition, outlets, wsrc, include_self, device, t_start, filled_now, n_valid, code,
-                  acc, code_stats, timings) -> FlowResult:
-    """Write the codes and accumulation held in memory as the ``flow`` result, with its attributes."""
+                  acc, code_stats, timings, peak) -> FlowResult:
+    """Write the codes and accumulation held in memory (``code``, ``acc``: a shard's slices -> its
+    block) as the ``flow`` result, with its attributes."""
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         with timings.phase("write"):
             d_arr, a_arr = _create(writer, wsrc is not None)
-            write_held(store, (d_arr, lambda s: code[s]), (a_arr, lambda s: acc[s]))
+            write_held(store, (d_arr, code), (a_arr, acc))
         result = _result(store, condition, outlets, wsrc, include_self, "incore", device, t_start, filled_now, n_valid,
-                         code_stats, acc.max(initial=0), timings)
+                         code_stats, peak, timings)
         writer.attrs.update(result.attrs())
     return result
 
