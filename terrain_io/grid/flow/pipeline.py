@@ -44,7 +44,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler
+from ...parallel import check_scheduler, imap_shards
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -154,8 +154,9 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         raise InputError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
     if outlets not in OUTLETS:
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
-    if check_scheduler(scheduler) != "local":
-        raise InputError("flow runs in this process: use --scheduler local")
+    scheduler = check_scheduler(scheduler)
+    if scheduler != "local" and (device or "auto").lower() == "gpu":
+        raise InputError("the GPU flow runs in this process: use --scheduler local, or --device cpu for tasks")
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":
@@ -170,7 +171,7 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         source, filled_now = _source(store, condition, outlets, device, memory, progress, announce)
         if filled_now:
             store = TerrainStore.open(store.path)
-        dev = resolve_device(device)
+        dev = resolve_device(device) if scheduler == "local" else "cpu"
         if dev == "gpu" and window_tiles is None:
             why = _gpu_misfit(store, wsrc is not None, budget)
             if why is None:
@@ -183,13 +184,18 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         if window_tiles is None:  # a window and the boundary lists; the flats' lists get what is left
             side = store.tile_size * store.shard_size
             chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz, side),
-                          incore_need)
+                          incore_need if scheduler == "local" else None)
             if chosen.held:
                 return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start,
                                     filled_now)
+            if scheduler != "local" and chosen.side != store.shard_size:
+                raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory "
+                                 f"budget {format_bytes(budget)} (raise --memory)")
         k = window_tiles or chosen.side
+        if scheduler != "local" and k != store.shard_size:
+            raise InputError("with --scheduler every task is a whole shard: windows of the shard's side only")
         return _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
-                           budget, flat_sweeps)
+                           budget, flat_sweeps, scheduler, announce)
     finally:
         if wsrc is not None:
             wsrc.close()
@@ -308,55 +314,139 @@ def _read_halo(arr, win: Window, halo: int, fill, shape) -> np.ndarray:
     return out
 
 
+@dataclass
+class _Task:
+    """One window of the out-of-core pipeline, run here or as a Dask task (the store and the result
+    arrays by path; what the window needs of the boundary solves carried along)."""
+
+    store: str
+    source: str
+    window: Window
+    arrays: tuple[str, str]  # flow/direction, flow/accumulation (their temporary paths)
+    whole_shard: bool
+    outlets: str = "edge+nodata"
+    flat_lists: bool = True  # directions: list the window's flat cells for the compact solve
+    flats: tuple | None = None  # compact flats: (ids, codes) of the flat cells of the window
+    weights: np.ndarray | None = None  # accumulation: the window's weights (checked)
+    inflow: tuple | None = None  # final accumulation: (exit ids, totals) of the window's rows and halo
+    include_self: bool = True
+
+
+def _directions_task(t: _Task):
+    """Phase 1 of a window: D8 of the window and its ring, codes written; (flat cells, the flat
+    cells on the window's edges, the compact list of its flat cells or None)."""
+    import zarr
+
+    store = TerrainStore.open(t.store, mode="r")
+    rows, cols = store.shape
+    win = t.window
+    block = store.read(win, t.source, halo=2)
+    ok = store.valid(block)
+    _outside_false(ok, win, rows, cols, 2)
+    outl = outlet_cells(ok, win.r0 - 1, win.c0 - 1, rows, cols, t.outlets == "edge+nodata")
+    h, w = win.shape
+    ring = np.empty((h + 2, w + 2), np.uint8)
+    K.d8(block, ok, outl, steps_of(*map(float, store.metric_cell_size)), ring)
+    inner = ring[1:-1, 1:-1]
+    n = int(np.count_nonzero(inner == K.UNRESOLVED))
+    perimeter = lists = None
+    if n:
+        perimeter = K.perimeter_flats(inner, win.r0, win.c0, cols)
+        if t.flat_lists:
+            lists = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
+            K.flat_cells(block, ok, ring, win.r0, win.c0, cols, *lists)
+    write_window(zarr.open_array(t.arrays[0], mode="r+"), win, inner, t.whole_shard)
+    return n, perimeter, lists
+
+
+def _flat_codes_task(t: _Task) -> None:
+    """Phase 2 (compact): the window's flat cells get their codes."""
+    import zarr
+
+    d_arr = zarr.open_array(t.arrays[0], mode="r+")
+    code = read_window(d_arr, t.window, t.whole_shard)
+    K.set_codes(code, t.window.r0, t.window.c0, d_arr.shape[1], *t.flats)
+    write_window(d_arr, t.window, code, t.whole_shard)
+
+
+def _links_task(t: _Task):
+    """Phase 3a of a window: accumulated alone; its exits (id, target, value) and entries (id, link)."""
+    import zarr
+
+    d_arr = zarr.open_array(t.arrays[0], mode="r")
+    code = _read_halo(d_arr, t.window, 1, NODATA, d_arr.shape)
+    weighted = t.weights is not None
+    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
+    zero = np.float64(0) if weighted else np.uint64(0)
+    return K.tile_links(code, t.weights if weighted else np.ones((1, 1), np.uint64), weighted, acc, zero,
+                        t.window.r0, t.window.c0, d_arr.shape[1])
+
+
+def _final_task(t: _Task):
+    """Phase 3c of a window: accumulated again with its halo's final totals flowing in, written;
+    (its largest value, [valid, outlet cells, sinks])."""
+    import zarr
+
+    d_arr, a_arr = (zarr.open_array(p, mode="r+") for p in t.arrays)
+    win = t.window
+    code = _read_halo(d_arr, win, 1, NODATA, d_arr.shape)
+    inner_code = code[1:-1, 1:-1]
+    weighted = t.weights is not None
+    wts = t.weights if weighted else np.ones((1, 1), np.uint64)
+    zero = np.float64(0) if weighted else np.uint64(0)
+    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
+    K.set_inflows(code, acc, win.r0, win.c0, d_arr.shape[1], *t.inflow)
+    K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
+    inner = np.ascontiguousarray(acc[1:-1, 1:-1])
+    if t.include_self:
+        _add_self(inner, inner_code, wts, weighted)
+    counts = np.bincount(inner_code.ravel(), minlength=256)
+    write_window(a_arr, win, inner, t.whole_shard)
+    return inner.max(initial=zero), (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
+
+
 def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
-                budget, flat_sweeps=None) -> FlowResult:
+                budget, flat_sweeps=None, scheduler="local", announce=None) -> FlowResult:
     rows, cols = store.shape
     batches = plan_batches(store, k)
     whole_shard = k == store.shard_size
-    steps = steps_of(*map(float, store.metric_cell_size))
-    drains = outlets == "edge+nodata"
     weighted = wsrc is not None
     timings = Timings()
     stats = np.zeros(3, np.int64)  # valid, outlet cells, sinks
     flat_total = 0
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         d_arr, a_arr = _create(writer, weighted)
+        arrays = tuple(f"{a.store.root}/{a.path}" for a in (d_arr, a_arr))
 
-        # 1. directions of each window, its flat cells listed
+        def task(b, **kw) -> _Task:
+            return _Task(str(store.path), source, b.window, arrays, whole_shard, outlets, **kw)
+
+        def run(func, items, what):
+            with progress_bar(progress, len(batches), f"flow: {what}", unit="batch") as bar:
+                yield from imap_shards(func, items, scheduler, progress=bar, announce=announce)
+
+        # 1. directions of each window, its flat cells listed (while the lists fit the budget)
         with timings.phase("directions"):
             parts, holding, perimeter = [], [], []
             compact = not flat_sweeps
             room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize,
                                                 store.tile_size * store.shard_size))
-            with progress_bar(progress, len(batches), "flow: directions", unit="batch") as bar:
-                for b in batches:
-                    win = b.window
-                    block = store.read(win, source, halo=2)
-                    ok = store.valid(block)
-                    _outside_false(ok, win, rows, cols, 2)
-                    outl = outlet_cells(ok, win.r0 - 1, win.c0 - 1, rows, cols, drains)
-                    h, w = win.shape
-                    ring = np.empty((h + 2, w + 2), np.uint8)
-                    K.d8(block, ok, outl, steps, ring)
-                    inner = ring[1:-1, 1:-1]
-                    n = int(np.count_nonzero(inner == K.UNRESOLVED))
-                    if n:
-                        holding.append(b)
-                        flat_total += n
-                        perimeter.append(K.perimeter_flats(inner, win.r0, win.c0, cols))
-                        if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
-                            compact, parts = False, []  # too many flat cells for the list: window sweeps
-                        if compact:
-                            gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
-                            K.flat_cells(block, ok, ring, win.r0, win.c0, cols, gid, high, low)
-                            parts.append((gid, high, low))
-                    write_window(d_arr, win, inner, whole_shard)
-                    bar.update(1)
+            items = (task(b, flat_lists=compact) for b in batches)  # lazy: ``compact`` as it stands
+            for b, (n, perim, lists) in zip(batches, run(_directions_task, items, "directions")):
+                if not n:
+                    continue
+                holding.append(b)
+                flat_total += n
+                perimeter.append(perim)
+                if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
+                    compact, parts = False, []  # too many flat cells for the list: window sweeps
+                if compact:
+                    parts.append(lists)
 
         # 2. flats: Barnes 2014 over the compact list, windows holding flat cells rewritten
         with timings.phase("flats"):
             n_flat_routed = 0
-            if holding and not compact:
+            if holding and not compact:  # the sweeps run here (one window after another by nature)
                 pid = np.sort(np.concatenate(perimeter))
                 if len(pid) * 24 > room:
                     raise InputError(f"the flats' window edges hold {len(pid):,} cells: {format_bytes(len(pid) * 24)}, "
@@ -375,32 +465,18 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
                 K.flats_compact(ids, high, low, rows, cols, codes)
                 n_flat_routed = int(np.count_nonzero(codes < 8))
                 del high, low
-                with progress_bar(progress, len(holding), "flow: flats", unit="batch") as bar:
-                    for b in holding:
-                        code = read_window(d_arr, b.window, whole_shard)
-                        K.set_codes(code, b.window.r0, b.window.c0, cols, ids, codes)
-                        write_window(d_arr, b.window, code, whole_shard)
-                        bar.update(1)
+                items = (task(b, flats=_rows_of(ids, codes, b.window, cols, 0)) for b in holding)
+                for _ in run(_flat_codes_task, items, "flats"):
+                    pass
                 del ids, codes
 
         # 3. accumulation: windows alone, the exits solved together, windows again
+        weights_of = (lambda b: _checked_weights(wsrc, b.window, _codes_valid(d_arr, b.window))) if weighted \
+            else (lambda b: None)
         with timings.phase("boundary"):
-            zero = np.float64(0) if weighted else np.uint64(0)
-            unit = np.ones((1, 1), np.uint64)
-            exits, entries = [], []
-            with progress_bar(progress, len(batches), "flow: accumulation (tiles)", unit="batch") as bar:
-                for b in batches:
-                    code = _read_halo(d_arr, b.window, 1, NODATA, store.shape)
-                    wts = _checked_weights(wsrc, b.window, code[1:-1, 1:-1] != NODATA) if weighted else unit
-                    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-                    ei, et, ev, ni, nl = K.tile_links(code, wts, weighted, acc, zero, b.window.r0, b.window.c0, cols)
-                    exits.append((ei, et, ev))
-                    entries.append((ni, nl))
-                    bar.update(1)
-            cat = lambda parts, i: np.concatenate([p[i] for p in parts])
-            exit_id, exit_to, exit_v = cat(exits, 0), cat(exits, 1), cat(exits, 2)
-            entry_id, entry_link = cat(entries, 0), cat(entries, 1)
-            del exits, entries
+            links = list(run(_links_task, (task(b, weights=weights_of(b)) for b in batches), "accumulation (tiles)"))
+            exit_id, exit_to, exit_v, entry_id, entry_link = (np.concatenate([p[i] for p in links]) for i in range(5))
+            del links
             o = np.argsort(exit_id, kind="stable")
             exit_id, exit_to, exit_v = exit_id[o], exit_to[o], exit_v[o]
             o = np.argsort(entry_id, kind="stable")
@@ -408,28 +484,28 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
             v = K.solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link)
             del exit_to, exit_v, entry_id, entry_link
         with timings.phase("accumulation"):
-            peak = zero
-            with progress_bar(progress, len(batches), "flow: accumulation (final)", unit="batch") as bar:
-                for b in batches:
-                    win = b.window
-                    code = _read_halo(d_arr, win, 1, NODATA, store.shape)
-                    inner_code = code[1:-1, 1:-1]
-                    wts = _checked_weights(wsrc, win, inner_code != NODATA) if weighted else unit
-                    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-                    K.set_inflows(code, acc, win.r0, win.c0, cols, exit_id, v)
-                    K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
-                    inner = np.ascontiguousarray(acc[1:-1, 1:-1])
-                    if include_self:
-                        _add_self(inner, inner_code, wts, weighted)
-                    peak = max(peak, inner.max(initial=zero))
-                    counts = np.bincount(inner_code.ravel(), minlength=256)
-                    stats += (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
-                    write_window(a_arr, win, inner, whole_shard)
-                    bar.update(1)
+            peak = np.float64(0) if weighted else np.uint64(0)
+            items = (task(b, weights=weights_of(b), inflow=_rows_of(exit_id, v, b.window, cols, 1),
+                          include_self=include_self) for b in batches)
+            for top, counts in run(_final_task, items, "accumulation (final)"):
+                peak = max(peak, top)
+                stats += counts
         result = _result(store, condition, outlets, wsrc, include_self, "tiled", "cpu", t_start, filled_now,
                          int(stats[0]), (int(stats[1]), int(stats[2]), n_flat_routed), peak, timings, k)
         writer.attrs.update(result.attrs())
     return result
+
+
+def _rows_of(ids: np.ndarray, values: np.ndarray, win: Window, cols: int, halo: int) -> tuple:
+    """The entries of the sorted cell ids ``ids`` (and their ``values``) in the rows of ``win``
+    grown by ``halo``: views, what a window's task needs of a boundary solve."""
+    lo, hi = np.searchsorted(ids, [(win.r0 - halo) * cols, (win.r1 + halo) * cols])
+    return ids[lo:hi], values[lo:hi]
+
+
+def _codes_valid(d_arr, win: Window) -> np.ndarray:
+    """The valid cells of ``win`` by its codes (written in phase 1)."""
+    return read_window(d_arr, win, False) != NODATA
 
 
 def _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings) -> int:
