@@ -224,7 +224,8 @@ __device__ __forceinline__ ACC exit_total(const short* term_rank, const int* off
 // tile), the exits' values and local cell numbers at slots tile * MAXE + rank, and exit_count; C
 // reads the exits' final values total[offset[tile] + rank] for the donors outside the tile and
 // writes out (v, or s without the cell itself). err[0] counts valid cells never finished (codes
-// on a cycle).
+// on a cycle). The grid's blocks are the tiles from tile0 on; out holds the rows from row0 on (C
+// can run a band of tile rows at a time into a band-sized out).
 // Counts: by doubling along the in-tile paths (V_{k+1}(c) = V_k(c) + the V_k of the cells 2^k
 // steps upstream, scattered by shared-memory atomics; at most log2(TS * TS) rounds, every lane
 // busy; integer sums, so any order gives the same bits). Weights: rounds of Kahn's algorithm in
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(TS * BY)
 acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weights, int h, int w,
          short* __restrict__ term_rank, const int* __restrict__ offset, const ACC* __restrict__ total,
          ACC* __restrict__ exit_val, short* __restrict__ exit_loc, int* __restrict__ exit_count,
-         ACC* __restrict__ out, int include_self, unsigned long long* err) {
+         ACC* __restrict__ out, int include_self, unsigned long long* err, int tile0, int row0) {
     __shared__ unsigned char sc[HS][HS];
     __shared__ ACC sacc[2][TS * TS];
     __shared__ int pend[TS * TS];  // walks: donors left; doubling: two short pointer arrays
@@ -245,8 +246,9 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
     __shared__ short srank[TS * TS];
     __shared__ int wsum[BY];
     const int ntc = (w + TS - 1) / TS;
-    const int tile = blockIdx.x;
+    const int tile = tile0 + blockIdx.x;
     const int tr = tile / ntc, tc = tile - (tile / ntc) * ntc;
+    const long long band = (long long)row0 * w;  // out holds the rows from row0 on (C: a band of tile rows)
     for (int i = threadIdx.y; i < HS; i += BY) {
         for (int j = threadIdx.x; j < HS; j += TS) {
             const int R = tr * TS + i - 1, C = tc * TS + j - 1;
@@ -313,7 +315,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
             left += P[l] >= 0;  // still a successor after 2^10 steps: a cycle
             if (FINAL && R < h && C < w) {
                 const bool ok = sc[i + 1][j + 1] != NODATA_CODE;
-                out[(long long)R * w + C] = ok ? (include_self ? V[l] : V[l] - (ACC)1) : (ACC)0;
+                out[(long long)R * w + C - band] = ok ? (include_self ? V[l] : V[l] - (ACC)1) : (ACC)0;
             }
         }
     } else {
@@ -331,7 +333,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
             if (sc[i + 1][j + 1] == NODATA_CODE) {
                 done |= 1u << m;
                 const int R = tr * TS + i, C = tc * TS + j;
-                if (FINAL && R < h && C < w) out[(long long)R * w + C] = (ACC)0;
+                if (FINAL && R < h && C < w) out[(long long)R * w + C - band] = (ACC)0;
             }
         }
         __syncthreads();
@@ -357,7 +359,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
                 }
                 const ACC v = s + (ACC)weights[g];
                 V[ci * TS + cj] = v;
-                if (FINAL) out[g] = include_self ? v : s;
+                if (FINAL) out[g - band] = include_self ? v : s;
                 const int d = sc[ci + 1][cj + 1];
                 if (d < 8) {
                     const int i2 = ci + DR[d], j2 = cj + DC[d];

@@ -49,7 +49,7 @@ from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
 from .._fill_cpu import outlets as outlet_cells
-from .._tiled import OUTLETS, write_held
+from .._tiled import OUTLETS
 from ..tiling import check_side, plan, plan_batches
 from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
@@ -175,7 +175,12 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         if dev == "gpu" and window_tiles is None:
             why = _gpu_misfit(store, wsrc is not None, budget)
             if why is None:
-                return _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now)
+                try:
+                    return _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start,
+                                     filled_now)
+                except Exception as e:  # the GPU's memory short of the exits' tour, or of any allocation
+                    why = _gpu_short(e)
+                _free_gpu_pool()
             if (device or "auto").lower() == "gpu":
                 warnings.warn(f"flow: {why}: routed on the CPU instead", TerrainNote, stacklevel=2)
         rows, cols = store.shape
@@ -576,7 +581,7 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
 def _gpu_host_bytes(store, weighted: bool) -> int:
     """Host memory of the GPU route: every reader and writer thread holds one shard -- its values as
     read and decoded, its weights, the codes and counts brought back and their encoding (the DEM
-    itself never lies whole on the host: :func:`_upload_held`, :func:`write_held`)."""
+    itself never lies whole on the host: :func:`_upload_held`, :func:`_write_band`)."""
     side = store.tile_size * store.shard_size
     cells = min(side, store.shape[0]) * min(side, store.shape[1])
     return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
@@ -597,11 +602,31 @@ def _gpu_misfit(store, weighted: bool, budget: int) -> str | None:
     host = _gpu_host_bytes(store, weighted)
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the budget of {format_bytes(budget)}"
-    need = _gpu.device_bytes(rows, cols, store.dtype, weighted)
+    need = _gpu.device_bytes(rows, cols, store.dtype, weighted, _gpu_band(store))
     free = gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
     return None
+
+
+def _gpu_short(e: Exception) -> str:
+    """Why the GPU route stopped, if for its memory (nothing written: the result is staged); any
+    other error raised again."""
+    import cupy
+
+    from ._gpu import GpuMemoryShort
+
+    if isinstance(e, GpuMemoryShort):
+        return str(e)
+    if isinstance(e, cupy.cuda.memory.OutOfMemoryError):
+        return "the GPU ran out of memory"
+    raise e
+
+
+def _free_gpu_pool() -> None:
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _upload_held(store, source, wsrc):
@@ -628,7 +653,9 @@ def _upload_held(store, source, wsrc):
 
 
 def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now) -> FlowResult:
-    """The whole DEM routed on the GPU (:mod:`._gpu`); read into it and written from it shard by shard."""
+    """The whole DEM routed on the GPU (:mod:`._gpu`): read into it shard by shard, the accumulation
+    finished a band of shard rows at a time, each band's shards written from it in threads (the GPU
+    holds one band of the result, the host a shard a thread)."""
     import cupy
 
     from . import _gpu
@@ -644,14 +671,47 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
         code_d, unresolved = _gpu.routed(z_d, store.valid(z_d), float(dx), float(dy), outlets)
         del z_d
         cupy.get_default_memory_pool().free_all_blocks()  # the directions' scratch, before the accumulation's
-        acc_d = _gpu.accumulation(code_d, w_d, include_self)
-        del w_d
         counts = cupy.bincount(code_d.ravel(), minlength=256).get()
-        peak = acc_d.max().get()
     n_valid = rows * cols - int(counts[NODATA])
     code_stats = (int(counts[OUTLET]), int(counts[SINK]), unresolved - int(counts[SINK]))
-    return _write_incore(store, source, condition, outlets, wsrc, include_self, "gpu", t_start, filled_now, n_valid,
-                         lambda s: code_d[s].get(), lambda s: acc_d[s].get(), code_stats, timings, peak)
+    band = _gpu_band(store)
+    peak = np.float64(0) if wsrc is not None else np.uint64(0)
+    with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
+        d_arr, a_arr = _create(writer, wsrc is not None)
+        bands = _gpu.accumulation_bands(code_d, w_d, include_self, band)
+        with progress_bar(progress, -(-rows // band), "flow: accumulation and write", unit="band") as bar:
+            while True:
+                with timings.phase("gpu"):
+                    r0, r1, acc_d = next(bands, (None, None, None))
+                    if acc_d is None:
+                        break
+                    peak = max(peak, acc_d.max().get())
+                with timings.phase("write"):
+                    _write_band(store, r0, r1, (d_arr, lambda s: code_d[s].get()),
+                                (a_arr, lambda s: acc_d[s[0].start - r0 : s[0].stop - r0, s[1]].get()))
+                bar.update(1)
+        del w_d
+        result = _result(store, condition, outlets, wsrc, include_self, "incore", "gpu", t_start, filled_now, n_valid,
+                         code_stats, peak, timings)
+        writer.attrs.update(result.attrs())
+    return result
+
+
+def _gpu_band(store) -> int:
+    """Rows of the GPU's accumulation bands: a shard's side (each band writes whole shards), at
+    least a GPU tile's (:data:`._gpu.TILE`; both powers of two)."""
+    from ._gpu import TILE
+
+    return max(store.tile_size * store.shard_size, TILE)
+
+
+def _write_band(store, r0: int, r1: int, *pairs) -> None:
+    """Write the shards of rows r0..r1 in parallel threads: ``pairs`` of (array, the block of a
+    shard's slices) (``_tiled.write_held`` for a band of shard rows)."""
+    wins = [w for w in store.shards() if r0 <= w.r0 < r1]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
+        list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
+                      [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
 def _write_incore(store, source, condition, outlets, wsrc, include_self, device, t_start, filled_now, n_valid, code,
@@ -661,7 +721,7 @@ def _write_incore(store, source, condition, outlets, wsrc, include_self, device,
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         with timings.phase("write"):
             d_arr, a_arr = _create(writer, wsrc is not None)
-            write_held(store, (d_arr, code), (a_arr, acc))
+            _write_band(store, 0, store.shape[0], (d_arr, code), (a_arr, acc))
         result = _result(store, condition, outlets, wsrc, include_self, "incore", device, t_start, filled_now, n_valid,
                          code_stats, peak, timings)
         writer.attrs.update(result.attrs())
