@@ -25,6 +25,10 @@ Out of core: windows of k x k tiles (a shard or a quadtree part of one) in Morto
    topological order (:func:`._cpu.solve_exits`); each window accumulated again with its halo's
    final totals flowing in, and written.
 
+On the GPU (:func:`_flow_gpu`): the whole DEM on the GPU, read into it and written from it shard by
+shard in threads (:mod:`._gpu`: D8, the flats' BFS, the accumulation finished a band at a time).
+With a Dask scheduler the out-of-core windows run as tasks of whole shards (:class:`_Task`).
+
 Counts are integers: the same bytes in core and out of core, for every tile size and budget.
 Weighted sums are the same bits in core for every tiling; out of core the exits' totals are added
 in another order (relative differences of a few ulp, ~1e-15).
@@ -142,9 +146,10 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     ``condition``: ``fill`` (route the filled DEM; fill first when needed) or ``none``;
     ``outlets``: ``edge+nodata`` or ``edge``; ``weights``: a raster file, an array of the store or a
     NumPy array of the DEM's shape (finite, >= 0 at valid cells); ``include_self``: count the cell
-    itself; ``device``: ``auto|cpu|gpu`` (the GPU routes in core); ``memory``: the budget (default
-    half the free RAM); ``scheduler``: ``local`` (shard tasks elsewhere are not implemented for
-    flow); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
+    itself; ``device``: ``auto|cpu|gpu`` (the GPU holds the DEM, the host a shard a thread:
+    :func:`_flow_gpu`); ``memory``: the budget (default half the free RAM); ``scheduler``: ``local``,
+    or Dask's (``threads``, ``processes``, a ``dask.distributed`` address) for the out-of-core
+    windows as tasks of whole shards (:class:`_Task`; the same bytes); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
     (a power of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
     flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
