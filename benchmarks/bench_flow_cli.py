@@ -49,8 +49,8 @@ def main() -> None:
     made = {}
     if not os.path.exists(st):
         made["synth_s"] = round(terrain("synth", "-o", st, "--size", str(a.size), "-q")[0], 2)
-        if a.condition == "fill":
-            made["fill_s"] = round(terrain("fill", st, "--device", a.device, "-q", *mem)[0], 2)
+    if a.condition == "fill" and not os.path.exists(os.path.join(st, "fill", "elevation")):
+        made["fill_s"] = round(terrain("fill", st, "--device", a.device, "-q", *mem)[0], 2)
     for run in range(a.repeat):
         wall, peak = terrain("flow", st, "--device", a.device, "--condition", a.condition, "-q", *mem)
         with open(os.path.join(st, "flow", "zarr.json")) as f:
