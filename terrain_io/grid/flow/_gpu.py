@@ -225,14 +225,16 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
                                             i32(tr0 * ntc), i32(r0)))
         if r0 == 0:
             marks.append(_mark())
+        if int(err.get()[0]):
+            raise InputError("the flow directions have a cycle: some cells never drain")
+        if r0 == 0:
+            marks[-1].synchronize()  # an event's time is read once it has happened
             accumulation.timings = {k: cp.cuda.get_elapsed_time(a, b) for k, a, b in
                                     zip(("tiles", "links", "tour", "finish"), marks, marks[1:])}  # ms, benchmarks
             if m:
                 sub = _subtree_sums.marks
                 accumulation.timings.update(tour_build=cp.cuda.get_elapsed_time(sub[0], sub[1]),
                                             tour_scan=cp.cuda.get_elapsed_time(sub[1], sub[2]))
-        if int(err.get()[0]):
-            raise InputError("the flow directions have a cycle: some cells never drain")
         yield r0, r1, out[: r1 - r0]
 
 
