@@ -149,8 +149,9 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     itself; ``device``: ``auto|cpu|gpu`` (the GPU holds the DEM, the host a shard a thread:
     :func:`_flow_gpu`); ``memory``: the budget (default half the free RAM); ``scheduler``: ``local``,
     or Dask's (``threads``, ``processes``, a ``dask.distributed`` address) for the out-of-core
-    windows as tasks of whole shards (:class:`_Task`; the same bytes); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
-    (a power of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
+    windows as tasks of whole shards (:class:`_Task`; the same bytes); ``window_tiles``: force the
+    out-of-core pipeline with windows of this many tiles a side (a power of two <= the shard size;
+    tests, benchmarks); ``flat_sweeps``: out of core, solve the
     flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
     t_start = time.perf_counter()
