@@ -166,7 +166,7 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
         raise InputError("direction must be a 2-D uint8 array of flow codes")
     weighted = weights is not None
     h, w = code.shape
-    band_rows = h if band_rows is None else band_rows
+    band_rows = band_rows or max(h, TILE)
     if band_rows % TILE and band_rows < h:
         raise ValueError(f"band_rows {band_rows}: a multiple of {TILE}")
     if weighted:
