@@ -64,3 +64,18 @@ def test_scheduler_refusals(tmp_path):
         flow(st, condition="none", window_tiles=1, scheduler="threads", progress=False)
     with pytest.raises(InputError, match="GPU flow runs in this process"):
         flow(st, condition="none", device="gpu", scheduler="threads", progress=False)
+
+
+@pytest.mark.slow
+def test_distributed_cluster_same_bytes(tmp_path):
+    """A ``dask.distributed`` cluster of worker processes (tasks by address): the local bytes."""
+    distributed = pytest.importorskip("distributed")
+    st, _, _ = _filled(tmp_path)
+    flow(st, condition="none", window_tiles=2, progress=False)
+    want = read_flow(st)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c:
+        res = flow(st, condition="none", scheduler=c.scheduler_address, memory="64MB", progress=False)
+    assert res.method == "tiled" and res.window_tiles == 2
+    got = read_flow(st)
+    for name in ("direction", "accumulation"):
+        assert got[name].tobytes() == want[name].tobytes()
