@@ -330,10 +330,10 @@ class _Task:
     """One window of the out-of-core pipeline, run here or as a Dask task (the store and the result
     arrays by path; what the window needs of the boundary solves carried along)."""
 
-    store: str
+    store: str | TerrainStore  # the open store in this process, its path for Dask
     source: str
     window: Window
-    arrays: tuple[str, str]  # flow/direction, flow/accumulation (their temporary paths)
+    arrays: tuple  # flow/direction, flow/accumulation: the open arrays here, their temporary paths for Dask
     whole_shard: bool
     outlets: str = "edge+nodata"
     flat_lists: bool = True  # directions: list the window's flat cells for the compact solve
@@ -343,12 +343,18 @@ class _Task:
     include_self: bool = True
 
 
+def _opened(t: _Task):
+    """The task's store and result arrays, opened where the task carries paths."""
+    import zarr
+
+    store = t.store if isinstance(t.store, TerrainStore) else TerrainStore.open(t.store, mode="r")
+    return store, tuple(zarr.open_array(a, mode="r+") if isinstance(a, str) else a for a in t.arrays)
+
+
 def _directions_task(t: _Task):
     """Phase 1 of a window: D8 of the window and its ring, codes written; (flat cells, the flat
     cells on the window's edges, the compact list of its flat cells or None)."""
-    import zarr
-
-    store = TerrainStore.open(t.store, mode="r")
+    store, (d_arr, _) = _opened(t)
     rows, cols = store.shape
     win = t.window
     block = store.read(win, t.source, halo=2)
@@ -366,15 +372,13 @@ def _directions_task(t: _Task):
         if t.flat_lists:
             lists = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
             K.flat_cells(block, ok, ring, win.r0, win.c0, cols, *lists)
-    write_window(zarr.open_array(t.arrays[0], mode="r+"), win, inner, t.whole_shard)
+    write_window(d_arr, win, inner, t.whole_shard)
     return n, perimeter, lists
 
 
 def _flat_codes_task(t: _Task) -> None:
     """Phase 2 (compact): the window's flat cells get their codes."""
-    import zarr
-
-    d_arr = zarr.open_array(t.arrays[0], mode="r+")
+    _, (d_arr, _) = _opened(t)
     code = read_window(d_arr, t.window, t.whole_shard)
     K.set_codes(code, t.window.r0, t.window.c0, d_arr.shape[1], *t.flats)
     write_window(d_arr, t.window, code, t.whole_shard)
@@ -382,9 +386,7 @@ def _flat_codes_task(t: _Task) -> None:
 
 def _links_task(t: _Task):
     """Phase 3a of a window: accumulated alone; its exits (id, target, value) and entries (id, link)."""
-    import zarr
-
-    d_arr = zarr.open_array(t.arrays[0], mode="r")
+    _, (d_arr, _) = _opened(t)
     code = _read_halo(d_arr, t.window, 1, NODATA, d_arr.shape)
     weighted = t.weights is not None
     acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
@@ -396,9 +398,7 @@ def _links_task(t: _Task):
 def _final_task(t: _Task):
     """Phase 3c of a window: accumulated again with its halo's final totals flowing in, written;
     (its largest value, [valid, outlet cells, sinks])."""
-    import zarr
-
-    d_arr, a_arr = (zarr.open_array(p, mode="r+") for p in t.arrays)
+    _, (d_arr, a_arr) = _opened(t)
     win = t.window
     code = _read_halo(d_arr, win, 1, NODATA, d_arr.shape)
     inner_code = code[1:-1, 1:-1]
@@ -427,10 +427,11 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
     flat_total = 0
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         d_arr, a_arr = _create(writer, weighted)
-        arrays = tuple(f"{a.store.root}/{a.path}" for a in (d_arr, a_arr))
+        here = scheduler == "local"
+        arrays = (d_arr, a_arr) if here else tuple(f"{a.store.root}/{a.path}" for a in (d_arr, a_arr))
 
         def task(b, **kw) -> _Task:
-            return _Task(str(store.path), source, b.window, arrays, whole_shard, outlets, **kw)
+            return _Task(store if here else str(store.path), source, b.window, arrays, whole_shard, outlets, **kw)
 
         def run(func, items, what):
             with progress_bar(progress, len(batches), f"flow: {what}", unit="batch") as bar:
