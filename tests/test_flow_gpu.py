@@ -388,8 +388,8 @@ def test_store_pipeline_gpu_equals_cpu(tmp_path, condition):
 
 
 def test_gpu_route_keeps_the_memory_budget(tmp_path):
-    """The in-core GPU route holds the DEM, codes and counts on the host: under a budget they do not
-    fit it routes on the CPU out of core (one note) and gives the same bytes (issue 34)."""
+    """The GPU route holds a shard per reader and writer thread on the host: under a budget they do
+    not fit it routes on the CPU out of core (one note) and gives the same bytes (issue 34)."""
     from terrain_io.errors import TerrainNote
     from terrain_io.grid.flow.pipeline import flow
     from terrain_io.store import TerrainStore

@@ -99,60 +99,70 @@ extern "C" __global__ void flat_edges(const VAL* __restrict__ z, const unsigned 
 }
 
 // One round of the BFS fixpoint over the work list's tiles: each tile relaxed to local convergence
-// in shared memory; a tile whose border cells improved queues its neighbours (worklist.cuh).
+// in shared memory; a tile whose border cells improved queues its neighbours (worklist.cuh). The
+// rounds are launched back to back without the host reading the list's length (it reads it every
+// few rounds): counts[round % 3] is this round's length, counts[(round + 1) % 3] the next round's
+// (zeroed by the round before), counts[(round + 2) % 3] zeroed here for the round after; a fixed
+// grid strides over the list, so an empty round costs one launch of idle blocks.
 extern "C" __global__ void __launch_bounds__(TS * BY)
 relax_bfs(const unsigned char* __restrict__ code, int* __restrict__ dist, int h, int w, const int* __restrict__ work,
-          int* __restrict__ own_flag, int* __restrict__ next_flag, int* __restrict__ next_work,
-          int* __restrict__ next_count) {
+          int* __restrict__ counts, int round, int* __restrict__ own_flag, int* __restrict__ next_flag,
+          int* __restrict__ next_work) {
     __shared__ int sd[HS][HS];
     __shared__ int mark[3][3];
     const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
-    const int t = work[blockIdx.x];
-    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
-    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
-    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
-    for (int i = threadIdx.y; i < HS; i += BY) {
-        for (int j = threadIdx.x; j < HS; j += TS) {
-            const int R = tr * TS + i - 1, C = tc * TS + j - 1;
-            sd[i][j] = (R >= 0 && R < h && C >= 0 && C < w) ? dist[(long long)R * w + C] : FAR;
-        }
-    }
-    __syncthreads();
-    const int j = 1 + threadIdx.x;
-    int before[TS / BY];
-    bool solve[TS / BY];
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = 1 + threadIdx.y + BY * m;
-        const int R = tr * TS + i - 1, C = tc * TS + j - 1;
-        before[m] = sd[i][j];
-        solve[m] = R < h && C < w && sd[i][j] > 1 && code[(long long)R * w + C] == UNRESOLVED;
-    }
-    bool changed;
-    do {
-        changed = false;
-#pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            if (!solve[m]) continue;
-            const int i = 1 + threadIdx.y + BY * m;
-            int low = sd[i][j + 1];
-#pragma unroll
-            for (int k = 1; k < 8; ++k) low = min(low, sd[i + DR[k]][j + DC[k]]);
-            if (low + 1 < sd[i][j]) {
-                sd[i][j] = low + 1;
-                changed = true;
+    const int n = counts[round % 3];
+    int* next_count = counts + (round + 1) % 3;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) counts[(round + 2) % 3] = 0;
+    for (int b = blockIdx.x; b < n; b += gridDim.x) {
+        const int t = work[b];
+        const int tr = t / ntc, tc = t - (t / ntc) * ntc;
+        if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
+        if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
+        for (int i = threadIdx.y; i < HS; i += BY) {
+            for (int j = threadIdx.x; j < HS; j += TS) {
+                const int R = tr * TS + i - 1, C = tc * TS + j - 1;
+                sd[i][j] = (R >= 0 && R < h && C >= 0 && C < w) ? dist[(long long)R * w + C] : FAR;
             }
         }
-    } while (__syncthreads_or(changed));
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = 1 + threadIdx.y + BY * m;
-        if (solve[m] && sd[i][j] < before[m]) {
-            dist[(long long)(tr * TS + i - 1) * w + tc * TS + j - 1] = sd[i][j];
-            mark_border(mark, i, j);
+        __syncthreads();
+        const int j = 1 + threadIdx.x;
+        int before[TS / BY];
+        bool solve[TS / BY];
+    #pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            const int i = 1 + threadIdx.y + BY * m;
+            const int R = tr * TS + i - 1, C = tc * TS + j - 1;
+            before[m] = sd[i][j];
+            solve[m] = R < h && C < w && sd[i][j] > 1 && code[(long long)R * w + C] == UNRESOLVED;
         }
+        bool changed;
+        do {
+            changed = false;
+    #pragma unroll
+            for (int m = 0; m < TS / BY; ++m) {
+                if (!solve[m]) continue;
+                const int i = 1 + threadIdx.y + BY * m;
+                int low = sd[i][j + 1];
+    #pragma unroll
+                for (int k = 1; k < 8; ++k) low = min(low, sd[i + DR[k]][j + DC[k]]);
+                if (low + 1 < sd[i][j]) {
+                    sd[i][j] = low + 1;
+                    changed = true;
+                }
+            }
+        } while (__syncthreads_or(changed));
+    #pragma unroll
+        for (int m = 0; m < TS / BY; ++m) {
+            const int i = 1 + threadIdx.y + BY * m;
+            if (solve[m] && sd[i][j] < before[m]) {
+                dist[(long long)(tr * TS + i - 1) * w + tc * TS + j - 1] = sd[i][j];
+                mark_border(mark, i, j);
+            }
+        }
+        queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+        __syncthreads();  // mark and sd read before the next tile of this block overwrites them
     }
-    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
 }
 
 __device__ __forceinline__ long long flat_mask(const int* towards, const int* away, long long q) {
@@ -214,7 +224,8 @@ __device__ __forceinline__ ACC exit_total(const short* term_rank, const int* off
 // tile), the exits' values and local cell numbers at slots tile * MAXE + rank, and exit_count; C
 // reads the exits' final values total[offset[tile] + rank] for the donors outside the tile and
 // writes out (v, or s without the cell itself). err[0] counts valid cells never finished (codes
-// on a cycle).
+// on a cycle). The grid's blocks are the tiles from tile0 on; out holds the rows from row0 on (C
+// can run a band of tile rows at a time into a band-sized out).
 // Counts: by doubling along the in-tile paths (V_{k+1}(c) = V_k(c) + the V_k of the cells 2^k
 // steps upstream, scattered by shared-memory atomics; at most log2(TS * TS) rounds, every lane
 // busy; integer sums, so any order gives the same bits). Weights: rounds of Kahn's algorithm in
@@ -227,7 +238,7 @@ __global__ void __launch_bounds__(TS * BY)
 acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weights, int h, int w,
          short* __restrict__ term_rank, const int* __restrict__ offset, const ACC* __restrict__ total,
          ACC* __restrict__ exit_val, short* __restrict__ exit_loc, int* __restrict__ exit_count,
-         ACC* __restrict__ out, int include_self, unsigned long long* err) {
+         ACC* __restrict__ out, int include_self, unsigned long long* err, int tile0, int row0) {
     __shared__ unsigned char sc[HS][HS];
     __shared__ ACC sacc[2][TS * TS];
     __shared__ int pend[TS * TS];  // walks: donors left; doubling: two short pointer arrays
@@ -235,8 +246,9 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
     __shared__ short srank[TS * TS];
     __shared__ int wsum[BY];
     const int ntc = (w + TS - 1) / TS;
-    const int tile = blockIdx.x;
+    const int tile = tile0 + blockIdx.x;
     const int tr = tile / ntc, tc = tile - (tile / ntc) * ntc;
+    const long long band = (long long)row0 * w;  // out holds the rows from row0 on (C: a band of tile rows)
     for (int i = threadIdx.y; i < HS; i += BY) {
         for (int j = threadIdx.x; j < HS; j += TS) {
             const int R = tr * TS + i - 1, C = tc * TS + j - 1;
@@ -303,7 +315,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
             left += P[l] >= 0;  // still a successor after 2^10 steps: a cycle
             if (FINAL && R < h && C < w) {
                 const bool ok = sc[i + 1][j + 1] != NODATA_CODE;
-                out[(long long)R * w + C] = ok ? (include_self ? V[l] : V[l] - (ACC)1) : (ACC)0;
+                out[(long long)R * w + C - band] = ok ? (include_self ? V[l] : V[l] - (ACC)1) : (ACC)0;
             }
         }
     } else {
@@ -321,7 +333,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
             if (sc[i + 1][j + 1] == NODATA_CODE) {
                 done |= 1u << m;
                 const int R = tr * TS + i, C = tc * TS + j;
-                if (FINAL && R < h && C < w) out[(long long)R * w + C] = (ACC)0;
+                if (FINAL && R < h && C < w) out[(long long)R * w + C - band] = (ACC)0;
             }
         }
         __syncthreads();
@@ -347,7 +359,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
                 }
                 const ACC v = s + (ACC)weights[g];
                 V[ci * TS + cj] = v;
-                if (FINAL) out[g] = include_self ? v : s;
+                if (FINAL) out[g - band] = include_self ? v : s;
                 const int d = sc[ci + 1][cj + 1];
                 if (d < 8) {
                     const int i2 = ci + DR[d], j2 = cj + DC[d];

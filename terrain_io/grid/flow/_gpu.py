@@ -14,10 +14,11 @@ import functools
 
 import numpy as np
 
-from ...backend import EXACT_OPTIONS, kernel_source
+from ...backend import EXACT_OPTIONS, gpu_free_bytes, kernel_source
 from ...errors import InputError
-from ...worklist import ROWS_PER_PASS, TILE, WorkLists
+from ...worklist import ROWS_PER_PASS, TILE
 from ..sssp._pipeline_cpu import steps_of
+from ._cpu import UNRESOLVED
 
 THREADS = 256
 MAXE = 4 * TILE - 4  # exits a tile can have (flow.cu)
@@ -40,19 +41,27 @@ def _module(vtype: str):
                         name_expressions=names)
 
 
-def device_bytes(rows: int, cols: int, dtype, weighted: bool = False) -> int:
+def device_bytes(rows: int, cols: int, dtype, weighted: bool = False, band_rows: int | None = None) -> int:
     """GPU memory (an upper bound) that :func:`directions` (a DEM of ``dtype``, with its mask) or
-    :func:`accumulation` (codes, with ``weighted`` float64 weights) holds at its peak, inputs
-    included: directions the values in the value type, the mask, two code arrays and two int32
-    distances; accumulation the codes, uint64/float64 output, int16 exit ranks, the exit slots
-    (MAXE a tile) and the Euler tour of at most every slot (about 100 bytes an exit, list
-    ranking's working arrays included)."""
+    :func:`accumulation_bands` (codes, with ``weighted`` float64 weights, bands of ``band_rows``
+    rows; None: the whole result) holds at its peak, inputs included: directions the values (and
+    their copy in the value type where it differs), the mask, two code arrays and two int32
+    distances; accumulation the codes, int16 exit ranks, the exit slots (MAXE a tile), the result's
+    band. The exits' Euler tour (about 100 bytes an exit, list ranking's working arrays included)
+    is checked against the free memory once the exits are counted (:class:`GpuMemoryShort`)."""
     n = rows * cols
     ntiles = -(-rows // TILE) * -(-cols // TILE)
-    direc = n * (np.dtype(dtype).itemsize + _value_type(dtype).itemsize + 1 + 2 + 8)
-    exits = ntiles * MAXE
-    acc = n * (1 + 8 + 2 + (8 if weighted else 0)) + exits * (10 + 100)
+    vt = _value_type(dtype)
+    direc = n * (np.dtype(dtype).itemsize + (vt.itemsize if vt != np.dtype(dtype) else 0) + 1 + 2 + 8)
+    acc = n * (1 + 2 + (8 if weighted else 0)) + min(band_rows or rows, rows) * cols * 8 + ntiles * MAXE * 10
     return max(direc, acc) + (64 << 20)
+
+
+TOUR_BYTES = 100  # GPU memory of the exits' Euler tour and its list ranking, an exit (device_bytes)
+
+
+class GpuMemoryShort(InputError):
+    """The exits' Euler tour does not fit the GPU's free memory (known once the exits are counted)."""
 
 
 def _grid(n: int) -> tuple:
@@ -69,6 +78,12 @@ def _value_type(dtype) -> np.dtype:
 
 def directions(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
     """D8 + flats codes (uint8 CuPy array, :mod:`.codes`) of the DEM ``z`` with mask ``valid``."""
+    return routed(z, valid, dx, dy, outlets)[0]
+
+
+def routed(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
+    """:func:`directions` and the number of cells without a lower valid neighbour that are not
+    outlets (the flats' cells: routed by the flat rule or SINK), as :func:`._cpu.routed`."""
     import cupy as cp
 
     if outlets not in ("edge+nodata", "edge"):
@@ -93,23 +108,57 @@ def directions(z, valid, dx: float, dy: float, outlets: str = "edge+nodata"):
     del flag
     directions.rounds = (0, 0)
     if not first.size:
-        return raw
+        return raw, 0
+    unresolved = int(cp.count_nonzero(raw == UNRESOLVED))
     towards = cp.empty((h, w), cp.int32)
     away = cp.empty((h, w), cp.int32)
     mod.get_function("flat_edges")(*grid, (z, ok, raw, np.int32(h), np.int32(w), towards, away))
-    lists = WorkLists(ntr * ntc)
     relax = mod.get_function("relax_bfs")
     assert (TILE, ROWS_PER_PASS) == (32, 8)  # TS, BY of worklist.cuh
-    rounds = tuple(lists.run(relax, (raw, dist, np.int32(h), np.int32(w)), first) for dist in (towards, away))
-    directions.rounds = rounds
+    directions.rounds = tuple(_bfs_rounds(relax, raw, dist, first, ntr * ntc) for dist in (towards, away))
     out = cp.empty((h, w), cp.uint8)
     mod.get_function("flat_codes")(*grid, (z, ok, raw, towards, away, np.int32(h), np.int32(w), out))
-    return out
+    return out, unresolved
+
+
+ROUNDS_UNCHECKED = 16  # BFS rounds launched between two reads of the work list's length
+
+
+def _bfs_rounds(relax, raw, dist, first, ntiles: int) -> int:
+    """The multi-source BFS fixpoint of ``dist`` by rounds of ``relax_bfs`` over a work list of
+    tiles, launched ROUNDS_UNCHECKED at a time before the host reads whether the list emptied
+    (flow.cu: the rounds keep the list's lengths on the GPU). Returns the rounds launched."""
+    import cupy as cp
+
+    h, w = dist.shape
+    flags = [cp.zeros(ntiles, cp.int32), cp.zeros(ntiles, cp.int32)]
+    lists = [cp.empty(ntiles, cp.int32), cp.empty(ntiles, cp.int32)]
+    counts = cp.zeros(3, cp.int32)
+    lists[0][: first.size] = first
+    flags[0][first] = 1
+    counts[0] = first.size
+    blocks = min(ntiles, 16 * cp.cuda.Device().attributes["MultiProcessorCount"])
+    r = 0
+    while True:
+        for _ in range(ROUNDS_UNCHECKED):
+            relax((blocks,), (TILE, ROWS_PER_PASS), (raw, dist, np.int32(h), np.int32(w), lists[r % 2], counts,
+                                                     np.int32(r), flags[r % 2], flags[1 - r % 2], lists[1 - r % 2]))
+            r += 1
+        if not int(counts[r % 3].get()):
+            return r
 
 
 def accumulation(direction, weights=None, include_self: bool = True):
     """Cells (uint64) or the sum of ``weights`` (float64) draining through each cell, itself
     included unless ``include_self`` is False; 0 at nodata (module docstring of flow.cu)."""
+    return next(accumulation_bands(direction, weights, include_self))[2]
+
+
+def accumulation_bands(direction, weights=None, include_self: bool = True, band_rows: int | None = None):
+    """:func:`accumulation` a band of ``band_rows`` rows (a multiple of TILE; None: all) at a time:
+    yields (first row, end row, the band's CuPy array), each band's array reused for the next one,
+    so that the GPU holds one band of the result (the store pipeline writes each band as it
+    comes). Phases A and B run once, phase C once a band."""
     import cupy as cp
 
     code = cp.ascontiguousarray(cp.asarray(direction))
@@ -117,6 +166,9 @@ def accumulation(direction, weights=None, include_self: bool = True):
         raise InputError("direction must be a 2-D uint8 array of flow codes")
     weighted = weights is not None
     h, w = code.shape
+    band_rows = band_rows or max(h, TILE)
+    if band_rows % TILE and band_rows < h:
+        raise ValueError(f"band_rows {band_rows}: a multiple of {TILE}")
     if weighted:
         wt = cp.ascontiguousarray(cp.asarray(weights, dtype=cp.float64))
         if wt.shape != code.shape:
@@ -134,19 +186,21 @@ def accumulation(direction, weights=None, include_self: bool = True):
     exit_loc = cp.empty(ntiles * MAXE, cp.int16)
     exit_count = cp.empty(ntiles, cp.int32)
     err = cp.zeros(1, cp.uint64)
-    out = cp.empty((h, w), acc_t)
     none_i, none_a = cp.empty(1, cp.int32), cp.empty(1, acc_t)
     block = (TILE, ROWS_PER_PASS)
     marks = [_mark()]
     mod.get_function(f"acc_tile<{A}, {int(weighted)}, 0>")(
         (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, none_i, none_a, exit_val, exit_loc, exit_count,
-                           none_a, i32(1), err))
+                           none_a, i32(1), err, i32(0), i32(0)))
     marks.append(_mark())
     offset = cp.cumsum(exit_count, dtype=cp.int64) - exit_count
     m = int(offset[-1] + exit_count[-1])
     if 2 * m + 2 >= 2**31:
         raise InputError(f"{m} tile exits: too many for the in-core GPU accumulation")
     offset = offset.astype(cp.int32)
+    if m * TOUR_BYTES > gpu_free_bytes():
+        raise GpuMemoryShort(f"the {m:,} tile exits' Euler tour needs about {m * TOUR_BYTES / 2**30:.1f} GiB of GPU "
+                             f"memory, {gpu_free_bytes() / 2**30:.1f} GiB free")
     parent = cp.empty(m, cp.int32)
     val = cp.empty(m, acc_t)
     slots = ntiles * MAXE
@@ -158,22 +212,30 @@ def accumulation(direction, weights=None, include_self: bool = True):
         total = _subtree_sums(mod, parent, val, h * w, weighted) if m else val
     except InputError:  # the list ranking found the tour's cycle: codes on a loop across tiles
         raise InputError("the flow directions have a cycle: some cells never drain") from None
+    del parent, val
     marks.append(_mark())
-    mod.get_function(f"acc_tile<{A}, {int(weighted)}, 1>")(
-        (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, offset, total, none_a, cp.empty(1, cp.int16),
-                           exit_count, out, i32(include_self), err))
-    marks.append(_mark())
+    out = cp.empty((min(band_rows, h), w), acc_t)
+    final = mod.get_function(f"acc_tile<{A}, {int(weighted)}, 1>")
     accumulation.exits = m
-    bad = int(err.get()[0])
-    accumulation.timings = {k: cp.cuda.get_elapsed_time(a, b) for k, a, b in
-                            zip(("tiles", "links", "tour", "finish"), marks, marks[1:])}  # ms, for the benchmark
-    if m:
-        sub = _subtree_sums.marks
-        accumulation.timings.update(tour_build=cp.cuda.get_elapsed_time(sub[0], sub[1]),
-                                    tour_scan=cp.cuda.get_elapsed_time(sub[1], sub[2]))
-    if bad:
-        raise InputError("the flow directions have a cycle: some cells never drain")
-    return out
+    for r0 in range(0, h, band_rows):
+        r1 = min(h, r0 + band_rows)
+        tr0, tr1 = r0 // TILE, -(-r1 // TILE)
+        final(((tr1 - tr0) * ntc,), block, (code, wt, i32(h), i32(w), term_rank, offset, total, none_a,
+                                            cp.empty(1, cp.int16), exit_count, out, i32(include_self), err,
+                                            i32(tr0 * ntc), i32(r0)))
+        if r0 == 0:
+            marks.append(_mark())
+        if int(err.get()[0]):
+            raise InputError("the flow directions have a cycle: some cells never drain")
+        if r0 == 0:
+            marks[-1].synchronize()  # an event's time is read once it has happened
+            accumulation.timings = {k: cp.cuda.get_elapsed_time(a, b) for k, a, b in
+                                    zip(("tiles", "links", "tour", "finish"), marks, marks[1:])}  # ms, benchmarks
+            if m:
+                sub = _subtree_sums.marks
+                accumulation.timings.update(tour_build=cp.cuda.get_elapsed_time(sub[0], sub[1]),
+                                            tour_scan=cp.cuda.get_elapsed_time(sub[1], sub[2]))
+        yield r0, r1, out[: r1 - r0]
 
 
 def _mark():

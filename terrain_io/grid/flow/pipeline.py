@@ -25,12 +25,19 @@ Out of core: windows of k x k tiles (a shard or a quadtree part of one) in Morto
    topological order (:func:`._cpu.solve_exits`); each window accumulated again with its halo's
    final totals flowing in, and written.
 
+On the GPU (:func:`_flow_gpu`): the whole DEM on the GPU, read into it and written from it shard by
+shard in threads (:mod:`._gpu`: D8, the flats' BFS, the accumulation finished a band at a time).
+With a Dask scheduler the out-of-core windows run as tasks of whole shards (:class:`_Task`).
+
 Counts are integers: the same bytes in core and out of core, for every tile size and budget.
 Weighted sums are the same bits in core for every tiling; out of core the exits' totals are added
 in another order (relative differences of a few ulp, ~1e-15).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -41,12 +48,12 @@ import numpy as np
 from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler
+from ...parallel import check_scheduler, imap_shards
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
 from ..fill._cpu import outlets as outlet_cells
-from ..fill._tiled import OUTLETS, write_held
+from ..fill._tiled import OUTLETS
 from ..tiling import check_side, plan, plan_batches
 from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
@@ -139,10 +146,12 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     ``condition``: ``fill`` (route the filled DEM; fill first when needed) or ``none``;
     ``outlets``: ``edge+nodata`` or ``edge``; ``weights``: a raster file, an array of the store or a
     NumPy array of the DEM's shape (finite, >= 0 at valid cells); ``include_self``: count the cell
-    itself; ``device``: ``auto|cpu|gpu`` (the GPU routes in core); ``memory``: the budget (default
-    half the free RAM); ``scheduler``: ``local`` (shard tasks elsewhere are not implemented for
-    flow); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
-    (a power of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
+    itself; ``device``: ``auto|cpu|gpu`` (the GPU holds the DEM, the host a shard a thread:
+    :func:`_flow_gpu`); ``memory``: the budget (default half the free RAM); ``scheduler``: ``local``,
+    or Dask's (``threads``, ``processes``, a ``dask.distributed`` address) for the out-of-core
+    windows as tasks of whole shards (:class:`_Task`; the same bytes); ``window_tiles``: force the
+    out-of-core pipeline with windows of this many tiles a side (a power of two <= the shard size;
+    tests, benchmarks); ``flat_sweeps``: out of core, solve the
     flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
     t_start = time.perf_counter()
@@ -151,8 +160,9 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         raise InputError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
     if outlets not in OUTLETS:
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
-    if check_scheduler(scheduler) != "local":
-        raise InputError("flow runs in this process: use --scheduler local")
+    scheduler = check_scheduler(scheduler)
+    if scheduler != "local" and (device or "auto").lower() == "gpu":
+        raise InputError("the GPU flow runs in this process: use --scheduler local, or --device cpu for tasks")
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":
@@ -167,11 +177,16 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         source, filled_now = _source(store, condition, outlets, device, memory, progress, announce)
         if filled_now:
             store = TerrainStore.open(store.path)
-        dev = resolve_device(device)
+        dev = resolve_device(device) if scheduler == "local" else "cpu"
         if dev == "gpu" and window_tiles is None:
             why = _gpu_misfit(store, wsrc is not None, budget)
             if why is None:
-                return _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now)
+                try:
+                    return _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start,
+                                     filled_now)
+                except Exception as e:  # the GPU's memory short of the exits' tour, or of any allocation
+                    why = _gpu_short(e)
+                _free_gpu_pool()
             if (device or "auto").lower() == "gpu":
                 warnings.warn(f"flow: {why}: routed on the CPU instead", TerrainNote, stacklevel=2)
         rows, cols = store.shape
@@ -180,13 +195,18 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         if window_tiles is None:  # a window and the boundary lists; the flats' lists get what is left
             side = store.tile_size * store.shard_size
             chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz, side),
-                          incore_need)
+                          incore_need if scheduler == "local" else None)
             if chosen.held:
                 return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start,
                                     filled_now)
+            if scheduler != "local" and chosen.side != store.shard_size:
+                raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory "
+                                 f"budget {format_bytes(budget)} (raise --memory)")
         k = window_tiles or chosen.side
+        if scheduler != "local" and k != store.shard_size:
+            raise InputError("with --scheduler every task is a whole shard: windows of the shard's side only")
         return _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
-                           budget, flat_sweeps)
+                           budget, flat_sweeps, scheduler, announce)
     finally:
         if wsrc is not None:
             wsrc.close()
@@ -274,7 +294,8 @@ def _flow_incore(store, source, condition, outlets, wsrc, include_self, progress
         if include_self:
             _add_self(inner, code, wts, w is not None)
     return _write_incore(store, source, condition, outlets, wsrc, include_self, "cpu", t_start, filled_now, n_valid,
-                         code, inner, _code_stats(code, unresolved), timings)
+                         lambda s: code[s], lambda s: inner[s], _code_stats(code, unresolved), timings,
+                         inner.max(initial=0))
 
 
 def _add_self(inner, code, wts, weighted) -> None:
@@ -286,21 +307,6 @@ def _add_self(inner, code, wts, weighted) -> None:
             inner[sl][ok] += wts[sl][ok]
         else:
             inner[sl][ok] += np.uint64(1)
-
-
-def _flat_cells(vals, valid, code) -> np.ndarray:
-    """Cells routed by the flat rule: valid, no lower valid neighbour, not OUTLET (their codes 0..7
-    point at an equal neighbour): counted for the summary."""
-    rows, cols = code.shape
-    pad = np.pad(vals, 1, mode="edge") if vals.size else vals
-    okp = np.pad(valid, 1)
-    lower = np.zeros(code.shape, bool)
-    for dr in (-1, 0, 1):
-        for dc in (-1, 0, 1):
-            if dr or dc:
-                nb = pad[1 + dr : 1 + dr + rows, 1 + dc : 1 + dc + cols]
-                lower |= okp[1 + dr : 1 + dr + rows, 1 + dc : 1 + dc + cols] & (nb < vals)
-    return valid & ~lower & (code < 8)
 
 
 def _code_stats(code, unresolved: int) -> tuple[int, int, int]:
@@ -319,55 +325,140 @@ def _read_halo(arr, win: Window, halo: int, fill, shape) -> np.ndarray:
     return out
 
 
+@dataclass
+class _Task:
+    """One window of the out-of-core pipeline, run here or as a Dask task (the store and the result
+    arrays by path; what the window needs of the boundary solves carried along)."""
+
+    store: str | TerrainStore  # the open store in this process, its path for Dask
+    source: str
+    window: Window
+    arrays: tuple  # flow/direction, flow/accumulation: the open arrays here, their temporary paths for Dask
+    whole_shard: bool
+    outlets: str = "edge+nodata"
+    flat_lists: bool = True  # directions: list the window's flat cells for the compact solve
+    flats: tuple | None = None  # compact flats: (ids, codes) of the flat cells of the window
+    weights: np.ndarray | None = None  # accumulation: the window's weights (checked)
+    inflow: tuple | None = None  # final accumulation: (exit ids, totals) of the window's rows and halo
+    include_self: bool = True
+
+
+def _opened(t: _Task):
+    """The task's store and result arrays, opened where the task carries paths."""
+    import zarr
+
+    store = t.store if isinstance(t.store, TerrainStore) else TerrainStore.open(t.store, mode="r")
+    return store, tuple(zarr.open_array(a, mode="r+") if isinstance(a, str) else a for a in t.arrays)
+
+
+def _directions_task(t: _Task):
+    """Phase 1 of a window: D8 of the window and its ring, codes written; (flat cells, the flat
+    cells on the window's edges, the compact list of its flat cells or None)."""
+    store, (d_arr, _) = _opened(t)
+    rows, cols = store.shape
+    win = t.window
+    block = store.read(win, t.source, halo=2)
+    ok = store.valid(block)
+    _outside_false(ok, win, rows, cols, 2)
+    outl = outlet_cells(ok, win.r0 - 1, win.c0 - 1, rows, cols, t.outlets == "edge+nodata")
+    h, w = win.shape
+    ring = np.empty((h + 2, w + 2), np.uint8)
+    K.d8(block, ok, outl, steps_of(*map(float, store.metric_cell_size)), ring)
+    inner = ring[1:-1, 1:-1]
+    n = int(np.count_nonzero(inner == K.UNRESOLVED))
+    perimeter = lists = None
+    if n:
+        perimeter = K.perimeter_flats(inner, win.r0, win.c0, cols)
+        if t.flat_lists:
+            lists = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
+            K.flat_cells(block, ok, ring, win.r0, win.c0, cols, *lists)
+    write_window(d_arr, win, inner, t.whole_shard)
+    return n, perimeter, lists
+
+
+def _flat_codes_task(t: _Task) -> None:
+    """Phase 2 (compact): the window's flat cells get their codes."""
+    _, (d_arr, _) = _opened(t)
+    code = read_window(d_arr, t.window, t.whole_shard)
+    K.set_codes(code, t.window.r0, t.window.c0, d_arr.shape[1], *t.flats)
+    write_window(d_arr, t.window, code, t.whole_shard)
+
+
+def _links_task(t: _Task):
+    """Phase 3a of a window: accumulated alone; its exits (id, target, value) and entries (id, link)."""
+    _, (d_arr, _) = _opened(t)
+    code = _read_halo(d_arr, t.window, 1, NODATA, d_arr.shape)
+    weighted = t.weights is not None
+    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
+    zero = np.float64(0) if weighted else np.uint64(0)
+    return K.tile_links(code, t.weights if weighted else np.ones((1, 1), np.uint64), weighted, acc, zero,
+                        t.window.r0, t.window.c0, d_arr.shape[1])
+
+
+def _final_task(t: _Task):
+    """Phase 3c of a window: accumulated again with its halo's final totals flowing in, written;
+    (its largest value, [valid, outlet cells, sinks])."""
+    _, (d_arr, a_arr) = _opened(t)
+    win = t.window
+    code = _read_halo(d_arr, win, 1, NODATA, d_arr.shape)
+    inner_code = code[1:-1, 1:-1]
+    weighted = t.weights is not None
+    wts = t.weights if weighted else np.ones((1, 1), np.uint64)
+    zero = np.float64(0) if weighted else np.uint64(0)
+    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
+    K.set_inflows(code, acc, win.r0, win.c0, d_arr.shape[1], *t.inflow)
+    K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
+    inner = np.ascontiguousarray(acc[1:-1, 1:-1])
+    if t.include_self:
+        _add_self(inner, inner_code, wts, weighted)
+    counts = np.bincount(inner_code.ravel(), minlength=256)
+    write_window(a_arr, win, inner, t.whole_shard)
+    return inner.max(initial=zero), (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
+
+
 def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
-                budget, flat_sweeps=None) -> FlowResult:
+                budget, flat_sweeps=None, scheduler="local", announce=None) -> FlowResult:
     rows, cols = store.shape
     batches = plan_batches(store, k)
     whole_shard = k == store.shard_size
-    steps = steps_of(*map(float, store.metric_cell_size))
-    drains = outlets == "edge+nodata"
     weighted = wsrc is not None
     timings = Timings()
     stats = np.zeros(3, np.int64)  # valid, outlet cells, sinks
     flat_total = 0
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         d_arr, a_arr = _create(writer, weighted)
+        here = scheduler == "local"
+        arrays = (d_arr, a_arr) if here else tuple(f"{a.store.root}/{a.path}" for a in (d_arr, a_arr))
 
-        # 1. directions of each window, its flat cells listed
+        def task(b, **kw) -> _Task:
+            return _Task(store if here else str(store.path), source, b.window, arrays, whole_shard, outlets, **kw)
+
+        def run(func, items, what):
+            with progress_bar(progress, len(batches), f"flow: {what}", unit="batch") as bar:
+                yield from imap_shards(func, items, scheduler, progress=bar, announce=announce)
+
+        # 1. directions of each window, its flat cells listed (while the lists fit the budget)
         with timings.phase("directions"):
             parts, holding, perimeter = [], [], []
             compact = not flat_sweeps
             room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize,
                                                 store.tile_size * store.shard_size))
-            with progress_bar(progress, len(batches), "flow: directions", unit="batch") as bar:
-                for b in batches:
-                    win = b.window
-                    block = store.read(win, source, halo=2)
-                    ok = store.valid(block)
-                    _outside_false(ok, win, rows, cols, 2)
-                    outl = outlet_cells(ok, win.r0 - 1, win.c0 - 1, rows, cols, drains)
-                    h, w = win.shape
-                    ring = np.empty((h + 2, w + 2), np.uint8)
-                    K.d8(block, ok, outl, steps, ring)
-                    inner = ring[1:-1, 1:-1]
-                    n = int(np.count_nonzero(inner == K.UNRESOLVED))
-                    if n:
-                        holding.append(b)
-                        flat_total += n
-                        perimeter.append(K.perimeter_flats(inner, win.r0, win.c0, cols))
-                        if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
-                            compact, parts = False, []  # too many flat cells for the list: window sweeps
-                        if compact:
-                            gid, high, low = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.uint8)
-                            K.flat_cells(block, ok, ring, win.r0, win.c0, cols, gid, high, low)
-                            parts.append((gid, high, low))
-                    write_window(d_arr, win, inner, whole_shard)
-                    bar.update(1)
+            items = (task(b, flat_lists=compact) for b in batches)  # lazy: ``compact`` as it stands
+            for b, (n, perim, lists) in zip(batches, run(_directions_task, items, "directions")):
+                if not n:
+                    continue
+                holding.append(b)
+                flat_total += n
+                perimeter.append(perim)
+                if compact and flat_total * FLAT_BYTES > room and flat_sweeps is None:
+                    compact, parts = False, []  # too many flat cells for the list: window sweeps
+                if compact:
+                    parts.append(lists)
 
         # 2. flats: Barnes 2014 over the compact list, windows holding flat cells rewritten
         with timings.phase("flats"):
             n_flat_routed = 0
-            if holding and not compact:
+            if holding and not compact:  # the sweeps run here (one window after another by nature)
                 pid = np.sort(np.concatenate(perimeter))
                 if len(pid) * 24 > room:
                     raise InputError(f"the flats' window edges hold {len(pid):,} cells: {format_bytes(len(pid) * 24)}, "
@@ -386,32 +477,18 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
                 K.flats_compact(ids, high, low, rows, cols, codes)
                 n_flat_routed = int(np.count_nonzero(codes < 8))
                 del high, low
-                with progress_bar(progress, len(holding), "flow: flats", unit="batch") as bar:
-                    for b in holding:
-                        code = read_window(d_arr, b.window, whole_shard)
-                        K.set_codes(code, b.window.r0, b.window.c0, cols, ids, codes)
-                        write_window(d_arr, b.window, code, whole_shard)
-                        bar.update(1)
+                items = (task(b, flats=_rows_of(ids, codes, b.window, cols, 0)) for b in holding)
+                for _ in run(_flat_codes_task, items, "flats"):
+                    pass
                 del ids, codes
 
         # 3. accumulation: windows alone, the exits solved together, windows again
+        weights_of = (lambda b: _checked_weights(wsrc, b.window, _codes_valid(d_arr, b.window))) if weighted \
+            else (lambda b: None)
         with timings.phase("boundary"):
-            zero = np.float64(0) if weighted else np.uint64(0)
-            unit = np.ones((1, 1), np.uint64)
-            exits, entries = [], []
-            with progress_bar(progress, len(batches), "flow: accumulation (tiles)", unit="batch") as bar:
-                for b in batches:
-                    code = _read_halo(d_arr, b.window, 1, NODATA, store.shape)
-                    wts = _checked_weights(wsrc, b.window, code[1:-1, 1:-1] != NODATA) if weighted else unit
-                    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-                    ei, et, ev, ni, nl = K.tile_links(code, wts, weighted, acc, zero, b.window.r0, b.window.c0, cols)
-                    exits.append((ei, et, ev))
-                    entries.append((ni, nl))
-                    bar.update(1)
-            cat = lambda parts, i: np.concatenate([p[i] for p in parts])
-            exit_id, exit_to, exit_v = cat(exits, 0), cat(exits, 1), cat(exits, 2)
-            entry_id, entry_link = cat(entries, 0), cat(entries, 1)
-            del exits, entries
+            links = list(run(_links_task, (task(b, weights=weights_of(b)) for b in batches), "accumulation (tiles)"))
+            exit_id, exit_to, exit_v, entry_id, entry_link = (np.concatenate([p[i] for p in links]) for i in range(5))
+            del links
             o = np.argsort(exit_id, kind="stable")
             exit_id, exit_to, exit_v = exit_id[o], exit_to[o], exit_v[o]
             o = np.argsort(entry_id, kind="stable")
@@ -419,28 +496,28 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
             v = K.solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link)
             del exit_to, exit_v, entry_id, entry_link
         with timings.phase("accumulation"):
-            peak = zero
-            with progress_bar(progress, len(batches), "flow: accumulation (final)", unit="batch") as bar:
-                for b in batches:
-                    win = b.window
-                    code = _read_halo(d_arr, win, 1, NODATA, store.shape)
-                    inner_code = code[1:-1, 1:-1]
-                    wts = _checked_weights(wsrc, win, inner_code != NODATA) if weighted else unit
-                    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-                    K.set_inflows(code, acc, win.r0, win.c0, cols, exit_id, v)
-                    K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
-                    inner = np.ascontiguousarray(acc[1:-1, 1:-1])
-                    if include_self:
-                        _add_self(inner, inner_code, wts, weighted)
-                    peak = max(peak, inner.max(initial=zero))
-                    counts = np.bincount(inner_code.ravel(), minlength=256)
-                    stats += (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
-                    write_window(a_arr, win, inner, whole_shard)
-                    bar.update(1)
+            peak = np.float64(0) if weighted else np.uint64(0)
+            items = (task(b, weights=weights_of(b), inflow=_rows_of(exit_id, v, b.window, cols, 1),
+                          include_self=include_self) for b in batches)
+            for top, counts in run(_final_task, items, "accumulation (final)"):
+                peak = max(peak, top)
+                stats += counts
         result = _result(store, condition, outlets, wsrc, include_self, "tiled", "cpu", t_start, filled_now,
                          int(stats[0]), (int(stats[1]), int(stats[2]), n_flat_routed), peak, timings, k)
         writer.attrs.update(result.attrs())
     return result
+
+
+def _rows_of(ids: np.ndarray, values: np.ndarray, win: Window, cols: int, halo: int) -> tuple:
+    """The entries of the sorted cell ids ``ids`` (and their ``values``) in the rows of ``win``
+    grown by ``halo``: views, what a window's task needs of a boundary solve."""
+    lo, hi = np.searchsorted(ids, [(win.r0 - halo) * cols, (win.r1 + halo) * cols])
+    return ids[lo:hi], values[lo:hi]
+
+
+def _codes_valid(d_arr, win: Window) -> np.ndarray:
+    """The valid cells of ``win`` by its codes (written in phase 1)."""
+    return read_window(d_arr, win, False) != NODATA
 
 
 def _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timings) -> int:
@@ -508,67 +585,152 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
         ok[:, ok.shape[1] - (win.c1 + halo - cols):] = False
 
 
-def _gpu_host_bytes(rows: int, cols: int, itemsize: int, weighted: bool) -> int:
-    """Host memory of the in-core GPU route: the DEM and its mask, the codes and counts brought back,
-    the flat count's scratch, the write (26 bytes a float32 cell measured at 16384^2 above the CUDA
-    context: 7.6 GB peak RSS, benchmarks/RESULTS.md "terrain flow --device gpu on the H100"), and the
-    weights."""
-    return rows * cols * (itemsize + 22 + (16 if weighted else 0))
+def _gpu_host_bytes(store, weighted: bool) -> int:
+    """Host memory of the GPU route: every reader and writer thread holds one shard -- its values as
+    read and decoded, its weights, the codes and counts brought back and their encoding (the DEM
+    itself never lies whole on the host: :func:`_upload_held`, :func:`_write_band`)."""
+    side = store.tile_size * store.shard_size
+    cells = min(side, store.shape[0]) * min(side, store.shape[1])
+    return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+
+
+def _threads(store) -> int:
+    return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
 
 
 def _gpu_misfit(store, weighted: bool, budget: int) -> str | None:
-    """Why the in-core GPU routing cannot take ``store`` (None: it can): GPU memory, or the host
-    buffers it needs beyond the budget (issue 34: ``--memory`` holds on every device)."""
+    """Why the GPU routing cannot take ``store`` (None: it can): GPU memory, or the host buffers it
+    needs beyond the budget (issue 34: ``--memory`` holds on every device)."""
     try:
         from . import _gpu
     except ImportError as e:
         return f"the GPU kernels are not available ({e})"
     rows, cols = store.shape
-    host = _gpu_host_bytes(rows, cols, store.dtype.itemsize, weighted)
+    host = _gpu_host_bytes(store, weighted)
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the budget of {format_bytes(budget)}"
-    need = _gpu.device_bytes(rows, cols, store.dtype, weighted)
+    need = _gpu.device_bytes(rows, cols, store.dtype, weighted, _gpu_band(store))
     free = gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
     return None
 
 
+def _gpu_short(e: Exception) -> str:
+    """Why the GPU route stopped, if for its memory (nothing written: the result is staged); any
+    other error raised again."""
+    import cupy
+
+    from ._gpu import GpuMemoryShort
+
+    if isinstance(e, GpuMemoryShort):
+        return str(e)
+    if isinstance(e, cupy.cuda.memory.OutOfMemoryError):
+        return "the GPU ran out of memory"
+    raise e
+
+
+def _free_gpu_pool() -> None:
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+def _upload_held(store, source, wsrc):
+    """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
+    as it arrives, so that the host holds a few shards and reading overlaps the copies."""
+    import cupy
+
+    z_d = cupy.empty(store.shape, store.dtype)
+    w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None
+    lock = threading.Lock()  # a raster file's handle is not shared between threads
+
+    def one(win):
+        block = store.read(win, source)
+        if w_d is not None:
+            with lock:
+                w = wsrc.read(win)
+            check_weights(w, store.valid(block), w.shape)
+            w_d[win.slices] = cupy.asarray(w)
+        z_d[win.slices] = cupy.asarray(block)
+
+    with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
+        list(pool.map(one, store.shards()))
+    return z_d, w_d
+
+
 def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now) -> FlowResult:
-    """The whole DEM routed on the GPU (:mod:`._gpu`), read and written on the host."""
+    """The whole DEM routed on the GPU (:mod:`._gpu`): read into it shard by shard, the accumulation
+    finished a band of shard rows at a time, each band's shards written from it in threads (the GPU
+    holds one band of the result, the host a shard a thread)."""
     import cupy
 
     from . import _gpu
 
     rows, cols = store.shape
-    whole = Window(0, rows, 0, cols)
     timings = Timings()
     with timings.phase("read"):
-        vals = store.read(whole, source)
-        valid = store.valid(vals)
+        with progress_bar(progress, 1, "flow: read", unit="DEM") as bar:
+            z_d, w_d = _upload_held(store, source, wsrc)
+            bar.update(1)
     with timings.phase("gpu"):
         dx, dy = store.metric_cell_size
-        code_d = _gpu.directions(cupy.asarray(vals), cupy.asarray(valid), float(dx), float(dy), outlets)
-        w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
-        acc_d = _gpu.accumulation(code_d, None if w is None else cupy.asarray(w), include_self)
-        code, acc = code_d.get(), acc_d.get()
-        del code_d, acc_d
-        flat = int(np.count_nonzero(_flat_cells(vals, valid, code))) + int(np.count_nonzero(code == SINK))
-        n_valid = int(np.count_nonzero(valid))
-        del vals, valid
-    return _write_incore(store, source, condition, outlets, wsrc, include_self, "gpu", t_start, filled_now, n_valid,
-                         code, acc, _code_stats(code, flat), timings)
+        code_d, unresolved = _gpu.routed(z_d, store.valid(z_d), float(dx), float(dy), outlets)
+        del z_d
+        cupy.get_default_memory_pool().free_all_blocks()  # the directions' scratch, before the accumulation's
+        counts = cupy.bincount(code_d.ravel(), minlength=256).get()
+    n_valid = rows * cols - int(counts[NODATA])
+    code_stats = (int(counts[OUTLET]), int(counts[SINK]), unresolved - int(counts[SINK]))
+    band = _gpu_band(store)
+    peak = np.float64(0) if wsrc is not None else np.uint64(0)
+    with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
+        d_arr, a_arr = _create(writer, wsrc is not None)
+        bands = _gpu.accumulation_bands(code_d, w_d, include_self, band)
+        with progress_bar(progress, -(-rows // band), "flow: accumulation and write", unit="band") as bar:
+            while True:
+                with timings.phase("gpu"):
+                    r0, r1, acc_d = next(bands, (None, None, None))
+                    if acc_d is None:
+                        break
+                    peak = max(peak, acc_d.max().get())
+                with timings.phase("write"):
+                    _write_band(store, r0, r1, (d_arr, lambda s: code_d[s].get()),
+                                (a_arr, lambda s: acc_d[s[0].start - r0 : s[0].stop - r0, s[1]].get()))
+                bar.update(1)
+        del w_d
+        result = _result(store, condition, outlets, wsrc, include_self, "incore", "gpu", t_start, filled_now, n_valid,
+                         code_stats, peak, timings)
+        writer.attrs.update(result.attrs())
+    return result
+
+
+def _gpu_band(store) -> int:
+    """Rows of the GPU's accumulation bands: a shard's side (each band writes whole shards), at
+    least a GPU tile's (:data:`._gpu.TILE`; both powers of two)."""
+    from ._gpu import TILE
+
+    return max(store.tile_size * store.shard_size, TILE)
+
+
+def _write_band(store, r0: int, r1: int, *pairs) -> None:
+    """Write the shards of rows r0..r1 in parallel threads: ``pairs`` of (array, the block of a
+    shard's slices) (``_tiled.write_held`` for a band of shard rows)."""
+    wins = [w for w in store.shards() if r0 <= w.r0 < r1]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
+        list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
+                      [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
 def _write_incore(store, source, condition, outlets, wsrc, include_self, device, t_start, filled_now, n_valid, code,
-                  acc, code_stats, timings) -> FlowResult:
-    """Write the codes and accumulation held in memory as the ``flow`` result, with its attributes."""
+                  acc, code_stats, timings, peak) -> FlowResult:
+    """Write the codes and accumulation held in memory (``code``, ``acc``: a shard's slices -> its
+    block) as the ``flow`` result, with its attributes."""
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         with timings.phase("write"):
             d_arr, a_arr = _create(writer, wsrc is not None)
-            write_held(store, (d_arr, lambda s: code[s]), (a_arr, lambda s: acc[s]))
+            _write_band(store, 0, store.shape[0], (d_arr, code), (a_arr, acc))
         result = _result(store, condition, outlets, wsrc, include_self, "incore", device, t_start, filled_now, n_valid,
-                         code_stats, acc.max(initial=0), timings)
+                         code_stats, peak, timings)
         writer.attrs.update(result.attrs())
     return result
 
