@@ -41,7 +41,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler
+from ...parallel import check_scheduler, run_on_worker
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -130,6 +130,12 @@ class _Weights:
             self.file.close()
 
 
+def _flow_on_worker(args) -> FlowResult:
+    """:func:`flow` as a Dask task, on the worker's own GPU."""
+    path, options = args
+    return flow(path, device="gpu", progress=False, **options)
+
+
 def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weights=None, include_self: bool = True,
          device: str = "auto", memory=None, progress: bool = True, scheduler: str | None = "local",
          window_tiles: int | None = None, flat_sweeps: bool | None = None, announce=None) -> FlowResult:
@@ -140,8 +146,9 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     ``outlets``: ``edge+nodata`` or ``edge``; ``weights``: a raster file, an array of the store or a
     NumPy array of the DEM's shape (finite, >= 0 at valid cells); ``include_self``: count the cell
     itself; ``device``: ``auto|cpu|gpu`` (the GPU routes in core); ``memory``: the budget (default
-    half the free RAM); ``scheduler``: ``local`` (shard tasks elsewhere are not implemented for
-    flow); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
+    half the free RAM); ``scheduler``: ``local``, or with ``device="gpu"`` a Dask scheduler whose
+    worker runs the whole in-core GPU route as one task (``local-cuda``: on one of the host's GPUs;
+    shard tasks are not implemented for flow); ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side
     (a power of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
     flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
@@ -152,7 +159,12 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     if outlets not in OUTLETS:
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
     if check_scheduler(scheduler) != "local":
-        raise InputError("flow runs in this process: use --scheduler local")
+        if (device or "auto").lower() != "gpu":
+            raise InputError("flow runs in this process: use --scheduler local")
+        # the GPU routes in core: the whole run as one task on a worker's GPU (local-cuda: one of the host's)
+        return run_on_worker(_flow_on_worker, (str(store.path if isinstance(store, TerrainStore) else store),
+                                               dict(condition=condition, outlets=outlets, weights=weights,
+                                                    include_self=include_self, memory=memory)), scheduler, announce)
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":
