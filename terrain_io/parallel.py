@@ -235,7 +235,7 @@ def gpu_cluster(devices: list[str] | None = None, *, dask_cuda: bool | None = No
 
     def pinned(i: int) -> dict:
         return {"cls": Nanny, "options": {
-            "nthreads": 1, "memory_limit": memory_limit, "name": f"gpu-{devices[i]}",
+            "nthreads": 1, "memory_limit": memory_limit, "name": f"gpu-{devices[i]}", "silence_logs": logging.ERROR,
             "env": {"CUDA_VISIBLE_DEVICES": ",".join(devices[i:] + devices[:i])}}}
 
     cluster = SpecCluster(workers={f"gpu-{d}": pinned(i) for i, d in enumerate(devices)},
