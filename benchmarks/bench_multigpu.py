@@ -206,8 +206,8 @@ def main():
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"host": host, "rows": rows}, default=str, indent=1))
+            if args.json:  # after every row: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps({"host": host, "rows": rows}, default=str, indent=1))
 
 
 if __name__ == "__main__":
