@@ -76,10 +76,20 @@ def output_option(help: str, *, type=click.Path(dir_okay=False, path_type=Path),
                         help=help, **kwargs)
 
 
+def _close_clusters_after(ctx, param, value):
+    """A ``local-cuda`` cluster lives for the command: closed when its context ends (error or not)."""
+    if value == "local-cuda":
+        from terrain_io.parallel import close_clusters
+
+        ctx.call_on_close(close_clusters)
+    return value
+
+
 scheduler_option = click.option(
-    "--scheduler", default="local", show_default=True, metavar="local|threads|processes|ADDRESS",
-    help="Where shard tasks run: this process, Dask threads or processes, or a dask.distributed scheduler "
-         "address (tcp://host:8786).")
+    "--scheduler", default="local", show_default=True, metavar="local|threads|processes|local-cuda|ADDRESS",
+    callback=_close_clusters_after,
+    help="Where shard tasks run: this process, Dask threads or processes, local-cuda (a Dask worker per GPU "
+         "of this host, started for the command) or a dask.distributed scheduler address (tcp://host:8786).")
 
 
 def _remember_overwrite(ctx, param, value):

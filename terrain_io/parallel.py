@@ -1,5 +1,9 @@
-"""Shard-aligned tasks on a scheduler: in-process (default), Dask threads or processes, or a
-``dask.distributed`` cluster (CPU workers, or dask-cuda's one worker per GPU).
+"""Shard-aligned tasks on a scheduler: in-process (default), Dask threads or processes, a
+``dask.distributed`` cluster the user runs (``tcp://...``), or ``local-cuda``: one single-threaded
+worker per GPU of this host, started for the run (dask-cuda's ``LocalCUDACluster``; where dask-cuda
+does not import, the same spec built from plain ``distributed`` nannies, each worker with its own
+``CUDA_VISIBLE_DEVICES`` -- the recipe of dask-cuda's docs and of ``dask worker`` processes pinned by
+hand).
 
 The unit of work is a shard (or a shard-aligned group of tiles): no two tasks write into the same
 shard file, workers read and write the store directly, and only small summaries (statistics,
@@ -12,13 +16,15 @@ from __future__ import annotations
 import atexit
 import collections
 import itertools
+import logging
 import os
 from typing import Callable, Iterable, Iterator
 
 from .errors import InputError, TerrainError
 from .memory import format_bytes
 
-SCHEDULERS = ("local", "threads", "processes")
+LOCAL_CUDA = "local-cuda"
+SCHEDULERS = ("local", "threads", "processes", LOCAL_CUDA)
 
 
 def map_shards(func: Callable, items: Iterable, scheduler: str | None = "local", *, retries: int = 3,
@@ -26,8 +32,8 @@ def map_shards(func: Callable, items: Iterable, scheduler: str | None = "local",
     """``[func(item) for item in items]`` on ``scheduler``; results in the order of ``items``.
 
     ``scheduler``: ``local`` (this process, in order), ``threads`` / ``processes`` (Dask's local
-    schedulers), or the address of a running ``dask.distributed`` scheduler (``tcp://host:8786``).
-    ``progress``: a bar with ``update(n)``, advanced once per finished item. ``announce`` receives
+    schedulers), ``local-cuda`` (a worker per GPU, :func:`local_cuda_address`) or the address of a
+    running ``dask.distributed`` scheduler (``tcp://host:8786``). ``progress``: a bar with ``update(n)``, advanced once per finished item. ``announce`` receives
     the dashboard address of a distributed cluster.
     """
     items = list(items)
@@ -43,6 +49,7 @@ def map_shards(func: Callable, items: Iterable, scheduler: str | None = "local",
         import dask
     except ImportError:
         raise TerrainError("--scheduler needs Dask: pip install 'dask[distributed]'") from None
+    scheduler = _address(scheduler, announce)
     if scheduler in ("threads", "processes"):
         tasks = [dask.delayed(func, pure=False)(item) for item in items]
         out = list(dask.compute(*tasks, **_local_options(scheduler)))
@@ -72,6 +79,7 @@ def imap_shards(func: Callable, items: Iterable, scheduler: str | None = "local"
         import dask
     except ImportError:
         raise TerrainError("--scheduler needs Dask: pip install 'dask[distributed]'") from None
+    scheduler = _address(scheduler, announce)
     if scheduler in ("threads", "processes"):
         n = max(1, min(in_flight or 1 << 30, 2 * (os.cpu_count() or 1)))
         options = _local_options(scheduler)
@@ -138,7 +146,7 @@ def scheduler_threads(scheduler: str) -> int:
     """How many tasks a Dask ``scheduler`` runs at once: the workers' threads (the cores for local Dask)."""
     if scheduler in ("threads", "processes"):
         return os.cpu_count() or 1
-    with _client(scheduler, None) as client:
+    with _client(_address(scheduler, None), None) as client:
         return max(1, sum(client.nthreads().values()))
 
 
@@ -155,6 +163,114 @@ def _client(address: str, announce):
     if announce is not None:
         announce(f"dask dashboard: {client.dashboard_link}")
     return client
+
+
+def run_on_worker(func: Callable, item, scheduler: str, announce: Callable[[str], None] | None = None):
+    """``func(item)`` as one task on ``scheduler``'s workers (a pipeline that runs whole on one GPU,
+    such as the in-core GPU fill: its GPU is a worker's, not the client's)."""
+    return map_shards(func, [item], scheduler, announce=announce)[0]
+
+
+# --- local-cuda: a worker per GPU of this host, for the run -------------------------------------
+
+_clusters: dict = {}  # LOCAL_CUDA -> the running cluster (started once, closed at exit or close_clusters())
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs):
+    that variable when set, else every device the driver lists (NVML, else the CUDA runtime; neither
+    makes a CUDA context). Empty without a GPU or ``TERRAIN_DISABLE_GPU``."""
+    if os.environ.get("TERRAIN_DISABLE_GPU"):
+        return []
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:
+        return [d.strip() for d in named.split(",") if d.strip() and not d.strip().startswith("-")]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML: ask the runtime
+        pass
+    try:
+        import cupy
+
+        return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+    except Exception:
+        return []
+
+
+def gpu_cluster(devices: list[str] | None = None, *, dask_cuda: bool | None = None, memory_limit="auto"):
+    """Start a cluster of one single-threaded worker per GPU in ``devices`` (default
+    :func:`visible_gpus`) and return ``(cluster, how)``.
+
+    Worker ``i`` sees ``CUDA_VISIBLE_DEVICES`` rotated to start at ``devices[i]`` (as dask-cuda
+    does), so its device 0 -- the one CuPy takes -- is its own GPU and no two workers share a
+    GPU context. One thread a worker: a task holds a whole shard, within ``--memory``, on its
+    worker's GPU, so a worker holds one task's memory at a time. ``dask_cuda``: None takes
+    dask-cuda's ``LocalCUDACluster`` when it imports, else the same spec from plain
+    ``distributed`` nannies (True / False insist on one). ``how`` says which, and why.
+    """
+    devices = visible_gpus() if devices is None else [str(d) for d in devices]
+    if not devices:
+        raise TerrainError("--scheduler local-cuda: no CUDA GPU visible (CUDA_VISIBLE_DEVICES, NVML); "
+                           "use threads or processes on the CPU")
+    why = "dask-cuda not asked for"
+    if dask_cuda is not False:
+        try:
+            from dask_cuda import LocalCUDACluster
+        except Exception as exc:  # ImportError, or its CUDA bindings failing to load
+            if dask_cuda:
+                raise TerrainError(f"--scheduler local-cuda: dask-cuda does not import: {exc}") from None
+            why = f"dask-cuda does not import: {type(exc).__name__}: {exc}"
+        else:
+            cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(devices), n_workers=len(devices),
+                                       threads_per_worker=1, memory_limit=memory_limit, dashboard_address=":0",
+                                       silence_logs=logging.ERROR)
+            return cluster, f"dask-cuda LocalCUDACluster, {len(devices)} GPU workers"
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    def pinned(i: int) -> dict:
+        return {"cls": Nanny, "options": {
+            "nthreads": 1, "memory_limit": memory_limit, "name": f"gpu-{devices[i]}", "silence_logs": logging.ERROR,
+            "env": {"CUDA_VISIBLE_DEVICES": ",".join(devices[i:] + devices[:i])}}}
+
+    cluster = SpecCluster(workers={f"gpu-{d}": pinned(i) for i, d in enumerate(devices)},
+                          scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
+                          silence_logs=logging.ERROR, name="terrain-local-cuda")
+    return cluster, f"distributed workers pinned by CUDA_VISIBLE_DEVICES, {len(devices)} GPU workers ({why})"
+
+
+def local_cuda_address(announce: Callable[[str], None] | None = None) -> str:
+    """The scheduler address of this process's ``local-cuda`` cluster, started on first use (one
+    line to ``announce`` says which kind) and kept for the process's later phases and runs;
+    closed by :func:`close_clusters` (the CLI, after each command) or at exit."""
+    if LOCAL_CUDA not in _clusters:
+        cluster, how = gpu_cluster()
+        if not _clusters:
+            atexit.register(close_clusters)
+        _clusters[LOCAL_CUDA] = cluster
+        if announce is not None:
+            announce(f"local-cuda: {how}")
+    return _clusters[LOCAL_CUDA].scheduler_address
+
+
+def close_clusters() -> None:
+    """Close the clusters this process started (``local-cuda``): workers stopped, GPUs released."""
+    while _clusters:
+        _, cluster = _clusters.popitem()
+        try:
+            cluster.close()
+        except Exception:  # already gone (interpreter teardown, a signal): nothing more to free
+            pass
+
+
+def _address(scheduler: str, announce) -> str:
+    """A Dask scheduler's name as map_shards runs it: ``local-cuda`` becomes its cluster's address."""
+    return local_cuda_address(announce) if scheduler == LOCAL_CUDA else scheduler
 
 
 def _on_cluster(func, items, address, retries, progress, announce):
@@ -198,5 +314,5 @@ def check_scheduler(scheduler: str | None) -> str:
     scheduler = scheduler or "local"
     if scheduler in SCHEDULERS or "://" in scheduler:
         return scheduler
-    raise TerrainError(f"unknown scheduler {scheduler!r}: use local, threads, processes or a dask.distributed "
-                       "address such as tcp://127.0.0.1:8786")
+    raise TerrainError(f"unknown scheduler {scheduler!r}: use local, threads, processes, local-cuda or a "
+                       "dask.distributed address such as tcp://127.0.0.1:8786")

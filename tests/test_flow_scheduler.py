@@ -62,8 +62,6 @@ def test_scheduler_refusals(tmp_path):
     st, _, _ = _filled(tmp_path)
     with pytest.raises(InputError, match="whole shard"):
         flow(st, condition="none", window_tiles=1, scheduler="threads", progress=False)
-    with pytest.raises(InputError, match="GPU flow runs in this process"):
-        flow(st, condition="none", device="gpu", scheduler="threads", progress=False)
 
 
 @pytest.mark.slow

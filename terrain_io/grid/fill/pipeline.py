@@ -64,7 +64,7 @@ from ...backend import Dispatch, gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler, imap_shards, map_shards
+from ...parallel import check_scheduler, imap_shards, map_shards, run_on_worker
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -309,7 +309,8 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
     scheduler : str
         Where the CPU pipeline's tiled plan runs its batches (:func:`terrain_io.parallel.map_shards`:
         ``local``, Dask ``threads`` / ``processes`` or a dask.distributed address; tasks of whole
-        shards, phases 1 and 3, the floods not held).
+        shards, phases 1 and 3, the floods not held); with ``device="gpu"`` the in-core GPU fill
+        runs whole as one task on a worker's GPU (``local-cuda``: one GPU of the host's).
     batch_tiles, held : optional
         Force the CPU pipeline's batch side / holding the floods (tests, benchmarks).
     announce : callable, optional
@@ -347,11 +348,17 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
     scheduler = check_scheduler(scheduler)
     budget = memory_budget(memory)
     if held is not None or batch_tiles is not None or scheduler != "local":  # of the CPU pipeline: auto takes it
-        if (device or "auto").lower() == "gpu" and scheduler != "local":
-            raise InputError("the GPU fill runs in this process: use --scheduler local, or --device cpu for tasks")
+        if (device or "auto").lower() == "gpu" and scheduler != "local":  # in core: whole, on one worker's GPU
+            return run_on_worker(_fill_on_worker, (str(store.path), outlets, budget), scheduler, announce)
         device = device if (device or "auto").lower() != "auto" else "cpu"
     device = _choose_device(store, device, budget)
     return FILL[device](store, outlets, budget, progress, timings, scheduler, batch_tiles, held, announce)
+
+
+def _fill_on_worker(args) -> FillResult:
+    """The GPU fill as a Dask task: in core on the worker's own GPU, within the same ``--memory``."""
+    path, outlets, budget = args
+    return fill(path, outlets=outlets, device="gpu", memory=budget, progress=False)
 
 
 def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings, scheduler: str,

@@ -48,7 +48,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler, imap_shards
+from ...parallel import check_scheduler, imap_shards, run_on_worker
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -137,6 +137,12 @@ class _Weights:
             self.file.close()
 
 
+def _flow_on_worker(args) -> FlowResult:
+    """:func:`flow` as a Dask task, on the worker's own GPU."""
+    path, options = args
+    return flow(path, device="gpu", progress=False, **options)
+
+
 def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weights=None, include_self: bool = True,
          device: str = "auto", memory=None, progress: bool = True, scheduler: str | None = "local",
          window_tiles: int | None = None, flat_sweeps: bool | None = None, announce=None) -> FlowResult:
@@ -148,10 +154,11 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     NumPy array of the DEM's shape (finite, >= 0 at valid cells); ``include_self``: count the cell
     itself; ``device``: ``auto|cpu|gpu`` (the GPU holds the DEM, the host a shard a thread:
     :func:`_flow_gpu`); ``memory``: the budget (default half the free RAM); ``scheduler``: ``local``,
-    or Dask's (``threads``, ``processes``, a ``dask.distributed`` address) for the out-of-core
-    windows as tasks of whole shards (:class:`_Task`; the same bytes); ``window_tiles``: force the
-    out-of-core pipeline with windows of this many tiles a side (a power of two <= the shard size;
-    tests, benchmarks); ``flat_sweeps``: out of core, solve the
+    or Dask's (``threads``, ``processes``, a ``dask.distributed`` address, ``local-cuda``): on the CPU
+    the out-of-core windows run as tasks of whole shards (:class:`_Task`; the same bytes), with
+    ``device="gpu"`` a worker runs the whole in-core GPU route as one task (on one of its GPUs);
+    ``window_tiles``: force the out-of-core pipeline with windows of this many tiles a side (a power
+    of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
     flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
     t_start = time.perf_counter()
@@ -162,7 +169,10 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
     scheduler = check_scheduler(scheduler)
     if scheduler != "local" and (device or "auto").lower() == "gpu":
-        raise InputError("the GPU flow runs in this process: use --scheduler local, or --device cpu for tasks")
+        # the GPU routes in core: the whole run as one task on a worker's GPU (local-cuda: one of the host's)
+        return run_on_worker(_flow_on_worker, (str(store.path if isinstance(store, TerrainStore) else store),
+                                               dict(condition=condition, outlets=outlets, weights=weights,
+                                                    include_self=include_self, memory=memory)), scheduler, announce)
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if store.dtype.kind not in "iuf":

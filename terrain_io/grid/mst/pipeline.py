@@ -45,7 +45,7 @@ from ...backend import Dispatch, resolve_device
 from ...errors import InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler, map_shards
+from ...parallel import check_scheduler, imap_shards
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -551,12 +551,13 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
                     bar = cleanup.enter_context(progress_bar(progress, len(batches), "tile phase", unit="shard"))
+                    # results streamed in order: the client's merges run while the workers compute
+                    outs = imap_shards(_tile_task, tasks, scheduler, progress=bar, announce=announce)
                     with timings.phase("tile"):
-                        outs = map_shards(_tile_task, tasks, scheduler, progress=bar, announce=announce)
-                    for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
-                        valid_cells += n_valid
-                        buckets += out[-1]
-                        merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
+                        for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
+                            valid_cells += n_valid
+                            buckets += out[-1]
+                            merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                 with timings.phase("merge_wait"):
                     merger.finish()
         else:
