@@ -1,0 +1,171 @@
+"""Looking at results: overviews in the store (terrain_io.overviews), Cloud-Optimized GeoTIFF export,
+and the `terrain view` server (robustness over plain HTTP here; the browser in tests/test_view_browser.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.stats
+from click.testing import CliRunner
+
+from cli.main import _register, cli
+from references import utm_store
+from terrain_io.integrity import verify
+from terrain_io.overviews import write_overviews
+from terrain_io.store import TerrainStore
+
+SHAPE = (150, 97)  # odd sides: the edge blocks of every level have fewer than 4 cells
+
+_register()
+
+
+def _values(seed=0):
+    rng = np.random.default_rng(seed)
+    z = (rng.random(SHAPE) * 300 + 100).astype(np.float32)
+    z[rng.random(SHAPE) < 0.1] = np.nan
+    z[:9, :13] = np.nan  # a block of nodata: levels keep it as nodata
+    return z
+
+
+def _store(path, tile=16, shard=2, seed=0):
+    """A UTM store with elevation and three results of the three kinds: ids (mode), accumulation (max),
+    codes (mode)."""
+    z = _values(seed)
+    st = utm_store(path, z, tile=tile, shard=shard)
+    rng = np.random.default_rng(seed + 1)
+    ids = rng.integers(0, 4, SHAPE).astype(np.uint32)  # few ids: ties and majorities both occur
+    acc = np.where(np.isnan(z), np.nan, rng.random(SHAPE) * 1e4)
+    codes = rng.integers(0, 10, SHAPE).astype(np.uint8)
+    with st.write_result("fill") as w:
+        w.create_array("depression", "uint32", 0)[...] = ids
+    with st.write_result("flow") as w:
+        w.create_array("accumulation", "float64", float("nan"))[...] = acc
+        w.create_array("direction", "uint8", 255)[...] = codes
+    return z, ids, acc, codes
+
+
+def _blocks(a):
+    """(h2, w2, 4) of the 2 x 2 blocks in row-major order, the missing cells of odd edges as NaN."""
+    h, w = a.shape
+    p = np.full((h + h % 2, w + w % 2), np.nan)
+    p[:h, :w] = a
+    return p.reshape(p.shape[0] // 2, 2, p.shape[1] // 2, 2).transpose(0, 2, 1, 3).reshape(p.shape[0] // 2,
+                                                                                         p.shape[1] // 2, 4)
+
+
+def ref_mean(a):
+    """The mean of the valid cells of each block, summed in float64 in row-major order, cast back."""
+    b = _blocks(a.astype(np.float64))
+    total, n = np.zeros(b.shape[:2]), np.zeros(b.shape[:2])
+    for q in range(4):
+        ok = ~np.isnan(b[..., q])
+        total = total + np.where(ok, b[..., q], 0.0)
+        n += ok
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, total / n, np.nan).astype(a.dtype)
+
+
+def ref_max(a):
+    b = _blocks(a.astype(np.float64))
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning) if np.isnan(b).all(axis=-1).any() else _nothing():
+        return np.nanmax(b, axis=-1).astype(a.dtype)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def ref_mode(a, missing):
+    """scipy.stats.mode of the valid cells of each block (ties: the smallest); ``missing`` where none."""
+    b = _blocks(np.where(a == missing, np.nan, a.astype(np.float64)))
+    empty = np.isnan(b).all(axis=-1)
+    b[empty] = missing  # scipy needs one value; replaced below
+    m = scipy.stats.mode(b, axis=-1, nan_policy="omit", keepdims=False).mode
+    return np.where(empty, missing, m).astype(a.dtype)
+
+
+def _level(path, name, k):
+    leaf = name.rsplit("/", 1)[-1]
+    return TerrainStore.open(path, mode="r").group[f"overviews/{name}/{k}/{leaf}"][...]
+
+
+def test_overviews_each_level_is_the_reduction_of_the_level_below(tmp_path):
+    z, ids, acc, codes = _store(tmp_path / "s.zarr")
+    done = write_overviews(tmp_path / "s.zarr")
+    assert done == {"elevation": 4, "fill/depression": 4, "flow/accumulation": 4, "flow/direction": 4}
+    for name, base, ref in (("elevation", z, ref_mean), ("flow/accumulation", acc, ref_max),
+                            ("fill/depression", ids, lambda a: ref_mode(a, 0)),
+                            ("flow/direction", codes, lambda a: ref_mode(a, 255))):
+        below = base
+        for k in range(1, 5):
+            got = _level(tmp_path / "s.zarr", name, k)
+            want = ref(below)
+            assert got.dtype == base.dtype and got.shape == want.shape, (name, k)
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} level {k}")
+            below = got
+        assert max(below.shape) <= 16  # down to one tile
+    assert np.isnan(_level(tmp_path / "s.zarr", "elevation", 2)[:2, :3]).all()  # the nodata block stays nodata
+    assert verify(tmp_path / "s.zarr").sound  # sealed: checksums and manifests as every array
+    info = CliRunner().invoke(cli, ["info", str(tmp_path / "s.zarr"), "--json"])
+    assert info.exit_code == 0 and "overviews" not in json.loads(info.output)["results"]  # levels are no results
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    root = path / "overviews"
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()
+            and f.name != "zarr.json" and f.name != "terrain-manifest.json"}
+
+
+def test_overviews_same_bytes_for_any_tiling_budget_and_scheduler(tmp_path):
+    _store(tmp_path / "a.zarr", tile=16, shard=2)
+    write_overviews(tmp_path / "a.zarr")
+    _store(tmp_path / "b.zarr", tile=16, shard=2)
+    write_overviews(tmp_path / "b.zarr", memory="80kB", scheduler="threads")  # one shard in flight
+    assert _files(tmp_path / "a.zarr") == _files(tmp_path / "b.zarr")
+    for tile, shard in ((8, 4), (32, 1), (16, 8)):
+        path = tmp_path / f"t{tile}_{shard}.zarr"
+        _store(path, tile=tile, shard=shard)
+        write_overviews(path)
+        for name in ("elevation", "fill/depression", "flow/accumulation"):
+            for k in range(1, 3):  # the levels both have (down to one tile of each)
+                assert _level(path, name, k).tobytes() == _level(tmp_path / "a.zarr", name, k).tobytes()
+
+
+def test_overviews_open_in_xarray_with_coordinates(tmp_path):
+    xr = pytest.importorskip("xarray")
+    z, *_ = _store(tmp_path / "s.zarr")
+    write_overviews(tmp_path / "s.zarr", ["elevation", "flow/accumulation"])
+    for k in range(1, 5):
+        ds = xr.open_zarr(tmp_path / "s.zarr", group=f"overviews/elevation/{k}", consolidated=False)
+        da = ds.elevation
+        assert da.dims == ("y", "x") and da.shape == _level(tmp_path / "s.zarr", "elevation", k).shape
+        step = 30.0 * 2**k
+        np.testing.assert_allclose(da.x.values, 500000.0 + (np.arange(da.shape[1]) + 0.5) * step)
+        np.testing.assert_allclose(da.y.values, 4100000.0 - (np.arange(da.shape[0]) + 0.5) * step)
+        assert "GeoTransform" in ds.spatial_ref.attrs
+    tree = xr.open_datatree(tmp_path / "s.zarr" / "overviews" / "flow" / "accumulation", engine="zarr",
+                            consolidated=False)
+    assert sorted(tree.children) == ["1", "2", "3", "4"]
+    assert tree["3"].dataset.accumulation.shape == _level(tmp_path / "s.zarr", "flow/accumulation", 3).shape
+    meta = tree.attrs["multiscales"]
+    assert [e["asset"] for e in meta["layout"]] == ["1", "2", "3", "4"]
+    assert meta["layout"][1] | {} == meta["layout"][1] and meta["layout"][1]["derived_from"] == "1"
+    assert meta["layout"][1]["transform"]["scale"] == [2.0, 2.0] and tree.attrs["source"] == "flow/accumulation"
+
+
+def test_overviews_bad_input(tmp_path):
+    _store(tmp_path / "s.zarr")
+    run = CliRunner().invoke
+    r = run(cli, ["overviews", str(tmp_path / "s.zarr"), "nope/array"])
+    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith("terrain: error: ") and "nope" in r.output
+    r = run(cli, ["overviews", str(tmp_path / "s.zarr"), "--memory", "1kB"])
+    assert r.exit_code == 1 and "--memory" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s.zarr" / "overviews").exists()
+    r = run(cli, ["overviews", str(tmp_path / "s.zarr"), "elevation"])
+    assert r.exit_code == 0, r.output
