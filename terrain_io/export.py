@@ -79,8 +79,11 @@ def _nodata_of(store: TerrainStore, name: str, arr):
 
 
 def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int | None = None,
-           scheduler: str | None = "local", progress: bool = False, announce=None, encoding: str | None = None) -> Path:
+           scheduler: str | None = "local", progress: bool = False, announce=None, encoding: str | None = None,
+           cog: bool = False) -> Path:
     """Write array ``name`` of the store to ``out`` (.tif/.tiff, .asc, .png by suffix).
+
+    ``cog``: a Cloud-Optimized GeoTIFF (:func:`_write_cog`) with internal overviews.
 
     ``scheduler``: where the per-shard work runs (``local``, ``threads``, ``processes`` or a
     ``dask.distributed`` address; see the module docstring); the file is the same either way.
@@ -106,6 +109,10 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
             raise InputError(f"--encoding applies to flow directions (flow/direction), not {name}")
         if suffix not in (".tif", ".tiff"):
             raise InputError(f"--encoding writes GeoTIFF (.tif), not {suffix}")
+    if cog:
+        if suffix not in (".tif", ".tiff"):
+            raise InputError(f"--cog writes a GeoTIFF (.tif), not {suffix}")
+        writers[suffix] = _write_cog
     run = _Runner(scheduler, progress, announce, encoding)
     from rasterio._err import CPLE_BaseError
     from rasterio.errors import RasterioError
@@ -201,7 +208,7 @@ def _read_block(task: _ShardTask) -> np.ndarray:
     return block
 
 
-def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
+def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner, compress: dict | None = None) -> None:
     import rasterio
     from rasterio.crs import CRS
     from rasterio.transform import Affine
@@ -222,6 +229,7 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
         profile["transform"] = Affine.from_gdal(*t)
     if store.crs:
         profile["crs"] = CRS.from_user_input(store.crs)
+    profile.update(compress or {})
     if rows < 256 or cols < 256:
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
@@ -232,6 +240,31 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
     with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
         for block, win in zip(run(_read_block, tasks, shard_bytes), wins):
             ds.write(block, 1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
+
+
+# GDAL's overview resampling for each of the store's (terrain_io.overviews.resampling_for); GDAL 3.10
+# has no maximum, so accumulation and stream orders are averaged in a COG's overviews
+_COG_RESAMPLING = {"average": "AVERAGE", "mode": "MODE", "max": "AVERAGE"}
+
+
+def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
+    """A Cloud-Optimized GeoTIFF: the array streamed shard by shard into a tiled scratch GeoTIFF
+    beside ``out`` (zstd level 1: written once, read once), then copied by GDAL's COG driver, which
+    reads it block by block, builds the overviews (halving down to one 512^2 block, resampled as
+    the store's overviews are, see ``_COG_RESAMPLING``) and writes the COG layout: IFDs first,
+    the smallest overview's tiles first, full resolution last; deflate with a predictor."""
+    import rasterio
+    import rasterio.shutil
+
+    from .atomic import scratch_file
+    from .overviews import resampling_for
+
+    with scratch_file(out) as src:
+        _write_geotiff(store, name, arr, src, run, compress={"compress": "zstd", "zstd_level": 1, "predictor": 1})
+        with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024, GDAL_NUM_THREADS="ALL_CPUS"):
+            rasterio.shutil.copy(src, out, driver="COG", COMPRESS="DEFLATE", PREDICTOR="YES", BLOCKSIZE=512,
+                                 BIGTIFF="IF_SAFER", NUM_THREADS="ALL_CPUS",
+                                 OVERVIEW_RESAMPLING=_COG_RESAMPLING[resampling_for(name, arr.dtype)])
 
 
 @nb.njit(cache=True)
