@@ -252,3 +252,196 @@ def test_cog_export_layout_and_pixels(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
     r = run(cli, ["export", str(tmp_path / "s.zarr"), "-o", str(tmp_path / "x.png"), "--cog"])
     assert r.exit_code == 1 and "terrain: error: --cog writes a GeoTIFF" in r.output
+
+
+# -- terrain view: the server over plain HTTP ------------------------------------------------------------
+import http.client  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+
+def view_store(path):
+    """A 96 x 128 UTM store whose result ``sssp/t/distance`` is 0 on the left half and 100 on the right
+    (the ends of its colour ramp), with a nodata block; overviews made."""
+    z = (np.add.outer(np.arange(96), np.arange(128)) * 0.5 + 200).astype(np.float32)
+    z[10:30, 20:50] = np.nan
+    st = utm_store(path, z, tile=16, shard=2)
+    d = np.where(np.arange(128)[None, :] < 64, 0.0, 100.0) * np.ones((96, 1))
+    d[np.isnan(z)] = np.nan
+    with st.write_result("sssp/t", attrs={"weight": "absdiff"}) as w:
+        w.create_array("distance", "float64", float("nan"))[...] = d
+    write_overviews(path)
+    return z, d
+
+
+@pytest.fixture
+def served(tmp_path):
+    pytest.importorskip("pyproj")
+    from terrain_io.view import make_server
+
+    z, d = view_store(tmp_path / "v.zarr")
+    server = make_server(tmp_path / "v.zarr", port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], z, d, server
+    server.shutdown()
+    server.server_close()
+
+
+def get(port, path, method="GET"):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path)
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    return r.status, r.getheader("Content-Type"), body
+
+
+def raw(port, line: bytes):
+    """The status line and body of a request sent as it is (no client normalises its path)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(line + b"\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def decode_png(body):
+    """(h, w, 4) uint8 through GDAL's PNG reader (not ours)."""
+    import warnings
+
+    from rasterio.errors import NotGeoreferencedWarning
+    from rasterio.io import MemoryFile
+
+    with warnings.catch_warnings(), MemoryFile(body) as f:
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        with f.open() as ds:
+            return ds.read().transpose(1, 2, 0)
+
+
+def test_view_tiles_match_the_store(served):
+    from pyproj import Transformer
+
+    port, z, d, server = served
+    source = server.viewer.source
+    zoom = source.native_zoom()  # a pixel about a cell
+    to_utm = Transformer.from_crs("EPSG:3857", "EPSG:32633", always_xy=True).transform
+    half = 20037508.342789244
+    w, s, e, n = source.bounds_lonlat()
+    lon, lat = (w + e) / 2, (s + n) / 2
+    mx, my = np.radians(lon) * 6378137.0, np.log(np.tan(np.pi / 4 + np.radians(lat) / 2)) * 6378137.0
+    size = 2 * half / 2**zoom
+    checked = {"low": 0, "high": 0, "clear": 0}
+    for dx_t in (-1, 0, 1):
+        for dy_t in (-1, 0, 1):
+            tx, ty = int((mx + half) // size) + dx_t, int((half - my) // size) + dy_t
+            status, kind, body = get(port, f"/tiles/sssp/t/distance/{zoom}/{tx}/{ty}.png")
+            assert status == 200 and kind == "image/png"
+            img = decode_png(body)
+            status, _, body = get(port, f"/tiles/elevation/{zoom}/{tx}/{ty}.png")
+            elev = decode_png(body)
+            for py in range(2, 256, 9):
+                for px in range(3, 256, 9):
+                    x, y = to_utm(-half + (tx + (px + 0.5) / 256) * size, half - (ty + (py + 0.5) / 256) * size)
+                    col, row = (x - 500000.0) / 30.0, (4100000.0 - y) / 30.0
+                    if min(abs(col - round(col)), abs(row - round(row))) < 0.05:
+                        continue  # on a cell edge: either cell
+                    r, c = int(np.floor(row)), int(np.floor(col))
+                    if not (0 <= r < 96 and 0 <= c < 128) or np.isnan(z[r, c]):
+                        assert img[py, px, 3] == 0 and elev[py, px, 3] == 0, (r, c)
+                        checked["clear"] += 1
+                        continue
+                    assert elev[py, px, 3] == 255
+                    want = (0, 0, 4) if d[r, c] == 0 else (252, 253, 191)  # magma's two ends
+                    assert tuple(img[py, px, :3]) == want and img[py, px, 3] == 255, (r, c, d[r, c])
+                    checked["low" if d[r, c] == 0 else "high"] += 1
+    assert min(checked.values()) > 20, checked  # both halves and nodata seen
+    status, _, body = get(port, "/tiles/elevation/3/1/1.png")  # far from the DEM: clear
+    assert status == 200 and decode_png(body)[..., 3].max() == 0
+
+
+def test_view_bad_requests_are_4xx_with_one_line(served):
+    port, *_ = served
+    for path, want in (("/tiles/nope/1/0/0.png", 404), ("/tiles/elevation/1/2/0.png", 400),
+                       ("/tiles/elevation/25/0/0.png", 400), ("/tiles/elevation/-1/0/0.png", 400),
+                       ("/tiles/elevation/1/0/0.jpg", 400), ("/tiles/elevation/1/0.png", 400),
+                       ("/tiles/elevation/99999999999/0/0.png", 400), ("/tiles/sssp/t/1/0/0.png", 404),
+                       ("/legend/nope.png", 404), ("/api/value?lon=x&lat=1", 400), ("/api/value?lon=200&lat=1", 400),
+                       ("/api/value", 400), ("/overlay/0.geojson", 404), ("/nothing", 404)):
+        status, kind, body = get(port, path)
+        assert status == want, (path, status, body)
+        assert kind.startswith("text/plain") and body.count(b"\n") == 1 and b"Traceback" not in body, path
+    assert get(port, "/tiles/elevation/1/0/0.png", "POST")[0] == 405
+    for line in (b"GET /../../../../etc/passwd HTTP/1.0", b"GET /static/../../../etc/passwd HTTP/1.0",
+                 b"GET /tiles/../../../../etc/passwd/1/0/0.png HTTP/1.0", b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.0",
+                 b"GET /tiles/..%2f..%2fzarr.json/1/0/0.png HTTP/1.0", b"GET /tiles/elevation/../zarr.json HTTP/1.0",
+                 b"GET //etc/passwd HTTP/1.0", b"GET /legend/../../zarr.json.png HTTP/1.0"):
+        status, body = raw(port, line)
+        assert status in (400, 404), (line, status)
+        assert b"root:" not in body and b"zarr_format" not in body and b"Traceback" not in body
+    status, body = raw(port, b"GET /x HTTP/9.9.9")
+    assert status == 400 and body.count(b"\n") == 1
+    status, body = raw(port, b"BREW /pot HTTP/1.0")
+    assert status == 501 and body.count(b"\n") == 1
+    status, kind, body = get(port, "/api/layers")
+    assert status == 200 and [l["name"] for l in json.loads(body)["layers"]] == ["elevation", "sssp/t/distance"]
+
+
+def test_view_serves_concurrent_clients_bounded(served):
+    from terrain_io.view import MAX_CLIENTS
+
+    port, _, _, server = served
+    zoom = server.viewer.source.native_zoom()
+    paths = [f"/tiles/{a}/{zoom - 2}/{x}/{y}.png" for a in ("elevation", "sssp/t/distance")
+             for x in range(2**(zoom - 2) // 2 - 1, 2**(zoom - 2) // 2 + 2) for y in range(2**(zoom - 2) // 2 - 1,
+                                                                                              2**(zoom - 2) // 2 + 2)]
+    want = {p: get(port, p)[2] for p in paths}
+    results, errors = [], []
+
+    def client(k):
+        try:
+            for p in paths[k % len(paths):] + paths[: k % len(paths)]:
+                results.append((p, *get(port, p)))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 12 * len(paths)
+    assert all(status == 200 and body == want[p] for p, status, _, body in results)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CLIENTS)]  # silent clients
+    try:
+        import time
+
+        time.sleep(0.3)
+        status, body = raw(port, b"GET /api/layers HTTP/1.0")
+        assert status == 503  # bounded: answered at once, not queued
+    finally:
+        for s in idle:
+            s.close()
+    import time
+
+    for _ in range(50):  # the slots come back as the silent clients go
+        status, _ = raw(port, b"GET /api/layers HTTP/1.0")
+        if status == 200:
+            break
+        time.sleep(0.1)
+    assert status == 200
+
+
+def test_view_command_errors(tmp_path):
+    view_store(tmp_path / "v.zarr")
+    run = CliRunner().invoke
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        r = run(cli, ["view", str(tmp_path / "v.zarr"), "--port", str(port)])
+    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith("terrain: error: cannot serve on 127.0.0.1:")
+    r = run(cli, ["view", str(tmp_path / "nothing.zarr")])
+    assert r.exit_code == 1 and "terrain: error:" in r.output and "Traceback" not in r.output

@@ -119,6 +119,7 @@ def _overlay(path, source: TileSource) -> bytes:
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "terrain-view"
+    timeout = 10  # seconds a connection may idle: a silent client does not hold a slot for ever
     viewer: Viewer
 
     def log_message(self, format, *args):  # quiet: a map asks for hundreds of tiles
@@ -136,6 +137,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _fail(self, status: int, message: str) -> None:
         self._send(status, (message + "\n").encode(), "text/plain; charset=utf-8")
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line, an unknown method) in one plain line too."""
+        self.close_connection = True
+        self.request_version = "HTTP/1.0"  # a request line it could not read: still a status line and headers
+        self._fail(code, f"{code} {message or self.responses.get(code, ('',))[0]}")
 
     def do_HEAD(self):  # noqa: N802 -- http.server's name
         self.do_GET()
@@ -169,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path[1:] in v.static:
             body, kind = v.static[path[1:]]
             return self._send(HTTPStatus.OK, body, kind, cache=path.endswith("maplibre-gl.js"))
+        if path == "/favicon.ico":
+            return self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
         if path == "/api/layers":
             return self._send(HTTPStatus.OK, json.dumps(v.layers()).encode(), "application/json")
         if path == "/api/value":

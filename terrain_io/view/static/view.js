@@ -49,9 +49,8 @@
   opacity.addEventListener("input", () => {
     if (current !== "elevation") map.setPaintProperty(current, "raster-opacity", Number(opacity.value));
   });
-  show("elevation");
-
   map.on("load", async () => {
+    show(select.value);
     for (let i = 0; i < info.overlays; i++) {
       const id = "overlay" + i;
       map.addSource(id, {type: "geojson", data: "/overlay/" + i + ".geojson"});
