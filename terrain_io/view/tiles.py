@@ -219,8 +219,10 @@ class TileSource:
         out = {}
         for name in self.layers:
             v = self.store.read(Window(row, row + 1, col, col + 1), name)[0, 0]
-            out[name] = None if (isinstance(v, float) or np.issubdtype(type(v), np.floating)) and not np.isfinite(v) \
-                else v.item()
+            if v.dtype.kind == "f":  # the shortest text that reads back as the stored float32 / float64
+                out[name] = float(str(v)) if np.isfinite(v) else None
+            else:
+                out[name] = v.item()
         cx, cy = self.store.cell_to_map(row, col)
         return {"cell": [row, col], "x": float(cx), "y": float(cy), "values": out}
 
