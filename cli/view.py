@@ -33,7 +33,7 @@ def overviews(store, arrays, memory, scheduler):
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port on 127.0.0.1 (0: any free one).")
 @click.option("--open", "open_browser", is_flag=True, help="Open the map in the default browser.")
-@click.option("--geojson", "geojson", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--geojson", "geojson", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="A GeoJSON file to draw on top (a traced path, outlets; repeatable): lon/lat, the CRS its 'crs' "
                    "member names, or the store's CRS.")
 def view(store, port, open_browser, geojson):

@@ -269,22 +269,25 @@ def _pyramid(store: TerrainStore, name: str, scheduler: str, in_flight: int, pro
     side = store.tile_size * store.shard_size
     grid0 = tuple(-(-n // side) for n in arr.shape)
     tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing) for r, c in morton_order(*grid0)]
-    with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer:
-        level_arrays = []
+    writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
+    with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
+        level_arrays, coordinates = [], []
         for k, shape in enumerate(shapes, start=1):
             group = writer.group.create_group(str(k))
-            write_coordinates(group, shape, _level_transform(t, k), store.crs)
             level_arrays.append(create_tiled_array(group, leaf, shape, arr.dtype, store.tile_size,
                                                    store.shard_size, fill, {"level": k, **_source_attrs(arr)}))
+            # the coordinates in the writer thread, while the first shards are read
+            coordinates.append(writes.submit(write_coordinates, group, shape, _level_transform(t, k), store.crs))
         assembler = _Assembler(arr.shape, level_arrays, side, method, missing)
-        writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
-        with writes, progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
+        with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
             halves = (_prefetched(_halve_shard, tasks, in_flight) if scheduler == "local"
                       else imap_shards(_halve_shard, tasks, scheduler, in_flight=in_flight, announce=announce))
             for task, half in zip(tasks, halves):
                 assembler.put(0, task.shard, half, writes)
                 bar.update(1)
             assembler.flush(writes)
+        for f in coordinates:
+            f.result()
     return len(shapes)
 
 

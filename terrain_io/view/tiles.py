@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, TerrainError
 from ..export import hillshade, paint
 from ..overviews import GROUP, arrays_of, level_shapes, missing_value, source_digest
 from ..store import TerrainStore, Window
@@ -252,7 +252,10 @@ def _transformers(crs):
     map units are Web Mercator metres."""
     if not crs:
         return _identity, lambda x, y: _mercator_to_lonlat(x, y)
-    from pyproj import CRS, Transformer
+    try:
+        from pyproj import CRS, Transformer
+    except ImportError:
+        raise TerrainError("terrain view reprojects through pyproj: pip install 'terrain-io[view]'") from None
 
     target = CRS.from_user_input(crs)
     to_store = Transformer.from_crs("EPSG:3857", target, always_xy=True).transform

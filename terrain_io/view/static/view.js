@@ -73,7 +73,7 @@
       box.textContent = "outside the DEM";
     } else {
       const table = document.createElement("table");
-      const rows = [["cell", got.cell.join(", ")], ["x, y", got.x.toFixed(2) + ", " + got.y.toFixed(2)]];
+      const rows = [["cell", got.cell.join(", ")], ["x, y", Number(got.x.toPrecision(10)) + ", " + Number(got.y.toPrecision(10))]];
       for (const [k, v] of Object.entries(got.values)) rows.push([k, v === null ? "nodata" : String(v)]);
       for (const [k, v] of rows) {
         const tr = table.insertRow();
