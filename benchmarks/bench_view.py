@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tiles", type=int, default=12)
     ap.add_argument("--scheduler", default="local")
+    ap.add_argument("--no-warmup", action="store_true", help="no untimed first run (a store just written is cached)")
     args = ap.parse_args()
     from terrain_io.overviews import write_overviews
     from terrain_io.view.tiles import TileSource
@@ -75,7 +76,8 @@ def main():
                         "--seed", "1", "--nodata-fraction", "0.02"], check=True, cwd=ROOT)
     rows = []
     try:
-        write_overviews(path, [args.array], scheduler=args.scheduler)  # compiles the kernels, warms the cache
+        if not args.no_warmup:
+            write_overviews(path, [args.array], scheduler=args.scheduler)  # compiles the kernels, warms the cache
         for rep in range(args.reps):
             shutil.rmtree(Path(path) / "overviews", ignore_errors=True)  # a first pyramid, not a replacement
             _, rw, rc = timed(lambda: read_once(path, args.array))
