@@ -78,6 +78,12 @@ def main():
     try:
         if not args.no_warmup:
             write_overviews(path, [args.array], scheduler=args.scheduler)  # compiles the kernels, warms the cache
+        else:  # the kernels compiled on a small block only
+            from terrain_io.overviews import reduce2x2, resampling_for
+            from terrain_io.store import TerrainStore
+
+            dtype = TerrainStore.open(path, mode="r").group[args.array].dtype
+            reduce2x2(np.zeros((4, 4), dtype), resampling_for(args.array, dtype), None)
         for rep in range(args.reps):
             shutil.rmtree(Path(path) / "overviews", ignore_errors=True)  # a first pyramid, not a replacement
             _, rw, rc = timed(lambda: read_once(path, args.array))
