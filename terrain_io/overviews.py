@@ -33,6 +33,7 @@ reductions, and writing a third of it again (benchmarks/bench_view.py).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import math
 import os
@@ -176,11 +177,18 @@ class _Task:
     shard: tuple[int, int]
     method: str
     missing: object
+    digest: str
 
 
 def _halve_shard(task: _Task) -> np.ndarray:
-    arr = TerrainStore.open(task.store, mode="r").group[task.name]
-    return reduce2x2(read_shard(arr, *task.shard), task.method, task.missing)
+    return reduce2x2(read_shard(_opened(task.store, task.name, task.digest), *task.shard), task.method, task.missing)
+
+
+@functools.lru_cache(maxsize=8)
+def _opened(store: str, name: str, digest: str):
+    """The array, opened once per process for the tasks of one pyramid (``digest``: its manifest's, so a
+    worker that lives on never reads another array's bytes through an old handle)."""
+    return TerrainStore.open(store, mode="r").group[name]
 
 
 def missing_value(store: TerrainStore, name: str, arr):
@@ -268,7 +276,8 @@ def _pyramid(store: TerrainStore, name: str, scheduler: str, in_flight: int, pro
     attrs["multiscales"] = {"version": "0.1.0", "layout": layout, "resampling_method": method}
     side = store.tile_size * store.shard_size
     grid0 = tuple(-(-n // side) for n in arr.shape)
-    tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing) for r, c in morton_order(*grid0)]
+    tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, attrs["source_manifest_sha256"])
+             for r, c in morton_order(*grid0)]
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
         level_arrays, coordinates = [], []
