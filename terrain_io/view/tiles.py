@@ -92,7 +92,7 @@ class TileSource:
                 count = len(level_shapes(st.group[name].shape, st.tile_size))
                 levels += [f"{group}/{k}/{leaf}" for k in range(1, count + 1) if f"{k}/{leaf}" in pyramid]
         except KeyError:
-            current = False
+            current = not level_shapes(st.group[name].shape, st.tile_size)  # one tile: needs none
         layer = Layer(name, levels, current=current)
         arr = st.group[levels[-1]]
         z = np.asarray(arr[...] if arr.size <= 4096 * 4096 else arr[:: max(1, arr.shape[0] // 2048),
