@@ -38,7 +38,6 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numba as nb
 import numpy as np

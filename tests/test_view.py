@@ -442,6 +442,7 @@ def test_view_command_errors(tmp_path):
         busy.listen(1)
         port = busy.getsockname()[1]
         r = run(cli, ["view", str(tmp_path / "v.zarr"), "--port", str(port)])
-    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith("terrain: error: cannot serve on 127.0.0.1:")
+    last = r.output.strip().splitlines()[-1]
+    assert r.exit_code == 1 and last.startswith("terrain: error: cannot serve on 127.0.0.1:")
     r = run(cli, ["view", str(tmp_path / "nothing.zarr")])
     assert r.exit_code == 1 and "terrain: error:" in r.output and "Traceback" not in r.output

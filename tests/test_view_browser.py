@@ -73,7 +73,8 @@ def _cell_at(page, px, py):
     """The store cell under a page pixel, through the map's own unprojection and pyproj."""
     from pyproj import Transformer
 
-    lng, lat = page.evaluate(f"(() => {{ const p = window.terrainMap.unproject([{px}, {py}]); return [p.lng, p.lat]; }})()")
+    lng, lat = page.evaluate(f"(() => {{ const p = window.terrainMap.unproject([{px}, {py}]); "
+                             "return [p.lng, p.lat]; })()")
     x, y = Transformer.from_crs("EPSG:4326", "EPSG:32633", always_xy=True).transform(lng, lat)
     return (4100000.0 - y) / 30.0, (x - 500000.0) / 30.0
 

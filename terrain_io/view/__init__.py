@@ -206,7 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
         if name not in v.source.layers:
             return self._fail(HTTPStatus.NOT_FOUND, f"no array {name!r} in this store")
         if z > MAX_ZOOM or x >= 2**z or y >= 2**z:
-            return self._fail(HTTPStatus.BAD_REQUEST, f"no tile {z}/{x}/{y}: x and y lie in 0..2^z-1, z in 0..{MAX_ZOOM}")
+            return self._fail(HTTPStatus.BAD_REQUEST,
+                              f"no tile {z}/{x}/{y}: x and y lie in 0..2^z-1, z in 0..{MAX_ZOOM}")
         with v.renders:
             body = v.source.tile(name, z, x, y)
         self._send(HTTPStatus.OK, body, "image/png", cache=True)
@@ -225,8 +226,8 @@ class Server(ThreadingHTTPServer):
     def process_request(self, request, client_address):
         if not self.clients.acquire(blocking=False):
             try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n"
-                                b"Connection: close\r\n\r\ntoo many now\n")
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                                b"Content-Length: 13\r\nConnection: close\r\n\r\ntoo many now\n")
             finally:
                 self.shutdown_request(request)
             return

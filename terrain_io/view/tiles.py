@@ -244,7 +244,8 @@ def _lonlat_to_mercator(lon, lat):
 
 
 def _mercator_to_lonlat(x, y):
-    return np.degrees(np.asarray(x) / 6378137.0), np.degrees(2 * np.arctan(np.exp(np.asarray(y) / 6378137.0)) - np.pi / 2)
+    lat = 2 * np.arctan(np.exp(np.asarray(y) / 6378137.0)) - np.pi / 2
+    return np.degrees(np.asarray(x) / 6378137.0), np.degrees(lat)
 
 
 def _transformers(crs):
