@@ -202,8 +202,11 @@ def missing_value(store: TerrainStore, name: str, arr):
 
 def source_digest(store: TerrainStore, name: str) -> str:
     """The sha256 of the array's manifest: which bytes a pyramid was made from (a new run of its
-    command writes another manifest, and the pyramid is stale)."""
-    with open(store.path / name / "terrain-manifest.json", "rb") as f:
+    command writes another manifest, and the pyramid is stale); of its ``zarr.json`` in a store of
+    format 1, which has no manifests."""
+    folder = store.path / name
+    path = folder / "terrain-manifest.json"
+    with open(path if path.exists() else folder / "zarr.json", "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
 
 

@@ -446,3 +446,17 @@ def test_view_command_errors(tmp_path):
     assert r.exit_code == 1 and last.startswith("terrain: error: cannot serve on 127.0.0.1:")
     r = run(cli, ["view", str(tmp_path / "nothing.zarr")])
     assert r.exit_code == 1 and "terrain: error:" in r.output and "Traceback" not in r.output
+
+
+def test_view_ignores_overviews_older_than_their_array(tmp_path):
+    pytest.importorskip("pyproj")
+    from terrain_io.view.tiles import TileSource
+
+    z, d = view_store(tmp_path / "v.zarr")
+    assert all(layer.current and len(layer.levels) == 4 for layer in TileSource(tmp_path / "v.zarr").layers.values())
+    st = TerrainStore.open(tmp_path / "v.zarr")
+    with st.write_result("sssp/t", attrs={"weight": "absdiff"}) as w:  # the result computed again: other bytes
+        w.create_array("distance", "float64", float("nan"))[...] = np.where(np.isnan(d), np.nan, 7.0)
+    layers = TileSource(tmp_path / "v.zarr").layers
+    assert layers["elevation"].current and not layers["sssp/t/distance"].current
+    assert layers["sssp/t/distance"].levels == ["sssp/t/distance"]  # the array itself, not the stale levels

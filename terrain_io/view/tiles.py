@@ -95,8 +95,11 @@ class TileSource:
             current = not level_shapes(st.group[name].shape, st.tile_size)  # one tile: needs none
         layer = Layer(name, levels, current=current)
         arr = st.group[levels[-1]]
-        z = np.asarray(arr[...] if arr.size <= 4096 * 4096 else arr[:: max(1, arr.shape[0] // 2048),
-                                                                    :: max(1, arr.shape[1] // 2048)], np.float64)
+        if arr.size <= 4096 * 4096:
+            z = np.asarray(arr[...], np.float64)
+        else:  # a large array without overviews: the colour span of its central 2048^2 cells (one read)
+            r0, c0 = max(0, arr.shape[0] // 2 - 1024), max(0, arr.shape[1] // 2 - 1024)
+            z = np.asarray(arr[r0 : r0 + 2048, c0 : c0 + 2048], np.float64)
         painted = paint(st, name, st.group[name], z)
         layer.span, layer.legend = painted.span, painted.legend
         layer.meta = {"name": name, "levels": len(levels) - 1, "overviews_current": current,
