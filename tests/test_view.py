@@ -460,3 +460,38 @@ def test_view_ignores_overviews_older_than_their_array(tmp_path):
     layers = TileSource(tmp_path / "v.zarr").layers
     assert layers["elevation"].current and not layers["sssp/t/distance"].current
     assert layers["sssp/t/distance"].levels == ["sssp/t/distance"]  # the array itself, not the stale levels
+
+
+def test_view_geojson_overlays_in_lon_lat(tmp_path):
+    pyproj = pytest.importorskip("pyproj")
+    from terrain_io.view import make_server
+
+    view_store(tmp_path / "v.zarr")
+    utm = {"type": "FeatureCollection", "features": [{"type": "Feature", "properties": {"cost": 3.5},
+           "geometry": {"type": "LineString", "coordinates": [[500015.0, 4099985.0], [501000.0, 4098000.0, 12.0]]}}]}
+    named = dict(utm, crs={"type": "name", "properties": {"name": "urn:ogc:def:crs:EPSG::32633"}})
+    lonlat = {"type": "Point", "coordinates": [15.0, 37.0]}
+    paths = []
+    for i, doc in enumerate((utm, named, lonlat)):
+        paths.append(tmp_path / f"o{i}.geojson")
+        paths[-1].write_text(json.dumps(doc))
+    server = make_server(tmp_path / "v.zarr", port=0, geojson=paths)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        to = pyproj.Transformer.from_crs("EPSG:32633", "EPSG:4326", always_xy=True).transform
+        want = [list(to(500015.0, 4099985.0)), [*to(501000.0, 4098000.0), 12.0]]
+        for i in (0, 1):  # no crs member: the store's CRS (as terrain path writes); a named crs
+            status, kind, body = get(port, f"/overlay/{i}.geojson")
+            got = json.loads(body)
+            assert status == 200 and kind == "application/geo+json" and "crs" not in got
+            np.testing.assert_allclose(np.array(got["features"][0]["geometry"]["coordinates"][0]), want[0])
+            np.testing.assert_allclose(np.array(got["features"][0]["geometry"]["coordinates"][1]), want[1])
+            assert got["features"][0]["properties"] == {"cost": 3.5}
+        assert json.loads(get(port, "/overlay/2.geojson")[2]) == lonlat  # lon/lat already
+        assert json.loads(get(port, "/api/layers")[2])["overlays"] == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+    r = CliRunner().invoke(cli, ["view", str(tmp_path / "v.zarr"), "--geojson", str(tmp_path / "none.geojson")])
+    assert r.exit_code == 1 and "terrain: error:" in r.output and "none.geojson" in r.output

@@ -45,7 +45,9 @@ def browser_page(tmp_path):
     with st.write_result("fill") as w:
         w.create_array("depth", "float32", float("nan"))[...] = depth.astype(np.float32)
     write_overviews(tmp_path / "b.zarr")
-    server = make_server(tmp_path / "b.zarr", port=0)
+    path = tmp_path / "path.geojson"  # a traced path in the store's CRS, as terrain path writes one
+    path.write_text('{"type": "LineString", "coordinates": [[501000, 4097000], [506000, 4095000]]}')
+    server = make_server(tmp_path / "b.zarr", port=0, geojson=[path])
     threading.Thread(target=server.serve_forever, daemon=True).start()
     with playwright.sync_playwright() as p:
         try:
@@ -157,6 +159,8 @@ def test_view_in_the_browser(browser_page, tmp_path):
         break
     else:
         pytest.fail("no valid cell under the clicks")
+    assert page.evaluate("window.terrainMap.getLayer('overlay0:line') !== undefined")  # the GeoJSON drawn
+    assert any(u.endswith("/overlay/0.geojson") for u in requests)
     assert not errors, errors
     off = [u for u in requests if urllib.parse.urlsplit(u).hostname not in ("127.0.0.1", None)
            and not u.startswith(("data:", "blob:"))]
