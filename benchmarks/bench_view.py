@@ -105,9 +105,46 @@ def main():
                          "warm_median_ms": round(1000 * float(np.median(warm)), 3),
                          "warm_max_ms": round(1000 * max(warm), 3)})
             print(json.dumps(rows[-1]), flush=True)
+        http_tiles(path, args.array, top, source.bounds_lonlat(), args.tiles, rows)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def http_tiles(path, array, top, bounds, count, rows):
+    """Tiles through ``terrain view``'s server on 127.0.0.1 (a fresh one: cold, then warm), each
+    request on its own connection as a browser's first one."""
+    import http.client
+    import threading
+
+    from terrain_io.view import make_server
+
+    server = make_server(path, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def fetch(t):
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        conn.request("GET", f"/tiles/{array}/{t[0]}/{t[1]}/{t[2]}.png")
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        assert r.status == 200, (r.status, body)
+
+    try:
+        for zoom in (max(0, top - 6), max(0, top - 3), top):
+            tiles = _tiles_over(*bounds, zoom, count)
+            cold = [timed(lambda t=t: fetch(t))[1] for t in tiles]
+            warm = [timed(lambda t=t: fetch(t))[1] for t in tiles]
+            rows.append({"what": "http tile", "array": array, "zoom": zoom, "tiles": len(tiles),
+                         "cold_median_ms": round(1000 * float(np.median(cold)), 1),
+                         "cold_max_ms": round(1000 * max(cold), 1),
+                         "warm_median_ms": round(1000 * float(np.median(warm)), 2),
+                         "warm_max_ms": round(1000 * max(warm), 2)})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _tiles_over(w, s, e, n, zoom, count):
