@@ -20,7 +20,7 @@ from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
 from ...vectors import check_output, wkb_linestring, wkb_polygon, write_features
-from .._tiled import table_cell, write_held
+from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
 from . import _cpu
 
