@@ -156,6 +156,7 @@ def _register() -> None:
     from . import depressions  # noqa: F401
     from . import flow  # noqa: F401
     from . import hydro  # noqa: F401
+    from . import view  # noqa: F401
 
 
 def _exit_interrupted(exc: KeyboardInterrupt):

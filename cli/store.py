@@ -251,9 +251,11 @@ def synth(out, size, cols, seed, nodata_fraction, cell_size, tile, shard, schedu
               help="Flow directions (flow/direction) in another tool's codes, GeoTIFF: esri 1..128 clockwise from E, "
                    "taudem 1..8 counter-clockwise from E, grass r.watershed 1..8 (negative where flow leaves), "
                    "whitebox D8 pointer.")
+@click.option("--cog", is_flag=True,
+              help="OUT.tif as a Cloud-Optimized GeoTIFF with internal overviews (GDAL's COG driver).")
 @scheduler_option
 @overwrite_option
-def export(store, array, out, decimals, encoding, scheduler, overwrite):
+def export(store, array, out, decimals, encoding, cog, scheduler, overwrite):
     """Export ARRAY of a store (default: elevation; e.g. sssp/NAME/distance) to a file.
 
     Unreached cells (+inf) and nodata are written as nodata; OUT.asc gets OUT.prj with the CRS.
@@ -269,5 +271,5 @@ def export(store, array, out, decimals, encoding, scheduler, overwrite):
     with warnings.catch_warnings():  # notes (TerrainNote) still reach the user
         warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture, a DEM without a transform
         run(store, array, out, overwrite=overwrite, decimals=decimals, scheduler=scheduler, progress=not quiet(),
-            announce=say, encoding=encoding)
+            announce=say, encoding=encoding, cog=cog)
     say(f"{out}: written in {timer.elapsed:.2f} s ({format_bytes(out.stat().st_size)})")

@@ -218,6 +218,21 @@ def atomic_file(final):
         raise
 
 
+@contextlib.contextmanager
+def scratch_file(final):
+    """Yield a temporary file path beside ``final`` for intermediate bytes (the GeoTIFF that GDAL's COG
+    driver copies from); removed when the block ends, by the interrupt handler's sweep, or as a dead
+    writer's leftover."""
+    tmp = temporary_name(Path(final), "scratch")
+    _OWN.add(tmp)
+    try:
+        yield tmp
+    finally:
+        _remove(tmp)
+        Path(str(tmp) + ".aux.xml").unlink(missing_ok=True)  # GDAL side files
+        _OWN.discard(tmp)
+
+
 def refuse_existing(final, overwrite: bool) -> None:
     """The rule of every output file: one that exists is replaced only with ``overwrite``."""
     if os.path.lexists(final) and not overwrite:

@@ -79,8 +79,11 @@ def _nodata_of(store: TerrainStore, name: str, arr):
 
 
 def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int | None = None,
-           scheduler: str | None = "local", progress: bool = False, announce=None, encoding: str | None = None) -> Path:
+           scheduler: str | None = "local", progress: bool = False, announce=None, encoding: str | None = None,
+           cog: bool = False) -> Path:
     """Write array ``name`` of the store to ``out`` (.tif/.tiff, .asc, .png by suffix).
+
+    ``cog``: a Cloud-Optimized GeoTIFF (:func:`_write_cog`) with internal overviews.
 
     ``scheduler``: where the per-shard work runs (``local``, ``threads``, ``processes`` or a
     ``dask.distributed`` address; see the module docstring); the file is the same either way.
@@ -106,6 +109,10 @@ def export(store_path, name: str, out, *, overwrite: bool = False, decimals: int
             raise InputError(f"--encoding applies to flow directions (flow/direction), not {name}")
         if suffix not in (".tif", ".tiff"):
             raise InputError(f"--encoding writes GeoTIFF (.tif), not {suffix}")
+    if cog:
+        if suffix not in (".tif", ".tiff"):
+            raise InputError(f"--cog writes a GeoTIFF (.tif), not {suffix}")
+        writers[suffix] = _write_cog
     run = _Runner(scheduler, progress, announce, encoding)
     from rasterio._err import CPLE_BaseError
     from rasterio.errors import RasterioError
@@ -201,7 +208,7 @@ def _read_block(task: _ShardTask) -> np.ndarray:
     return block
 
 
-def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
+def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner, compress: dict | None = None) -> None:
     import rasterio
     from rasterio.crs import CRS
     from rasterio.transform import Affine
@@ -222,6 +229,7 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
         profile["transform"] = Affine.from_gdal(*t)
     if store.crs:
         profile["crs"] = CRS.from_user_input(store.crs)
+    profile.update(compress or {})
     if rows < 256 or cols < 256:
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
@@ -232,6 +240,31 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner)
     with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024), rasterio.open(out, "w", **profile) as ds:
         for block, win in zip(run(_read_block, tasks, shard_bytes), wins):
             ds.write(block, 1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
+
+
+# GDAL's overview resampling for each of the store's (terrain_io.overviews.resampling_for); GDAL 3.10
+# has no maximum, so accumulation and stream orders are averaged in a COG's overviews
+_COG_RESAMPLING = {"average": "AVERAGE", "mode": "MODE", "max": "AVERAGE"}
+
+
+def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
+    """A Cloud-Optimized GeoTIFF: the array streamed shard by shard into a tiled scratch GeoTIFF
+    beside ``out`` (zstd level 1: written once, read once), then copied by GDAL's COG driver, which
+    reads it block by block, builds the overviews (halving down to one 512^2 block, resampled as
+    the store's overviews are, see ``_COG_RESAMPLING``) and writes the COG layout: IFDs first,
+    the smallest overview's tiles first, full resolution last; deflate with a predictor."""
+    import rasterio
+    import rasterio.shutil
+
+    from .atomic import scratch_file
+    from .overviews import resampling_for
+
+    with scratch_file(out) as src:
+        _write_geotiff(store, name, arr, src, run, compress={"compress": "zstd", "zstd_level": 1, "predictor": 1})
+        with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024, GDAL_NUM_THREADS="ALL_CPUS"):
+            rasterio.shutil.copy(src, out, driver="COG", COMPRESS="DEFLATE", PREDICTOR="YES", BLOCKSIZE=512,
+                                 BIGTIFF="IF_SAFER", NUM_THREADS="ALL_CPUS",
+                                 OVERVIEW_RESAMPLING=_COG_RESAMPLING[resampling_for(name, arr.dtype)])
 
 
 @nb.njit(cache=True)
@@ -455,6 +488,80 @@ def _unit_of(store: TerrainStore, name: str) -> str:
     return ""
 
 
+@dataclass
+class Painted:
+    """Colours of an array's values as pictures and web map tiles show them (:func:`paint`)."""
+
+    rgb: np.ndarray  # (h, w, 3) float 0..255
+    ok: np.ndarray  # where a colour is drawn (else clear)
+    span: tuple[float, float]  # the values at the ramp's ends (ids: unused)
+    legend: object  # legend(width, note="") -> (h, width, 3): the legend band (terrain_io.legend)
+
+
+def paint(store: TerrainStore, name: str, arr, z: np.ndarray, *, span=None, shade=None) -> Painted:
+    """The colours of values ``z`` of array ``name``: hillshaded hypsometric tints for elevations (``shade``:
+    the hillshade in [0, 1] of the same cells, if any), lakes of ``fill/depth`` in blues, a colour per
+    id (clear at 0), flow accumulation in blues on a log scale, stream orders in blues from 1, codes as
+    set / unset, anything else on magma; the span of the ramp from ``z`` (its 2nd..98th percentiles)
+    unless given."""
+    nodata = _nodata_of(store, name, arr)
+    ok = valid_mask(z, nodata) & np.isfinite(z)
+    z = np.where(ok, z, np.nan)
+    leaf = name.rsplit("/", 1)[-1]
+
+    def ramp_legend(title, ramp, at):
+        return lambda width, note="": _ramp_legend(width, title + note, ramp, at)
+
+    if leaf == "elevation":  # the DEM, or a filled one
+        span = span or value_range(z)
+        rgb = colorize(z, _RAMP, span)
+        if shade is not None:
+            rgb = rgb * (0.35 + 0.65 * shade)[..., None]
+        return Painted(rgb, ok, span, ramp_legend(f"{name} (m), hillshaded", _RAMP, span))
+    if leaf == "depth":  # filled depths: the lakes in blues, dry cells transparent
+        ok &= z > 0
+        span = span or value_range(np.where(ok, z, np.nan))
+        return Painted(colorize(np.where(ok, z, np.nan), _BLUES, span), ok, span,
+                       ramp_legend("water depth (m); clear: dry", _BLUES, span))
+    if leaf in ("order", "magnitude") and name.startswith("streams/"):  # Strahler / Shreve: blues, 0 clear
+        ok &= z > 0
+        span = span or ((1.0, float(np.nanmax(np.where(ok, z, np.nan)))) if ok.any() else (1.0, 2.0))
+        method = store.group[name].attrs.get("method", "")
+        return Painted(colorize(np.where(ok, z, np.nan), _BLUES, span), ok, span,
+                       ramp_legend(f"{name} ({method}); clear: off the network", _BLUES, span))
+    if leaf in ("depression", "basin", "source", "label", "link"):  # ids: one colour each, transparent outside
+        ok &= z > 0
+        ids = np.unique(z[ok]).astype(np.int64)
+        return Painted(_categorical(z), ok, span or (0.0, 1.0),
+                       lambda width, note="": _ids_legend(width, name, leaf, ids))
+    if leaf == "accumulation":  # flow accumulation: log scale (counts span 1 .. millions), 0 clear
+        ok &= z > 0
+        logs = np.log10(np.where(ok, z, np.nan))
+        span = span or ((0.0, float(np.nanmax(logs))) if ok.any() else (0.0, 1.0))
+        title = f"{name} ({store.group[name].attrs.get('units', 'cells')}), log scale"
+
+        def legend(width, note=""):
+            band = band_for(width, [title + note])
+            band.text(title + note)
+            band.ramp(_ramp_colours(_BLUES), [f"{10 ** v:.3g}" for v in (span[0], sum(span) / 2, span[1])])
+            return band.image()
+
+        return Painted(colorize(logs, _BLUES, span), ok, span, legend)
+    if arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
+        def legend(width, note=""):
+            band = band_for(width, [f"{name}: codes / bit mask"])
+            band.text(f"{name}: codes / bit mask")
+            band.swatches([(np.full(3, 30.0), "0"), (np.full(3, 230.0), "not 0")])
+            return band.image()
+
+        return Painted(np.repeat(np.where(np.nan_to_num(z) > 0, 230.0, 30.0)[..., None], 3, axis=-1), ok,
+                       span or (0.0, 1.0), legend)
+    span = span or value_range(z)
+    unit = _unit_of(store, name)
+    return Painted(colorize(z, _MAGMA, span), ok, span, ramp_legend(f"{name}{f' ({unit})' if unit else ''}", _MAGMA,
+                                                                    span))
+
+
 def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
     """The picture of ``name`` (at most PNG_MAX_SIDE cells a side; its pixels are the cells, row for
     row, from the top-left corner) over its legend band (:mod:`terrain_io.legend`)."""
@@ -463,52 +570,14 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     rows, cols = arr.shape
     factor = max(1, math.ceil(max(rows, cols) / PNG_MAX_SIDE))
     z = _downsampled(store, name, arr, factor, run)
-    nodata = _nodata_of(store, name, arr)
-    ok = valid_mask(z, nodata) & np.isfinite(z)
-    z = np.where(ok, z, np.nan)
-    leaf = name.rsplit("/", 1)[-1]
-    every = f", 1 in {factor} cells a side" if factor > 1 else ""
-    if leaf == "elevation":  # the DEM, or a filled one
+    shade = None
+    if name.rsplit("/", 1)[-1] == "elevation":
         dx, dy = store.metric_cell_size  # metres also for degrees: the relief's true slopes
-        span = value_range(z)
-        rgb = colorize(z, _RAMP, span) * (0.35 + 0.65 * hillshade(z, dx * factor, dy * factor))[..., None]
-        legend = _ramp_legend(rgb.shape[1], f"{name} (m), hillshaded{every}", _RAMP, span)
-    elif leaf == "depth":  # filled depths: the lakes in blues, dry cells transparent
-        ok &= z > 0
-        span = value_range(np.where(ok, z, np.nan))
-        rgb = colorize(np.where(ok, z, np.nan), _BLUES, span)
-        legend = _ramp_legend(rgb.shape[1], f"water depth (m); clear: dry{every}", _BLUES, span)
-    elif leaf in ("order", "magnitude") and name.startswith("streams/"):  # Strahler / Shreve: blues, 0 clear
-        ok &= z > 0
-        span = (1.0, float(np.nanmax(np.where(ok, z, np.nan)))) if ok.any() else (1.0, 2.0)
-        rgb = colorize(np.where(ok, z, np.nan), _BLUES, span)
-        legend = _ramp_legend(rgb.shape[1], f"{name} ({store.group[name].attrs.get('method', '')}); clear: off the "
-                              f"network{every}", _BLUES, span)
-    elif leaf in ("depression", "basin", "source", "label", "link"):  # ids: one colour each, transparent outside
-        ok &= z > 0
-        rgb = _categorical(z)
-        legend = _ids_legend(rgb.shape[1], name, leaf, np.unique(z[ok]).astype(np.int64))
-    elif leaf == "accumulation":  # flow accumulation: log scale (counts span 1 .. millions), 0 clear
-        ok &= z > 0
-        logs = np.log10(np.where(ok, z, np.nan))
-        span = (0.0, float(np.nanmax(logs))) if ok.any() else (0.0, 1.0)
-        rgb = colorize(logs, _BLUES, span)
-        title = f"{name} ({store.group[name].attrs.get('units', 'cells')}), log scale{every}"
-        band = band_for(rgb.shape[1], [title])
-        band.text(title)
-        band.ramp(_ramp_colours(_BLUES), [f"{10 ** v:.3g}" for v in (span[0], sum(span) / 2, span[1])])
-        legend = band.image()
-    elif arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
-        rgb = np.repeat(np.where(np.nan_to_num(z) > 0, 230.0, 30.0)[..., None], 3, axis=-1)
-        band = band_for(rgb.shape[1], [f"{name}: codes / bit mask"])
-        band.text(f"{name}: codes / bit mask")
-        band.swatches([(np.full(3, 30.0), "0"), (np.full(3, 230.0), "not 0")])
-        legend = band.image()
-    else:
-        span = value_range(z)
-        rgb = colorize(z, _MAGMA, span)
-        unit = _unit_of(store, name)
-        legend = _ramp_legend(rgb.shape[1], f"{name}{f' ({unit})' if unit else ''}{every}", _MAGMA, span)
+        shade = hillshade(np.where(valid_mask(z, _nodata_of(store, name, arr)) & np.isfinite(z), z, np.nan),
+                          dx * factor, dy * factor)
+    painted = paint(store, name, arr, z, shade=shade)
+    rgb, ok = painted.rgb, painted.ok
+    legend = painted.legend(rgb.shape[1], f", 1 in {factor} cells a side" if factor > 1 else "")
     alpha = np.where(ok, 255, 0)
     picture = np.concatenate([rgb, alpha[..., None]], axis=-1)
     image = np.zeros((picture.shape[0] + legend.shape[0], legend.shape[1], 4))  # clear beside the picture

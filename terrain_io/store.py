@@ -375,10 +375,12 @@ class TerrainStore:
         """Every array of the store other than ``elevation``: path -> attributes (with shape, dtype)."""
         found = {}
         for name, node in self.group.members(max_depth=None):
+            if name.startswith("overviews/"):  # pyramids of the arrays (terrain_io.overviews), not results
+                continue
             if isinstance(node, zarr.Array) and name != ELEVATION and name.rsplit("/", 1)[-1] not in COORDINATES:
                 found[name] = {"shape": tuple(node.shape), "dtype": str(node.dtype), **dict(node.attrs)}
         for name, node in self.group.members(max_depth=None):
-            if isinstance(node, zarr.Group) and node.attrs:
+            if isinstance(node, zarr.Group) and node.attrs and not name.startswith("overviews/"):
                 found.setdefault(name, {}).update(dict(node.attrs))
         return dict(sorted(found.items()))
 
