@@ -323,9 +323,11 @@ class TerrainStore:
         return x0 + c * dx + r * rx, y0 + c * ry + r * dy
 
     # -- reading --------------------------------------------------------------------------
-    def read(self, window: Window, array: str = ELEVATION, halo: int = 0) -> np.ndarray:
+    def read(self, window: Window, array: str = ELEVATION, halo: int = 0, out: np.ndarray | None = None
+             ) -> np.ndarray:
         """Cells of ``window`` grown by ``halo``; cells outside the DEM hold the array's fill value.
-        A window inside one shard is decoded here (:func:`read_shard`, parallel threads scale), the rest by zarr."""
+        A window inside one shard is decoded here (:func:`read_shard`, parallel threads scale; into
+        ``out`` when given), the rest by zarr (then copied into ``out``)."""
         arr = self.elevation if array == ELEVATION else self.group[array]  # (a lookup reads zarr.json)
         rows, cols = arr.shape
         sh = arr.shards
@@ -333,7 +335,10 @@ class TerrainStore:
                 and (window.r1 - 1) // sh[0] == window.r0 // sh[0] and (window.c1 - 1) // sh[1] == window.c0 // sh[1]):
             whole = window.r0 % sh[0] == 0 and window.c0 % sh[1] == 0 and window.r1 == min(window.r0 + sh[0], rows) \
                 and window.c1 == min(window.c0 + sh[1], cols)
-            return read_shard(arr, window.r0 // sh[0], window.c0 // sh[1], None if whole else window)
+            return read_shard(arr, window.r0 // sh[0], window.c0 // sh[1], None if whole else window, out)
+        if out is not None:
+            out[...] = self.read(window, array, halo)
+            return out
         r0, r1, c0, c1 = window.r0 - halo, window.r1 + halo, window.c0 - halo, window.c1 + halo
         out = np.full((r1 - r0, c1 - c0), arr.fill_value, dtype=arr.dtype)
         rr0, rr1, cc0, cc1 = max(r0, 0), min(r1, rows), max(c0, 0), min(c1, cols)
@@ -718,10 +723,12 @@ def read_window(arr: zarr.Array, win: Window, whole_shard: bool) -> np.ndarray:
     return np.asarray(arr[win.slices])
 
 
-def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None) -> np.ndarray:
+def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, out: np.ndarray | None = None
+               ) -> np.ndarray:
     """The cells of shard (sr, sc) of a 2-D sharded array (clipped at the array's edge), or of
     ``part`` of it (a window of the array inside that shard: only the chunks it touches are read
-    and decoded, each from its offset in the file).
+    and decoded, each from its offset in the file); decoded into ``out`` when given (an array of
+    that shape and the array's dtype, any strides: a view of a band buffer), which is returned.
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
@@ -735,16 +742,21 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None) ->
         if not (r0 <= part.r0 <= part.r1 <= r1 and c0 <= part.c0 <= part.c1 <= c1):
             raise ValueError(f"{part} is not inside shard ({sr}, {sc})")
         r0, r1, c0, c1 = part.r0, part.r1, part.c0, part.c1
+    if out is None:
+        out = np.empty((r1 - r0, c1 - c0), dtype=arr.dtype)
+    elif out.shape != (r1 - r0, c1 - c0) or out.dtype != arr.dtype:
+        raise ValueError(f"out is {out.shape} {out.dtype}, the cells are {(r1 - r0, c1 - c0)} {arr.dtype}")
     fmt = _direct_shards(arr)
     if fmt is None:
-        return arr[r0:r1, c0:c1]
+        out[...] = arr[r0:r1, c0:c1]
+        return out
     from numcodecs import Zstd
 
     (t0, t1), _, crc = fmt
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
-    out = np.full((r1 - r0, c1 - c0), arr.fill_value, dtype=arr.dtype)
+    out[...] = arr.fill_value  # (absent chunks; the rest is decoded over it)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     size = n0 * n1 * 16
     try:

@@ -144,8 +144,8 @@ class GpuFill:
         return (cell // self.cols + 1) * (self.cols + 2) + cell % self.cols + 1
 
     def band(self, r0: int, r1: int, outputs=("elevation", "depth", "depression")) -> tuple:
-        """Rows r0 .. r1 of the ``outputs`` on the host, in that order: ``elevation`` (filled, the
-        DEM's dtype), ``depth``, ``depression`` (lake ids); only those are copied back."""
+        """Rows r0 .. r1 of the ``outputs`` on the GPU, in that order: ``elevation`` (filled, the
+        DEM's dtype), ``depth``, ``depression`` (lake ids); only those are made."""
         import cupy as cp
 
         sl = (slice(r0 + 1, r1 + 1), slice(1, self.cols + 1))
@@ -153,7 +153,7 @@ class GpuFill:
         depth = cp.empty((r1 - r0, self.cols), cp.float32)
         _outputs_kernel()(self.vals[sl], self.F[sl], self.nd, filled, depth)
         got = {"elevation": filled, "depth": depth, "depression": self.parent[r0:r1]}
-        return tuple(got[n].get() for n in outputs)
+        return tuple(got[n] for n in outputs)
 
     def close(self) -> None:
         import cupy as cp

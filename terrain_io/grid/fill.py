@@ -65,6 +65,7 @@ from ..errors import InputError, TerrainNote
 from ..jit import SERIAL_BELOW
 from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ..parallel import check_scheduler, imap_shards, map_shards
+from ..pinned import PinnedBands
 from ..progress import progress_bar
 from ..store import TerrainStore, Window, read_window, write_window
 from ..timings import Timings
@@ -566,21 +567,23 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
     bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
     threads = max(1, min(os.cpu_count() or 1, nsc))
     gpu = GpuFill(rows, cols, store.dtype, store.nodata)
+    pinned = PinnedBands(sets=2)  # the bands cross the bus from and to pinned buffers (terrain_io/pinned.py)
     try:
         with timings.phase("read"):
             with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
                     progress_bar(progress, nsr * nsc, "fill: read", unit="shard") as bar:
                 for band in bands:
                     r0 = band[0].r0
-                    host = np.empty((band[0].r1 - r0, cols), store.dtype)
+                    host = pinned.buffer(0, "read", (band[0].r1 - r0, cols), store.dtype)
 
-                    def read(win, host=host, r0=r0):
-                        host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1] = store.read(win)
+                    def read(win, host=host, r0=r0):  # each shard decoded straight into the band
+                        store.read(win, out=host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1])
                         bar.update(1)
 
                     list(pool.map(read, band))
                     gpu.load(r0, host)
                     del host
+                pinned.close()
         with timings.phase("levels"):
             gpu.levels(outlets == "edge+nodata")
             _sync()
@@ -603,11 +606,14 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
                         bar.update(1)
 
                     waiting = []
-                    for band in bands:
+                    for k, band in enumerate(bands):
                         r0 = band[0].r0
-                        parts = gpu.band(r0, band[0].r1, outputs)  # comes back while the band before is encoded
-                        for f in waiting:
-                            f.result()
+                        # comes back (into the other set of pinned buffers) while the band before is encoded
+                        with timings.phase("write_copy"):
+                            parts = pinned.download(k, gpu.band(r0, band[0].r1, outputs))
+                        with timings.phase("write_wait"):
+                            for f in waiting:
+                                f.result()
                         waiting = [pool.submit(write, win, arr, part, r0)
                                    for win in band for arr, part in zip(arrays, parts)]
                         del parts
@@ -623,6 +629,7 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
             if len(table) <= TABLE_IN_ATTRS:
                 writer.attrs["depression_table"] = {c: v.tolist() for c, v in table.rows(store).items()}
     finally:
+        pinned.close()
         gpu.close()
     return result
 
