@@ -5,7 +5,8 @@ A band copied to or from a fresh NumPy array crosses the bus twice slower or wor
 a pageable copy through its own pinned buffer, and the new array's pages fault in on first touch.
 Into a pinned buffer the copy is one DMA; the shard threads decode into it and encode from views of
 it directly. Kept sets: a band's writers still read set k while the next band comes back into set
-k + 1 (``sets`` = bands in flight + 1).
+k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled only after
+:meth:`PinnedBands.uploaded`.
 """
 from __future__ import annotations
 
@@ -35,13 +36,25 @@ class PinnedBands:
 
     def download(self, band: int, arrays) -> list[np.ndarray]:
         """Device arrays -> their pinned host copies (views valid until band + sets reuses the set);
-        each copy completes before this returns."""
+        every copy is complete when this returns."""
+        import cupy
+
         out = []
         for i, a in enumerate(arrays):
             host = self.buffer(band, i, a.shape, a.dtype)
             a.get(out=host)
             out.append(host)
+        cupy.cuda.Device().synchronize()
         return out
+
+    @staticmethod
+    def uploaded() -> None:
+        """Wait until every copy queued to the GPU is done: CuPy copies from a pinned array
+        asynchronously, straight from it, so a band's buffer is refilled only after this (measured: a
+        32768^2 fill whose next band was decoded into the buffer under the copy read other values)."""
+        import cupy
+
+        cupy.cuda.Device().synchronize()
 
     def close(self) -> None:
         self._buffers.clear()

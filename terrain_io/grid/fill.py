@@ -582,6 +582,7 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
 
                     list(pool.map(read, band))
                     gpu.load(r0, host)
+                    pinned.uploaded()  # (the next band is decoded into the same buffer)
                     del host
                 pinned.close()
         with timings.phase("levels"):

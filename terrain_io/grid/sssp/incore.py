@@ -227,6 +227,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                 list(pool.map(read, band))
                 if gpu:
                     vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
+                    pinned.uploaded()  # (the next band is read into the same buffer)
     with timings.phase("solve"):
         solving = progress_bar(progress, 1, "sssp solve", unit="grid")  # one kernel call: a bar that says so
         dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device, limit=limit)
