@@ -732,9 +732,10 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
-    with one preadv into one buffer and decodes its chunks here, straight from views of it, in the
-    pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c release the GIL), so
-    that one reader uses every core and parallel readers scale. The shard index's crc32c is checked,
+    with one preadv into one buffer and decodes its chunks here, straight from views of it -- from
+    the main thread in the pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c
+    release the GIL), so that one reader uses every core, and in a reader thread's own, as parallel
+    readers scale. The shard index's crc32c is checked,
     as zarr does, and each chunk's (format 2), and the file against the array's manifest: damage
     raises DamagedStoreError. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
@@ -815,7 +816,10 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
         out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
 
-    _run_chunks(decode, jobs, out.nbytes)
+    # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
+    # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
+    # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+    _run_chunks(decode, jobs, out.nbytes if threading.current_thread() is threading.main_thread() else 0)
     return out
 
 

@@ -12,11 +12,21 @@ from terrain_io.errors import DamagedStoreError
 from terrain_io.store import TerrainStore, Window, read_shard
 
 
-@pytest.fixture(params=["serial", "pool"])
+@pytest.fixture(params=["serial", "pool", "reader thread"])
 def path_kind(request, monkeypatch):
-    if request.param == "pool":  # every shard through the pool, however small
+    if request.param != "serial":  # every shard through the pool, however small (but in a reader thread)
         monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
     return request.param
+
+
+def _in(path_kind, fn, *args):
+    """``fn(*args)`` here, or in a reader thread (which decodes in its own thread)."""
+    if path_kind != "reader thread":
+        return fn(*args)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "uint8", "uint32"])
@@ -34,10 +44,10 @@ def test_shard_reads_equal_zarrs(tmp_path, dtype, path_kind):
     for sr in range(2):
         for sc in range(3):
             r0, c0 = sr * 32, sc * 32
-            got = read_shard(arr, sr, sc)
+            got = _in(path_kind, read_shard, arr, sr, sc)
             assert got.tobytes() == ref[r0 : r0 + 32, c0 : c0 + 32].tobytes()
     for win in (Window(3, 29, 5, 31), Window(32, 45, 64, 70), Window(40, 41, 33, 60)):  # parts of one shard
-        got = st.read(win)
+        got = _in(path_kind, st.read, win)
         assert got.tobytes() == ref[win.slices].tobytes()
 
 
@@ -52,11 +62,11 @@ def test_damage_refused_on_either_path(tmp_path, damage, path_kind):
         data[40] ^= 0xFF  # inside the first chunk's frame
         shard.write_bytes(bytes(data))
         with pytest.raises(DamagedStoreError, match=r"chunk \(\d+, \d+\).*checksum"):
-            read_shard(TerrainStore.open(st.path).elevation, 0, 0)
+            _in(path_kind, read_shard, TerrainStore.open(st.path).elevation, 0, 0)
     else:
         shard.write_bytes(bytes(data[: len(data) // 2]))
         with pytest.raises(DamagedStoreError):
-            read_shard(TerrainStore.open(st.path).elevation, 0, 0)
+            _in(path_kind, read_shard, TerrainStore.open(st.path).elevation, 0, 0)
 
 
 @pytest.mark.gpu
