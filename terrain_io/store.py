@@ -24,6 +24,7 @@ import datetime as _dt
 import itertools
 import os
 import sys
+import threading
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -322,9 +323,11 @@ class TerrainStore:
         return x0 + c * dx + r * rx, y0 + c * ry + r * dy
 
     # -- reading --------------------------------------------------------------------------
-    def read(self, window: Window, array: str = ELEVATION, halo: int = 0) -> np.ndarray:
+    def read(self, window: Window, array: str = ELEVATION, halo: int = 0, out: np.ndarray | None = None
+             ) -> np.ndarray:
         """Cells of ``window`` grown by ``halo``; cells outside the DEM hold the array's fill value.
-        A window inside one shard is decoded here (:func:`read_shard`, parallel threads scale), the rest by zarr."""
+        A window inside one shard is decoded here (:func:`read_shard`, parallel threads scale; into
+        ``out`` when given), the rest by zarr (then copied into ``out``)."""
         arr = self.elevation if array == ELEVATION else self.group[array]  # (a lookup reads zarr.json)
         rows, cols = arr.shape
         sh = arr.shards
@@ -332,7 +335,10 @@ class TerrainStore:
                 and (window.r1 - 1) // sh[0] == window.r0 // sh[0] and (window.c1 - 1) // sh[1] == window.c0 // sh[1]):
             whole = window.r0 % sh[0] == 0 and window.c0 % sh[1] == 0 and window.r1 == min(window.r0 + sh[0], rows) \
                 and window.c1 == min(window.c0 + sh[1], cols)
-            return read_shard(arr, window.r0 // sh[0], window.c0 // sh[1], None if whole else window)
+            return read_shard(arr, window.r0 // sh[0], window.c0 // sh[1], None if whole else window, out)
+        if out is not None:
+            out[...] = self.read(window, array, halo)
+            return out
         r0, r1, c0, c1 = window.r0 - halo, window.r1 + halo, window.c0 - halo, window.c1 + halo
         out = np.full((r1 - r0, c1 - c0), arr.fill_value, dtype=arr.dtype)
         rr0, rr1, cc0, cc1 = max(r0, 0), min(r1, rows), max(c0, 0), min(c1, cols)
@@ -719,78 +725,103 @@ def read_window(arr: zarr.Array, win: Window, whole_shard: bool) -> np.ndarray:
     return np.asarray(arr[win.slices])
 
 
-def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None) -> np.ndarray:
+def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, out: np.ndarray | None = None
+               ) -> np.ndarray:
     """The cells of shard (sr, sc) of a 2-D sharded array (clipped at the array's edge), or of
     ``part`` of it (a window of the array inside that shard: only the chunks it touches are read
-    and decoded, each from its offset in the file).
+    and decoded, each from its offset in the file); decoded into ``out`` when given (an array of
+    that shape and the array's dtype, any strides: a view of a band buffer), which is returned.
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
-    and decodes its chunks here, so that parallel threads read parallel shards (zstd releases the
-    GIL). The shard index's crc32c is checked, as zarr does, and each chunk's (format 2), and the
-    file against the array's manifest: damage raises DamagedStoreError. Other layouts: through zarr."""
+    with one preadv into one buffer and decodes its chunks here, straight from views of it -- from
+    the main thread in the pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c
+    release the GIL), so that one reader uses every core, and in a reader thread's own, as parallel
+    readers scale. The shard index's crc32c is checked,
+    as zarr does, and each chunk's (format 2), and the file against the array's manifest: damage
+    raises DamagedStoreError. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if part is not None:
         if not (r0 <= part.r0 <= part.r1 <= r1 and c0 <= part.c0 <= part.c1 <= c1):
             raise ValueError(f"{part} is not inside shard ({sr}, {sc})")
         r0, r1, c0, c1 = part.r0, part.r1, part.c0, part.c1
+    if out is None:
+        out = np.empty((r1 - r0, c1 - c0), dtype=arr.dtype)
+    elif out.shape != (r1 - r0, c1 - c0) or out.dtype != arr.dtype:
+        raise ValueError(f"out is {out.shape} {out.dtype}, the cells are {(r1 - r0, c1 - c0)} {arr.dtype}")
     fmt = _direct_shards(arr)
     if fmt is None:
-        return arr[r0:r1, c0:c1]
+        out[...] = arr[r0:r1, c0:c1]
+        return out
     from numcodecs import Zstd
 
     (t0, t1), _, crc = fmt
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
-    out = np.full((r1 - r0, c1 - c0), arr.fill_value, dtype=arr.dtype)
+    out[...] = arr.fill_value  # (absent chunks; the rest is decoded over it)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     size = n0 * n1 * 16
     try:
-        f = open(path, "rb")
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:  # never written: all fill value (unless the manifest lists it)
         if check is not None:
             check.check_entry(arr.path, key, None)
         return out
-    with f:
-        length = os.fstat(f.fileno()).st_size
+    try:
+        length = os.fstat(fd).st_size
         if check is not None:
             check.check_entry(arr.path, key, length)
         if length < size + 4:
             raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
         whole = part is None
-        raw = f.read() if whole else None
-        tail = raw[-size - 4 :] if whole else os.pread(f.fileno(), size + 4, length - size - 4)
+        raw = _read_file(fd, length, arr, (sr, sc)) if whole else None  # numpy views of it: no copies
+        tail = raw[-size - 4 :] if whole else np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
         index_bytes = tail[:-4]
-        if integrity.crc32c(index_bytes) != tail[-4:]:
+        if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
             raise _damaged(arr, (sr, sc), "the shard index fails its checksum", unit="shard")
-        index = np.frombuffer(index_bytes, "<u8").reshape(n0, n1, 2)
-        zstd = Zstd()
+        index = index_bytes.view("<u8").reshape(n0, n1, 2)
         body = length - size - 4
         s0, s1 = sr * arr.shards[0], sc * arr.shards[1]  # the shard's first cell
+        jobs = []
         for i in range((r0 - s0) // t0, -(-(r1 - s0) // t0)):
             for j in range((c0 - s1) // t1, -(-(c1 - s1) // t1)):
                 off, nb = (int(v) for v in index[i, j])
                 if off == _EMPTY:
                     continue
-                where = (sr * n0 + i, sc * n1 + j)
                 if off + nb > body or nb < 4 * crc:
-                    raise _damaged(arr, where, "chunk lies outside its shard file (bad index)")
-                data = raw[off : off + nb] if whole else os.pread(f.fileno(), nb, off)
-                if crc:
-                    data, stored = data[:-4], data[-4:]
-                    if integrity.crc32c(data) != stored:
-                        raise _damaged(arr, where, "chunk fails its checksum")
-                try:
-                    decoded = zstd.decode(data)
-                except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
-                    raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
-                if len(decoded) != t0 * t1 * arr.dtype.itemsize:
-                    raise _damaged(arr, where, f"chunk decodes to {len(decoded)} bytes")
-                chunk = np.frombuffer(decoded, dtype=arr.dtype).reshape(t0, t1)
-                a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
-                lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
-                out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
+                    raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
+                jobs.append((i, j, off, nb))
+        if not whole:  # the chunks the window touches, from their offsets
+            raw = {off: np.frombuffer(os.pread(fd, nb, off), np.uint8) for _, _, off, nb in jobs}
+    finally:
+        os.close(fd)
+    zstd = Zstd()
+
+    def decode(job):
+        """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
+        i, j, off, nb = job
+        where = (sr * n0 + i, sc * n1 + j)
+        data = raw[off : off + nb] if whole else raw[off]
+        if crc:
+            data, stored = data[:-4], data[-4:]
+            if integrity.crc32c(data) != stored.tobytes():
+                raise _damaged(arr, where, "chunk fails its checksum")
+        chunk = np.empty((t0, t1), arr.dtype)
+        try:
+            got = zstd.decode(data, out=chunk)
+        except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
+            raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
+        if memoryview(got).nbytes != chunk.nbytes:
+            raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
+        a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
+        lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
+        out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
+
+    # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
+    # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
+    # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+    _run_chunks(decode, jobs, out.nbytes if threading.current_thread() is threading.main_thread() else 0)
     return out
 
 
@@ -798,7 +829,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     """Write the cells of shard (sr, sc) (``block``: the shard clipped at the array's edge, any
     strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
     Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
-    of threads (:func:`_encode_pool`: zstd and crc32c release the GIL), the file written with one
+    of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), the file written with one
     call. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
@@ -828,8 +859,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
         return (data, integrity.crc32c(data)) if crc else (data,)
 
-    parallel = block.nbytes >= _PARALLEL_SHARD_BYTES and len(cells) > 1 and (os.cpu_count() or 1) > 1
-    encoded = list(_encode_pool().map(encode, cells) if parallel else map(encode, cells))
+    encoded = _run_chunks(encode, cells, block.nbytes)
     index = np.full((n0, n1, 2), _EMPTY, "<u8")
     parts, offset = [], 0
     for (i, j), data in zip(cells, encoded):
@@ -853,14 +883,40 @@ _PARALLEL_SHARD_BYTES = 1 << 20  # a smaller shard is encoded in its caller's th
 _POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 
 
-def _encode_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's pool of chunk encoders, one thread a core (made again in a forked child,
-    which has none of its parent's threads)."""
+def _codec_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's pool of chunk encoders and decoders, one thread a core (made again in a forked
+    child, which has none of its parent's threads)."""
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
         _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1,
-                                                                     thread_name_prefix="terrain-encode"))
+                                                                     thread_name_prefix=_POOL_THREADS))
     return _POOL[1]
+
+
+_POOL_THREADS = "terrain-codec"
+
+
+def _run_chunks(fn, jobs: list, nbytes: int) -> list:
+    """``[fn(job) for job in jobs]``: in the codec pool when the shard is large enough (``nbytes``)
+    to pay for the hand-offs, else -- and inside the pool's own threads, which must not wait on it --
+    here. The first exception is raised, as a loop would."""
+    if (nbytes >= _PARALLEL_SHARD_BYTES and len(jobs) > 1 and (os.cpu_count() or 1) > 1
+            and not threading.current_thread().name.startswith(_POOL_THREADS)):
+        return list(_codec_pool().map(fn, jobs))
+    return [fn(job) for job in jobs]
+
+
+def _read_file(fd: int, length: int, arr: zarr.Array, shard) -> np.ndarray:
+    """The ``length`` bytes of the open file ``fd``, read with one preadv into one buffer (its
+    chunks are then numpy views, no copies); a file that shrank meanwhile is damage."""
+    buf = np.empty(length, np.uint8)
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [buf[done:]], done)
+        if n == 0:
+            raise _damaged(arr, shard, f"shard file cut while read ({done} of {length} bytes)", unit="shard")
+        done += n
+    return buf
 
 
 def overwrite_file(path, parts) -> None:

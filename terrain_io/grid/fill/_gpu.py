@@ -143,15 +143,17 @@ class GpuFill:
         """Index in the ringed arrays of row-major cell ids."""
         return (cell // self.cols + 1) * (self.cols + 2) + cell % self.cols + 1
 
-    def band(self, r0: int, r1: int) -> tuple:
-        """Rows r0 .. r1 of the outputs on the host: filled (the DEM's dtype), depth, lake ids."""
+    def band(self, r0: int, r1: int, outputs=("elevation", "depth", "depression")) -> tuple:
+        """Rows r0 .. r1 of the ``outputs`` on the GPU, in that order: ``elevation`` (filled, the
+        DEM's dtype), ``depth``, ``depression`` (lake ids); only those are made."""
         import cupy as cp
 
         sl = (slice(r0 + 1, r1 + 1), slice(1, self.cols + 1))
         filled = cp.empty((r1 - r0, self.cols), self.dtype)
         depth = cp.empty((r1 - r0, self.cols), cp.float32)
         _outputs_kernel()(self.vals[sl], self.F[sl], self.nd, filled, depth)
-        return filled.get(), depth.get(), self.parent[r0:r1].get()
+        got = {"elevation": filled, "depth": depth, "depression": self.parent[r0:r1]}
+        return tuple(got[n] for n in outputs)
 
     def close(self) -> None:
         import cupy as cp

@@ -65,6 +65,7 @@ from ...errors import InputError, TerrainNote
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, run_on_worker
+from ...pinned import PinnedBands
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -80,6 +81,7 @@ from ._tiled import (
 from ..tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "fill"
+OUTPUTS = ("elevation", "depth", "depression")  # the result's arrays, written unless ``outputs`` leaves one out
 TABLE_COLUMNS = ("id", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "spill_row", "spill_col",
                  "spill_x", "spill_y", "spill_elevation", "spills_to", "cells", "area", "volume", "max_depth")
 
@@ -162,7 +164,7 @@ class _Task:
     window: Window
     tiles: np.ndarray
     nodata_drains: bool
-    arrays: tuple[str, ...] = ()  # phase 3: the result arrays (elevation, depth, depression)
+    arrays: tuple[str | None, ...] = ()  # phase 3: the result arrays (elevation, depth or None, depression)
     levels: np.ndarray | str | None = None  # phase 3: G, or the .npy file that holds it
     whole_shard: bool = False  # the batch is a whole shard (else part of one, written in order)
 
@@ -194,7 +196,8 @@ def _final_phase_task(task: _Task):
                                               *Geometry(rows, cols, store.tile_size).args(task.window), G, fl,
                                               lab, False, fl, depth, dep)
     for path, block in zip(task.arrays, (fl, depth, dep)):
-        write_window(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
+        if path is not None:  # (depth left out of the outputs)
+            write_window(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
     nl, st_i, st_f, links, nlinks = out
     return (nl, st_i, st_f, links[:, : max(1, int(nlinks.max(initial=0)))], nlinks), int(np.count_nonzero(dep))
 
@@ -288,7 +291,7 @@ def _lakes_fit(lakes: _Lakes, budget: int, planned: int, done: int, total: int) 
 
 def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=None, progress: bool = True,
          scheduler: str | None = "local", batch_tiles: int | None = None, held: bool | None = None,
-         announce=None) -> FillResult:
+         announce=None, outputs=OUTPUTS) -> FillResult:
     """Fill the depressions of the DEM in ``store``: exact Priority-Flood levels, out of core.
 
     Writes ``fill/elevation`` (the DEM's dtype), ``fill/depth`` (F - h, float32) and
@@ -315,6 +318,10 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
         Force the CPU pipeline's batch side / holding the floods (tests, benchmarks).
     announce : callable, optional
         Gets a cluster's dashboard address.
+    outputs : sequence of str or str
+        The arrays to write, of ``elevation``, ``depth``, ``depression`` (a list, or names joined
+        by commas; default all three). Those written are the same bytes as in a full run; the
+        depression table is made either way.
 
     Returns
     -------
@@ -335,6 +342,7 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
     """
     timings = Timings()
     return_freed_memory_to_os()
+    outputs = check_outputs(outputs)
     if outlets not in OUTLETS:
         raise InputError(f"outlets must be one of {', '.join(OUTLETS)}, got {outlets!r}")
     if not isinstance(store, TerrainStore):
@@ -349,21 +357,36 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
     budget = memory_budget(memory)
     if held is not None or batch_tiles is not None or scheduler != "local":  # of the CPU pipeline: auto takes it
         if (device or "auto").lower() == "gpu" and scheduler != "local":  # in core: whole, on one worker's GPU
-            return run_on_worker(_fill_on_worker, (str(store.path), outlets, budget), scheduler, announce)
+            return run_on_worker(_fill_on_worker, (str(store.path), outlets, budget, outputs), scheduler, announce)
         device = device if (device or "auto").lower() != "auto" else "cpu"
     device = _choose_device(store, device, budget)
-    return FILL[device](store, outlets, budget, progress, timings, scheduler, batch_tiles, held, announce)
+    return FILL[device](store, outlets, budget, progress, timings, scheduler, batch_tiles, held, announce, outputs)
+
+
+def check_outputs(outputs) -> tuple[str, ...]:
+    """The result arrays named by ``outputs`` (names, or one text of names joined by commas), in
+    :data:`OUTPUTS` order; an unknown name, or none, is an InputError."""
+    names = outputs.split(",") if isinstance(outputs, str) else list(outputs)
+    names = [str(n).strip() for n in names if str(n).strip()]
+    unknown = [n for n in names if n not in OUTPUTS]
+    if unknown or not names:
+        raise InputError(f"fill outputs are {', '.join(OUTPUTS)} (one or more, joined by commas), got "
+                         f"{','.join(unknown) if unknown else repr(outputs)}")
+    return tuple(n for n in OUTPUTS if n in names)
 
 
 def _fill_on_worker(args) -> FillResult:
     """The GPU fill as a Dask task: in core on the worker's own GPU, within the same ``--memory``."""
-    path, outlets, budget = args
-    return fill(path, outlets=outlets, device="gpu", memory=budget, progress=False)
+    path, outlets, budget, outputs = args
+    return fill(path, outlets=outlets, device="gpu", memory=budget, progress=False, outputs=outputs)
 
 
 def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings, scheduler: str,
-                batch_tiles: int | None, held: bool | None, announce) -> FillResult:
-    """The CPU pipeline (module docstring): the tiled plan, here or as Dask tasks (:func:`fill`'s options)."""
+                batch_tiles: int | None, held: bool | None, announce, outputs=OUTPUTS) -> FillResult:
+    """The CPU pipeline (module docstring): the tiled plan, here or as Dask tasks (:func:`fill`'s options).
+    Of the arrays not in ``outputs``: ``depth`` is not written; ``elevation`` and ``depression``, which
+    the lake numbering reads back when the floods are not held, are written then and left out of the
+    result before it is sealed."""
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     geo = Geometry(rows, cols, store.tile_size)
@@ -380,9 +403,9 @@ def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, 
     batches = plan_batches(store, k)
     nodata_drains = outlets == "edge+nodata"
     whole_shard = k == store.shard_size
-    with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+    with store.write_result(RESULT, attrs={"outlets": outlets, "outputs": list(outputs)}) as writer:
         filled_arr = writer.create_array("elevation", store.dtype, store.elevation.fill_value)
-        depth_arr = writer.create_array("depth", "float32", float("nan"))
+        depth_arr = writer.create_array("depth", "float32", float("nan")) if "depth" in outputs else None
         dep_arr = writer.create_array("depression", "uint32", 0)
 
         # phase 1: floods and the boundary graph
@@ -431,7 +454,7 @@ def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, 
                     del ok, lab, out
                     bar.update(1)
                 else:
-                    arrays = tuple(f"{a.store.root}/{a.path}" for a in (filled_arr, depth_arr, dep_arr))
+                    arrays = tuple(a and f"{a.store.root}/{a.path}" for a in (filled_arr, depth_arr, dep_arr))
                     with contextlib.ExitStack() as scratch:
                         if scheduler == "local":
                             levels = G
@@ -458,8 +481,9 @@ def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, 
                 b = batches[0]
                 relabel(dep, b.tiles, starts[0], final)
                 K.spill_targets(fl, dep, 0, 0, cols, spill, np.arange(1, len(spill) + 1, dtype=np.uint32), spills_to)
-                write_held(store, (filled_arr, lambda s: fl[s]), (dep_arr, lambda s: dep[s]),
-                            (depth_arr, lambda s: _depth(store, fl[s], vals[1:-1, 1:-1][s])))
+                held_out = {"elevation": (filled_arr, lambda s: fl[s]), "depression": (dep_arr, lambda s: dep[s]),
+                            "depth": (depth_arr, lambda s: _depth(store, fl[s], vals[1:-1, 1:-1][s]))}
+                write_held(store, *(held_out[n] for n in outputs))
                 del kept, fl, vals, dep
             else:
                 _relabel_and_spill(store, batches, starts, final, spill, dep_arr, filled_arr, whole_shard, spills_to,
@@ -476,6 +500,9 @@ def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, 
         writer.attrs.update(result.attrs())
         if len(table) <= TABLE_IN_ATTRS:
             writer.attrs["depression_table"] = {c: v.tolist() for c, v in table.rows(store).items()}
+        for name in set(OUTPUTS) - set(outputs):  # scratch of the lake numbering (never written when held)
+            if name in writer.group:
+                del writer.group[name]
     return result
 
 
@@ -534,11 +561,12 @@ def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
 
 
 def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings,
-                     *cpu_plan) -> FillResult:
+                     scheduler, batch_tiles, held, announce, outputs=OUTPUTS) -> FillResult:
     """The in-core GPU fill (:mod:`._gpu`): the DEM read band by band (a band of shard rows,
     its shards decoded in parallel threads) into one GPU array, levels and lakes solved there, the
-    outputs brought back a band at a time while the threads encode the band before. ``cpu_plan``:
-    the CPU pipeline's options (scheduler, batch, held), not used here."""
+    outputs brought back a band at a time while the threads encode the band before; only the arrays
+    named in ``outputs`` leave the GPU. The CPU pipeline's options (scheduler, batch, held, announce)
+    are not used here."""
     from ._gpu import GpuFill
 
     rows, cols = store.shape
@@ -546,21 +574,24 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
     bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
     threads = max(1, min(os.cpu_count() or 1, nsc))
     gpu = GpuFill(rows, cols, store.dtype, store.nodata)
+    pinned = PinnedBands(sets=2)  # the bands cross the bus from and to pinned buffers (terrain_io/pinned.py)
     try:
         with timings.phase("read"):
             with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
                     progress_bar(progress, nsr * nsc, "fill: read", unit="shard") as bar:
                 for band in bands:
                     r0 = band[0].r0
-                    host = np.empty((band[0].r1 - r0, cols), store.dtype)
+                    host = pinned.buffer(0, "read", (band[0].r1 - r0, cols), store.dtype)
 
-                    def read(win, host=host, r0=r0):
-                        host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1] = store.read(win)
+                    def read(win, host=host, r0=r0):  # each shard decoded straight into the band
+                        store.read(win, out=host[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1])
                         bar.update(1)
 
                     list(pool.map(read, band))
                     gpu.load(r0, host)
+                    pinned.uploaded()  # (the next band is decoded into the same buffer)
                     del host
+                pinned.close()
         with timings.phase("levels"):
             gpu.levels(outlets == "edge+nodata")
             _sync()
@@ -568,11 +599,11 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
             least, cells, pit, spill, level, hi, lo, max_depth, pit_elevation, spills_to = gpu.lakes()
         table = Depressions(least=least, cells=cells, pit=pit, spill=spill, level=level, volume_cells=hi + lo,
                             max_depth=max_depth, pit_elevation=pit_elevation, spills_to=spills_to)
-        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+        with store.write_result(RESULT, attrs={"outlets": outlets, "outputs": list(outputs)}) as writer:
             with timings.phase("write"):
-                arrays = (writer.create_array("elevation", store.dtype, store.elevation.fill_value),
-                          writer.create_array("depth", "float32", float("nan")),
-                          writer.create_array("depression", "uint32", 0))
+                made = {"elevation": (store.dtype, store.elevation.fill_value), "depth": ("float32", float("nan")),
+                        "depression": ("uint32", 0)}
+                arrays = tuple(writer.create_array(n, *made[n]) for n in outputs)
                 # every shard of every output its own task: three times the band's shards to encode at once
                 lanes = max(1, min(os.cpu_count() or 1, len(arrays) * nsc))
                 with concurrent.futures.ThreadPoolExecutor(lanes) as pool, \
@@ -583,11 +614,14 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
                         bar.update(1)
 
                     waiting = []
-                    for band in bands:
+                    for k, band in enumerate(bands):
                         r0 = band[0].r0
-                        parts = gpu.band(r0, band[0].r1)  # comes back while the band before is encoded
-                        for f in waiting:
-                            f.result()
+                        # comes back (into the other set of pinned buffers) while the band before is encoded
+                        with timings.phase("write_copy"):
+                            parts = pinned.download(k, gpu.band(r0, band[0].r1, outputs))
+                        with timings.phase("write_wait"):
+                            for f in waiting:
+                                f.result()
                         waiting = [pool.submit(write, win, arr, part, r0)
                                    for win in band for arr, part in zip(arrays, parts)]
                         del parts
@@ -603,6 +637,7 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
             if len(table) <= TABLE_IN_ATTRS:
                 writer.attrs["depression_table"] = {c: v.tolist() for c, v in table.rows(store).items()}
     finally:
+        pinned.close()
         gpu.close()
     return result
 

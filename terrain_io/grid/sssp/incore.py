@@ -219,12 +219,17 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         import cupy as xp
     vdtype = value_dtype(field)
     threads = _io_threads(store)
+    pinned = None
+    if gpu:  # the bands cross the bus from and to pinned buffers; up to three bands in flight when written
+        from ...pinned import PinnedBands
+
+        pinned = PinnedBands(sets=3)
     with timings.phase("read"):
         vals = xp.full((h + 2, w + 2), np.nan, vdtype)
         with ThreadPoolExecutor(threads) as pool:
             for band in bands:
                 r0, r1 = band[0].r0, band[0].r1
-                host = np.empty((r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
+                host = pinned.buffer(0, "read", (r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
 
                 def read(win, host=host):
                     host[:, win.c0 : win.c1] = field.read(win)
@@ -232,6 +237,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                 list(pool.map(read, band))
                 if gpu:
                     vals[r0 + 1 : r1 + 1, 1 : w + 1] = xp.asarray(host)
+                    pinned.uploaded()  # (the next band is read into the same buffer)
     with timings.phase("solve"):
         solving = progress_bar(progress, 1, "sssp solve", unit="grid")  # one kernel call: a bar that says so
         dist, level, pred = solve_block(vals, field.model.kind, field.steps(), cells, device=device, limit=limit)
@@ -265,11 +271,11 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
 
             with ThreadPoolExecutor(threads) as pool:
                 pending = []
-                for band in bands:
+                for k, band in enumerate(bands):
                     r0, r1 = band[0].r0, band[0].r1
                     parts = [a[r0:r1] for _, a in outputs]
                     if gpu:  # one copy a band; its shards are encoded while the next band comes over
-                        parts = [a.get() for a in parts]
+                        parts = pinned.download(k, parts)  # (sets: this band, and two still written)
                     for f in [f for f in pending if f.done()]:
                         f.result()  # raises a failed write's error here
                     pending = [f for f in pending if not f.done()]

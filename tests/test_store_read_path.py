@@ -1,0 +1,97 @@
+"""The store's shard read (issue 31): one preadv per shard, its chunks checked and decoded in the codec
+pool. Reference: zarr-python's own read of the same files (and the values written); damage in a
+shard read on the parallel path is refused as on the serial one (DamagedStoreError naming the chunk)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import terrain_io.store as store_mod
+from terrain_io.errors import DamagedStoreError
+from terrain_io.store import TerrainStore, Window, read_shard
+
+
+@pytest.fixture(params=["serial", "pool", "reader thread"])
+def path_kind(request, monkeypatch):
+    if request.param != "serial":  # every shard through the pool, however small (but in a reader thread)
+        monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
+    return request.param
+
+
+def _in(path_kind, fn, *args):
+    """``fn(*args)`` here, or in a reader thread (which decodes in its own thread)."""
+    if path_kind != "reader thread":
+        return fn(*args)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "uint8", "uint32"])
+def test_shard_reads_equal_zarrs(tmp_path, dtype, path_kind):
+    rng = np.random.default_rng(3)
+    v = (rng.random((45, 70)) * 200).astype(dtype)
+    if v.dtype.kind == "f":
+        v[rng.random(v.shape) < 0.1] = np.nan
+        v[:16, 32:48] = np.nan  # an all-fill chunk: absent from its shard's index
+    st = TerrainStore.from_array(tmp_path / "a.zarr", v, tile=8, shard=4, nodata=None if v.dtype.kind == "f" else 0)
+    plain = zarr.open_array(str(tmp_path / "a.zarr" / "elevation"), mode="r")  # zarr-python alone
+    ref = plain[...]
+    np.testing.assert_array_equal(ref, v)
+    arr = st.elevation
+    for sr in range(2):
+        for sc in range(3):
+            r0, c0 = sr * 32, sc * 32
+            got = _in(path_kind, read_shard, arr, sr, sc)
+            assert got.tobytes() == ref[r0 : r0 + 32, c0 : c0 + 32].tobytes()
+    for win in (Window(3, 29, 5, 31), Window(32, 45, 64, 70), Window(40, 41, 33, 60)):  # parts of one shard
+        got = _in(path_kind, st.read, win)
+        assert got.tobytes() == ref[win.slices].tobytes()
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut"])
+def test_damage_refused_on_either_path(tmp_path, damage, path_kind):
+    v = np.random.default_rng(4).random((32, 32)).astype(np.float32)
+    st = TerrainStore.from_array(tmp_path / "a.zarr", v, tile=8, shard=4)
+    shard = next(p for p in (tmp_path / "a.zarr" / "elevation").rglob("*") if p.is_file() and p.name != "zarr.json"
+                 and p.name != "terrain-manifest.json")
+    data = bytearray(shard.read_bytes())
+    if damage == "flip":
+        data[40] ^= 0xFF  # inside the first chunk's frame
+        shard.write_bytes(bytes(data))
+        with pytest.raises(DamagedStoreError, match=r"chunk \(\d+, \d+\).*checksum"):
+            _in(path_kind, read_shard, TerrainStore.open(st.path).elevation, 0, 0)
+    else:
+        shard.write_bytes(bytes(data[: len(data) // 2]))
+        with pytest.raises(DamagedStoreError):
+            _in(path_kind, read_shard, TerrainStore.open(st.path).elevation, 0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_bands_through_pinned_buffers_give_the_cpu_bytes(tmp_path):
+    """Bands large enough that a copy to or from the GPU takes a while (4096^2, bands of 1024 rows, 16 MB):
+    the in-core GPU fill and SSSP read their bands through one reused pinned buffer and write through
+    pinned sets; their results equal the CPU pipelines' byte for byte (which the references hold)."""
+    pytest.importorskip("cupy")
+    from terrain_io.grid.fill import fill, read_fill
+    from terrain_io.grid.sssp import sssp
+    from terrain_io.synth import synthesize
+
+    path = tmp_path / "s.zarr"
+    synthesize(path, 4096, seed=3, tile=256, shard=4)
+    st = TerrainStore.open(path)
+    fill(st, device="cpu", progress=False)
+    want = read_fill(st)
+    for _ in range(2):  # (a race shows as runs that differ)
+        assert fill(st, device="gpu", progress=False).device == "gpu"
+        got = read_fill(st)
+        for name in want:
+            assert got[name].tobytes() == want[name].tobytes(), name
+    for device in ("cpu", "gpu"):
+        sssp(st, [(2000, 2100)], name=device, weight="absdiff", cell=True, progress=False, method="incore",
+             device=device)
+    for name in ("distance", "predecessor"):
+        assert st.group[f"sssp/gpu/{name}"][...].tobytes() == st.group[f"sssp/cpu/{name}"][...].tobytes(), name
