@@ -297,3 +297,31 @@ def height_above_drainage(code: np.ndarray, z: np.ndarray, network: Network) -> 
     hand(flat, *code.shape, order, m, network.stream.reshape(-1), np.ascontiguousarray(z).reshape(-1),
          network.link.reshape(-1), height, drainage)
     return height.reshape(code.shape), drainage.reshape(code.shape)
+
+
+@numba.njit(nogil=True, cache=True)
+def walk_links(code, r0, c0, cols, cur, left, out, pos):
+    """Advance every link walk whose current cell (global id ``cur[i]``) lies in the block ``code``
+    (directions of rows r0.., columns c0..): record cells into ``out`` at ``pos[i]`` and step down
+    the flow until the walk leaves the block or has taken its cells (``left[i]`` reaches 0; a
+    link's cells are its head's flow path of ``cells`` cells). Returns the cells recorded."""
+    bh, bw = code.shape
+    moved = 0
+    for i in range(len(cur)):
+        if left[i] == 0:
+            continue
+        g = cur[i]
+        r, c = g // cols - r0, g % cols - c0
+        while 0 <= r < bh and 0 <= c < bw:
+            out[pos[i]] = g
+            pos[i] += 1
+            left[i] -= 1
+            moved += 1
+            if left[i] == 0:
+                break
+            d = code[r, c]
+            r += DR[d]
+            c += DC[d]
+            g = (r + r0) * cols + c + c0
+        cur[i] = g
+    return moved
