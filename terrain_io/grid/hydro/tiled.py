@@ -14,7 +14,7 @@ roots down the chains:
 basins and watershed: one propagation on the flow forest (roots: the terminal cells, the outlets).
 streams: one on the link forest (roots: the link heads; a cell's value is its head, so its link id
 is the head's rank), then the link table (:func:`._forest.link_ends`), Strahler and Shreve per link
-(:func:`._forest.link_orders`, in memory: one row a link) and a pass writing them per cell.
+(:func:`._cpu.link_orders`, in memory: one row a link) and a pass writing them per cell.
 HAND: the streams' links, then one propagation on the flow forest seeded at the stream cells
 carrying (link, elevation). Every value is an integer or copied bits: the same bytes as in core,
 for every window size.
@@ -31,7 +31,7 @@ from ...store import TerrainStore, Window, read_window, write_window
 from ..flow.codes import NODATA
 from ..flow.pipeline import _read_halo
 from ..tiling import plan_batches
-from . import _forest as F
+from . import _cpu, _forest as F
 
 # host bytes of a window cell at the peak: codes, accumulation and mask with their halo, seeds, the
 # parent codes and ids, chain ends and their scratch, the roots' values, the cells' values, outputs
@@ -281,7 +281,7 @@ def orders(downstream: np.ndarray, cells_total: int) -> tuple[np.ndarray, np.nda
     n = len(downstream)
     strahler = np.zeros(n, np.uint8)
     shreve = np.zeros(n, np.uint32 if cells_total < 2**32 else np.uint64)
-    if not F.link_orders(downstream.astype(np.int64), strahler, shreve):
+    if not _cpu.link_orders(downstream, strahler, shreve):
         raise InputError("the stream links have cycles")
     return strahler, shreve
 
