@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from ...errors import InputError
+from ...backend import gpu_free_bytes, resolve_device, to_host
+from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
@@ -90,6 +92,40 @@ def _method(wins) -> str:
     return "incore" if wins is None else f"tiled, windows of {wins.side} tiles"
 
 
+class _Route:
+    """The kernels of an in-core run: :mod:`._gpu` when ``device`` resolves to the GPU and the DEM's
+    arrays fit its memory (else the CPU, with one note when the GPU was asked for), :mod:`._cpu`
+    otherwise; out of core runs on the CPU."""
+
+    def __init__(self, store: TerrainStore, device: str | None, wins):
+        self.K, self.device = _cpu, "cpu"
+        asked = (device or "auto").lower()
+        if wins is not None:
+            if asked == "gpu":
+                warnings.warn("hydrology out of core runs on the CPU (the GPU kernels are in core)", TerrainNote,
+                              stacklevel=3)
+            return
+        if resolve_device(device) != "gpu":
+            return
+        from . import _gpu
+
+        need, free = _gpu.device_bytes(*store.shape), gpu_free_bytes()
+        if need > free:
+            if asked == "gpu":
+                warnings.warn(f"hydrology needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free: "
+                              f"run on the CPU instead", TerrainNote, stacklevel=3)
+            return
+        self.K, self.device = _gpu, "gpu"
+
+    def up(self, x):
+        """``x`` on the route's device."""
+        if self.device == "cpu":
+            return x
+        import cupy
+
+        return cupy.asarray(x)
+
+
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
     rows, cols = store.shape
     with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
@@ -146,7 +182,7 @@ def _cell(store: TerrainStore, name: str, r: int, c: int):
 
 def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
               progress: bool = True, vectors=None, overwrite: bool = False,
-              window_tiles: int | None = None) -> HydroResult:
+              window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col)
     first); with ``snap`` (map units), the outlets are moved first (:func:`snap_outlets`) and the
     result's attributes record where to (``snapped``); ``vectors``: a polygon file of the
@@ -156,6 +192,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     if vectors is not None:
         check_output(vectors, overwrite)
     store, wins = _open(store, "watershed", memory, window_tiles, polygons=vectors is not None)
+    route = _Route(store, device, wins)
     rows, cols = store.shape
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
@@ -180,7 +217,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     label_attrs = {"outlet_ids": "1.. in the order given; 0 none"}
     if wins is None:
         code = _read(store, "flow/direction", progress)
-        label = _cpu.label_outlets(code, flat)
+        label = to_host(route.K.label_outlets(route.up(code), flat))
         del code
         counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
         attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
@@ -200,21 +237,23 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     note = f" ({moved} moved by --snap)" if snap is not None else ""
     return HydroResult(f"watershed {name}: {len(flat)} outlets{note}"
                        f", {int(counts.sum()):,} cells drain to them, largest {int(counts.max()):,} cells, {sec:.2f} s "
-                       f"(cpu, {_method(wins)})", attrs)
+                       f"({route.device}, {_method(wins)})", attrs)
 
 
 def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False,
-           window_tiles: int | None = None) -> HydroResult:
+           window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
     (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
     t0 = time.perf_counter()
     if vectors is not None:
         check_output(vectors, overwrite)
     store, wins = _open(store, "basins", memory, window_tiles, polygons=vectors is not None)
+    route = _Route(store, device, wins)
     label_attrs = {"ids": "1.. in row-major order of the outlet cells; 0 nodata"}
     if wins is None:
         code = _read(store, "flow/direction", progress)
-        label, outlet, counts = _cpu.label_basins(code)
+        label, outlet, counts = route.K.label_basins(route.up(code))
+        label = to_host(label)
         del code
         _write(store, "basins", {"label": (label, 0, label_attrs)}, {"basins": len(outlet)})
     else:
@@ -233,7 +272,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
         write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
     sec = time.perf_counter() - t0
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
-                       f"(cpu, {_method(wins)})", attrs, table)
+                       f"({route.device}, {_method(wins)})", attrs, table)
 
 
 def _network(store, what, threshold, units, memory, window_tiles):
@@ -245,7 +284,7 @@ def _network(store, what, threshold, units, memory, window_tiles):
 
 
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
-            overwrite: bool = False, window_tiles: int | None = None) -> HydroResult:
+            overwrite: bool = False, window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
     of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``); with
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
@@ -254,6 +293,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
         check_output(vectors, overwrite)
     what = "streams" if vectors is None else "streams+vectors"
     store, wins, cells = _network(store, what, threshold, units, memory, window_tiles)
+    route = _Route(store, device, wins)
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
     rows, cols = store.shape
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
@@ -261,7 +301,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     if wins is None:
         code = _read(store, "flow/direction", progress)
         acc = _read(store, "flow/accumulation", progress)
-        net = _cpu.stream_network(code, acc, cells)
+        net = route.K.stream_network(route.up(code), route.up(acc), cells)
+        net = net._replace(**{k: to_host(getattr(net, k)) for k in ("stream", "strahler", "shreve", "link")})
         t = net.links
         links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, acc.reshape(-1)[t.tail])
         n_stream = int(np.count_nonzero(net.stream))
@@ -294,15 +335,16 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     sec = time.perf_counter() - t0
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
-                       f"(cpu, {_method(wins)})", attrs, table)
+                       f"({route.device}, {_method(wins)})", attrs, table)
 
 
 def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True,
-         window_tiles: int | None = None) -> HydroResult:
+         window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
     (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
     t0 = time.perf_counter()
     store, wins, cells = _network(store, "hand", threshold, units, memory, window_tiles)
+    route = _Route(store, device, wins)
     source = store.group["flow"].attrs.get("source", "elevation")
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "elevation": source}
     height_attrs = {"units": "elevation units above the drainage"}
@@ -310,10 +352,11 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     if wins is None:
         code = _read(store, "flow/direction", progress)
         acc = _read(store, "flow/accumulation", progress)
-        net = _cpu.stream_network(code, acc, cells)
+        code = route.up(code)
+        net = route.K.stream_network(code, route.up(acc), cells)
         del acc
         z = _read(store, source, progress)
-        height, drainage = _cpu.height_above_drainage(code, z, net)
+        height, drainage = (to_host(a) for a in route.K.height_above_drainage(code, route.up(z), net))
         del z, code, net
         _write(store, "hand", {"height": (height, float("nan"), height_attrs),
                                "drainage": (drainage, 0, drainage_attrs)}, attrs)
@@ -327,7 +370,7 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
             drained, top = tiled.hand(wins, tiled.Streams(wins, cells), source, h_arr, d_arr, progress)
     sec = time.perf_counter() - t0
     return HydroResult(f"hand: {drained:,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
-                       f"{top:.6g}, {sec:.2f} s (cpu, {_method(wins)})", attrs)
+                       f"{top:.6g}, {sec:.2f} s ({route.device}, {_method(wins)})", attrs)
 
 
 class Links(NamedTuple):
