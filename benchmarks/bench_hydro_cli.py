@@ -41,8 +41,8 @@ def main():
     mem = ["--memory", a.memory] if a.memory else []
     dev = ["--device", a.device]
     if not store.exists():
-        print(json.dumps(timed(["synth", "-o", str(store), "--size", str(a.size), "--seed", "1", "--tile", "256", "--shard", "8"])),
-              flush=True)
+        synth = ["synth", "-o", str(store), "--size", str(a.size), "--seed", "1", "--tile", "256", "--shard", "8"]
+        print(json.dumps(timed(synth)), flush=True)
     for args in (["fill", str(store), *dev, *mem], ["flow", str(store), *dev, *mem],
                  ["basins", str(store), *dev, *mem],
                  ["watershed", str(store), "--cell", f"{a.size // 2},{a.size // 2}", "--snap", "3000", *dev, *mem],

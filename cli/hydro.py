@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .common import device_option, memory_option, new_output_file, output_option, overwrite_files_option, quiet, say, table_option
+from .common import (device_option, memory_option, new_output_file, output_option, overwrite_files_option, quiet,
+                     say, table_option)
 from .main import cli
 
 threshold_option = click.option("--threshold", type=float, required=True,

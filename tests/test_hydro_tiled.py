@@ -69,7 +69,8 @@ def test_every_window_size_gives_the_incore_bytes(routed):
         for t in ("basins", "streams"):
             assert held[t].keys() == tiled[t].keys()
             for col in held[t]:
-                np.testing.assert_array_equal(np.asarray(tiled[t][col]), np.asarray(held[t][col]), err_msg=f"{k} {t} {col}")
+                np.testing.assert_array_equal(np.asarray(tiled[t][col]), np.asarray(held[t][col]),
+                                              err_msg=f"{k} {t} {col}")
 
 
 def test_a_tiny_budget_runs_out_of_core_with_the_same_results(tmp_path):
@@ -86,8 +87,10 @@ def test_a_tiny_budget_runs_out_of_core_with_the_same_results(tmp_path):
         assert ("tiled" in res.output) == (memory is not None), res.output
         link = np.asarray(TerrainStore.open(path).group["streams/link"][...])
         meta, _, geometry, values = pyogrio.raw.read(out)
-        runs[memory] = (link, list(geometry), [list(v) for v in values], list(csv.reader(open(tmp_path / f"t{memory}.csv"))))
-        res = CliRunner().invoke(cli, ["hand", str(path), "--threshold", "6"] + (["--memory", memory] if memory else []))
+        rows = list(csv.reader(open(tmp_path / f"t{memory}.csv")))
+        runs[memory] = (link, list(geometry), [list(v) for v in values], rows)
+        budget = ["--memory", memory] if memory else []
+        res = CliRunner().invoke(cli, ["hand", str(path), "--threshold", "6"] + budget)
         assert res.exit_code == 0 and ("tiled" in res.output) == (memory is not None), res.output
         runs[memory] += (np.asarray(TerrainStore.open(path).group["hand/height"][...]).tobytes(),)
     assert runs[None][0].tobytes() == runs["1MB"][0].tobytes()

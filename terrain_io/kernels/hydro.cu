@@ -11,6 +11,8 @@
 #include "grid.cuh"
 
 #define NODATA_CODE 255
+#define GRID_STRIDE(k, n) \
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < (n); k += (long long)gridDim.x * blockDim.x)
 
 __device__ __forceinline__ long long downstream(const unsigned char* code, long long h, long long w, long long k) {
     unsigned char d = code[k];
@@ -25,7 +27,7 @@ __device__ __forceinline__ long long downstream(const unsigned char* code, long 
 extern "C" __global__ void flow_parents(const unsigned char* code, const unsigned char* seed, long long h,
                                         long long w, long long* par) {
     long long n = h * w;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(k, n) {
         if (code[k] == NODATA_CODE) { par[k] = -1; continue; }
         long long t = seed[k] ? -1 : downstream(code, h, w, k);
         par[k] = t < 0 ? k : t;
@@ -36,7 +38,7 @@ extern "C" __global__ void flow_parents(const unsigned char* code, const unsigne
 extern "C" __global__ void link_parents(const unsigned char* code, const bool* stream, long long h, long long w,
                                         long long* par) {
     long long n = h * w;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(k, n) {
         if (!stream[k]) { par[k] = -1; continue; }
         long long r = k / w, c = k % w, only = -1;
         int donors = 0;
@@ -52,7 +54,7 @@ extern "C" __global__ void link_parents(const unsigned char* code, const bool* s
 
 extern "C" __global__ void jump(long long* par, long long n, int* moved) {
     int any = 0;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(k, n) {
         long long p = par[k];
         if (p < 0) continue;
         long long q = par[p];
@@ -65,7 +67,7 @@ extern "C" __global__ void jump(long long* par, long long n, int* moved) {
 extern "C" __global__ void link_ends(const unsigned char* code, const bool* stream, const unsigned int* link,
                                      long long h, long long w, long long* tail, unsigned int* down) {
     long long n = h * w;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(k, n) {
         if (!stream[k]) continue;
         long long t = downstream(code, h, w, k);
         bool on = t >= 0 && stream[t];

@@ -307,7 +307,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
         links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, acc.reshape(-1)[t.tail])
         n_stream = int(np.count_nonzero(net.stream))
         attrs["links"] = len(t.head)
-        _write(store, "streams", {"order": (net.strahler, 0, order_attrs), "magnitude": (net.shreve, 0, magnitude_attrs),
+        _write(store, "streams", {"order": (net.strahler, 0, order_attrs),
+                                  "magnitude": (net.shreve, 0, magnitude_attrs),
                                   "link": (net.link, 0, link_attrs)}, attrs)
         del net, acc
         reader = CellReader.held(store, code)
@@ -473,7 +474,8 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             geometry = np.array([wkb_linestring(xy[a:b]) for a, b in zip(starts[:-1], starts[1:])], object)
             upstream = links.upstream[sl].astype(np.float64)
             write(geometry, {"link": ids, "downstream": down.astype(np.int64),
-                             "strahler": links.strahler[sl].astype(np.int32), "shreve": links.shreve[sl].astype(np.int64),
+                             "strahler": links.strahler[sl].astype(np.int32),
+                             "shreve": links.shreve[sl].astype(np.int64),
                              "cells": cells, "length_m": length, "upstream": upstream,
                              "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
                              "drop": drop})
