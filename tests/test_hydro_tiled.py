@@ -108,6 +108,7 @@ def test_vectors_stream_in_batches(routed, tmp_path, monkeypatch):
     real = raw.write
     monkeypatch.setattr(raw, "write", lambda *a, **k: (calls.append(k["append"]), real(*a, **k))[1])
     monkeypatch.setattr(P, "LINK_BATCH", 7)
+    monkeypatch.setattr(P.os, "cpu_count", lambda: 1)  # the windows one at a time (the others ran in threads)
     P.streams(path, 6, progress=False, vectors=batched, window_tiles=1)
     n = len(pyogrio.raw.read(whole)[2])
     assert calls == [False] + [True] * (-(-n // 7) - 1)  # one write a batch, appended

@@ -13,6 +13,7 @@ read back when it fits the budget.
 from __future__ import annotations
 
 import csv
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -81,11 +82,14 @@ def _open(store, what: str, memory, window_tiles: int | None = None,
         raise InputError(f"polygons of a {rows:,} x {cols:,} DEM are traced in memory: about "
                          f"{format_bytes(rows * cols * POLYGON_BYTES)}, more than the memory budget "
                          f"{format_bytes(budget)} (raise --memory, or leave out -o)")
-    if window_tiles is not None:
-        return store, tiled.Windows(store, check_side(store, window_tiles))
-    chosen = plan(store, budget, what.replace("+", " with "),
-                  lambda k: tiled.window_need(store, k, OUT_BYTES[what]), rows * cols * BYTES[what])
-    return store, None if chosen.held else tiled.Windows(store, chosen.side)
+    need = lambda k: tiled.window_need(store, k, OUT_BYTES[what])  # noqa: E731
+    if window_tiles is None:
+        chosen = plan(store, budget, what.replace("+", " with "), need, rows * cols * BYTES[what])
+        if chosen.held:
+            return store, None
+        window_tiles = chosen.side
+    k = check_side(store, window_tiles)
+    return store, tiled.Windows(store, k, tiled.workers_within(store, k, budget - need(k), os.cpu_count() or 1))
 
 
 def _method(wins) -> str:

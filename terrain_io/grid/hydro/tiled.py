@@ -21,7 +21,10 @@ for every window size.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import collections
+import concurrent.futures
+import threading
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -41,6 +44,11 @@ WINDOW_BYTES = 100
 EDGE_BYTES = 150
 
 
+def window_bytes(store: TerrainStore, side_tiles: int) -> int:
+    """Host memory of one window of ``side_tiles`` tiles a side in flight."""
+    return (side_tiles * store.tile_size + 2) ** 2 * WINDOW_BYTES
+
+
 def window_need(store: TerrainStore, side_tiles: int, out_bytes: int) -> int:
     """Host memory with windows of ``side_tiles`` tiles a side: one window, every window's edge
     cells, and a shard of the outputs (``out_bytes`` a cell) that zarr rewrites when a window is
@@ -50,7 +58,13 @@ def window_need(store: TerrainStore, side_tiles: int, out_bytes: int) -> int:
     shard_side = store.tile_size * store.shard_size
     edge_cells = 2 * (rows * -(-cols // side) + cols * -(-rows // side))
     rewrite = 0 if side >= shard_side else min(shard_side, rows) * min(shard_side, cols) * out_bytes
-    return (side + 2) ** 2 * WINDOW_BYTES + edge_cells * EDGE_BYTES + rewrite
+    return window_bytes(store, side_tiles) + edge_cells * EDGE_BYTES + rewrite
+
+
+def workers_within(store: TerrainStore, side_tiles: int, room: int, cores: int) -> int:
+    """Windows computed at once: up to ``cores``, while each one more beside the window being
+    written fits ``room`` (bytes of the budget beyond :func:`window_need`)."""
+    return max(1, min(cores, room // window_bytes(store, side_tiles)))
 
 
 class Forest(NamedTuple):
@@ -76,16 +90,38 @@ class Solved(NamedTuple):
 class Windows:
     """The batches of a store at one window size, and the readers of its arrays with a halo."""
 
-    def __init__(self, store: TerrainStore, side: int):
+    def __init__(self, store: TerrainStore, side: int, workers: int = 1):
         self.store = store
         self.batches = plan_batches(store, side)
         self.whole_shard = side == store.shard_size
         self.cols = store.shape[1]
         self.side = side
+        self.workers = workers
+        self.arrays = {}
+        self.output_lock = threading.Lock()  # a worker may read an output array (HAND's links) while it is written
 
-    def halo(self, name_or_array, win: Window, fill) -> np.ndarray:
-        arr = self.store.group[name_or_array] if isinstance(name_or_array, str) else name_or_array
-        return _read_halo(arr, win, 1, fill, self.store.shape)
+    def halo(self, name: str, win: Window, fill) -> np.ndarray:
+        if name not in self.arrays:
+            self.arrays[name] = self.store.group[name]
+        return _read_halo(self.arrays[name], win, 1, fill, self.store.shape)
+
+    def each(self, fn: Callable) -> Iterator:
+        """``fn(batch)`` of every batch, in order; with several workers up to that many computed at
+        once in threads (the kernels release the GIL; reads decode in zarr's threads), the caller
+        consuming each result in order (writes stay in this thread, in order)."""
+        if self.workers <= 1:
+            for b in self.batches:
+                yield fn(b)
+            return
+        with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
+            ahead = iter(self.batches)
+            pending = collections.deque(pool.submit(fn, b) for _, b in zip(range(self.workers), ahead))
+            while pending:
+                out = pending.popleft().result()
+                b = next(ahead, None)
+                if b is not None:
+                    pending.append(pool.submit(fn, b))
+                yield out
 
     def gids(self, win: Window) -> np.ndarray:
         """The global ids of a window's cells, row-major (int64)."""
@@ -93,10 +129,14 @@ class Windows:
         return (r + np.arange(win.c0, win.c1, dtype=np.int64)[None, :]).reshape(-1)
 
     def write(self, arr, win: Window, block) -> None:
-        write_window(arr, win, block, self.whole_shard)
+        """Write an output array's window (zarr rewrites the shard of a part of one)."""
+        with self.output_lock:
+            write_window(arr, win, block, self.whole_shard)
 
     def read(self, arr, win: Window) -> np.ndarray:
-        return read_window(arr, win, self.whole_shard)
+        """Read back an output array's window."""
+        with self.output_lock:
+            return read_window(arr, win, self.whole_shard)
 
 
 def _ends(forest: Forest) -> np.ndarray:
@@ -112,19 +152,21 @@ def solve(wins: Windows, forest: Callable[[Window], Forest], progress: bool, wha
     gather the ROOT cells' global ids."""
     cols = wins.cols
     exits, recs, found = [], [], []
+
+    def tile(b):
+        win = b.window
+        h, w = win.shape
+        f = forest(win)
+        end = _ends(f)
+        eg, ep, rg, re = F.tile_records(f.par, f.out_gid, end, h, w, win.r0, win.c0, cols)
+        rexit = np.where(f.par[re] == F.OUT, (win.r0 + re // w) * cols + win.c0 + re % w, -1)
+        return (eg, ep), (rg, rexit, f.tag[re], f.z[re]), wins.gids(win)[f.par == F.ROOT] if roots else None
+
     with progress_bar(progress, len(wins.batches), f"{what} (tiles)", unit="batch") as bar:
-        for b in wins.batches:
-            win = b.window
-            h, w = win.shape
-            f = forest(win)
-            end = _ends(f)
-            eg, ep, rg, re = F.tile_records(f.par, f.out_gid, end, h, w, win.r0, win.c0, cols)
-            at_exit = f.par[re] == F.OUT
-            rexit = np.where(at_exit, (win.r0 + re // w) * cols + win.c0 + re % w, -1)
-            exits.append((eg, ep))
-            recs.append((rg, rexit, f.tag[re], f.z[re]))
-            if roots:
-                found.append(wins.gids(win)[f.par == F.ROOT])
+        for e, r, o in wins.each(tile):
+            exits.append(e)
+            recs.append(r)
+            found.append(o)
             bar.update(1)
     cat = lambda parts, i: np.concatenate([p[i] for p in parts])  # noqa: E731
     exit_gid, exit_par = cat(exits, 0), cat(exits, 1)
@@ -146,16 +188,19 @@ def finish(wins: Windows, forest: Callable[[Window], Forest], solved: Solved, em
     """Phase 3: ``emit(win, forest, tag, z)`` takes each window's cell values (2-D; tag int64, 0
     where no chain; z float64, NaN there)."""
     cols = wins.cols
+
+    def values(b):
+        win = b.window
+        h, w = win.shape
+        f = forest(win)
+        end = _ends(f)
+        tag, z = np.zeros(h * w, np.int64), np.full(h * w, np.nan)
+        F.cell_values(f.par, end, h, w, win.r0, win.c0, cols, f.tag, f.z, solved.exit_gid, solved.tag, solved.z, tag, z)
+        return win, f, tag.reshape(h, w), z.reshape(h, w)
+
     with progress_bar(progress, len(wins.batches), f"{what} (final)", unit="batch") as bar:
-        for b in wins.batches:
-            win = b.window
-            h, w = win.shape
-            f = forest(win)
-            end = _ends(f)
-            tag, z = np.zeros(h * w, np.int64), np.full(h * w, np.nan)
-            F.cell_values(f.par, end, h, w, win.r0, win.c0, cols, f.tag, f.z, solved.exit_gid, solved.tag, solved.z,
-                          tag, z)
-            emit(win, f, tag.reshape(h, w), z.reshape(h, w))
+        for out in wins.each(values):
+            emit(*out)
             bar.update(1)
 
 
