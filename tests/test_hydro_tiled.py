@@ -116,3 +116,18 @@ def test_vectors_stream_in_batches(routed, tmp_path, monkeypatch):
     assert list(a[2]) == list(b[2])
     for x, y in zip(a[3], b[3]):
         np.testing.assert_array_equal(x, y)
+
+
+def test_flatgeobuf_batches_are_written_once_at_the_end(routed, tmp_path, monkeypatch):
+    pyogrio = pytest.importorskip("pyogrio")
+    path, _ = routed
+    whole = tmp_path / "whole.gpkg"
+    P.streams(path, 6, progress=False, vectors=whole)
+    monkeypatch.setattr(P, "LINK_BATCH", 5)
+    out = tmp_path / "batched.fgb"
+    P.streams(path, 6, progress=False, vectors=out)
+    a, b = pyogrio.raw.read(whole), pyogrio.raw.read(out)
+    o = np.argsort(b[3][list(b[0]["fields"]).index("link")])  # FlatGeobuf orders features by its spatial index
+    assert list(a[2]) == list(b[2][o]) and len(b[2]) > 5
+    for x, y in zip(a[3], b[3]):
+        np.testing.assert_array_equal(x, y[o])
