@@ -59,7 +59,7 @@ def test_cupy_input_gives_the_cpu_bytes():
         _same(lg, lc)
         for x, y in zip(tg, tc):
             np.testing.assert_array_equal(x, y)
-        for threshold in (1, 5, 40):
+        for threshold in (1, 5, 40, 10**9):  # the last: no stream at all
             for method in ("strahler", "shreve"):
                 _same(stream_order(dd, ad, threshold, method=method), stream_order(d, acc, threshold, method=method))
             (lg, tg), (lc, tc) = stream_links(dd, ad, threshold), stream_links(d, acc, threshold)

@@ -118,10 +118,8 @@ def stream_network(code, acc, threshold: float) -> "_cpu.Network":
     magnitude = np.zeros(n, np.uint32 if code.size < 2**32 else np.uint64)
     if not _cpu.link_orders(downstream, lorder, magnitude):
         raise InputError("the flow directions have cycles")
-    at = cp.maximum(link.astype(np.int64) - 1, 0)
-    on = link > 0
-    strahler = cp.where(on, cp.asarray(lorder)[at], np.uint8(0)).astype(np.uint8)
-    shreve = cp.where(on, cp.asarray(magnitude)[at], 0).astype(magnitude.dtype)
+    strahler = cp.asarray(np.append(np.uint8(0), lorder))[link]  # entry 0: off the network
+    shreve = cp.asarray(np.append(magnitude.dtype.type(0), magnitude))[link]
     links = _cpu.Links(heads.get(), tail.get(), downstream, cells.get(), lorder, magnitude)
     return _cpu.Network(stream.reshape(h, w), strahler.reshape(h, w), shreve.reshape(h, w), link.reshape(h, w), links)
 
