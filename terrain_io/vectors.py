@@ -104,12 +104,16 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False):
 
     with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
         yield write
-        if held:
+        if len(held) == 1:
+            flush(*held[0], False)
+        elif held:
             names = list(held[0][1])
             geometry = [g for h in held for g in h[0]]
             fields = {k: np.concatenate([np.asarray(h[1][k]) for h in held]) for k in names}
-            masks = None
-            if any(h[2] for h in held):
-                masks = {k: np.concatenate([np.asarray((h[2] or {}).get(k, np.zeros(len(h[0]), bool)))
-                                            for h in held]) for k in names}
+
+            def mask(h, k):  # a batch's mask of field k, all False where it gives none
+                m = (h[2] or {}).get(k)
+                return np.zeros(len(h[0]), bool) if m is None else np.asarray(m, bool)
+
+            masks = {k: np.concatenate([mask(h, k) for h in held]) for k in names} if any(h[2] for h in held) else None
             flush(geometry, fields, masks, False)
