@@ -6,7 +6,7 @@ on the same directions, side by side in one process. Times: CUDA events around t
 of ``--repeat`` runs after a warm-up (kernels compiled on a small DEM first).
 
 The DEM: value noise (octaves of bilinearly upsampled uniform grids, float32) quantized to 0.25 m
-(terraces and ties), filled on the GPU by terrain_io.grid._fill_gpu (its lakes are the flats).
+(terraces and ties), filled on the GPU by terrain_io.grid.fill._gpu (its lakes are the flats).
 
     python benchmarks/bench_flow_gpu.py --sizes 4096 8192 16384 --xrs-small 4096 --xrs-size 16384 --xrs-force
 """
@@ -25,7 +25,7 @@ def synthetic_filled(n: int, seed: int = 1):
     import cupy as cp
     from cupyx.scipy import ndimage
 
-    from terrain_io.grid._fill_gpu import GpuFill
+    from terrain_io.grid.fill._gpu import GpuFill
 
     rs = cp.random.RandomState(seed)
     z = cp.zeros((n, n), cp.float32)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from common import warm_side  # benchmarks/ is on sys.path when run as a script
 
-from terrain_io.grid import _mst_cpu as K
+from terrain_io.grid.mst import _cpu as K
 from terrain_io.store import TerrainStore, Window
 from terrain_io.synth import synthesize
 from terrain_io.weights import get as weight_model
@@ -56,7 +56,7 @@ def edges_digest(store: TerrainStore) -> str:
 
 def tile_kernel_times(store: TerrainStore, tile: int = 256, repeats: int = 5) -> dict:
     """ms per tile: GPU Boruvka over a 2048^2 batch (64 tiles); CPU Kruskal with its contraction, 1 core."""
-    from terrain_io.grid._mst_gpu import GpuTileForest
+    from terrain_io.grid.mst._gpu import GpuTileForest
 
     win = Window(0, min(8 * tile, store.shape[0]), 0, min(8 * tile, store.shape[1]))
     values = store.read(win)
@@ -94,7 +94,7 @@ def tile_kernel_times(store: TerrainStore, tile: int = 256, repeats: int = 5) ->
 def contract_times(store: TerrainStore, tile: int = 256, repeats: int = 5) -> dict:
     """One 2048^2 batch (64 tiles), forests given: GPU contraction kernel (CUDA events) vs the numba
     contraction (``tile_phase_batch`` with the forests given) on all cores, wall time; medians."""
-    from terrain_io.grid._mst_gpu import GpuTileForest
+    from terrain_io.grid.mst._gpu import GpuTileForest
 
     win = Window(0, min(8 * tile, store.shape[0]), 0, min(8 * tile, store.shape[1]))
     values = store.read(win)

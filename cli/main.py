@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         warnings.showwarning._terrain = True
     # A file-size limit (RLIMIT_FSIZE) then makes writes fail with EFBIG -- reported as one line and
     # cleaned up -- instead of killing the process with SIGXFSZ and leaving temporaries behind.
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGXFSZ, *interrupts.EXITS)}
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     interrupts.install()  # again, for a caller of main() that imported this module first
     from terrain_io import jit
@@ -195,13 +196,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as exc:  # arrived before a command started (while importing)
         _exit_interrupted(exc)
     finally:
-        # The command is over. The interpreter's shutdown restores the default handlers (a signal then
-        # kills the process, no line), but keeps SIG_IGN: from here the exit status is the command's.
-        # (Ignored, not blocked: blocking holds only this thread, and zarr's and numba's threads live on.)
-        for signum in interrupts.EXITS:
-            signal.signal(signum, signal.SIG_IGN)
-        # The process ends here: spare its objects (numba's registries: ~100k) the cyclic collections
-        # of the interpreter's shutdown, most of its exit time with numba loaded (references still count
-        # down; benchmarks/RESULTS.md, "2-core VM, first source in a fresh process: start-up and solve").
-        gc.freeze()
+        if _is_program():
+            # The command is over. The interpreter's shutdown restores the default handlers (a signal
+            # then kills the process, no line), but keeps SIG_IGN: from here the exit status is the
+            # command's. (Ignored, not blocked: blocking holds only this thread, and zarr's and numba's
+            # threads live on.)
+            for signum in interrupts.EXITS:
+                signal.signal(signum, signal.SIG_IGN)
+            # The process ends here: spare its objects (numba's registries: ~100k) the cyclic
+            # collections of the interpreter's shutdown, most of its exit time with numba loaded
+            # (references still count down; benchmarks/RESULTS.md, "2-core VM, first source in a fresh
+            # process: start-up and solve").
+            gc.freeze()
+        else:  # a program that called main() gets its own handlers back
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 

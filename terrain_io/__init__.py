@@ -24,7 +24,7 @@ from .errors import DeviceError, InputError, StoreError, TerrainError  # noqa: E
 
 # The public entry points (README "API"), imported on first use: ``import terrain_io`` (the command's
 # startup) stays free of numba, zarr and the pipelines.
-_ENTRY_POINTS = {"mst": "grid.mst", "sssp": "grid.sssp.engine", "fill": "grid.fill", "depressions": "grid.depressions",
+_ENTRY_POINTS = {"mst": "grid.mst.pipeline", "sssp": "grid.sssp.engine", "fill": "grid.fill.pipeline", "depressions": "grid.depressions.pipeline",
                  "cost_distance": "grid.sssp.array", "flow_direction": "grid.flow.array",
                  "flow_accumulation": "grid.flow.array", "TerrainStore": "store"}
 __all__ = ["DeviceError", "InputError", "StoreError", "TerrainError", *_ENTRY_POINTS]

@@ -24,11 +24,11 @@ milliseconds. These rules keep that first run short and the cache where the user
   instead), and large ``inline="always"`` helpers called at many sites (``weights.walk_time`` is a call).
   For the same reason a large callee is called by the Python caller, in turn with the kernel that
   takes its result, rather than inside that kernel, where it would be compiled a second time
-  (``_depressions_cpu.tile_pieces`` and the steps of ``tile_labels``,
-  ``sssp._incore_cpu.plateau_search``, the merge's sorts in ``_mst_cpu.merge_blocks``), and the
+  (``depressions._cpu.tile_pieces`` and the steps of ``tile_labels``,
+  ``sssp._incore_cpu.plateau_search``, the merge's sorts in ``mst._cpu.merge_blocks``), and the
   serial loop over a batch's tiles is Python calling each tile's kernel (microseconds a call)
-  instead of a serial twin that links them all in again (``_mst_cpu.tile_phase_batch``,
-  ``_fill_cpu.graph_batch_serial``): the tile kernels get the argument types the parallel loop
+  instead of a serial twin that links them all in again (``mst._cpu.tile_phase_batch``,
+  ``fill._cpu.graph_batch_serial``): the tile kernels get the argument types the parallel loop
   gives them (numba's layout "A" for windows), one build each.
 - **Compile only what runs, once.** A kernel that holds several algorithms behind a runtime switch
   compiles all of them on its first call: the choice is made in Python, in front of one compiled

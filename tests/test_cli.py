@@ -128,7 +128,8 @@ def test_demo_mst_beside_warms_every_kernel_and_stops_without_a_store(tmp_path):
     demo's MST then runs (none is added after it); with no store on stdin it exits with 1."""
     script = f"""
 import numba, sys
-from terrain_io.grid import _mst_cpu, _radix_cpu
+from terrain_io.grid import _radix_cpu
+from terrain_io.grid.mst import _cpu as _mst_cpu
 from cli import demo
 def signatures():
     kernels = [v for m in (_mst_cpu, _radix_cpu) for v in vars(m).values()] + list(_mst_cpu._TILE_PHASE.values())

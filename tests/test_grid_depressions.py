@@ -300,8 +300,8 @@ def test_small_and_empty_dems(tmp_path, shape):
 
 def test_parallel_tiles_equal_serial(tmp_path, monkeypatch):
     """Large DEMs run the tiles in a thread pool: forced here, the same results."""
-    import terrain_io.grid._tiled as tiled_module
-    import terrain_io.grid.depressions as module
+    import terrain_io.grid.fill._tiled as tiled_module
+    import terrain_io.grid.depressions.pipeline as module
 
     h = fill_test_dem("terraced", 61, 50, seed=4)
     st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=8, shard=2)

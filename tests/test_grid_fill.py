@@ -53,8 +53,8 @@ def test_dask_schedulers_give_the_same_bytes(tmp_path, scheduler):
 def test_parallel_kernels_equal_their_serial_twins(tmp_path, monkeypatch, outlets):
     """Small DEMs run the serial builds; the parallel ones (large DEMs), forced here, against the
     references and the serial bytes, held and re-flooded."""
-    import terrain_io.grid._tiled as tiled_module
-    import terrain_io.grid.fill as fill_module
+    import terrain_io.grid.fill._tiled as tiled_module
+    import terrain_io.grid.fill.pipeline as fill_module
 
     h = fill_test_dem("nodata-holed", 61, 50, seed=4)
     serial = {}

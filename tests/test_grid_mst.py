@@ -200,7 +200,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
 
-    M = sys.modules["terrain_io.grid.mst"]  # the module (terrain_io.grid.mst is also the function)
+    M = sys.modules["terrain_io.grid.mst.pipeline"]
 
     below, M.SERIAL_BELOW = M.SERIAL_BELOW, 0  # the small store warms the parallel builds the big one runs
     for k in (None, 2):  # compile / load the kernels: whole-shard batches, and full 2 x 2 batches (merge_batch)
@@ -267,7 +267,7 @@ def test_deep_batches_and_every_expand_path(tmp_path, monkeypatch, expand):
     as a small DEM merges) and batches of 2 x 2 inside 8 x 8 shards, with ties and nodata at tile
     corners; the expand pass over the bits held from the tile phase (whole-shard batches), over
     whole shards read back, and, forced, over the tile phase's batches: every way scipy's forest."""
-    mod = sys.modules["terrain_io.grid.mst"]
+    mod = sys.modules["terrain_io.grid.mst.pipeline"]
     if expand != "held":
         monkeypatch.setattr(mod, "_holds_bits", lambda *a: False)
     monkeypatch.setattr(mod, "_expand_by_shards", lambda *a: expand == "shards")
@@ -278,7 +278,7 @@ def test_deep_batches_and_every_expand_path(tmp_path, monkeypatch, expand):
     want, total = scipy_msf(vals, valid)
     for batch, below in ((8, None), (2, None), (8, 0), (2, 0)):
         if below is not None:  # as a large DEM: full batches merged inside one merge_batch call
-            monkeypatch.setattr(sys.modules["terrain_io.grid.mst"], "SERIAL_BELOW", below)
+            monkeypatch.setattr(sys.modules["terrain_io.grid.mst.pipeline"], "SERIAL_BELOW", below)
         res, got, _ = run(tmp_path, vals, tile=8, shard=8, name=f"b{batch}-{below}.zarr", batch_tiles=batch)
         assert res.batch_tiles == batch
         assert got == want, (batch, below)
@@ -290,7 +290,7 @@ def test_merge_sorts_against_numpy():
     negative weights, signed zeros (equal), ties, huge codes; vertex ids given as a few sorted runs
     -- numpy's argsort (and many runs, where it falls back to the radix argsort, checked against
     numpy's stable argsort too)."""
-    from terrain_io.grid._mst_cpu import _argsort_runs, _argsort_strict
+    from terrain_io.grid.mst._cpu import _argsort_runs, _argsort_strict
     from terrain_io.grid._radix_cpu import argsort_int
 
     rng = np.random.default_rng(11)
@@ -313,7 +313,7 @@ def test_exact_weight_sum_against_fractions_and_frexp():
     """The superaccumulator behind ``total_weight_exact``: the same buckets as math.frexp gives, and
     the exact sum of Fractions, for doubles of every exponent (subnormals, signed zeros, negatives,
     float32 values), added and subtracted."""
-    from terrain_io.grid import _mst_cpu as K
+    from terrain_io.grid.mst import _cpu as K
 
     rng = np.random.default_rng(4)
     bits = rng.integers(0, 2**63, 3000, dtype=np.int64).view(np.float64)  # positive, every exponent

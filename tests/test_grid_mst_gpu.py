@@ -1,7 +1,7 @@
 """GPU tile phase of the grid MST (CuPy Boruvka + contraction): bit for bit the CPU backend's, and scipy's.
 
 The contraction kernel (``mst_contract.cu``) is compared with the numba reference
-``_mst_cpu.contract_tile`` directly, array by array, on whole batches of tiles: random, flat
+``mst._cpu.contract_tile`` directly, array by array, on whole batches of tiles: random, flat
 (ties everywhere, signed zeros), nodata islands, partial tiles at the DEM's edge, batches inside a
 larger DEM (neighbours outside the batch), forests of other elevations than the weights (shapes
 that no MST of these values has), tile sizes 32 to 1024.
@@ -15,7 +15,7 @@ import pytest
 from scipy import ndimage
 
 from terrain_io import weights as weight_models
-from terrain_io.grid import _mst_cpu as K
+from terrain_io.grid.mst import _cpu as K
 from terrain_io.grid.mst import edge_list, mst, read_edges
 from terrain_io.store import TerrainStore, valid_mask
 from references import islands, scipy_msf, terrain
@@ -80,7 +80,7 @@ _GPUS: dict = {}
 
 
 def gpu_for(tile, weight, dtype):
-    from terrain_io.grid._mst_gpu import GpuTileForest
+    from terrain_io.grid.mst._gpu import GpuTileForest
 
     key = (tile, weight, np.dtype(dtype).str)
     if key not in _GPUS:

@@ -187,6 +187,16 @@ for path in sys.argv[2:]:
 """
 
 
+@pytest.mark.parametrize("options", [{"cell_size": (0, 1)}, {"cell_size": (1, -2)}, {"cell_size": (np.nan, 1)},
+                                     {"max_cost": -1}, {"max_cost": np.nan}])
+def test_cost_distance_refuses_steps_and_limits_out_of_range(options):
+    from terrain_io import cost_distance
+    from terrain_io.errors import InputError
+
+    with pytest.raises(InputError, match="cell_size|max_cost"):
+        cost_distance(np.zeros((3, 4), np.float32), (0, 0), weight="surface", **options)
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux peak-RSS reset")
 def test_incore_peak_memory_within_its_estimate(tmp_path):
     """The in-core method's memory estimate (``host_bytes``, what ``--memory`` is checked against)
@@ -282,3 +292,34 @@ def test_radix_heap_keys_across_every_binade():
     np.testing.assert_array_equal(*out)
     inner = out[0][1:-1, 1:-1]
     assert np.isfinite(inner).all() and (inner < 1e-300).sum() > 10 and (inner > 1e290).sum() > 10
+
+
+def test_distances_beyond_float32_are_unreached_with_one_note():
+    """Tobler's walking time up a 30:1 cliff (0.6 s/m * e^(3.5 * 30.05), ~2e45 s) is finite in
+    float64 but beyond float32's range: the cell behind it is stored as unreached, with a note,
+    where the float64 reference (scipy's Dijkstra on the same edge weights) exceeds float32."""
+    import warnings
+
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    from terrain_io import cost_distance
+    from terrain_io.errors import TerrainNote
+    from terrain_io.weights import walk_time
+
+    dem = np.array([[0.0, 30.0, 30.0, 0.5]], np.float32)
+    n = dem.size
+    u, v = np.arange(n - 1), np.arange(1, n)
+    w = [walk_time(float(dem[0, a]), float(dem[0, b]), 1.0) for a, b in zip(u, v)]
+    back = [walk_time(float(dem[0, b]), float(dem[0, a]), 1.0) for a, b in zip(u, v)]
+    graph = csr_matrix((w + back, (np.r_[u, v], np.r_[v, u])), shape=(n, n))
+    want = dijkstra(graph, indices=0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dist, _ = cost_distance(dem, (0, 0), weight="walk")
+    beyond = want > np.finfo(np.float32).max
+    assert beyond.tolist() == [False, True, True, True]
+    assert np.isinf(dist[0, beyond]).all() and np.isfinite(dist[0, ~beyond]).all()
+    notes = [w for w in seen if issubclass(w.category, TerrainNote)]
+    assert len(notes) == 1 and "float32" in str(notes[0].message)
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)]

@@ -194,3 +194,17 @@ def test_a_signal_during_a_commit_ends_the_run_after_it():
             "print('not reached', flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (143, "commit done\n", "terrain: terminated\n")
+
+
+def test_a_program_calling_main_gets_its_signal_handlers_back():
+    """``cli.main.main()`` called by another program (not the ``terrain`` command) leaves SIGINT,
+    SIGTERM and SIGXFSZ as it found them, not ignored, once the command is over."""
+    code = ("import signal; from cli.main import main\n"
+            "nums = (signal.SIGINT, signal.SIGTERM, signal.SIGXFSZ)\n"
+            "before = [signal.getsignal(n) for n in nums]\n"
+            "assert before[:2] == [signal.default_int_handler, signal.SIG_DFL], before\n"
+            "try:\n    main(['--version'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "after = [signal.getsignal(n) for n in nums]\n"
+            "assert after == before, (before, after)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

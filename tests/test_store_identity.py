@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -118,25 +117,50 @@ def _terrain(*args) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+# ``terrain`` with the result's commit held open: the process touches HERE once its result is staged
+# (it has read the old elevation) and waits for GO before the store's generation check and rename. A
+# pause at a known point, not a race against the clock (SIGSTOP after polling for the staging folder
+# lost that race under load: the run could commit before the signal arrived).
+_PAUSED_AT_COMMIT = """
+import sys, time
+from pathlib import Path
+from terrain_io.store import TerrainStore
+here, go = Path(sys.argv[1]), Path(sys.argv[2])
+commit = TerrainStore._unchanged
+def paused(self, name):
+    here.touch()
+    while not go.exists():
+        time.sleep(0.01)
+    return commit(self, name)
+TerrainStore._unchanged = paused
+sys.argv = ["terrain", *sys.argv[3:]]
+from cli.main import main
+main()
+"""
+
+
 def test_convert_overwrite_while_sssp_runs_never_grafts_the_old_result(world, tmp_path):
-    """Real processes: sssp runs on live.zarr (128^2); as soon as it writes its result (it has read
-    the old elevation) it is paused (SIGSTOP), convert --overwrite replaces live.zarr with a 96^2
-    DEM, and sssp goes on (SIGCONT). Its result must not land in the new store: sssp fails with one
-    line; the new store verifies sound, holds no sssp result, and its elevation is the new DEM."""
+    """Real processes: sssp runs on live.zarr (128^2) and is held at its commit (its result staged,
+    the old elevation read), convert --overwrite replaces live.zarr with a 96^2 DEM, and sssp goes
+    on. Its result must not land in the new store: sssp fails with one line; the new store verifies
+    sound, holds no sssp result, and its elevation is the new DEM."""
     live = tmp_path / "live.zarr"
     shutil.copytree(world["root"] / "b.zarr", live)
-    sssp = _terrain("sssp", live, "--cell", "--source", "60,60", "--name", "k", "--device", "cpu")
+    here, go = tmp_path / "at-commit", tmp_path / "go"
+    sssp = subprocess.Popen([sys.executable, "-c", _PAUSED_AT_COMMIT, here, go, "-q", "sssp", live, "--cell",
+                             "--source", "60,60", "--name", "k", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not list(live.glob(".sssp%2Fk.partial-*")):  # results are staged inside their store
+    while not here.exists():
         assert sssp.poll() is None and time.monotonic() < deadline, sssp.communicate()
-        time.sleep(0.0005)
-    sssp.send_signal(signal.SIGSTOP)
+        time.sleep(0.01)
+    assert list(live.glob(".sssp%2Fk.partial-*"))  # results are staged inside their store
     try:
         convert = _terrain("convert", world["other"], "-o", live, "--tile", "32", "--shard", "2", "--overwrite")
         _, err_c = convert.communicate(timeout=120)
         assert convert.returncode == 0, err_c
     finally:
-        sssp.send_signal(signal.SIGCONT)
+        go.touch()
     _, err = sssp.communicate(timeout=120)
     lines = err.strip().splitlines()
     assert sssp.returncode == 1 and len(lines) == 1 and lines[0].startswith("terrain: error: "), err

@@ -2,7 +2,7 @@
 
 Blocks
     The kernels work on a *block*: a window with a one-cell halo. ``vals``, ``ok`` (vertex mask,
-    False outside the DEM) and ``outlet`` (cells that drain out of the DEM: ``_fill_cpu.outlets``,
+    False outside the DEM) and ``outlet`` (cells that drain out of the DEM: ``fill._cpu.outlets``,
     the outlet definition of ``terrain fill``) have the block's shape (h + 2, w + 2); the direction
     codes they write have the interior's shape (h, w). In core the block is the whole DEM with a
     ring of non-vertices.
@@ -242,7 +242,7 @@ def directions(z, valid, dx, dy, outlets: str = "edge+nodata") -> np.ndarray:
 def routed(z, valid, dx, dy, outlets: str = "edge+nodata") -> tuple[np.ndarray, int]:
     """:func:`directions` and the number of flat cells (no lower neighbour, not an outlet: routed by
     the flat rule, or SINK)."""
-    from .._fill_cpu import outlets as outlet_cells, outlets_serial
+    from ..fill._cpu import outlets as outlet_cells, outlets_serial
     from ..sssp._pipeline_cpu import steps_of
 
     z = np.asarray(z)

@@ -45,8 +45,8 @@ from ...parallel import check_scheduler
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
-from .._fill_cpu import outlets as outlet_cells
-from .._tiled import OUTLETS, write_held
+from ..fill._cpu import outlets as outlet_cells
+from ..fill._tiled import OUTLETS, write_held
 from ..tiling import check_side, plan, plan_batches
 from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K

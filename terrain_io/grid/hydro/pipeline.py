@@ -28,7 +28,7 @@ from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
 from ...vectors import check_output, feature_stream, wkb_linestring, wkb_polygon, write_features
-from .._tiled import table_cell, write_held
+from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
 from ..tiling import check_side, plan
 from . import _cpu, tiled

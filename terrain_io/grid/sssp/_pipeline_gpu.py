@@ -1,9 +1,9 @@
 """CuPy side of the grid SSSP pipeline: phases 1 and 3 on the GPU (terrain_io/kernels/sssp_pipeline.cu).
 
 Phase 1 (the boundary index G') runs one thread block per cluster and one thread per boundary
-cell; its output has the layout of :func:`terrain_io.grid._pipeline_cpu.boundary_phase`, bit for bit,
+cell; its output has the layout of :func:`terrain_io.grid.sssp._pipeline_cpu.boundary_phase`, bit for bit,
 so the merge does not care which device built the index. Phase 3 runs one thread per cluster, the
-exact port of :func:`terrain_io.grid._pipeline_cpu.final_phase` (same heap, same order): the same
+exact port of :func:`terrain_io.grid.sssp._pipeline_cpu.final_phase` (same heap, same order): the same
 distances and predecessor codes as the CPU.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def final_phase_gpu(vals: np.ndarray, c: int, kind: int, steps: np.ndarray, m_di
                     src_r, src_c):
     """Distances (float32) and predecessor codes (uint8) of every cell of ``vals`` (a shard, origin
     on the cluster grid) from the merge's results ``m_*`` (cluster rows, cluster cols, B) and the
-    sources (shard coordinates): :func:`terrain_io.grid._pipeline_cpu.final_phase` on the GPU."""
+    sources (shard coordinates): :func:`terrain_io.grid.sssp._pipeline_cpu.final_phase` on the GPU."""
     import cupy as cp
 
     if c > MAX_CLUSTER:

@@ -15,7 +15,7 @@ from ...errors import InputError
 from ...rasters import coordinate_steps, is_dataarray, like, unwrapped
 from ._pipeline_cpu import steps_of
 from .allocation import allocate_block, allocate_gpu
-from .incore import ringed, solve_block
+from .incore import output_distance, ringed, solve_block
 
 
 def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size=None, nodata=None,
@@ -97,12 +97,14 @@ def cost_distance(dem, sources, *, weight: str = "absdiff", cost=None, cell_size
     vals = xp.where(ok, vals, np.nan).astype(np.float32 if exact32 else np.float64)
     cells = _source_cells(sources, vals.shape, to_host(ok))
     dx, dy = cell_size if cell_size is not None else coordinate_steps(template)
-    block = ringed(vals) if xp is np else _ringed_gpu(vals)
+    if not (0 < float(dx) < np.inf and 0 < float(dy) < np.inf):
+        raise InputError(f"cell_size must be two finite steps > 0, got {dx!r}, {dy!r}")
     limit = np.inf if max_cost is None else float(max_cost)
+    if not limit >= 0:
+        raise InputError(f"max_cost must be a number >= 0, got {max_cost!r}")
+    block = ringed(vals) if xp is np else _ringed_gpu(vals)
     dist, _, pred = solve_block(block, model.kind, steps_of(float(dx), float(dy)), cells, device=dev, limit=limit)
-    out = dist[1:-1, 1:-1].astype(np.float32)
-    out[xp.isnan(vals)] = np.nan
-    outputs = [out, pred]
+    outputs = [output_distance(dist, block), pred]
     if allocation:
         outputs.append(allocate_gpu(pred, cells) if dev == "gpu" else allocate_block(pred, cells))
     if template is None:

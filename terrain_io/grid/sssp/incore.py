@@ -21,9 +21,12 @@ CPU: :mod:`._incore_cpu` (numba); GPU: :mod:`._incore_gpu` (CuPy, tiles relaxed 
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ...backend import Dispatch, gpu_free_bytes, resolve_device
+from ...errors import TerrainNote
 from ...jit import SERIAL_BELOW
 from ...timings import Timings
 from . import _incore_cpu as K
@@ -128,8 +131,15 @@ def ringed(values: np.ndarray, dtype=None) -> np.ndarray:
 
 def output_distance(dist, vals):
     """The stored distances of a block's interior: float32, +inf unreached, NaN where no vertex
-    (NumPy or CuPy arrays, the result on theirs)."""
-    out = dist[1:-1, 1:-1].astype(np.float32)
+    (NumPy or CuPy arrays, the result on theirs). A finite distance beyond float32's range (walking
+    times over cliffs steeper than about 24:1) is stored as +inf, with one note."""
+    inner = dist[1:-1, 1:-1]
+    with np.errstate(over="ignore"):
+        out = inner.astype(np.float32)
+    if bool((np.isinf(out) & np.isfinite(inner)).any()):
+        warnings.warn(TerrainNote(f"some distances exceed float32's range ({np.finfo(np.float32).max:.3g}; walking "
+                                  "times over cliffs steeper than about 24:1): those cells are stored as "
+                                  "unreached (+inf)"), stacklevel=2)
     out[np.isnan(vals[1:-1, 1:-1])] = np.nan
     return out
 

@@ -8,7 +8,7 @@ elevation on the path: exactly Priority-Flood without epsilon (Barnes, Lehman & 
 Cells with no path to O (islands walled by nodata under ``outlets="edge"``) keep F = h.
 
 The pipeline is Barnes' "Parallel Priority-Flood" (2016, arXiv 1606.06204) in minimax terms,
-three numbered phases over tiles in Morton order (kernels and proof in :mod:`._fill_cpu`):
+three numbered phases over tiles in Morton order (kernels and proof in :mod:`._cpu`):
 
 1. Tile phase -- each tile flooded alone from its perimeter (Priority-Flood+), which gives every
    cell its in-tile level ``fl`` and the perimeter cell (or inner outlet) it drains through; the
@@ -28,7 +28,7 @@ The boundary graph (O(N/T)) is counted in the plan (:func:`_plan`, :mod:`.tiling
 phase 3 finds them (:class:`_Lakes`), and a budget they outgrow is refused before the join.
 
 On the GPU (``device="gpu"``, or ``auto`` where CuPy sees a GPU) the fill is in core
-(:mod:`._fill_gpu`, kernels in ``kernels/fill.cu``): the whole DEM is held on the GPU, read and
+(:mod:`._gpu`, kernels in ``kernels/fill.cu``): the whole DEM is held on the GPU, read and
 written a band of shard rows at a time (host memory: two bands, within ``memory``); F is the
 fixpoint of F(v) = max(h(v), min over valid neighbours u of F(u)) from F = h at the outlets and
 +inf elsewhere, relaxed tile by tile in shared memory over a work list of active tiles; the
@@ -59,16 +59,16 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from ..atomic import scratch_directory
-from ..backend import Dispatch, gpu_free_bytes, resolve_device
-from ..errors import InputError, TerrainNote
-from ..jit import SERIAL_BELOW
-from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ..parallel import check_scheduler, imap_shards, map_shards
-from ..progress import progress_bar
-from ..store import TerrainStore, Window, read_window, write_window
-from ..timings import Timings
-from . import _fill_cpu as K
+from ...atomic import scratch_directory
+from ...backend import Dispatch, gpu_free_bytes, resolve_device
+from ...errors import InputError, TerrainNote
+from ...jit import SERIAL_BELOW
+from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ...parallel import check_scheduler, imap_shards, map_shards
+from ...progress import progress_bar
+from ...store import TerrainStore, Window, read_window, write_window
+from ...timings import Timings
+from . import _cpu as K
 from ._tiled import (
     OUTLETS,
     TABLE_IN_ATTRS,
@@ -77,7 +77,7 @@ from ._tiled import (
     table_cell,
     write_held,
 )
-from .tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
+from ..tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "fill"
 TABLE_COLUMNS = ("id", "pit_row", "pit_col", "pit_x", "pit_y", "pit_elevation", "spill_row", "spill_col",
@@ -473,7 +473,7 @@ def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, 
 
 
 def _depth(store: TerrainStore, filled: np.ndarray, vals: np.ndarray) -> np.ndarray:
-    """F - h as :func:`._fill_cpu.final_tile` computes it (float64 difference rounded to float32),
+    """F - h as :func:`._cpu.final_tile` computes it (float64 difference rounded to float32),
     NaN on nodata."""
     depth = np.subtract(filled, vals, dtype=np.float64, out=np.empty(filled.shape, np.float32))  # buffered: no
     depth[~store.valid(vals)] = np.nan  # float64 temporaries of the shard's size
@@ -510,7 +510,7 @@ def _gpu_host_bytes(store: TerrainStore) -> int:
 
 def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
     """Why the in-core GPU fill cannot take ``store`` (None: it can)."""
-    from ._fill_gpu import device_bytes, value_dtype
+    from ._gpu import device_bytes, value_dtype
 
     rows, cols = store.shape
     if value_dtype(store.dtype) is None:
@@ -528,11 +528,11 @@ def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
 
 def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings,
                      *cpu_plan) -> FillResult:
-    """The in-core GPU fill (:mod:`._fill_gpu`): the DEM read band by band (a band of shard rows,
+    """The in-core GPU fill (:mod:`._gpu`): the DEM read band by band (a band of shard rows,
     its shards decoded in parallel threads) into one GPU array, levels and lakes solved there, the
     outputs brought back a band at a time while the threads encode the band before. ``cpu_plan``:
     the CPU pipeline's options (scheduler, batch, held), not used here."""
-    from ._fill_gpu import GpuFill
+    from ._gpu import GpuFill
 
     rows, cols = store.shape
     nsr, nsc = store.shard_grid
@@ -651,7 +651,7 @@ def fill_array(values: np.ndarray, *, outlets: str = "edge+nodata", nodata=None,
 
 def write_table(result: FillResult, store, path) -> Path:
     """The depression table as CSV (written under a temporary name, renamed when complete)."""
-    from ..atomic import atomic_file
+    from ...atomic import atomic_file
 
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store), mode="r")
@@ -675,6 +675,6 @@ def read_fill(store) -> dict[str, np.ndarray]:
 
 
 def _kernel(name: str, cells: int):
-    """The parallel kernel ``name`` of :mod:`._fill_cpu`, or its serial twin for a DEM of fewer
+    """The parallel kernel ``name`` of :mod:`._cpu`, or its serial twin for a DEM of fewer
     than SERIAL_BELOW cells (terrain_io.jit)."""
     return getattr(K, name + "_serial" if cells < SERIAL_BELOW else name)

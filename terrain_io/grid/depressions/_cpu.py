@@ -1,6 +1,6 @@
 """numba kernels of the depression hierarchy (``terrain depressions``): descent, basins, the merge tree.
 
-Blocks, tiles and boundary nodes are those of :mod:`._fill_cpu` (a block read with a one-cell halo,
+Blocks, tiles and boundary nodes are those of :mod:`..fill._cpu` (a block read with a one-cell halo,
 tile ``t`` at ``[1 + i0 : 1 + i0 + th, 1 + j0 : 1 + j0 + tw]``, node ``1 + offset[tile] + perimeter
 id`` of every perimeter cell). Every kernel here works on one tile and releases the GIL: a batch's
 tiles run in a thread pool and each returns arrays of its own size.
@@ -26,10 +26,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..weights import DC, DR
-from ..unionfind import find
-from ._fill_cpu import boundary_node, perimeter_id, two_sum
-from ._radix_cpu import radix_argsort, radix_sort32_in
+from ...weights import DC, DR
+from ...unionfind import find
+from ..fill._cpu import boundary_node, perimeter_id, two_sum
+from .._radix_cpu import radix_argsort, radix_sort32_in
 
 UNSET = np.int64(-(2**62))
 OUTLET = np.uint8(1)

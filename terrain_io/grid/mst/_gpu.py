@@ -10,7 +10,7 @@ spanning forests as a bitmask, bit for bit what the numba Kruskal computes.
 Contraction (Gerritsen 2012, part II ch. 2-3, after Haverkort 2012): dead ends stripped by parallel leaf-pruning
 rounds, then one walk per (kept vertex, direction) replacing each degree-2 path by its maximum
 edge, one thread block per tile. Kernel: ``terrain_io/kernels/mst_contract.cu``. It returns what
-the numba reference ``_mst_cpu.contract_tile`` returns -- the same vertex and super-edge arrays in
+the numba reference ``_cpu.contract_tile`` returns -- the same vertex and super-edge arrays in
 the same order, and the same exact weight sum -- so the CPU only merges.
 
 Overlap: the pipeline calls :meth:`tile_phase` from worker threads; each call takes one of two
@@ -27,8 +27,8 @@ import threading
 
 import numpy as np
 
-from ..backend import kernel_source
-from . import _mst_cpu as K
+from ...backend import kernel_source
+from . import _cpu as K
 
 _CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "uint8": "unsigned char",
            "int16": "short", "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int"}
@@ -61,7 +61,7 @@ class GpuTileForest:
 
         dtype = np.dtype(dtype)
         if dtype.name not in _CTYPES:
-            from ..errors import InputError
+            from ...errors import InputError
 
             raise InputError(f"GPU MST: unsupported elevation type {dtype}")
         self.cp = cp
@@ -194,7 +194,7 @@ class GpuTileForest:
 
     @staticmethod
     def _as_tuple(h: dict) -> tuple:
-        """The host arrays in the order of ``_mst_cpu.tile_phase_batch``'s result."""
+        """The host arrays in the order of ``_cpu.tile_phase_batch``'s result."""
         return tuple(h[k] for k in ("nv", "vid", "vh", "vmask", "ne", "eu", "ev", "ew", "ecode", "buckets"))
 
     # -- public ------------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ class GpuTileForest:
 def worker_tile_forest(tile: int, weight: str, dtype: str) -> GpuTileForest:
     """One compiled :class:`GpuTileForest` per Dask worker process and store layout (a worker runs one
     shard task at a time, so one lane is enough)."""
-    from .. import weights
+    from ... import weights
 
     return GpuTileForest(tile, weights.get(weight), np.dtype(dtype), lanes=1)
 

@@ -1,6 +1,6 @@
 """CuPy side of the in-core GPU fill (terrain_io/kernels/fill.cu): the fill levels by rounds of
 tile relaxation over a work list, the lakes by union-find, their table by atomics; the same bytes
-as the numba pipeline of :mod:`._fill_cpu` (see :mod:`.fill`).
+as the numba pipeline of :mod:`._cpu` (see :mod:`.pipeline`).
 
 The DEM lives on the GPU as one ringed array in the *value type* (float32, or float64 where
 float32 does not hold every value: :func:`value_dtype`), with its stored values (nodata
@@ -11,8 +11,8 @@ import functools
 
 import numpy as np
 
-from ..backend import EXACT_OPTIONS, kernel_source
-from ..worklist import ROWS_PER_PASS, TILE, WorkLists
+from ...backend import EXACT_OPTIONS, kernel_source
+from ...worklist import ROWS_PER_PASS, TILE, WorkLists
 
 THREADS = 256
 

@@ -33,7 +33,7 @@ level -- the cells of its basins lower than the spill elevation (they are connec
 below that level) and the sum of (spill - h) x the cell area (metric cell size, as fill; for a
 group that never spills: all its cells, volume NaN).
 
-Pipeline (kernels :mod:`._depressions_cpu`), tiles in Morton batches as :mod:`.fill`:
+Pipeline (kernels :mod:`._cpu`), tiles in Morton batches as :mod:`..fill`:
 
 1. Chains -- each tile (with a one-cell halo) finds its plateau pieces and follows receivers
    inside itself; each perimeter cell hands up where its chain ends (a leaf, O, a plateau that goes
@@ -66,15 +66,15 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from ..backend import resolve_device
-from ..errors import DeviceError, InputError
-from ..jit import SERIAL_BELOW
-from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ..progress import progress_bar
-from ..store import TerrainStore, read_window, write_window
-from ..timings import Timings
-from . import _depressions_cpu as K
-from ._tiled import (
+from ...backend import resolve_device
+from ...errors import DeviceError, InputError
+from ...jit import SERIAL_BELOW
+from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ...progress import progress_bar
+from ...store import TerrainStore, read_window, write_window
+from ...timings import Timings
+from . import _cpu as K
+from ..fill._tiled import (
     OUTLETS,
     TABLE_IN_ATTRS,
     Geometry,
@@ -82,7 +82,7 @@ from ._tiled import (
     table_cell,
     write_held,
 )
-from .tiling import Plan, check_side, plan, plan_batches, whole_side
+from ..tiling import Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "depressions"
 TABLE_COLUMNS = ("id", "parent", "kind", "spill_elevation", "spill_row", "spill_col", "spill_x", "spill_y",
@@ -403,7 +403,7 @@ def _json(v: np.ndarray) -> list:
 
 def write_table(result: DepressionsResult, store, path) -> Path:
     """The node table as CSV (written under a temporary name, renamed when complete)."""
-    from ..atomic import atomic_file
+    from ...atomic import atomic_file
 
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store), mode="r")

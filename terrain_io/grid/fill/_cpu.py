@@ -35,11 +35,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..jit import serial_twin
-from ..unionfind import find
-from ..weights import DC, DR
-from ._heap_cpu import heap_pop, heap_push
-from ._radix_cpu import argsort_float, argsort_int
+from ...jit import serial_twin
+from ...unionfind import find
+from ...weights import DC, DR
+from .._heap_cpu import heap_pop, heap_push
+from .._radix_cpu import argsort_float, argsort_int
 
 LABEL = np.int16  # a flood label: a perimeter id (< 4 x 8192, the largest tile), B or -1
 

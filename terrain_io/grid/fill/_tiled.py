@@ -1,4 +1,4 @@
-"""Pieces shared by the tiled hydrology passes (``fill`` and ``depressions``): the outlet
+"""Pieces of the tiled fill that the passes built on it (``depressions``, ``flow``, ``hydro``) share: the outlet
 conventions, the boundary-graph geometry of a store's tiles, blocks read with a one-cell halo and
 their outlets, whole in-memory results written shard by shard in parallel threads, and table cells."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 
 import numpy as np
 
-from ..jit import SERIAL_BELOW
-from ..store import TerrainStore, Window, write_window
-from . import _fill_cpu
+from ...jit import SERIAL_BELOW
+from ...store import TerrainStore, Window, write_window
+from . import _cpu as _fill_cpu
 
 OUTLETS = ("edge+nodata", "edge")
 TABLE_IN_ATTRS = 1000  # a result's table goes into its attributes up to this many rows

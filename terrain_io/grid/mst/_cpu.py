@@ -29,10 +29,10 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..jit import njit_as
-from ..unionfind import find_sized, union_sized
-from ..weights import DC, DR, edge_weight, float64_bits
-from ._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
+from ...jit import njit_as
+from ...unionfind import find_sized, union_sized
+from ...weights import DC, DR, edge_weight, float64_bits
+from .._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)

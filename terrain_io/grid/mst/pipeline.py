@@ -7,14 +7,14 @@ Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
    Kruskal on the CPU, Boruvka after Harish et al. on the GPU), written to ``mst/edges``, then
    contracted to a graph on the tile's boundary cells and branch vertices (dead ends removed,
    degree-2 paths replaced by their maximum edge; on the GPU by leaf-pruning rounds and path
-   walks, one thread block per tile, see ``_mst_gpu``). For the ``max`` model the CPU's Kruskal
+   walks, one thread block per tile, see ``_gpu``). For the ``max`` model the CPU's Kruskal
    contracts as it unions: a super-edge between boundary cells whenever it joins two components
-   that hold some (``_mst_cpu.tile_forest_max``; the same forest, a smaller graph).
+   that hold some (``_cpu.tile_forest_max``; the same forest, a smaller graph).
 2. Merge phase -- streaming with the tile phase: whenever the tiles of a quadtree block are all
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
    (Kruskal) and contracted against the block's own boundary as they unite (super-edges between
    the components' boundary vertices, every other forest edge final). The levels inside a batch are
-   merged in one compiled call per batch (``_mst_cpu.merge_batch``), batches in parallel threads;
+   merged in one compiled call per batch (``_cpu.merge_batch``), batches in parallel threads;
    the levels above, in Morton order as batches complete. Only the blocks on the current Morton
    path and the decisions (O(N/T) codes) are held in memory.
 3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
@@ -40,18 +40,18 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from .. import weights as weight_models
-from ..backend import Dispatch, resolve_device
-from ..errors import InputError
-from ..jit import SERIAL_BELOW
-from ..memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ..parallel import check_scheduler, map_shards
-from ..progress import progress_bar
-from ..store import TerrainStore, Window, read_window, write_window
-from ..timings import Timings
-from ..zorder import morton_decode
-from . import _mst_cpu as K
-from .tiling import Batch, check_side, plan, plan_batches
+from ... import weights as weight_models
+from ...backend import Dispatch, resolve_device
+from ...errors import InputError
+from ...jit import SERIAL_BELOW
+from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ...parallel import check_scheduler, map_shards
+from ...progress import progress_bar
+from ...store import TerrainStore, Window, read_window, write_window
+from ...timings import Timings
+from ...zorder import morton_decode
+from . import _cpu as K
+from ..tiling import Batch, check_side, plan, plan_batches
 
 RESULT = "mst"
 
@@ -94,7 +94,7 @@ class MSTResult:
 
 @dataclass
 class _Block:
-    """A quadtree block's contracted graph (see _mst_cpu): vertices and super-edges."""
+    """A quadtree block's contracted graph (see _cpu): vertices and super-edges."""
 
     level: int
     code: int
@@ -331,7 +331,7 @@ def _tile_phase_cpu(store: TerrainStore, task: _TileTask, values, valid):
 
 
 TILE_PHASE = Dispatch("the grid MST's tile phase", cpu=_tile_phase_cpu,
-                      gpu="terrain_io.grid._mst_gpu:worker_tile_phase")
+                      gpu="terrain_io.grid.mst._gpu:worker_tile_phase")
 
 
 def _tile_task(task: _TileTask):
@@ -519,7 +519,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
     if device == "gpu" and scheduler == "local":
         forest = K.FOREST_GIVEN
-        from ._mst_gpu import GpuTileForest
+        from ._gpu import GpuTileForest
 
         gpu = GpuTileForest(store.tile_size, model, store.dtype)
 
