@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .common import memory_option, new_output_file, output_option, overwrite_files_option, quiet, say, table_option
+from .common import (device_option, memory_option, new_output_file, output_option, overwrite_files_option, quiet,
+                     say, table_option)
 from .main import cli
 
 threshold_option = click.option("--threshold", type=float, required=True,
@@ -53,7 +54,8 @@ def _report(result, table, output, vectors: str) -> None:
                default=None, callback=new_output_file)
 @overwrite_files_option
 @memory_option
-def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory):
+@device_option
+def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory, device):
     """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
     order given -- --at, then --cell, then --outlets -- a cell drains to first; 0 none). A nested
     outlet splits its parent's area (ESRI Watershed, Whitebox)."""
@@ -74,7 +76,7 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
     outlets = np.concatenate(parts)
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(st, outlets, name=name, snap=snap, memory=memory, progress=not quiet(), vectors=output,
-                 overwrite=overwrite)
+                 overwrite=overwrite, device=device)
     _report(result, None, output, "polygons")
 
 
@@ -85,13 +87,14 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
                default=None, callback=new_output_file)
 @overwrite_files_option
 @memory_option
-def basins(store, table, output, memory):
+@device_option
+def basins(store, table, output, memory, device):
     """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
     at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
     from terrain_io.grid.hydro.pipeline import basins as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
-    result = run(store, memory=memory, progress=not quiet(), vectors=output, overwrite=overwrite)
+    result = run(store, memory=memory, progress=not quiet(), vectors=output, overwrite=overwrite, device=device)
     _report(result, table, output, "polygons")
 
 
@@ -104,7 +107,8 @@ def basins(store, table, output, memory):
                default=None, callback=new_output_file)
 @overwrite_files_option
 @memory_option
-def streams(store, threshold, units, table, output, memory):
+@device_option
+def streams(store, threshold, units, table, output, memory, device):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
@@ -112,7 +116,7 @@ def streams(store, threshold, units, table, output, memory):
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(store, threshold, units=units, memory=memory, progress=not quiet(), vectors=output,
-                 overwrite=overwrite)
+                 overwrite=overwrite, device=device)
     _report(result, table, output, "links")
 
 
@@ -121,10 +125,11 @@ def streams(store, threshold, units, table, output, memory):
 @threshold_option
 @units_option
 @memory_option
-def hand(store, threshold, units, memory):
+@device_option
+def hand(store, threshold, units, memory, device):
     """Height above the nearest drainage: STORE/hand/height (float32: a cell's elevation minus that
     of the first stream cell on its flow path; NaN where it meets none) and hand/drainage (that
     cell's link id, 0 none). Streams as terrain streams --threshold defines them."""
     from terrain_io.grid.hydro.pipeline import hand as run
 
-    say(run(store, threshold, units=units, memory=memory, progress=not quiet()).line)
+    say(run(store, threshold, units=units, memory=memory, progress=not quiet(), device=device).line)

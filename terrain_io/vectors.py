@@ -1,8 +1,14 @@
 """Vector outputs (``-o`` of ``path``, ``watershed``, ``basins``, ``streams``): the format named by
 the file's suffix, features written through pyogrio as ISO WKB in the store's CRS, staged under a
-temporary name with a Shapefile's side files and renamed when complete (:mod:`.atomic`)."""
+temporary name with a Shapefile's side files and renamed when complete (:mod:`.atomic`).
+
+:func:`feature_stream` writes features in batches as they are produced (pyogrio's append: GDAL's
+GeoPackage, GeoJSON and Shapefile drivers add to the layer); FlatGeobuf cannot append (its header
+counts the features), so its batches are held and written once at the end.
+"""
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -14,6 +20,7 @@ from .errors import InputError, OutputError
 DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "ESRI Shapefile",
            ".fgb": "FlatGeobuf"}
 SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
+APPENDS = ("GPKG", "GeoJSON", "ESRI Shapefile")  # drivers that add a batch to a written layer
 
 
 def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str:
@@ -55,21 +62,58 @@ def write_features(out, geometry, fields: dict, geometry_type: str, crs=None, ov
                    masks: dict | None = None) -> Path:
     """Write ``geometry`` (WKB bytes or None, one a feature) with ``fields`` (name -> array) to
     ``out`` in the format its suffix names; GDAL's errors become one line naming ``out``."""
+    with feature_stream(out, geometry_type, crs, overwrite) as write:
+        write(geometry, fields, masks)
+    return Path(out)
+
+
+@contextlib.contextmanager
+def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False):
+    """Yields ``write(geometry, fields, masks=None)``, which adds a batch of features to ``out``
+    (the same fields, in the same order, every batch; write at least one batch, empty or not);
+    the file is complete and renamed into place when the block ends (module docstring)."""
     from pyogrio import raw
 
     out = Path(out)
     driver = DRIVERS[out.suffix.lower()]
-    options = None
-    if driver == "FlatGeobuf" and any(g is None for g in geometry):
-        options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
-    with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
+    batches = 0
+    held = []
+
+    def flush(geometry, fields, masks, append):
+        options = None
+        if driver == "FlatGeobuf" and any(g is None for g in geometry):
+            options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
                 raw.write(str(tmp / out.name), np.asarray(geometry, object), list(fields.values()), list(fields),
                           field_mask=[(masks or {}).get(k) for k in fields], layer=out.stem, driver=driver,
-                          geometry_type=geometry_type, crs=crs or None, layer_options=options)
+                          geometry_type=geometry_type, crs=crs or None, layer_options=None if append else options,
+                          append=append)
         except Exception as exc:  # noqa: BLE001 -- pyogrio/GDAL errors: one line naming OUT
             message = str(exc).replace(str(tmp / out.name), str(out)).splitlines()[0]
             raise OutputError(f"{out}: cannot write it as {driver}: {message}") from None
-    return out
+
+    def write(geometry, fields: dict, masks: dict | None = None):
+        nonlocal batches
+        if driver in APPENDS:
+            flush(geometry, fields, masks, batches > 0)
+        else:
+            held.append((list(geometry), fields, masks))
+        batches += 1
+
+    with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp:
+        yield write
+        if len(held) == 1:
+            flush(*held[0], False)
+        elif held:
+            names = list(held[0][1])
+            geometry = [g for h in held for g in h[0]]
+            fields = {k: np.concatenate([np.asarray(h[1][k]) for h in held]) for k in names}
+
+            def mask(h, k):  # a batch's mask of field k, all False where it gives none
+                m = (h[2] or {}).get(k)
+                return np.zeros(len(h[0]), bool) if m is None else np.asarray(m, bool)
+
+            masks = {k: np.concatenate([mask(h, k) for h in held]) for k in names} if any(h[2] for h in held) else None
+            flush(geometry, fields, masks, False)

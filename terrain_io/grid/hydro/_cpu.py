@@ -17,12 +17,15 @@ Labels (watersheds, basins)
     so a nested outlet splits its parent's area (ESRI Watershed, Whitebox Watershed).
 
 Streams
-    A stream cell: accumulation >= threshold. Upstream first: Strahler (1957) order is 1 at a cell
-    with no stream donor, else the largest order among its stream donors, plus one where two or more
-    donors hold it; Shreve (1966) magnitude is 1 at a cell with no stream donor, else the sum of its
-    stream donors'. A *link* runs from a head (a stream cell whose stream donors are not exactly one:
-    a source or a junction) down to the cell above the next head or the path's end; links are
-    numbered 1, 2, ... in row-major order of their heads.
+    A stream cell: accumulation >= threshold. Strahler (1957) order is 1 at a cell with no stream
+    donor, else the largest order among its stream donors, plus one where two or more donors hold
+    it; Shreve (1966) magnitude is 1 at a cell with no stream donor, else the sum of its stream
+    donors'. A *link* runs from a head (a stream cell whose stream donors are not exactly one: a
+    source or a junction) down to the cell above the next head or the path's end; links are
+    numbered 1, 2, ... in row-major order of their heads. Both numbers are constant along a link
+    (its cells after the head have one stream donor, of the same link), so they are computed on
+    the links alone (:func:`link_orders`) after one walk down each link from its head
+    (:func:`walk_network`): no order of the whole grid.
 
 HAND (Nobre et al. 2011, height above the nearest drainage)
     Downstream first, a stream cell's drainage is itself; any other cell takes its downstream cell's
@@ -120,71 +123,104 @@ def count_labels(label, counts):
 
 
 @numba.njit(nogil=True, cache=True)
-def stream_donors(code, h, w, stream, sdon):
-    """``sdon[k]``: the number of stream cells draining into stream cell k."""
+def stream_cells(code, acc, threshold, stream):
+    """``stream`` (bool): valid cells of accumulation >= ``threshold``; returns their flat indices
+    (row-major)."""
+    n = 0
+    for k in range(code.size):
+        s = code[k] != NODATA and acc[k] >= threshold
+        stream[k] = s
+        n += s
+    out = np.empty(n, np.int64)
+    n = 0
     for k in range(code.size):
         if stream[k]:
-            t = down(code, h, w, k)
-            if t >= 0 and stream[t]:
-                sdon[t] += 1
+            out[n] = k
+            n += 1
+    return out
 
 
 @numba.njit(nogil=True, cache=True)
-def number_heads(stream, sdon, link):
-    """Link heads (stream cells whose stream donors are not exactly one) numbered 1, 2, ... in
-    row-major order into ``link``; returns their count."""
-    n = np.uint32(0)
-    for k in range(stream.size):
-        if stream[k] and sdon[k] != 1:
-            n += np.uint32(1)
-            link[k] = n
-    return n
-
-
-@numba.njit(nogil=True, cache=True)
-def orders(code, h, w, order, m, stream, sdon, strahler, shreve, link, top, ntop):
-    """Upstream first: Strahler order, Shreve magnitude and link of every stream cell (module
-    docstring); ``link`` holds the heads' numbers; ``top``/``ntop`` (uint8, zeros): scratch for the
-    largest donor order and how many donors hold it."""
-    for i in range(m):
-        k = order[i]
-        if not stream[k]:
-            continue
-        if sdon[k] == 0:
-            s = np.uint8(1)
-            shreve[k] = 1
-        else:
-            s = top[k] + np.uint8(1 if ntop[k] >= 2 else 0)
-        strahler[k] = s
+def walk_network(code, h, w, cells, stream, link):
+    """The links of the stream cells ``cells`` (row-major): heads numbered 1.. in that order into
+    ``link``, then each link walked down from its head while the next cell has exactly one stream
+    donor (O(stream cells), no topological order). Returns per link its head, last cell,
+    downstream link id and cell count."""
+    sdon = np.zeros(code.size, np.uint8)
+    for k in cells:
         t = down(code, h, w, k)
         if t >= 0 and stream[t]:
-            if s > top[t]:
-                top[t] = s
-                ntop[t] = 1
-            elif s == top[t]:
-                ntop[t] += 1
-            shreve[t] += shreve[k]
-            if sdon[t] == 1:
-                link[t] = link[k]
+            sdon[t] += 1
+    n = 0
+    for k in cells:
+        n += sdon[k] != 1
+    head = np.empty(n, np.int64)
+    n = 0
+    for k in cells:
+        if sdon[k] != 1:
+            head[n] = k
+            n += 1
+            link[k] = n
+    tail = np.empty(n, np.int64)
+    downstream = np.zeros(n, np.uint32)
+    count = np.zeros(n, np.int64)
+    for i in range(n):
+        k = head[i]
+        while True:
+            link[k] = i + 1
+            count[i] += 1
+            t = down(code, h, w, k)
+            if t < 0 or not stream[t] or sdon[t] != 1:
+                tail[i] = k
+                if t >= 0 and stream[t]:
+                    downstream[i] = link[t]
+                break
+            k = t
+    return head, tail, downstream, count
 
 
 @numba.njit(nogil=True, cache=True)
-def link_table(code, h, w, stream, sdon, strahler, shreve, link, head, tail, downlink, cells, lorder, magnitude):
-    """Per link (index = id - 1): head and last cell, downstream link (0 where its path ends),
-    cell count, Strahler order and Shreve magnitude (constant along a link)."""
-    for k in range(code.size):
-        if not stream[k]:
-            continue
-        i = link[k] - 1
-        cells[i] += 1
-        if sdon[k] != 1:
-            head[i] = k
-        t = down(code, h, w, k)
-        if t < 0 or link[t] != link[k] or not stream[t]:
-            tail[i] = k
-            downlink[i] = link[t] if t >= 0 and stream[t] else 0
-            lorder[i] = strahler[k]
-            magnitude[i] = shreve[k]
+def link_orders(downstream, strahler, shreve):
+    """Strahler (1957) order and Shreve (1966) magnitude of every link from the links' downstream
+    ids alone (a link with no upstream link is a source: 1; at a junction, the largest upstream
+    order, plus one where two or more hold it; the sum of the magnitudes): Kahn's order over the
+    links. Returns False on a cycle."""
+    n = len(downstream)
+    ups = np.zeros(n, np.int64)
+    for i in range(n):
+        if downstream[i] > 0:
+            ups[downstream[i] - 1] += 1
+    top = np.zeros(n, np.uint8)
+    ntop = np.zeros(n, np.int64)
+    queue = np.empty(n, np.int64)
+    tail = 0
+    for i in range(n):
+        if ups[i] == 0:
+            queue[tail] = i
+            tail += 1
+    head = 0
+    while head < tail:
+        i = queue[head]
+        head += 1
+        if ntop[i] == 0:
+            strahler[i] = 1
+            shreve[i] = 1
+        else:
+            strahler[i] = top[i] + (1 if ntop[i] >= 2 else 0)
+        j = downstream[i] - 1
+        if j >= 0:
+            s = strahler[i]
+            if s > top[j]:
+                top[j] = s
+                ntop[j] = 1
+            elif s == top[j]:
+                ntop[j] += 1
+            shreve[j] += shreve[i]
+            ups[j] -= 1
+            if ups[j] == 0:
+                queue[tail] = j
+                tail += 1
+    return tail == n
 
 
 @numba.njit(nogil=True, cache=True)
@@ -271,20 +307,23 @@ def label_basins(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def stream_network(code: np.ndarray, accumulation: np.ndarray, threshold: float) -> Network:
     """The stream network of the cells whose ``accumulation`` >= ``threshold`` (module docstring)."""
-    flat, order, m = flow_order(code)
+    flat = np.ascontiguousarray(code, np.uint8).reshape(-1)
     h, w = code.shape
-    stream = (np.asarray(accumulation).reshape(-1) >= threshold) & (flat != NODATA)
-    sdon = np.zeros(flat.size, np.uint8)
-    stream_donors(flat, h, w, stream, sdon)
+    stream = np.empty(flat.size, np.bool_)
+    cells = stream_cells(flat, np.ascontiguousarray(accumulation).reshape(-1), threshold, stream)
     link = np.zeros(flat.size, np.uint32)
-    n = int(number_heads(stream, sdon, link))
+    head, tail, downstream, count = walk_network(flat, h, w, cells, stream, link)
+    n = len(head)
+    lorder = np.zeros(n, np.uint8)
+    magnitude = np.zeros(n, np.uint32 if flat.size < 2**32 else np.uint64)
+    if not link_orders(downstream, lorder, magnitude):
+        raise InputError("the flow directions have cycles")
     strahler = np.zeros(flat.size, np.uint8)
-    shreve = np.zeros(flat.size, np.uint32 if flat.size < 2**32 else np.uint64)
-    orders(flat, h, w, order, m, stream, sdon, strahler, shreve, link,
-           np.zeros(flat.size, np.uint8), np.zeros(flat.size, np.uint8))
-    links = Links(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32), np.zeros(n, np.int64),
-                  np.zeros(n, np.uint8), np.zeros(n, shreve.dtype))
-    link_table(flat, h, w, stream, sdon, strahler, shreve, link, *links)
+    shreve = np.zeros(flat.size, magnitude.dtype)
+    at = link[cells] - 1
+    strahler[cells] = lorder[at]
+    shreve[cells] = magnitude[at]
+    links = Links(head, tail, downstream, count, lorder, magnitude)
     return Network(stream.reshape(h, w), strahler.reshape(h, w), shreve.reshape(h, w), link.reshape(h, w), links)
 
 
@@ -297,3 +336,31 @@ def height_above_drainage(code: np.ndarray, z: np.ndarray, network: Network) -> 
     hand(flat, *code.shape, order, m, network.stream.reshape(-1), np.ascontiguousarray(z).reshape(-1),
          network.link.reshape(-1), height, drainage)
     return height.reshape(code.shape), drainage.reshape(code.shape)
+
+
+@numba.njit(nogil=True, cache=True)
+def walk_links(code, r0, c0, cols, cur, left, out, pos):
+    """Advance every link walk whose current cell (global id ``cur[i]``) lies in the block ``code``
+    (directions of rows r0.., columns c0..): record cells into ``out`` at ``pos[i]`` and step down
+    the flow until the walk leaves the block or has taken its cells (``left[i]`` reaches 0; a
+    link's cells are its head's flow path of ``cells`` cells). Returns the cells recorded."""
+    bh, bw = code.shape
+    moved = 0
+    for i in range(len(cur)):
+        if left[i] == 0:
+            continue
+        g = cur[i]
+        r, c = g // cols - r0, g % cols - c0
+        while 0 <= r < bh and 0 <= c < bw:
+            out[pos[i]] = g
+            pos[i] += 1
+            left[i] -= 1
+            moved += 1
+            if left[i] == 0:
+                break
+            d = code[r, c]
+            r += DR[d]
+            c += DC[d]
+            g = (r + r0) * cols + c + c0
+        cur[i] = g
+    return moved

@@ -1,17 +1,16 @@
 """``watershed``, ``basins``, ``stream_order``, ``stream_links`` and ``hand`` on in-memory rasters,
 beside ``flow_direction`` / ``flow_accumulation``: NumPy, xarray DataArrays of them (the same kind
-comes back, coordinates and attributes kept) or CuPy (computed on the host by the numba kernels of
-:mod:`._cpu`: the GPU kernels are not written yet; a CuPy result comes back). Definitions in
+comes back, coordinates and attributes kept) or CuPy (computed on the GPU by :mod:`._gpu`'s pointer
+jumping: the same bytes as the numba kernels of :mod:`._cpu`). Definitions in
 :mod:`._cpu`; directions are :mod:`..flow.codes`' (``flow_direction``'s)."""
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from ...backend import is_cupy, to_host
-from ...errors import InputError, TerrainNote
+from ...errors import InputError
 from ...rasters import is_dataarray
 from ..flow.codes import NODATA
 from . import _cpu
@@ -64,9 +63,9 @@ def watershed(direction, outlets):
     >>> watershed(np.array([[0, 0, 0, 8]], np.uint8), [(0, 3), (0, 1)])
     array([[2, 2, 1, 1]], dtype=uint32)
     """
-    template, code = _codes(direction)
+    template, code, K = _codes(direction)
     cells = _outlet_cells(outlets, code)
-    return _like(template, direction, _cpu.label_outlets(code, cells), "watershed", {"outlets": len(cells)})
+    return _like(template, direction, K.label_outlets(code, cells), "watershed", {"outlets": len(cells)})
 
 
 def basins(direction):
@@ -89,8 +88,8 @@ def basins(direction):
     >>> label, table.cells
     (array([[1, 1, 2, 2]], dtype=uint32), array([2, 2]))
     """
-    template, code = _codes(direction)
-    label, outlet, cells = _cpu.label_basins(code)
+    template, code, K = _codes(direction)
+    label, outlet, cells = K.label_basins(code)
     row, col = np.divmod(outlet, code.shape[1])
     table = BasinTable(np.arange(1, len(outlet) + 1, dtype=np.uint32), row, col, cells)
     return _like(template, direction, label, "basin", {}), table
@@ -126,8 +125,8 @@ def stream_order(direction, accumulation, threshold, *, method: str = "strahler"
     """
     if method not in METHODS:
         raise InputError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    template, code, acc = _network_inputs(direction, accumulation, threshold)
-    net = _cpu.stream_network(code, acc, threshold)
+    template, code, acc, K = _network_inputs(direction, accumulation, threshold)
+    net = K.stream_network(code, acc, threshold)
     values = net.strahler if method == "strahler" else net.shreve
     return _like(template, direction, values, "stream_order", {"method": method, "threshold": threshold})
 
@@ -147,8 +146,8 @@ def stream_links(direction, accumulation, threshold):
         0 off the network.
     table : :class:`LinkTable` (NumPy arrays).
     """
-    template, code, acc = _network_inputs(direction, accumulation, threshold)
-    net = _cpu.stream_network(code, acc, threshold)
+    template, code, acc, K = _network_inputs(direction, accumulation, threshold)
+    net = K.stream_network(code, acc, threshold)
     t = net.links
     w = code.shape[1]
     hr, hc = np.divmod(t.head, w)
@@ -183,44 +182,57 @@ def hand(direction, elevation, accumulation, threshold, *, drainage: bool = Fals
     >>> hand(np.array([[0, 0, 8]], np.uint8), np.array([[5.0, 3.0, 2.0]]), np.array([[1, 2, 3]]), 2)
     array([[2., 0., 0.]], dtype=float32)
     """
-    template, code, acc = _network_inputs(direction, accumulation, threshold)
-    z = _host(elevation)
+    template, code, acc, K = _network_inputs(direction, accumulation, threshold)
+    z = _on(elevation, K)
     if z.shape != code.shape or z.dtype.kind not in "iuf":
         raise InputError(f"elevation must be a numeric raster of shape {code.shape}, got {z.dtype} {z.shape}")
-    net = _cpu.stream_network(code, acc, threshold)
-    height, link = _cpu.height_above_drainage(code, z, net)
+    net = K.stream_network(code, acc, threshold)
+    height, link = K.height_above_drainage(code, z, net)
     height = _like(template, direction, height, "hand", {"threshold": threshold})
     if drainage:
         return height, _like(template, direction, link, "drainage", {"threshold": threshold})
     return height
 
 
-def _host(x) -> np.ndarray:
-    data = x.data if is_dataarray(x) else x
+def _kernels(data):
+    """:mod:`._gpu` for CuPy data, else :mod:`._cpu`."""
     if is_cupy(data):
-        warnings.warn("hydrology on CuPy arrays runs on the CPU (the GPU kernels are not written yet)", TerrainNote,
-                      stacklevel=3)
-    return to_host(data)
+        from . import _gpu
+
+        return _gpu
+    return _cpu
+
+
+def _on(x, K):
+    """The raster ``x`` (a DataArray's data) as an array of the kernels' device."""
+    data = x.data if is_dataarray(x) else x
+    if K is _cpu:
+        return to_host(data)
+    import cupy
+
+    return cupy.asarray(data)
 
 
 def _codes(direction):
     template = direction if is_dataarray(direction) else None
-    code = _host(direction)
+    K = _kernels(direction.data if template is not None else direction)
+    code = _on(direction, K)
     if code.ndim != 2:
         raise InputError(f"the directions must be a 2-D array, got shape {code.shape}")
     if code.dtype.kind not in "iu" or bool((((code < 0) | (code > 9)) & (code != NODATA)).any()):
         raise InputError("directions must be integer codes 0..9 or 255 (flow_direction's)")
-    return template, np.ascontiguousarray(code, np.uint8)
+    xp = np if K is _cpu else __import__("cupy")
+    return template, xp.ascontiguousarray(code, np.uint8), K
 
 
 def _network_inputs(direction, accumulation, threshold):
-    template, code = _codes(direction)
-    acc = _host(accumulation)
+    template, code, K = _codes(direction)
+    acc = _on(accumulation, K)
     if acc.shape != code.shape:
         raise InputError(f"the accumulation has shape {acc.shape}, the directions {code.shape}")
     if not np.isfinite(threshold) or not threshold > 0:
         raise InputError(f"the threshold must be a number > 0, got {threshold!r}")
-    return template, code, acc
+    return template, code, acc, K
 
 
 def _outlet_cells(outlets, code) -> np.ndarray:

@@ -1,33 +1,45 @@
-"""Watersheds, basins, streams and HAND of a store routed by ``terrain flow``, in core.
+"""Watersheds, basins, streams and HAND of a store routed by ``terrain flow``, in core or out of core.
 
-Each command reads ``flow/direction`` (and ``flow/accumulation``, and for HAND the elevations the
-flow was routed on: ``flow``'s ``source`` attribute) whole, runs the kernels of :mod:`._cpu`, and
-writes its result group atomically (``TerrainStore.write_result``), shard by shard in parallel
-threads. A DEM whose arrays and scratch do not fit the memory budget is refused with one line (out
-of core: not written yet).
+In core (the arrays and scratch fit the memory budget, ``BYTES`` a cell): each command reads
+``flow/direction`` (and ``flow/accumulation``, and for HAND the elevations the flow was routed on:
+``flow``'s ``source`` attribute) whole, runs the kernels of :mod:`._cpu`, and writes its result
+group atomically (``TerrainStore.write_result``), shard by shard in parallel threads.
+
+Out of core: windows of k x k tiles, the largest the budget holds (:func:`..tiling.plan`), values
+carried along the flow forest tile by tile with a boundary solve between (:mod:`.tiled`): the same
+bytes as in core. Polygons (``-o`` of watershed and basins) are traced on the whole label raster,
+read back when it fits the budget.
 """
 from __future__ import annotations
 
 import csv
+import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from ...errors import InputError
+from ...backend import gpu_free_bytes, resolve_device, to_host
+from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
-from ...vectors import check_output, wkb_linestring, wkb_polygon, write_features
+from ...vectors import check_output, feature_stream, wkb_linestring, wkb_polygon, write_features
 from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
-from . import _cpu
+from ..tiling import check_side, plan
+from . import _cpu, tiled
 
 # host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
 # network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
 # elevations 8; + HAND's elevation 8, drainage elevation 8, height 4, link 4)
 BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "hand": 66}
+# out of core, bytes a cell of the outputs written (a shard of them is rewritten by zarr)
+OUT_BYTES = {"watershed": 4, "basins": 4, "streams": 9, "streams+vectors": 9, "hand": 8}
+POLYGON_BYTES = 9  # the label raster traced for polygons: labels, their int32 copy, the mask
 UNITS = ("cells", "m2")
 
 
@@ -55,19 +67,68 @@ def write_table(result: HydroResult, path) -> Path:
     return path
 
 
-def _open(store, what: str, memory) -> TerrainStore:
+def _open(store, what: str, memory, window_tiles: int | None = None,
+          polygons: bool = False) -> tuple[TerrainStore, "tiled.Windows | None"]:
+    """The store and its windows out of core (None: in core, the arrays fit the budget);
+    ``window_tiles`` forces out of core with windows of that many tiles a side (tests,
+    benchmarks); ``polygons``: the label raster must fit the budget to be traced."""
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if "flow/direction" not in store.results():
         raise InputError(f"{store.path}: no flow directions: run terrain flow {store.path} first")
     rows, cols = store.shape
-    need, budget = rows * cols * BYTES[what], memory_budget(memory)
-    if need > budget:
-        raise InputError(f"{what.replace('+', ' with ')} runs in core and needs about {format_bytes(need)} for this "
-                         f"{rows:,} x {cols:,} DEM, "
-                         f"more than the memory budget {format_bytes(budget)} (raise --memory; out of core is not "
-                         f"implemented yet)")
-    return store
+    budget = memory_budget(memory)
+    if polygons and rows * cols * POLYGON_BYTES > budget:
+        raise InputError(f"polygons of a {rows:,} x {cols:,} DEM are traced in memory: about "
+                         f"{format_bytes(rows * cols * POLYGON_BYTES)}, more than the memory budget "
+                         f"{format_bytes(budget)} (raise --memory, or leave out -o)")
+    need = lambda k: tiled.window_need(store, k, OUT_BYTES[what])  # noqa: E731
+    if window_tiles is None:
+        chosen = plan(store, budget, what.replace("+", " with "), need, rows * cols * BYTES[what])
+        if chosen.held:
+            return store, None
+        window_tiles = chosen.side
+    k = check_side(store, window_tiles)
+    return store, tiled.Windows(store, k, tiled.workers_within(store, k, budget - need(k), os.cpu_count() or 1))
+
+
+def _method(wins) -> str:
+    return "incore" if wins is None else f"tiled, windows of {wins.side} tiles"
+
+
+class _Route:
+    """The kernels of an in-core run: :mod:`._gpu` when ``device`` is ``gpu`` and the DEM's arrays
+    fit its memory (else the CPU, with one note), :mod:`._cpu` otherwise; out of core runs on the
+    CPU. ``auto`` takes the CPU until the GPU kernels have run on a device (tests/test_hydro_gpu.py,
+    not yet run on one: issue 30)."""
+
+    def __init__(self, store: TerrainStore, device: str | None, wins):
+        self.K, self.device = _cpu, "cpu"
+        asked = (device or "auto").lower()
+        if wins is not None:
+            if asked == "gpu":
+                warnings.warn("hydrology out of core runs on the CPU (the GPU kernels are in core)", TerrainNote,
+                              stacklevel=3)
+            return
+        if asked != "gpu" or resolve_device(device) != "gpu":
+            return
+        from . import _gpu
+
+        need, free = _gpu.device_bytes(*store.shape), gpu_free_bytes()
+        if need > free:
+            if asked == "gpu":
+                warnings.warn(f"hydrology needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free: "
+                              f"run on the CPU instead", TerrainNote, stacklevel=3)
+            return
+        self.K, self.device = _gpu, "gpu"
+
+    def up(self, x):
+        """``x`` on the route's device."""
+        if self.device == "cpu":
+            return x
+        import cupy
+
+        return cupy.asarray(x)
 
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
@@ -99,64 +160,81 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict) -> None:
         write_held(store, *pairs)
 
 
-def snap_outlets(code, acc, cells, dist: float, cell_size) -> np.ndarray:
+def snap_outlets(store: TerrainStore, cells, dist: float) -> np.ndarray:
     """ESRI Snap Pour Point: each outlet moved to the valid cell of largest accumulation whose centre
-    lies within ``dist`` map units of its own (``cell_size``: dx, dy in map units); ties to the
-    nearest, then the first in row-major order."""
-    dx, dy = cell_size
-    rows, cols = code.shape
+    lies within ``dist`` map units of its own; ties to the nearest, then the first in row-major
+    order. Reads only each outlet's neighbourhood."""
+    dx, dy = store.cell_size
+    rows, cols = store.shape
     rr, rc = int(dist // dy), int(dist // dx)
     out = []
     for r, c in cells:
         r0, r1, c0, c1 = max(r - rr, 0), min(r + rr + 1, rows), max(c - rc, 0), min(c + rc + 1, cols)
+        win = Window(r0, r1, c0, c1)
+        code, acc = store.read(win, "flow/direction"), store.read(win, "flow/accumulation")
         gr, gc = np.mgrid[r0:r1, c0:c1]
         d2 = ((gr - r) * dy) ** 2 + ((gc - c) * dx) ** 2
-        ok = (d2 <= dist * dist) & (code[r0:r1, c0:c1] != NODATA)
-        a = acc[r0:r1, c0:c1].astype(np.float64)
+        ok = (d2 <= dist * dist) & (code != NODATA)
+        a = acc.astype(np.float64)
         pick = np.lexsort((gc[ok], gr[ok], d2[ok], -a[ok]))[0]
         out.append((int(gr[ok][pick]), int(gc[ok][pick])))
     return np.asarray(out, np.int64).reshape(-1, 2)
 
 
+def _cell(store: TerrainStore, name: str, r: int, c: int):
+    return store.read(Window(r, r + 1, c, c + 1), name)[0, 0]
+
+
 def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
-              progress: bool = True, vectors=None, overwrite: bool = False) -> HydroResult:
+              progress: bool = True, vectors=None, overwrite: bool = False,
+              window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col)
     first); with ``snap`` (map units), the outlets are moved first (:func:`snap_outlets`) and the
     result's attributes record where to (``snapped``); ``vectors``: a polygon file of the
-    watersheds (:func:`write_polygons`: outlet id, cells, area_m2, outlet row/col)."""
+    watersheds (:func:`write_polygons`: outlet id, cells, area_m2, outlet row/col);
+    ``window_tiles``: out of core with windows of that many tiles a side."""
     t0 = time.perf_counter()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store = _open(store, "watershed", memory)
-    code = _read(store, "flow/direction", progress)
-    rows, cols = code.shape
+    store, wins = _open(store, "watershed", memory, window_tiles, polygons=vectors is not None)
+    route = _Route(store, device, wins)
+    rows, cols = store.shape
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
         if not (0 <= r < rows and 0 <= c < cols):
             raise InputError(f"outlet {i} lies outside the DEM (cell {r}, {c} of {rows:,} x {cols:,})")
-        if code[r, c] == NODATA:
+        if _cell(store, "flow/direction", r, c) == NODATA:
             raise InputError(f"outlet {i} lies on nodata (cell {r}, {c})")
     given = cells
     attrs = {"outlets": given.tolist()}
     if snap is not None:
         if not np.isfinite(snap) or snap < 0:
             raise InputError(f"--snap must be a distance >= 0, got {snap}")
-        acc = _read(store, "flow/accumulation", progress)
-        cells = snap_outlets(code, acc, cells, snap, store.cell_size)
+        cells = snap_outlets(store, cells, snap)
         for i, (r, c) in enumerate(cells, 1):
-            if not acc[r, c] > 0:
+            if not _cell(store, "flow/accumulation", r, c) > 0:
                 raise InputError(f"outlet {i} snapped to cell ({r}, {c}), which has no accumulation")
-        del acc
         attrs.update(snap=snap, snapped=cells.tolist())
     flat = cells[:, 0] * cols + cells[:, 1]
     if len(np.unique(flat)) != len(flat):
         raise InputError("two outlets lie in the same cell" + (" after snapping" if snap is not None else ""))
-    label = _cpu.label_outlets(code, flat)
-    counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
     dx, dy = store.metric_cell_size
-    attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
-    _write(store, f"watershed/{name}", {"label": (label, 0, {"outlet_ids": "1.. in the order given; 0 none"})}, attrs)
+    label_attrs = {"outlet_ids": "1.. in the order given; 0 none"}
+    if wins is None:
+        code = _read(store, "flow/direction", progress)
+        label = to_host(route.K.label_outlets(route.up(code), flat))
+        del code
+        counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
+        attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
+        _write(store, f"watershed/{name}", {"label": (label, 0, label_attrs)}, attrs)
+    else:
+        with store.write_result(f"watershed/{name}", attrs=attrs) as writer:
+            arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
+            counts = tiled.watershed(wins, flat, arr, progress)
+            attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())
+            writer.attrs.update(attrs)
     if vectors is not None:
+        label = _read(store, f"watershed/{name}/label", progress)
         write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
                                       "outlet_col": cells[:, 1]}, vectors, overwrite)
     sec = time.perf_counter() - t0
@@ -164,45 +242,54 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     note = f" ({moved} moved by --snap)" if snap is not None else ""
     return HydroResult(f"watershed {name}: {len(flat)} outlets{note}"
                        f", {int(counts.sum()):,} cells drain to them, largest {int(counts.max()):,} cells, {sec:.2f} s "
-                       f"(cpu, incore)", attrs)
+                       f"({route.device}, {_method(wins)})", attrs)
 
 
-def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False) -> HydroResult:
+def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False,
+           window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
     (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
     t0 = time.perf_counter()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store = _open(store, "basins", memory)
-    code = _read(store, "flow/direction", progress)
-    label, outlet, counts = _cpu.label_basins(code)
-    row, col = np.divmod(outlet, code.shape[1])
-    dx, dy = store.metric_cell_size
+    store, wins = _open(store, "basins", memory, window_tiles, polygons=vectors is not None)
+    route = _Route(store, device, wins)
+    label_attrs = {"ids": "1.. in row-major order of the outlet cells; 0 nodata"}
+    if wins is None:
+        code = _read(store, "flow/direction", progress)
+        label, outlet, counts = route.K.label_basins(route.up(code))
+        label = to_host(label)
+        del code
+        _write(store, "basins", {"label": (label, 0, label_attrs)}, {"basins": len(outlet)})
+    else:
+        with store.write_result("basins") as writer:
+            arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
+            outlet, counts = tiled.basins(wins, arr, progress)
+            writer.attrs.update({"basins": len(outlet)})
     attrs = {"basins": len(outlet)}
+    row, col = np.divmod(outlet, store.shape[1])
+    dx, dy = store.metric_cell_size
     x, y = store.cell_to_map(row, col)
     table = {"id": np.arange(1, len(outlet) + 1), "outlet_row": row, "outlet_col": col, "outlet_x": x, "outlet_y": y,
              "cells": counts, "area_m2": counts * dx * dy}
-    _write(store, "basins", {"label": (label, 0, {"ids": "1.. in row-major order of the outlet cells; 0 nodata"})},
-           attrs)
     if vectors is not None:
+        label = _read(store, "basins/label", progress)
         write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
     sec = time.perf_counter() - t0
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
-                       f"(cpu, incore)", attrs, table)
+                       f"({route.device}, {_method(wins)})", attrs, table)
 
 
-def _network(store, what, threshold, units, memory, progress):
-    store = _open(store, what, memory)
+def _network(store, what, threshold, units, memory, window_tiles):
+    store, wins = _open(store, what, memory, window_tiles)
     cells = _threshold_cells(store, threshold, units)
-    code = _read(store, "flow/direction", progress)
-    acc = _read(store, "flow/accumulation", progress)
     if store.group["flow/accumulation"].attrs.get("units") != "cells" and units == "m2":
         raise InputError("--units m2 needs an accumulation of cells (this flow summed weights)")
-    return store, code, acc, cells
+    return store, wins, cells
 
 
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
-            overwrite: bool = False) -> HydroResult:
+            overwrite: bool = False, window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
     of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``); with
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
@@ -210,86 +297,194 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     if vectors is not None:
         check_output(vectors, overwrite)
     what = "streams" if vectors is None else "streams+vectors"
-    store, code, acc, cells = _network(store, what, threshold, units, memory, progress)
-    net = _cpu.stream_network(code, acc, cells)
-    t = net.links
-    attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "links": len(t.head)}
-    w = code.shape[1]
-    hr, hc = np.divmod(t.head, w)
-    tr, tc = np.divmod(t.tail, w)
-    table = {"id": np.arange(1, len(t.head) + 1), "downstream": t.downstream, "strahler": t.strahler,
-             "shreve": t.shreve, "cells": t.cells, "head_row": hr, "head_col": hc, "tail_row": tr, "tail_col": tc,
-             "upstream_cells": acc.reshape(-1)[t.tail]}
-    _write(store, "streams", {"order": (net.strahler, 0, {"method": "strahler"}),
-                              "magnitude": (net.shreve, 0, {"method": "shreve"}),
-                              "link": (net.link, 0, {"ids": "1.. in row-major order of the link heads; 0 off"})}, attrs)
+    store, wins, cells = _network(store, what, threshold, units, memory, window_tiles)
+    route = _Route(store, device, wins)
+    attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
+    rows, cols = store.shape
+    order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
+    link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
+    if wins is None:
+        code = _read(store, "flow/direction", progress)
+        acc = _read(store, "flow/accumulation", progress)
+        net = route.K.stream_network(route.up(code), route.up(acc), cells)
+        net = net._replace(**{k: to_host(getattr(net, k)) for k in ("stream", "strahler", "shreve", "link")})
+        t = net.links
+        links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, acc.reshape(-1)[t.tail])
+        n_stream = int(np.count_nonzero(net.stream))
+        attrs["links"] = len(t.head)
+        _write(store, "streams", {"order": (net.strahler, 0, order_attrs),
+                                  "magnitude": (net.shreve, 0, magnitude_attrs),
+                                  "link": (net.link, 0, link_attrs)}, attrs)
+        del net, acc
+        reader = CellReader.held(store, code)
+    else:
+        with store.write_result("streams", attrs=attrs) as writer:
+            shreve_dtype = np.uint32 if rows * cols < 2**32 else np.uint64
+            order_arr = writer.create_array("order", np.uint8, 0, attrs=order_attrs)
+            magnitude_arr = writer.create_array("magnitude", shreve_dtype, 0, attrs=magnitude_attrs)
+            link_arr = writer.create_array("link", np.uint32, 0, attrs=link_attrs)
+            t = tiled.Streams(wins, cells).links(link_arr, progress, "streams")
+            strahler, shreve = tiled.orders(t.downstream, rows * cols)
+            tiled.per_cell(wins, link_arr, strahler, shreve, order_arr, magnitude_arr, progress)
+            links = Links(t.head, t.tail, t.downstream, t.cells, strahler, shreve, t.upstream)
+            n_stream = int(t.cells.sum())
+            attrs["links"] = len(t.head)
+            writer.attrs.update(attrs)
+        reader = CellReader(store, wins.side * store.tile_size)
+    hr, hc = np.divmod(links.head, cols)
+    tr, tc = np.divmod(links.tail, cols)
+    table = {"id": np.arange(1, len(links.head) + 1), "downstream": links.downstream, "strahler": links.strahler,
+             "shreve": links.shreve, "cells": links.cells, "head_row": hr, "head_col": hc, "tail_row": tr,
+             "tail_col": tc, "upstream_cells": links.upstream}
     if vectors is not None:
-        z = _read(store, store.group["flow"].attrs.get("source", "elevation"), progress)
-        write_links(store, code, acc, z, net, vectors, overwrite)
+        write_links(store, reader, links, vectors, overwrite)
     sec = time.perf_counter() - t0
-    n = int(np.count_nonzero(net.stream))
-    return HydroResult(f"streams: {n:,} stream cells (accumulation >= {cells:g} cells), {len(t.head):,} links, highest "
-                       f"Strahler order {int(t.strahler.max(initial=0))}, {sec:.2f} s (cpu, incore)", attrs, table)
+    return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
+                       f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
+                       f"({route.device}, {_method(wins)})", attrs, table)
 
 
-def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True) -> HydroResult:
+def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True,
+         window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
     (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
     t0 = time.perf_counter()
-    store, code, acc, cells = _network(store, "hand", threshold, units, memory, progress)
-    net = _cpu.stream_network(code, acc, cells)
-    del acc
+    store, wins, cells = _network(store, "hand", threshold, units, memory, window_tiles)
+    route = _Route(store, device, wins)
     source = store.group["flow"].attrs.get("source", "elevation")
-    z = _read(store, source, progress)
-    height, drainage = _cpu.height_above_drainage(code, z, net)
-    del z
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "elevation": source}
-    _write(store, "hand", {"height": (height, float("nan"), {"units": "elevation units above the drainage"}),
-                           "drainage": (drainage, 0, {"ids": "streams' link ids; 0 none"})}, attrs)
+    height_attrs = {"units": "elevation units above the drainage"}
+    drainage_attrs = {"ids": "streams' link ids; 0 none"}
+    if wins is None:
+        code = _read(store, "flow/direction", progress)
+        acc = _read(store, "flow/accumulation", progress)
+        code = route.up(code)
+        net = route.K.stream_network(code, route.up(acc), cells)
+        del acc
+        z = _read(store, source, progress)
+        height, drainage = (to_host(a) for a in route.K.height_above_drainage(code, route.up(z), net))
+        del z, code, net
+        _write(store, "hand", {"height": (height, float("nan"), height_attrs),
+                               "drainage": (drainage, 0, drainage_attrs)}, attrs)
+        ok = ~np.isnan(height)
+        drained = int(ok.sum())
+        top = float(height[ok].max()) if drained else float("nan")
+    else:
+        with store.write_result("hand", attrs=attrs) as writer:
+            h_arr = writer.create_array("height", np.float32, float("nan"), attrs=height_attrs)
+            d_arr = writer.create_array("drainage", np.uint32, 0, attrs=drainage_attrs)
+            drained, top = tiled.hand(wins, tiled.Streams(wins, cells), source, h_arr, d_arr, progress)
     sec = time.perf_counter() - t0
-    ok = ~np.isnan(height)
-    top = float(height[ok].max()) if ok.any() else float("nan")
-    return HydroResult(f"hand: {int(ok.sum()):,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
-                       f"{top:.6g}, {sec:.2f} s (cpu, incore)", attrs)
+    return HydroResult(f"hand: {drained:,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
+                       f"{top:.6g}, {sec:.2f} s ({route.device}, {_method(wins)})", attrs)
 
 
-def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, overwrite: bool = False) -> Path:
-    """One LineString a stream link, in the store's CRS: vertices at the centres of its cells in
-    flow order, then the head of its downstream link (links meet at junctions; a lone cell with no
-    downstream link is a line of two equal points). Fields: ``link``, ``downstream`` (0: the flow
-    path ends), ``strahler``, ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres),
-    ``upstream`` (accumulation at the link's last cell: cells, or the flow's weights),
-    ``upstream_m2`` (that many cells' area; NaN for weights), ``drop`` (first vertex's elevation
-    minus the last's)."""
-    flat, order, m = _cpu.flow_order(code)
-    stream, link, t = net.stream.reshape(-1), net.link.reshape(-1), net.links
-    seq = order[:m][stream[order[:m]]]  # stream cells, each after its donors
-    seq = seq[np.argsort(link[seq], kind="stable")]  # grouped by link, in flow order within each
-    ends = np.cumsum(t.cells)
-    w = code.shape[1]
+class Links(NamedTuple):
+    """The link table (index = link id - 1): head and last cell (global ids), downstream link id
+    (0: the path ends), cells, Strahler order, Shreve magnitude, accumulation at the last cell."""
+
+    head: np.ndarray
+    tail: np.ndarray
+    downstream: np.ndarray
+    cells: np.ndarray
+    strahler: np.ndarray
+    shreve: np.ndarray
+    upstream: np.ndarray
+
+
+class CellReader:
+    """Blocks of a store's arrays around given cells: the whole raster when held in memory, else
+    square blocks of ``side`` cells read on demand, the last few kept (a link walk stays near)."""
+
+    KEEP = 4
+
+    def __init__(self, store: TerrainStore, side: int, held: dict | None = None):
+        self.store, self.side, self.held, self.cache = store, side, held or {}, {}
+
+    @classmethod
+    def held(cls, store: TerrainStore, code: np.ndarray) -> "CellReader":
+        return cls(store, max(store.shape), {"flow/direction": code})
+
+    def block(self, name: str, gid: int) -> tuple[np.ndarray, int, int]:
+        """The block holding cell ``gid`` of array ``name`` and its first row and column."""
+        if name in self.held:
+            return self.held[name], 0, 0
+        rows, cols = self.store.shape
+        r0, c0 = (gid // cols) // self.side * self.side, (gid % cols) // self.side * self.side
+        key = (name, r0, c0)
+        if key not in self.cache:
+            if len(self.cache) >= self.KEEP:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = self.store.read(Window(r0, min(r0 + self.side, rows), c0, min(c0 + self.side, cols)),
+                                              name)
+        return self.cache[key], r0, c0
+
+    def values(self, name: str, gids: np.ndarray) -> np.ndarray:
+        """The values of ``name`` at cells ``gids``, block by block."""
+        cols = self.store.shape[1]
+        out = None
+        keys = (gids // cols) // self.side * (cols // self.side + 1) + (gids % cols) // self.side
+        for key in np.unique(keys):
+            at = np.flatnonzero(keys == key)
+            block, r0, c0 = self.block(name, int(gids[at[0]]))
+            if out is None:
+                out = np.empty(len(gids), block.dtype)
+            out[at] = block[gids[at] // cols - r0, gids[at] % cols - c0]
+        return out if out is not None else np.empty(0)
+
+
+LINK_BATCH = 65536  # links a batch of features: the vertices of one batch in memory at a time
+
+
+def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False) -> Path:
+    """One LineString a stream link, in the store's CRS, written a batch of links at a time as they
+    are walked (:func:`..vectors.feature_stream`): vertices at the centres of its cells in flow
+    order (its head's flow path of ``cells`` cells, :func:`._cpu.walk_links`), then the head of its
+    downstream link (links meet at junctions; a lone cell with no downstream link is a line of two
+    equal points). Fields: ``link``, ``downstream`` (0: the flow path ends), ``strahler``,
+    ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres), ``upstream``
+    (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
+    many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's)."""
+    rows, cols = store.shape
     dx, dy = store.metric_cell_size
-    zf, accf = np.asarray(z).reshape(-1), np.asarray(acc).reshape(-1)
-    n = len(t.head)
-    geometry = np.empty(n, object)
-    length, drop = np.zeros(n), np.zeros(n)
-    for i in range(n):
-        cells = seq[ends[i] - t.cells[i] : ends[i]]
-        if t.downstream[i]:
-            cells = np.append(cells, t.head[t.downstream[i] - 1])
-        elif len(cells) == 1:
-            cells = np.append(cells, cells)
-        r, c = np.divmod(cells, w)
-        x, y = store.cell_to_map(r, c)
-        geometry[i] = wkb_linestring(np.column_stack([x, y]))
-        length[i] = np.hypot(np.diff(r) * dy, np.diff(c) * dx).sum()
-        drop[i] = float(zf[cells[0]]) - float(zf[cells[-1]])
-    upstream = accf[t.tail].astype(np.float64)
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
-    fields = {"link": np.arange(1, n + 1, dtype=np.int64), "downstream": t.downstream.astype(np.int64),
-              "strahler": t.strahler.astype(np.int32), "shreve": t.shreve.astype(np.int64),
-              "cells": t.cells, "length_m": length, "upstream": upstream,
-              "upstream_m2": upstream * dx * dy if counted else np.full(n, np.nan), "drop": drop}
-    return write_features(out, geometry, fields, "LineString", store.crs, overwrite)
+    source = store.group["flow"].attrs.get("source", "elevation")
+    n = len(links.head)
+    with feature_stream(out, "LineString", store.crs, overwrite) as write:
+        for s in range(0, max(n, 1), LINK_BATCH):
+            sl = slice(s, min(s + LINK_BATCH, n))
+            ids = np.arange(sl.start + 1, sl.stop + 1, dtype=np.int64)
+            cells, down = links.cells[sl].astype(np.int64), links.downstream[sl]
+            extra = (down > 0) | (cells == 1)  # the downstream head, or the lone cell again
+            starts = np.concatenate([[0], np.cumsum(cells + extra)])
+            verts = np.empty(starts[-1], np.int64)
+            cur, left, pos = links.head[sl].copy(), cells.copy(), starts[:-1].copy()
+            while True:
+                todo = np.flatnonzero(left)
+                if not len(todo):
+                    break
+                block, r0, c0 = reader.block("flow/direction", int(cur[todo[0]]))
+                _cpu.walk_links(block, r0, c0, cols, cur, left, verts, pos)
+            last = starts[1:] - 1
+            verts[last[extra]] = np.where(down[extra] > 0, links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
+                                          verts[last[extra] - 1])
+            r, c = np.divmod(verts, cols)
+            x, y = store.cell_to_map(r, c)
+            xy = np.column_stack([x, y])
+            step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
+            step[starts[1:-1] - 1] = 0  # no step from one link to the next
+            length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
+            zf = reader.values(source, np.concatenate([verts[starts[:-1]], verts[last]])).astype(np.float64)
+            drop = zf[: len(ids)] - zf[len(ids):]
+            geometry = np.array([wkb_linestring(xy[a:b]) for a, b in zip(starts[:-1], starts[1:])], object)
+            upstream = links.upstream[sl].astype(np.float64)
+            write(geometry, {"link": ids, "downstream": down.astype(np.int64),
+                             "strahler": links.strahler[sl].astype(np.int32),
+                             "shreve": links.shreve[sl].astype(np.int64),
+                             "cells": cells, "length_m": length, "upstream": upstream,
+                             "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
+                             "drop": drop})
+    return Path(out)
 
 
 def write_polygons(store: TerrainStore, label: np.ndarray, fields: dict, out, overwrite: bool = False) -> Path:

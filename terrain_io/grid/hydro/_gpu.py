@@ -1,0 +1,139 @@
+"""CuPy side of the hydrology in core (terrain_io/kernels/hydro.cu): watershed and basin labels,
+stream links with Strahler and Shreve, HAND, each by pointer jumping along a forest of cells to
+its roots (the kernels' header). The definitions are the CPU kernels' (:mod:`._cpu`): labels, link
+ids, orders and the drainage links are integers, HAND the same float64 difference rounded to
+float32, so the same bytes. Strahler and Shreve of the links come from :func:`._cpu.link_orders` on
+the host (one row a link)."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...backend import EXACT_OPTIONS, kernel_source
+from ...errors import InputError
+from . import _cpu
+
+THREADS = 256
+
+
+@functools.cache
+def _module():
+    import cupy as cp
+
+    return cp.RawModule(code=kernel_source("hydro.cu"), options=EXACT_OPTIONS)
+
+
+def _launch(name: str, n: int, *args) -> None:
+    _module().get_function(name)((max(1, min(-(-n // THREADS), 65536)),), (THREADS,), args)
+
+
+def device_bytes(rows: int, cols: int) -> int:
+    """GPU memory (an upper bound) of the largest route (HAND): codes, stream mask, seeds, parents
+    (int64), elevations in float64 and their drainage's, height, two uint32 rasters, the
+    accumulation (uint64)."""
+    return rows * cols * (1 + 1 + 1 + 8 + 8 + 8 + 4 + 8 + 8 + 8) + (64 << 20)
+
+
+def _roots(par) -> None:
+    """Jump every pointer of ``par`` (int64, -1 none) to its root."""
+    import cupy as cp
+
+    moved = cp.zeros(1, np.int32)
+    n = par.size
+    for _ in range(64):  # 2^64 > any chain
+        moved[0] = 0
+        _launch("jump", n, par, np.int64(n), moved)
+        if not int(moved.get()[0]):
+            return
+    raise InputError("the flow directions have cycles")
+
+
+def _flow_forest(code, seed=None):
+    import cupy as cp
+
+    h, w = code.shape
+    par = cp.empty(code.size, np.int64)
+    if seed is None:
+        seed = cp.zeros(code.size, np.uint8)
+    _launch("flow_parents", code.size, code, seed, np.int64(h), np.int64(w), par)
+    _roots(par)
+    return par
+
+
+def _gather(values, par, fill):
+    """``values[par]`` where par >= 0, else ``fill``."""
+    import cupy as cp
+
+    return cp.where(par >= 0, values[cp.maximum(par, 0)], fill)
+
+
+def label_outlets(code, cells: np.ndarray):
+    """:func:`._cpu.label_outlets` of CuPy codes (2-D uint8) and outlet cells (flat indices)."""
+    import cupy as cp
+
+    tag = cp.zeros(code.size, np.uint32)
+    tag[cp.asarray(cells)] = cp.arange(1, len(cells) + 1, dtype=np.uint32)
+    seed = (tag > 0).view(np.uint8)
+    par = _flow_forest(code, seed)
+    return _gather(tag, par, np.uint32(0)).astype(np.uint32).reshape(code.shape)
+
+
+def label_basins(code):
+    """:func:`._cpu.label_basins` of CuPy codes: labels (CuPy), terminal cells and counts (NumPy)."""
+    import cupy as cp
+
+    par = _flow_forest(code)
+    k = cp.arange(code.size, dtype=np.int64)
+    root = par == k
+    rank = cp.cumsum(root, dtype=np.int64).astype(np.uint32)  # a root's id: its rank in row-major order
+    label = _gather(rank, par, np.uint32(0)).astype(np.uint32)
+    n = int(rank[-1]) if code.size else 0
+    outlet = cp.flatnonzero(root).get()
+    counts = cp.bincount(label, minlength=n + 1)[1:].get().astype(np.int64)
+    return label.reshape(code.shape), outlet, counts
+
+
+def stream_network(code, acc, threshold: float) -> "_cpu.Network":
+    """:func:`._cpu.stream_network` of CuPy codes and accumulation: the rasters stay on the GPU (a
+    Network of CuPy arrays), the link table comes back to the host."""
+    import cupy as cp
+
+    h, w = code.shape
+    stream = (acc.reshape(-1) >= threshold) & (code.reshape(-1) != 255)
+    par = cp.empty(code.size, np.int64)
+    _launch("link_parents", code.size, code, stream, np.int64(h), np.int64(w), par)
+    _roots(par)
+    k = cp.arange(code.size, dtype=np.int64)
+    head = par == k
+    rank = cp.cumsum(head, dtype=np.int64).astype(np.uint32)
+    link = _gather(rank, par, np.uint32(0)).astype(np.uint32)
+    n = int(rank[-1]) if code.size else 0
+    tail, down = cp.zeros(n, np.int64), cp.zeros(n, np.uint32)
+    _launch("link_ends", code.size, code, stream, link, np.int64(h), np.int64(w), tail, down)
+    cells = cp.bincount(link, minlength=n + 1)[1:].astype(np.int64)
+    heads = cp.flatnonzero(head)
+    downstream = down.get()
+    lorder = np.zeros(n, np.uint8)
+    magnitude = np.zeros(n, np.uint32 if code.size < 2**32 else np.uint64)
+    if not _cpu.link_orders(downstream, lorder, magnitude):
+        raise InputError("the flow directions have cycles")
+    strahler = cp.asarray(np.append(np.uint8(0), lorder))[link]  # entry 0: off the network
+    shreve = cp.asarray(np.append(magnitude.dtype.type(0), magnitude))[link]
+    links = _cpu.Links(heads.get(), tail.get(), downstream, cells.get(), lorder, magnitude)
+    return _cpu.Network(stream.reshape(h, w), strahler.reshape(h, w), shreve.reshape(h, w), link.reshape(h, w), links)
+
+
+def height_above_drainage(code, z, net):
+    """:func:`._cpu.height_above_drainage` of CuPy codes and elevations, ``net`` from
+    :func:`stream_network`: (height float32, drainage uint32), CuPy."""
+    import cupy as cp
+
+    stream = net.stream.reshape(-1)
+    par = _flow_forest(code, stream.view(np.uint8))
+    z64 = z.reshape(-1).astype(np.float64)
+    root = cp.maximum(par, 0)
+    dz = cp.where((par >= 0) & stream[root], z64[root], np.nan)
+    height = (z64 - dz).astype(np.float32)
+    drainage = _gather(net.link.reshape(-1), par, np.uint32(0)).astype(np.uint32)
+    return height.reshape(code.shape), drainage.reshape(code.shape)
