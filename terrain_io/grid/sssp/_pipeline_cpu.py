@@ -673,7 +673,7 @@ def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
     """:func:`merge_run` with chunks paged in and out by pread/pwrite on two scratch files: the
     flat index (``fd_flat``; per chunk: its G' blocks, then its values) and the evicted vertex
     state (``fd_state``). Returns 0, or -1 on an I/O error. (Not cached: it calls libc through ctypes.)"""
-    c, m, rows, cols = grid.c, grid.m, grid.rows, grid.cols
+    c, m, cols = grid.c, grid.m, grid.cols
     sD, sV, sDist, sRank, sHow, sSet = slots
     slot_of, chunk_in, last_use, saved, counters = paging
     TC = (cols + c * m - 1) // (c * m)
