@@ -12,18 +12,15 @@ optionally a larger DEM with a memory budget.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import PeakGpu, warm_side  # benchmarks/ is on sys.path when run as a script
+from common import PeakGpu, bench_parser, child_env, warm_side, work_folder  # noqa: E402 (benchmarks/ is on sys.path)
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def synth(path: Path, n: int) -> float:
@@ -90,7 +87,7 @@ def compare(ours_filled, theirs) -> int:
 
 def fresh_cli(args: list[str]) -> dict:
     """``terrain ARGS`` in a fresh process: wall seconds and its peak RSS (VmHWM: its own, not the parent's)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     code = ("import sys, time; t = time.perf_counter(); from cli.main import main; sys.argv = ['terrain'] + "
             f"{args!r}\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "from terrain_io.memory import peak_rss\nprint('RSS', peak_rss(), 'SEC', time.perf_counter() - t)")
@@ -105,7 +102,7 @@ def fresh_cli(args: list[str]) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(peers=True)
     ap.add_argument("--size", type=int, default=16384)
     ap.add_argument("--numpy-size", type=int, default=4096, help="size for xarray-spatial's NumPy fill_d8")
     ap.add_argument("--cupy-small", type=int, default=4096, help="xarray-spatial's CuPy fill_d8 is timed here "
@@ -113,9 +110,6 @@ def main():
     ap.add_argument("--peer-cap", type=float, default=120.0)
     ap.add_argument("--big", type=int, default=0)
     ap.add_argument("--big-memory", default="8GB")
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import cupy
     import numpy as np
@@ -125,8 +119,7 @@ def main():
     from terrain_io.memory import format_bytes
     from terrain_io.store import TerrainStore
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-fill-gpu-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_folder(args, "fill-gpu")
     props = cupy.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode()}, {os.cpu_count()} host cores, {time.strftime('%Y-%m-%d')}", flush=True)
     rows = {}
