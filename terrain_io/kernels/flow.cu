@@ -106,11 +106,8 @@ relax_bfs(const unsigned char* __restrict__ code, int* __restrict__ dist, int h,
           int* __restrict__ next_count) {
     __shared__ int sd[HS][HS];
     __shared__ int mark[3][3];
-    const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
-    const int t = work[blockIdx.x];
-    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
-    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
-    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
+    const ListedTile tile = listed_tile(work, own_flag, mark, h, w);
+    const int tr = tile.tr, tc = tile.tc;
     for (int i = threadIdx.y; i < HS; i += BY) {
         for (int j = threadIdx.x; j < HS; j += TS) {
             const int R = tr * TS + i - 1, C = tc * TS + j - 1;
@@ -128,31 +125,18 @@ relax_bfs(const unsigned char* __restrict__ code, int* __restrict__ dist, int h,
         before[m] = sd[i][j];
         solve[m] = R < h && C < w && sd[i][j] > 1 && code[(long long)R * w + C] == UNRESOLVED;
     }
-    bool changed;
-    do {
-        changed = false;
+    relax_tile(solve, [&](int, int i, int j) {
+        int low = sd[i][j + 1];
 #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            if (!solve[m]) continue;
-            const int i = 1 + threadIdx.y + BY * m;
-            int low = sd[i][j + 1];
-#pragma unroll
-            for (int k = 1; k < 8; ++k) low = min(low, sd[i + DR[k]][j + DC[k]]);
-            if (low + 1 < sd[i][j]) {
-                sd[i][j] = low + 1;
-                changed = true;
-            }
+        for (int k = 1; k < 8; ++k) low = min(low, sd[i + DR[k]][j + DC[k]]);
+        if (low + 1 < sd[i][j]) {
+            sd[i][j] = low + 1;
+            return true;
         }
-    } while (__syncthreads_or(changed));
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = 1 + threadIdx.y + BY * m;
-        if (solve[m] && sd[i][j] < before[m]) {
-            dist[(long long)(tr * TS + i - 1) * w + tc * TS + j - 1] = sd[i][j];
-            mark_border(mark, i, j);
-        }
-    }
-    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+        return false;
+    });
+    // dist is not ringed: cell (i, j) of the tile is (tr * TS + i - 1, tc * TS + j - 1)
+    store_improved(tile, sd, before, solve, dist, w, -(w + 1LL), mark, own_flag, next_flag, next_work, next_count);
 }
 
 __device__ __forceinline__ long long flat_mask(const int* towards, const int* away, long long q) {
