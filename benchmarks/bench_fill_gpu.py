@@ -156,33 +156,30 @@ def main():
     filled = read_fill(st)["elevation"]
     vals = np.asarray(st.elevation[...])
 
-    if not args.no_peers:
-        m = args.cupy_small
-        sub = vals[:m, :m].copy()
+    def on_corner(dem, m: int, gpu: bool) -> dict:
+        """xarray-spatial's fill_d8 (CuPy or NumPy) against ours on the DEM's m x m corner."""
+        sub = dem[:m, :m].copy()
         sub_store = substore(work / f"sub{m}.zarr", sub)
         o = ours(sub_store)
-        sub_filled = read_fill(sub_store)["elevation"]
-        sec, out = xrs_fill(sub, True)
-        rows["xrs_cupy_small"] = {"n": m, "seconds": sec, "ours": o["seconds"], "differ": compare(sub_filled, out)}
-        print(f"  {m}^2: xarray-spatial CuPy fill_d8 {sec:.2f} s vs ours {o['seconds']:.3f} s: "
-              f"{sec / o['seconds']:.1f}x; cells differing {rows['xrs_cupy_small']['differ']}", flush=True)
+        sec, out = xrs_fill(sub, gpu)
+        row = {"n": m, "seconds": sec, "ours": o["seconds"], "differ": compare(read_fill(sub_store)["elevation"], out)}
+        print(f"  {m}^2: xarray-spatial {'CuPy' if gpu else 'NumPy'} fill_d8 {sec:.2f} s vs ours GPU "
+              f"{o['seconds']:.3f} s: {sec / o['seconds']:.1f}x; cells differing {row['differ']}", flush=True)
+        return row
+
+    if not args.no_peers:
+        m = args.cupy_small
+        rows["xrs_cupy_small"] = on_corner(vals, m, True)
+        sec = rows["xrs_cupy_small"]["seconds"]
         if sec * (n / m) ** 3 <= args.peer_cap:
             sec, out = xrs_fill(vals, True)
             rows["xrs_cupy"] = {"n": n, "seconds": sec, "differ": compare(filled, out)}
             print(f"  {n}^2: xarray-spatial CuPy fill_d8 {sec:.2f} s: {sec / best:.1f}x ours; cells differing "
                   f"{rows['xrs_cupy']['differ']}", flush=True)
+            del out
         else:
             print(f"  {n}^2: xarray-spatial CuPy fill_d8 not run (predicted {sec * (n / m) ** 3:.0f} s from {m}^2)")
-        del out
-        m = args.numpy_size
-        sub = vals[:m, :m].copy()
-        sub_store = substore(work / f"sub{m}.zarr", sub)
-        o = ours(sub_store)
-        sub_filled = read_fill(sub_store)["elevation"]
-        sec, out = xrs_fill(sub, False)
-        rows["xrs_numpy"] = {"n": m, "seconds": sec, "ours": o["seconds"], "differ": compare(sub_filled, out)}
-        print(f"  {m}^2: xarray-spatial NumPy fill_d8 {sec:.2f} s vs ours GPU {o['seconds']:.3f} s: "
-              f"{sec / o['seconds']:.1f}x; cells differing {rows['xrs_numpy']['differ']}", flush=True)
+        rows["xrs_numpy"] = on_corner(vals, args.numpy_size, False)
     del filled, vals
 
     r = fresh_cli(["fill", str(path), "--device", "gpu", "--outlets", "edge"])
