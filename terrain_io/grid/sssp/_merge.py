@@ -235,6 +235,18 @@ def _slot(k, ncc, lm, TC):
 
 
 @numba.njit(inline="always", cache=True)
+def _emitter(cross, e, stamp, now, ncc, lm, TC):
+    """The far end of crossing e (a row of :func:`crossings`) if it emitted in round (or level)
+    ``now``: its slot position and boundary number (s2, a2, b2, t2); s2 = -1 if it did not."""
+    k2 = cross[e, 1] * ncc + cross[e, 2]
+    t2 = cross[e, 3]
+    if stamp[k2, t2] != now:
+        return -1, 0, 0, t2
+    s2, a2, b2 = _slot(k2, ncc, lm, TC)
+    return s2, a2, b2, t2
+
+
+@numba.njit(inline="always", cache=True)
 def _cluster(k, c, rows, cols, ncc, lm, TC):
     """Cluster k: its :class:`Cluster` (row and column, slot position, shape, boundary cells)."""
     cr = k // ncc
@@ -306,11 +318,9 @@ def _distances(grid, slots, seeds, batch, work):
                     if np.isnan(xv):
                         continue
                     for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
-                        k2 = cross[e, 1] * ncc + cross[e, 2]
-                        t2 = cross[e, 3]
-                        if stamp[k2, t2] != rnd:
+                        s2, a2, b2, t2 = _emitter(cross, e, stamp, rnd, ncc, lm, TC)
+                        if s2 < 0:
                             continue
-                        s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                         nd = _via_grid(sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]])
                         if nd < dv[t]:
                             dv[t] = nd
@@ -428,11 +438,9 @@ def _labels(grid, slots, seeds, work):
                     continue
                 xv = sV[s, a, b, t]
                 for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
-                    k2 = cross[e, 1] * ncc + cross[e, 2]
-                    t2 = cross[e, 3]
-                    if stamp[k2, t2] != level:
+                    s2, a2, b2, t2 = _emitter(cross, e, stamp, level, ncc, lm, TC)
+                    if s2 < 0:
                         continue
-                    s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                     du = sDist[s2, a2, b2, t2]
                     if du == dv[t] and _via_grid(du, sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == dv[t]:
                         lab[t] = level + 1

@@ -125,6 +125,17 @@ def local_index(i, j, h, w):
     return -1
 
 
+@numba.njit(inline="always", cache=True)
+def cluster_window(q, mc, c, H, W):
+    """Cluster q of an H x W block cut into c x c clusters, mc a row: its row a and column b, its
+    top-left cell (r0, c0) and its shape h x w (smaller at the block's bottom and right edges)."""
+    a = q // mc
+    b = q - a * mc
+    r0 = a * c
+    c0 = b * c
+    return a, b, r0, c0, min(c, H - r0), min(c, W - c0)
+
+
 @numba.njit(cache=True)
 def boundary_cells(h, w):
     """Row and column of each boundary number of an h x w cluster."""
@@ -294,15 +305,9 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
     source, and to the GPU kernel (kernels/sssp_pipeline.cu).
     """
     H, W = vals.shape
-    mr = (H + c - 1) // c
-    mc = (W + c - 1) // c
+    mr, mc = (H + c - 1) // c, (W + c - 1) // c
     for q in prange(mr * mc):
-        a = q // mc
-        b = q - a * mc
-        r0 = a * c
-        c0 = b * c
-        h = min(c, H - r0)
-        w = min(c, W - c0)
+        a, b, r0, c0, h, w = cluster_window(q, mc, c, H, W)
         n = h * w
         sub = vals[r0 : r0 + h, c0 : c0 + w]
         bi, bj = boundary_cells(h, w)
@@ -594,16 +599,10 @@ def final_phase(vals, c, kind, steps, mDist, mRank, mHow, mSet, src_r, src_c, ou
     ``src_r, src_c``: sources inside this tile (tile coordinates).
     """
     H, W = vals.shape
-    mr = (H + c - 1) // c
-    mc = (W + c - 1) // c
+    mr, mc = (H + c - 1) // c, (W + c - 1) // c
     big = np.iinfo(np.int64).max
     for q in prange(mr * mc):
-        a = q // mc
-        b = q - a * mc
-        r0 = a * c
-        c0 = b * c
-        h = min(c, H - r0)
-        w = min(c, W - c0)
+        a, b, r0, c0, h, w = cluster_window(q, mc, c, H, W)
         sub = vals[r0 : r0 + h, c0 : c0 + w]
         dist = np.full((h, w), np.inf)
         root = np.full((h, w), big, np.int64)
@@ -668,6 +667,22 @@ _pwrite.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_lon
 _pwrite.restype = ctypes.c_ssize_t
 
 
+@numba.njit(inline="always")
+def _vertex_state_io(write, fd, slots, s, off, n):
+    """Write the vertex state of slot ``s`` (n vertices: distances, ranks, codes, flags -- 18 bytes a
+    vertex) to scratch file ``fd`` at ``off``, or read it back (``write`` False); False on an I/O error."""
+    parts = (slots.sDist[s].ctypes.data, slots.sRank[s].ctypes.data, slots.sHow[s].ctypes.data,
+             slots.sSet[s].ctypes.data)
+    sizes = (8 * n, 8 * n, n, n)
+    at = off
+    for q in range(4):
+        done = _pwrite(fd, parts[q], sizes[q], at) if write else _pread(fd, parts[q], sizes[q], at)
+        if done != sizes[q]:
+            return False
+        at += sizes[q]
+    return True
+
+
 @numba.njit
 def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
     """:func:`merge_run` with chunks paged in and out by pread/pwrite on two scratch files: the
@@ -704,12 +719,7 @@ def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
                 s = q
         held = chunk_in[s]
         if held >= 0:
-            off = held * st
-            ok = _pwrite(fd_state, sDist[s].ctypes.data, 8 * n, off) == 8 * n
-            ok &= _pwrite(fd_state, sRank[s].ctypes.data, 8 * n, off + 8 * n) == 8 * n
-            ok &= _pwrite(fd_state, sHow[s].ctypes.data, n, off + 16 * n) == n
-            ok &= _pwrite(fd_state, sSet[s].ctypes.data, n, off + 17 * n) == n
-            if not ok:
+            if not _vertex_state_io(True, fd_state, slots, s, held * st, n):
                 return -1
             saved[held] = True
             slot_of[held] = -1
@@ -718,12 +728,7 @@ def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
         if _pread(fd_flat, sV[s].ctypes.data, 8 * n, ch * rec + nd) != 8 * n:
             return -1
         if saved[ch]:
-            off = ch * st
-            ok = _pread(fd_state, sDist[s].ctypes.data, 8 * n, off) == 8 * n
-            ok &= _pread(fd_state, sRank[s].ctypes.data, 8 * n, off + 8 * n) == 8 * n
-            ok &= _pread(fd_state, sHow[s].ctypes.data, n, off + 16 * n) == n
-            ok &= _pread(fd_state, sSet[s].ctypes.data, n, off + 17 * n) == n
-            if not ok:
+            if not _vertex_state_io(False, fd_state, slots, s, ch * st, n):
                 return -1
         else:
             sDist[s].ravel()[:] = np.inf
