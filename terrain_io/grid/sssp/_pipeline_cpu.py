@@ -667,22 +667,6 @@ _pwrite.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_lon
 _pwrite.restype = ctypes.c_ssize_t
 
 
-@numba.njit(inline="always")
-def _vertex_state_io(write, fd, slots, s, off, n):
-    """Write the vertex state of slot ``s`` (n vertices: distances, ranks, codes, flags -- 18 bytes a
-    vertex) to scratch file ``fd`` at ``off``, or read it back (``write`` False); False on an I/O error."""
-    parts = (slots.sDist[s].ctypes.data, slots.sRank[s].ctypes.data, slots.sHow[s].ctypes.data,
-             slots.sSet[s].ctypes.data)
-    sizes = (8 * n, 8 * n, n, n)
-    at = off
-    for q in range(4):
-        done = _pwrite(fd, parts[q], sizes[q], at) if write else _pread(fd, parts[q], sizes[q], at)
-        if done != sizes[q]:
-            return False
-        at += sizes[q]
-    return True
-
-
 @numba.njit
 def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
     """:func:`merge_run` with chunks paged in and out by pread/pwrite on two scratch files: the
@@ -719,7 +703,12 @@ def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
                 s = q
         held = chunk_in[s]
         if held >= 0:
-            if not _vertex_state_io(True, fd_state, slots, s, held * st, n):
+            off = held * st
+            ok = _pwrite(fd_state, sDist[s].ctypes.data, 8 * n, off) == 8 * n
+            ok &= _pwrite(fd_state, sRank[s].ctypes.data, 8 * n, off + 8 * n) == 8 * n
+            ok &= _pwrite(fd_state, sHow[s].ctypes.data, n, off + 16 * n) == n
+            ok &= _pwrite(fd_state, sSet[s].ctypes.data, n, off + 17 * n) == n
+            if not ok:
                 return -1
             saved[held] = True
             slot_of[held] = -1
@@ -728,7 +717,12 @@ def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
         if _pread(fd_flat, sV[s].ctypes.data, 8 * n, ch * rec + nd) != 8 * n:
             return -1
         if saved[ch]:
-            if not _vertex_state_io(False, fd_state, slots, s, ch * st, n):
+            off = ch * st
+            ok = _pread(fd_state, sDist[s].ctypes.data, 8 * n, off) == 8 * n
+            ok &= _pread(fd_state, sRank[s].ctypes.data, 8 * n, off + 8 * n) == 8 * n
+            ok &= _pread(fd_state, sHow[s].ctypes.data, n, off + 16 * n) == n
+            ok &= _pread(fd_state, sSet[s].ctypes.data, n, off + 17 * n) == n
+            if not ok:
                 return -1
         else:
             sDist[s].ravel()[:] = np.inf
