@@ -16,13 +16,12 @@ are compiled on a small DEM first.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from common import bench_parser, run_child, save_rows, work_folder  # noqa: E402 (benchmarks/ is on sys.path)
+from common import bench_parser, header, run_child, save_rows, synthetic_dem, work_folder  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def one(what: str, store: str, out: str, memory: str | None) -> dict:
@@ -101,17 +100,14 @@ def spawn(what, store, out, memory) -> dict:
 
 
 def main():
-    ap = bench_parser(sizes=[1024, 4096], memory=True, peers=True)
-    ap.add_argument("--tile", type=int, default=256)
-    args = ap.parse_args()
+    args = bench_parser(sizes=[1024, 4096], memory=True, peers=True, tile=True).parse_args()
     from terrain_io.memory import format_bytes
-    from terrain_io.synth import synthesize
 
     work = work_folder(args, "depressions")
-    print(f"cpu, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    header("cpu")
     rows = []
     for n in args.sizes:
-        st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=args.tile, overwrite=True)
+        st = synthetic_dem(work, n, args.tile)
         print(f"\n{n}^2:", flush=True)
         out = str(work / "ours.npz")
         runs = {"ours": spawn("ours", str(st.path), out, args.memory)}

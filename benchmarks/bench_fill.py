@@ -10,14 +10,13 @@ The filled levels are compared cell by cell with ours (max |difference|, cells d
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import bench_parser, run_child, save_rows, warm_side, work_folder, write_geotiff  # noqa: E402 (benchmarks/ is on sys.path)
+from common import bench_parser, header, run_child, save_rows, synthetic_dem, warm_side, work_folder, write_geotiff  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 
@@ -104,9 +103,8 @@ def compare(ours, other) -> tuple[float, int]:
 
 
 def main():
-    ap = bench_parser(sizes=[1024, 4096], memory=True, peers=True)
+    ap = bench_parser(sizes=[1024, 4096], memory=True, peers=True, tile=True)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--no-mst", action="store_true")
     args = ap.parse_args()
     import numpy as np
@@ -114,13 +112,12 @@ def main():
 
     from terrain_io.memory import format_bytes
     from terrain_io.store import TerrainStore
-    from terrain_io.synth import synthesize
 
     work = work_folder(args, "fill")
-    print(f"device {args.device}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    header(f"device {args.device}")
     rows = []
     for n in args.sizes:
-        st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=args.tile, overwrite=True)
+        st = synthetic_dem(work, n, args.tile)
         tif = work / f"dem{n}.tif"
         if not args.no_peers:
             write_geotiff(tif, np.asarray(st.elevation[...]))

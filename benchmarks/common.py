@@ -17,13 +17,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench_parser(*, sizes: list[int] | None = None, memory: bool = False,
-                 peers: bool = False) -> argparse.ArgumentParser:
+def bench_parser(*, sizes: list[int] | None = None, memory: bool = False, peers: bool = False,
+                 tile: bool = False) -> argparse.ArgumentParser:
     """The options the DEM benchmarks share: ``--workdir`` (default: a fresh temporary folder) and
-    ``--json``; ``--sizes`` with these defaults, ``--memory`` and ``--no-peers`` where asked."""
+    ``--json``; ``--sizes`` with these defaults, ``--tile``, ``--memory`` and ``--no-peers`` where asked."""
     ap = argparse.ArgumentParser()
     if sizes is not None:
         ap.add_argument("--sizes", type=int, nargs="+", default=sizes)
+    if tile:
+        ap.add_argument("--tile", type=int, default=256)
     if memory:
         ap.add_argument("--memory", default=None, help="our budget (default: half the free RAM)")
     if peers:
@@ -38,6 +40,18 @@ def work_folder(args: argparse.Namespace, name: str) -> Path:
     work = Path(args.workdir or tempfile.mkdtemp(prefix=f"bench-{name}-"))
     work.mkdir(parents=True, exist_ok=True)
     return work
+
+
+def header(what: str) -> None:
+    """A benchmark's first line: what runs, on how many cores, and the date."""
+    print(f"{what}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
+
+
+def synthetic_dem(work: Path, n: int, tile: int = 256):
+    """The benchmarks' n x n synthetic DEM (seed 1, 10 m cells) as ``work/demN.zarr``."""
+    from terrain_io.synth import synthesize
+
+    return synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=tile, overwrite=True)
 
 
 def child_env() -> dict:
