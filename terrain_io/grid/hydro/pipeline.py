@@ -9,7 +9,6 @@ of core: not written yet).
 from __future__ import annotations
 
 import csv
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ...errors import InputError
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
+from ...timings import Timings
 from ...vectors import check_output, wkb_linestring, wkb_polygon, write_features
 from .._tiled import table_cell, write_held
 from ..flow.codes import NODATA
@@ -39,6 +39,7 @@ class HydroResult:
     line: str
     attrs: dict
     table: dict | None = None
+    timings: dict | None = None  # seconds by phase (read, solve, write, vectors)
 
 
 def write_table(result: HydroResult, path) -> Path:
@@ -70,9 +71,10 @@ def _open(store, what: str, memory) -> TerrainStore:
     return store
 
 
-def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
+def _read(store: TerrainStore, name: str, progress: bool, timings: Timings | None = None) -> np.ndarray:
+    """The whole array ``name``; its seconds added to phase "read" of ``timings``."""
     rows, cols = store.shape
-    with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
+    with progress_bar(progress, 1, f"read {name}", unit="array") as bar, (timings or Timings()).phase("read"):
         out = store.read(Window(0, rows, 0, cols), name)
         bar.update(1)
     return out
@@ -124,11 +126,11 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     first); with ``snap`` (map units), the outlets are moved first (:func:`snap_outlets`) and the
     result's attributes record where to (``snapped``); ``vectors``: a polygon file of the
     watersheds (:func:`write_polygons`: outlet id, cells, area_m2, outlet row/col)."""
-    t0 = time.perf_counter()
+    timings = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     store = _open(store, "watershed", memory)
-    code = _read(store, "flow/direction", progress)
+    code = _read(store, "flow/direction", progress, timings)
     rows, cols = code.shape
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
@@ -141,7 +143,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     if snap is not None:
         if not np.isfinite(snap) or snap < 0:
             raise InputError(f"--snap must be a distance >= 0, got {snap}")
-        acc = _read(store, "flow/accumulation", progress)
+        acc = _read(store, "flow/accumulation", progress, timings)
         cells = snap_outlets(code, acc, cells, snap, store.cell_size)
         for i, (r, c) in enumerate(cells, 1):
             if not acc[r, c] > 0:
@@ -151,51 +153,58 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     flat = cells[:, 0] * cols + cells[:, 1]
     if len(np.unique(flat)) != len(flat):
         raise InputError("two outlets lie in the same cell" + (" after snapping" if snap is not None else ""))
-    label = _cpu.label_outlets(code, flat)
-    counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
+    with timings.phase("solve"):
+        label = _cpu.label_outlets(code, flat)
+        counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
     dx, dy = store.metric_cell_size
     attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
-    _write(store, f"watershed/{name}", {"label": (label, 0, {"outlet_ids": "1.. in the order given; 0 none"})}, attrs)
+    with timings.phase("write"):
+        _write(store, f"watershed/{name}", {"label": (label, 0, {"outlet_ids": "1.. in the order given; 0 none"})},
+               attrs)
     if vectors is not None:
-        write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
-                                      "outlet_col": cells[:, 1]}, vectors, overwrite)
-    sec = time.perf_counter() - t0
+        with timings.phase("vectors"):
+            write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
+                                          "outlet_col": cells[:, 1]}, vectors, overwrite)
+    sec = timings.seconds()
     moved = int((cells != given).any(axis=1).sum())
     note = f" ({moved} moved by --snap)" if snap is not None else ""
     return HydroResult(f"watershed {name}: {len(flat)} outlets{note}"
                        f", {int(counts.sum()):,} cells drain to them, largest {int(counts.max()):,} cells, {sec:.2f} s "
-                       f"(cpu, incore)", attrs)
+                       f"(cpu, incore)", attrs, timings=timings.rounded())
 
 
 def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False) -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
     (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
-    t0 = time.perf_counter()
+    timings = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     store = _open(store, "basins", memory)
-    code = _read(store, "flow/direction", progress)
-    label, outlet, counts = _cpu.label_basins(code)
+    code = _read(store, "flow/direction", progress, timings)
+    with timings.phase("solve"):
+        label, outlet, counts = _cpu.label_basins(code)
     row, col = np.divmod(outlet, code.shape[1])
     dx, dy = store.metric_cell_size
     attrs = {"basins": len(outlet)}
     x, y = store.cell_to_map(row, col)
     table = {"id": np.arange(1, len(outlet) + 1), "outlet_row": row, "outlet_col": col, "outlet_x": x, "outlet_y": y,
              "cells": counts, "area_m2": counts * dx * dy}
-    _write(store, "basins", {"label": (label, 0, {"ids": "1.. in row-major order of the outlet cells; 0 nodata"})},
-           attrs)
+    with timings.phase("write"):
+        _write(store, "basins", {"label": (label, 0, {"ids": "1.. in row-major order of the outlet cells; 0 nodata"})},
+               attrs)
     if vectors is not None:
-        write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
-    sec = time.perf_counter() - t0
+        with timings.phase("vectors"):
+            write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
+    sec = timings.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
-                       f"(cpu, incore)", attrs, table)
+                       f"(cpu, incore)", attrs, table, timings.rounded())
 
 
-def _network(store, what, threshold, units, memory, progress):
+def _network(store, what, threshold, units, memory, progress, timings):
     store = _open(store, what, memory)
     cells = _threshold_cells(store, threshold, units)
-    code = _read(store, "flow/direction", progress)
-    acc = _read(store, "flow/accumulation", progress)
+    code = _read(store, "flow/direction", progress, timings)
+    acc = _read(store, "flow/accumulation", progress, timings)
     if store.group["flow/accumulation"].attrs.get("units") != "cells" and units == "m2":
         raise InputError("--units m2 needs an accumulation of cells (this flow summed weights)")
     return store, code, acc, cells
@@ -206,12 +215,13 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
     of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``); with
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
-    t0 = time.perf_counter()
+    timings = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     what = "streams" if vectors is None else "streams+vectors"
-    store, code, acc, cells = _network(store, what, threshold, units, memory, progress)
-    net = _cpu.stream_network(code, acc, cells)
+    store, code, acc, cells = _network(store, what, threshold, units, memory, progress, timings)
+    with timings.phase("solve"):
+        net = _cpu.stream_network(code, acc, cells)
     t = net.links
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "links": len(t.head)}
     w = code.shape[1]
@@ -220,37 +230,44 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     table = {"id": np.arange(1, len(t.head) + 1), "downstream": t.downstream, "strahler": t.strahler,
              "shreve": t.shreve, "cells": t.cells, "head_row": hr, "head_col": hc, "tail_row": tr, "tail_col": tc,
              "upstream_cells": acc.reshape(-1)[t.tail]}
-    _write(store, "streams", {"order": (net.strahler, 0, {"method": "strahler"}),
-                              "magnitude": (net.shreve, 0, {"method": "shreve"}),
-                              "link": (net.link, 0, {"ids": "1.. in row-major order of the link heads; 0 off"})}, attrs)
+    with timings.phase("write"):
+        _write(store, "streams", {"order": (net.strahler, 0, {"method": "strahler"}),
+                                  "magnitude": (net.shreve, 0, {"method": "shreve"}),
+                                  "link": (net.link, 0, {"ids": "1.. in row-major order of the link heads; 0 off"})},
+               attrs)
     if vectors is not None:
-        z = _read(store, store.group["flow"].attrs.get("source", "elevation"), progress)
-        write_links(store, code, acc, z, net, vectors, overwrite)
-    sec = time.perf_counter() - t0
+        with timings.phase("vectors"):
+            z = _read(store, store.group["flow"].attrs.get("source", "elevation"), progress)
+            write_links(store, code, acc, z, net, vectors, overwrite)
+    sec = timings.seconds()
     n = int(np.count_nonzero(net.stream))
     return HydroResult(f"streams: {n:,} stream cells (accumulation >= {cells:g} cells), {len(t.head):,} links, highest "
-                       f"Strahler order {int(t.strahler.max(initial=0))}, {sec:.2f} s (cpu, incore)", attrs, table)
+                       f"Strahler order {int(t.strahler.max(initial=0))}, {sec:.2f} s (cpu, incore)", attrs, table,
+                       timings.rounded())
 
 
 def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True) -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
     (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
-    t0 = time.perf_counter()
-    store, code, acc, cells = _network(store, "hand", threshold, units, memory, progress)
-    net = _cpu.stream_network(code, acc, cells)
+    timings = Timings()
+    store, code, acc, cells = _network(store, "hand", threshold, units, memory, progress, timings)
+    with timings.phase("solve"):
+        net = _cpu.stream_network(code, acc, cells)
     del acc
     source = store.group["flow"].attrs.get("source", "elevation")
-    z = _read(store, source, progress)
-    height, drainage = _cpu.height_above_drainage(code, z, net)
+    z = _read(store, source, progress, timings)
+    with timings.phase("solve"):
+        height, drainage = _cpu.height_above_drainage(code, z, net)
     del z
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "elevation": source}
-    _write(store, "hand", {"height": (height, float("nan"), {"units": "elevation units above the drainage"}),
-                           "drainage": (drainage, 0, {"ids": "streams' link ids; 0 none"})}, attrs)
-    sec = time.perf_counter() - t0
+    with timings.phase("write"):
+        _write(store, "hand", {"height": (height, float("nan"), {"units": "elevation units above the drainage"}),
+                               "drainage": (drainage, 0, {"ids": "streams' link ids; 0 none"})}, attrs)
+    sec = timings.seconds()
     ok = ~np.isnan(height)
     top = float(height[ok].max()) if ok.any() else float("nan")
     return HydroResult(f"hand: {int(ok.sum()):,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
-                       f"{top:.6g}, {sec:.2f} s (cpu, incore)", attrs)
+                       f"{top:.6g}, {sec:.2f} s (cpu, incore)", attrs, timings=timings.rounded())
 
 
 def write_links(store: TerrainStore, code, acc, z, net: "_cpu.Network", out, overwrite: bool = False) -> Path:
