@@ -15,17 +15,13 @@ are compiled on a small DEM first.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import bench_parser, header, run_child, save_rows, synthetic_dem, work_folder  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def one(what: str, store: str, out: str, memory: str | None) -> dict:
@@ -100,32 +96,18 @@ def one(what: str, store: str, out: str, memory: str | None) -> dict:
 
 
 def spawn(what, store, out, memory) -> dict:
-    cmd = [sys.executable, __file__, "--one", what, store, out, memory or ""]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-    if p.returncode:
-        raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child(what, __file__, "--one", what, store, out, memory or "")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--tile", type=int, default=256)
-    ap.add_argument("--memory", default=None, help="our budget (default: half the free RAM)")
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = bench_parser(sizes=[1024, 4096], memory=True, peers=True, tile=True).parse_args()
     from terrain_io.memory import format_bytes
-    from terrain_io.synth import synthesize
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-depressions-"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"cpu, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    work = work_folder(args, "depressions")
+    header("cpu")
     rows = []
     for n in args.sizes:
-        st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=args.tile, overwrite=True)
+        st = synthetic_dem(work, n, args.tile)
         print(f"\n{n}^2:", flush=True)
         out = str(work / "ours.npz")
         runs = {"ours": spawn("ours", str(st.path), out, args.memory)}
@@ -149,8 +131,7 @@ def main():
             print(f"  {what:10s} {r['seconds']:8.2f} s  {r['seconds'] / base:6.2f}x ours  peak "
                   f"{format_bytes(r['peak_rss'])}{extra}", flush=True)
             rows.append({"n": n, **r})
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    save_rows(rows, args.json)
 
 
 if __name__ == "__main__":

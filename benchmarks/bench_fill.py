@@ -9,19 +9,15 @@ The filled levels are compared cell by cell with ours (max |difference|, cells d
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import warm_side  # benchmarks/ is on sys.path when run as a script
+from common import bench_parser, header, run_child, save_rows, synthetic_dem, warm_side, work_folder, write_geotiff  # noqa: E402 (benchmarks/ is on sys.path)
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def one(what: str, store: str, tif: str, out: str, device: str, memory: str | None) -> dict:
@@ -95,12 +91,7 @@ def grass_fill(tif: Path, out: str) -> dict | None:
 
 
 def spawn(what, store, tif, out, device, memory) -> dict:
-    cmd = [sys.executable, __file__, "--one", what, store, tif, out, device, memory or ""]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode:
-        raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child(what, __file__, "--one", what, store, tif, out, device, memory or "")
 
 
 def compare(ours, other) -> tuple[float, int]:
@@ -112,34 +103,24 @@ def compare(ours, other) -> tuple[float, int]:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
+    ap = bench_parser(sizes=[1024, 4096], memory=True, peers=True, tile=True)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tile", type=int, default=256)
-    ap.add_argument("--memory", default=None, help="our budget (default: half the free RAM)")
-    ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-mst", action="store_true")
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import numpy as np
     import rasterio
 
     from terrain_io.memory import format_bytes
     from terrain_io.store import TerrainStore
-    from terrain_io.synth import synthesize
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-fill-"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"device {args.device}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    work = work_folder(args, "fill")
+    header(f"device {args.device}")
     rows = []
     for n in args.sizes:
-        st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=args.tile, overwrite=True)
+        st = synthetic_dem(work, n, args.tile)
         tif = work / f"dem{n}.tif"
         if not args.no_peers:
-            with rasterio.open(tif, "w", driver="GTiff", width=n, height=n, count=1, dtype="float32", nodata=-9999.0, crs="EPSG:32633",
-                               transform=rasterio.transform.from_origin(0, n * 10.0, 10.0, 10.0)) as ds:
-                ds.write(np.asarray(st.elevation[...]), 1)
+            write_geotiff(tif, np.asarray(st.elevation[...]))
         print(f"\n{n}^2:", flush=True)
         runs = {"ours": spawn("ours", str(st.path), str(tif), str(work / "ours"), args.device, args.memory)}
         ours = np.asarray(TerrainStore.open(st.path).group["fill/elevation"][...])
@@ -173,8 +154,7 @@ def main():
                   f"{format_bytes(r['peak_rss']) if r.get('peak_rss') else '?'}{extra}"
                   + (f"  {r['timings']} {r['method']}" if what == "ours" else ""), flush=True)
             rows.append({"n": n, **r})
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    save_rows(rows, args.json)
 
 
 if __name__ == "__main__":

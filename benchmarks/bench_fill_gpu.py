@@ -12,18 +12,15 @@ optionally a larger DEM with a memory budget.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import PeakGpu, warm_side  # benchmarks/ is on sys.path when run as a script
+from common import PeakGpu, bench_parser, child_env, warm_side, work_folder  # noqa: E402 (benchmarks/ is on sys.path)
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def synth(path: Path, n: int) -> float:
@@ -90,7 +87,7 @@ def compare(ours_filled, theirs) -> int:
 
 def fresh_cli(args: list[str]) -> dict:
     """``terrain ARGS`` in a fresh process: wall seconds and its peak RSS (VmHWM: its own, not the parent's)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     code = ("import sys, time; t = time.perf_counter(); from cli.main import main; sys.argv = ['terrain'] + "
             f"{args!r}\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "from terrain_io.memory import peak_rss\nprint('RSS', peak_rss(), 'SEC', time.perf_counter() - t)")
@@ -105,7 +102,7 @@ def fresh_cli(args: list[str]) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(peers=True)
     ap.add_argument("--size", type=int, default=16384)
     ap.add_argument("--numpy-size", type=int, default=4096, help="size for xarray-spatial's NumPy fill_d8")
     ap.add_argument("--cupy-small", type=int, default=4096, help="xarray-spatial's CuPy fill_d8 is timed here "
@@ -113,9 +110,6 @@ def main():
     ap.add_argument("--peer-cap", type=float, default=120.0)
     ap.add_argument("--big", type=int, default=0)
     ap.add_argument("--big-memory", default="8GB")
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import cupy
     import numpy as np
@@ -125,8 +119,7 @@ def main():
     from terrain_io.memory import format_bytes
     from terrain_io.store import TerrainStore
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-fill-gpu-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_folder(args, "fill-gpu")
     props = cupy.cuda.runtime.getDeviceProperties(0)
     print(f"{props['name'].decode()}, {os.cpu_count()} host cores, {time.strftime('%Y-%m-%d')}", flush=True)
     rows = {}
@@ -163,33 +156,30 @@ def main():
     filled = read_fill(st)["elevation"]
     vals = np.asarray(st.elevation[...])
 
-    if not args.no_peers:
-        m = args.cupy_small
-        sub = vals[:m, :m].copy()
+    def on_corner(dem, m: int, gpu: bool) -> dict:
+        """xarray-spatial's fill_d8 (CuPy or NumPy) against ours on the DEM's m x m corner."""
+        sub = dem[:m, :m].copy()
         sub_store = substore(work / f"sub{m}.zarr", sub)
         o = ours(sub_store)
-        sub_filled = read_fill(sub_store)["elevation"]
-        sec, out = xrs_fill(sub, True)
-        rows["xrs_cupy_small"] = {"n": m, "seconds": sec, "ours": o["seconds"], "differ": compare(sub_filled, out)}
-        print(f"  {m}^2: xarray-spatial CuPy fill_d8 {sec:.2f} s vs ours {o['seconds']:.3f} s: "
-              f"{sec / o['seconds']:.1f}x; cells differing {rows['xrs_cupy_small']['differ']}", flush=True)
+        sec, out = xrs_fill(sub, gpu)
+        row = {"n": m, "seconds": sec, "ours": o["seconds"], "differ": compare(read_fill(sub_store)["elevation"], out)}
+        print(f"  {m}^2: xarray-spatial {'CuPy' if gpu else 'NumPy'} fill_d8 {sec:.2f} s vs ours GPU "
+              f"{o['seconds']:.3f} s: {sec / o['seconds']:.1f}x; cells differing {row['differ']}", flush=True)
+        return row
+
+    if not args.no_peers:
+        m = args.cupy_small
+        rows["xrs_cupy_small"] = on_corner(vals, m, True)
+        sec = rows["xrs_cupy_small"]["seconds"]
         if sec * (n / m) ** 3 <= args.peer_cap:
             sec, out = xrs_fill(vals, True)
             rows["xrs_cupy"] = {"n": n, "seconds": sec, "differ": compare(filled, out)}
             print(f"  {n}^2: xarray-spatial CuPy fill_d8 {sec:.2f} s: {sec / best:.1f}x ours; cells differing "
                   f"{rows['xrs_cupy']['differ']}", flush=True)
+            del out
         else:
             print(f"  {n}^2: xarray-spatial CuPy fill_d8 not run (predicted {sec * (n / m) ** 3:.0f} s from {m}^2)")
-        del out
-        m = args.numpy_size
-        sub = vals[:m, :m].copy()
-        sub_store = substore(work / f"sub{m}.zarr", sub)
-        o = ours(sub_store)
-        sub_filled = read_fill(sub_store)["elevation"]
-        sec, out = xrs_fill(sub, False)
-        rows["xrs_numpy"] = {"n": m, "seconds": sec, "ours": o["seconds"], "differ": compare(sub_filled, out)}
-        print(f"  {m}^2: xarray-spatial NumPy fill_d8 {sec:.2f} s vs ours GPU {o['seconds']:.3f} s: "
-              f"{sec / o['seconds']:.1f}x; cells differing {rows['xrs_numpy']['differ']}", flush=True)
+        rows["xrs_numpy"] = on_corner(vals, args.numpy_size, False)
     del filled, vals
 
     r = fresh_cli(["fill", str(path), "--device", "gpu", "--outlets", "edge"])

@@ -12,18 +12,16 @@ in a fresh process (the stored fill read, the results written to the store).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import bench_parser, child_env, run_child, save_rows, work_folder, write_geotiff  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def _cpu() -> float:
@@ -81,7 +79,7 @@ def one(what: str, store: str, tif: str) -> dict:
 def cli_run(store: Path) -> dict:
     """``terrain flow STORE`` in a fresh process (kernels cached by an earlier run), under GNU time:
     wall, CPU (user + sys), peak RSS of that process."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     cmd = [sys.executable, "-m", "cli", "flow", str(store)]
     subprocess.run(cmd, env=env, capture_output=True, check=True)  # compiles or loads the kernels
     p = subprocess.run(["/usr/bin/time", "-f", "TIME %e %U %S %M", *cmd], env=env, capture_output=True, text=True,
@@ -92,42 +90,29 @@ def cli_run(store: Path) -> dict:
 
 
 def spawn(what, store, tif) -> dict:
-    cmd = [sys.executable, __file__, "--one", what, store, tif]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode:
-        return {"what": what, "error": p.stderr[-600:]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    try:
+        return run_child(what, __file__, "--one", what, store, tif)
+    except RuntimeError as exc:  # a peer that fails is reported, the others still run
+        return {"what": what, "error": str(exc)[-600:]}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", type=int, nargs="+", default=[4096])
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = bench_parser(sizes=[4096]).parse_args()
     import numpy as np
-    import rasterio
 
     from terrain_io.grid.fill import fill
     from terrain_io.memory import format_bytes
     from terrain_io.synth import synthesize
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-flow-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_folder(args, "flow")
     print(f"{os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
     rows = []
     for n in args.sizes:
         st = synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, overwrite=True, progress=False)
         fill(st, device="cpu", progress=False)
         tif = work / f"filled{n}.tif"
-        with rasterio.open(tif, "w", driver="GTiff", width=n, height=n, count=1, dtype="float32", nodata=-9999.0,
-                           crs="EPSG:32633", transform=rasterio.transform.from_origin(0, n * 10.0, 10.0, 10.0)) as ds:
-            ds.write(np.asarray(st.group["fill/elevation"][...]), 1)
-        with rasterio.open(str(tif).replace(".tif", ".small.tif"), "w", driver="GTiff", width=512, height=512, count=1,
-                           dtype="float32", nodata=-9999.0, crs="EPSG:32633",
-                           transform=rasterio.transform.from_origin(0, n * 10.0, 10.0, 10.0)) as ds:
-            ds.write(np.asarray(st.group["fill/elevation"][:512, :512]), 1)
+        write_geotiff(tif, np.asarray(st.group["fill/elevation"][...]))
+        write_geotiff(str(tif).replace(".tif", ".small.tif"), np.asarray(st.group["fill/elevation"][:512, :512]))
         print(f"\n{n}^2 (filled):", flush=True)
         runs = [spawn(w, str(st.path), str(tif)) for w in ("ours", "pyflwdir", "pysheds")]
         runs.append(cli_run(st.path))
@@ -142,8 +127,7 @@ def main():
                   flush=True)
             rows.append({"n": n, **r})
         shutil.rmtree(st.path, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    save_rows(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,83 @@
 """Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU, warm-up sizes,
-the SSSP benchmarks' cost raster, saving the rows."""
+the SSSP benchmarks' cost raster, saving the rows, the options and work folder of the DEM benchmarks,
+a measurement in a fresh process, a DEM written as a GeoTIFF for the peers."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_parser(*, sizes: list[int] | None = None, memory: bool = False, peers: bool = False,
+                 tile: bool = False) -> argparse.ArgumentParser:
+    """The options the DEM benchmarks share: ``--workdir`` (default: a fresh temporary folder) and
+    ``--json``; ``--sizes`` with these defaults, ``--tile``, ``--memory`` and ``--no-peers`` where asked."""
+    ap = argparse.ArgumentParser()
+    if sizes is not None:
+        ap.add_argument("--sizes", type=int, nargs="+", default=sizes)
+    if tile:
+        ap.add_argument("--tile", type=int, default=256)
+    if memory:
+        ap.add_argument("--memory", default=None, help="our budget (default: half the free RAM)")
+    if peers:
+        ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", default=None)
+    return ap
+
+
+def work_folder(args: argparse.Namespace, name: str) -> Path:
+    """``--workdir``, or a fresh temporary folder ``bench-NAME-...``; created."""
+    work = Path(args.workdir or tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def header(what: str) -> None:
+    """A benchmark's first line: what runs, on how many cores, and the date."""
+    print(f"{what}, {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}", flush=True)
+
+
+def synthetic_dem(work: Path, n: int, tile: int = 256):
+    """The benchmarks' n x n synthetic DEM (seed 1, 10 m cells) as ``work/demN.zarr``."""
+    from terrain_io.synth import synthesize
+
+    return synthesize(work / f"dem{n}.zarr", n, seed=1, cell_size=10.0, tile=tile, overwrite=True)
+
+
+def child_env() -> dict:
+    """The environment of a measured child process: this checkout first on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def run_child(what: str, *args: str) -> dict:
+    """``python ARGS`` in a fresh process (one measurement, its own peak RSS); its last line of output
+    as JSON. Raises RuntimeError with the end of its stderr when it fails."""
+    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=child_env(), check=False)
+    if p.returncode:
+        raise RuntimeError(f"{what} failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def write_geotiff(path, values, cell: float = 10.0) -> None:
+    """``values`` (float32, nodata -9999) as a GeoTIFF in UTM 33N with square cells of ``cell`` metres
+    and its top-left corner at (0, rows * cell): the synthetic DEMs as the peers read them."""
+    import rasterio
+
+    rows, cols = values.shape
+    with rasterio.open(path, "w", driver="GTiff", width=cols, height=rows, count=1, dtype="float32",
+                       nodata=-9999.0, crs="EPSG:32633",
+                       transform=rasterio.transform.from_origin(0, rows * cell, cell, cell)) as ds:
+        ds.write(values, 1)
 
 
 def warm_side(n: int) -> int:

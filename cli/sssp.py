@@ -45,6 +45,30 @@ weight_option = click.option("--weight", type=click.Choice(WEIGHTS), default="ab
 cost_option = click.option("--cost", help="Cost raster for --weight cell, or friction raster for --weight walk (the "
                                           "time times the two cells' mean friction): a GeoTIFF/ASCII file aligned "
                                           "with the DEM, or the name of an array in the store.")
+def _check_point_options(points, points_file, file_crs, points_crs, as_cell: bool, flag: str, file_flag: str) -> None:
+    """The rules of --cell and the two CRS options, the same for the sources of sssp (``--source``,
+    ``--sources FILE``) and the targets of path (``--to``, ``--targets FILE``)."""
+    if file_crs is not None and points_file is None:
+        raise click.UsageError(f"{file_flag}-crs applies to {file_flag} FILE (for {flag} X,Y: {flag}-crs)")
+    if as_cell and not points:
+        raise click.UsageError(f"--cell applies to {flag} ROW,COL")
+    if points_crs is not None and (not points or as_cell):
+        raise click.UsageError(f"{flag}-crs applies to {flag} X,Y map coordinates")
+
+
+def skip_invalid_option(points: str):
+    """``--skip-invalid`` of the sources (sssp) or targets (path)."""
+    return click.option("--skip-invalid", is_flag=True, help=f"Leave out {points} outside the DEM or on nodata (a note "
+                        "says how many) instead of refusing them.")
+
+
+def cell_option(point: str, coords: str):
+    """``--cell``: a source / target by its ROW,COL, or alone, the ``coords`` option's values read as cells."""
+    return click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
+                        help=f"A {point} given by its cell, ROW,COL (repeatable); alone (no value): the {coords} "
+                             "values are ROW,COL cell indices.")
+
+
 cluster_option = click.option("--cluster", type=int, default=None,
                               help="Cluster side in cells (power of two, at most the tile size) [default: 8, or the stored index's].")
 
@@ -61,11 +85,8 @@ cluster_option = click.option("--cluster", type=int, default=None,
               help="CRS of the --sources points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's].")
 @click.option("--source-crs", default=None, metavar="CRS",
               help="CRS of the --source X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
-@click.option("--skip-invalid", is_flag=True,
-              help="Leave out sources outside the DEM or on nodata (a note says how many) instead of refusing them.")
-@click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
-              help="A source given by its cell, ROW,COL (repeatable); alone (no value): the --source values are "
-                   "ROW,COL cell indices.")
+@skip_invalid_option("sources")
+@cell_option("source", "--source")
 @click.option("--crs-coords", "crs_coords", is_flag=True, hidden=True)  # the default, kept for scripts: no --cell
 @weight_option
 @cost_option
@@ -105,12 +126,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
         raise click.UsageError("--cell and --crs-coords exclude each other")
     if not sources and sources_file is None:
         raise click.UsageError("give the sources: --source X,Y (repeatable) or --sources FILE")
-    if sources_crs is not None and sources_file is None:
-        raise click.UsageError("--sources-crs applies to --sources FILE (for --source X,Y: --source-crs)")
-    if as_cell and not sources:
-        raise click.UsageError("--cell applies to --source ROW,COL")
-    if source_crs is not None and (not sources or as_cell):
-        raise click.UsageError("--source-crs applies to --source X,Y map coordinates")
+    _check_point_options(sources, sources_file, sources_crs, source_crs, as_cell, "--source", "--sources")
     timer = Timer()
     src, cell = [_pair(s) for s in sources], as_cell
     if sources_file is not None and sources:  # both: one list of points, numbered on
@@ -175,11 +191,8 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild_index, s
               help="CRS of the --targets points [default: the file's; a CSV's: the DEM's].")
 @click.option("--to-crs", default=None, metavar="CRS",
               help="CRS of the --to X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
-@click.option("--skip-invalid", is_flag=True,
-              help="Leave out targets outside the DEM or on nodata (a note says how many) instead of refusing them.")
-@click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
-              help="A target given by its cell, ROW,COL (repeatable); alone (no value): the --to values are ROW,COL "
-                   "cell indices.")
+@skip_invalid_option("targets")
+@cell_option("target", "--to")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @output_option("File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
                ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")
@@ -198,12 +211,7 @@ def path_command(store, to, targets_file, targets_crs, to_crs, skip_invalid, cel
     to, as_cell = _cell_points(to, cells)
     if bool(to) == (targets_file is not None):
         raise click.UsageError("give the targets: --to X,Y (repeatable) or --targets FILE, not both")
-    if targets_crs is not None and targets_file is None:
-        raise click.UsageError("--targets-crs applies to --targets FILE (for --to X,Y: --to-crs)")
-    if as_cell and not to:
-        raise click.UsageError("--cell applies to --to ROW,COL")
-    if to_crs is not None and (not to or as_cell):
-        raise click.UsageError("--to-crs applies to --to X,Y map coordinates")
+    _check_point_options(to, targets_file, targets_crs, to_crs, as_cell, "--to", "--targets")
     if output is not None:
         check_paths_output(output, overwrite)  # before the work
     targets = targets_file if targets_file is not None else [_pair(t) for t in to]

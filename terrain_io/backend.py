@@ -28,6 +28,14 @@ def kernel_source(name: str) -> str:
                   (KERNELS / name).read_text(), flags=re.M)
 
 
+def kernel_struct(*fields) -> np.ndarray:
+    """A struct argument of a CUDA kernel, passed by value: one 8-byte member per field, in order --
+    a CuPy array gives its device pointer, a number an int64 (declare the members as pointers and
+    ``long long``, so the C layout has no padding). CuPy passes a one-element NumPy array by value."""
+    words = [f.data.ptr if hasattr(getattr(f, "data", None), "ptr") else int(f) for f in fields]
+    return np.array([w & (2**64 - 1) for w in words], np.uint64).view(np.dtype((np.void, 8 * len(words))))
+
+
 @functools.cache
 def gpu_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device (``TERRAIN_DISABLE_GPU=1`` hides it)."""

@@ -480,6 +480,16 @@ def terrain(rows, cols, seed=0, levels=None):
 
 # --- Files -------------------------------------------------------------------------------------------------------
 
+def ascii_dem(folder: Path, size: int) -> Path:
+    """A synthetic size x size DEM with 10 % nodata (seed 11) exported as Esri ASCII, 2 decimals:
+    ``folder/dem.asc`` (its store ``folder/synth.zarr``, tile 64, shard 2, stays beside it)."""
+    from terrain_io.export import export
+    from terrain_io.synth import synthesize
+
+    synth = synthesize(folder / "synth.zarr", size, seed=11, nodata_fraction=0.1, tile=64, shard=2)
+    return export(synth.path, "elevation", folder / "dem.asc", decimals=2)
+
+
 def tree_digest(path: Path) -> str | None:
     """A digest of every file's name and bytes under ``path`` (None when there is no such folder)."""
     if not path.exists():

@@ -1,156 +1,32 @@
-"""The in-core GPU flow routing (CuPy, terrain_io/kernels/flow.cu) against references written here
-from the definitions: steepest descent (NumPy), Barnes, Lehman & Mulla 2014's two breadth-first
-searches per flat with its combined gradient 2 * towards + (FlatHeight - away) (plain Python), and
-a topological-order sum (Kahn) for the accumulation; on terraced, flat-bottomed and nodata-holed
-DEMs, a lake larger than a GPU tile, snake-shaped flow paths and a real DEM. Run on a GPU machine
+"""The in-core GPU flow routing (CuPy, terrain_io/kernels/flow.cu) against the references of
+tests/references.py, written from the definitions: steepest descent, Barnes, Lehman & Mulla 2014's
+two breadth-first searches per flat with its combined gradient, and a topological-order sum (Kahn)
+for the accumulation; on terraced, flat-bottomed and nodata-holed DEMs, a lake larger than a GPU tile, snake-shaped flow paths and a real DEM. Run on a GPU machine
 with ``pytest -m gpu``."""
 from __future__ import annotations
 
-import collections
-import math
-
 import numpy as np
 import pytest
-from references import ROOT, parse_esri_ascii
-from references import fill_test_dem as _dem, priority_flood
+from references import DC, DR, NODATA, OUTLET, ROOT, parse_esri_ascii, priority_flood, reference_directions
+from references import fill_test_dem as _dem, topological_sum
 
 from terrain_io.errors import InputError
 
 pytestmark = pytest.mark.gpu
 
-DR = (0, 1, 1, 1, 0, -1, -1, -1)  # E, SE, S, SW, W, NW, N, NE (the contract)
-DC = (1, 1, 0, -1, -1, -1, 0, 1)
-OUTLET, SINK, NODATA, FLAT = 8, 9, 255, 254
-
-
-def d8_reference(z, valid, dx, dy, nodata_drains):
-    """Codes 0..7 / OUTLET / NODATA, FLAT where no lower valid neighbour and not an outlet."""
-    h, w = z.shape
-    diag = math.hypot(dx, dy)
-    L = (dx, diag, dy, diag, dx, diag, dy, diag)
-    zp = np.pad(z.astype(np.float64), 1)
-    vp = np.pad(valid, 1)
-    slopes = np.full((8, h, w), -np.inf)
-    outlet = np.zeros((h, w), bool)
-    outlet[0, :] = outlet[-1, :] = outlet[:, 0] = outlet[:, -1] = True
-    inside = np.pad(np.ones((h, w), bool), 1)
-    for d in range(8):
-        zn = zp[1 + DR[d]:1 + DR[d] + h, 1 + DC[d]:1 + DC[d] + w]
-        vn = vp[1 + DR[d]:1 + DR[d] + h, 1 + DC[d]:1 + DC[d] + w]
-        if nodata_drains:
-            outlet |= inside[1 + DR[d]:1 + DR[d] + h, 1 + DC[d]:1 + DC[d] + w] & ~vn
-        lower = valid & vn & (zn < zp[1:-1, 1:-1])
-        with np.errstate(invalid="ignore"):
-            slopes[d] = np.where(lower, (zp[1:-1, 1:-1] - zn) / L[d], -np.inf)
-    best = np.argmax(slopes, axis=0)  # the first maximum: ties go to the smallest code
-    has = slopes.max(axis=0) > -np.inf
-    code = np.where(has, best, np.where(outlet, OUTLET, FLAT)).astype(np.uint8)
-    code[~valid] = NODATA
-    return code
-
-
-def neighbours(i, j, h, w):
-    for d in range(8):
-        a, b = i + DR[d], j + DC[d]
-        if 0 <= a < h and 0 <= b < w:
-            yield d, a, b
-
-
-def bfs(sources, members, h, w):
-    dist = {c: 1 for c in sources}
-    queue = collections.deque(sources)
-    while queue:
-        i, j = queue.popleft()
-        for _, a, b in neighbours(i, j, h, w):
-            if (a, b) in members and (a, b) not in dist:
-                dist[a, b] = dist[i, j] + 1
-                queue.append((a, b))
-    return dist
-
-
-def barnes_reference(z, valid, code):
-    """Barnes et al. 2014 flat by flat: label the flats (8-connected FLAT cells), BFS away from the
-    high edges and towards the low edges inside each, combined gradient 2 * towards + (FlatHeight -
-    away); each cell drains to its equal neighbour of least gradient (resolved ones first, ties:
-    least code); a flat without a low edge is SINK."""
-    code = code.copy()
-    h, w = z.shape
-    seen = np.zeros((h, w), bool)
-    for i0, j0 in zip(*np.nonzero(code == FLAT)):
-        if seen[i0, j0]:
-            continue
-        flat = {(int(i0), int(j0))}
-        stack = [(int(i0), int(j0))]
-        seen[i0, j0] = True
-        while stack:
-            i, j = stack.pop()
-            for _, a, b in neighbours(i, j, h, w):
-                if code[a, b] == FLAT and not seen[a, b]:
-                    seen[a, b] = True
-                    flat.add((a, b))
-                    stack.append((a, b))
-        high = [c for c in flat if any(valid[a, b] and z[a, b] > z[c] for _, a, b in neighbours(*c, h, w))]
-        low = [c for c in flat if any(valid[a, b] and z[a, b] == z[c] and code[a, b] != FLAT
-                                      for _, a, b in neighbours(*c, h, w))]
-        if not low:
-            for c in flat:
-                code[c] = SINK
-            continue
-        away, towards = bfs(high, flat, h, w), bfs(low, flat, h, w)
-        flat_height = max(away.values(), default=0)
-        grad = {c: 2 * towards[c] + (flat_height - away.get(c, 0)) for c in flat}
-        new = {}
-        for c in flat:
-            best, least = -1, grad[c]
-            for d, a, b in neighbours(*c, h, w):
-                if not (valid[a, b] and z[a, b] == z[c]):
-                    continue
-                if (a, b) not in flat:
-                    best = d
-                    break
-                if grad[a, b] < least:
-                    best, least = d, grad[a, b]
-            assert best >= 0
-            new[c] = best
-        for c, d in new.items():
-            code[c] = d
-    return code
-
 
 def directions_reference(z, valid, dx=1.0, dy=1.0, outlets="edge+nodata"):
-    return barnes_reference(z, valid, d8_reference(z, valid, dx, dy, outlets == "edge+nodata"))
+    """Steepest descent, then Barnes, Lehman & Mulla 2014 on the flats (references.reference_directions)."""
+    return reference_directions(z, valid, dx, dy, outlets)[0]
 
 
 def accumulation_reference(code, weights=None, include_self=True):
-    """Sums over each cell's upstream cells in a topological order (Kahn's algorithm): counts as
-    Python ints, weights in float64; every valid cell drains to an outlet or sink (no cycle)."""
-    h, w = code.shape
-    valid = code != NODATA
-    target = -np.ones(h * w, np.int64)
-    for d in range(8):
-        rr, cc = np.nonzero(code == d)
-        target[rr * w + cc] = (rr + DR[d]) * w + cc + DC[d]
-    indeg = np.bincount(target[target >= 0], minlength=h * w)
-    own = np.ones(h * w, np.int64) if weights is None else weights.reshape(-1).astype(np.float64)
-    own = np.where(valid.reshape(-1), own, 0)
-    acc = own.copy()
-    queue = collections.deque(np.flatnonzero((indeg == 0) & valid.reshape(-1)).tolist())
-    done = 0
-    tgt, acc_l, deg = target.tolist(), acc.tolist(), indeg.tolist()
-    while queue:
-        c = queue.popleft()
-        done += 1
-        t = tgt[c]
-        if t >= 0:
-            acc_l[t] += acc_l[c]
-            deg[t] -= 1
-            if deg[t] == 0:
-                queue.append(t)
-    assert done == int(valid.sum()), "a cycle in the directions"
-    acc = np.array(acc_l, dtype=np.uint64 if weights is None else np.float64)
+    """The topological-order sum (references.topological_sum, Kahn's algorithm) as the GPU gives it:
+    uint64 counts or float64 sums, without the cell's own share unless ``include_self``."""
+    total = topological_sum(code, weights)
     if not include_self:
-        acc = acc - own.astype(acc.dtype)
-    return acc.reshape(h, w)
+        total = total - np.where(code != NODATA, 1 if weights is None else weights, 0)
+    return total.astype(np.uint64 if weights is None else np.float64)
 
 
 def gpu_directions(z, valid, dx=1.0, dy=1.0, outlets="edge+nodata"):

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zarr
 
-from references import tree_digest, VOLATILE
+from references import VOLATILE, ascii_dem, tree_digest
 
 pytestmark = pytest.mark.reliability
 
@@ -81,12 +81,8 @@ def leftovers(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A mid-size DEM as ASCII, its clean store, and the clean results of each command."""
-    from terrain_io.export import export
-    from terrain_io.synth import synthesize
-
     root = tmp_path_factory.mktemp("reliability")
-    synth = synthesize(root / "synth.zarr", SIZE, seed=11, nodata_fraction=0.1, tile=64, shard=2)
-    src = export(synth.path, "elevation", root / "dem.asc", decimals=2)
+    src = ascii_dem(root, SIZE)
     base = root / "base.zarr"
     run_ok("convert", src, "-o", base, "--tile", "64", "--shard", "2")
     commands = {

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import zarr
 
-from references import VOLATILE
+from references import VOLATILE, ascii_dem
 
 pytestmark = pytest.mark.reliability
 
@@ -97,12 +97,8 @@ def assert_same(a: dict, b: dict):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A 256^2 DEM as ASCII, its store, and each command's clean run: result, files and duration."""
-    from terrain_io.export import export
-    from terrain_io.synth import synthesize
-
     root = tmp_path_factory.mktemp("signals")
-    synth = synthesize(root / "synth.zarr", SIZE, seed=11, nodata_fraction=0.1, tile=64, shard=2)
-    src = export(synth.path, "elevation", root / "dem.asc", decimals=2)
+    src = ascii_dem(root, SIZE)
     base = root / "base.zarr"
     assert terrain("convert", src, "-o", base, "--tile", "64", "--shard", "2").wait() == 0
     commands = {

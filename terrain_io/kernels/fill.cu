@@ -51,12 +51,9 @@ relax_levels(const VAL* __restrict__ vals, VAL* __restrict__ F, int h, int w, VA
     __shared__ VAL sv[HS][HS];
     __shared__ VAL sf[HS][HS];
     __shared__ int mark[3][3];
-    const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
-    const int t = work[blockIdx.x];
-    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
+    const ListedTile tile = listed_tile(work, own_flag, mark, h, w);
+    const int tr = tile.tr, tc = tile.tc;
     const long long W2 = w + 2;
-    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
-    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
     for (int i = threadIdx.y; i < HS; i += BY) {
         for (int j = threadIdx.x; j < HS; j += TS) {
             const int R = tr * TS + i, C = tc * TS + j;  // ringed coordinates (the tile's interior from 1)
@@ -82,33 +79,19 @@ relax_levels(const VAL* __restrict__ vals, VAL* __restrict__ F, int h, int w, VA
         // F == h is final (F never falls below h); partial tiles: the cells beyond stay fixed
         solve[m] = col_in && tr * TS + i <= h && !isnan(sv[i][j]) && sf[i][j] > sv[i][j];
     }
-    bool changed;
-    do {
-        changed = false;
+    relax_tile(solve, [&](int, int i, int j) {
+        VAL low = sf[i][j + 1];
 #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            if (!solve[m]) continue;
-            const int i = 1 + threadIdx.y + BY * m;
-            VAL low = sf[i][j + 1];
-#pragma unroll
-            for (int k = 1; k < 8; ++k) low = fmin(low, sf[i + DR[k]][j + DC[k]]);
-            const VAL b = sv[i][j];
-            const VAL nf = low > b ? low : b;
-            if (nf < sf[i][j]) {
-                sf[i][j] = nf;
-                changed = true;
-            }
+        for (int k = 1; k < 8; ++k) low = fmin(low, sf[i + DR[k]][j + DC[k]]);
+        const VAL b = sv[i][j];
+        const VAL nf = low > b ? low : b;
+        if (nf < sf[i][j]) {
+            sf[i][j] = nf;
+            return true;
         }
-    } while (__syncthreads_or(changed));
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = 1 + threadIdx.y + BY * m;
-        if (solve[m] && sf[i][j] < before[m]) {
-            F[(long long)(tr * TS + i) * W2 + tc * TS + j] = sf[i][j];
-            mark_border(mark, i, j);
-        }
-    }
-    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+        return false;
+    });
+    store_improved(tile, sf, before, solve, F, W2, 0, mark, own_flag, next_flag, next_work, next_count);
 }
 
 // Unreached cells keep F = h; lake cells (F > h) start as their own roots (parent = cell id),

@@ -94,19 +94,66 @@ __device__ __forceinline__ void push(int* queue, int* s_tail, int cell) {
     queue[atomicAdd(s_tail, 1)] = cell;
 }
 
-// tiles: (n, 4) i0, j0, h, w of each tile in the batch (H x W cells, row-major), one block each.
-// bits: the forests (bit d: edge to the neighbour in forward direction d = E, SE, S, SW).
-// gr0, gc0: the global cell of batch cell (0, 0); rows, cols: the DEM's shape.
-// Scratch: alive (H*W), outm (H*W), queue (n*T*T), vcell (n*cap), slots (n*cap*8 each).
-// Output rows of cap entries per tile, as _mst_cpu.tile_phase_batch; buckets (2, N_EXP) summed.
+// The kernel's arguments in three structs passed by value, each all 8-byte members in this order
+// (terrain_io/grid/_mst_gpu.py packs them with backend.kernel_struct).
+// The batch: vals, valid (H x W cells, row-major); bits, the forests (bit d: edge to the neighbour
+// in forward direction d = E, SE, S, SW); tiles (n, 4), i0, j0, h, w of each tile, one block each;
+// gr0, gc0, the global cell of batch cell (0, 0); rows, cols, the DEM's shape; T, the tile size;
+// cap, the entries of a tile's output rows.
+struct ContractBatch {
+    const VAL_T* vals;
+    const unsigned char* valid;
+    const unsigned char* bits;
+    const i64* tiles;
+    i64 gr0, gc0, rows, cols, T, H, W, cap;
+};
+// Scratch: alive (H*W, the forest adjacency still standing), outm (H*W, the boundary masks), queue
+// (n*T*T, the leaves), vcell (n*cap, the kept vertices' cells); per (kept vertex, direction) slot,
+// n*cap*8 each: sflag (emits a super-edge), sother (its far end), sw (its weight), scode (its code).
+struct ContractScratch {
+    unsigned* alive;
+    unsigned char* outm;
+    int* queue;
+    int* vcell;
+    unsigned char* sflag;
+    i64* sother;
+    double* sw;
+    i64* scode;
+};
+// Output rows of cap entries per tile, as _mst_cpu.TileGraphs; buckets (2, N_EXP) summed.
+struct ContractOut {
+    i64* nv_out;
+    i64* vid;
+    double* vh;
+    unsigned char* vmask;
+    i64* ne_out;
+    i64* eu;
+    i64* ev;
+    double* ew;
+    i64* ecode;
+    u64* buckets;
+};
+
 extern "C" __global__ void __launch_bounds__(BLOCK)
-contract_tiles(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ valid,
-               const unsigned char* __restrict__ bits, const i64* __restrict__ tiles,
-               int T, int H, int W, i64 gr0, i64 gc0, i64 rows, i64 cols, int cap,
-               unsigned* alive, unsigned char* outm, int* queue, int* vcell,
-               unsigned char* sflag, i64* sother, double* sw, i64* scode,
-               i64* nv_out, i64* vid, double* vh, unsigned char* vmask,
-               i64* ne_out, i64* eu, i64* ev, double* ew, i64* ecode, u64* buckets) {
+contract_tiles(const ContractBatch in, const ContractScratch scratch, const ContractOut out) {
+    const VAL_T* __restrict__ vals = in.vals;
+    const unsigned char* __restrict__ valid = in.valid;
+    const unsigned char* __restrict__ bits = in.bits;
+    const i64* __restrict__ tiles = in.tiles;
+    const int T = (int)in.T, H = (int)in.H, W = (int)in.W, cap = (int)in.cap;
+    const i64 gr0 = in.gr0, gc0 = in.gc0, rows = in.rows, cols = in.cols;
+    unsigned* alive = scratch.alive;
+    unsigned char* outm = scratch.outm;
+    int* queue = scratch.queue;
+    int* vcell = scratch.vcell;
+    unsigned char* sflag = scratch.sflag;
+    i64* sother = scratch.sother;
+    double* sw = scratch.sw;
+    i64* scode = scratch.scode;
+    i64 *nv_out = out.nv_out, *vid = out.vid, *ne_out = out.ne_out, *eu = out.eu, *ev = out.ev, *ecode = out.ecode;
+    double *vh = out.vh, *ew = out.ew;
+    unsigned char* vmask = out.vmask;
+    u64* buckets = out.buckets;
     __shared__ i64 s_buckets[2 * N_EXP];
     __shared__ int s_warp[32], s_excl[32], s_total;
     __shared__ int s_tail, s_lo, s_hi;

@@ -22,14 +22,14 @@ __device__ __forceinline__ double sssp_weight(double a, double b, double step) {
     return sssp_edge_weight(KIND, a, b, step);
 }
 
-// Load the tile (tr, tc) with its halo: values (NaN beyond the block) and labels.
+// Load the tile with its halo: values (NaN beyond the block) and labels.
 template <typename L>
 __device__ __forceinline__ void load_tile(const VAL* __restrict__ vals, const L* __restrict__ lab, L beyond,
-                                          int h, int w, int tr, int tc, double (*sv)[HS], L (*sl)[HS]) {
+                                          int h, int w, const ListedTile& tile, double (*sv)[HS], L (*sl)[HS]) {
     const long long W2 = w + 2;
     for (int i = threadIdx.y; i < HS; i += BY) {
         for (int j = threadIdx.x; j < HS; j += TS) {
-            const int R = tr * TS + i, C = tc * TS + j;  // padded coordinates (tile interior from 1)
+            const int R = tile.tr * TS + i, C = tile.tc * TS + j;  // ringed coordinates (tile interior from 1)
             if (R <= h + 1 && C <= w + 1) {
                 sv[i][j] = (double)vals[R * W2 + C];
                 sl[i][j] = lab[R * W2 + C];
@@ -48,12 +48,9 @@ relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, 
     __shared__ double sv[HS][HS];
     __shared__ double sd[HS][HS];
     __shared__ int mark[3][3];
-    const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
-    const int t = work[blockIdx.x];
-    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
-    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
-    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
-    load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tr, tc, sv, sd);
+    const ListedTile tile = listed_tile(work, own_flag, mark, h, w);
+    const int tr = tile.tr, tc = tile.tc;
+    load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tile, sv, sd);
     __syncthreads();
     double st[8];
 #pragma unroll
@@ -69,38 +66,23 @@ relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, 
         before[m] = sd[i][j];
         solve[m] = col_in && tr * TS + i <= h && !isnan(sv[i][j]);
     }
-    bool changed;
-    do {
-        changed = false;
+    relax_tile(solve, [&](int, int i, int j) {
+        const double b = sv[i][j];
+        double best = sd[i][j];
 #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            if (!solve[m]) continue;
-            const int i = 1 + threadIdx.y + BY * m;
-            const double b = sv[i][j];
-            double best = sd[i][j];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const double a = sv[i + DR[k]][j + DC[k]];
-                if (isnan(a)) continue;
-                const double nd = sd[i + DR[k]][j + DC[k]] + sssp_weight(a, b, st[k]);
-                if (nd < best && nd <= limit) best = nd;  // beyond the limit: unreached
-            }
-            if (best < sd[i][j]) {
-                sd[i][j] = best;
-                changed = true;
-            }
+        for (int k = 0; k < 8; ++k) {
+            const double a = sv[i + DR[k]][j + DC[k]];
+            if (isnan(a)) continue;
+            const double nd = sd[i + DR[k]][j + DC[k]] + sssp_weight(a, b, st[k]);
+            if (nd < best && nd <= limit) best = nd;  // beyond the limit: unreached
         }
-    } while (__syncthreads_or(changed));
-    const long long W2 = w + 2;
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = 1 + threadIdx.y + BY * m;
-        if (solve[m] && sd[i][j] < before[m]) {
-            dist[(long long)(tr * TS + i) * W2 + tc * TS + j] = sd[i][j];
-            mark_border(mark, i, j);
+        if (best < sd[i][j]) {
+            sd[i][j] = best;
+            return true;
         }
-    }
-    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+        return false;
+    });
+    store_improved(tile, sd, before, solve, dist, w + 2, 0, mark, own_flag, next_flag, next_work, next_count);
 }
 
 // Level 0 at sources (set by the caller) and at cells with a strictly nearer tight parent; the
@@ -135,13 +117,10 @@ relax_levels(const VAL* __restrict__ vals, const double* __restrict__ dist, int*
     __shared__ double sd[HS][HS];
     __shared__ int sl[HS][HS];
     __shared__ int mark[3][3];
-    const int ntr = (h + TS - 1) / TS, ntc = (w + TS - 1) / TS;
-    const int t = work[blockIdx.x];
-    const int tr = t / ntc, tc = t - (t / ntc) * ntc;
-    if (threadIdx.x == 0 && threadIdx.y == 0) own_flag[t] = 0;
-    if (threadIdx.y == 0 && threadIdx.x < 9) mark[threadIdx.x / 3][threadIdx.x % 3] = 0;
-    load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tr, tc, sv, sd);
-    load_tile<int>(vals, level, NO_LEVEL, h, w, tr, tc, sv, sl);
+    const ListedTile tile = listed_tile(work, own_flag, mark, h, w);
+    const int tr = tile.tr, tc = tile.tc;
+    load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tile, sv, sd);
+    load_tile<int>(vals, level, NO_LEVEL, h, w, tile, sv, sl);
     __syncthreads();
     const int j = 1 + threadIdx.x;
     const bool col_in = tc * TS + j <= w;
@@ -161,36 +140,21 @@ relax_levels(const VAL* __restrict__ vals, const double* __restrict__ dist, int*
             if (!isnan(a) && du == dv && du + sssp_weight(a, b, steps[k]) == dv) parents[m] |= 1u << k;
         }
     }
-    bool changed;
-    do {
-        changed = false;
+    relax_tile(parents, [&](int m, int i, int j) {
+        int best = sl[i][j];
 #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            if (!parents[m]) continue;
-            const int i = 1 + threadIdx.y + BY * m;
-            int best = sl[i][j];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                if (!(parents[m] >> k & 1)) continue;
-                const int lu = sl[i + DR[k]][j + DC[k]];
-                if (lu != NO_LEVEL && lu + 1 < best) best = lu + 1;
-            }
-            if (best < sl[i][j]) {
-                sl[i][j] = best;
-                changed = true;
-            }
+        for (int k = 0; k < 8; ++k) {
+            if (!(parents[m] >> k & 1)) continue;
+            const int lu = sl[i + DR[k]][j + DC[k]];
+            if (lu != NO_LEVEL && lu + 1 < best) best = lu + 1;
         }
-    } while (__syncthreads_or(changed));
-    const long long W2 = w + 2;
-#pragma unroll
-    for (int m = 0; m < TS / BY; ++m) {
-        const int i = 1 + threadIdx.y + BY * m;
-        if (parents[m] && sl[i][j] < before[m]) {
-            level[(long long)(tr * TS + i) * W2 + tc * TS + j] = sl[i][j];
-            mark_border(mark, i, j);
+        if (best < sl[i][j]) {
+            sl[i][j] = best;
+            return true;
         }
-    }
-    queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+        return false;
+    });
+    store_improved(tile, sl, before, parents, level, w + 2, 0, mark, own_flag, next_flag, next_work, next_count);
 }
 
 // The parent code of every interior cell: the tight parent with the least (key, direction).

@@ -24,6 +24,7 @@ Decisions
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -626,6 +627,24 @@ _FOREST_NAMES = {FOREST_GIVEN: "given", FOREST_EDGES: "edges", FOREST_CELLS: "ce
 _TILE_PHASE: dict = {}  # forest -> parallel kernel, built on first use
 
 
+class TileGraphs(NamedTuple):
+    """The tile phase's result for a batch of n tiles, as the merges read it: per tile a row of ``cap``
+    entries of its contracted graph, ``nv`` vertices (cell id ``vid``, value ``vh``, boundary mask
+    ``vmask``) and ``ne`` super-edges (``eu`` -> ``ev``, weight ``ew``, edge code ``ecode``), and
+    ``buckets`` (2, N_EXP), the exact weight sum of the batch's forests."""
+
+    nv: np.ndarray
+    vid: np.ndarray
+    vh: np.ndarray
+    vmask: np.ndarray
+    ne: np.ndarray
+    eu: np.ndarray
+    ev: np.ndarray
+    ew: np.ndarray
+    ecode: np.ndarray
+    buckets: np.ndarray
+
+
 def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
                      parallel=True, work=None):
     """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores
@@ -633,19 +652,18 @@ def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows,
 
     ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch arrays, in Morton order.
     ``forest``: FOREST_EDGES / FOREST_CELLS run Kruskal here (CPU backend); FOREST_GIVEN: ``bits``
-    already holds the forests (GPU backend). Returns per-tile vertex/edge arrays (rows of ``cap``
-    entries) with counts, and the exact weight sum of the forests. ``work``: the threads' scratch
+    already holds the forests (GPU backend). Returns :class:`TileGraphs`. ``work``: the threads' scratch
     (:func:`tile_work`), made once per run by callers with many batches.
     """
     if work is None:
         work = tile_work(forest, int(tiles[:, 2:].max(initial=0)), parallel)
     if not parallel:
-        return _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
-                                  work)
+        return TileGraphs(*_tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind,
+                                              cap, forest, work))
     kernel = _TILE_PHASE.get(forest)
     if kernel is None:
         kernel = _TILE_PHASE.setdefault(forest, _tile_phase_kernel(forest, True))
-    return kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work)
+    return TileGraphs(*kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work))
 
 
 def _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest, work):

@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from ...backend import kernel_source
+from ...backend import kernel_source, kernel_struct
 from . import _cpu as K
 
 _CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "uint8": "unsigned char",
@@ -183,19 +183,17 @@ class GpuTileForest:
         slots = n * cap * 8
         sflag, sother = cp.empty(slots, cp.uint8), cp.empty(slots, cp.int64)
         sw, scode = cp.empty(slots, cp.float64), cp.empty(slots, cp.int64)
-        self.k["contract_tiles"](
-            (n,), (_CONTRACT_BLOCK,),
-            (d_vals, d_valid, d_bits, cp.asarray(tiles), np.int32(T), np.int32(H), np.int32(W),
-             np.int64(gr0), np.int64(gc0), np.int64(rows), np.int64(cols), np.int32(cap),
-             alive, outm, q, vcell, sflag, sother, sw, scode,
-             out["nv"], out["vid"], out["vh"], out["vmask"], out["ne"], out["eu"], out["ev"], out["ew"],
-             out["ecode"], out["buckets"]))
+        d_tiles = cp.asarray(tiles)  # held until the launch: the struct keeps only its address
+        batch = kernel_struct(d_vals, d_valid, d_bits, d_tiles, gr0, gc0, rows, cols, T, H, W, cap)
+        scratch = kernel_struct(alive, outm, q, vcell, sflag, sother, sw, scode)
+        outputs = kernel_struct(*(out[k] for k in K.TileGraphs._fields))
+        self.k["contract_tiles"]((n,), (_CONTRACT_BLOCK,), (batch, scratch, outputs))
         return out
 
     @staticmethod
-    def _as_tuple(h: dict) -> tuple:
-        """The host arrays in the order of ``_cpu.tile_phase_batch``'s result."""
-        return tuple(h[k] for k in ("nv", "vid", "vh", "vmask", "ne", "eu", "ev", "ew", "ecode", "buckets"))
+    def _as_tuple(h: dict) -> K.TileGraphs:
+        """The host arrays as ``_cpu.tile_phase_batch``'s result."""
+        return K.TileGraphs(**h)
 
     # -- public ------------------------------------------------------------------------------------
     def forest(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:

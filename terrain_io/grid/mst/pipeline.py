@@ -36,6 +36,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -107,6 +108,23 @@ class _Block:
     ecode: np.ndarray
 
 
+class _Merged(NamedTuple):
+    """A merge's result: the new ``block`` and its decisions (:func:`_mst_cpu.merge_blocks`): the
+    codes and weights of the edges it ``removed`` (tile-internal representatives dropped) and of the
+    separator edges it ``kept``."""
+
+    block: _Block
+    removed: np.ndarray
+    removed_weights: np.ndarray
+    kept: np.ndarray
+    kept_weights: np.ndarray
+
+    @classmethod
+    def of(cls, level: int, code: int, merged: tuple) -> "_Merged":
+        """From the kernels' 11-tuple: the block's 7 arrays (as :class:`_Block`), then the decisions."""
+        return cls(_Block(level, code, *merged[:7]), *merged[7:])
+
+
 class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
@@ -154,14 +172,12 @@ class _Merger:
         with self.timings.phase("merge"):
             levels = int(math.log2(side))
             tr, tc = morton_decode(b.codes.astype(np.uint64))
-            nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
-            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = K.merge_batch(
-                nv, vid, vh, vm, ne, eu, ev, ew, ec, tr.astype(np.int64), tc.astype(np.int64), levels,
-                self.rows, self.cols, self.tile, self.kind)
-            block = _Block(levels, int(b.codes[0]) >> (2 * levels), ovid, ovh, ovm, oeu, oev, oew, oec)
+            merged = _Merged.of(levels, int(b.codes[0]) >> (2 * levels), K.merge_batch(
+                *out[:-1], tr.astype(np.int64), tc.astype(np.int64), levels, self.rows, self.cols, self.tile,
+                self.kind))
         with self._lock:
             self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
-        return block, rc, rw, kc, kw
+        return merged
 
     # -- running in a thread beside the tile phase (the merge kernels release the GIL) -----------
     def start(self, depth: int = 2, workers: int = 1) -> None:
@@ -214,20 +230,17 @@ class _Merger:
         span = self.tile << level
         cat = [np.concatenate([getattr(c, f) for c in children]) for f in
                ("vid", "vh", "vmask", "eu", "ev", "ew", "ecode")]
-        (vid, vh, vm, eu, ev, ew, ec, rc, rw, kc, kw) = K.merge_blocks(
-            *cat, br * span, (br + 1) * span, bc * span, (bc + 1) * span,
-            self.rows, self.cols, self.tile, self.kind)
-        return _Block(level, code, vid, vh, vm, eu, ev, ew, ec), rc, rw, kc, kw
+        return _Merged.of(level, code, K.merge_blocks(*cat, br * span, (br + 1) * span, bc * span, (bc + 1) * span,
+                                                      self.rows, self.cols, self.tile, self.kind))
 
-    def _record(self, merged) -> _Block:
+    def _record(self, merged: _Merged) -> _Block:
         """Keep a merge's decisions (one thread at a time) and return its block."""
-        block, rc, rw, kc, kw = merged
-        K.add_exact_many(self.buckets, rw, -1)
-        K.add_exact_many(self.buckets, kw, 1)
-        self.removed.append(rc)
-        self.kept.append(kc)
+        K.add_exact_many(self.buckets, merged.removed_weights, -1)
+        K.add_exact_many(self.buckets, merged.kept_weights, 1)
+        self.removed.append(merged.removed)
+        self.kept.append(merged.kept)
         self.merges += 1
-        return block
+        return merged.block
 
     def decisions(self) -> tuple["_CodeLog", "_CodeLog"]:
         """(removed codes, kept codes); the merge stack is let go."""
@@ -298,9 +311,9 @@ class _CodeLog:
 
 def _blocks(b: Batch, out) -> list[_Block]:
     """The contracted graphs of a batch's tiles, from ``tile_phase_batch``'s output, as merge blocks."""
-    nv, vid, vh, vm, ne, eu, ev, ew, ec, _ = out
-    return [_Block(0, int(b.codes[ti]), vid[ti, :nv[ti]], vh[ti, :nv[ti]], vm[ti, :nv[ti]],
-                   eu[ti, :ne[ti]], ev[ti, :ne[ti]], ew[ti, :ne[ti]], ec[ti, :ne[ti]])
+    nv, ne = out.nv, out.ne
+    return [_Block(0, int(b.codes[ti]), out.vid[ti, :nv[ti]], out.vh[ti, :nv[ti]], out.vmask[ti, :nv[ti]],
+                   out.eu[ti, :ne[ti]], out.ev[ti, :ne[ti]], out.ew[ti, :ne[ti]], out.ecode[ti, :ne[ti]])
             for ti in range(len(b.codes))]
 
 
@@ -556,7 +569,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                     with timings.phase("tile"):
                         for bi, (b, (n_valid, out)) in enumerate(zip(batches, outs)):
                             valid_cells += n_valid
-                            buckets += out[-1]
+                            buckets += out.buckets
                             merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                 with timings.phase("merge_wait"):
                     merger.finish()
@@ -585,7 +598,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                                 out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles,
                                                          b.window.r0, b.window.c0, rows, cols, model.kind, cap,
                                                          forest, parallel, work)
-                        buckets += out[-1]
+                        buckets += out.buckets
                         with timings.phase("write"):
                             if held is not None:  # written once, by the expand pass
                                 held[b.window.r0, b.window.c0] = bits

@@ -33,6 +33,8 @@ paged through a small memory budget.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from numba import prange
@@ -42,6 +44,61 @@ from ...weights import edge_weight
 from ._pipeline_cpu import HOW_INTRA, HOW_NONE, HOW_SOURCE, boundary_count, crossings
 
 NO_LABEL = np.iinfo(np.int64).max
+
+
+class Seeds(NamedTuple):
+    """Where the merge starts: boundary number ``t`` of cluster ``k`` at distance ``d`` (from the
+    sources inside that cluster); ``src`` when the cell is a source itself."""
+
+    k: np.ndarray
+    t: np.ndarray
+    d: np.ndarray
+    src: np.ndarray
+
+
+class Work(NamedTuple):
+    """The rounds' state over the ncl clusters of B boundary cells: ``pend`` (ncl, B) bool, the
+    vertex is pending (to emit); ``stamp`` (ncl, B) int32, the round (labels: the level) in which it
+    last emitted; ``ckey`` (ncl) float64, the cluster's smallest pending distance (labels: 0 while
+    one is pending); ``inlist`` (ncl) bool, the cluster is in the work list ``lst``; ``mark``
+    (ncl) int64, the round in which it last joined ``P``; ``E``, the round's emitting clusters;
+    ``P``, those and their 8 neighbours (:func:`_neighbourhood`)."""
+
+    pend: np.ndarray
+    stamp: np.ndarray
+    ckey: np.ndarray
+    inlist: np.ndarray
+    mark: np.ndarray
+    lst: np.ndarray
+    E: np.ndarray
+    P: np.ndarray
+
+
+class Layout(NamedTuple):
+    """Derived from a :class:`ClusterGrid` (:func:`_geometry`): ``ncr`` x ``ncc`` clusters, of which
+    rows < ``full_r`` and columns < ``full_c`` are full c x c squares; ``TC`` chunks a row; chunks
+    of 2**``lm`` clusters a side."""
+
+    ncr: int
+    ncc: int
+    full_r: int
+    full_c: int
+    TC: int
+    lm: int
+
+
+class Cluster(NamedTuple):
+    """One cluster (:func:`_cluster`): its row ``cr`` and column ``cc``, its place in the slots
+    ``[s, a, b]``, its shape ``h`` x ``w`` and its number of boundary cells ``nb``."""
+
+    cr: int
+    cc: int
+    s: int
+    a: int
+    b: int
+    h: int
+    w: int
+    nb: int
 
 
 @numba.njit(inline="always", cache=True)
@@ -57,12 +114,16 @@ def _via_block(du, row, t):
 
 
 @numba.njit(inline="always", cache=True)
-def _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind, steps, sD, sV, sDist, sRank,
-                     cr, cc, s, a, b, h, w, nb, t, cross):
-    """The tight parents of boundary vertex t of cluster (cr, cc) that come before it: at a smaller
-    distance, or sources (label 0) at its distance. Returns (the smallest such distance over a grid
-    edge, its direction code -- the smallest on a tie --, the smallest over a G' block row of its
-    own cluster); inf / HOW_INTRA where there is none."""
+def _earlier_parents(grid, layout, slots, cluster, t, cross):
+    """The tight parents of boundary vertex t of ``cluster`` (:class:`Cluster`) that come before it:
+    at a smaller distance, or sources (label 0) at its distance. Returns (the smallest such distance
+    over a grid edge, its direction code -- the smallest on a tie --, the smallest over a G' block
+    row of its own cluster); inf / HOW_INTRA where there is none. ``cross``: scratch of
+    :func:`crossings`."""
+    c, _, rows, cols, kind, steps, tab, tcnt = grid
+    _, ncc, full_r, full_c, TC, lm = layout
+    sD, sV, sDist, sRank, _, _ = slots
+    cr, cc, s, a, b, h, w, nb = cluster
     d = sDist[s, a, b, t]
     xv = sV[s, a, b, t]
     intra = np.inf
@@ -127,28 +188,25 @@ def _add_pending(lst, n, P, np_, ckey, inlist):
     return n
 
 
-def merge_parallel(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, tab, tcnt,
-                   seed_k, seed_t, seed_d, seed_src, batch=256):
-    """Phase 2 on all cores over resident G' slots (slot of chunk = chunk number, chunks of m x m
-    clusters). Seeds: cluster ``seed_k``, boundary number ``seed_t``, distance ``seed_d`` (from
-    the sources inside their clusters), ``seed_src`` when the cell is a source itself.
-    Fills sDist (distance), sRank (label), sHow (parent code), sSet (reached); returns counters
-    and seconds of the three stages."""
+def merge_parallel(grid, slots, seeds, batch=256):
+    """Phase 2 on all cores over resident G' slots (``grid``: :class:`._pipeline_cpu.ClusterGrid`;
+    ``slots``: :class:`._pipeline_cpu.Slots`, slot of chunk = chunk number), from ``seeds``
+    (:class:`Seeds`). Fills sDist (distance), sRank (label), sHow (parent code), sSet (reached);
+    returns counters and seconds of the three stages."""
+    c, rows, cols = grid.c, grid.rows, grid.cols
     B = 4 * c - 4
     ncl = -(-rows // c) * -(-cols // c)
-    work = (np.zeros((ncl, B), np.bool_), np.full((ncl, B), -1, np.int32), np.full(ncl, np.inf),
-            np.zeros(ncl, np.bool_), np.full(ncl, -1, np.int64), np.empty(ncl, np.int64),
-            np.empty(ncl, np.int64), np.empty(ncl, np.int64))
-    geometry = (c, m, rows, cols, kind, steps, tab, tcnt)
+    work = Work(np.zeros((ncl, B), np.bool_), np.full((ncl, B), -1, np.int32), np.full(ncl, np.inf),
+                np.zeros(ncl, np.bool_), np.full(ncl, -1, np.int64), np.empty(ncl, np.int64),
+                np.empty(ncl, np.int64), np.empty(ncl, np.int64))
     stats = {}
     timings = Timings()
     with timings.phase("distances"):
-        stats["rounds"], stats["emissions"] = _distances(*geometry, sD, sV, sDist, seed_k, seed_t, seed_d, batch,
-                                                         *work)
+        stats["rounds"], stats["emissions"] = _distances(grid, slots, seeds, batch, work)
     with timings.phase("labels"):
-        stats["levels"] = _labels(*geometry, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src, *work)
+        stats["levels"] = _labels(grid, slots, seeds, work)
     with timings.phase("parents"):
-        stats["unlabelled"] = _parents(*geometry, sV, sDist, sRank, sHow, sSet)
+        stats["unlabelled"] = _parents(grid, slots)
     stats["seconds"] = tuple(timings.rounded().values())  # (distances, labels, parents)
     if stats["unlabelled"]:
         raise AssertionError(f"sssp merge: {stats['unlabelled']} reached vertices without a label")
@@ -163,7 +221,7 @@ def _geometry(c, m, rows, cols):
     lm = 0
     while (1 << lm) < m:
         lm += 1
-    return ncr, ncc, rows // c, cols // c, TC, lm
+    return Layout(ncr, ncc, rows // c, cols // c, TC, lm)
 
 
 @numba.njit(inline="always", cache=True)
@@ -177,20 +235,35 @@ def _slot(k, ncc, lm, TC):
 
 
 @numba.njit(inline="always", cache=True)
+def _emitter(cross, e, stamp, now, ncc, lm, TC):
+    """The far end of crossing e (a row of :func:`crossings`) if it emitted in round (or level)
+    ``now``: its slot position and boundary number (s2, a2, b2, t2); s2 = -1 if it did not."""
+    k2 = cross[e, 1] * ncc + cross[e, 2]
+    t2 = cross[e, 3]
+    if stamp[k2, t2] != now:
+        return -1, 0, 0, t2
+    s2, a2, b2 = _slot(k2, ncc, lm, TC)
+    return s2, a2, b2, t2
+
+
+@numba.njit(inline="always", cache=True)
 def _cluster(k, c, rows, cols, ncc, lm, TC):
-    """Cluster k: its row and column, slot position, shape and number of boundary cells."""
+    """Cluster k: its :class:`Cluster` (row and column, slot position, shape, boundary cells)."""
     cr = k // ncc
     cc = k - cr * ncc
     s, a, b = _slot(k, ncc, lm, TC)
     h = min(c, rows - cr * c)
     w = min(c, cols - cc * c)
-    return cr, cc, s, a, b, h, w, boundary_count(h, w)
+    return Cluster(cr, cc, s, a, b, h, w, boundary_count(h, w))
 
 
 @numba.njit(parallel=True, cache=True)
-def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, seed_t, seed_d, batch,
-               pend, stamp, ckey, inlist, mark, lst, E, P):
+def _distances(grid, slots, seeds, batch, work):
     """Stage 1: distances by bucketed label-correcting rounds. Returns (rounds, emissions)."""
+    c, m, rows, cols, kind, steps, tab, tcnt = grid
+    sD, sV, sDist = slots.sD, slots.sV, slots.sDist
+    seed_k, seed_t, seed_d = seeds.k, seeds.t, seeds.d
+    pend, stamp, ckey, inlist, mark, lst, E, P = work
     B = 4 * c - 4
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     n = 0
@@ -245,11 +318,9 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
                     if np.isnan(xv):
                         continue
                     for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
-                        k2 = cross[e, 1] * ncc + cross[e, 2]
-                        t2 = cross[e, 3]
-                        if stamp[k2, t2] != rnd:
+                        s2, a2, b2, t2 = _emitter(cross, e, stamp, rnd, ncc, lm, TC)
+                        if s2 < 0:
                             continue
-                        s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                         nd = _via_grid(sDist[s2, a2, b2, t2], sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]])
                         if nd < dv[t]:
                             dv[t] = nd
@@ -283,14 +354,18 @@ def _distances(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, seed_k, 
 
 
 @numba.njit(parallel=True, cache=True)
-def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow, seed_k, seed_t, seed_d, seed_src,
-            pend, stamp, ckey, inlist, mark, lst, E, P):
+def _labels(grid, slots, seeds, work):
     """Stage 2: labels (sources 0; 1 with a tight parent at a smaller distance; else hop levels of
     a BFS over the tight edges of equal-distance plateaus). Returns the levels. A label-1 vertex gets
     its parent code here, as the sequential Dijkstra settles it: intra-cluster when a source inside
     its own cluster reaches it first, else the tight parent at the smallest distance (a source
     counting as smaller), a grid edge on a tie with a block edge."""
-    ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
+    c, m, rows, cols, kind, steps, tab, tcnt = grid
+    sD, sV, sDist, sRank, sHow, _ = slots
+    seed_k, seed_t, seed_d, seed_src = seeds
+    pend, stamp, ckey, inlist, mark, lst, E, P = work
+    layout = _geometry(c, m, rows, cols)
+    ncr, ncc, full_r, full_c, TC, lm = layout
     B = 4 * c - 4
     stamp[:] = -1
     pend[:] = False
@@ -315,17 +390,17 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow
     # edge or a G' block row (labels written here are 1, never the 0 that _earlier_parents reads,
     # so the parents found do not depend on the order)
     for k in prange(ncr * ncc):
-        cr, cc, s, a, b, h, w, nb = _cluster(k, c, rows, cols, ncc, lm, TC)
+        cluster = _cluster(k, c, rows, cols, ncc, lm, TC)
+        s, a, b, nb = cluster.s, cluster.a, cluster.b, cluster.nb
         lab = sRank[s, a, b]
         cross = np.empty((8, 4), np.int64)
         for t in range(nb):
             if sDist[s, a, b, t] == np.inf or lab[t] <= 1:
                 continue
-            grid, direction, intra = _earlier_parents(c, rows, cols, full_r, full_c, tab, tcnt, ncc, lm, TC, kind,
-                                                      steps, sD, sV, sDist, sRank, cr, cc, s, a, b, h, w, nb, t, cross)
-            if min(grid, intra) < np.inf:
+            over_grid, direction, intra = _earlier_parents(grid, layout, slots, cluster, t, cross)
+            if min(over_grid, intra) < np.inf:
                 lab[t] = 1
-                sHow[s, a, b, t] = direction if grid <= intra else HOW_INTRA
+                sHow[s, a, b, t] = direction if over_grid <= intra else HOW_INTRA
                 pend[k, t] = True
                 ckey[k] = 0.0
     n = 0
@@ -363,11 +438,9 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow
                     continue
                 xv = sV[s, a, b, t]
                 for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, cross)):
-                    k2 = cross[e, 1] * ncc + cross[e, 2]
-                    t2 = cross[e, 3]
-                    if stamp[k2, t2] != level:
+                    s2, a2, b2, t2 = _emitter(cross, e, stamp, level, ncc, lm, TC)
+                    if s2 < 0:
                         continue
-                    s2, a2, b2 = _slot(cross[e, 1] * ncc + cross[e, 2], ncc, lm, TC)
                     du = sDist[s2, a2, b2, t2]
                     if du == dv[t] and _via_grid(du, sV[s2, a2, b2, t2], xv, kind, steps[cross[e, 0]]) == dv[t]:
                         lab[t] = level + 1
@@ -392,13 +465,15 @@ def _labels(c, m, rows, cols, kind, steps, tab, tcnt, sD, sV, sDist, sRank, sHow
 
 
 @numba.njit(parallel=True, cache=True)
-def _parents(c, m, rows, cols, kind, steps, tab, tcnt, sV, sDist, sRank, sHow, sSet):
+def _parents(grid, slots):
     """Stage 3: parent codes and reached flags; labels of unreached vertices become -1.
     Returns the number of reached vertices without a label (0 unless there is a bug).
 
     A label-1 vertex keeps the parent code that :func:`_labels` chose as the sequential Dijkstra
     settles it, so both merges pick the same seeds for the final phase (and give the same final
     distances) unless two parents of different kinds lie at exactly the same distance."""
+    c, m, rows, cols, kind, steps, tab, tcnt = grid
+    _, sV, sDist, sRank, sHow, sSet = slots
     ncr, ncc, full_r, full_c, TC, lm = _geometry(c, m, rows, cols)
     B = 4 * c - 4
     ncl = ncr * ncc

@@ -24,6 +24,7 @@ unusable cost); edge weights come from :func:`terrain_io.weights.edge_weight`.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -34,6 +35,67 @@ from .result import NO_PRED
 HOW_INTRA = 254   # settled in the merge over a path inside its own cluster
 HOW_SOURCE = 253  # a source
 HOW_NONE = 255    # never reached
+
+
+class ClusterGrid(NamedTuple):
+    """What every merge kernel reads of the cluster grid: clusters of ``c`` x ``c`` cells grouped in
+    chunks of ``m`` x ``m`` clusters (a chunk is one slot of :class:`Slots`), the DEM's ``rows`` x
+    ``cols``, the weight model's ``kind`` and the ``steps`` of the 8 directions (:func:`steps_of`),
+    and the grid edges between clusters (``tab, tcnt``: :func:`crossing_table`)."""
+
+    c: int
+    m: int
+    rows: int
+    cols: int
+    kind: int
+    steps: np.ndarray
+    tab: np.ndarray
+    tcnt: np.ndarray
+
+
+class Slots(NamedTuple):
+    """The chunks of G' held in memory: S slots of m x m clusters of ``B = 4c - 4`` boundary cells
+    each, indexed ``[slot, cluster row, cluster col in the chunk, boundary number]``.
+
+    ``sD`` (S, m, m, B, B) float32: each cluster's dense block of G' (phase 1's distance inside it
+    from one boundary cell to another); ``sV`` (float64): the boundary cells' values (NaN: not a
+    vertex); ``sDist`` (float64): tentative distance; ``sRank`` (int64): settle rank of the
+    sequential merge, or the parallel merge's tie-breaking label; ``sHow`` (uint8): how the cell was
+    reached (the direction code of a grid edge into it, or HOW_INTRA / HOW_SOURCE / HOW_NONE);
+    ``sSet`` (bool): settled / reached."""
+
+    sD: np.ndarray
+    sV: np.ndarray
+    sDist: np.ndarray
+    sRank: np.ndarray
+    sHow: np.ndarray
+    sSet: np.ndarray
+
+
+class ClusterQueue(NamedTuple):
+    """The cluster priority queue of the sequential merge (Gerritsen 2012, ch. 4): ``ckey[k]`` /
+    ``cbest[k]``, the smallest tentative distance among cluster k's unsettled boundary cells and its
+    boundary number; a binary min-heap of clusters on those keys (``heap``, its keys ``hkey``, each
+    cluster's position ``hpos``, the heap's size in ``hpos[-1]``; :func:`heap_set`)."""
+
+    ckey: np.ndarray
+    cbest: np.ndarray
+    heap: np.ndarray
+    hkey: np.ndarray
+    hpos: np.ndarray
+
+
+class Paging(NamedTuple):
+    """Which chunk of G' is in which slot: ``slot_of[chunk]`` (-1: not resident), ``chunk_in[slot]``
+    (-1: free), ``last_use[slot]`` (the use clock when it was last needed: eviction takes the
+    oldest), ``saved[chunk]`` (its vertex state was evicted to the scratch file), and ``counters``:
+    [0] the next settle rank, [1] the use clock, [2] the chunk of the cluster on top of the queue."""
+
+    slot_of: np.ndarray
+    chunk_in: np.ndarray
+    last_use: np.ndarray
+    saved: np.ndarray
+    counters: np.ndarray
 
 
 def steps_of(dx: float, dy: float) -> np.ndarray:
@@ -61,6 +123,17 @@ def local_index(i, j, h, w):
     if j == 0:
         return 2 * (w - 1) + h - 1 + (h - 1 - i)
     return -1
+
+
+@numba.njit(inline="always", cache=True)
+def cluster_window(q, mc, c, H, W):
+    """Cluster q of an H x W block cut into c x c clusters, mc a row: its row a and column b, its
+    top-left cell (r0, c0) and its shape h x w (smaller at the block's bottom and right edges)."""
+    a = q // mc
+    b = q - a * mc
+    r0 = a * c
+    c0 = b * c
+    return a, b, r0, c0, min(c, H - r0), min(c, W - c0)
 
 
 @numba.njit(cache=True)
@@ -232,15 +305,9 @@ def boundary_phase(vals, c, kind, steps, out_d, out_v):
     source, and to the GPU kernel (kernels/sssp_pipeline.cu).
     """
     H, W = vals.shape
-    mr = (H + c - 1) // c
-    mc = (W + c - 1) // c
+    mr, mc = (H + c - 1) // c, (W + c - 1) // c
     for q in prange(mr * mc):
-        a = q // mc
-        b = q - a * mc
-        r0 = a * c
-        c0 = b * c
-        h = min(c, H - r0)
-        w = min(c, W - c0)
+        a, b, r0, c0, h, w = cluster_window(q, mc, c, H, W)
         n = h * w
         sub = vals[r0 : r0 + h, c0 : c0 + w]
         bi, bj = boundary_cells(h, w)
@@ -401,18 +468,19 @@ def crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, t, out):
 
 
 @numba.njit(cache=True)
-def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-              ckey, cbest, heap, hkey, hpos, counters, tab, tcnt):
+def merge_run(grid, slots, queue, paging):
     """Dijkstra over G' with the cluster priority queue until done (-1) or a chunk is missing.
 
-    Chunks are groups of m x m clusters (m a power of two). ``slot_of[chunk]`` is its slot or -1;
-    when some chunk is not resident (paging), the kernel returns the id of the first missing one
-    among the top cluster's chunk and those its settling cell's grid edges reach, and leaves the
-    top cluster's chunk id in ``counters[2]`` (the 3 x 3 chunks around it must stay).
-    ``counters[0]`` is the next settle rank, ``counters[1]`` a use clock for eviction. ``ckey[k]``/``cbest[k]``: the
-    smallest tentative distance among cluster k's unsettled boundary cells and its number.
-    ``tab, tcnt``: :func:`crossing_table`.
+    ``grid``: :class:`ClusterGrid` (m a power of two); ``slots``: :class:`Slots`; ``queue``:
+    :class:`ClusterQueue`; ``paging``: :class:`Paging`. When some chunk is not resident, the kernel
+    returns the id of the first missing one among the top cluster's chunk and those its settling
+    cell's grid edges reach, and leaves the top cluster's chunk id in ``counters[2]`` (the 3 x 3
+    chunks around it must stay).
     """
+    c, m, rows, cols, kind, steps, tab, tcnt = grid
+    sD, sV, sDist, sRank, sHow, sSet = slots
+    ckey, cbest, heap, hkey, hpos = queue
+    slot_of, _, last_use, _, counters = paging
     ncc = (cols + c - 1) // c
     full_r = rows // c  # clusters in rows < full_r (cols < full_c) are full c x c squares
     full_c = cols // c
@@ -477,7 +545,7 @@ def merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, s
         # grid edges into neighbouring clusters
         x = sV[s, a, b, best]
         for e in range(crossings(c, rows, cols, full_r, full_c, tab, tcnt, cr, cc, h, w, best, cross)):
-            _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
+            _relax_cross(lm, ncc, TC, slot_of, kind, steps, slots, queue,
                          x, bd, cross[e, 0], cross[e, 1], cross[e, 2], cross[e, 3])
         cbest[k] = newbest
         heap_set(heap, hkey, hpos, ckey, k, newkey)
@@ -497,10 +565,11 @@ def _position(t, h, w):
 
 
 @numba.njit(inline="always", cache=True)
-def _relax_cross(c, lm, ncc, TC, slot_of, sV, sDist, sHow, sSet, ckey, cbest, heap, hkey, hpos, kind, steps,
-                 x, bd, dd, cr2, cc2, t2):
+def _relax_cross(lm, ncc, TC, slot_of, kind, steps, slots, queue, x, bd, dd, cr2, cc2, t2):
     """Relax the grid edge in direction dd from a settled cell (value x, distance bd) into
-    boundary number t2 of cluster (cr2, cc2)."""
+    boundary number t2 of cluster (cr2, cc2) (a row of :func:`crossings`)."""
+    _, sV, sDist, _, sHow, sSet = slots
+    ckey, cbest, heap, hkey, hpos = queue
     tr2 = cr2 >> lm
     tc2 = cc2 >> lm
     s2 = slot_of[tr2 * TC + tc2]
@@ -530,16 +599,10 @@ def final_phase(vals, c, kind, steps, mDist, mRank, mHow, mSet, src_r, src_c, ou
     ``src_r, src_c``: sources inside this tile (tile coordinates).
     """
     H, W = vals.shape
-    mr = (H + c - 1) // c
-    mc = (W + c - 1) // c
+    mr, mc = (H + c - 1) // c, (W + c - 1) // c
     big = np.iinfo(np.int64).max
     for q in prange(mr * mc):
-        a = q // mc
-        b = q - a * mc
-        r0 = a * c
-        c0 = b * c
-        h = min(c, H - r0)
-        w = min(c, W - c0)
+        a, b, r0, c0, h, w = cluster_window(q, mc, c, H, W)
         sub = vals[r0 : r0 + h, c0 : c0 + w]
         dist = np.full((h, w), np.inf)
         root = np.full((h, w), big, np.int64)
@@ -605,11 +668,13 @@ _pwrite.restype = ctypes.c_ssize_t
 
 
 @numba.njit
-def merge_run_paged(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-                    ckey, cbest, heap, hkey, hpos, counters, tab, tcnt, chunk_in, saved, fd_flat, fd_state):
+def merge_run_paged(grid, slots, queue, paging, fd_flat, fd_state):
     """:func:`merge_run` with chunks paged in and out by pread/pwrite on two scratch files: the
-    flat index (per chunk: its G' blocks, then its values) and the evicted vertex state. Returns
-    0, or -1 on an I/O error. (Not cached: it calls libc through ctypes.)"""
+    flat index (``fd_flat``; per chunk: its G' blocks, then its values) and the evicted vertex
+    state (``fd_state``). Returns 0, or -1 on an I/O error. (Not cached: it calls libc through ctypes.)"""
+    c, m, cols = grid.c, grid.m, grid.cols
+    sD, sV, sDist, sRank, sHow, sSet = slots
+    slot_of, chunk_in, last_use, saved, counters = paging
     TC = (cols + c * m - 1) // (c * m)
     S = chunk_in.shape[0]
     n = sDist[0].size
@@ -617,8 +682,7 @@ def merge_run_paged(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, s
     rec = nd + n * 8
     st = n * 18
     while True:
-        ch = merge_run(c, m, rows, cols, kind, steps, sD, sV, sDist, sRank, sHow, sSet, slot_of, last_use,
-                       ckey, cbest, heap, hkey, hpos, counters, tab, tcnt)
+        ch = merge_run(grid, slots, queue, paging)
         if ch < 0:
             return 0
         cy = counters[2] // TC

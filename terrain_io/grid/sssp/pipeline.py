@@ -40,7 +40,7 @@ from ...store import TerrainStore, Window, read_plain_chunk
 from ...timings import Timings
 from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
-from ._merge import merge_parallel
+from ._merge import Seeds, merge_parallel
 from .index import Field, cluster_size, ensure_index
 from .result import NO_PRED, SSSPResult, write_result
 
@@ -358,30 +358,26 @@ class MergeState:
         """Phase 2: the parallel merge when G' is resident (unless ``sequential``), else the
         Gerritsen 2012's sequential Dijkstra with the cluster priority queue, paging G' if needed."""
         rows, cols = self.store.shape
-        steps = field.steps()
+        grid = K.ClusterGrid(self.c, self.m, rows, cols, field.model.kind, field.steps(), self.tab, self.tcnt)
+        slots = K.Slots(self.sD, self.sV, self.sDist, self.sRank, self.sHow, self.sSet)
         if self.flat is None and self.S >= self.TR * self.TC and not sequential:
             seeds = self.seeds
-            self.stats = merge_parallel(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV,
-                                        self.sDist, self.sRank, self.sHow, self.sSet, self.tab, self.tcnt,
-                                        np.array([x[0] for x in seeds], np.int64),
-                                        np.array([x[1] for x in seeds], np.int64),
-                                        np.array([x[2] for x in seeds], np.float64),
-                                        np.array([x[3] for x in seeds], np.bool_), self.batch)
+            self.stats = merge_parallel(grid, slots, Seeds(np.array([x[0] for x in seeds], np.int64),
+                                                           np.array([x[1] for x in seeds], np.int64),
+                                                           np.array([x[2] for x in seeds], np.float64),
+                                                           np.array([x[3] for x in seeds], np.bool_)), self.batch)
             return
+        queue = K.ClusterQueue(self.ckey, self.cbest, self.heap, self.hkey, self.hpos)
+        paging = K.Paging(self.slot_of, self.chunk_in, self.last_use, self.saved, self.counters)
         if self.flat is not None:
             for f in (self.flat, self.scratch):
                 f.flush()
             self.scratch.truncate(self.TR * self.TC * self.state_bytes)
-            if K.merge_run_paged(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV, self.sDist,
-                                 self.sRank, self.sHow, self.sSet, self.slot_of, self.last_use, self.ckey,
-                                 self.cbest, self.heap, self.hkey, self.hpos, self.counters, self.tab, self.tcnt,
-                                 self.chunk_in, self.saved, self.flat.fileno(), self.scratch.fileno()) < 0:
+            if K.merge_run_paged(grid, slots, queue, paging, self.flat.fileno(), self.scratch.fileno()) < 0:
                 raise OSError("sssp merge: reading or writing its scratch files failed (disk full?)")
             return
         while True:
-            need = K.merge_run(self.c, self.m, rows, cols, field.model.kind, steps, self.sD, self.sV, self.sDist,
-                               self.sRank, self.sHow, self.sSet, self.slot_of, self.last_use, self.ckey,
-                               self.cbest, self.heap, self.hkey, self.hpos, self.counters, self.tab, self.tcnt)
+            need = K.merge_run(grid, slots, queue, paging)
             if need < 0:
                 return
             self.load(int(need), center=int(self.counters[2]))
