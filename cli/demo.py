@@ -157,9 +157,9 @@ class _Helpers:
             if pid == 0:  # the helper
                 status = 1
                 try:
-                    for fd, _, go in helpers.procs.values():  # its siblings' pipes are not its own
+                    for _, siblings, go in helpers.procs.values():  # its siblings' pipes are not its own
+                        siblings.close()
                         os.close(go)
-                        fd.close()
                     os.close(lines_r)
                     os.close(go_w)
                     _become_helper(parent)
