@@ -66,21 +66,18 @@ def test_demo_with_helpers_writes_what_the_demo_alone_writes(tmp_path, monkeypat
 
 
 def test_warm_ups_compile_every_kernel_the_steps_run(tmp_path):
-    """The MST helper's warm-ups on a small DEM compile (or load) every kernel signature that the
-    demo's MST, flow and stream steps then run on the sample: none is added after them."""
+    """The MST helper's warm-up on a small DEM compiles (or loads) every kernel signature that the
+    demo's flow and stream steps then run on the sample: none is added after them."""
     script = f"""
 import numba
 from pathlib import Path
-from terrain_io.grid import _mst_cpu, _radix_cpu
 from terrain_io.grid.flow import _cpu as flow_cpu
 from terrain_io.grid.hydro import _cpu as hydro_cpu
 from cli import demo
 def signatures():
-    kernels = [v for m in (_mst_cpu, _radix_cpu, flow_cpu, hydro_cpu) for v in vars(m).values()]
-    kernels += list(_mst_cpu._TILE_PHASE.values())
+    kernels = [v for m in (flow_cpu, hydro_cpu) for v in vars(m).values()]
     return {{(k.py_func.__qualname__, s) for k in kernels if isinstance(k, numba.core.dispatcher.Dispatcher)
             for s in k.signatures}}
-demo._on_warm_dem(demo._warm_mst)
 demo._on_warm_dem(demo._warm_flow)
 warm = signatures()
 from terrain_io.convert import convert
@@ -88,7 +85,6 @@ from terrain_io.grid.fill import fill
 from terrain_io.store import TerrainStore
 out = Path({str(tmp_path)!r})
 st = convert(demo.SAMPLE, out / demo.STORE, tile=demo.TILE, shard=demo.SHARD).path
-demo._demo_mst(TerrainStore.open(st), out)
 fill(TerrainStore.open(st), progress=False)
 demo._demo_flow(TerrainStore.open(st), out)
 demo._demo_streams(TerrainStore.open(st), out)
@@ -97,7 +93,7 @@ print(sorted(signatures() - warm) or "none", sorted({{name for name, _ in warm}}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
     new, warmed = out.stdout.split(" ", 1)
     assert new == "none", out.stdout + out.stderr
-    kernels = ("'merge_candidates'", "'tile_forest_max'", "'accumulate'", "'flats'", "'orders'", "'link_table'")
+    kernels = ("'accumulate'", "'flats'", "'d8_serial'", "'orders'", "'link_table'")
     assert all(k in warmed for k in kernels), warmed
 
 
