@@ -66,8 +66,9 @@ def test_demo_with_helpers_writes_what_the_demo_alone_writes(tmp_path, monkeypat
 
 
 def test_warm_ups_compile_every_kernel_the_steps_run(tmp_path):
-    """The MST helper's warm-up on a small DEM compiles (or loads) every kernel signature that the
-    demo's flow and stream steps then run on the sample: none is added after them."""
+    """The helpers' warm-ups (flow on a small DEM, streams on a small grid of directions) compile (or
+    load) every kernel signature that the demo's flow and stream steps then run on the sample: none
+    is added after them."""
     script = f"""
 import numba
 from pathlib import Path
@@ -78,7 +79,8 @@ def signatures():
     kernels = [v for m in (flow_cpu, hydro_cpu) for v in vars(m).values()]
     return {{(k.py_func.__qualname__, s) for k in kernels if isinstance(k, numba.core.dispatcher.Dispatcher)
             for s in k.signatures}}
-demo._on_warm_dem(demo._warm_flow)
+demo._warm_flow()
+demo._warm_streams()
 warm = signatures()
 from terrain_io.convert import convert
 from terrain_io.grid.fill import fill
@@ -111,7 +113,7 @@ def fail(st, out):
     raise RuntimeError("a helper's step failed")
 demo._on_warm_dem = warm_forever if sys.argv[2] == "forever" else (lambda run: None)
 demo.STEPS = {"x": fail}
-demo.LANES = {"a": ((lambda st: None,), ("x",))}
+demo.LANES = {"a": ((lambda: demo._on_warm_dem(None),), ("x",))}
 helpers = demo._Helpers.start(folder)
 print(helpers.procs["a"][0], flush=True)
 if sys.argv[2] == "forever":
