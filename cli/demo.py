@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from terrain_io import jit
+from terrain_io import interrupts, jit
 
 from .common import Timer, output_option, say
 from .main import cli
@@ -100,6 +100,8 @@ def _run(out: Path) -> None:
     # other compiles streams' kernels meanwhile, then fills the sample's depressions, routes the flow and draws the streams
     # once the store is complete, while this one compiles and runs the shortest paths.
     helpers = _Helpers.start(out) if not jit.compiled_before(cache, "demo") else None
+    if helpers is not None:
+        interrupts.at_leave(helpers.stop)  # Ctrl-C or SIGTERM: the helpers end (and clean up) first
     try:
         summary = convert(SAMPLE, store_path, tile=TILE, shard=SHARD, overwrite=True)  # a store: _claim checked
         if helpers is not None:
@@ -124,6 +126,7 @@ def _run(out: Path) -> None:
             helpers.finish()
     finally:
         if helpers is not None:
+            interrupts.not_at_leave(helpers.stop)
             helpers.stop()
     jit.mark_compiled(cache, "demo")
     say(f"done in {timer.elapsed:.2f} s; inspect with: terrain info {store_path}")
@@ -135,8 +138,9 @@ class _Helpers:
     step's summary line on a pipe; a step whose line does not come (the helper failed) runs here.
 
     A helper's output goes to /dev/null; Ctrl-C is its parent's (it ignores SIGINT); it ends, its
-    temporaries removed, on SIGTERM, which it also receives when its parent dies (``PR_SET_PDEATHSIG``),
-    so a killed demo leaves no process compiling."""
+    temporaries removed, on SIGTERM: from its parent when a signal ends the demo (which waits for it
+    before its own one line and exit), or when its parent dies (``PR_SET_PDEATHSIG``), so a killed
+    demo leaves no process compiling."""
 
     def __init__(self):
         self.procs: dict[str, tuple[int, object, int]] = {}  # lane -> (pid, its lines, its go pipe)
@@ -196,18 +200,21 @@ class _Helpers:
             self._reap(lane)
 
     def stop(self) -> None:
-        """End the helpers still running (this process failed) and wait for them."""
-        for lane, (pid, _, _) in list(self.procs.items()):
+        """End the helpers still running (this process failed or was signalled) and wait for them."""
+        for pid, _, _ in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+        for lane in list(self.procs):
             self._reap(lane)
 
     def _reap(self, lane: str) -> None:
         pid, lines, go = self.procs.pop(lane)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        lines.close()
-        os.close(go)
+        with contextlib.suppress(Exception):  # (a signal handler may close it while this thread reads it)
+            lines.close()
+        with contextlib.suppress(OSError):
+            os.close(go)
 
 
 def _become_helper(parent: int) -> None:

@@ -114,7 +114,11 @@ def fail(st, out):
 demo._on_warm_dem = warm_forever if sys.argv[2] == "forever" else (lambda run: None)
 demo.STEPS = {"x": fail}
 demo.LANES = {"a": ((lambda: demo._on_warm_dem(None),), ("x",))}
+if sys.argv[3:] == ["signals"]:  # as the command line: a signal is one line and exit 130 / 143
+    from terrain_io import interrupts
+    interrupts.install()
 helpers = demo._Helpers.start(folder)
+interrupts.at_leave(helpers.stop) if sys.argv[3:] == ["signals"] else None
 print(helpers.procs["a"][0], flush=True)
 if sys.argv[2] == "forever":
     time.sleep(600)
@@ -152,6 +156,26 @@ def test_a_killed_demo_leaves_no_helper_behind(tmp_path):
         time.sleep(0.01)
     assert _gone(helper)
     assert not warm.exists()
+
+
+@linux
+@pytest.mark.parametrize("signum,code,line", [(signal.SIGTERM, 143, "terrain: terminated"),
+                                              (signal.SIGINT, 130, "terrain: interrupted")])
+def test_a_signalled_demo_ends_its_helpers_before_it_exits(tmp_path, signum, code, line):
+    """SIGTERM or Ctrl-C to the demo while a helper compiles: one line, exit 143 / 130, and by then the
+    helper has ended and removed its temporary folder (the demo waited for it)."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_LANE, str(tmp_path), "forever", "signals"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    helper = int(proc.stdout.readline())
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    warm = Path((tmp_path / "ready").read_text())
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == code and err.splitlines() == [line], err
+    assert _gone(helper) and not warm.exists()
 
 
 @linux
