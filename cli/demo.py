@@ -1,4 +1,9 @@
-"""``terrain demo``: the main job end to end on the bundled sample DEM."""
+"""``terrain demo``: the main job end to end on the bundled sample DEM.
+
+On a cold numba cache (no marker of this version's demo in the cache, :func:`terrain_io.jit.compiled_before`)
+the demo shares its compilation with two forked helper processes (:class:`_Helpers`, :data:`LANES`; Linux);
+``TERRAIN_DEMO_HELPERS=0`` runs every step in this process (``benchmarks/profile_compile.py demo``).
+"""
 from __future__ import annotations
 
 import contextlib
