@@ -6,6 +6,8 @@ A kernel's *total* includes the kernels compiled while it was (a callee's dispat
 its caller's type inference); *own* is total minus those nested compiles. Sorted by own CPU time.
 
     NUMBA_CACHE_DIR=$(mktemp -d) python benchmarks/profile_compile.py mst some.zarr
+    NUMBA_CACHE_DIR=$(mktemp -d) TERRAIN_DEMO_HELPERS=0 python benchmarks/profile_compile.py demo -o DIR
+    (the demo in one process: on a cold cache it would fork helpers, whose compilations this does not see)
 """
 from __future__ import annotations
 

@@ -565,8 +565,6 @@ def paint(store: TerrainStore, name: str, arr, z: np.ndarray, *, span=None, shad
 def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
     """The picture of ``name`` (at most PNG_MAX_SIDE cells a side; its pixels are the cells, row for
     row, from the top-left corner) over its legend band (:mod:`terrain_io.legend`)."""
-    import rasterio
-
     rows, cols = arr.shape
     factor = max(1, math.ceil(max(rows, cols) / PNG_MAX_SIDE))
     z = _downsampled(store, name, arr, factor, run)
@@ -578,16 +576,23 @@ def _write_png(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
     painted = paint(store, name, arr, z, shade=shade)
     rgb, ok = painted.rgb, painted.ok
     legend = painted.legend(rgb.shape[1], f", 1 in {factor} cells a side" if factor > 1 else "")
+    write_picture(rgb, ok, legend, out)
+
+
+def write_picture(rgb: np.ndarray, ok: np.ndarray, legend: np.ndarray, out: Path) -> None:
+    """A PNG of ``rgb`` (float 0..255, rows x cols x 3; transparent where ``ok`` is False) over the
+    legend band ``legend`` (:mod:`terrain_io.legend`), clear beside the picture where the band is wider."""
+    import warnings
+
+    import rasterio
+    from rasterio.errors import NotGeoreferencedWarning
+
     alpha = np.where(ok, 255, 0)
     picture = np.concatenate([rgb, alpha[..., None]], axis=-1)
     image = np.zeros((picture.shape[0] + legend.shape[0], legend.shape[1], 4))  # clear beside the picture
     image[: picture.shape[0], : picture.shape[1]] = picture
     image[picture.shape[0] :, :, :3], image[picture.shape[0] :, :, 3] = legend, 255
     image = image.round().astype(np.uint8).transpose(2, 0, 1)
-    import warnings
-
-    from rasterio.errors import NotGeoreferencedWarning
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NotGeoreferencedWarning)  # a picture has no geotransform
         ds = rasterio.open(out, "w", driver="PNG", width=image.shape[2], height=image.shape[1], count=4,

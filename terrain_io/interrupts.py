@@ -32,6 +32,7 @@ _RETRY_S = 0.005  # how soon a held signal is looked at again while numba writes
 _held: list[int] = []  # the first signal that arrived during a deferred moment
 _depth = 0  # deferred sections open, in any thread
 _depth_lock = threading.Lock()  # never taken by the handler (it may run while the main thread holds it)
+_at_leave: list = []  # what a signal ends first (the demo's helper processes: :func:`at_leave`)
 
 
 def install() -> None:
@@ -59,6 +60,17 @@ def deferred():
             now = _depth == 0 and _held
         if now:
             leave(_held[0])
+
+
+def at_leave(fn) -> None:
+    """Run ``fn()`` first when a signal ends the run (before this process's temporaries are removed);
+    :func:`not_at_leave` takes it back."""
+    _at_leave.append(fn)
+
+
+def not_at_leave(fn) -> None:
+    with contextlib.suppress(ValueError):
+        _at_leave.remove(fn)
 
 
 def _on_signal(signum, frame):
@@ -99,6 +111,9 @@ def leave(signum: int) -> None:
     code, word = EXITS[signum]
     atomic = sys.modules.get("terrain_io.atomic")  # not imported yet: nothing to remove
     try:
+        for fn in list(_at_leave):
+            with contextlib.suppress(Exception):
+                fn()
         if atomic is not None:
             atomic.sweep_temporaries()
     finally:

@@ -1,9 +1,9 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel: 2-20 s of CPU time per command, the demo ~50 s in
-three processes; ``benchmarks/bench_first_run.py``) and later processes load the code in
-milliseconds. These rules keep that first run short and the cache where the user can write:
+so only the first run pays (seconds per kernel: 2-20 s of CPU time per command; the demo's eight
+steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
+``benchmarks/bench_first_run.py``) and later processes load the code in milliseconds. These rules keep that first run short and the cache where the user can write:
 
 - **Where the cache lives** (:func:`configure_cache`, called by the command line before numba is
   imported). numba writes next to the sources (``__pycache__``); when the package folder is not

@@ -100,7 +100,7 @@ def flats(vals, ok, code, towards, away, queue):
     ``towards``/``away``: zeroed (h, w) integer scratch; ``queue``: int64 of at least the number
     of unresolved cells."""
     h, w = code.shape
-    n = 0
+    n = np.int64(0)  # (not a literal 0: _bfs would compile for Literal[int](0) too)
     for a in range(h):  # high edges
         for b in range(w):
             if code[a, b] != UNRESOLVED:
@@ -114,7 +114,7 @@ def flats(vals, ok, code, towards, away, queue):
                     n += 1
                     break
     _bfs(queue, n, away, code)
-    n = 0
+    n = np.int64(0)
     for a in range(h):  # low edges
         for b in range(w):
             if code[a, b] != UNRESOLVED:
