@@ -388,7 +388,7 @@ def _demo_streams(st, out: Path) -> str:
 def _streams_picture(st, path: Path) -> int:
     """The stream cells in blues by Strahler order (darker: higher) over the grey hillshaded elevation,
     with a legend band (a swatch per order); returns the highest order."""
-    from terrain_io.export import _BLUES, colorize, hillshade, write_picture
+    from terrain_io.export import BLUES, colorize, hillshade, write_picture
     from terrain_io.legend import band_for
     from terrain_io.store import TerrainStore
 
@@ -400,12 +400,12 @@ def _streams_picture(st, path: Path) -> int:
     grey = 255.0 * (0.35 + 0.65 * np.nan_to_num(hillshade(z, dx, dy), nan=1.0))
     top = int(order.max(initial=0))
     span = (0.0, float(max(top, 1)))  # order 1 a light blue that shows on grey, the highest the darkest
-    rgb = np.where((order > 0)[..., None], colorize(np.where(order > 0, order, np.nan), _BLUES, span),
+    rgb = np.where((order > 0)[..., None], colorize(np.where(order > 0, order, np.nan), BLUES, span),
                    grey[..., None])
     title = f"streams (>= {STREAM_CELLS} cells drain) by Strahler order"
     band = band_for(rgb.shape[1], [title])
     band.text(title)
-    band.swatches([(colorize(np.array([float(k)]), _BLUES, span)[0], str(k)) for k in range(1, top + 1)])
+    band.swatches([(colorize(np.array([float(k)]), BLUES, span)[0], str(k)) for k in range(1, top + 1)])
     write_picture(rgb, np.isfinite(z), band.image(), path)
     return top
 

@@ -426,7 +426,7 @@ _RAMP = np.array([  # hypsometric tints: low green -> yellow -> brown -> white
 _MAGMA = np.array([  # distances: dark -> bright
     [0.00, 0x00, 0x00, 0x04], [0.25, 0x51, 0x12, 0x7c], [0.50, 0xb7, 0x37, 0x79],
     [0.75, 0xfc, 0x89, 0x61], [1.00, 0xfc, 0xfd, 0xbf]])
-_BLUES = np.array([  # water depths: shallow light blue -> deep dark blue (ColorBrewer "Blues")
+BLUES = np.array([  # water depths: shallow light blue -> deep dark blue (ColorBrewer "Blues")
     [0.00, 0xc6, 0xdb, 0xef], [0.25, 0x9e, 0xca, 0xe1], [0.50, 0x42, 0x92, 0xc6],
     [0.75, 0x08, 0x51, 0x9c], [1.00, 0x08, 0x30, 0x6b]])
 
@@ -521,14 +521,14 @@ def paint(store: TerrainStore, name: str, arr, z: np.ndarray, *, span=None, shad
     if leaf == "depth":  # filled depths: the lakes in blues, dry cells transparent
         ok &= z > 0
         span = span or value_range(np.where(ok, z, np.nan))
-        return Painted(colorize(np.where(ok, z, np.nan), _BLUES, span), ok, span,
-                       ramp_legend("water depth (m); clear: dry", _BLUES, span))
+        return Painted(colorize(np.where(ok, z, np.nan), BLUES, span), ok, span,
+                       ramp_legend("water depth (m); clear: dry", BLUES, span))
     if leaf in ("order", "magnitude") and name.startswith("streams/"):  # Strahler / Shreve: blues, 0 clear
         ok &= z > 0
         span = span or ((1.0, float(np.nanmax(np.where(ok, z, np.nan)))) if ok.any() else (1.0, 2.0))
         method = store.group[name].attrs.get("method", "")
-        return Painted(colorize(np.where(ok, z, np.nan), _BLUES, span), ok, span,
-                       ramp_legend(f"{name} ({method}); clear: off the network", _BLUES, span))
+        return Painted(colorize(np.where(ok, z, np.nan), BLUES, span), ok, span,
+                       ramp_legend(f"{name} ({method}); clear: off the network", BLUES, span))
     if leaf in ("depression", "basin", "source", "label", "link"):  # ids: one colour each, transparent outside
         ok &= z > 0
         ids = np.unique(z[ok]).astype(np.int64)
@@ -543,10 +543,10 @@ def paint(store: TerrainStore, name: str, arr, z: np.ndarray, *, span=None, shad
         def legend(width, note=""):
             band = band_for(width, [title + note])
             band.text(title + note)
-            band.ramp(_ramp_colours(_BLUES), [f"{10 ** v:.3g}" for v in (span[0], sum(span) / 2, span[1])])
+            band.ramp(_ramp_colours(BLUES), [f"{10 ** v:.3g}" for v in (span[0], sum(span) / 2, span[1])])
             return band.image()
 
-        return Painted(colorize(logs, _BLUES, span), ok, span, legend)
+        return Painted(colorize(logs, BLUES, span), ok, span, legend)
     if arr.dtype == np.uint8:  # direction codes / bitmasks: show set vs unset
         def legend(width, note=""):
             band = band_for(width, [f"{name}: codes / bit mask"])

@@ -110,7 +110,7 @@ def test_accumulation_picture_is_log_scaled(tmp_path):
     assert red[hi] < red[lo] and blue[hi] < blue[lo]
     # log scale: a cell of value sqrt(max) takes the ramp's middle colour
     mid = np.argmin(np.abs(np.where(valid, np.log10(np.maximum(acc, 1)), np.inf) - np.log10(acc.max()) / 2))
-    from terrain_io.export import _BLUES, colorize
+    from terrain_io.export import BLUES, colorize
 
-    expect = colorize(np.array([np.log10(acc.ravel()[mid])]), _BLUES, (0.0, np.log10(acc.max())))[0]
+    expect = colorize(np.array([np.log10(acc.ravel()[mid])]), BLUES, (0.0, np.log10(acc.max())))[0]
     assert np.allclose(img[:3, :rows, :cols].reshape(3, -1)[:, mid], expect, atol=1.0)

@@ -313,7 +313,7 @@ def flat_cells(vals, ok, code, r0, c0, cols, gid, high, lowdir):
 
 
 @numba.njit(nogil=True, cache=True)
-def _find_id(ids, x):
+def find_id(ids, x):
     k = np.searchsorted(ids, x)
     if k < len(ids) and ids[k] == x:
         return k
@@ -330,7 +330,7 @@ def _compact_bfs(ids, rows, cols, dist, queue, n):
         for d in range(8):
             r2, c2 = r + DR[d], c + DC[d]
             if 0 <= r2 < rows and 0 <= c2 < cols:
-                k2 = _find_id(ids, r2 * cols + c2)
+                k2 = find_id(ids, r2 * cols + c2)
                 if k2 >= 0 and dist[k2] == 0:
                     dist[k2] = dist[k] + 1
                     queue[tail] = k2
@@ -372,7 +372,7 @@ def flats_compact(ids, high, lowdir, rows, cols, out):
             for d in range(8):
                 r2, c2 = r + DR[d], c + DC[d]
                 if 0 <= r2 < rows and 0 <= c2 < cols:
-                    k2 = _find_id(ids, r2 * cols + c2)
+                    k2 = find_id(ids, r2 * cols + c2)
                     if k2 >= 0 and 2 * towards[k2] - away[k2] < m:
                         best, m = d, 2 * towards[k2] - away[k2]
             out[k] = best
@@ -480,9 +480,9 @@ def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
     down = np.full(n, -1, np.int64)
     indeg = np.zeros(n, np.int64)
     for k in range(n):
-        x = _find_id(entry_id, exit_to[k])
+        x = find_id(entry_id, exit_to[k])
         if x >= 0 and entry_link[x] >= 0:
-            down[k] = _find_id(exit_id, entry_link[x])
+            down[k] = find_id(exit_id, entry_link[x])
             indeg[down[k]] += 1
     v = exit_v.copy()
     queue = np.empty(n, np.int64)
@@ -520,7 +520,7 @@ def set_inflows(code, acc, r0, c0, cols, exit_id, v):
                 continue
             i, j = a + DR[d], b + DC[d]
             if 1 <= i <= H - 2 and 1 <= j <= W - 2:
-                k = _find_id(exit_id, (r0 + a - 1) * cols + c0 + b - 1)
+                k = find_id(exit_id, (r0 + a - 1) * cols + c0 + b - 1)
                 acc[a, b] = v[k]
 
 
@@ -529,7 +529,7 @@ def set_inflows(code, acc, r0, c0, cols, exit_id, v):
 @numba.njit(nogil=True, cache=True)
 def _halo_flat(pid, r0, c0, cols, i, j):
     """Index in ``pid`` of halo cell (i, j) of the window at (r0, c0) when it is a flat cell, else -1."""
-    return _find_id(pid, (r0 + i - 1) * cols + c0 + j - 1)
+    return find_id(pid, (r0 + i - 1) * cols + c0 + j - 1)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -648,7 +648,7 @@ def update_perimeter(pid, pval, ids, dist, r0, c0, cols):
     """Write a window's perimeter distances into the list; returns whether any changed."""
     changed = False
     for q in range(len(ids)):
-        k = _find_id(pid, ids[q])
+        k = find_id(pid, ids[q])
         v = dist[ids[q] // cols - r0, ids[q] % cols - c0]
         if pval[k] != v:
             pval[k] = v

@@ -325,7 +325,7 @@ def _code_stats(code, unresolved: int) -> tuple[int, int, int]:
     return int(counts[OUTLET]), int(counts[SINK]), unresolved - int(counts[SINK])
 
 
-def _read_halo(arr, win: Window, halo: int, fill, shape) -> np.ndarray:
+def read_halo(arr, win: Window, halo: int, fill, shape) -> np.ndarray:
     """Cells of ``win`` grown by ``halo`` from a zarr array; outside it ``fill``."""
     rows, cols = shape
     r0, r1, c0, c1 = win.r0 - halo, win.r1 + halo, win.c0 - halo, win.c1 + halo
@@ -397,7 +397,7 @@ def _flat_codes_task(t: _Task) -> None:
 def _links_task(t: _Task):
     """Phase 3a of a window: accumulated alone; its exits (id, target, value) and entries (id, link)."""
     _, (d_arr, _) = _opened(t)
-    code = _read_halo(d_arr, t.window, 1, NODATA, d_arr.shape)
+    code = read_halo(d_arr, t.window, 1, NODATA, d_arr.shape)
     weighted = t.weights is not None
     acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
     zero = np.float64(0) if weighted else np.uint64(0)
@@ -410,7 +410,7 @@ def _final_task(t: _Task):
     (its largest value, [valid, outlet cells, sinks])."""
     _, (d_arr, a_arr) = _opened(t)
     win = t.window
-    code = _read_halo(d_arr, win, 1, NODATA, d_arr.shape)
+    code = read_halo(d_arr, win, 1, NODATA, d_arr.shape)
     inner_code = code[1:-1, 1:-1]
     weighted = t.weights is not None
     wts = t.weights if weighted else np.ones((1, 1), np.uint64)
@@ -541,7 +541,7 @@ def _sweep_flats(store, source, d_arr, holding, pid, whole_shard, progress, timi
 
     def window(b):
         win = b.window
-        code = _read_halo(d_arr, win, 1, NODATA, store.shape)
+        code = read_halo(d_arr, win, 1, NODATA, store.shape)
         vals = store.read(win, source, halo=1)
         ok = store.valid(vals)
         _outside_false(ok, win, rows, cols, 1)

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 
 from ...weights import DC, DR
-from ..flow._cpu import _find_id
+from ..flow._cpu import find_id
 from ..flow.codes import NODATA
 
 ROOT, OUT, NONE = -1, -2, -3
@@ -175,11 +175,11 @@ def solve_exits(exit_gid, exit_par, rec_gid, rec_exit, rec_tag, rec_z, tag, z):
             state[k] = 1
             path[m] = k
             m += 1
-            r = _find_id(rec_gid, exit_par[k])
+            r = find_id(rec_gid, exit_par[k])
             if rec_exit[r] < 0:
                 t, v = rec_tag[r], rec_z[r]
                 break
-            k = _find_id(exit_gid, rec_exit[r])
+            k = find_id(exit_gid, rec_exit[r])
         for q in range(m):
             tag[path[q]] = t
             z[path[q]] = v
@@ -199,7 +199,7 @@ def cell_values(par, end, h, w, r0, c0, cols, root_tag, root_z, exit_gid, exit_t
             tag[i] = root_tag[e]
             z[i] = root_z[e]
         else:
-            k = _find_id(exit_gid, (r0 + e // w) * cols + c0 + e % w)
+            k = find_id(exit_gid, (r0 + e // w) * cols + c0 + e % w)
             tag[i] = exit_tag[k]
             z[i] = exit_z[k]
 
@@ -224,7 +224,7 @@ def link_ends(code, stream, acc, link, r0, c0, cols, heads, tail, downstream, ce
             if d < 8:
                 a2, b2 = a + DR[d], b + DC[d]
                 if stream[a2 + 1, b2 + 1]:
-                    nxt = _find_id(heads, (r0 + a2) * cols + c0 + b2)
+                    nxt = find_id(heads, (r0 + a2) * cols + c0 + b2)
                     if nxt < 0:
                         continue  # the link goes on
             tail[i] = (r0 + a) * cols + c0 + b

@@ -1,6 +1,6 @@
 """Watersheds, basins, streams and HAND out of core: windows of k x k tiles in Morton order (the
 batches of :func:`..tiling.plan_batches`, read with a one-cell halo by the flow pipeline's
-:func:`..flow.pipeline._read_halo`), values carried along a forest of cells (:mod:`._forest`).
+:func:`..flow.pipeline.read_halo`), values carried along a forest of cells (:mod:`._forest`).
 
 Each propagation runs in three phases, the plan of Barnes 2017 for flow accumulation run from the
 roots down the chains:
@@ -32,7 +32,7 @@ from ...errors import InputError
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ..flow.codes import NODATA
-from ..flow.pipeline import _read_halo
+from ..flow.pipeline import read_halo
 from ..tiling import plan_batches
 from . import _cpu, _forest as F
 
@@ -103,7 +103,7 @@ class Windows:
     def halo(self, name: str, win: Window, fill) -> np.ndarray:
         if name not in self.arrays:
             self.arrays[name] = self.store.group[name]
-        return _read_halo(self.arrays[name], win, 1, fill, self.store.shape)
+        return read_halo(self.arrays[name], win, 1, fill, self.store.shape)
 
     def each(self, fn: Callable) -> Iterator:
         """``fn(batch)`` of every batch, in order; with several workers up to that many computed at
