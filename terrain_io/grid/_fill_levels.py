@@ -43,7 +43,7 @@ from ..zorder import morton_decode
 from ._fill_cpu import solve_levels
 from ._radix_cpu import argsort_float
 
-LEVEL_BYTES = 1200  # host memory of the quadtree's waiting edges and levels, a cell of the DEM's side (rows + cols)
+LEVEL_BYTES = 300  # host memory of the quadtree's waiting edges and levels, a cell of the DEM's side (rows + cols)
 
 
 @numba.njit(nogil=True, cache=True)
