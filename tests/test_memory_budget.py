@@ -152,10 +152,10 @@ def test_mst_cpu_within_budget(tmp_path):
 @NEEDS_PROC
 @pytest.mark.slow
 def test_fill_cpu_within_budget(tmp_path):
-    """fill's tiled pipeline under a budget: peak RSS growth within it. Not on a store 8x the budget:
-    the boundary graph (O(N / T), ~110 bytes a tile boundary cell) puts the least budget above an
-    eighth of the store (README "Memory budgets"); a store 8x the budget is refused in one line
-    that names the least budget that works, before any work."""
+    """fill's tiled pipeline under a budget: peak RSS growth within it. A budget below the least
+    working set (here an eighth of a store with 128^2 tiles: each thread's tile scratch, two batches
+    of a tile, the quadtree's levels) is refused in one line that names the least budget that
+    works, before any work (fill at 8x the budget: tests/test_memory_outofcore.py)."""
     from terrain_io.synth import synthesize
 
     budget = 40 << 20
