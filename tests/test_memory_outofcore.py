@@ -16,12 +16,12 @@ from terrain_io.store import TerrainStore
 from test_memory_budget import NEEDS_PROC, _grown
 
 
-def _smooth(path, rows: int, cols: int, tile: int, shard: int) -> TerrainStore:
+def _smooth(path, rows: int, cols: int, tile: int, shard: int, slope: float = 0.025) -> TerrainStore:
     """A ramp with bumps: a few hundred small depressions (not a lake every few cells: the lakes
     are counted apart, ~260 bytes each and 16 a lake cell on a tile's edge), flats, a nodata hole."""
     r = np.arange(rows, dtype=np.float64)[:, None]
     c = np.arange(cols, dtype=np.float64)[None, :]
-    h = (0.025 * (r + c) + 2 * np.sin(r / 37) * np.cos(c / 29)).astype(np.float32)
+    h = (slope * (r + c) + 2 * np.sin(r / 37) * np.cos(c / 29)).astype(np.float32)
     h = np.round(h * 8) / 8  # exact ties: flats and plateaus
     h[rows // 3 : rows // 3 + 40, cols // 2 : cols // 2 + 60] = np.nan
     return TerrainStore.from_array(path, h, tile=tile, shard=shard)
@@ -53,6 +53,29 @@ def test_fill_cpu_at_8x_the_budget(tmp_path):
     assert held.method == "held"
     for k, v in read_fill(other).items():
         assert got[k].tobytes() == v.tobytes(), k
+
+
+@NEEDS_PROC
+@pytest.mark.slow
+def test_fill_cpu_at_8x_the_budget_on_fewer_threads(tmp_path):
+    """4096 x 4608 float32 (72 MiB) under 9 MiB with 256^2 tiles, two numba threads: two threads' tile
+    scratch (2.6 MB each) do not fit beside the rest, so the tiles are flooded one at a time
+    (before: refused, as 16 threads' 42 MB refuse an 8192^2 store under 32 MB on a 16-core host);
+    peak RSS growth within the budget, the same bytes as a held fill with other tiles."""
+    from terrain_io.grid.fill import fill, read_fill
+
+    budget = 9 << 20
+    big = _smooth(tmp_path / "big.zarr", 4096, 4608, 256, 2, slope=0.03)
+    assert big.shape[0] * big.shape[1] * 4 >= 8 * budget
+    warm = _smooth(tmp_path / "warm.zarr", 600, 600, 256, 2, slope=0.03)
+    res = _grown("fill", "cpu", big, warm, budget, [{"big": True, "memory": budget}])
+    assert res.get("method") == "tiled", res
+    assert res["grown"] <= budget, f"peak RSS grew by {res['grown'] / 2**20:.1f} MiB ({res})"
+    vals = np.asarray(big.elevation[...])
+    other = TerrainStore.from_array(tmp_path / "other.zarr", vals, tile=512, shard=2)
+    fill(other, device="cpu", progress=False, held=True)
+    for k, v in read_fill(other).items():
+        assert read_fill(big)[k].tobytes() == v.tobytes(), k
 
 
 def test_fill_quadtree_levels_equal_the_whole_graph(tmp_path):

@@ -223,25 +223,43 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (2 * itemsize + 2 + 4 + 4 + 4)
 
 
-def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[Plan, int]:
     """Hold the floods of the whole DEM, or the batch side in tiles. Held: the whole boundary graph
     (about 2.5 edges of 12 bytes, twice while gathered, and their sort order, per node; 28 bytes of
     solve and lake state per node). Out of core: the quadtree of contracted blocks (O(side),
     :mod:`._fill_levels`), two batches at once, and a batch's edges and phase 3's links (per tile:
     the kernels' rows of 24 and 20 x T, contraction and solve ~200 bytes a node). Both: each
-    thread's tile scratch (heap, queue, labels, union-find)."""
+    thread's tile scratch (heap, queue, labels, union-find): fewer threads flood tiles at once
+    where the budget does not hold one scratch a thread (returned with the plan: 16 threads' scratch
+    is 42 MB with 256^2 tiles, more than an eighth of an 8192^2 store)."""
     t = store.tile_size
-    threads = numba.get_num_threads() * 40 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
 
-    def need(k):
+    def need(k, n=1):
         tiles, nodes = k * k, k * k * 4 * t
         graph = max(tiles * (24 * t + 8) * 24, tiles * (20 * t + 8) * 16 + (k + 2) ** 2 * 4 * t * 8) + nodes * 200
-        return threads + LEVEL_BYTES * (rows + cols) + graph + 2 * _block_bytes((k * t + 2) ** 2, isz)
+        return n * TILE_SCRATCH * t * t + LEVEL_BYTES * (rows + cols) + graph + 2 * _block_bytes((k * t + 2) ** 2, isz)
 
-    return plan(store, budget, "fill", need,
-                held_need=geo.nodes * 112 + threads + _block_bytes((rows + 2) * (cols + 2), isz))
+    threads = numba.get_num_threads()
+    held_need = geo.nodes * 112 + threads * TILE_SCRATCH * t * t + _block_bytes((rows + 2) * (cols + 2), isz)
+    if held_need > budget:
+        threads = int(min(threads, max(1, (budget - need(1, 0)) // (TILE_SCRATCH * t * t))))
+    return plan(store, budget, "fill", lambda k: need(k, threads), held_need=held_need), threads
+
+
+TILE_SCRATCH = 40  # bytes a tile cell of each thread's flood scratch (heap, queue, labels, union-find)
+
+
+@contextlib.contextmanager
+def _numba_threads(n: int):
+    """numba's parallel kernels on at most ``n`` threads inside the block (this thread's setting)."""
+    old = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, old)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
 
 
 def _edges(out, ntiles, wdtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -388,11 +406,20 @@ def fill(store, *, outlets: str = "edge+nodata", device: str = "auto", memory=No
 
 def _fill_tiled(store: TerrainStore, outlets: str, budget: int, progress: bool, timings: Timings, scheduler: str,
                 batch_tiles: int | None, held: bool | None, announce) -> FillResult:
-    """The CPU pipeline (module docstring): the tiled plan, here or as Dask tasks (:func:`fill`'s options)."""
+    """The CPU pipeline (module docstring): the tiled plan, here or as Dask tasks (:func:`fill`'s options),
+    on as many threads as the budget holds tile scratch for."""
+    geo = Geometry(*store.shape, store.tile_size)
+    chosen, threads = _plan(store, geo, budget)
+    with _numba_threads(threads):
+        return _fill_planned(store, geo, chosen, outlets, budget, progress, timings, scheduler, batch_tiles, held,
+                             announce)
+
+
+def _fill_planned(store: TerrainStore, geo: Geometry, chosen: Plan, outlets: str, budget: int, progress: bool,
+                  timings: Timings, scheduler: str, batch_tiles: int | None, held: bool | None,
+                  announce) -> FillResult:
     rows, cols = store.shape
     graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
-    geo = Geometry(rows, cols, store.tile_size)
-    chosen = _plan(store, geo, budget)
     plan_held = chosen.held if held is None else held
     k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if scheduler != "local":  # Dask tasks of whole shards, floods not held
