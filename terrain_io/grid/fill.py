@@ -14,8 +14,10 @@ three numbered phases over tiles in Morton order (kernels and proof in :mod:`._f
    cell its in-tile level ``fl`` and the perimeter cell (or inner outlet) it drains through; the
    tile hands up the minimum spanning forest of its drainage labels' graph: O(T) edges between
    perimeter cells that keep their in-tile minimax distances, plus its cross-tile edges.
-2. Boundary solve (CPU) -- Kruskal over those O(N/T) edges: G(b), the fill level of every
-   perimeter cell b (its minimax distance to O).
+2. Boundary solve (CPU) -- G(b), the fill level of every perimeter cell b (its minimax distance
+   to O) over those O(N/T) edges, without holding them: contracted up a quadtree of tile blocks
+   as the batches come, solved at the root, and again block by block on the way down, each
+   batch's levels handed to phase 3 (:mod:`._fill_levels`; held: one block, one Kruskal).
 3. Final phase -- each tile again: F = max(fl, G(label)), exact; F, depth F - h and the tile's
    lakes (8-connected F > h) are written; lakes are joined across tile edges through the
    perimeter and numbered 1, 2, ... by their least cell id (row-major), then renumbered in place.
@@ -23,7 +25,8 @@ three numbered phases over tiles in Morton order (kernels and proof in :mod:`._f
 When the whole DEM and its floods fit the memory budget, phase 1's floods are held for phase 3
 (one read, one write); otherwise phase 3 floods each tile again and the store is read twice and
 the lake raster rewritten once -- the same bytes either way, for every tile size and budget.
-The boundary graph (O(N/T)) is counted in the plan (:func:`_plan`, :mod:`.tiling`); the lakes
+The quadtree's waiting edges and levels (O(the DEM's side)) and the tile scratch of as many threads
+as the budget holds are counted in the plan (:func:`_plan`, :mod:`.tiling`); the lakes
 (O(depressions): the table and the join's state) are counted against the rest of the budget as
 phase 3 finds them (:class:`_Lakes`), and a budget they outgrow is refused before the join.
 
