@@ -165,16 +165,27 @@ def _block_bytes(cells: int, itemsize: int) -> int:
     return cells * (itemsize + 2 + 4)
 
 
-def _plan(store: TerrainStore, geo: Geometry, budget: int) -> Plan:
+def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[Plan, int]:
     """Hold the whole DEM, or the batch side in tiles. Fixed: ~90 bytes a boundary node (ends,
-    flags, union-find and receivers of the solve) and each thread's tile scratch (~60 bytes a cell
-    for the pieces, ~64 per edge between labels: two a cell allowed)."""
+    flags, union-find and receivers of the solve) and each thread's tile scratch (TILE_SCRATCH);
+    out of core, tiles run on as many threads as the budget holds scratch for (returned with the
+    plan: 16 threads' scratch is 200 MB with 256^2 tiles)."""
     t = store.tile_size
-    fixed = geo.nodes * 90 + numba.get_num_threads() * 190 * t * t
     rows, cols = store.shape
     isz = store.dtype.itemsize
-    return plan(store, budget, "depressions", lambda k: fixed + _block_bytes((k * t + 2) ** 2, isz),
-                held_need=fixed + _block_bytes((rows + 2) * (cols + 2), isz))
+
+    def need(cells, n):
+        return geo.nodes * 90 + n * TILE_SCRATCH * t * t + _block_bytes(cells, isz)
+
+    threads = numba.get_num_threads()
+    held_need = need((rows + 2) * (cols + 2), threads)
+    if held_need > budget:
+        threads = int(min(threads, max(1, (budget - need((t + 2) ** 2, 0)) // (TILE_SCRATCH * t * t))))
+    return plan(store, budget, "depressions", lambda k: need((k * t + 2) ** 2, threads),
+                held_need=held_need), threads
+
+
+TILE_SCRATCH = 190  # bytes a tile cell of a thread's scratch: ~60 for the pieces, ~64 an edge between labels (two)
 
 
 BASIN_BYTES = 600  # host memory a leaf basin takes at the tree's peak: its keys, pairs, tree nodes (measured ~550)
@@ -242,7 +253,7 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
     budget = memory_budget(memory)
     rows, cols = store.shape
     geo = Geometry(rows, cols, store.tile_size)
-    chosen = _plan(store, geo, budget)
+    chosen, threads = _plan(store, geo, budget)
     plan_held = chosen.held if held is None else held
     k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if plan_held:
@@ -251,8 +262,8 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
     whole_shard = k == store.shard_size
     nodata_drains = outlets == "edge+nodata"
     args = (rows, cols, geo.tile, geo.ntc, geo.offset)
-    pool = (concurrent.futures.ThreadPoolExecutor(numba.get_num_threads())
-            if rows * cols >= SERIAL_BELOW and numba.get_num_threads() > 1 else None)
+    pool = (concurrent.futures.ThreadPoolExecutor(threads)
+            if rows * cols >= SERIAL_BELOW and threads > 1 else None)
     tmap = pool.map if pool is not None else map
     kept = None
     try:

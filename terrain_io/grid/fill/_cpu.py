@@ -460,26 +460,21 @@ def final_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G
 
 
 @numba.njit(nogil=True, cache=True)
-def join_lakes(n_nodes, st_i, st_f, links):
-    """Join tile-local lakes across tile edges; returns (final id per local lake, merged rows of the
-    roots in id order: st_i, st_f). Ids 1, 2, ... in order of each lake's least cell id."""
+def join_lakes(st_i, st_f, pairs):
+    """Join tile-local lakes across tile edges (``pairs`` of their rows that touch); returns (final
+    id per local lake, merged rows of the roots in id order: st_i, st_f). Ids 1, 2, ... in order of
+    each lake's least cell id."""
     m = st_i.shape[0]
     parent = np.empty(m, np.int64)
     for x in range(m):
         parent[x] = x
-    node_lake = np.full(n_nodes, -1, np.int64)
-    for k in range(links.shape[0]):
-        if links[k, 0] >= 0:
-            node_lake[links[k, 0]] = links[k, 1]
-    for k in range(links.shape[0]):
-        if links[k, 0] < 0:
-            other = node_lake[-1 - links[k, 0]]
-            ra, rb = find(parent, links[k, 1]), find(parent, other)
-            if ra != rb:
-                if st_i[ra, 0] < st_i[rb, 0]:
-                    parent[rb] = ra
-                else:
-                    parent[ra] = rb
+    for k in range(pairs.shape[0]):
+        ra, rb = find(parent, pairs[k, 0]), find(parent, pairs[k, 1])
+        if ra != rb:
+            if st_i[ra, 0] < st_i[rb, 0]:
+                parent[rb] = ra
+            else:
+                parent[ra] = rb
     acc_i = st_i.copy()
     acc_f = st_f.copy()
     for x in range(m):  # fold each lake into its root (the root's own row counted once)
