@@ -135,5 +135,6 @@ def height_above_drainage(code, z, net):
     root = cp.maximum(par, 0)
     dz = cp.where((par >= 0) & stream[root], z64[root], np.nan)
     height = (z64 - dz).astype(np.float32)
+    height[cp.isnan(height)] = np.float32(np.nan)  # the host's NaN bits (CUDA's arithmetic NaN has others)
     drainage = _gather(net.link.reshape(-1), par, np.uint32(0)).astype(np.uint32)
     return height.reshape(code.shape), drainage.reshape(code.shape)
