@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import os
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
 from ...store import TerrainStore, Window
+from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestring, wkb_polygon, write_features
 from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
@@ -193,7 +193,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     result's attributes record where to (``snapped``); ``vectors``: a polygon file of the
     watersheds (:func:`write_polygons`: outlet id, cells, area_m2, outlet row/col);
     ``window_tiles``: out of core with windows of that many tiles a side."""
-    t0 = time.perf_counter()
+    timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     store, wins = _open(store, "watershed", memory, window_tiles, polygons=vectors is not None)
@@ -237,7 +237,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
         label = _read(store, f"watershed/{name}/label", progress)
         write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
                                       "outlet_col": cells[:, 1]}, vectors, overwrite)
-    sec = time.perf_counter() - t0
+    sec = timer.seconds()
     moved = int((cells != given).any(axis=1).sum())
     note = f" ({moved} moved by --snap)" if snap is not None else ""
     return HydroResult(f"watershed {name}: {len(flat)} outlets{note}"
@@ -249,7 +249,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
            window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
     (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
-    t0 = time.perf_counter()
+    timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     store, wins = _open(store, "basins", memory, window_tiles, polygons=vectors is not None)
@@ -275,7 +275,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     if vectors is not None:
         label = _read(store, "basins/label", progress)
         write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
-    sec = time.perf_counter() - t0
+    sec = timer.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
                        f"({route.device}, {_method(wins)})", attrs, table)
 
@@ -293,7 +293,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
     of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``); with
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
-    t0 = time.perf_counter()
+    timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     what = "streams" if vectors is None else "streams+vectors"
@@ -338,7 +338,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
              "tail_col": tc, "upstream_cells": links.upstream}
     if vectors is not None:
         write_links(store, reader, links, vectors, overwrite)
-    sec = time.perf_counter() - t0
+    sec = timer.seconds()
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
                        f"({route.device}, {_method(wins)})", attrs, table)
@@ -348,7 +348,7 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
          window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
     (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
-    t0 = time.perf_counter()
+    timer = Timings()
     store, wins, cells = _network(store, "hand", threshold, units, memory, window_tiles)
     route = _Route(store, device, wins)
     source = store.group["flow"].attrs.get("source", "elevation")
@@ -374,7 +374,7 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
             h_arr = writer.create_array("height", np.float32, float("nan"), attrs=height_attrs)
             d_arr = writer.create_array("drainage", np.uint32, 0, attrs=drainage_attrs)
             drained, top = tiled.hand(wins, tiled.Streams(wins, cells), source, h_arr, d_arr, progress)
-    sec = time.perf_counter() - t0
+    sec = timer.seconds()
     return HydroResult(f"hand: {drained:,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
                        f"{top:.6g}, {sec:.2f} s ({route.device}, {_method(wins)})", attrs)
 
