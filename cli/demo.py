@@ -315,7 +315,7 @@ def _warm_streams() -> None:
     code = np.full((3, 4), E, np.uint8)
     code[:, 3] = S
     code[2, 3] = OUTLET
-    _cpu.stream_network(code, np.ones(code.shape), 1.0)
+    _cpu.stream_network(code, np.ones(code.shape, np.uint64), 1)  # the types of the real step: counts, cells
 
 
 def _demo_mst(st, out: Path) -> str:

@@ -95,7 +95,7 @@ print(sorted(signatures() - warm) or "none", sorted({{name for name, _ in warm}}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
     new, warmed = out.stdout.split(" ", 1)
     assert new == "none", out.stdout + out.stderr
-    kernels = ("'accumulate'", "'flats'", "'d8_serial'", "'orders'", "'link_table'")
+    kernels = ("'accumulate'", "'flats'", "'d8_serial'", "'stream_cells'", "'walk_network'", "'link_orders'")
     assert all(k in warmed for k in kernels), warmed
 
 
