@@ -106,6 +106,7 @@ def test_device_lists_only_what_the_command_supports():
     assert "[auto|cpu|gpu]" in run("fill", "--help").output
 
 
+@pytest.mark.slow  # long: the default run keeps CI under its 15 minutes (the slow run covers it)
 def test_graph_commands_share_the_directed_default(tmp_path):
     """bfs and apsp read an edge list the same way without a flag: directed, as scipy.sparse.csgraph."""
     rng = np.random.default_rng(5)

@@ -248,6 +248,7 @@ print(peak_rss())
 """
 
 
+@pytest.mark.slow  # long: the default run keeps CI under its 15 minutes (the slow run covers it)
 def test_ascii_conversion_memory_does_not_grow_with_rows(tmp_path):
     """Streaming: 4x the rows (of the same width) adds far less than the grid's size to the peak RSS."""
     import subprocess

@@ -221,7 +221,7 @@ def _same(a, b):
         assert getattr(ta, f).tobytes() == getattr(tb, f).tobytes(), f
 
 
-@pytest.mark.parametrize("kind", ["random", "terraced", "flat-bottomed", "nodata-holed"])
+@pytest.mark.parametrize("kind", [pytest.param("random", marks=pytest.mark.slow), "terraced", "flat-bottomed", "nodata-holed"])
 @pytest.mark.parametrize("outlets", ["edge+nodata", "edge"])
 def test_synthetic_dems(tmp_path, kind, outlets):
     h = fill_test_dem(kind, 41, 57, seed=len(kind) + 3)
@@ -266,6 +266,7 @@ def test_islands_never_spill(tmp_path):
     assert res.roots == res.leaves == 2 and res.merges == 0
 
 
+@pytest.mark.slow  # long: the default run keeps CI under its 15 minutes (the slow run covers it)
 def test_integer_dem_out_of_core_budget(tmp_path):
     """Tiled batches (one tile each) give the same results as held. Under a budget below the
     store (7.5 MB) the tiles fit but its ~110,000 basins (~60 MB) do not: refused in one line."""

@@ -231,6 +231,7 @@ SLACK = 24 * 2**20  # interpreter-level buffers (zarr, allocator arenas) outside
 
 
 @NEEDS_PROC
+@pytest.mark.slow  # long: the default run keeps CI under its 15 minutes (the slow run covers it)
 def test_memory_budget_out_of_core(tmp_path):
     """A store 4x larger than the budget: peak RSS grows by about the budget, far less than the DEM."""
     budget = 16 * 2**20

@@ -73,6 +73,7 @@ def test_every_window_size_gives_the_incore_bytes(routed):
                                               err_msg=f"{k} {t} {col}")
 
 
+@pytest.mark.slow  # long: the default run keeps CI under its 15 minutes (the slow run covers it)
 def test_a_tiny_budget_runs_out_of_core_with_the_same_results(tmp_path):
     pyogrio = pytest.importorskip("pyogrio")
     path = tmp_path / "b.zarr"

@@ -173,7 +173,8 @@ def test_export_on_dask_writes_the_same_files(tmp_path, reference, cluster, wher
 
 
 
-@pytest.mark.parametrize("tile,shard,c,memory", [(16, 2, 4, None), (32, 2, 8, "3MB"), (64, 1, 8, None),
+@pytest.mark.parametrize("tile,shard,c,memory", [pytest.param(16, 2, 4, None, marks=pytest.mark.slow), (32, 2, 8, "3MB"),
+                                                 (64, 1, 8, None),
                                                  (32, 4, 16, None)])
 def test_sssp_final_phase_on_dask_gives_the_same_result(tmp_path, reference, cluster, tile, shard, c, memory):
     """Phase 3 as one task per shard (the tiles' merge results shipped in the task, the worker writing
