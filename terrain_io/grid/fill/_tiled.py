@@ -50,10 +50,10 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
     return vals, ok, outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
 
 
-def write_held(store: TerrainStore, *pairs) -> None:
+def write_held(store: TerrainStore, *pairs, rows: tuple[int, int] | None = None) -> None:
     """Write whole in-memory results shard by shard, shards in parallel threads: ``pairs`` of
-    (array, the block of a shard's slices)."""
-    wins = list(store.shards())
+    (array, the block of a shard's slices); with ``rows`` (r0, r1), only the shards of that band."""
+    wins = [w for w in store.shards() if rows is None or rows[0] <= w.r0 < rows[1]]
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
         list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
                       [(arr, win, block) for arr, block in pairs for win in wins]))

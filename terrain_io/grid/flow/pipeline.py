@@ -53,7 +53,7 @@ from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
 from ..fill._cpu import outlets as outlet_cells
-from ..fill._tiled import OUTLETS
+from ..fill._tiled import OUTLETS, write_held
 from ..tiling import check_side, plan, plan_batches
 from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
@@ -598,7 +598,7 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
 def _gpu_host_bytes(store, weighted: bool) -> int:
     """Host memory of the GPU route: every reader and writer thread holds one shard -- its values as
     read and decoded, its weights, the codes and counts brought back and their encoding (the DEM
-    itself never lies whole on the host: :func:`_upload_held`, :func:`_write_band`)."""
+    itself never lies whole on the host: :func:`_upload_held`, ``write_held`` by bands)."""
     side = store.tile_size * store.shard_size
     cells = min(side, store.shape[0]) * min(side, store.shape[1])
     return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
@@ -704,8 +704,8 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
                         break
                     peak = max(peak, acc_d.max().get())
                 with timings.phase("write"):
-                    _write_band(store, r0, r1, (d_arr, lambda s: code_d[s].get()),
-                                (a_arr, lambda s: acc_d[s[0].start - r0 : s[0].stop - r0, s[1]].get()))
+                    write_held(store, (d_arr, lambda s: code_d[s].get()),
+                               (a_arr, lambda s: acc_d[s[0].start - r0 : s[0].stop - r0, s[1]].get()), rows=(r0, r1))
                 bar.update(1)
         del w_d
         result = _result(store, condition, outlets, wsrc, include_self, "incore", "gpu", t_start, filled_now, n_valid,
@@ -722,15 +722,6 @@ def _gpu_band(store) -> int:
     return max(store.tile_size * store.shard_size, TILE)
 
 
-def _write_band(store, r0: int, r1: int, *pairs) -> None:
-    """Write the shards of rows r0..r1 in parallel threads: ``pairs`` of (array, the block of a
-    shard's slices) (``_tiled.write_held`` for a band of shard rows)."""
-    wins = [w for w in store.shards() if r0 <= w.r0 < r1]
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
-        list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
-                      [(arr, win, block) for arr, block in pairs for win in wins]))
-
-
 def _write_incore(store, source, condition, outlets, wsrc, include_self, device, t_start, filled_now, n_valid, code,
                   acc, code_stats, timings, peak) -> FlowResult:
     """Write the codes and accumulation held in memory (``code``, ``acc``: a shard's slices -> its
@@ -738,7 +729,7 @@ def _write_incore(store, source, condition, outlets, wsrc, include_self, device,
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         with timings.phase("write"):
             d_arr, a_arr = _create(writer, wsrc is not None)
-            _write_band(store, 0, store.shape[0], (d_arr, code), (a_arr, acc))
+            write_held(store, (d_arr, code), (a_arr, acc))
         result = _result(store, condition, outlets, wsrc, include_self, "incore", device, t_start, filled_now, n_valid,
                          code_stats, peak, timings)
         writer.attrs.update(result.attrs())
