@@ -399,6 +399,35 @@ def check_against_references(store, outlets="edge+nodata", **kw):
     return res, got
 
 
+FILL_FIELDS = ("least", "cells", "pit", "spill", "level", "volume_cells", "max_depth", "pit_elevation", "spills_to")
+
+
+def gpu_equals_cpu(st_gpu, st_cpu, outlets="edge+nodata"):
+    """Fill both stores (the same DEM), the GPU one on the GPU: every output byte and table entry equal,
+    and F equal to the Priority-Flood of the definition (the GPU fill's tests)."""
+    from terrain_io.grid.fill import fill, read_fill
+
+    res_c = fill(st_cpu, outlets=outlets, device="cpu", progress=False)
+    res_g = fill(st_gpu, outlets=outlets, device="gpu", progress=False)
+    assert (res_g.device, res_g.method) == ("gpu", "incore")
+    got_c, got_g = read_fill(st_cpu), read_fill(st_gpu)
+    for k in got_c:
+        assert got_g[k].dtype == got_c[k].dtype, k
+        assert got_g[k].tobytes() == got_c[k].tobytes(), k
+    for f in FILL_FIELDS:
+        a, b = getattr(res_g.table, f), getattr(res_c.table, f)
+        assert a.tobytes() == b.tobytes() and a.dtype == b.dtype, f
+    assert (res_g.depressions, res_g.filled_cells, res_g.volume) == (res_c.depressions, res_c.filled_cells,
+                                                                     res_c.volume)
+    vals = np.asarray(st_gpu.elevation[...])
+    valid = st_gpu.valid(vals)
+    F = priority_flood(vals, valid, outlets == "edge+nodata")
+    assert np.array_equal(got_g["elevation"][valid], F[valid].astype(vals.dtype))
+    a = TerrainStore.open(st_gpu.path).group["fill"].attrs
+    assert a["device"] == "gpu" and a["depressions"] == res_c.depressions
+    return res_g
+
+
 def fill_test_dem(kind, rows, cols, seed):
     rng = np.random.default_rng(seed)
     if kind == "random":

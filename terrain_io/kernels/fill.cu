@@ -13,7 +13,8 @@
 // Lakes: union-find over the 8-connected cells with F > h (hooking the larger root under the
 // smaller by compare-and-swap, as ECL-CC does: Jaiganesh & Burtscher 2018), so every root is its
 // component's least cell id; roots numbered 1, 2, ... in cell order give the CPU's ids.
-// Compile-time: VAL (float or double: the DEM's values, exactly).
+// Compile-time: VAL (float or double: the DEM's values, exactly); CELL (unsigned or unsigned long
+// long: a row-major cell id, 32 bits up to 2^32 cells -- 65536^2 -- and 64 bits beyond).
 
 #include "grid.cuh"
 #include "worklist.cuh"
@@ -96,27 +97,27 @@ relax_levels(const VAL* __restrict__ vals, VAL* __restrict__ F, int h, int w, VA
 
 // Unreached cells keep F = h; lake cells (F > h) start as their own roots (parent = cell id),
 // every other cell gets parent 0 (cell 0 lies on the DEM's edge: never in a lake).
-extern "C" __global__ void init_lakes(const VAL* __restrict__ vals, VAL* __restrict__ F, int* __restrict__ parent,
+extern "C" __global__ void init_lakes(const VAL* __restrict__ vals, VAL* __restrict__ F, CELL* __restrict__ parent,
                                       int h, int w, VAL nd) {
     const long long n = (long long)h * w, W2 = w + 2;
     for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
         const long long v = (q / w + 1) * W2 + q % w + 1;
         const VAL x = vals[v];
-        int p = 0;
+        CELL p = 0;
         if (is_vertex(x, nd)) {
             VAL f = F[v];
             if (f == val_inf()) F[v] = f = x;
-            if (f > x) p = (int)q;
+            if (f > x) p = (CELL)q;
         }
         parent[q] = p;
     }
 }
 
 // The root of x (parent[y] <= y everywhere), halving the path on the way.
-__device__ __forceinline__ int find_root(int* parent, int x) {
-    int p = parent[x];
+__device__ __forceinline__ CELL find_root(CELL* parent, CELL x) {
+    CELL p = parent[x];
     if (p != x) {
-        int next, prev = x;
+        CELL next, prev = x;
         while (p > (next = parent[p])) {
             parent[prev] = next;
             prev = p;
@@ -126,7 +127,7 @@ __device__ __forceinline__ int find_root(int* parent, int x) {
     return p;
 }
 
-extern "C" __global__ void unite_lakes(int* __restrict__ parent, int h, int w) {
+extern "C" __global__ void unite_lakes(CELL* __restrict__ parent, int h, int w) {
     const long long n = (long long)h * w;
     for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
         if (parent[q] == 0) continue;
@@ -134,16 +135,16 @@ extern "C" __global__ void unite_lakes(int* __restrict__ parent, int h, int w) {
         for (int k = 4; k < 8; ++k) {  // W, NW, N, NE: each undirected pair once
             const int x = r + DR[k], y = c + DC[k];
             if (x < 0 || y < 0 || y >= w) continue;
-            const int u = x * w + y;
+            const CELL u = (CELL)x * (CELL)w + (CELL)y;
             if (parent[u] == 0) continue;
-            int a = find_root(parent, (int)q), b = find_root(parent, u);
+            CELL a = find_root(parent, (CELL)q), b = find_root(parent, u);
             while (a != b) {  // hook the larger root under the smaller; a lost race retries from there
                 if (a < b) {
-                    const int got = atomicCAS(&parent[b], b, a);
+                    const CELL got = atomicCAS(&parent[b], b, a);
                     if (got == b) break;
                     b = got;
                 } else {
-                    const int got = atomicCAS(&parent[a], a, b);
+                    const CELL got = atomicCAS(&parent[a], a, b);
                     if (got == a) break;
                     a = got;
                 }
@@ -152,25 +153,27 @@ extern "C" __global__ void unite_lakes(int* __restrict__ parent, int h, int w) {
     }
 }
 
-extern "C" __global__ void flatten_lakes(int* __restrict__ parent, unsigned char* __restrict__ root, int h, int w) {
+extern "C" __global__ void flatten_lakes(CELL* __restrict__ parent, unsigned char* __restrict__ root, int h, int w) {
     const long long n = (long long)h * w;
     for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
-        int p = parent[q];
+        CELL p = parent[q];
         if (p == 0) {
             root[q] = 0;
             continue;
         }
         while (parent[p] != p) p = parent[p];
         parent[q] = p;
-        root[q] = p == q;
+        root[q] = p == (CELL)q;
     }
 }
 
-// After parent[root] = -id for every root: every lake cell's parent -> -(its lake's id).
-extern "C" __global__ void number_lakes(int* __restrict__ parent, long long n) {
+// After parent[root] = its lake's id (1, 2, ...) at every root: every other lake cell's parent (its
+// root) -> that id. Roots are read here, never written (their flags tell them apart).
+extern "C" __global__ void number_lakes(CELL* __restrict__ parent, const unsigned char* __restrict__ root,
+                                        long long n) {
     for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
-        const int p = parent[q];
-        if (p > 0) parent[q] = parent[p];  // roots hold their (negative) ids: read only, never written here
+        const CELL p = parent[q];
+        if (p != 0 && !root[q]) parent[q] = parent[p];
     }
 }
 

@@ -4,7 +4,8 @@ as the numba pipeline of :mod:`._cpu` (see :mod:`.pipeline`).
 
 The DEM lives on the GPU as one ringed array in the *value type* (float32, or float64 where
 float32 does not hold every value: :func:`value_dtype`), with its stored values (nodata
-included), beside the levels F (the same type) and an int32 word a cell for the lakes."""
+included), beside the levels F (the same type) and a cell id a cell for the lakes' union-find:
+uint32 up to 2^32 cells (65536^2), uint64 beyond (:func:`cell_dtype`)."""
 from __future__ import annotations
 
 import functools
@@ -15,6 +16,7 @@ from ...backend import EXACT_OPTIONS, kernel_source
 from ...worklist import ROWS_PER_PASS, TILE, WorkLists
 
 THREADS = 256
+NARROW_CELLS = 2**32  # the most cells whose ids 0 .. n - 1 fit the lakes' uint32 words
 
 
 def value_dtype(dtype) -> np.dtype | None:
@@ -28,20 +30,29 @@ def value_dtype(dtype) -> np.dtype | None:
     return None
 
 
+def cell_dtype(cells: int) -> np.dtype:
+    """The lakes' cell ids: uint32 while every id of ``cells`` fits (0 marks a dry cell: cell 0
+    lies on the edge, never in a lake), uint64 beyond."""
+    return np.dtype(np.uint32 if cells <= NARROW_CELLS else np.uint64)
+
+
 def device_bytes(rows: int, cols: int, dtype, band_rows: int) -> int:
-    """GPU memory of the in-core fill: the ringed values and levels, the lake words, a root flag a
-    cell, and the outputs of a band of ``band_rows`` rows on their way back (plus some slack)."""
+    """GPU memory of the in-core fill: the ringed values and levels, the lake words and a root
+    flag a cell (with 64-bit ids, their uint32 lake ids next to them instead of the flag), and
+    the outputs of a band of ``band_rows`` rows on their way back (plus some slack)."""
     vsz = value_dtype(dtype).itemsize
     ring = (rows + 2) * (cols + 2)
     band = min(rows, band_rows) * cols * (np.dtype(dtype).itemsize + 8)
-    return ring * 2 * vsz + rows * cols * (4 + 1) + band + (64 << 20)
+    ids = cell_dtype(rows * cols).itemsize
+    lakes = rows * cols * (ids + (1 if ids == 4 else 4))
+    return ring * 2 * vsz + lakes + band + (64 << 20)
 
 
 @functools.cache
-def _module(vtype: str):
+def _module(vtype: str, ctype: str):
     import cupy as cp
 
-    return cp.RawModule(code=kernel_source("fill.cu"), options=EXACT_OPTIONS + (f"-DVAL={vtype}",))
+    return cp.RawModule(code=kernel_source("fill.cu"), options=EXACT_OPTIONS + (f"-DVAL={vtype}", f"-DCELL={ctype}"))
 
 
 @functools.cache
@@ -66,7 +77,9 @@ class GpuFill:
 
         self.rows, self.cols, self.dtype = rows, cols, np.dtype(dtype)
         self.vdtype = value_dtype(dtype)
-        self.mod = _module("float" if self.vdtype == np.float32 else "double")
+        self.cdtype = cell_dtype(rows * cols)
+        self.mod = _module("float" if self.vdtype == np.float32 else "double",
+                           "unsigned" if self.cdtype == np.uint32 else "unsigned long long")
         # a float DEM's non-vertices are NaN; NaN here matches no value (no nodata)
         self.nd = self.vdtype.type(np.nan if nodata is None or self.dtype.kind == "f" else nodata)
         self.vals = cp.full((rows + 2, cols + 2), np.nan, self.vdtype)
@@ -104,19 +117,19 @@ class GpuFill:
 
         h, w = self.rows, self.cols
         n = h * w
-        parent = cp.empty((h, w), cp.int32)
+        parent = cp.empty((h, w), self.cdtype)
         grid = self._grid(n)
         self.mod.get_function("init_lakes")(*grid, (self.vals, self.F, parent, np.int32(h), np.int32(w), self.nd))
         self.mod.get_function("unite_lakes")(*grid, (parent, np.int32(h), np.int32(w)))
-        root = cp.empty((h, w), cp.uint8)
+        root = cp.empty((h, w), cp.bool_)  # bool: CuPy's nonzero scans it without a copy
         self.mod.get_function("flatten_lakes")(*grid, (parent, root, np.int32(h), np.int32(w)))
         roots = cp.flatnonzero(root)  # ascending cell ids: the lakes in id order
-        del root
         k = int(roots.size)
-        parent.reshape(-1)[roots] = -cp.arange(1, k + 1, dtype=cp.int32)
-        self.mod.get_function("number_lakes")(*grid, (parent, np.int64(n)))
-        cp.negative(parent, out=parent)
-        dep = parent.view(cp.uint32)
+        parent.reshape(-1)[roots] = cp.arange(1, k + 1, dtype=self.cdtype)
+        self.mod.get_function("number_lakes")(*grid, (parent, root, np.int64(n)))
+        del root
+        dep = parent if self.cdtype == np.uint32 else parent.astype(cp.uint32)
+        del parent
         self.parent = dep
         u64max = np.iinfo(np.uint64).max
         cells = cp.zeros(k, cp.uint64)

@@ -37,10 +37,11 @@ fixpoint of F(v) = max(h(v), min over valid neighbours u of F(u)) from F = h at 
 +inf elsewhere, relaxed tile by tile in shared memory over a work list of active tiles; the
 lakes are the components of a union-find and the table is summed by atomics. min and max never
 round, so F -- and the depths, ids and table -- are the CPU's bytes (volumes: double-double sums
-in another order, equal but for a rounding tie, as across tilings). A DEM the GPU cannot hold
-(more GPU memory than is free, 2^31 cells or more, 64-bit integers) or whose bands exceed the
-budget is filled by the CPU pipeline below: silently under ``auto``, with a one-line note under
-``gpu``.
+in another order, equal but for a rounding tie, as across tilings); the lakes' cell ids are
+uint32 up to 2^32 cells (65536^2) and uint64 beyond. A DEM the GPU cannot hold (more GPU memory
+than is free: about 13 bytes a float32 cell, 54 GiB at 65536^2; 64-bit integers) or whose bands
+exceed the budget is filled by the CPU pipeline below: silently under ``auto``, with a one-line
+note under ``gpu``.
 
 Depression table, one row per lake: its id, pit cell (the lowest, then least id), spill cell
 (the least cell id among the cells next to the lake at its level: where it overflows), spill
@@ -612,8 +613,6 @@ def _gpu_misfit(store: TerrainStore, budget: int) -> str | None:
     rows, cols = store.shape
     if value_dtype(store.dtype) is None:
         return f"the GPU computes in float64 at most, which does not hold every {store.dtype} value"
-    if rows * cols >= 2**31:
-        return f"{rows:,} x {cols:,} cells are more than the GPU fill's 32-bit cell ids"
     need, free = device_bytes(rows, cols, store.dtype, store.tile_size * store.shard_size), gpu_free_bytes()
     if need > free:
         return f"it needs {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
