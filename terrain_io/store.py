@@ -830,7 +830,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
     Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
     of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), the file written with one
-    call. Other layouts: through zarr."""
+    call (:func:`write_frames`). Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
@@ -842,9 +842,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
 
     (t0, t1), level, crc = fmt
     zstd = Zstd(level=level)
-    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     fill = np.array(arr.fill_value, dtype=arr.dtype)
-    cells = [(int(i), int(j)) for i, j in morton_order(n0, n1) if i * t0 < block.shape[0] and j * t1 < block.shape[1]]
 
     def encode(ij):
         """The chunk's stored bytes (zstd frame, crc32c) or None when it is all fill value."""
@@ -859,13 +857,50 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
         return (data, integrity.crc32c(data)) if crc else (data,)
 
-    encoded = _run_chunks(encode, cells, block.nbytes)
-    index = np.full((n0, n1, 2), _EMPTY, "<u8")
+    cells = shard_chunks(arr, sr, sc)
+    _write_chunks(arr, sr, sc, cells, _run_chunks(encode, cells, block.nbytes))
+
+
+def direct_shards(arr: zarr.Array) -> bool:
+    """Whether :func:`write_frames` can write ``arr``'s shards (its layout is the one this tool
+    writes on local disk: see :func:`_direct_shards`)."""
+    return _direct_shards(arr) is not None
+
+
+def shard_chunks(arr: zarr.Array, sr: int, sc: int) -> list[tuple[int, int]]:
+    """The chunks (i, j) of shard (sr, sc) that lie inside the array, in the order zarr lays them
+    out in the shard file (Morton order): the order of :func:`write_frames`' frames."""
+    (t0, t1), _, _ = _direct_shards(arr)
+    r0, r1, c0, c1 = _shard_region(arr, sr, sc)
+    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
+    return [(int(i), int(j)) for i, j in morton_order(n0, n1) if i * t0 < r1 - r0 and j * t1 < c1 - c0]
+
+
+def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
+    """Write shard (sr, sc) of ``arr`` (a layout :func:`direct_shards` accepts) from the zstd frames
+    of its chunks, made elsewhere (on the GPU: :mod:`terrain_io.nvzstd`): ``frames[k]`` of chunk
+    ``shard_chunks(arr, sr, sc)[k]`` (bytes-like), None for a chunk all of fill value (left out, as
+    zarr leaves it out). Each frame gets its crc32c here; the file is the one :func:`write_shard`
+    writes, with these frames."""
+    crc = _direct_shards(arr)[2]
+    cells = shard_chunks(arr, sr, sc)
+    if len(frames) != len(cells):
+        raise ValueError(f"shard ({sr}, {sc}) has {len(cells)} chunks, got {len(frames)} frames")
+    _write_chunks(arr, sr, sc, cells, [None if f is None else (f, integrity.crc32c(f)) if crc else (f,)
+                                       for f in frames])
+
+
+def _write_chunks(arr: zarr.Array, sr: int, sc: int, cells: list, encoded: list) -> None:
+    """The shard file of the chunks ``cells``, each stored as the bytes-like parts ``encoded[k]``
+    (None: left out), in that order, then the index (offset, size a chunk; all ones where absent)
+    and its crc32c, written with one call; no file when every chunk is left out."""
+    (t0, t1), _, _ = _direct_shards(arr)
+    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), _EMPTY, "<u8")
     parts, offset = [], 0
     for (i, j), data in zip(cells, encoded):
         if data is None:
             continue
-        size = sum(len(d) for d in data)
+        size = sum(memoryview(d).nbytes for d in data)
         index[i, j] = offset, size
         parts.extend(data)
         offset += size

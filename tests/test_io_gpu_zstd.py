@@ -1,0 +1,143 @@
+"""Shards written from frames made elsewhere (issue 31): ``store.write_frames``, which the GPU's
+zstd (nvCOMP, ``terrain_io.nvzstd``) writes through. On any machine: given zstd frames of the
+chunks, it writes zarr-python's own file byte for byte (the reference: zarr writes the same array).
+On a GPU machine with nvCOMP (``pytest -m gpu``): the GPU's frames decode, through plain zarr and
+xarray, to the values; the store verifies clean and damage is found; a GPU fill and SSSP written so
+equal the CPU's way cell for cell."""
+import numpy as np
+import pytest
+import zarr
+
+from terrain_io import integrity
+from terrain_io import store as store_mod
+from terrain_io.store import TerrainStore, shard_chunks, write_frames
+
+SHAPE = (300, 170)  # 3 x 2 shards of 128^2 (32^2 tiles), the last ones partial
+
+
+def values_of(dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    z = (np.add.outer(np.arange(SHAPE[0]), 2 * np.arange(SHAPE[1])) + rng.normal(0, 0.3, SHAPE)).astype("float64")
+    if dtype.startswith("float"):
+        z[:40, :70] = np.nan  # whole chunks of fill value: left out, as zarr leaves them out
+        z[200, 5] = np.nan
+        return z.astype(dtype)
+    v = (z % 251).astype(dtype)
+    v[:64, :] = 0  # fill value 0
+    return v
+
+
+def shard_files(root) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("c/*/*")) if p.is_file()}
+
+
+def cpu_frames(arr, values, sr, sc):
+    """The chunks' zstd frames as zarr makes them (numcodecs, the array's level), None where all fill."""
+    from numcodecs import Zstd
+
+    t0, t1 = arr.chunks
+    out = []
+    for i, j in shard_chunks(arr, sr, sc):
+        r, c = sr * arr.shards[0] + i * t0, sc * arr.shards[1] + j * t1
+        chunk = np.full((t0, t1), arr.fill_value, arr.dtype)
+        part = values[r : r + t0, c : c + t1]
+        chunk[: part.shape[0], : part.shape[1]] = part
+        fill = np.isnan(chunk).all() if arr.dtype.kind == "f" else (chunk == arr.fill_value).all()
+        out.append(None if fill else Zstd(level=1).encode(chunk))
+    return out
+
+
+def result_store(tmp_path, dtype):
+    store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(SHAPE, "float32"), tile=32, shard=4)
+    return store, store_mod.fill_value_for(dtype, None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "uint32"])
+def test_write_frames_writes_zarrs_own_file(tmp_path, dtype):
+    values = values_of(dtype)
+    store, fill = result_store(tmp_path, dtype)
+    with store.write_result("r") as writer:
+        arr = writer.create_array("v", dtype, fill)
+        for win in store.shards():
+            sr, sc = win.r0 // arr.shards[0], win.c0 // arr.shards[1]
+            write_frames(arr, sr, sc, cpu_frames(arr, values, sr, sc))
+    meta = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r").metadata.to_dict()
+    ref = zarr.create_array(tmp_path / "ref.zarr", shape=SHAPE, dtype=dtype, chunks=(32, 32), shards=(128, 128),
+                            fill_value=meta["fill_value"], compressors=[store_mod._COMPRESSOR, store_mod._CHECKSUM])
+    ref[...] = values
+    ours = shard_files(tmp_path / "s.zarr" / "r" / "v")
+    assert ours and ours == shard_files(tmp_path / "ref.zarr")
+    assert not integrity.verify(tmp_path / "s.zarr").problems
+
+
+def test_write_frames_refuses_a_wrong_count(tmp_path):
+    store, fill = result_store(tmp_path, "float32")
+    with pytest.raises(ValueError, match="chunks"), store.write_result("r") as writer:
+        arr = writer.create_array("v", "float32", fill)
+        write_frames(arr, 0, 0, [None])
+
+
+def gpu_encoder():
+    pytest.importorskip("cupy")
+    from terrain_io import nvzstd
+
+    enc = nvzstd.encoder()
+    if enc is None:
+        pytest.skip("nvCOMP (pip nvidia-libnvcomp-cu13) is not installed")
+    return enc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "uint32"])
+def test_gpu_frames_read_by_plain_zarr_and_xarray_and_verified(tmp_path, dtype):
+    import cupy as cp
+
+    xr = pytest.importorskip("xarray")
+    enc = gpu_encoder()
+    values = values_of(dtype)
+    store, fill = result_store(tmp_path, dtype)
+    with store.write_result("r") as writer:
+        arr = writer.create_array("v", dtype, fill)
+        side = arr.shards[0]
+        for sr in range(-(-SHAPE[0] // side)):
+            shards = [(sr, sc) for sc in range(-(-SHAPE[1] // arr.shards[1]))]
+            band = cp.asarray(values[sr * side : (sr + 1) * side])
+            for (_, sc), frames in zip(shards, enc.encode(band, arr, shards, lambda n: np.empty(n, np.uint8))):
+                write_frames(arr, sr, sc, frames)
+    plain = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r")[...]
+    assert plain.dtype == values.dtype and plain.tobytes() == values.tobytes()
+    ds = xr.open_zarr(tmp_path / "s.zarr" / "r", consolidated=False, mask_and_scale=False)
+    assert ds["v"].values.tobytes() == values.tobytes()
+    assert not integrity.verify(tmp_path / "s.zarr").problems
+    shard = sorted((tmp_path / "s.zarr" / "r" / "v" / "c").rglob("*"))[-1]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 3] ^= 0x40
+    shard.write_bytes(bytes(raw))
+    assert integrity.verify(tmp_path / "s.zarr").problems
+
+
+@pytest.mark.gpu
+def test_gpu_fill_and_sssp_frames_equal_the_cpu_ways_cells(tmp_path, monkeypatch):
+    """The same GPU run written through nvCOMP and through the CPU's encoders (TERRAIN_NVCOMP=0):
+    every output cell equal; the shard files differ (the GPU's own frames were stored)."""
+    gpu_encoder()
+    from terrain_io.grid.fill import fill, read_fill
+    from terrain_io.grid.sssp import sssp
+    from references import fill_test_dem
+
+    h = fill_test_dem("nodata-holed", 700, 650, seed=5)
+    got = {}
+    for way, env in (("gpu", "1"), ("cpu", "0")):
+        monkeypatch.setenv("TERRAIN_NVCOMP", env)
+        st = TerrainStore.from_array(tmp_path / f"{way}.zarr", h, tile=64, shard=4)
+        fill(st, device="gpu", progress=False)
+        src = [tuple(int(v) for v in np.argwhere(st.valid(h))[h.size // 3])]
+        sssp(st, src, name="a", device="gpu", method="incore", progress=False)
+        got[way] = (read_fill(st), zarr.open_group(tmp_path / f"{way}.zarr", mode="r"))
+        assert not integrity.verify(tmp_path / f"{way}.zarr").problems
+    (fill_g, grp_g), (fill_c, grp_c) = got["gpu"], got["cpu"]
+    for k in fill_c:
+        assert fill_g[k].tobytes() == fill_c[k].tobytes(), k
+    for k in ("distance", "predecessor"):
+        assert grp_g[f"sssp/a/{k}"][...].tobytes() == grp_c[f"sssp/a/{k}"][...].tobytes(), k
+    assert shard_files(tmp_path / "gpu.zarr" / "fill") != shard_files(tmp_path / "cpu.zarr" / "fill")
