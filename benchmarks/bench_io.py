@@ -8,8 +8,8 @@ Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
   encoded chunks;
 - our store: one array per dtype (float32, float64, uint8, uint32) written as a result
   (``write_result`` + ``write_window`` of whole shards from a pool of threads, its manifest sealed)
-  plus an fsync of its files (so it is as durable as the raw floor), then read back cold by
-  ``TerrainStore.read`` of whole shards from a pool of threads.
+  plus an fsync of its files in parallel threads (so it is as durable as the raw floor, fsync'd as it is),
+  then read back cold by ``TerrainStore.read`` of whole shards from a pool of threads, each into its place.
 
 The floor of a store write is max(encode + crc32c on all cores, compressed bytes at the raw write
 bandwidth); of a read, max(compressed bytes at the raw read bandwidth, decode + crc32c on all cores).
@@ -144,12 +144,16 @@ def store_write(folder: Path, name: str, values: np.ndarray, threads: int) -> li
         with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(wins)))) as pool:
             list(pool.map(lambda w: write_window(arr, w, values[w.slices], True), wins))
     files = [p for p in (folder / "bench.zarr" / name / "values").rglob("*") if p.is_file()]
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
+
+    def sync(path):
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:  # as the raw floor's
+        list(pool.map(sync, files))
     return files
 
 
@@ -161,7 +165,7 @@ def store_read(folder: Path, name: str, threads: int) -> np.ndarray:
     wins = list(store.shards())
 
     def one(w):
-        out[w.slices] = store.read(w, f"{name}/values")
+        store.read(w, f"{name}/values", out=out[w.slices])  # decoded in place, as the pipelines' bands are
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(wins)))) as pool:
         list(pool.map(one, wins))

@@ -775,8 +775,9 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         if length < size + 4:
             raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
         whole = part is None
-        raw = _read_file(fd, length, arr, (sr, sc)) if whole else None  # numpy views of it: no copies
-        tail = raw[-size - 4 :] if whole else np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
+        if whole and hasattr(os, "posix_fadvise"):  # the kernel reads the file ahead while its chunks decode
+            os.posix_fadvise(fd, 0, length, os.POSIX_FADV_WILLNEED)
+        tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
         index_bytes = tail[:-4]
         if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
             raise _damaged(arr, (sr, sc), "the shard index fails its checksum", unit="shard")
@@ -792,37 +793,63 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                 if off + nb > body or nb < 4 * crc:
                     raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
                 jobs.append((i, j, off, nb))
-        if not whole:  # the chunks the window touches, from their offsets
+        if whole:  # the body into one buffer (its chunks numpy views: no copies), piece by piece ahead of use
+            jobs.sort(key=lambda job: job[2])
+            raw = np.empty(body, np.uint8)
+            arriving = _read_ahead(fd, raw, jobs, arr, (sr, sc))
+        else:  # the chunks the window touches, from their offsets
             raw = {off: np.frombuffer(os.pread(fd, nb, off), np.uint8) for _, _, off, nb in jobs}
+            arriving = jobs
+        zstd = Zstd()
+
+        def decode(job):
+            """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
+            i, j, off, nb = job
+            where = (sr * n0 + i, sc * n1 + j)
+            data = raw[off : off + nb] if whole else raw[off]
+            if crc:
+                data, stored = data[:-4], data[-4:]
+                if integrity.crc32c(data) != stored.tobytes():
+                    raise _damaged(arr, where, "chunk fails its checksum")
+            chunk = np.empty((t0, t1), arr.dtype)
+            try:
+                got = zstd.decode(data, out=chunk)
+            except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
+                raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
+            if memoryview(got).nbytes != chunk.nbytes:
+                raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
+            a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
+            lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
+            out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
+
+        # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
+        # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
+        # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+        _run_chunks(decode, arriving, out.nbytes if threading.current_thread() is threading.main_thread() else 0,
+                    len(jobs))
     finally:
         os.close(fd)
-    zstd = Zstd()
-
-    def decode(job):
-        """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
-        i, j, off, nb = job
-        where = (sr * n0 + i, sc * n1 + j)
-        data = raw[off : off + nb] if whole else raw[off]
-        if crc:
-            data, stored = data[:-4], data[-4:]
-            if integrity.crc32c(data) != stored.tobytes():
-                raise _damaged(arr, where, "chunk fails its checksum")
-        chunk = np.empty((t0, t1), arr.dtype)
-        try:
-            got = zstd.decode(data, out=chunk)
-        except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
-            raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
-        if memoryview(got).nbytes != chunk.nbytes:
-            raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
-        a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
-        lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
-        out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
-
-    # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
-    # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
-    # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-    _run_chunks(decode, jobs, out.nbytes if threading.current_thread() is threading.main_thread() else 0)
     return out
+
+
+_READ_PIECE = 1 << 20  # bytes read ahead of the chunk being decoded
+
+
+def _read_ahead(fd: int, buf: np.ndarray, jobs: list, arr: zarr.Array, shard):
+    """The ``jobs`` (sorted by offset), each once its bytes are in ``buf`` (the file from its
+    start), read in pieces of at least :data:`_READ_PIECE` ahead of it: a chunk decodes while the
+    kernel brings the next piece (with the readahead asked for). A file that shrank is damage."""
+    done = 0
+    for job in jobs:
+        end = job[2] + job[3]
+        if end > done:
+            stop = min(len(buf), max(end, done + _READ_PIECE))
+            while done < stop:
+                n = os.preadv(fd, [buf[done:stop]], done)
+                if n == 0:
+                    raise _damaged(arr, shard, f"shard file cut while read ({done} of {len(buf)} bytes)", unit="shard")
+                done += n
+        yield job
 
 
 def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
@@ -931,27 +958,16 @@ def _codec_pool() -> concurrent.futures.ThreadPoolExecutor:
 _POOL_THREADS = "terrain-codec"
 
 
-def _run_chunks(fn, jobs: list, nbytes: int) -> list:
+def _run_chunks(fn, jobs, nbytes: int, count: int | None = None) -> list:
     """``[fn(job) for job in jobs]``: in the codec pool when the shard is large enough (``nbytes``)
     to pay for the hand-offs, else -- and inside the pool's own threads, which must not wait on it --
-    here. The first exception is raised, as a loop would."""
-    if (nbytes >= _PARALLEL_SHARD_BYTES and len(jobs) > 1 and (os.cpu_count() or 1) > 1
+    here. ``jobs``: a list, or an iterable of ``count`` jobs (taken in this thread, each handed on
+    as it comes). The first exception is raised, as a loop would."""
+    count = len(jobs) if count is None else count
+    if (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
             and not threading.current_thread().name.startswith(_POOL_THREADS)):
         return list(_codec_pool().map(fn, jobs))
     return [fn(job) for job in jobs]
-
-
-def _read_file(fd: int, length: int, arr: zarr.Array, shard) -> np.ndarray:
-    """The ``length`` bytes of the open file ``fd``, read with one preadv into one buffer (its
-    chunks are then numpy views, no copies); a file that shrank meanwhile is damage."""
-    buf = np.empty(length, np.uint8)
-    done = 0
-    while done < length:
-        n = os.preadv(fd, [buf[done:]], done)
-        if n == 0:
-            raise _damaged(arr, shard, f"shard file cut while read ({done} of {length} bytes)", unit="shard")
-        done += n
-    return buf
 
 
 def overwrite_file(path, parts) -> None:

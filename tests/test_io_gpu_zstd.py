@@ -92,7 +92,6 @@ def gpu_encoder():
 def test_gpu_frames_read_by_plain_zarr_and_xarray_and_verified(tmp_path, dtype):
     import cupy as cp
 
-    xr = pytest.importorskip("xarray")
     enc = gpu_encoder()
     values = values_of(dtype)
     store, fill = result_store(tmp_path, dtype)
@@ -106,8 +105,13 @@ def test_gpu_frames_read_by_plain_zarr_and_xarray_and_verified(tmp_path, dtype):
                 write_frames(arr, sr, sc, frames)
     plain = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r")[...]
     assert plain.dtype == values.dtype and plain.tobytes() == values.tobytes()
-    ds = xr.open_zarr(tmp_path / "s.zarr" / "r", consolidated=False, mask_and_scale=False)
-    assert ds["v"].values.tobytes() == values.tobytes()
+    try:
+        import xarray as xr
+    except ImportError:  # (the GPU machine may lack it; plain zarr above read the same files)
+        xr = None
+    if xr is not None:
+        ds = xr.open_zarr(tmp_path / "s.zarr" / "r", consolidated=False, mask_and_scale=False)
+        assert ds["v"].values.tobytes() == values.tobytes()
     assert not integrity.verify(tmp_path / "s.zarr").problems
     shard = sorted((tmp_path / "s.zarr" / "r" / "v" / "c").rglob("*"))[-1]
     raw = bytearray(shard.read_bytes())
