@@ -120,28 +120,41 @@ def test_gpu_frames_read_by_plain_zarr_and_xarray_and_verified(tmp_path, dtype):
     assert integrity.verify(tmp_path / "s.zarr").problems
 
 
+def pitted_dem(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Smooth terrain with pits, flats and nodata holes (float32, NaN = nodata)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:rows, 0:cols]
+    h = 0.02 * (y + x) + 3 * np.sin(x / 23.0) * np.cos(y / 31.0) + rng.normal(0, 0.05, (rows, cols))
+    h[rng.random((rows, cols)) < 0.002] -= 4  # single-cell pits
+    h[100:140, 200:260] = np.round(h[100:140, 200:260])  # flats
+    h[rng.random((rows, cols)) < 0.01] = np.nan
+    h[300:360, 50:90] = np.nan
+    return h.astype("float32")
+
+
 @pytest.mark.gpu
-def test_gpu_fill_and_sssp_frames_equal_the_cpu_ways_cells(tmp_path, monkeypatch):
-    """The same GPU run written through nvCOMP and through the CPU's encoders (TERRAIN_NVCOMP=0):
-    every output cell equal; the shard files differ (the GPU's own frames were stored)."""
+def test_gpu_fill_and_sssp_stored_through_nvcomp_equal_the_cpus_cells(tmp_path, monkeypatch):
+    """GPU runs whose results are compressed by nvCOMP, by the CPU's encoders (TERRAIN_NVCOMP=0)
+    and the CPU pipelines: every output cell equal; the GPU's own frames were stored (the shard files
+    differ from the CPU encoders')."""
     gpu_encoder()
     from terrain_io.grid.fill import fill, read_fill
     from terrain_io.grid.sssp import sssp
-    from references import fill_test_dem
 
-    h = fill_test_dem("nodata-holed", 700, 650, seed=5)
+    h = pitted_dem(700, 650, 5)
+    src = [tuple(int(v) for v in np.argwhere(np.isfinite(h))[h.size // 3])]
     got = {}
-    for way, env in (("gpu", "1"), ("cpu", "0")):
+    for way, env, device in (("nvcomp", "1", "gpu"), ("encoders", "0", "gpu"), ("cpu", "1", "cpu")):
         monkeypatch.setenv("TERRAIN_NVCOMP", env)
         st = TerrainStore.from_array(tmp_path / f"{way}.zarr", h, tile=64, shard=4)
-        fill(st, device="gpu", progress=False)
-        src = [tuple(int(v) for v in np.argwhere(st.valid(h))[h.size // 3])]
-        sssp(st, src, name="a", device="gpu", method="incore", progress=False)
-        got[way] = (read_fill(st), zarr.open_group(tmp_path / f"{way}.zarr", mode="r"))
+        fill(st, device=device, progress=False)
+        sssp(st, src, name="a", device=device, method="incore", progress=False)
+        grp = zarr.open_group(tmp_path / f"{way}.zarr", mode="r")
+        got[way] = (read_fill(st), {k: grp[f"sssp/a/{k}"][...] for k in ("distance", "predecessor")})
         assert not integrity.verify(tmp_path / f"{way}.zarr").problems
-    (fill_g, grp_g), (fill_c, grp_c) = got["gpu"], got["cpu"]
-    for k in fill_c:
-        assert fill_g[k].tobytes() == fill_c[k].tobytes(), k
-    for k in ("distance", "predecessor"):
-        assert grp_g[f"sssp/a/{k}"][...].tobytes() == grp_c[f"sssp/a/{k}"][...].tobytes(), k
-    assert shard_files(tmp_path / "gpu.zarr" / "fill") != shard_files(tmp_path / "cpu.zarr" / "fill")
+    for way in ("encoders", "cpu"):
+        for k, v in got["nvcomp"][0].items():
+            assert v.tobytes() == got[way][0][k].tobytes(), (way, k)
+        for k, v in got["nvcomp"][1].items():
+            assert v.tobytes() == got[way][1][k].tobytes(), (way, k)
+    assert shard_files(tmp_path / "nvcomp.zarr" / "fill") != shard_files(tmp_path / "encoders.zarr" / "fill")
