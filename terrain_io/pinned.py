@@ -95,8 +95,8 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 with phase("write_gpu_encode"):
                     jobs = []
                     for i, (arr, dev) in enumerate(zip(arrays, band_outputs(r0, r1))):
-                        frames = enc.encode(dev, arr, shards, lambda n, i=i: pinned.buffer(k, ("frames", i), (n,),
-                                                                                          np.uint8))
+                        frames = enc.encode(dev, arr, shards, lambda n, i=i: pinned.buffer(k, ("frames", i),
+                                                                                          (_headroom(n),), np.uint8))
                         jobs += [(write_frames, arr, win, f) for win, f in zip(band, frames)]
             except Exception as exc:  # noqa: BLE001 -- no GPU codec: the CPU's way, which writes the same cells
                 warnings.warn(f"the GPU's zstd failed ({exc}); the results are compressed on the CPU", TerrainNote,
@@ -115,3 +115,10 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 pending.pop(0).result()
     for f in pending:
         f.result()
+
+
+def _headroom(nbytes: int) -> int:
+    """A frames buffer's size for ``nbytes``: a quarter more, in 16 MiB steps, so that later bands, which
+    compress a little worse or better, seldom pin a new one (a pinned allocation costs ~1 s per few GB)."""
+    step = 16 << 20
+    return -(-(nbytes + nbytes // 4) // step) * step

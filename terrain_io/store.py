@@ -734,7 +734,9 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
-    with one preadv into one buffer and decodes its chunks here, straight from views of it -- from
+    into one buffer -- the kernel asked to read it all ahead, the bytes taken in pieces of 1 MiB, each
+    chunk decoded as soon as its bytes are in (a cold read overlaps the decoding) -- and decodes its
+    chunks here, straight from views of it -- from
     the main thread in the pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c
     release the GIL), so that one reader uses every core, and in a reader thread's own, as parallel
     readers scale. The shard index's crc32c is checked,
