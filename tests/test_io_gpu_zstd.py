@@ -11,25 +11,7 @@ import zarr
 from terrain_io import integrity
 from terrain_io import store as store_mod
 from terrain_io.store import TerrainStore, shard_chunks, write_frames
-
-SHAPE = (300, 170)  # 3 x 2 shards of 128^2 (32^2 tiles), the last ones partial
-
-
-def values_of(dtype: str) -> np.ndarray:
-    rng = np.random.default_rng(11)
-    z = (np.add.outer(np.arange(SHAPE[0]), 2 * np.arange(SHAPE[1])) + rng.normal(0, 0.3, SHAPE)).astype("float64")
-    if dtype.startswith("float"):
-        z[:40, :70] = np.nan  # whole chunks of fill value: left out, as zarr leaves them out
-        z[200, 5] = np.nan
-        return z.astype(dtype)
-    v = (z % 251).astype(dtype)
-    v[:64, :] = 0  # fill value 0
-    return v
-
-
-def shard_files(root) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("c/*/*")) if p.is_file()}
-
+from test_store_write_path import SHAPE, assert_zarrs_own_files, shard_files, values_of
 
 def cpu_frames(arr, values, sr, sc):
     """The chunks' zstd frames as zarr makes them (numcodecs, the array's level), None where all fill."""
@@ -61,12 +43,7 @@ def test_write_frames_writes_zarrs_own_file(tmp_path, dtype):
         for win in store.shards():
             sr, sc = win.r0 // arr.shards[0], win.c0 // arr.shards[1]
             write_frames(arr, sr, sc, cpu_frames(arr, values, sr, sc))
-    meta = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r").metadata.to_dict()
-    ref = zarr.create_array(tmp_path / "ref.zarr", shape=SHAPE, dtype=dtype, chunks=(32, 32), shards=(128, 128),
-                            fill_value=meta["fill_value"], compressors=[store_mod._COMPRESSOR, store_mod._CHECKSUM])
-    ref[...] = values
-    ours = shard_files(tmp_path / "s.zarr" / "r" / "v")
-    assert ours and ours == shard_files(tmp_path / "ref.zarr")
+    assert_zarrs_own_files(tmp_path, values)
     assert not integrity.verify(tmp_path / "s.zarr").problems
 
 
