@@ -189,6 +189,9 @@ def store_read(folder: Path, name: str, threads: int) -> np.ndarray:
 def commit(root) -> str:
     try:
         git = ["git", "-C", str(root)]
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
+        if Path(top.stdout.strip()).resolve() != Path(root).resolve().parent:  # a copy inside another checkout
+            return "? (not a git checkout)"
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
         return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
