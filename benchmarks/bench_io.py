@@ -216,7 +216,7 @@ def main() -> None:
     import terrain_io
 
     from terrain_io import store as store_mod
-    from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
+    from terrain_io.store import DEFAULT_TILE, TerrainStore
 
     n, threads, reps = args.size, args.threads, args.reps
     level = store_mod._COMPRESSOR.level
@@ -237,7 +237,7 @@ def main() -> None:
         r = timed(lambda: (raw_read(paths), [drop_cache(p) for p in paths]), reps)
         shutil.rmtree(raw)
         write_bw, read_bw = raw_bytes / w[0], raw_bytes / r[0]
-        print(f"\n| floor | MiB | wall s | CPU s | MB/s |\n|---|---|---|---|---|")
+        print("\n| floor | MiB | wall s | CPU s | MB/s |\n|---|---|---|---|---|")
         print(f"| raw write, {threads} files, fsync'd | {raw_bytes / mib:.0f} | {w[0]:.3f} | {w[1]:.2f} "
               f"| {write_bw / 1e6:.0f} |")
         print(f"| raw read, cold | {raw_bytes / mib:.0f} | {r[0]:.3f} | {r[1]:.2f} | {read_bw / 1e6:.0f} |")
@@ -270,8 +270,8 @@ def main() -> None:
                   f"{nbytes / c['encode'][0] / 1e6:.0f} | {nbytes / c['decode'][0] / 1e6:.0f} | "
                   f"{c['compressed'] / c['crc'][0] / 1e6:.0f} | {nbytes / c['crc_raw'][0] / 1e6:.0f} | "
                   f"{c['encode'][1] + c['crc'][1]:.2f} |")
-        print(f"\n| store | write wall s | CPU s | MB/s | floor s | % floor | read wall s | CPU s | MB/s | floor s "
-              f"| % floor |\n|---|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| store | write wall s | CPU s | MB/s | floor s | % floor | read wall s | CPU s | MB/s | floor s "
+              "| % floor |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for dtype, nbytes, disk, c, sw, sr, floor_w, floor_r in rows:
             print(f"| {dtype} ({disk / mib:.1f} MiB on disk) | {sw[0]:.3f} | {sw[1]:.2f} | {nbytes / sw[0] / 1e6:.0f} "
                   f"| {floor_w:.3f} | {100 * floor_w / sw[0]:.0f}% | {sr[0]:.3f} | {sr[1]:.2f} | "

@@ -119,6 +119,6 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
 
 def _headroom(nbytes: int) -> int:
     """A frames buffer's size for ``nbytes``: a quarter more, in 16 MiB steps, so that later bands, which
-    compress a little worse or better, seldom pin a new one (a pinned allocation costs ~1 s per few GB)."""
+    compress a little worse or better, seldom pin a new one (each pinned allocation locks its pages anew)."""
     step = 16 << 20
     return -(-(nbytes + nbytes // 4) // step) * step
