@@ -8,8 +8,9 @@ Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
   encoded chunks;
 - our store: one array per dtype (float32, float64, uint8, uint32) written as a result
   (``write_result`` + ``write_window`` of whole shards from a pool of threads, its manifest sealed)
-  plus an fsync of its files (so it is as durable as the raw floor), then read back cold by
-  ``TerrainStore.read`` of whole shards from a pool of threads.
+  with each shard file fsync'd by its writer thread once written, as the raw floor's files are (the
+  result's small files after it is complete), then read back cold by ``TerrainStore.read`` of whole
+  shards from a pool of threads, each into its place.
 
 The floor of a store write is max(encode + crc32c on all cores, compressed bytes at the raw write
 bandwidth); of a read, max(compressed bytes at the raw read bandwidth, decode + crc32c on all cores).
@@ -41,10 +42,13 @@ BLOCK = 4 << 20  # raw file I/O call size
 DTYPES = ("float32", "float64", "uint8", "uint32")
 
 
-def timed(fn, reps: int) -> tuple[float, float, object]:
-    """(best wall s, CPU s of that call, its last result) of ``fn()`` over ``reps`` calls."""
+def timed(fn, reps: int, before=None) -> tuple[float, float, object]:
+    """(best wall s, CPU s of that call, its last result) of ``fn()`` over ``reps`` calls, each after
+    ``before()`` (untimed: clearing what the last call left)."""
     best = (float("inf"), 0.0, None)
     for _ in range(reps):
+        if before is not None:
+            before()
         c0, t0 = time.process_time(), time.perf_counter()
         out = fn()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -134,22 +138,36 @@ def codec(values: np.ndarray, tile: int, level: int, threads: int, reps: int) ->
 
 
 def store_write(folder: Path, name: str, values: np.ndarray, threads: int) -> list[Path]:
-    """Our store's write of one result array, whole shards from ``threads`` threads, its files fsync'd."""
+    """Our store's write of one result array, whole shards from ``threads`` threads, each shard file
+    fsync'd by its writer once written (as each raw floor file is), the rest of the result's files
+    (metadata, coordinates, manifest) after it is complete."""
     from terrain_io.store import TerrainStore, fill_value_for, write_window
+
+    def sync(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     store = TerrainStore.open(folder / "bench.zarr", mode="r+")
     with store.write_result(name) as writer:
         arr = writer.create_array("values", values.dtype, fill_value_for(values.dtype, None))
         wins = list(store.shards())
+
+        def one(w):
+            write_window(arr, w, values[w.slices], True)
+            shard = Path(arr.store.root, arr.path, arr.metadata.encode_chunk_key((w.r0 // arr.shards[0],
+                                                                                   w.c0 // arr.shards[1])))
+            if shard.exists():
+                sync(shard)
+
         with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(wins)))) as pool:
-            list(pool.map(lambda w: write_window(arr, w, values[w.slices], True), wins))
-    files = [p for p in (folder / "bench.zarr" / name / "values").rglob("*") if p.is_file()]
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            list(pool.map(one, wins))
+    root = folder / "bench.zarr" / name
+    files = [p for p in root.rglob("*") if p.is_file()]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
+        list(pool.map(sync, [p for p in files if "/c/" not in p.as_posix()[len(str(root)):]]))
     return files
 
 
@@ -161,7 +179,7 @@ def store_read(folder: Path, name: str, threads: int) -> np.ndarray:
     wins = list(store.shards())
 
     def one(w):
-        out[w.slices] = store.read(w, f"{name}/values")
+        store.read(w, f"{name}/values", out=out[w.slices])  # decoded in place, as the pipelines' bands are
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(threads, len(wins)))) as pool:
         list(pool.map(one, wins))
@@ -171,6 +189,9 @@ def store_read(folder: Path, name: str, threads: int) -> np.ndarray:
 def commit(root) -> str:
     try:
         git = ["git", "-C", str(root)]
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
+        if Path(top.stdout.strip()).resolve() != Path(root).resolve().parent:  # a copy inside another checkout
+            return "? (not a git checkout)"
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
         return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
@@ -195,7 +216,7 @@ def main() -> None:
     import terrain_io
 
     from terrain_io import store as store_mod
-    from terrain_io.store import DEFAULT_SHARD, DEFAULT_TILE, TerrainStore
+    from terrain_io.store import DEFAULT_TILE, TerrainStore
 
     n, threads, reps = args.size, args.threads, args.reps
     level = store_mod._COMPRESSOR.level
@@ -216,7 +237,7 @@ def main() -> None:
         r = timed(lambda: (raw_read(paths), [drop_cache(p) for p in paths]), reps)
         shutil.rmtree(raw)
         write_bw, read_bw = raw_bytes / w[0], raw_bytes / r[0]
-        print(f"\n| floor | MiB | wall s | CPU s | MB/s |\n|---|---|---|---|---|")
+        print("\n| floor | MiB | wall s | CPU s | MB/s |\n|---|---|---|---|---|")
         print(f"| raw write, {threads} files, fsync'd | {raw_bytes / mib:.0f} | {w[0]:.3f} | {w[1]:.2f} "
               f"| {write_bw / 1e6:.0f} |")
         print(f"| raw read, cold | {raw_bytes / mib:.0f} | {r[0]:.3f} | {r[1]:.2f} | {read_bw / 1e6:.0f} |")
@@ -229,21 +250,12 @@ def main() -> None:
             c = codec(values, DEFAULT_TILE, level, threads, reps)
             name = f"w{dtype}"
 
-            def write():
-                shutil.rmtree(folder / "bench.zarr" / name, ignore_errors=True)
-                return store_write(folder, name, values, threads)
-
-            sw = timed(write, reps)
+            sw = timed(lambda: store_write(folder, name, values, threads), reps,
+                       lambda: shutil.rmtree(folder / "bench.zarr" / name, ignore_errors=True))
             for p in sw[2]:
                 drop_cache(p)
 
-            def read():
-                out = store_read(folder, name, threads)
-                for p in sw[2]:
-                    drop_cache(p)
-                return out
-
-            sr = timed(read, reps)
+            sr = timed(lambda: store_read(folder, name, threads), reps, lambda: [drop_cache(p) for p in sw[2]])
             if not np.array_equal(sr[2], values):
                 raise SystemExit(f"bench_io: {dtype}: the store read back other values than written")
             disk = sum(p.stat().st_size for p in sw[2])
@@ -258,8 +270,8 @@ def main() -> None:
                   f"{nbytes / c['encode'][0] / 1e6:.0f} | {nbytes / c['decode'][0] / 1e6:.0f} | "
                   f"{c['compressed'] / c['crc'][0] / 1e6:.0f} | {nbytes / c['crc_raw'][0] / 1e6:.0f} | "
                   f"{c['encode'][1] + c['crc'][1]:.2f} |")
-        print(f"\n| store | write wall s | CPU s | MB/s | floor s | % floor | read wall s | CPU s | MB/s | floor s "
-              f"| % floor |\n|---|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| store | write wall s | CPU s | MB/s | floor s | % floor | read wall s | CPU s | MB/s | floor s "
+              "| % floor |\n|---|---|---|---|---|---|---|---|---|---|---|")
         for dtype, nbytes, disk, c, sw, sr, floor_w, floor_r in rows:
             print(f"| {dtype} ({disk / mib:.1f} MiB on disk) | {sw[0]:.3f} | {sw[1]:.2f} | {nbytes / sw[0] / 1e6:.0f} "
                   f"| {floor_w:.3f} | {100 * floor_w / sw[0]:.0f}% | {sr[0]:.3f} | {sr[1]:.2f} | "

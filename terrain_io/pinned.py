@@ -6,11 +6,13 @@ a pageable copy through its own pinned buffer, and the new array's pages fault i
 Into a pinned buffer the copy is one DMA; the shard threads decode into it and encode from views of
 it directly. Kept sets: a band's writers still read set k while the next band comes back into set
 k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled only after
-:meth:`PinnedBands.uploaded`.
+:meth:`PinnedBands.uploaded`. :func:`write_bands` is the one way results on the GPU are stored.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 
 import numpy as np
 
@@ -58,3 +60,65 @@ class PinnedBands:
 
     def close(self) -> None:
         self._buffers.clear()
+
+
+def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=None, timings=None) -> None:
+    """Store results that sit on the GPU, one band of shard rows at a time: ``arrays`` (zarr
+    arrays, sharded alike), ``bands`` (lists of the shard windows of one shard row each),
+    ``band_outputs(r0, r1)`` (the device arrays of rows r0 .. r1, every column, one an array, in
+    order); ``pool``: the writers' threads; ``done(n)``: n shards written.
+
+    With nvCOMP (:mod:`terrain_io.nvzstd`) a band's chunks are compressed on the GPU and only their
+    frames come back, for the threads to checksum and write (:func:`terrain_io.store.write_frames`);
+    else the band comes back raw and the threads encode it (:func:`terrain_io.store.write_shard`).
+    Either way into this run's pinned sets: ``pinned.sets - 1`` bands are written while the next
+    comes back."""
+    from . import nvzstd
+    from .errors import TerrainNote
+    from .store import direct_shards, write_frames, write_shard
+
+    enc = nvzstd.encoder() if all(direct_shards(a) for a in arrays) else None
+    phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
+    pending: list = []
+
+    def write(fn, arr, win, data):
+        fn(arr, win.r0 // arr.shards[0], win.c0 // arr.shards[1], data)
+        if done is not None:
+            done(1)
+
+    for k, band in enumerate(bands):
+        r0, r1 = band[0].r0, band[0].r1
+        shards = [(w.r0 // arrays[0].shards[0], w.c0 // arrays[0].shards[1]) for w in band]
+        jobs = None
+        if enc is not None:
+            try:
+                with phase("write_gpu_encode"):
+                    jobs = []
+                    for i, (arr, dev) in enumerate(zip(arrays, band_outputs(r0, r1))):
+                        frames = enc.encode(dev, arr, shards, lambda n, i=i: pinned.buffer(k, ("frames", i),
+                                                                                          (_headroom(n),), np.uint8))
+                        jobs += [(write_frames, arr, win, f) for win, f in zip(band, frames)]
+            except Exception as exc:  # noqa: BLE001 -- no GPU codec: the CPU's way, which writes the same cells
+                warnings.warn(f"the GPU's zstd failed ({exc}); the results are compressed on the CPU", TerrainNote,
+                              stacklevel=2)
+                enc, jobs = None, None
+        if jobs is None:
+            with phase("write_copy"):
+                parts = pinned.download(k, band_outputs(r0, r1))
+            jobs = [(write_shard, arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1])
+                    for arr, part in zip(arrays, parts) for win in band]
+        for f in [f for f in pending if f.done()]:
+            f.result()  # raises a failed write's error here
+        pending = [f for f in pending if not f.done()] + [pool.submit(write, *job) for job in jobs]
+        with phase("write_wait"):
+            while len(pending) > (pinned.sets - 1) * len(jobs):  # the set the next band comes into is free
+                pending.pop(0).result()
+    for f in pending:
+        f.result()
+
+
+def _headroom(nbytes: int) -> int:
+    """A frames buffer's size for ``nbytes``: a quarter more, in 16 MiB steps, so that later bands, which
+    compress a little worse or better, seldom pin a new one (each pinned allocation locks its pages anew)."""
+    step = 16 << 20
+    return -(-(nbytes + nbytes // 4) // step) * step

@@ -734,7 +734,9 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
-    with one preadv into one buffer and decodes its chunks here, straight from views of it -- from
+    into one buffer -- the kernel asked to read it all ahead, the bytes taken in pieces of 1 MiB, each
+    chunk decoded as soon as its bytes are in (a cold read overlaps the decoding) -- and decodes its
+    chunks here, straight from views of it -- from
     the main thread in the pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c
     release the GIL), so that one reader uses every core, and in a reader thread's own, as parallel
     readers scale. The shard index's crc32c is checked,
@@ -775,8 +777,9 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         if length < size + 4:
             raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
         whole = part is None
-        raw = _read_file(fd, length, arr, (sr, sc)) if whole else None  # numpy views of it: no copies
-        tail = raw[-size - 4 :] if whole else np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
+        if whole and hasattr(os, "posix_fadvise"):  # the kernel reads the file ahead while its chunks decode
+            os.posix_fadvise(fd, 0, length, os.POSIX_FADV_WILLNEED)
+        tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
         index_bytes = tail[:-4]
         if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
             raise _damaged(arr, (sr, sc), "the shard index fails its checksum", unit="shard")
@@ -792,37 +795,63 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                 if off + nb > body or nb < 4 * crc:
                     raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
                 jobs.append((i, j, off, nb))
-        if not whole:  # the chunks the window touches, from their offsets
+        if whole:  # the body into one buffer (its chunks numpy views: no copies), piece by piece ahead of use
+            jobs.sort(key=lambda job: job[2])
+            raw = np.empty(body, np.uint8)
+            arriving = _read_ahead(fd, raw, jobs, arr, (sr, sc))
+        else:  # the chunks the window touches, from their offsets
             raw = {off: np.frombuffer(os.pread(fd, nb, off), np.uint8) for _, _, off, nb in jobs}
+            arriving = jobs
+        zstd = Zstd()
+
+        def decode(job):
+            """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
+            i, j, off, nb = job
+            where = (sr * n0 + i, sc * n1 + j)
+            data = raw[off : off + nb] if whole else raw[off]
+            if crc:
+                data, stored = data[:-4], data[-4:]
+                if integrity.crc32c(data) != stored.tobytes():
+                    raise _damaged(arr, where, "chunk fails its checksum")
+            chunk = np.empty((t0, t1), arr.dtype)
+            try:
+                got = zstd.decode(data, out=chunk)
+            except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
+                raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
+            if memoryview(got).nbytes != chunk.nbytes:
+                raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
+            a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
+            lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
+            out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
+
+        # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
+        # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
+        # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+        _run_chunks(decode, arriving, out.nbytes if threading.current_thread() is threading.main_thread() else 0,
+                    len(jobs))
     finally:
         os.close(fd)
-    zstd = Zstd()
-
-    def decode(job):
-        """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
-        i, j, off, nb = job
-        where = (sr * n0 + i, sc * n1 + j)
-        data = raw[off : off + nb] if whole else raw[off]
-        if crc:
-            data, stored = data[:-4], data[-4:]
-            if integrity.crc32c(data) != stored.tobytes():
-                raise _damaged(arr, where, "chunk fails its checksum")
-        chunk = np.empty((t0, t1), arr.dtype)
-        try:
-            got = zstd.decode(data, out=chunk)
-        except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
-            raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
-        if memoryview(got).nbytes != chunk.nbytes:
-            raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
-        a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
-        lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
-        out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
-
-    # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
-    # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
-    # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-    _run_chunks(decode, jobs, out.nbytes if threading.current_thread() is threading.main_thread() else 0)
     return out
+
+
+_READ_PIECE = 1 << 20  # bytes read ahead of the chunk being decoded
+
+
+def _read_ahead(fd: int, buf: np.ndarray, jobs: list, arr: zarr.Array, shard):
+    """The ``jobs`` (sorted by offset), each once its bytes are in ``buf`` (the file from its
+    start), read in pieces of at least :data:`_READ_PIECE` ahead of it: a chunk decodes while the
+    kernel brings the next piece (with the readahead asked for). A file that shrank is damage."""
+    done = 0
+    for job in jobs:
+        end = job[2] + job[3]
+        if end > done:
+            stop = min(len(buf), max(end, done + _READ_PIECE))
+            while done < stop:
+                n = os.preadv(fd, [buf[done:stop]], done)
+                if n == 0:
+                    raise _damaged(arr, shard, f"shard file cut while read ({done} of {len(buf)} bytes)", unit="shard")
+                done += n
+        yield job
 
 
 def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
@@ -830,7 +859,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
     Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
     of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), the file written with one
-    call. Other layouts: through zarr."""
+    call (:func:`write_frames`). Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
@@ -842,9 +871,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
 
     (t0, t1), level, crc = fmt
     zstd = Zstd(level=level)
-    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     fill = np.array(arr.fill_value, dtype=arr.dtype)
-    cells = [(int(i), int(j)) for i, j in morton_order(n0, n1) if i * t0 < block.shape[0] and j * t1 < block.shape[1]]
 
     def encode(ij):
         """The chunk's stored bytes (zstd frame, crc32c) or None when it is all fill value."""
@@ -859,13 +886,50 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
         return (data, integrity.crc32c(data)) if crc else (data,)
 
-    encoded = _run_chunks(encode, cells, block.nbytes)
-    index = np.full((n0, n1, 2), _EMPTY, "<u8")
+    cells = shard_chunks(arr, sr, sc)
+    _write_chunks(arr, sr, sc, cells, _run_chunks(encode, cells, block.nbytes))
+
+
+def direct_shards(arr: zarr.Array) -> bool:
+    """Whether :func:`write_frames` can write ``arr``'s shards (its layout is the one this tool
+    writes on local disk: see :func:`_direct_shards`)."""
+    return _direct_shards(arr) is not None
+
+
+def shard_chunks(arr: zarr.Array, sr: int, sc: int) -> list[tuple[int, int]]:
+    """The chunks (i, j) of shard (sr, sc) that lie inside the array, in the order zarr lays them
+    out in the shard file (Morton order): the order of :func:`write_frames`' frames."""
+    (t0, t1), _, _ = _direct_shards(arr)
+    r0, r1, c0, c1 = _shard_region(arr, sr, sc)
+    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
+    return [(int(i), int(j)) for i, j in morton_order(n0, n1) if i * t0 < r1 - r0 and j * t1 < c1 - c0]
+
+
+def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
+    """Write shard (sr, sc) of ``arr`` (a layout :func:`direct_shards` accepts) from the zstd frames
+    of its chunks, made elsewhere (on the GPU: :mod:`terrain_io.nvzstd`): ``frames[k]`` of chunk
+    ``shard_chunks(arr, sr, sc)[k]`` (bytes-like), None for a chunk all of fill value (left out, as
+    zarr leaves it out). Each frame gets its crc32c here; the file is the one :func:`write_shard`
+    writes, with these frames."""
+    crc = _direct_shards(arr)[2]
+    cells = shard_chunks(arr, sr, sc)
+    if len(frames) != len(cells):
+        raise ValueError(f"shard ({sr}, {sc}) has {len(cells)} chunks, got {len(frames)} frames")
+    _write_chunks(arr, sr, sc, cells, [None if f is None else (f, integrity.crc32c(f)) if crc else (f,)
+                                       for f in frames])
+
+
+def _write_chunks(arr: zarr.Array, sr: int, sc: int, cells: list, encoded: list) -> None:
+    """The shard file of the chunks ``cells``, each stored as the bytes-like parts ``encoded[k]``
+    (None: left out), in that order, then the index (offset, size a chunk; all ones where absent)
+    and its crc32c, written with one call; no file when every chunk is left out."""
+    (t0, t1), _, _ = _direct_shards(arr)
+    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), _EMPTY, "<u8")
     parts, offset = [], 0
     for (i, j), data in zip(cells, encoded):
         if data is None:
             continue
-        size = sum(len(d) for d in data)
+        size = sum(memoryview(d).nbytes for d in data)
         index[i, j] = offset, size
         parts.extend(data)
         offset += size
@@ -896,27 +960,16 @@ def _codec_pool() -> concurrent.futures.ThreadPoolExecutor:
 _POOL_THREADS = "terrain-codec"
 
 
-def _run_chunks(fn, jobs: list, nbytes: int) -> list:
+def _run_chunks(fn, jobs, nbytes: int, count: int | None = None) -> list:
     """``[fn(job) for job in jobs]``: in the codec pool when the shard is large enough (``nbytes``)
     to pay for the hand-offs, else -- and inside the pool's own threads, which must not wait on it --
-    here. The first exception is raised, as a loop would."""
-    if (nbytes >= _PARALLEL_SHARD_BYTES and len(jobs) > 1 and (os.cpu_count() or 1) > 1
+    here. ``jobs``: a list, or an iterable of ``count`` jobs (taken in this thread, each handed on
+    as it comes). The first exception is raised, as a loop would."""
+    count = len(jobs) if count is None else count
+    if (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
             and not threading.current_thread().name.startswith(_POOL_THREADS)):
         return list(_codec_pool().map(fn, jobs))
     return [fn(job) for job in jobs]
-
-
-def _read_file(fd: int, length: int, arr: zarr.Array, shard) -> np.ndarray:
-    """The ``length`` bytes of the open file ``fd``, read with one preadv into one buffer (its
-    chunks are then numpy views, no copies); a file that shrank meanwhile is damage."""
-    buf = np.empty(length, np.uint8)
-    done = 0
-    while done < length:
-        n = os.preadv(fd, [buf[done:]], done)
-        if n == 0:
-            raise _damaged(arr, shard, f"shard file cut while read ({done} of {length} bytes)", unit="shard")
-        done += n
-    return buf
 
 
 def overwrite_file(path, parts) -> None:

@@ -28,6 +28,18 @@ def shard_files(root) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("c/*/*")) if p.is_file()}
 
 
+def assert_zarrs_own_files(tmp_path, values):
+    """The shard files of result ``r/v`` in ``tmp_path/s.zarr`` are those zarr-python writes itself for
+    ``values`` in an array of the same metadata (the reference), byte for byte."""
+    meta = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r").metadata.to_dict()
+    ref = zarr.create_array(tmp_path / "ref.zarr", shape=SHAPE, dtype=values.dtype, chunks=(32, 32),
+                            shards=(128, 128), fill_value=meta["fill_value"],
+                            compressors=[store_mod._COMPRESSOR, store_mod._CHECKSUM])
+    ref[...] = values
+    ours = shard_files(tmp_path / "s.zarr" / "r" / "v")
+    assert ours and ours == shard_files(tmp_path / "ref.zarr")
+
+
 @pytest.fixture(params=[False, True], ids=["caller-thread", "encode-pool"])
 def pool(request, monkeypatch):
     """Both ways of encoding a shard: in its caller's thread, and chunk by chunk in the pool."""
@@ -45,13 +57,7 @@ def test_shards_are_byte_identical_to_zarrs_own_writer_and_read_by_zarr_and_xarr
         for win in store.shards():
             sh = arr.shards
             write_shard(arr, win.r0 // sh[0], win.c0 // sh[1], values[win.slices])  # strided views
-    # the reference: zarr-python writes an array of the same metadata itself
-    meta = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r").metadata.to_dict()
-    ref = zarr.create_array(tmp_path / "ref.zarr", shape=SHAPE, dtype=dtype, chunks=(32, 32), shards=(128, 128),
-                            fill_value=meta["fill_value"], compressors=[store_mod._COMPRESSOR, store_mod._CHECKSUM])
-    ref[...] = values
-    ours = shard_files(tmp_path / "s.zarr" / "r" / "v")
-    assert ours and ours == shard_files(tmp_path / "ref.zarr")
+    assert_zarrs_own_files(tmp_path, values)
     plain = zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r")[...]
     assert plain.dtype == values.dtype and plain.tobytes() == values.tobytes()
     ds = xr.open_zarr(tmp_path / "s.zarr" / "r", consolidated=False, mask_and_scale=False)

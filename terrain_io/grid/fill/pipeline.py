@@ -69,7 +69,7 @@ from ...errors import InputError, TerrainNote
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, run_on_worker
-from ...pinned import PinnedBands
+from ...pinned import PinnedBands, write_bands
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -670,25 +670,8 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
                 lanes = max(1, min(os.cpu_count() or 1, len(arrays) * nsc))
                 with concurrent.futures.ThreadPoolExecutor(lanes) as pool, \
                         progress_bar(progress, nsr * nsc * len(arrays), "fill: write", unit="shard") as bar:
-
-                    def write(win, arr, part, r0):
-                        write_window(arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1], True)
-                        bar.update(1)
-
-                    waiting = []
-                    for k, band in enumerate(bands):
-                        r0 = band[0].r0
-                        # comes back (into the other set of pinned buffers) while the band before is encoded
-                        with timings.phase("write_copy"):
-                            parts = pinned.download(k, gpu.band(r0, band[0].r1, outputs))
-                        with timings.phase("write_wait"):
-                            for f in waiting:
-                                f.result()
-                        waiting = [pool.submit(write, win, arr, part, r0)
-                                   for win in band for arr, part in zip(arrays, parts)]
-                        del parts
-                    for f in waiting:
-                        f.result()
+                    write_bands(arrays, bands, lambda r0, r1: gpu.band(r0, r1, outputs), pinned, pool, bar.update,
+                                timings)
             dx, dy = store.metric_cell_size
             result = FillResult(outlets=outlets, device="gpu", method="incore", cells=rows * cols,
                                 depressions=len(table), filled_cells=int(cells.sum()),

@@ -205,6 +205,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     from concurrent.futures import ThreadPoolExecutor
 
     from ...progress import progress_bar
+    from ...pinned import write_bands
     from ...store import write_shard
 
     if not fits_in_core(store, field, device, budget, allocation):
@@ -251,7 +252,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     with timings.phase("write"):
         d32 = output_distance(dist, vals)
         del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
-        bar = progress_bar(progress, nsr * nsc, "sssp write")
+        bar = progress_bar(progress, nsr * nsc * (1 + predecessor + allocation), "sssp write")
         with write_result(store, name, attrs, allocation, predecessor) as arrays:
             outputs = [(arrays.distance, d32)] + ([(arrays.predecessor, pred)] if predecessor else [])
             if allocation:
@@ -261,29 +262,15 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
             dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
             del finite
 
-            def write(win, parts, r0):
-                part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0, win.c1))
-                side = store.tile_size * store.shard_size
-                sr, sc = win.r0 // side, win.c0 // side
-                for (arr, _), band in zip(outputs, parts):
-                    write_shard(arr, sr, sc, np.ascontiguousarray(band[part]))
-                bar.update(1)
-
             with ThreadPoolExecutor(threads) as pool:
-                pending = []
-                for k, band in enumerate(bands):
-                    r0, r1 = band[0].r0, band[0].r1
-                    parts = [a[r0:r1] for _, a in outputs]
-                    if gpu:  # one copy a band; its shards are encoded while the next band comes over
-                        parts = pinned.download(k, parts)  # (sets: this band, and two still written)
-                    for f in [f for f in pending if f.done()]:
-                        f.result()  # raises a failed write's error here
-                    pending = [f for f in pending if not f.done()]
-                    pending += [pool.submit(write, win, parts, r0) for win in band]
-                    while len(pending) > 2 * len(band):  # at most about two bands waiting
-                        pending.pop(0).result()
-                for f in pending:
-                    f.result()
+                if gpu:  # (sets: a band coming back, and two still written)
+                    write_bands([arr for arr, _ in outputs], bands,
+                                lambda r0, r1: [a[r0:r1] for _, a in outputs], pinned, pool, bar.update, timings)
+                else:
+                    side = store.tile_size * store.shard_size
+                    list(pool.map(lambda job: (write_shard(job[0], job[1].r0 // side, job[1].c0 // side,
+                                                           job[2][job[1].slices]), bar.update(1)),
+                                  [(arr, win, a) for band in bands for win in band for arr, a in outputs]))
             arrays.finish(reached, dmax)
         bar.close()
     return SSSPResult(name, field.model.name, cells, "incore", reached, dmax,

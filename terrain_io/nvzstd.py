@@ -1,0 +1,193 @@
+"""Zstd frames made on the GPU: NVIDIA nvCOMP's batched compressor (pip ``nvidia-libnvcomp-cu13``,
+its C API ``nvcompBatchedZstdCompressAsync`` through ctypes), for the in-core GPU pipelines, whose
+results are on the device before they are stored.
+
+A band of shard rows of one array is cut into its chunks on the GPU (padded with the fill value at
+the array's edge, each shard's chunks in zarr's Morton order, chunks all of fill value left out as
+zarr leaves them out), compressed there in one batched call, packed end to end and copied to the
+host in one copy: the frames cross the bus instead of the raw cells (fill's three outputs at
+32768^2: 12.9 GB raw, ~3 GB of frames), and the host's threads only checksum and write them
+(:func:`terrain_io.store.write_frames`). nvCOMP writes standard zstd frames (RFC 8878), which
+numcodecs and so zarr decode: the chunks decode to the bytes the CPU's encoder stores; the frames
+themselves differ (another encoder), as they would between two zstd versions.
+
+:func:`encoder` gives None -- the bands then go the CPU's way -- where the library is not installed or
+does not load, or ``TERRAIN_NVCOMP=0`` is set (to compare the two ways).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+
+import numpy as np
+
+_SUCCESS = 0
+_SONAME = "libnvcomp.so.6"
+
+
+class _Opts(ctypes.Structure):
+    """nvcompBatchedZstdCompressOpts_t: 64 reserved bytes, zeroed (the defaults)."""
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+class _Alignments(ctypes.Structure):
+    """nvcompAlignmentRequirements_t."""
+    _fields_ = [("input", ctypes.c_size_t), ("output", ctypes.c_size_t), ("temp", ctypes.c_size_t)]
+
+
+@functools.cache
+def _lib():
+    """libnvcomp from the ``nvidia-libnvcomp-cu13`` wheel (``nvidia/libnvcomp/lib64`` on the path),
+    with the prototypes of the calls used here; None where it is not there or does not load."""
+    for root in sys.path:
+        path = os.path.join(root or ".", "nvidia", "libnvcomp", "lib64", _SONAME)
+        if os.path.isfile(path):
+            break
+    else:
+        return None
+    try:
+        lib = ctypes.CDLL(path, ctypes.RTLD_LOCAL)
+    except OSError:
+        return None
+    size_t, ptr, p_size = ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+    protos = {
+        "nvcompBatchedZstdCompressGetMaxOutputChunkSize": (size_t, _Opts, p_size),
+        "nvcompBatchedZstdCompressGetRequiredAlignments": (_Opts, ctypes.POINTER(_Alignments)),
+        "nvcompBatchedZstdCompressGetTempSize": (size_t, size_t, _Opts, p_size, size_t, ptr),
+        "nvcompBatchedZstdCompressAsync": (ptr, ptr, size_t, size_t, ptr, size_t, ptr, ptr, _Opts, ptr, ptr),
+    }
+    for name, args in protos.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = list(args), ctypes.c_int
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != _SUCCESS:
+        raise RuntimeError(f"nvCOMP {what}: status {status}")
+
+
+@functools.cache
+def _pack_kernel():
+    """Copy frame c (``sizes[c]`` bytes at slot c of ``src``) to ``offsets[c]`` of ``dst``: one block
+    a frame."""
+    import cupy as cp
+
+    return cp.RawKernel(r"""
+extern "C" __global__ void pack_frames(const unsigned char* __restrict__ src, unsigned long long slot,
+                                       const unsigned long long* __restrict__ sizes,
+                                       const unsigned long long* __restrict__ offsets,
+                                       unsigned char* __restrict__ dst) {
+    const unsigned char* s = src + blockIdx.x * slot;
+    unsigned char* d = dst + offsets[blockIdx.x];
+    const unsigned long long n = sizes[blockIdx.x];
+    for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+}
+""", "pack_frames")
+
+
+def encoder():
+    """A :class:`BandEncoder`, or None where nvCOMP is not usable here (see the module's text)."""
+    if os.environ.get("TERRAIN_NVCOMP", "1") == "0" or _lib() is None:
+        return None
+    return BandEncoder()
+
+
+class BandEncoder:
+    """Zstd frames of a band's chunks, made on the GPU: :meth:`encode`."""
+
+    def __init__(self):
+        self.lib = _lib()
+        self.opts = _Opts()
+        align = _Alignments()
+        _check(self.lib.nvcompBatchedZstdCompressGetRequiredAlignments(self.opts, ctypes.byref(align)),
+               "alignments")
+        self.align = max(int(align.input), int(align.output), int(align.temp), 256)
+
+    def encode(self, band, arr, shards: list, host):
+        """The frames of ``band`` (a CuPy array: rows of ``arr`` from a shard row's first, every
+        column) for the shards ``shards`` ((sr, sc) of that row, each with its chunks in the order
+        ``store.shard_chunks`` gives): a list a shard of frames (NumPy views of the host buffer,
+        None for a chunk all of fill value). ``host(nbytes)`` gives the pinned host buffer the
+        frames are copied into (valid while the caller's writers read it)."""
+        import cupy as cp
+
+        from .store import _direct_shards, shard_chunks
+
+        (t0, t1), _, _ = _direct_shards(arr)
+        dtype = np.dtype(arr.dtype)
+        rows, cols = band.shape
+        ntr, ntc = -(-rows // t0), -(-cols // t1)
+        if (rows, cols) != (ntr * t0, ntc * t1):  # the array's edge: chunks padded with the fill value
+            padded = cp.full((ntr * t0, ntc * t1), arr.fill_value, dtype)
+            padded[:rows, :cols] = band
+            band = padded
+        n1 = arr.shards[1] // t1
+        order = [shard_chunks(arr, sr, sc) for sr, sc in shards]
+        ti = np.array([i for cells in order for i, _ in cells], np.int64)
+        tj = np.array([sc * n1 + j for (_, sc), cells in zip(shards, order) for _, j in cells], np.int64)
+        tiles = cp.ascontiguousarray(band, dtype=dtype).reshape(ntr, t0, ntc, t1).transpose(0, 2, 1, 3)
+        chunks = tiles[cp.asarray(ti), cp.asarray(tj)]  # (n, t0, t1), contiguous, in the files' order
+        del band, tiles
+        flat = chunks.reshape(len(ti), -1)
+        fill = np.array(arr.fill_value, dtype)
+        if dtype.kind == "f" and np.isnan(fill):
+            keep = ~cp.isnan(flat).all(axis=1)
+        else:
+            keep = (flat != fill).any(axis=1)
+        kept = cp.flatnonzero(keep).astype(cp.uint64)
+        k = int(kept.size)
+        sizes = np.zeros(0, np.uint64)
+        frames_at = np.full(len(ti), -1, np.int64)
+        if k:
+            sizes, packed = self._compress(chunks, kept, t0 * t1 * dtype.itemsize)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            total = int(sizes.sum())
+            out = host(total)
+            packed[:total].get(out=out[:total])
+            cp.cuda.get_current_stream().synchronize()
+            frames_at[cp.asnumpy(kept).astype(np.int64)] = np.arange(k)
+        result, pos = [], 0
+        for cells in order:
+            got = []
+            for idx in frames_at[pos : pos + len(cells)]:
+                got.append(None if idx < 0 else out[offsets[idx] : offsets[idx] + int(sizes[idx])])
+            result.append(got)
+            pos += len(cells)
+        return result
+
+    def _compress(self, chunks, kept, chunk_bytes: int):
+        """Zstd frames of the chunks ``kept`` (indices into ``chunks``, which are ``chunk_bytes``
+        each): their sizes (host) and the frames packed end to end (device)."""
+        import cupy as cp
+
+        lib, k = self.lib, int(kept.size)
+        stream = cp.cuda.get_current_stream().ptr
+        max_out = ctypes.c_size_t()
+        _check(lib.nvcompBatchedZstdCompressGetMaxOutputChunkSize(chunk_bytes, self.opts, ctypes.byref(max_out)),
+               "max output size")
+        slot = -(-int(max_out.value) // self.align) * self.align
+        temp_bytes = ctypes.c_size_t()
+        _check(lib.nvcompBatchedZstdCompressGetTempSize(k, chunk_bytes, self.opts, ctypes.byref(temp_bytes),
+                                                        k * chunk_bytes, stream), "temp size")
+        temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
+        in_ptrs = cp.uint64(chunks.data.ptr) + kept * cp.uint64(chunk_bytes)
+        in_sizes = cp.full(k, chunk_bytes, cp.uint64)
+        slots = cp.empty(k * slot, cp.uint8)
+        out_ptrs = cp.uint64(slots.data.ptr) + cp.arange(k, dtype=cp.uint64) * cp.uint64(slot)
+        out_sizes = cp.zeros(k, cp.uint64)
+        statuses = cp.zeros(k, cp.int32)
+        _check(lib.nvcompBatchedZstdCompressAsync(in_ptrs.data.ptr, in_sizes.data.ptr, chunk_bytes, k,
+                                                  temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
+                                                  out_sizes.data.ptr, self.opts, statuses.data.ptr, stream),
+               "zstd compress")
+        bad = int(cp.count_nonzero(statuses))
+        if bad:
+            raise RuntimeError(f"nvCOMP zstd compress: {bad} chunks failed (status {int(statuses.max())})")
+        sizes = out_sizes.get()
+        offsets = cp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64))
+        packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)
+        _pack_kernel()((k,), (256,), (slots, np.uint64(slot), out_sizes, offsets, packed))
+        return sizes, packed
