@@ -651,7 +651,7 @@ def _upload_held(store, source, wsrc):
     as it arrives, so that the host holds a few shards and reading overlaps the copies."""
     import cupy
 
-    z_d = cupy.empty(store.shape, store.dtype)
+    z_d = cupy.empty(store.shape, (store.elevation if source == "elevation" else store.group[source]).dtype)
     w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None
     lock = threading.Lock()  # a raster file's handle is not shared between threads
 
