@@ -63,13 +63,11 @@ def wkb_linestrings(xy: np.ndarray, starts: np.ndarray) -> list[bytes]:
     head[:, 0] = 1  # little-endian
     head[:, 1:5] = np.frombuffer(np.array([2], "<u4").tobytes(), np.uint8)  # LineString
     head[:, 5:] = counts.astype("<u4").view(np.uint8).reshape(n, 4)
-    for b in range(9):
-        buf[ends[:-1] + b] = head[:, b]
-    line = np.repeat(np.arange(n), counts)
-    at = ends[:-1][line] + 9 + 16 * (np.arange(int(starts[-1]) if n else 0) - starts[:-1][line])
-    src = np.ascontiguousarray(xy[: len(at)], "<f8").view(np.uint8).reshape(-1, 16)
-    for b in range(16):
-        buf[at + b] = src[:, b]
+    at = (ends[:-1, None] + np.arange(9)).ravel()  # the headers' bytes; the coordinates fill the rest in order
+    buf[at] = head.ravel()
+    coords = np.ones(len(buf), bool)
+    coords[at] = False
+    buf[coords] = np.ascontiguousarray(xy[: int(starts[-1]) if n else 0], "<f8").view(np.uint8).ravel()
     data = buf.tobytes()
     return [data[a:b] for a, b in zip(ends[:-1].tolist(), ends[1:].tolist())]
 

@@ -84,7 +84,7 @@ def test_the_gpu_route_keeps_to_a_budget_below_the_dem_and_writes_the_cpu_bytes(
     path = tmp_path / "a.zarr"
     TerrainStore.from_array(path, _dem(), tile=8, shard=4,
                             attrs={"transform": [0.0, 30.0, 0.0, 0.0, 0.0, -30.0], "cell_size": [30.0, 30.0]})
-    assert CliRunner().invoke(cli, ["flow", str(path), "--device", "cpu"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["flow", str(path), "--device", "gpu"]).exit_code == 0
     got = {}
     # 1MB: below the CPU's in-core need (66 bytes a cell for HAND: 1.7 MB), above the GPU route's host shards
     for device, memory in (("cpu", []), ("gpu", ["--memory", "1MB"])):

@@ -108,13 +108,17 @@ def label_basins(code):
     return label.reshape(code.shape), outlet, counts
 
 
-def stream_network(code, acc, threshold: float) -> "_cpu.Network":
+def stream_network(code, acc, threshold: float, reached=None) -> "_cpu.Network":
     """:func:`._cpu.stream_network` of CuPy codes and accumulation: the rasters stay on the GPU (a
-    Network of CuPy arrays), the link table comes back to the host."""
+    Network of CuPy arrays), the link table comes back to the host. ``reached``: ``acc >=
+    threshold`` already made (bool, the codes' shape; ``acc`` is then not used)."""
     import cupy as cp
 
     h, w = code.shape
-    stream = (acc.reshape(-1) >= threshold) & (code.reshape(-1) != 255)
+    if reached is None:
+        reached = acc >= threshold
+    stream = reached.reshape(-1) & (code.reshape(-1) != 255)
+    del reached
     par = cp.empty(code.size, np.int64)
     _launch("link_parents", code.size, code, stream, np.int64(h), np.int64(w), par)
     _roots(par)

@@ -32,7 +32,7 @@ from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
-from ...store import ELEVATION, TerrainStore, Window
+from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
 from ..fill._tiled import table_cell, write_held
@@ -159,16 +159,38 @@ class _Route:
 
         return cupy.asarray(x)
 
-    def load(self, store: TerrainStore, name: str, progress: bool):
-        """The whole array ``name`` on the route's device, read shard by shard in threads."""
+    def load(self, store: TerrainStore, name: str, progress: bool, convert=None):
+        """The whole array ``name`` on the route's device, read shard by shard in threads;
+        ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
         if self.device == "cpu":
             return _read(store, name, progress)
         from ..flow.pipeline import _upload_held  # terrain flow's reader: each shard uploaded as decoded
 
         with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
-            out, _ = _upload_held(store, name, None)
+            out, _ = _upload_held(store, name, None, convert)
             bar.update(1)
         return out
+
+    def network(self, store: TerrainStore, code, cells: float, progress: bool, timer: Timings, tails: bool = True):
+        """The stream network of accumulation >= ``cells`` and (``tails``) each link's accumulation
+        at its last cell. On the GPU only the mask ``accumulation >= cells`` is uploaded (made as
+        each shard is read), and the links' accumulations are read at their cells."""
+        if self.device == "cpu":
+            with timer.phase("read"):
+                acc = _read(store, "flow/accumulation", progress)
+            with timer.phase("cpu"):
+                net = _cpu.stream_network(code, acc, cells)
+                return net, acc.reshape(-1)[net.links.tail]
+        with timer.phase("read"):
+            reached = self.load(store, "flow/accumulation", progress, (np.bool_, lambda block: block >= cells))
+        with timer.phase("gpu"):
+            net = self.K.stream_network(code, None, cells, reached)
+        if not tails:
+            return net, None
+        with timer.phase("read"):
+            upstream = CellReader(store, store.tile_size, threads=_threads(store)).values("flow/accumulation",
+                                                                                          net.links.tail)
+        return net, upstream.astype(store.group["flow/accumulation"].dtype, copy=False)
 
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
@@ -366,21 +388,21 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     if wins is None:
         with timer.phase("read"):
             code = route.load(store, "flow/direction", progress)
-            acc = route.load(store, "flow/accumulation", progress)
+        net, upstream = route.network(store, code, cells, progress, timer)
+        t = net.links
+        links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, upstream)
         with timer.phase(route.device):
-            net = route.K.stream_network(code, acc, cells)
-            t = net.links
-            upstream = to_host(acc.reshape(-1)[route.up(t.tail)])
-            del acc
-            links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, upstream)
             n_stream = int(net.stream.sum())
         attrs["links"] = len(t.head)
-        _write(store, "streams", {"order": (net.strahler, 0, order_attrs),
-                                  "magnitude": (net.shreve, 0, magnitude_attrs),
-                                  "link": (net.link, 0, link_attrs)}, attrs, timer)
-        del net
-        reader = CellReader.held(store, to_host(code)) if vectors is not None else None
-        del code
+        arrays = {"order": (net.strahler, 0, order_attrs), "magnitude": (net.shreve, 0, magnitude_attrs),
+                  "link": (net.link, 0, link_attrs)}
+        if vectors is None:
+            _write(store, "streams", arrays, attrs, timer)
+        else:  # the rasters written in a thread of their own while the links are walked and written
+            pending = concurrent.futures.ThreadPoolExecutor(1)
+            written = pending.submit(_write, store, "streams", arrays, attrs, timer)
+            reader = CellReader.held(store, to_host(code))
+        del net, arrays, code
     else:
         with store.write_result("streams", attrs=attrs) as writer:
             shreve_dtype = np.uint32 if rows * cols < 2**32 else np.uint64
@@ -401,8 +423,14 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
              "shreve": links.shreve, "cells": links.cells, "head_row": hr, "head_col": hc, "tail_row": tr,
              "tail_col": tc, "upstream_cells": links.upstream}
     if vectors is not None:
-        with timer.phase("vectors"):
-            write_links(store, reader, links, vectors, overwrite)
+        try:
+            with timer.phase("vectors"):
+                write_links(store, reader, links, vectors, overwrite)
+        finally:
+            if wins is None:
+                pending.shutdown()  # the rasters' write done (its error, if any, raised below)
+        if wins is None:
+            written.result()
     sec = timer.seconds()
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
@@ -422,10 +450,7 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     if wins is None:
         with timer.phase("read"):
             code = route.load(store, "flow/direction", progress)
-            acc = route.load(store, "flow/accumulation", progress)
-        with timer.phase(route.device):
-            net = route.K.stream_network(code, acc, cells)
-            del acc
+        net, _ = route.network(store, code, cells, progress, timer, tails=False)
         with timer.phase("read"):
             z = route.load(store, source, progress)
         with timer.phase(route.device):
@@ -466,16 +491,26 @@ class CellReader:
 
     def __init__(self, store: TerrainStore, side: int, held: dict | None = None, threads: int = 1):
         self.store, self.side, self.held, self.cache, self.threads = store, side, held or {}, {}, threads
+        self.arrays = {}  # zarr arrays by name, opened once (a lookup reads its metadata)
 
     @classmethod
     def held(cls, store: TerrainStore, code: np.ndarray) -> "CellReader":
         """The codes held; other arrays read by tiles in parallel threads."""
         return cls(store, store.tile_size, {"flow/direction": code}, _threads(store))
 
+    def _array(self, name: str):
+        if name not in self.arrays:
+            self.arrays[name] = self.store.elevation if name == ELEVATION else self.store.group[name]
+        return self.arrays[name]
+
     def _read(self, name: str, gid: int) -> tuple[np.ndarray, int, int]:
+        """The block of ``side`` cells holding ``gid`` (inside one shard: ``side`` divides the shard's)."""
         rows, cols = self.store.shape
         r0, c0 = (gid // cols) // self.side * self.side, (gid % cols) // self.side * self.side
-        return self.store.read(Window(r0, min(r0 + self.side, rows), c0, min(c0 + self.side, cols)), name), r0, c0
+        arr = self._array(name)
+        sh0, sh1 = arr.shards
+        win = Window(r0, min(r0 + self.side, rows), c0, min(c0 + self.side, cols))
+        return read_shard(arr, r0 // sh0, c0 // sh1, win), r0, c0
 
     def block(self, name: str, gid: int) -> tuple[np.ndarray, int, int]:
         """The block holding cell ``gid`` of array ``name`` and its first row and column."""
@@ -503,6 +538,7 @@ class CellReader:
             return at, block[gids[at] // cols - r0, gids[at] % cols - c0]
 
         if self.threads > 1 and name not in self.held:
+            self._array(name)  # (opened here, before the threads)
             with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
                 parts = list(pool.map(one, groups))
         else:
@@ -532,6 +568,13 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
+    # each link's first vertex (its head) and last (the downstream link's head, else its last cell):
+    # their elevations read once for all links, a block each
+    last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
+                    links.tail)
+    zf = reader.values(source, np.concatenate([links.head, last])).astype(np.float64)
+    drops = zf[:n] - zf[n:]
+    del zf, last
     with feature_stream(out, "LineString", store.crs, overwrite) as write:
         for s in range(0, max(n, 1), LINK_BATCH):
             sl = slice(s, min(s + LINK_BATCH, n))
@@ -556,8 +599,6 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
             step[starts[1:-1] - 1] = 0  # no step from one link to the next
             length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
-            zf = reader.values(source, np.concatenate([verts[starts[:-1]], verts[last]])).astype(np.float64)
-            drop = zf[: len(ids)] - zf[len(ids):]
             geometry = np.array(wkb_linestrings(xy, starts), object)
             upstream = links.upstream[sl].astype(np.float64)
             write(geometry, {"link": ids, "downstream": down.astype(np.int64),
@@ -565,7 +606,7 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
                              "shreve": links.shreve[sl].astype(np.int64),
                              "cells": cells, "length_m": length, "upstream": upstream,
                              "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
-                             "drop": drop})
+                             "drop": drops[sl]})
     return Path(out)
 
 
