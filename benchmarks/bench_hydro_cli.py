@@ -5,7 +5,7 @@ peak RSS (wait4) and the phases of the result's ``timings`` attribute, on a ``te
 on the same device. Every kernel is compiled first by the same commands on a 512^2 store.
 
 ``--workflow``: the issue's chain at that size (synth, fill, flow, streams with vectors, HAND) and
-the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each.
+the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each (``--only``).
 
     python benchmarks/bench_hydro_cli.py --work /tmp/h --size 16384 --device gpu
     python benchmarks/bench_hydro_cli.py --work /tmp/h --size 32768 --memory 8GB --device gpu --workflow
@@ -23,13 +23,12 @@ GROUPS = {"fill": "fill", "flow": "flow", "basins": "basins", "watershed": "wate
           "hand": "hand"}
 
 
-def steps(st: str, size: int, work: str, threshold: str, workflow: bool) -> list[list[str]]:
+def steps(st: str, size: int, work: str, threshold: str, only: list[str]) -> list[list[str]]:
     gpkg = os.path.join(work, f"streams{size}.gpkg")
     chain = [["synth", "-o", st, "--size", str(size)], ["fill", st], ["flow", st]]
-    hydro = [["streams", st, "--threshold", threshold, "-o", gpkg, "--overwrite"], ["hand", st, "--threshold", threshold]]
-    if not workflow:
-        hydro = [["basins", st], ["watershed", st, "--cell", f"{size // 2},{size // 2}", "--snap", "300"]] + hydro
-    return chain + hydro
+    hydro = [["basins", st], ["watershed", st, "--cell", f"{size // 2},{size // 2}", "--snap", "300"],
+             ["streams", st, "--threshold", threshold, "-o", gpkg, "--overwrite"], ["hand", st, "--threshold", threshold]]
+    return chain + [h for h in hydro if h[0] in only]
 
 
 def main() -> None:
@@ -40,16 +39,18 @@ def main() -> None:
     ap.add_argument("--memory", default=None)
     ap.add_argument("--threshold", default="1000")
     ap.add_argument("--workflow", action="store_true")
+    ap.add_argument("--only", default="basins,watershed,streams,hand", help="the hydrology commands to run")
     a = ap.parse_args()
+    only = ["streams", "hand"] if a.workflow else a.only.split(",")
     os.makedirs(a.work, exist_ok=True)
     opts = ["--device", a.device, "-q"] + (["--memory", a.memory] if a.memory else [])
     warm = os.path.join(a.work, "warm.zarr")
     if not os.path.exists(warm):  # every kernel compiled (numba's cache, CuPy's) by the same commands
-        for args in steps(warm, 512, a.work, "100", False):
+        for args in steps(warm, 512, a.work, "100", only):
             terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
     st = os.path.join(a.work, f"s{a.size}.zarr")
     total = 0.0
-    for args in steps(st, a.size, a.work, a.threshold, a.workflow):
+    for args in steps(st, a.size, a.work, a.threshold, only):
         try:
             wall, peak = terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
         except SystemExit as e:  # a failed step: said, and the next one measured
