@@ -90,6 +90,26 @@ def write_features(out, geometry, fields: dict, geometry_type: str, crs=None, ov
     return Path(out)
 
 
+SQLITE_CACHE_MB = 32  # GeoPackage appends: a batch's R-tree inserts 0.74 against 1.00 CPU s with SQLite's 2 MB
+
+
+@contextlib.contextmanager
+def _sqlite_cache(driver: str):
+    """GDAL's SQLite page cache raised to ``SQLITE_CACHE_MB`` while a GeoPackage is written (each appended
+    batch updates the layer's R-tree; 65,536 lines a batch, 2-core VM), then given back."""
+    if driver != "GPKG":
+        yield
+        return
+    import pyogrio
+
+    before = pyogrio.get_gdal_config_option("OGR_SQLITE_CACHE")
+    pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": str(SQLITE_CACHE_MB)})
+    try:
+        yield
+    finally:
+        pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": before})
+
+
 @contextlib.contextmanager
 def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False):
     """Yields ``write(geometry, fields, masks=None)``, which adds a batch of features to ``out``
@@ -107,7 +127,7 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False):
         if driver == "FlatGeobuf" and any(g is None for g in geometry):
             options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _sqlite_cache(driver):
                 warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
                 raw.write(str(tmp / out.name), np.asarray(geometry, object), list(fields.values()), list(fields),
                           field_mask=[(masks or {}).get(k) for k in fields], layer=out.stem, driver=driver,
