@@ -76,7 +76,10 @@ def test_cupy_rasters_give_the_numpy_bytes():
 
 @pytest.mark.gpu
 def test_the_gpu_route_keeps_to_a_budget_below_the_dem_and_writes_the_cpu_bytes(tmp_path):
-    pyogrio = pytest.importorskip("pyogrio")
+    try:  # the vectors compared where pyogrio is installed (the device's wheels carry it or rasterio)
+        import pyogrio
+    except ImportError:
+        pyogrio = None
     from cli.main import _register, cli
     from terrain_io.store import TerrainStore
 
@@ -89,14 +92,17 @@ def test_the_gpu_route_keeps_to_a_budget_below_the_dem_and_writes_the_cpu_bytes(
     # 1MB: below the CPU's in-core need (66 bytes a cell for HAND: 1.7 MB), above the GPU route's host shards
     for device, memory in (("cpu", []), ("gpu", ["--memory", "1MB"])):
         out, table = tmp_path / f"{device}.gpkg", tmp_path / f"{device}.csv"
+        vectors = ["-o", str(out)] if pyogrio else []
         for args in (["basins"], ["watershed", "--cell", "75,85", "--cell", "120,150"],
-                     ["streams", "--threshold", "8", "-o", str(out), "--table", str(table)], ["hand", "--threshold", "8"]):
+                     ["streams", "--threshold", "8", *vectors, "--table", str(table)], ["hand", "--threshold", "8"]):
             res = CliRunner().invoke(cli, [args[0], str(path), *args[1:], "--device", device, *memory])
             assert res.exit_code == 0 and f"({device}, incore)" in res.output, res.output
         st = TerrainStore.open(path)
         got[device] = {n: np.asarray(st.group[n][...]).tobytes() for n in
                        ("basins/label", "watershed/default/label", "streams/order", "streams/magnitude", "streams/link",
                         "hand/height", "hand/drainage")}
-        meta, _, geometry, values = pyogrio.raw.read(out)
-        got[device]["vectors"] = (list(geometry), [list(v) for v in values], table.read_text())
+        got[device]["table"] = table.read_text()
+        if pyogrio:
+            meta, _, geometry, values = pyogrio.raw.read(out)
+            got[device]["vectors"] = (list(geometry), [list(v) for v in values])
     assert got["cpu"] == got["gpu"]
