@@ -1,56 +1,71 @@
 """The hydrology commands end to end as a user runs them: CLI wall seconds of each command in a
-fresh process (``python -m cli``; reading the store, computing, writing the result and the
-vectors included) and its peak RSS, on a ``terrain synth`` store (seed 1, tile 256, shard 8; made
-if missing) routed by ``terrain flow`` first.
+fresh process (reading the store, computing, writing the result and the vectors included), its own
+peak RSS (wait4) and the phases of the result's ``timings`` attribute, on a ``terrain synth`` store
+(seed 0, 10 m cells, tile 256, shard 8) filled and routed by ``terrain fill`` / ``terrain flow``
+on the same device. Every kernel is compiled first by the same commands on a 512^2 store.
 
-    python benchmarks/bench_hydro_cli.py --size 16384 --device gpu --threshold 1000 --workdir /tmp/h
+``--workflow``: the issue's chain at that size (synth, fill, flow, streams with vectors, HAND) and
+the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each (``--only``).
+
+    python benchmarks/bench_hydro_cli.py --work /tmp/h --size 16384 --device gpu
+    python benchmarks/bench_hydro_cli.py --work /tmp/h --size 32768 --memory 8GB --device gpu --workflow
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
-import time
-from pathlib import Path
+import os
+import shutil
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_flow_cli import terrain
 
-
-def timed(args: list[str]) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far, MiB
-    lines = (out.stdout + out.stderr).strip().splitlines() or [""]
-    return {"command": " ".join(args[:1] + args[2:]), "wall_s": round(wall, 2), "max_child_rss_mib": round(rss),
-            "exit": out.returncode, "line": lines[-1]}
+GROUPS = {"fill": "fill", "flow": "flow", "basins": "basins", "watershed": "watershed/default", "streams": "streams",
+          "hand": "hand"}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", type=int, default=16384)
+def steps(st: str, size: int, work: str, threshold: str, only: list[str]) -> list[list[str]]:
+    gpkg = os.path.join(work, f"streams{size}.gpkg")
+    chain = [["synth", "-o", st, "--size", str(size)], ["fill", st], ["flow", st]]
+    hydro = [["basins", st], ["watershed", st, "--cell", f"{size // 2},{size // 2}", "--snap", "300"],
+             ["streams", st, "--threshold", threshold, "-o", gpkg, "--overwrite"], ["hand", st, "--threshold", threshold]]
+    return chain + [h for h in hydro if h[0] in only]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--device", default="gpu")
-    ap.add_argument("--threshold", default="1000")
     ap.add_argument("--memory", default=None)
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/bench_hydro_cli"))
+    ap.add_argument("--threshold", default="1000")
+    ap.add_argument("--workflow", action="store_true")
+    ap.add_argument("--only", default="basins,watershed,streams,hand", help="the hydrology commands to run")
     a = ap.parse_args()
-    a.workdir.mkdir(parents=True, exist_ok=True)
-    store = a.workdir / f"synth{a.size}.zarr"
-    mem = ["--memory", a.memory] if a.memory else []
-    dev = ["--device", a.device]
-    if not store.exists():
-        synth = ["synth", "-o", str(store), "--size", str(a.size), "--seed", "1", "--tile", "256", "--shard", "8"]
-        print(json.dumps(timed(synth)), flush=True)
-    for args in (["fill", str(store), *dev, *mem], ["flow", str(store), *dev, *mem],
-                 ["basins", str(store), *dev, *mem],
-                 ["watershed", str(store), "--cell", f"{a.size // 2},{a.size // 2}", "--snap", "3000", *dev, *mem],
-                 ["streams", str(store), "--threshold", a.threshold, *dev, *mem],
-                 ["streams", str(store), "--threshold", a.threshold, "-o", str(a.workdir / "streams.gpkg"),
-                  "--overwrite", *dev, *mem],
-                 ["hand", str(store), "--threshold", a.threshold, *dev, *mem]):
-        print(json.dumps(timed(args)), flush=True)
+    only = ["streams", "hand"] if a.workflow else a.only.split(",")
+    os.makedirs(a.work, exist_ok=True)
+    opts = ["--device", a.device, "-q"] + (["--memory", a.memory] if a.memory else [])
+    warm = os.path.join(a.work, "warm.zarr")
+    if not os.path.exists(warm):  # every kernel compiled (numba's cache, CuPy's) by the same commands
+        for args in steps(warm, 512, a.work, "100", only):
+            terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
+    st = os.path.join(a.work, f"s{a.size}.zarr")
+    total = 0.0
+    for args in steps(st, a.size, a.work, a.threshold, only):
+        try:
+            wall, peak = terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
+        except SystemExit as e:  # a failed step: said, and the next one measured
+            print(json.dumps({"size": a.size, "failed": str(e)}), flush=True)
+            continue
+        total += wall
+        row = {"size": a.size, "command": " ".join(args[:1] + (["-o", ".gpkg"] if args[0] == "streams" else [])),
+               "cli_wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 2), "memory": a.memory}
+        if args[0] in GROUPS:
+            with open(os.path.join(st, GROUPS[args[0]], "zarr.json")) as f:
+                attrs = json.load(f)["attributes"]
+            row["timings"] = attrs.get("timings")
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"size": a.size, "memory": a.memory, "sum_of_cli_walls_s": round(total, 2)}), flush=True)
+    shutil.rmtree(st)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,29 @@ def wkb_linestring(coords) -> bytes:
     return b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()
 
 
+def wkb_linestrings(xy: np.ndarray, starts: np.ndarray) -> list[bytes]:
+    """Many 2-D LineStrings as ISO WKB (:func:`wkb_linestring`), line i of the points
+    ``xy[starts[i]:starts[i + 1]]`` (``starts[0]`` = 0): every header and coordinate placed in one
+    buffer by array operations, then cut into one ``bytes`` a line (no Python work a vertex)."""
+    starts = np.asarray(starts, np.int64)
+    counts = np.diff(starts)
+    n = len(counts)
+    ends = np.zeros(n + 1, np.int64)
+    np.cumsum(9 + 16 * counts, out=ends[1:])
+    buf = np.empty(int(ends[-1]), np.uint8)
+    head = np.empty((n, 9), np.uint8)
+    head[:, 0] = 1  # little-endian
+    head[:, 1:5] = np.frombuffer(np.array([2], "<u4").tobytes(), np.uint8)  # LineString
+    head[:, 5:] = counts.astype("<u4").view(np.uint8).reshape(n, 4)
+    at = (ends[:-1, None] + np.arange(9)).ravel()  # the headers' bytes; the coordinates fill the rest in order
+    buf[at] = head.ravel()
+    coords = np.ones(len(buf), bool)
+    coords[at] = False
+    buf[coords] = np.ascontiguousarray(xy[: int(starts[-1]) if n else 0], "<f8").view(np.uint8).ravel()
+    data = buf.tobytes()
+    return [data[a:b] for a, b in zip(ends[:-1].tolist(), ends[1:].tolist())]
+
+
 def wkb_polygon(rings) -> bytes:
     """A Polygon's rings (GeoJSON coordinates) as ISO WKB (little-endian, type 3)."""
     parts = [b"\x01" + np.array([3, len(rings)], "<u4").tobytes()]
@@ -65,6 +88,26 @@ def write_features(out, geometry, fields: dict, geometry_type: str, crs=None, ov
     with feature_stream(out, geometry_type, crs, overwrite) as write:
         write(geometry, fields, masks)
     return Path(out)
+
+
+SQLITE_CACHE_MB = 32  # GeoPackage appends: a batch's R-tree inserts 0.74 against 1.00 CPU s with SQLite's 2 MB
+
+
+@contextlib.contextmanager
+def _sqlite_cache(driver: str):
+    """GDAL's SQLite page cache raised to ``SQLITE_CACHE_MB`` while a GeoPackage is written (each appended
+    batch updates the layer's R-tree; 65,536 lines a batch, 2-core VM), then given back."""
+    if driver != "GPKG":
+        yield
+        return
+    import pyogrio
+
+    before = pyogrio.get_gdal_config_option("OGR_SQLITE_CACHE")
+    pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": str(SQLITE_CACHE_MB)})
+    try:
+        yield
+    finally:
+        pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": before})
 
 
 @contextlib.contextmanager
@@ -84,7 +127,7 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False):
         if driver == "FlatGeobuf" and any(g is None for g in geometry):
             options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _sqlite_cache(driver):
                 warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
                 raw.write(str(tmp / out.name), np.asarray(geometry, object), list(fields.values()), list(fields),
                           field_mask=[(masks or {}).get(k) for k in fields], layer=out.stem, driver=driver,

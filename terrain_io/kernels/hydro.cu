@@ -76,3 +76,34 @@ extern "C" __global__ void link_ends(const unsigned char* code, const bool* stre
         down[link[k] - 1] = on ? link[t] : 0;
     }
 }
+
+// A root of the forest: a cell whose pointer is itself.
+extern "C" __global__ void is_root(const long long* par, long long n, bool* root) {
+    GRID_STRIDE(k, n) root[k] = par[k] == k;
+}
+
+// The value at each cell's root (par[k] >= 0), else 0: labels, link ids.
+extern "C" __global__ void gather_u32(const long long* par, const unsigned int* values, long long n,
+                                      unsigned int* out) {
+    GRID_STRIDE(k, n) {
+        long long p = par[k];
+        out[k] = p >= 0 ? values[p] : 0u;
+    }
+}
+
+// HAND where the cell's root is a stream cell: its elevation minus the root's (float64, rounded to
+// float32: the CPU's arithmetic) and the root's link; elsewhere the host's NaN bits and link 0.
+extern "C" __global__ void hand_values(const long long* par, const double* z, const bool* stream,
+                                       const unsigned int* link, long long n, float* height,
+                                       unsigned int* drainage) {
+    GRID_STRIDE(k, n) {
+        long long p = par[k];
+        if (p >= 0 && stream[p]) {
+            height[k] = (float)(z[k] - z[p]);
+            drainage[k] = link[p];
+        } else {
+            height[k] = __int_as_float(0x7fc00000);
+            drainage[k] = 0u;
+        }
+    }
+}

@@ -646,12 +646,15 @@ def _free_gpu_pool() -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _upload_held(store, source, wsrc):
+def _upload_held(store, source, wsrc, convert=None):
     """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
-    as it arrives, so that the host holds a few shards and reading overlaps the copies."""
+    as it arrives, so that the host holds a few shards and reading overlaps the copies. ``convert``
+    (dtype, function of a block): each block converted in its reader thread before the upload (the
+    hydrology's stream mask of the accumulation: an eighth of its bytes to copy)."""
     import cupy
 
-    z_d = cupy.empty(store.shape, store.dtype)
+    dtype = (store.elevation if source == "elevation" else store.group[source]).dtype
+    z_d = cupy.empty(store.shape, dtype if convert is None else convert[0])
     w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None
     lock = threading.Lock()  # a raster file's handle is not shared between threads
 
@@ -662,7 +665,7 @@ def _upload_held(store, source, wsrc):
                 w = wsrc.read(win)
             check_weights(w, store.valid(block), w.shape)
             w_d[win.slices] = cupy.asarray(w)
-        z_d[win.slices] = cupy.asarray(block)
+        z_d[win.slices] = cupy.asarray(block if convert is None else convert[1](block))
 
     with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
         list(pool.map(one, store.shards()))

@@ -61,11 +61,25 @@ def _flow_forest(code, seed=None):
     return par
 
 
-def _gather(values, par, fill):
-    """``values[par]`` where par >= 0, else ``fill``."""
+def _root_ranks(par):
+    """The roots of the jumped forest ``par`` numbered 1, 2, ... in row-major order: (the running
+    count of roots, uint32: at a root its id, the basin's or link's; the root mask; the count)."""
     import cupy as cp
 
-    return cp.where(par >= 0, values[cp.maximum(par, 0)], fill)
+    root = cp.empty(par.size, cp.bool_)
+    _launch("is_root", par.size, par, np.int64(par.size), root)
+    rank = cp.cumsum(root, dtype=np.uint32 if par.size < 2**32 else np.int64)  # (ids are uint32: < 2^32 roots)
+    n = int(rank[-1]) if par.size else 0
+    return rank.astype(np.uint32, copy=False), root, n
+
+
+def _gather(values, par):
+    """``values[par]`` (uint32) where par >= 0, else 0."""
+    import cupy as cp
+
+    out = cp.empty(par.size, np.uint32)
+    _launch("gather_u32", par.size, par, values, np.int64(par.size), out)
+    return out
 
 
 def label_outlets(code, cells: np.ndarray):
@@ -76,7 +90,8 @@ def label_outlets(code, cells: np.ndarray):
     tag[cp.asarray(cells)] = cp.arange(1, len(cells) + 1, dtype=np.uint32)
     seed = (tag > 0).view(np.uint8)
     par = _flow_forest(code, seed)
-    return _gather(tag, par, np.uint32(0)).astype(np.uint32).reshape(code.shape)
+    del seed
+    return _gather(tag, par).reshape(code.shape)
 
 
 def label_basins(code):
@@ -84,35 +99,37 @@ def label_basins(code):
     import cupy as cp
 
     par = _flow_forest(code)
-    k = cp.arange(code.size, dtype=np.int64)
-    root = par == k
-    rank = cp.cumsum(root, dtype=np.int64).astype(np.uint32)  # a root's id: its rank in row-major order
-    label = _gather(rank, par, np.uint32(0)).astype(np.uint32)
-    n = int(rank[-1]) if code.size else 0
+    rank, root, n = _root_ranks(par)
+    label = _gather(rank, par)
+    del par, rank
     outlet = cp.flatnonzero(root).get()
+    del root
     counts = cp.bincount(label, minlength=n + 1)[1:].get().astype(np.int64)
     return label.reshape(code.shape), outlet, counts
 
 
-def stream_network(code, acc, threshold: float) -> "_cpu.Network":
+def stream_network(code, acc, threshold: float, reached=None) -> "_cpu.Network":
     """:func:`._cpu.stream_network` of CuPy codes and accumulation: the rasters stay on the GPU (a
-    Network of CuPy arrays), the link table comes back to the host."""
+    Network of CuPy arrays), the link table comes back to the host. ``reached``: ``acc >=
+    threshold`` already made (bool, the codes' shape; ``acc`` is then not used)."""
     import cupy as cp
 
     h, w = code.shape
-    stream = (acc.reshape(-1) >= threshold) & (code.reshape(-1) != 255)
+    if reached is None:
+        reached = acc >= threshold
+    stream = reached.reshape(-1) & (code.reshape(-1) != 255)
+    del reached
     par = cp.empty(code.size, np.int64)
     _launch("link_parents", code.size, code, stream, np.int64(h), np.int64(w), par)
     _roots(par)
-    k = cp.arange(code.size, dtype=np.int64)
-    head = par == k
-    rank = cp.cumsum(head, dtype=np.int64).astype(np.uint32)
-    link = _gather(rank, par, np.uint32(0)).astype(np.uint32)
-    n = int(rank[-1]) if code.size else 0
+    rank, head, n = _root_ranks(par)
+    link = _gather(rank, par)
+    del par, rank
+    heads = cp.flatnonzero(head).get()
+    del head
     tail, down = cp.zeros(n, np.int64), cp.zeros(n, np.uint32)
     _launch("link_ends", code.size, code, stream, link, np.int64(h), np.int64(w), tail, down)
     cells = cp.bincount(link, minlength=n + 1)[1:].astype(np.int64)
-    heads = cp.flatnonzero(head)
     downstream = down.get()
     lorder = np.zeros(n, np.uint8)
     magnitude = np.zeros(n, np.uint32 if code.size < 2**32 else np.uint64)
@@ -120,21 +137,19 @@ def stream_network(code, acc, threshold: float) -> "_cpu.Network":
         raise InputError("the flow directions have cycles")
     strahler = cp.asarray(np.append(np.uint8(0), lorder))[link]  # entry 0: off the network
     shreve = cp.asarray(np.append(magnitude.dtype.type(0), magnitude))[link]
-    links = _cpu.Links(heads.get(), tail.get(), downstream, cells.get(), lorder, magnitude)
+    links = _cpu.Links(heads, tail.get(), downstream, cells.get(), lorder, magnitude)
     return _cpu.Network(stream.reshape(h, w), strahler.reshape(h, w), shreve.reshape(h, w), link.reshape(h, w), links)
 
 
 def height_above_drainage(code, z, net):
     """:func:`._cpu.height_above_drainage` of CuPy codes and elevations, ``net`` from
-    :func:`stream_network`: (height float32, drainage uint32), CuPy."""
+    :func:`stream_network`: (height float32, drainage uint32), CuPy; NaN where the path meets no
+    stream has the host's bits (CUDA's arithmetic NaN has others)."""
     import cupy as cp
 
     stream = net.stream.reshape(-1)
     par = _flow_forest(code, stream.view(np.uint8))
     z64 = z.reshape(-1).astype(np.float64)
-    root = cp.maximum(par, 0)
-    dz = cp.where((par >= 0) & stream[root], z64[root], np.nan)
-    height = (z64 - dz).astype(np.float32)
-    height[cp.isnan(height)] = np.float32(np.nan)  # the host's NaN bits (CUDA's arithmetic NaN has others)
-    drainage = _gather(net.link.reshape(-1), par, np.uint32(0)).astype(np.uint32)
+    height, drainage = cp.empty(code.size, np.float32), cp.empty(code.size, np.uint32)
+    _launch("hand_values", code.size, par, z64, stream, net.link.reshape(-1), np.int64(code.size), height, drainage)
     return height.reshape(code.shape), drainage.reshape(code.shape)

@@ -2,8 +2,14 @@
 
 In core (the arrays and scratch fit the memory budget, ``BYTES`` a cell): each command reads
 ``flow/direction`` (and ``flow/accumulation``, and for HAND the elevations the flow was routed on:
-``flow``'s ``source`` attribute) whole, runs the kernels of :mod:`._cpu`, and writes its result
-group atomically (``TerrainStore.write_result``), shard by shard in parallel threads.
+``flow``'s ``source`` attribute) whole, shard by shard in parallel threads, runs the kernels of
+:mod:`._cpu`, and writes its result group atomically (``TerrainStore.write_result``), shard by
+shard in parallel threads.
+
+On the GPU (``device="gpu"``, the arrays fit its memory): the arrays are read straight into it shard
+by shard in threads (``terrain flow``'s reader), computed by :mod:`._gpu`, counted there, and written
+from it shard by shard in threads; the host holds a shard a thread (and, for vectors, the codes), so
+the GPU route keeps to a ``--memory`` far below the DEM's size.
 
 Out of core: windows of k x k tiles, the largest the budget holds (:func:`..tiling.plan`), values
 carried along the flow forest tile by tile with a boundary solve between (:mod:`.tiled`): the same
@@ -12,6 +18,7 @@ read back when it fits the budget.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import os
 import warnings
@@ -21,13 +28,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...backend import gpu_free_bytes, resolve_device, to_host
+from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...progress import progress_bar
-from ...store import TerrainStore, Window
+from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
-from ...vectors import check_output, feature_stream, wkb_linestring, wkb_polygon, write_features
+from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
 from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
 from ..tiling import check_side, plan
@@ -40,6 +47,10 @@ BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "h
 # out of core, bytes a cell of the outputs written (a shard of them is rewritten by zarr)
 OUT_BYTES = {"watershed": 4, "basins": 4, "streams": 9, "streams+vectors": 9, "hand": 8}
 POLYGON_BYTES = 9  # the label raster traced for polygons: labels, their int32 copy, the mask
+# the GPU route's host: a shard a thread (read and decoded up to 8 bytes a cell, a result's shard copied
+# off the GPU and encoded), and what it holds whole (the codes, for the links' walks)
+GPU_SHARD_BYTES = 24
+GPU_HELD_BYTES = {"streams+vectors": 1}
 UNITS = ("cells", "m2")
 
 
@@ -67,11 +78,13 @@ def write_table(result: HydroResult, path) -> Path:
     return path
 
 
-def _open(store, what: str, memory, window_tiles: int | None = None,
-          polygons: bool = False) -> tuple[TerrainStore, "tiled.Windows | None"]:
-    """The store and its windows out of core (None: in core, the arrays fit the budget);
-    ``window_tiles`` forces out of core with windows of that many tiles a side (tests,
-    benchmarks); ``polygons``: the label raster must fit the budget to be traced."""
+def _open(store, what: str, memory, window_tiles: int | None = None, polygons: bool = False,
+          device: str | None = "cpu") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
+    """The store, its windows out of core (None: in core) and the route of the kernels.
+    ``device="gpu"``: in core on the GPU where its memory holds the arrays and the budget the host's
+    shards (:func:`_gpu_misfit`), else the CPU with one note. ``window_tiles`` forces out of core
+    on the CPU with windows of that many tiles a side (tests, benchmarks); ``polygons``: the label
+    raster must fit the budget to be traced."""
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if "flow/direction" not in store.results():
@@ -82,14 +95,43 @@ def _open(store, what: str, memory, window_tiles: int | None = None,
         raise InputError(f"polygons of a {rows:,} x {cols:,} DEM are traced in memory: about "
                          f"{format_bytes(rows * cols * POLYGON_BYTES)}, more than the memory budget "
                          f"{format_bytes(budget)} (raise --memory, or leave out -o)")
+    asked = (device or "auto").lower()
+    if asked == "gpu" and resolve_device(device) == "gpu":
+        why = "windows out of core are computed on the CPU" if window_tiles is not None else _gpu_misfit(
+            store, what, budget)
+        if why is None:
+            return store, None, _Route("gpu")
+        warnings.warn(f"hydrology on the GPU: {why}: run on the CPU instead", TerrainNote, stacklevel=3)
     need = lambda k: tiled.window_need(store, k, OUT_BYTES[what])  # noqa: E731
     if window_tiles is None:
         chosen = plan(store, budget, what.replace("+", " with "), need, rows * cols * BYTES[what])
         if chosen.held:
-            return store, None
+            return store, None, _Route("cpu")
         window_tiles = chosen.side
     k = check_side(store, window_tiles)
-    return store, tiled.Windows(store, k, tiled.workers_within(store, k, budget - need(k), os.cpu_count() or 1))
+    workers = tiled.workers_within(store, k, budget - need(k), os.cpu_count() or 1)
+    return store, tiled.Windows(store, k, workers), _Route("cpu")
+
+
+def _threads(store: TerrainStore) -> int:
+    return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
+
+
+def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
+    """Why the GPU route cannot take ``store`` (None: it can): its memory, or the host's shards
+    beyond the budget (``--memory`` holds on every device)."""
+    from . import _gpu
+
+    rows, cols = store.shape
+    side = store.tile_size * store.shard_size
+    host = _threads(store) * min(side, rows) * min(side, cols) * GPU_SHARD_BYTES + rows * cols * GPU_HELD_BYTES.get(
+        what, 0)
+    if host > budget:
+        return f"its host buffers need about {format_bytes(host)}, beyond the memory budget {format_bytes(budget)}"
+    need, free = _gpu.device_bytes(rows, cols), gpu_free_bytes()
+    if need > free:
+        return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
+    return None
 
 
 def _method(wins) -> str:
@@ -97,30 +139,17 @@ def _method(wins) -> str:
 
 
 class _Route:
-    """The kernels of an in-core run: :mod:`._gpu` when ``device`` is ``gpu`` and the DEM's arrays
-    fit its memory (else the CPU, with one note), :mod:`._cpu` otherwise; out of core runs on the
-    CPU. ``auto`` takes the CPU until the GPU kernels have run on a device (tests/test_hydro_gpu.py,
-    not yet run on one: issue 30)."""
+    """The kernels of an in-core run and where its arrays live: :mod:`._gpu` (CuPy arrays, read
+    straight into the GPU) or :mod:`._cpu` (NumPy); out of core runs on the CPU."""
 
-    def __init__(self, store: TerrainStore, device: str | None, wins):
-        self.K, self.device = _cpu, "cpu"
-        asked = (device or "auto").lower()
-        if wins is not None:
-            if asked == "gpu":
-                warnings.warn("hydrology out of core runs on the CPU (the GPU kernels are in core)", TerrainNote,
-                              stacklevel=3)
-            return
-        if asked != "gpu" or resolve_device(device) != "gpu":
-            return
-        from . import _gpu
+    def __init__(self, device: str):
+        self.device = device
+        if device == "gpu":
+            from . import _gpu
 
-        need, free = _gpu.device_bytes(*store.shape), gpu_free_bytes()
-        if need > free:
-            if asked == "gpu":
-                warnings.warn(f"hydrology needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free: "
-                              f"run on the CPU instead", TerrainNote, stacklevel=3)
-            return
-        self.K, self.device = _gpu, "gpu"
+            self.K = _gpu
+        else:
+            self.K = _cpu
 
     def up(self, x):
         """``x`` on the route's device."""
@@ -130,11 +159,39 @@ class _Route:
 
         return cupy.asarray(x)
 
+    def load(self, store: TerrainStore, name: str, progress: bool, convert=None):
+        """The whole array ``name`` on the route's device, read shard by shard in threads;
+        ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
+        if self.device == "cpu":
+            return _read(store, name, progress)
+        from ..flow.pipeline import _upload_held  # terrain flow's reader: each shard uploaded as decoded
+
+        with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
+            out, _ = _upload_held(store, name, None, convert)
+            bar.update(1)
+        return out
+
+    def network(self, store: TerrainStore, code, cells: float, progress: bool, timer: Timings, tails: bool = True):
+        """The stream network of accumulation >= ``cells`` and (``tails``) each link's accumulation
+        at its last cell. Without ``tails`` the GPU gets only the mask ``accumulation >= cells``,
+        made as each shard is read (HAND: an eighth of the bytes to copy); with them, the whole
+        accumulation, gathered there (reading the links' cells from the store again instead decodes
+        most of its tiles twice: 32768^2 on the H100, streams' reads 11.3 s against 3.9 s)."""
+        mask = self.device == "gpu" and not tails
+        with timer.phase("read"):
+            acc = self.load(store, "flow/accumulation", progress, (np.bool_, lambda b: b >= cells) if mask else None)
+        with timer.phase(self.device):
+            net = self.K.stream_network(code, None, cells, acc) if mask else self.K.stream_network(code, acc, cells)
+            return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]) if tails else None
+
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
-    rows, cols = store.shape
+    """The whole array ``name``, its shards decoded in parallel threads into one array."""
+    arr = store.elevation if name == ELEVATION else store.group[name]
+    out = np.empty(store.shape, arr.dtype)
     with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
-        out = store.read(Window(0, rows, 0, cols), name)
+        with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
+            list(pool.map(lambda w: store.read(w, name, out=out[w.slices]), store.shards()))
         bar.update(1)
     return out
 
@@ -150,14 +207,26 @@ def _threshold_cells(store: TerrainStore, threshold: float, units: str) -> float
     return threshold
 
 
-def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict) -> None:
-    """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs)), atomically."""
+def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings) -> None:
+    """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs); NumPy, or CuPy
+    copied off the GPU a shard at a time by each writer thread), atomically; its attributes get
+    the run's ``timings`` (seconds by phase) so far."""
     with store.write_result(group, attrs=attrs) as writer:
-        pairs = []
-        for name, (values, fill, a) in arrays.items():
-            arr = writer.create_array(name, values.dtype, fill, attrs=a)
-            pairs.append((arr, lambda s, v=values: v[s]))
-        write_held(store, *pairs)
+        with timer.phase("write"):
+            pairs = []
+            for name, (values, fill, a) in arrays.items():
+                arr = writer.create_array(name, values.dtype, fill, attrs=a)
+                pairs.append((arr, lambda s, v=values: to_host(v[s])))
+            write_held(store, *pairs)
+        writer.attrs.update(timings=timer.rounded())
+
+
+def _drained(height) -> tuple[int, float]:
+    """HAND's summary, counted where ``height`` lies (NumPy or CuPy): cells with a height, the highest."""
+    xp = __import__("cupy") if is_cupy(height) else np
+    ok = ~xp.isnan(height)
+    n = int(ok.sum())
+    return n, float(xp.where(ok, height, -np.inf).max()) if n else float("nan")
 
 
 def snap_outlets(store: TerrainStore, cells, dist: float) -> np.ndarray:
@@ -196,8 +265,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store, wins = _open(store, "watershed", memory, window_tiles, polygons=vectors is not None)
-    route = _Route(store, device, wins)
+    store, wins, route = _open(store, "watershed", memory, window_tiles, vectors is not None, device)
     rows, cols = store.shape
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
@@ -220,13 +288,17 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
         raise InputError("two outlets lie in the same cell" + (" after snapping" if snap is not None else ""))
     dx, dy = store.metric_cell_size
     label_attrs = {"outlet_ids": "1.. in the order given; 0 none"}
+    label = None
     if wins is None:
-        code = _read(store, "flow/direction", progress)
-        label = to_host(route.K.label_outlets(route.up(code), flat))
-        del code
-        counts = np.bincount(label.ravel(), minlength=len(flat) + 1)[1:]
+        with timer.phase("read"):
+            code = route.load(store, "flow/direction", progress)
+        with timer.phase(route.device):
+            label = route.K.label_outlets(code, flat)
+            del code
+            xp = __import__("cupy") if is_cupy(label) else np
+            counts = to_host(xp.bincount(label.ravel(), minlength=len(flat) + 1)[1:]).astype(np.int64)
         attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())  # one entry an outlet: small
-        _write(store, f"watershed/{name}", {"label": (label, 0, label_attrs)}, attrs)
+        _write(store, f"watershed/{name}", {"label": (label, 0, label_attrs)}, attrs, timer)
     else:
         with store.write_result(f"watershed/{name}", attrs=attrs) as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
@@ -234,9 +306,10 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
             attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())
             writer.attrs.update(attrs)
     if vectors is not None:
-        label = _read(store, f"watershed/{name}/label", progress)
-        write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
-                                      "outlet_col": cells[:, 1]}, vectors, overwrite)
+        with timer.phase("vectors"):
+            label = _read(store, f"watershed/{name}/label", progress) if label is None else to_host(label)
+            write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
+                                          "outlet_col": cells[:, 1]}, vectors, overwrite)
     sec = timer.seconds()
     moved = int((cells != given).any(axis=1).sum())
     note = f" ({moved} moved by --snap)" if snap is not None else ""
@@ -252,15 +325,16 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store, wins = _open(store, "basins", memory, window_tiles, polygons=vectors is not None)
-    route = _Route(store, device, wins)
+    store, wins, route = _open(store, "basins", memory, window_tiles, vectors is not None, device)
     label_attrs = {"ids": "1.. in row-major order of the outlet cells; 0 nodata"}
+    label = None
     if wins is None:
-        code = _read(store, "flow/direction", progress)
-        label, outlet, counts = route.K.label_basins(route.up(code))
-        label = to_host(label)
-        del code
-        _write(store, "basins", {"label": (label, 0, label_attrs)}, {"basins": len(outlet)})
+        with timer.phase("read"):
+            code = route.load(store, "flow/direction", progress)
+        with timer.phase(route.device):
+            label, outlet, counts = route.K.label_basins(code)
+            del code
+        _write(store, "basins", {"label": (label, 0, label_attrs)}, {"basins": len(outlet)}, timer)
     else:
         with store.write_result("basins") as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
@@ -273,19 +347,20 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     table = {"id": np.arange(1, len(outlet) + 1), "outlet_row": row, "outlet_col": col, "outlet_x": x, "outlet_y": y,
              "cells": counts, "area_m2": counts * dx * dy}
     if vectors is not None:
-        label = _read(store, "basins/label", progress)
-        write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
+        with timer.phase("vectors"):
+            label = _read(store, "basins/label", progress) if label is None else to_host(label)
+            write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
     sec = timer.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
                        f"({route.device}, {_method(wins)})", attrs, table)
 
 
-def _network(store, what, threshold, units, memory, window_tiles):
-    store, wins = _open(store, what, memory, window_tiles)
+def _network(store, what, threshold, units, memory, window_tiles, device):
+    store, wins, route = _open(store, what, memory, window_tiles, device=device)
     cells = _threshold_cells(store, threshold, units)
     if store.group["flow/accumulation"].attrs.get("units") != "cells" and units == "m2":
         raise InputError("--units m2 needs an accumulation of cells (this flow summed weights)")
-    return store, wins, cells
+    return store, wins, route, cells
 
 
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
@@ -297,26 +372,29 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     if vectors is not None:
         check_output(vectors, overwrite)
     what = "streams" if vectors is None else "streams+vectors"
-    store, wins, cells = _network(store, what, threshold, units, memory, window_tiles)
-    route = _Route(store, device, wins)
+    store, wins, route, cells = _network(store, what, threshold, units, memory, window_tiles, device)
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
     rows, cols = store.shape
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
-        code = _read(store, "flow/direction", progress)
-        acc = _read(store, "flow/accumulation", progress)
-        net = route.K.stream_network(route.up(code), route.up(acc), cells)
-        net = net._replace(**{k: to_host(getattr(net, k)) for k in ("stream", "strahler", "shreve", "link")})
+        with timer.phase("read"):
+            code = route.load(store, "flow/direction", progress)
+        net, upstream = route.network(store, code, cells, progress, timer)
         t = net.links
-        links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, acc.reshape(-1)[t.tail])
-        n_stream = int(np.count_nonzero(net.stream))
+        links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, upstream)
+        with timer.phase(route.device):
+            n_stream = int(net.stream.sum())
         attrs["links"] = len(t.head)
-        _write(store, "streams", {"order": (net.strahler, 0, order_attrs),
-                                  "magnitude": (net.shreve, 0, magnitude_attrs),
-                                  "link": (net.link, 0, link_attrs)}, attrs)
-        del net, acc
-        reader = CellReader.held(store, code)
+        arrays = {"order": (net.strahler, 0, order_attrs), "magnitude": (net.shreve, 0, magnitude_attrs),
+                  "link": (net.link, 0, link_attrs)}
+        if vectors is None:
+            _write(store, "streams", arrays, attrs, timer)
+        else:  # the rasters written in a thread of their own while the links are walked and written
+            pending = concurrent.futures.ThreadPoolExecutor(1)
+            written = pending.submit(_write, store, "streams", arrays, attrs, timer)
+            reader = CellReader.held(store, to_host(code))
+        del net, arrays, code
     else:
         with store.write_result("streams", attrs=attrs) as writer:
             shreve_dtype = np.uint32 if rows * cols < 2**32 else np.uint64
@@ -337,7 +415,14 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
              "shreve": links.shreve, "cells": links.cells, "head_row": hr, "head_col": hc, "tail_row": tr,
              "tail_col": tc, "upstream_cells": links.upstream}
     if vectors is not None:
-        write_links(store, reader, links, vectors, overwrite)
+        try:
+            with timer.phase("vectors"):
+                write_links(store, reader, links, vectors, overwrite)
+        finally:
+            if wins is None:
+                pending.shutdown()  # the rasters' write done (its error, if any, raised below)
+        if wins is None:
+            written.result()
     sec = timer.seconds()
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
@@ -349,26 +434,23 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
     (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
     timer = Timings()
-    store, wins, cells = _network(store, "hand", threshold, units, memory, window_tiles)
-    route = _Route(store, device, wins)
+    store, wins, route, cells = _network(store, "hand", threshold, units, memory, window_tiles, device)
     source = store.group["flow"].attrs.get("source", "elevation")
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells, "elevation": source}
     height_attrs = {"units": "elevation units above the drainage"}
     drainage_attrs = {"ids": "streams' link ids; 0 none"}
     if wins is None:
-        code = _read(store, "flow/direction", progress)
-        acc = _read(store, "flow/accumulation", progress)
-        code = route.up(code)
-        net = route.K.stream_network(code, route.up(acc), cells)
-        del acc
-        z = _read(store, source, progress)
-        height, drainage = (to_host(a) for a in route.K.height_above_drainage(code, route.up(z), net))
-        del z, code, net
+        with timer.phase("read"):
+            code = route.load(store, "flow/direction", progress)
+        net, _ = route.network(store, code, cells, progress, timer, tails=False)
+        with timer.phase("read"):
+            z = route.load(store, source, progress)
+        with timer.phase(route.device):
+            height, drainage = route.K.height_above_drainage(code, z, net)
+            del z, code, net
+            drained, top = _drained(height)
         _write(store, "hand", {"height": (height, float("nan"), height_attrs),
-                               "drainage": (drainage, 0, drainage_attrs)}, attrs)
-        ok = ~np.isnan(height)
-        drained = int(ok.sum())
-        top = float(height[ok].max()) if drained else float("nan")
+                               "drainage": (drainage, 0, drainage_attrs)}, attrs, timer)
     else:
         with store.write_result("hand", attrs=attrs) as writer:
             h_arr = writer.create_array("height", np.float32, float("nan"), attrs=height_attrs)
@@ -393,44 +475,72 @@ class Links(NamedTuple):
 
 
 class CellReader:
-    """Blocks of a store's arrays around given cells: the whole raster when held in memory, else
-    square blocks of ``side`` cells read on demand, the last few kept (a link walk stays near)."""
+    """Blocks of a store's arrays around given cells: the arrays ``held`` in memory whole, the rest
+    read as square blocks of ``side`` cells -- on demand, the last few kept (a link walk stays
+    near), or, with ``threads``, every block a call needs at once in that many threads."""
 
     KEEP = 4
 
-    def __init__(self, store: TerrainStore, side: int, held: dict | None = None):
-        self.store, self.side, self.held, self.cache = store, side, held or {}, {}
+    def __init__(self, store: TerrainStore, side: int, held: dict | None = None, threads: int = 1):
+        self.store, self.side, self.held, self.cache, self.threads = store, side, held or {}, {}, threads
+        self.arrays = {}  # zarr arrays by name, opened once (a lookup reads its metadata)
 
     @classmethod
     def held(cls, store: TerrainStore, code: np.ndarray) -> "CellReader":
-        return cls(store, max(store.shape), {"flow/direction": code})
+        """The codes held; other arrays read by tiles in parallel threads."""
+        return cls(store, store.tile_size, {"flow/direction": code}, _threads(store))
+
+    def _array(self, name: str):
+        if name not in self.arrays:
+            self.arrays[name] = self.store.elevation if name == ELEVATION else self.store.group[name]
+        return self.arrays[name]
+
+    def _read(self, name: str, gid: int) -> tuple[np.ndarray, int, int]:
+        """The block of ``side`` cells holding ``gid`` (inside one shard: ``side`` divides the shard's)."""
+        rows, cols = self.store.shape
+        r0, c0 = (gid // cols) // self.side * self.side, (gid % cols) // self.side * self.side
+        arr = self._array(name)
+        sh0, sh1 = arr.shards
+        win = Window(r0, min(r0 + self.side, rows), c0, min(c0 + self.side, cols))
+        return read_shard(arr, r0 // sh0, c0 // sh1, win), r0, c0
 
     def block(self, name: str, gid: int) -> tuple[np.ndarray, int, int]:
         """The block holding cell ``gid`` of array ``name`` and its first row and column."""
         if name in self.held:
             return self.held[name], 0, 0
-        rows, cols = self.store.shape
-        r0, c0 = (gid // cols) // self.side * self.side, (gid % cols) // self.side * self.side
-        key = (name, r0, c0)
+        cols = self.store.shape[1]
+        key = (name, (gid // cols) // self.side, (gid % cols) // self.side)
         if key not in self.cache:
             if len(self.cache) >= self.KEEP:
                 self.cache.pop(next(iter(self.cache)))
-            self.cache[key] = self.store.read(Window(r0, min(r0 + self.side, rows), c0, min(c0 + self.side, cols)),
-                                              name)
-        return self.cache[key], r0, c0
+            self.cache[key] = self._read(name, gid)
+        return self.cache[key]
 
     def values(self, name: str, gids: np.ndarray) -> np.ndarray:
         """The values of ``name`` at cells ``gids``, block by block."""
         cols = self.store.shape[1]
-        out = None
         keys = (gids // cols) // self.side * (cols // self.side + 1) + (gids % cols) // self.side
-        for key in np.unique(keys):
-            at = np.flatnonzero(keys == key)
-            block, r0, c0 = self.block(name, int(gids[at[0]]))
-            if out is None:
-                out = np.empty(len(gids), block.dtype)
-            out[at] = block[gids[at] // cols - r0, gids[at] % cols - c0]
-        return out if out is not None else np.empty(0)
+        order = np.argsort(keys, kind="stable")
+        cut = np.flatnonzero(np.diff(keys[order])) + 1
+        groups = np.split(order, cut) if len(order) else []
+
+        def one(at):
+            gid = int(gids[at[0]])
+            block, r0, c0 = self.block(name, gid) if self.threads == 1 else self._read(name, gid)
+            return at, block[gids[at] // cols - r0, gids[at] % cols - c0]
+
+        if self.threads > 1 and name not in self.held:
+            self._array(name)  # (opened here, before the threads)
+            with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
+                parts = list(pool.map(one, groups))
+        else:
+            parts = [one(at) for at in groups]
+        if not parts:
+            return np.empty(0)
+        out = np.empty(len(gids), parts[0][1].dtype)
+        for at, v in parts:
+            out[at] = v
+        return out
 
 
 LINK_BATCH = 65536  # links a batch of features: the vertices of one batch in memory at a time
@@ -450,6 +560,13 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
+    # each link's first vertex (its head) and last (the downstream link's head, else its last cell):
+    # their elevations read once for all links, a block each
+    last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
+                    links.tail)
+    zf = reader.values(source, np.concatenate([links.head, last])).astype(np.float64)
+    drops = zf[:n] - zf[n:]
+    del zf, last
     with feature_stream(out, "LineString", store.crs, overwrite) as write:
         for s in range(0, max(n, 1), LINK_BATCH):
             sl = slice(s, min(s + LINK_BATCH, n))
@@ -474,16 +591,14 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
             step[starts[1:-1] - 1] = 0  # no step from one link to the next
             length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
-            zf = reader.values(source, np.concatenate([verts[starts[:-1]], verts[last]])).astype(np.float64)
-            drop = zf[: len(ids)] - zf[len(ids):]
-            geometry = np.array([wkb_linestring(xy[a:b]) for a, b in zip(starts[:-1], starts[1:])], object)
+            geometry = np.array(wkb_linestrings(xy, starts), object)
             upstream = links.upstream[sl].astype(np.float64)
             write(geometry, {"link": ids, "downstream": down.astype(np.int64),
                              "strahler": links.strahler[sl].astype(np.int32),
                              "shreve": links.shreve[sl].astype(np.int64),
                              "cells": cells, "length_m": length, "upstream": upstream,
                              "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
-                             "drop": drop})
+                             "drop": drops[sl]})
     return Path(out)
 
 
