@@ -1,6 +1,7 @@
 """Shared pytest fixtures. GPU tests are marked ``gpu`` and skipped where no CUDA device is usable."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,22 @@ from terrain_io.backend import gpu_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DATA = ROOT / "sample_data"
+
+
+DEFAULT_MARKS = "not gpu and not slow and not browser"  # pyproject's addopts: the CI run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The whole default run (plain ``pytest``: no paths, no ``-m``, no ``-n``) goes to one
+    pytest-xdist worker a core, up to 4: most of its time is numba compiling kernels on one core.
+    A chosen test, a GPU or slow run, or an explicit ``-n`` stays as asked."""
+    if getattr(config.option, "numprocesses", "absent") is not None:
+        return  # pytest-xdist missing, disabled (-p no:xdist), or -n given
+    chosen = config.args_source != pytest.Config.ArgsSource.TESTPATHS
+    if chosen or config.option.markexpr != DEFAULT_MARKS or config.option.usepdb:
+        return
+    config.option.numprocesses = min(4, os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(config, items):
