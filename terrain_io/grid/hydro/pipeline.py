@@ -79,10 +79,11 @@ def write_table(result: HydroResult, path) -> Path:
 
 
 def _open(store, what: str, memory, window_tiles: int | None = None, polygons: bool = False,
-          device: str | None = "cpu") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
+          device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
     """The store, its windows out of core (None: in core) and the route of the kernels.
-    ``device="gpu"``: in core on the GPU where its memory holds the arrays and the budget the host's
-    shards (:func:`_gpu_misfit`), else the CPU with one note. ``window_tiles`` forces out of core
+    ``device`` ``gpu`` (or ``auto`` with a usable GPU): in core on the GPU where its memory holds the
+    arrays and the budget the host's shards (:func:`_gpu_misfit`), else the CPU (with one note when
+    ``gpu`` was asked for). ``window_tiles`` forces out of core
     on the CPU with windows of that many tiles a side (tests, benchmarks); ``polygons``: the label
     raster must fit the budget to be traced."""
     if not isinstance(store, TerrainStore):
@@ -95,13 +96,13 @@ def _open(store, what: str, memory, window_tiles: int | None = None, polygons: b
         raise InputError(f"polygons of a {rows:,} x {cols:,} DEM are traced in memory: about "
                          f"{format_bytes(rows * cols * POLYGON_BYTES)}, more than the memory budget "
                          f"{format_bytes(budget)} (raise --memory, or leave out -o)")
-    asked = (device or "auto").lower()
-    if asked == "gpu" and resolve_device(device) == "gpu":
+    if resolve_device(device) == "gpu":
         why = "windows out of core are computed on the CPU" if window_tiles is not None else _gpu_misfit(
             store, what, budget)
         if why is None:
             return store, None, _Route("gpu")
-        warnings.warn(f"hydrology on the GPU: {why}: run on the CPU instead", TerrainNote, stacklevel=3)
+        if (device or "auto").lower() == "gpu":
+            warnings.warn(f"hydrology on the GPU: {why}: run on the CPU instead", TerrainNote, stacklevel=3)
     need = lambda k: tiled.window_need(store, k, OUT_BYTES[what])  # noqa: E731
     if window_tiles is None:
         chosen = plan(store, budget, what.replace("+", " with "), need, rows * cols * BYTES[what])
@@ -256,7 +257,7 @@ def _cell(store: TerrainStore, name: str, r: int, c: int):
 
 def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
               progress: bool = True, vectors=None, overwrite: bool = False,
-              window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
+              window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``watershed/NAME/label`` (uint32: i + 1 where a cell drains to ``cells[i]`` = (row, col)
     first); with ``snap`` (map units), the outlets are moved first (:func:`snap_outlets`) and the
     result's attributes record where to (``snapped``); ``vectors``: a polygon file of the
@@ -319,7 +320,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
 
 
 def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False,
-           window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
+           window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
     (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
     timer = Timings()
@@ -364,7 +365,7 @@ def _network(store, what, threshold, units, memory, window_tiles, device):
 
 
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
-            overwrite: bool = False, window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
+            overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
     of the cells whose accumulation >= ``threshold`` (cells, or m^2 with ``units="m2"``); with
     ``vectors`` (a .gpkg, .geojson, .shp or .fgb path), one LineString a link (:func:`write_links`)."""
@@ -430,7 +431,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
 
 
 def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True,
-         window_tiles: int | None = None, device: str | None = "cpu") -> HydroResult:
+         window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
     (uint32 link id of the stream cell reached, 0 none) for streams of accumulation >= ``threshold``."""
     timer = Timings()
