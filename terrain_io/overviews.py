@@ -224,11 +224,15 @@ def _level_array(root: str, path: str, meta: str):
     return array_handle(root, path, json.loads(meta))
 
 
+_OPEN: dict = {}  # (store, array, digest) -> the array, in the process that writes the pyramid
+
+
 @functools.lru_cache(maxsize=8)
 def _opened(store: str, name: str, digest: str):
     """The array, opened once per process for the tasks of one pyramid (``digest``: its manifest's, so a
     worker that lives on never reads another array's bytes through an old handle)."""
-    return TerrainStore.open(store, mode="r").group[name]
+    known = _OPEN.get((store, name, digest))
+    return known if known is not None else TerrainStore.open(store, mode="r").group[name]
 
 
 def missing_value(store: TerrainStore, name: str, arr):
@@ -269,17 +273,18 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
     scheduler = check_scheduler(scheduler)
     store = TerrainStore.open(store_path)
     names = list(arrays) if arrays else arrays_of(store)
+    opened = {}
     for name in names:
         if name.startswith(GROUP + "/") or name.startswith("index/"):
             raise InputError(f"{name}: takes no overviews")
         try:
-            arr = store.group[name]
+            opened[name] = arr = store.group[name]
         except KeyError:
             raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
         if not hasattr(arr, "shards") or len(arr.shape) != 2:
             raise StoreError(f"{store.path}: {name!r} is not a 2-D array")
     side = store.tile_size * store.shard_size
-    itemsize = max(store.group[n].dtype.itemsize for n in names)
+    itemsize = max(a.dtype.itemsize for a in opened.values())
     levels = len(level_shapes(store.shape, store.tile_size))
     in_flight = 2 * (os.cpu_count() or 1)
     shard_bytes = side * side * itemsize
@@ -291,14 +296,12 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
                          f"({format_bytes(need)}: {levels + 4} shards of {side}^2 cells); give more memory "
                          "or convert with smaller shards")
     done = {}
-    for name in names:
-        done[name] = _pyramid(store, name, scheduler, in_flight, progress, announce)
-        store = TerrainStore.open(store_path)
+    for name in names:  # (each pyramid's commit opens the store's group again: the next one is seen)
+        done[name] = _pyramid(store, name, opened[name], scheduler, in_flight, progress, announce)
     return done
 
 
-def _pyramid(store: TerrainStore, name: str, scheduler: str, in_flight: int, progress: bool, announce) -> int:
-    arr = store.group[name]
+def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int, progress: bool, announce) -> int:
     shapes = level_shapes(arr.shape, store.tile_size)
     if not shapes:
         return 0
@@ -332,20 +335,26 @@ def _pyramid(store: TerrainStore, name: str, scheduler: str, in_flight: int, pro
         # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
         nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
         levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
-        tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, attrs["source_manifest_sha256"],
-                       root, levels, whole < len(shapes)) for r, c in morton_order(*grid0)]
-        assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
-        with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
-            pieces = (_prefetched(_cascade, tasks, in_flight) if scheduler == "local"
-                      else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
-            for task, (encoded, raw) in zip(tasks, pieces):
-                for k, chunks in enumerate(encoded, start=1):
-                    assembler.put_encoded(k, task.shard, chunks)
-                if raw is not None:
-                    assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
-                bar.update(1)
-            assembler.flush()
-        nodes.result()
+        digest = attrs["source_manifest_sha256"]
+        tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, digest, root, levels,
+                       whole < len(shapes)) for r, c in morton_order(*grid0)]
+        _OPEN[key := (str(store.path), name, digest)] = arr  # this process's readers use the open array
+        _opened.cache_clear()
+        try:
+            assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
+            with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
+                pieces = (_prefetched(_cascade, tasks, in_flight) if scheduler == "local"
+                          else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
+                for task, (encoded, raw) in zip(tasks, pieces):
+                    for k, chunks in enumerate(encoded, start=1):
+                        assembler.put_encoded(k, task.shard, chunks)
+                    if raw is not None:
+                        assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
+                    bar.update(1)
+                assembler.flush()
+            nodes.result()
+        finally:
+            _OPEN.pop(key, None)
     return len(shapes)
 
 
