@@ -327,7 +327,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     whole = min(len(shapes), int(math.log2(store.shard_size)))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
-        root = writer.group.store.root  # the staged result group's folder
+        root = str(writer.group.store.root)  # the staged result group's folder
         metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
                                       {"level": k, **_source_attrs(arr)}) for k, shape in enumerate(shapes, start=1)]
         level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]

@@ -9,6 +9,7 @@ import heapq
 import math
 import os
 import sys
+import warnings
 from collections import deque
 from fractions import Fraction
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import scipy.stats
 import zarr
 from rasterio.crs import CRS
 from scipy import ndimage
@@ -840,3 +842,42 @@ def reference_hand(z, d, stream):
             height[cell] = float(z[cell]) - float(z[c])
             first[cell] = c
     return height, first
+
+
+# --- Overviews: a level from the level below, by each reduction's definition (numpy, scipy.stats.mode) ---
+def _overview_blocks(a):
+    """(h2, w2, 4) of the 2 x 2 blocks in row-major order, the missing cells of odd edges as NaN."""
+    h, w = a.shape
+    p = np.full((h + h % 2, w + w % 2), np.nan)
+    p[:h, :w] = a
+    return p.reshape(p.shape[0] // 2, 2, p.shape[1] // 2, 2).transpose(0, 2, 1, 3).reshape(p.shape[0] // 2,
+                                                                                         p.shape[1] // 2, 4)
+
+
+def overview_mean(a):
+    """The mean of the valid cells of each block, summed in float64 in row-major order, cast back."""
+    b = _overview_blocks(a.astype(np.float64))
+    total, n = np.zeros(b.shape[:2]), np.zeros(b.shape[:2])
+    for q in range(4):
+        ok = ~np.isnan(b[..., q])
+        total = total + np.where(ok, b[..., q], 0.0)
+        n += ok
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, total / n, np.nan).astype(a.dtype)
+
+
+def overview_max(a):
+    """The largest valid cell of each block (NaN: none valid)."""
+    b = _overview_blocks(a.astype(np.float64))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "All-NaN slice": NaN is the answer there
+        return np.nanmax(b, axis=-1).astype(a.dtype)
+
+
+def overview_mode(a, missing):
+    """scipy.stats.mode of the valid cells of each block (ties: the smallest); ``missing`` where none."""
+    b = _overview_blocks(np.where(a == missing, np.nan, a.astype(np.float64)))
+    empty = np.isnan(b).all(axis=-1)
+    b[empty] = missing  # scipy needs one value; replaced below
+    m = scipy.stats.mode(b, axis=-1, nan_policy="omit", keepdims=False).mode
+    return np.where(empty, missing, m).astype(a.dtype)

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.stats
 from click.testing import CliRunner
 
 from cli.main import _register, cli
+from references import overview_max as ref_max
+from references import overview_mean as ref_mean
+from references import overview_mode as ref_mode
 from references import utm_store
 from terrain_io.integrity import verify
 from terrain_io.overviews import write_overviews
@@ -44,50 +46,6 @@ def _store(path, tile=16, shard=2, seed=0):
         w.create_array("accumulation", "float64", float("nan"))[...] = acc
         w.create_array("direction", "uint8", 255)[...] = codes
     return z, ids, acc, codes
-
-
-def _blocks(a):
-    """(h2, w2, 4) of the 2 x 2 blocks in row-major order, the missing cells of odd edges as NaN."""
-    h, w = a.shape
-    p = np.full((h + h % 2, w + w % 2), np.nan)
-    p[:h, :w] = a
-    return p.reshape(p.shape[0] // 2, 2, p.shape[1] // 2, 2).transpose(0, 2, 1, 3).reshape(p.shape[0] // 2,
-                                                                                         p.shape[1] // 2, 4)
-
-
-def ref_mean(a):
-    """The mean of the valid cells of each block, summed in float64 in row-major order, cast back."""
-    b = _blocks(a.astype(np.float64))
-    total, n = np.zeros(b.shape[:2]), np.zeros(b.shape[:2])
-    for q in range(4):
-        ok = ~np.isnan(b[..., q])
-        total = total + np.where(ok, b[..., q], 0.0)
-        n += ok
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, total / n, np.nan).astype(a.dtype)
-
-
-def ref_max(a):
-    b = _blocks(a.astype(np.float64))
-    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning) if np.isnan(b).all(axis=-1).any() else _nothing():
-        return np.nanmax(b, axis=-1).astype(a.dtype)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
-def ref_mode(a, missing):
-    """scipy.stats.mode of the valid cells of each block (ties: the smallest); ``missing`` where none."""
-    b = _blocks(np.where(a == missing, np.nan, a.astype(np.float64)))
-    empty = np.isnan(b).all(axis=-1)
-    b[empty] = missing  # scipy needs one value; replaced below
-    m = scipy.stats.mode(b, axis=-1, nan_policy="omit", keepdims=False).mode
-    return np.where(empty, missing, m).astype(a.dtype)
 
 
 def _level(path, name, k):

@@ -1,0 +1,87 @@
+"""Overviews written without zarr's event loop (terrain_io.overviews, issue 32): the levels' nodes are
+the bytes zarr writes, every level of a store with many shards and levels is the reduction of the
+level below (numpy), and ``--overviews`` gives a result its pyramid when the command writes it."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from references import overview_max, overview_mean, overview_mode, utm_store
+from terrain_io.overviews import write_overviews
+from terrain_io.store import (TerrainStore, create_tiled_array, tiled_array_metadata, write_coordinate_files,
+                              write_coordinates, write_node)
+
+UTM_T = (500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("dtype,fill", [("float32", math.nan), ("float64", -math.inf), ("int16", -32768),
+                                        ("uint8", 255), ("uint64", 0), ("int32", 7)])
+def test_level_nodes_are_the_bytes_zarr_writes(tmp_path, dtype, fill):
+    """A level's array metadata and coordinates, written as files, against zarr writing the same nodes."""
+    ref = zarr.open_group(str(tmp_path / "zarr"), mode="w")
+    create_tiled_array(ref, "a", (300, 41), np.dtype(dtype), 16, 4, fill, {"level": 2, "units": "m"})
+    write_coordinates(ref, (300, 41), UTM_T, "PROJCS[...]")
+    ours = tmp_path / "ours"
+    write_node(ours / "a", tiled_array_metadata((300, 41), np.dtype(dtype), 16, 4, fill, {"level": 2, "units": "m"}))
+    write_coordinate_files(ours, (300, 41), UTM_T, "PROJCS[...]")
+    want = {k: v for k, v in _tree(tmp_path / "zarr").items() if k != "zarr.json"}
+    assert _tree(ours) == want
+
+
+def test_coordinates_of_several_chunks_are_the_bytes_zarr_writes(tmp_path):
+    shape = (3, (1 << 20) + 5)  # x: two chunks, the last padded with the fill value
+    write_coordinates(zarr.open_group(str(tmp_path / "zarr"), mode="w"), shape, None, None)
+    write_coordinate_files(tmp_path / "ours", shape, None, None)
+    want = {k: v for k, v in _tree(tmp_path / "zarr").items() if k != "zarr.json"}
+    assert "x/c/1" in want and _tree(tmp_path / "ours") == want
+
+
+def _many_shards(path, tile, shard):
+    """150 x 90 cells: with tile 8 and shard 4, 5 x 3 shards and five levels, two of them whole chunks
+    of a base shard's piece (encoded where the shard is read), three put together from pieces."""
+    rng = np.random.default_rng(5)
+    z = (rng.random((150, 90)) * 300 + 100).astype(np.float32)
+    z[rng.random(z.shape) < 0.1] = np.nan
+    z[40:80, 16:56] = np.nan  # whole chunks of nodata: left out of their shards, read back as nodata
+    st = utm_store(path, z, tile=tile, shard=shard)
+    acc = np.where(np.isnan(z), np.nan, rng.random(z.shape) * 1e4)
+    ids = rng.integers(0, 4, z.shape).astype(np.uint32)
+    with st.write_result("flow") as w:
+        w.create_array("accumulation", "float64", math.nan)[...] = acc
+    with st.write_result("fill") as w:
+        w.create_array("depression", "uint32", 0)[...] = ids
+    return {"elevation": (z, overview_mean), "flow/accumulation": (acc, overview_max),
+            "fill/depression": (ids, lambda a: overview_mode(a, 0))}
+
+
+def _levels(path, name):
+    leaf = name.rsplit("/", 1)[-1]
+    group = TerrainStore.open(path, mode="r").group[f"overviews/{name}"]
+    return [group[f"{k}/{leaf}"][...] for k in range(1, len(group.attrs["multiscales"]["layout"]) + 1)]
+
+
+def test_levels_of_many_shards_are_the_reductions_on_every_scheduler(tmp_path):
+    arrays = _many_shards(tmp_path / "a.zarr", tile=8, shard=4)
+    assert write_overviews(tmp_path / "a.zarr") == dict.fromkeys(arrays, 5)
+    for name, (base, ref) in arrays.items():
+        below = base
+        for k, got in enumerate(_levels(tmp_path / "a.zarr", name), start=1):
+            want = ref(below)
+            assert got.dtype == want.dtype and got.shape == want.shape, (name, k)
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} level {k}")
+            below = got
+    # on Dask's threads, and with shards of one tile (every level put together here; levels 1..4 of 4)
+    pytest.importorskip("dask")
+    _many_shards(tmp_path / "b.zarr", tile=16, shard=1)
+    write_overviews(tmp_path / "b.zarr", ["elevation", "fill/depression"], scheduler="threads")
+    for name in ("elevation", "fill/depression"):
+        for got, want in zip(_levels(tmp_path / "b.zarr", name), _levels(tmp_path / "a.zarr", name)):
+            assert got.tobytes() == want.tobytes()
