@@ -265,6 +265,13 @@ def arrays_of(store: TerrainStore) -> list[str]:
     return names
 
 
+def array_digests(store_path) -> dict[str, str]:
+    """:func:`source_digest` of each array that takes overviews (:func:`arrays_of`): what a command
+    wrote is what changed."""
+    store = TerrainStore.open(store_path, mode="r")
+    return {name: source_digest(store, name) for name in arrays_of(store)}
+
+
 def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | None = "local",
                     progress: bool = False, announce=None) -> dict[str, int]:
     """Write the pyramid of each of ``arrays`` (default :func:`arrays_of`) into the store; returns

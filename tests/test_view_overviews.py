@@ -85,3 +85,60 @@ def test_levels_of_many_shards_are_the_reductions_on_every_scheduler(tmp_path):
     for name in ("elevation", "fill/depression"):
         for got, want in zip(_levels(tmp_path / "b.zarr", name), _levels(tmp_path / "a.zarr", name)):
             assert got.tobytes() == want.tobytes()
+
+
+# -- --overviews on the commands that write results ---------------------------------------------------
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    res = CliRunner().invoke(cli, ["-q", *map(str, args)])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def _pyramids(path) -> set[str]:
+    """The arrays that have a pyramid, by the store's folders (overviews/ARRAY/zarr.json with a source)."""
+    import json
+
+    found = set()
+    for meta in (Path(path) / "overviews").rglob("zarr.json"):
+        attrs = json.loads(meta.read_text()).get("attributes", {})
+        if "multiscales" in attrs:
+            found.add(attrs["source"])
+    return found
+
+
+@pytest.mark.parametrize("command,written", [
+    (["fill"], {"fill/elevation", "fill/depth", "fill/depression"}),
+    (["sssp", "--cell", "5,7", "--name", "a"], {"sssp/a/distance", "sssp/a/predecessor"}),
+    (["flow"], {"flow/direction", "flow/accumulation", "fill/elevation", "fill/depth", "fill/depression"}),
+    (["mst"], {"mst/edges"}),
+    (["depressions"], {"depressions/basin"}),
+    (["streams", "--threshold", "20"], {"streams/order", "streams/link", "streams/magnitude"}),
+])
+def test_overviews_option_gives_what_the_command_wrote_its_pyramid(tmp_path, command, written):
+    rng = np.random.default_rng(3)
+    z = (np.add.outer(np.arange(70), np.arange(45)) + rng.random((70, 45)) * 30).astype(np.float32)
+    path = tmp_path / "s.zarr"
+    utm_store(path, z, tile=16, shard=2)
+    if command[0] == "streams":
+        _cli("flow", path)  # without --overviews: flow's arrays get none
+    _cli(command[0], path, *command[1:], "--overviews")
+    assert _pyramids(path) == written  # and nothing else: not the elevation, not an earlier command's
+    st = TerrainStore.open(path, mode="r")
+    for name in written:
+        base = st.group[name][...]
+        level1 = st.group[f"overviews/{name}/1/{name.rsplit('/', 1)[-1]}"][...]
+        assert level1.shape == (35, 23)
+        if base.dtype.kind == "f":
+            np.testing.assert_array_equal(level1, overview_mean(base))
+    if command[0] == "fill":  # the command again: its arrays rewritten, their pyramids made again (current)
+        from terrain_io.overviews import source_digest
+
+        _cli("fill", path, "--outputs", "depth", "--overviews")
+        st = TerrainStore.open(path, mode="r")
+        assert (st.group["overviews/fill/depth"].attrs["source_manifest_sha256"]
+                == source_digest(st, "fill/depth"))
