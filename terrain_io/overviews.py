@@ -255,6 +255,28 @@ def source_digest(store: TerrainStore, name: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def current_levels(store: TerrainStore, name: str) -> list[str] | None:
+    """The paths of levels 1.. of ``name``'s pyramid when it is current (made from the array's bytes as
+    they are now), else None (no pyramid, or one older than the array)."""
+    group = f"{GROUP}/{name}"
+    try:
+        pyramid = store.group[group]
+    except KeyError:
+        return None
+    if pyramid.attrs.get("source_manifest_sha256") != source_digest(store, name):
+        return None
+    leaf = name.rsplit("/", 1)[-1]
+    count = len(level_shapes(store.group[name].shape, store.tile_size))
+    return [f"{group}/{k}/{leaf}" for k in range(1, count + 1) if f"{k}/{leaf}" in pyramid]
+
+
+def level_transform(t, k: int) -> list[float]:
+    """GDAL geotransform of level k: the same origin, cells 2^k times as large."""
+    x0, dx, rx, y0, ry, dy = t
+    f = float(2**k)
+    return [x0, dx * f, rx * f, y0, ry * f, dy * f]
+
+
 def arrays_of(store: TerrainStore) -> list[str]:
     """The arrays that take overviews: elevation and every 2-D result of the store's shape (not the
     SSSP index's internals, not the overviews)."""
@@ -322,7 +344,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     layout = []
     for k, shape in enumerate(shapes, start=1):
         entry = {"asset": str(k), "transform": {"scale": [2.0, 2.0], "translation": [0.0, 0.0]},
-                 "resampling_method": method, "proj:shape": list(shape), "proj:transform": _level_transform(t, k)}
+                 "resampling_method": method, "proj:shape": list(shape), "proj:transform": level_transform(t, k)}
         if k > 1:
             entry["derived_from"] = str(k - 1)
         layout.append(entry)
@@ -371,18 +393,11 @@ def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> None:
         folder = os.path.join(root, str(k))
         write_node(folder, group_metadata())
         write_node(os.path.join(folder, leaf), meta)
-        write_coordinate_files(folder, shape, _level_transform(transform, k), crs)
+        write_coordinate_files(folder, shape, level_transform(transform, k), crs)
 
 
 def _source_attrs(arr) -> dict:
     return {k: v for k, v in dict(arr.attrs).items() if k in ("units", "nodata", "method", "long_name")}
-
-
-def _level_transform(t, k: int) -> list[float]:
-    """GDAL geotransform of level k: the same origin, cells 2^k times as large."""
-    x0, dx, rx, y0, ry, dy = t
-    f = float(2**k)
-    return [x0, dx * f, rx * f, y0, ry * f, dy * f]
 
 
 def _prefetched(func, tasks, ahead: int):

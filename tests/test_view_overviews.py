@@ -4,13 +4,14 @@ level below (numpy), and ``--overviews`` gives a result its pyramid when the com
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
-from references import overview_max, overview_mean, overview_mode, utm_store
+from references import check_cog_layout, overview_max, overview_mean, overview_mode, utm_store
 from terrain_io.overviews import write_overviews
 from terrain_io.store import (TerrainStore, create_tiled_array, tiled_array_metadata, write_coordinate_files,
                               write_coordinates, write_node)
@@ -142,3 +143,41 @@ def test_overviews_option_gives_what_the_command_wrote_its_pyramid(tmp_path, com
         st = TerrainStore.open(path, mode="r")
         assert (st.group["overviews/fill/depth"].attrs["source_manifest_sha256"]
                 == source_digest(st, "fill/depth"))
+
+
+# -- COG overviews of the maximum: the store's own pyramid ---------------------------------------------
+def test_cog_of_accumulation_has_the_maximum_as_overviews(tmp_path):
+    rasterio = pytest.importorskip("rasterio")
+    rng = np.random.default_rng(9)
+    z = (rng.random((700, 650)) * 100).astype(np.float32)
+    z[rng.random(z.shape) < 0.05] = np.nan
+    st = utm_store(tmp_path / "s.zarr", z, tile=64, shard=2)
+    acc = np.where(np.isnan(z), np.nan, rng.pareto(1.0, z.shape) * 10)  # heavy-tailed: a mean is far off the max
+    order = rng.integers(1, 6, z.shape).astype(np.uint8)
+    with st.write_result("flow") as w:
+        w.create_array("accumulation", "float64", math.nan)[...] = acc
+    with st.write_result("streams") as w:
+        w.create_array("order", "uint8", 0)[...] = order
+    out = tmp_path / "acc.tif"
+    from terrain_io.errors import TerrainNote
+
+    with pytest.warns(TerrainNote, match="flow/accumulation: GDAL has no maximum"):  # no pyramid yet: averages
+        _cli("export", tmp_path / "s.zarr", "flow/accumulation", "-o", out, "--cog")
+    _cli("overviews", tmp_path / "s.zarr", "flow/accumulation", "streams/order")
+    for name, base in (("flow/accumulation", acc), ("streams/order", order)):
+        out = tmp_path / f"{name.replace('/', '_')}.tif"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TerrainNote)  # no note: the pyramid is current
+            _cli("export", tmp_path / "s.zarr", name, "-o", out, "--cog", "--overwrite")
+        assert check_cog_layout(out) >= 3
+        with rasterio.open(out) as ds:
+            assert ds.overviews(1)[:3] == [2, 4, 8] and ds.crs.to_epsg() == 32633
+            np.testing.assert_array_equal(ds.read(1), base)
+            below = base.astype(np.float64) if base.dtype.kind == "u" else base
+            for f in ds.overviews(1):
+                want = overview_max(np.where(below == 0, np.nan, below) if base.dtype.kind == "u" else below)
+                got = ds.read(1, out_shape=want.shape)
+                np.testing.assert_array_equal(got, np.nan_to_num(want, nan=0) if base.dtype.kind == "u" else want,
+                                              err_msg=f"{name} overview {f}")
+                below = want
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
