@@ -23,12 +23,17 @@ coordinates. The group's ``multiscales.layout`` lists levels 1..n (``derived_fro
 outside the group, which the convention's relative paths cannot reach: its name is in ``source``.
 Levels are tiled, sharded, checksummed and sealed like every result (:meth:`TerrainStore.write_result`).
 
-Out of core in one pass: the base array's shards are read and halved as tasks (Morton order, on the
-``scheduler``, each a shard in memory); this process puts the halves together into level-1 shards,
-writes each shard of a level as soon as its four children are in, halves it for the level above,
-and so on. Morton order completes a parent's children one after another, so at most a few shards
-of each level are held. Each stored cell is read once: the cost is one read of the array, the
-reductions, and writing a third of it again (benchmarks/bench_view.py).
+Out of core in one pass: each shard of the base array is read once, as a task (Morton order, on the
+``scheduler``), and reduced level after level in memory. Its piece of level k is whole chunks of a
+level-k shard while 2^k divides the tiles of a shard side: those chunks are compressed in the task
+(:func:`~terrain_io.store.encode_chunks`), and this process writes a level's shard file
+(:func:`~terrain_io.store.write_encoded_shard`) once its pieces are all in. The task's raw piece of
+the next level is put together here with the others into that level's shards, each written as
+soon as it is complete and halved for the level above, and so on. Morton order completes a
+parent's children one after another, so at most a few shards of each level are held. The levels'
+metadata and coordinates are written as files in one go (zarr's event loop costs more than a
+level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
+and compressing a third of it again (benchmarks/bench_view.py).
 """
 from __future__ import annotations
 
