@@ -83,9 +83,13 @@ def test_levels_of_many_shards_are_the_reductions_on_every_scheduler(tmp_path):
     pytest.importorskip("dask")
     _many_shards(tmp_path / "b.zarr", tile=16, shard=1)
     write_overviews(tmp_path / "b.zarr", ["elevation", "fill/depression"], scheduler="threads")
-    for name in ("elevation", "fill/depression"):
-        for got, want in zip(_levels(tmp_path / "b.zarr", name), _levels(tmp_path / "a.zarr", name)):
-            assert got.tobytes() == want.tobytes()
+    # and one shard of 32 tiles: every level's piece is whole chunks, all compressed in the one task
+    _many_shards(tmp_path / "c.zarr", tile=8, shard=32)
+    write_overviews(tmp_path / "c.zarr", ["elevation", "fill/depression"])
+    for other in ("b.zarr", "c.zarr"):
+        for name in ("elevation", "fill/depression"):
+            for got, want in zip(_levels(tmp_path / other, name), _levels(tmp_path / "a.zarr", name)):
+                assert got.tobytes() == want.tobytes(), (other, name)
 
 
 # -- --overviews on the commands that write results ---------------------------------------------------
