@@ -250,6 +250,7 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner,
 # has no maximum: a COG of accumulation or stream orders takes the store's own pyramid (_write_cog)
 _COG_RESAMPLING = {"average": "AVERAGE", "mode": "MODE", "max": "AVERAGE"}
 _SCRATCH = {"compress": "zstd", "zstd_level": 1, "predictor": 1}  # written once, read once
+_COG_BLOCK = 512
 
 
 def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
@@ -274,7 +275,7 @@ def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
 
     method = resampling_for(name, arr.dtype)
     levels = current_levels(store, name) if method == "max" else None
-    if method == "max" and not levels:
+    if method == "max" and not levels and max(arr.shape) > _COG_BLOCK:  # (one block: no overviews at all)
         warnings.warn(TerrainNote(f"{name}: GDAL has no maximum resampling: the COG's overviews average it (after "
                                   f"'terrain overviews {store.path} {name}' they are the store's maxima)"))
     with contextlib.ExitStack() as scratch:
@@ -293,7 +294,7 @@ def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
                 Path(vrt).write_text(_vrt_with_overviews(ds, src, files))
             src, options = vrt, {"OVERVIEWS": "FORCE_USE_EXISTING"}
         with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024, GDAL_NUM_THREADS="ALL_CPUS"):
-            rasterio.shutil.copy(src, out, driver="COG", COMPRESS="DEFLATE", PREDICTOR="YES", BLOCKSIZE=512,
+            rasterio.shutil.copy(src, out, driver="COG", COMPRESS="DEFLATE", PREDICTOR="YES", BLOCKSIZE=_COG_BLOCK,
                                  BIGTIFF="IF_SAFER", NUM_THREADS="ALL_CPUS", **options)
 
 
