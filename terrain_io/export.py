@@ -38,6 +38,7 @@ from .progress import progress_bar
 from .legend import band_for
 from .store import TerrainStore, Window, valid_mask
 from .units import distance_unit
+from .zorder import morton_order
 
 PNG_MAX_SIDE = 2048
 IN_FLIGHT_BYTES = 512 * 1024 * 1024  # about this much of shard-task results held at once (Dask)
@@ -235,9 +236,9 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner,
     if rows < 256 or cols < 256:
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
-    side = store.tile_size * store.shard_size
-    wins = [Window(r0, min(r0 + side, rows), c0, min(c0 + side, cols))
-            for r0 in range(0, rows, side) for c0 in range(0, cols, side)]
+    side = store.tile_size * store.shard_size  # the array's shards in Morton order (store.shards, any shape)
+    wins = [Window(int(r) * side, min((int(r) + 1) * side, rows), int(c) * side, min((int(c) + 1) * side, cols))
+            for r, c in morton_order(-(-rows // side), -(-cols // side))]
     tasks = [_ShardTask(str(store.path), name, win, elevation_masked=_elevation_marker(name, arr),
                         encoding=run.encoding) for win in wins]
     shard_bytes = (store.tile_size * store.shard_size) ** 2 * arr.dtype.itemsize
