@@ -1,12 +1,14 @@
 """Options and helpers shared by the ``terrain`` commands."""
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 import click
 
 from terrain_io.backend import DEVICES
+
 
 class AliasedOption(click.Option):
     """A click option whose ``hidden_aliases`` (old spellings kept for users' scripts) are accepted but
@@ -127,6 +129,44 @@ def table_option(what: str):
     """``--table FILE.csv``: where to write ``what``; its folder must exist (and :data:`overwrite_files_option`)."""
     return click.option("--table", type=click.Path(dir_okay=False, path_type=Path), default=None,
                         callback=new_output_file, help=f"Write {what} to this CSV file.")
+
+
+def overviews_option(command):
+    """``--overviews`` on a command that writes results (its STORE argument, its ``--memory`` and
+    ``--scheduler`` where it has them): once the command has committed them, each array it wrote --
+    new, or rewritten: its manifest changed -- gets its pyramid (terrain_io.overviews, as
+    ``terrain overviews STORE ARRAY...``)."""
+
+    @functools.wraps(command)
+    def run(*args, overviews: bool, **kwargs):
+        if not overviews:
+            return command(*args, **kwargs)
+        from terrain_io.errors import TerrainError
+        from terrain_io.overviews import array_digests
+
+        store = kwargs["store"]
+        try:
+            before = array_digests(store)
+        except TerrainError:  # no store: the command says so
+            before = {}
+        out = command(*args, **kwargs)
+        written = [name for name, digest in array_digests(store).items() if before.get(name) != digest]
+        if written:
+            write_overviews_of(store, written, kwargs.get("memory"), kwargs.get("scheduler") or "local")
+        return out
+
+    return click.option("--overviews", is_flag=True,
+                        help="Then write the overviews of the arrays it wrote (as 'terrain overviews').")(run)
+
+
+def write_overviews_of(store, arrays, memory, scheduler) -> None:
+    """``terrain overviews STORE ARRAYS``: the pyramids, and the summary line."""
+    from terrain_io.overviews import write_overviews
+
+    timer = Timer()
+    done = write_overviews(store, arrays, memory=memory, scheduler=scheduler, progress=not quiet(), announce=say)
+    listed = ", ".join(f"{name} ({levels} levels)" for name, levels in done.items())
+    say(f"{store}: overviews of {listed} in {timer.elapsed:.2f} s")
 
 
 def quiet(ctx: click.Context | None = None) -> bool:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from .common import device_option_for, memory_option, outlets_option, overwrite_files_option, quiet, say, table_option
+from .common import (device_option_for, memory_option, outlets_option, overviews_option, overwrite_files_option, quiet,
+                     say, table_option)
 from .main import cli
 
 
@@ -16,6 +17,7 @@ from .main import cli
 @table_option("the tree (one row per node: leaves, then merges)")
 @device_option_for("cpu")
 @memory_option
+@overviews_option
 def depressions(store, outlets, table, device, memory):
     """The depression hierarchy of the DEM (Barnes, Callaghan & Wickert 2020): the merge tree of the
     basins of every local minimum, and STORE/depressions/basin (uint32 leaf id, 0: drains out).

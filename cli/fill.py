@@ -9,6 +9,7 @@ from .common import (
     device_option,
     memory_option,
     outlets_option,
+    overviews_option,
     overwrite_files_option,
     quiet,
     say,
@@ -39,6 +40,7 @@ def _outputs(ctx, param, value):
 @scheduler_option
 @click.option("--outputs", default="elevation,depth,depression", show_default=True, callback=_outputs,
               metavar="NAMES", help="The arrays to write, joined by commas: elevation, depth, depression.")
+@overviews_option
 def fill(store, outlets, table, device, memory, scheduler, outputs):
     """Fill the depressions of the DEM: STORE/fill/elevation (filled DEM), fill/depth (float32) and
     fill/depression (uint32 id, 0 outside depressions), or those named by --outputs.

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, memory_option, outlets_option, quiet, say, scheduler_option
+from .common import device_option, memory_option, outlets_option, overviews_option, quiet, say, scheduler_option
 from .main import cli
 
 
@@ -24,6 +24,7 @@ from .main import cli
 @device_option
 @memory_option
 @scheduler_option
+@overviews_option
 def flow(store, condition, outlets, weights, exclude_self, device, memory, scheduler):
     """Flow directions and accumulation: STORE/flow/direction (uint8 D8 codes: 0..7 = E, SE, S, SW, W,
     NW, N, NE; 8 drains out of the DEM; 9 no outflow; 255 nodata) and flow/accumulation (uint64

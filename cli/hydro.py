@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .common import (device_option, memory_option, new_output_file, output_option, overwrite_files_option, quiet,
-                     say, table_option)
+from .common import (device_option, memory_option, new_output_file, output_option, overviews_option,
+                     overwrite_files_option, quiet, say, table_option)
 from .main import cli
 
 threshold_option = click.option("--threshold", type=float, required=True,
@@ -55,6 +55,7 @@ def _report(result, table, output, vectors: str) -> None:
 @overwrite_files_option
 @memory_option
 @device_option
+@overviews_option
 def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory, device):
     """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
     order given -- --at, then --cell, then --outlets -- a cell drains to first; 0 none). A nested
@@ -88,6 +89,7 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
 @overwrite_files_option
 @memory_option
 @device_option
+@overviews_option
 def basins(store, table, output, memory, device):
     """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
     at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
@@ -108,6 +110,7 @@ def basins(store, table, output, memory, device):
 @overwrite_files_option
 @memory_option
 @device_option
+@overviews_option
 def streams(store, threshold, units, table, output, memory, device):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
@@ -126,6 +129,7 @@ def streams(store, threshold, units, table, output, memory, device):
 @units_option
 @memory_option
 @device_option
+@overviews_option
 def hand(store, threshold, units, memory, device):
     """Height above the nearest drainage: STORE/hand/height (float32: a cell's elevation minus that
     of the first stream cell on its flow path; NaN where it meets none) and hand/drainage (that

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .common import device_option, memory_option, quiet, say, scheduler_option
+from .common import device_option, memory_option, overviews_option, quiet, say, scheduler_option
 from .main import cli
 
 
@@ -16,6 +16,7 @@ from .main import cli
 @device_option
 @memory_option
 @scheduler_option
+@overviews_option
 def mst(store, weight, device, memory, scheduler):
     """Minimum spanning forest of the DEM's 8-connected grid graph, written to STORE/mst/edges.
 

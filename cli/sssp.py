@@ -14,6 +14,7 @@ from .common import (
     device_option,
     memory_option,
     output_option,
+    overviews_option,
     overwrite_option,
     quiet,
     say,
@@ -110,6 +111,7 @@ cluster_option = click.option("--cluster", type=int, default=None,
 @click.option("--no-predecessor", "no_predecessor", is_flag=True,
               help="Write the distances only, without sssp/NAME/predecessor (then no 'terrain path' from it).")
 @scheduler_option
+@overviews_option
 def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_invalid, cells, crs_coords, weight, cost,
                  name, cluster, device, memory, method, rebuild_index, max_cost, allocation, no_predecessor, scheduler):
     """Shortest paths from one or several sources over the DEM's 8-connected grid graph.

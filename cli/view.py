@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .common import Timer, memory_option, quiet, say, scheduler_option
+from .common import memory_option, scheduler_option, write_overviews_of
 from .main import cli
 
 
@@ -20,12 +20,7 @@ def overviews(store, arrays, memory, scheduler):
     ids, the maximum of flow accumulation and stream orders) down to one tile, laid out after the
     Zarr multiscales convention (GeoZarr), so xarray opens each level with its coordinates.
     """
-    from terrain_io.overviews import write_overviews
-
-    timer = Timer()
-    done = write_overviews(store, arrays, memory=memory, scheduler=scheduler, progress=not quiet(), announce=say)
-    listed = ", ".join(f"{name} ({levels} levels)" for name, levels in done.items())
-    say(f"{store}: overviews of {listed} in {timer.elapsed:.2f} s")
+    write_overviews_of(store, arrays, memory, scheduler)
 
 
 @cli.command(short_help="Look at a store in the browser: a local web map of its arrays.")

@@ -38,6 +38,7 @@ from .progress import progress_bar
 from .legend import band_for
 from .store import TerrainStore, Window, valid_mask
 from .units import distance_unit
+from .zorder import morton_order
 
 PNG_MAX_SIDE = 2048
 IN_FLIGHT_BYTES = 512 * 1024 * 1024  # about this much of shard-task results held at once (Dask)
@@ -208,14 +209,16 @@ def _read_block(task: _ShardTask) -> np.ndarray:
     return block
 
 
-def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner, compress: dict | None = None) -> None:
+def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner, compress: dict | None = None,
+                   transform=None) -> None:
+    """``transform``: the GDAL geotransform of ``arr`` when it is not the store's grid (an overview level)."""
     import rasterio
     from rasterio.crs import CRS
     from rasterio.transform import Affine
     from rasterio.windows import Window as RioWindow
 
     rows, cols = arr.shape
-    t = store.transform
+    t = transform or store.transform
     dtype, nodata = str(arr.dtype), _nodata_of(store, name, arr)
     if run.encoding is not None:
         from .grid.flow.encodings import DTYPES
@@ -233,7 +236,9 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner,
     if rows < 256 or cols < 256:
         profile.update(tiled=False)
         profile.pop("blockxsize"), profile.pop("blockysize")
-    wins = list(store.shards())
+    side = store.tile_size * store.shard_size  # the array's shards in Morton order (store.shards, any shape)
+    wins = [Window(int(r) * side, min((int(r) + 1) * side, rows), int(c) * side, min((int(c) + 1) * side, cols))
+            for r, c in morton_order(-(-rows // side), -(-cols // side))]
     tasks = [_ShardTask(str(store.path), name, win, elevation_masked=_elevation_marker(name, arr),
                         encoding=run.encoding) for win in wins]
     shard_bytes = (store.tile_size * store.shard_size) ** 2 * arr.dtype.itemsize
@@ -243,28 +248,77 @@ def _write_geotiff(store: TerrainStore, name: str, arr, out: Path, run: _Runner,
 
 
 # GDAL's overview resampling for each of the store's (terrain_io.overviews.resampling_for); GDAL 3.10
-# has no maximum, so accumulation and stream orders are averaged in a COG's overviews
+# has no maximum: a COG of accumulation or stream orders takes the store's own pyramid (_write_cog)
 _COG_RESAMPLING = {"average": "AVERAGE", "mode": "MODE", "max": "AVERAGE"}
+_SCRATCH = {"compress": "zstd", "zstd_level": 1, "predictor": 1}  # written once, read once
+_COG_BLOCK = 512
 
 
 def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> None:
     """A Cloud-Optimized GeoTIFF: the array streamed shard by shard into a tiled scratch GeoTIFF
-    beside ``out`` (zstd level 1: written once, read once), then copied by GDAL's COG driver, which
-    reads it block by block, builds the overviews (halving down to one 512^2 block, resampled as
-    the store's overviews are, see ``_COG_RESAMPLING``) and writes the COG layout: IFDs first,
-    the smallest overview's tiles first, full resolution last; deflate with a predictor."""
+    beside ``out`` (zstd level 1), then copied by GDAL's COG driver, which reads it block by block,
+    builds the overviews (halving down to one 512^2 block, resampled as the store's overviews are,
+    see ``_COG_RESAMPLING``) and writes the COG layout: IFDs first, the smallest overview's tiles
+    first, full resolution last; deflate with a predictor.
+
+    The maximum (flow accumulation, stream orders), which GDAL cannot resample, comes from the
+    store's current pyramid (``terrain overviews``): each level streamed into a scratch GeoTIFF of
+    its own, a VRT that names them as the overviews of the array's (GDAL's ``<Overview>``), copied
+    with ``OVERVIEWS=FORCE_USE_EXISTING``; without a current pyramid, GDAL's average and a note."""
+    import warnings
+
     import rasterio
     import rasterio.shutil
 
     from .atomic import scratch_file
-    from .overviews import resampling_for
+    from .errors import TerrainNote
+    from .overviews import current_levels, level_transform, resampling_for
 
-    with scratch_file(out) as src:
-        _write_geotiff(store, name, arr, src, run, compress={"compress": "zstd", "zstd_level": 1, "predictor": 1})
+    method = resampling_for(name, arr.dtype)
+    levels = current_levels(store, name) if method == "max" else None
+    if method == "max" and not levels and max(arr.shape) > _COG_BLOCK:  # (one block: no overviews at all)
+        warnings.warn(TerrainNote(f"{name}: GDAL has no maximum resampling: the COG's overviews average it (after "
+                                  f"'terrain overviews {store.path} {name}' they are the store's maxima)"))
+    with contextlib.ExitStack() as scratch:
+        src = scratch.enter_context(scratch_file(out))
+        _write_geotiff(store, name, arr, src, run, compress=_SCRATCH)
+        options = {"OVERVIEW_RESAMPLING": _COG_RESAMPLING[method]}
+        if levels:
+            t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+            files = []
+            for k, level in enumerate(levels, start=1):
+                files.append(scratch.enter_context(scratch_file(out)))
+                _write_geotiff(store, level, store.group[level], files[-1], run, compress=_SCRATCH,
+                               transform=level_transform(t, k))
+            vrt = scratch.enter_context(scratch_file(out))
+            with rasterio.open(src) as ds:
+                Path(vrt).write_text(_vrt_with_overviews(ds, src, files))
+            src, options = vrt, {"OVERVIEWS": "FORCE_USE_EXISTING"}
         with rasterio.Env(GDAL_CACHEMAX=256 * 1024 * 1024, GDAL_NUM_THREADS="ALL_CPUS"):
-            rasterio.shutil.copy(src, out, driver="COG", COMPRESS="DEFLATE", PREDICTOR="YES", BLOCKSIZE=512,
-                                 BIGTIFF="IF_SAFER", NUM_THREADS="ALL_CPUS",
-                                 OVERVIEW_RESAMPLING=_COG_RESAMPLING[resampling_for(name, arr.dtype)])
+            rasterio.shutil.copy(src, out, driver="COG", COMPRESS="DEFLATE", PREDICTOR="YES", BLOCKSIZE=_COG_BLOCK,
+                                 BIGTIFF="IF_SAFER", NUM_THREADS="ALL_CPUS", **options)
+
+
+_GDAL_TYPES = {"uint8": "Byte", "int8": "Int8", "uint16": "UInt16", "int16": "Int16", "uint32": "UInt32",
+               "int32": "Int32", "uint64": "UInt64", "int64": "Int64", "float32": "Float32", "float64": "Float64"}
+
+
+def _vrt_with_overviews(ds, path, overviews) -> str:
+    """A GDAL VRT of the one-band GeoTIFF ``path`` (open as ``ds``) whose overviews are the files
+    ``overviews`` (GDAL's VRT format: ``<Overview>`` elements of the band)."""
+    from xml.sax.saxutils import escape
+
+    def source(tag, p):
+        return (f'<{tag}><SourceFilename relativeToVRT="0">{escape(str(Path(p).resolve()))}</SourceFilename>'
+                f"<SourceBand>1</SourceBand></{tag}>")
+
+    nodata = ds.nodata
+    nodata = "" if nodata is None else f"<NoDataValue>{'nan' if math.isnan(nodata) else repr(nodata)}</NoDataValue>"
+    srs = f"<SRS>{escape(ds.crs.to_wkt())}</SRS>" if ds.crs else ""
+    gt = ", ".join(repr(float(v)) for v in ds.transform.to_gdal())
+    return (f'<VRTDataset rasterXSize="{ds.width}" rasterYSize="{ds.height}">{srs}<GeoTransform>{gt}</GeoTransform>'
+            f'<VRTRasterBand dataType="{_GDAL_TYPES[ds.dtypes[0]]}" band="1">{nodata}{source("SimpleSource", path)}'
+            + "".join(source("Overview", p) for p in overviews) + "</VRTRasterBand></VRTDataset>")
 
 
 @nb.njit(cache=True)

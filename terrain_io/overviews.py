@@ -23,18 +23,24 @@ coordinates. The group's ``multiscales.layout`` lists levels 1..n (``derived_fro
 outside the group, which the convention's relative paths cannot reach: its name is in ``source``.
 Levels are tiled, sharded, checksummed and sealed like every result (:meth:`TerrainStore.write_result`).
 
-Out of core in one pass: the base array's shards are read and halved as tasks (Morton order, on the
-``scheduler``, each a shard in memory); this process puts the halves together into level-1 shards,
-writes each shard of a level as soon as its four children are in, halves it for the level above,
-and so on. Morton order completes a parent's children one after another, so at most a few shards
-of each level are held. Each stored cell is read once: the cost is one read of the array, the
-reductions, and writing a third of it again (benchmarks/bench_view.py).
+Out of core in one pass: each shard of the base array is read once, as a task (Morton order, on the
+``scheduler``), and reduced level after level in memory. Its piece of level k is whole chunks of a
+level-k shard while 2^k divides the tiles of a shard side: those chunks are compressed in the task
+(:func:`~terrain_io.store.encode_chunks`), and this process writes a level's shard file
+(:func:`~terrain_io.store.write_encoded_shard`) once its pieces are all in. The task's raw piece of
+the next level is put together here with the others into that level's shards, each written as
+soon as it is complete and halved for the level above, and so on. Morton order completes a
+parent's children one after another, so at most a few shards of each level are held. The levels'
+metadata and coordinates are written as files in one go (zarr's event loop costs more than a
+level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
+and compressing a third of it again (benchmarks/bench_view.py).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import functools
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -46,7 +52,8 @@ from .errors import InputError, StoreError
 from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
-from .store import (ELEVATION, TerrainStore, create_tiled_array, read_shard, write_coordinates, write_shard)
+from .store import (ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
+                    tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node, write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
@@ -188,7 +195,9 @@ def reduce2x2(block: np.ndarray, method: str, missing) -> np.ndarray:
 # -- the pyramid of one array -------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Task:
-    """A shard of the base array to read and halve (workers open the store by path)."""
+    """A shard of the base array to read and cascade (workers open the store by path): its pieces of
+    levels 1..len(levels), encoded as the chunks of those levels' shards, and its raw piece of level
+    len(levels) + 1 when there is one (``raw``)."""
 
     store: str
     name: str
@@ -196,17 +205,39 @@ class _Task:
     method: str
     missing: object
     digest: str
+    root: str  # the staged pyramid's folder
+    levels: tuple[tuple[str, str], ...]  # (path, zarr.json) of each level whose pieces are whole chunks
+    raw: bool
 
 
-def _halve_shard(task: _Task) -> np.ndarray:
-    return reduce2x2(read_shard(_opened(task.store, task.name, task.digest), *task.shard), task.method, task.missing)
+def _cascade(task: _Task):
+    """Read the shard once and reduce it level after level in memory: {level: its chunks' stored bytes}
+    for the levels whose piece of this shard is whole chunks, and the raw piece of the level above."""
+    block = read_shard(_opened(task.store, task.name, task.digest), *task.shard)
+    encoded = []
+    for k, (path, meta) in enumerate(task.levels, start=1):
+        block = reduce2x2(block, task.method, task.missing)
+        arr = _level_array(task.root, path, meta)
+        per = 2**k  # base shards along a side of a level-k shard; this one's piece starts at chunk first:
+        n = arr.shards[0] // arr.chunks[0] // per
+        encoded.append(encode_chunks(arr, block, ((task.shard[0] % per) * n, (task.shard[1] % per) * n)))
+    return encoded, (reduce2x2(block, task.method, task.missing) if task.raw else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _level_array(root: str, path: str, meta: str):
+    return array_handle(root, path, json.loads(meta))
+
+
+_OPEN: dict = {}  # (store, array, digest) -> the array, in the process that writes the pyramid
 
 
 @functools.lru_cache(maxsize=8)
 def _opened(store: str, name: str, digest: str):
     """The array, opened once per process for the tasks of one pyramid (``digest``: its manifest's, so a
     worker that lives on never reads another array's bytes through an old handle)."""
-    return TerrainStore.open(store, mode="r").group[name]
+    known = _OPEN.get((store, name, digest))
+    return known if known is not None else TerrainStore.open(store, mode="r").group[name]
 
 
 def missing_value(store: TerrainStore, name: str, arr):
@@ -229,6 +260,28 @@ def source_digest(store: TerrainStore, name: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def current_levels(store: TerrainStore, name: str) -> list[str] | None:
+    """The paths of levels 1.. of ``name``'s pyramid when it is current (made from the array's bytes as
+    they are now), else None (no pyramid, or one older than the array)."""
+    group = f"{GROUP}/{name}"
+    try:
+        pyramid = store.group[group]
+    except KeyError:
+        return None
+    if pyramid.attrs.get("source_manifest_sha256") != source_digest(store, name):
+        return None
+    leaf = name.rsplit("/", 1)[-1]
+    count = len(level_shapes(store.group[name].shape, store.tile_size))
+    return [f"{group}/{k}/{leaf}" for k in range(1, count + 1) if f"{k}/{leaf}" in pyramid]
+
+
+def level_transform(t, k: int) -> list[float]:
+    """GDAL geotransform of level k: the same origin, cells 2^k times as large."""
+    x0, dx, rx, y0, ry, dy = t
+    f = float(2**k)
+    return [x0, dx * f, rx * f, y0, ry * f, dy * f]
+
+
 def arrays_of(store: TerrainStore) -> list[str]:
     """The arrays that take overviews: elevation and every 2-D result of the store's shape (not the
     SSSP index's internals, not the overviews)."""
@@ -239,6 +292,13 @@ def arrays_of(store: TerrainStore) -> list[str]:
     return names
 
 
+def array_digests(store_path) -> dict[str, str]:
+    """:func:`source_digest` of each array that takes overviews (:func:`arrays_of`): what a command
+    wrote is what changed."""
+    store = TerrainStore.open(store_path, mode="r")
+    return {name: source_digest(store, name) for name in arrays_of(store)}
+
+
 def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | None = "local",
                     progress: bool = False, announce=None) -> dict[str, int]:
     """Write the pyramid of each of ``arrays`` (default :func:`arrays_of`) into the store; returns
@@ -247,17 +307,18 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
     scheduler = check_scheduler(scheduler)
     store = TerrainStore.open(store_path)
     names = list(arrays) if arrays else arrays_of(store)
+    opened = {}
     for name in names:
         if name.startswith(GROUP + "/") or name.startswith("index/"):
             raise InputError(f"{name}: takes no overviews")
         try:
-            arr = store.group[name]
+            opened[name] = arr = store.group[name]
         except KeyError:
             raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
         if not hasattr(arr, "shards") or len(arr.shape) != 2:
             raise StoreError(f"{store.path}: {name!r} is not a 2-D array")
     side = store.tile_size * store.shard_size
-    itemsize = max(store.group[n].dtype.itemsize for n in names)
+    itemsize = max(a.dtype.itemsize for a in opened.values())
     levels = len(level_shapes(store.shape, store.tile_size))
     in_flight = 2 * (os.cpu_count() or 1)
     shard_bytes = side * side * itemsize
@@ -269,14 +330,12 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
                          f"({format_bytes(need)}: {levels + 4} shards of {side}^2 cells); give more memory "
                          "or convert with smaller shards")
     done = {}
-    for name in names:
-        done[name] = _pyramid(store, name, scheduler, in_flight, progress, announce)
-        store = TerrainStore.open(store_path)
+    for name in names:  # (each pyramid's commit opens the store's group again: the next one is seen)
+        done[name] = _pyramid(store, name, opened[name], scheduler, in_flight, progress, announce)
     return done
 
 
-def _pyramid(store: TerrainStore, name: str, scheduler: str, in_flight: int, progress: bool, announce) -> int:
-    arr = store.group[name]
+def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int, progress: bool, announce) -> int:
     shapes = level_shapes(arr.shape, store.tile_size)
     if not shapes:
         return 0
@@ -290,46 +349,60 @@ def _pyramid(store: TerrainStore, name: str, scheduler: str, in_flight: int, pro
     layout = []
     for k, shape in enumerate(shapes, start=1):
         entry = {"asset": str(k), "transform": {"scale": [2.0, 2.0], "translation": [0.0, 0.0]},
-                 "resampling_method": method, "proj:shape": list(shape), "proj:transform": _level_transform(t, k)}
+                 "resampling_method": method, "proj:shape": list(shape), "proj:transform": level_transform(t, k)}
         if k > 1:
             entry["derived_from"] = str(k - 1)
         layout.append(entry)
     attrs["multiscales"] = {"version": "0.1.0", "layout": layout, "resampling_method": method}
     side = store.tile_size * store.shard_size
     grid0 = tuple(-(-n // side) for n in arr.shape)
-    tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, attrs["source_manifest_sha256"])
-             for r, c in morton_order(*grid0)]
+    # a base shard's piece of level k is whole chunks of a level-k shard while 2^k <= shard (tiles a
+    # shard side): those are encoded where the shard is read; the levels above are put together here
+    whole = min(len(shapes), int(math.log2(store.shard_size)))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
-        level_arrays, coordinates = [], []
-        for k, shape in enumerate(shapes, start=1):
-            group = writer.group.create_group(str(k))
-            level_arrays.append(create_tiled_array(group, leaf, shape, arr.dtype, store.tile_size,
-                                                   store.shard_size, fill, {"level": k, **_source_attrs(arr)}))
-            # the coordinates in the writer thread, while the first shards are read
-            coordinates.append(writes.submit(write_coordinates, group, shape, _level_transform(t, k), store.crs))
-        assembler = _Assembler(arr.shape, level_arrays, side, method, missing)
-        with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
-            halves = (_prefetched(_halve_shard, tasks, in_flight) if scheduler == "local"
-                      else imap_shards(_halve_shard, tasks, scheduler, in_flight=in_flight, announce=announce))
-            for task, half in zip(tasks, halves):
-                assembler.put(0, task.shard, half, writes)
-                bar.update(1)
-            assembler.flush(writes)
-        for f in coordinates:
-            f.result()
+        root = str(writer.group.store.root)  # the staged result group's folder
+        metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
+                                      {"level": k, **_source_attrs(arr)}) for k, shape in enumerate(shapes, start=1)]
+        level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
+        # every level's nodes as files, in the writer thread (before its first shard) while the first
+        # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
+        nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
+        levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
+        digest = attrs["source_manifest_sha256"]
+        tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, digest, root, levels,
+                       whole < len(shapes)) for r, c in morton_order(*grid0)]
+        _OPEN[key := (str(store.path), name, digest)] = arr  # this process's readers use the open array
+        _opened.cache_clear()
+        try:
+            assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
+            with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
+                pieces = (_prefetched(_cascade, tasks, in_flight) if scheduler == "local"
+                          else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
+                for task, (encoded, raw) in zip(tasks, pieces):
+                    for k, chunks in enumerate(encoded, start=1):
+                        assembler.put_encoded(k, task.shard, chunks)
+                    if raw is not None:
+                        assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
+                    bar.update(1)
+                assembler.flush()
+            nodes.result()
+        finally:
+            _OPEN.pop(key, None)
     return len(shapes)
+
+
+def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> None:
+    """Level k's group ``k``, its array's zarr.json and its coordinates, for each level."""
+    for k, (shape, meta) in enumerate(zip(shapes, metas), start=1):
+        folder = os.path.join(root, str(k))
+        write_node(folder, group_metadata())
+        write_node(os.path.join(folder, leaf), meta)
+        write_coordinate_files(folder, shape, level_transform(transform, k), crs)
 
 
 def _source_attrs(arr) -> dict:
     return {k: v for k, v in dict(arr.attrs).items() if k in ("units", "nodata", "method", "long_name")}
-
-
-def _level_transform(t, k: int) -> list[float]:
-    """GDAL geotransform of level k: the same origin, cells 2^k times as large."""
-    x0, dx, rx, y0, ry, dy = t
-    f = float(2**k)
-    return [x0, dx * f, rx * f, y0, ry * f, dy * f]
 
 
 def _prefetched(func, tasks, ahead: int):
@@ -346,46 +419,61 @@ def _prefetched(func, tasks, ahead: int):
 
 
 class _Assembler:
-    """Puts the halves of level k - 1's shards together into level k's shards; writes each shard
-    when its children are all in, and passes its own half up."""
+    """Puts a level's shards together -- from the encoded chunks of the base shards' pieces (levels
+    1..``whole``) or from raw pieces (the levels above) -- writes each shard when its pieces are all
+    in, and passes a raw shard's half up."""
 
-    def __init__(self, base_shape, arrays, side: int, method: str, missing):
-        self.arrays, self.side, self.method, self.missing = arrays, side, method, missing
-        self.pending: dict[tuple[int, int, int], list] = {}  # (level, row, col) -> [block, children left]
-        self.grids = [tuple(-(-n // side) for n in shape) for shape in (base_shape, *(a.shape for a in arrays))]
+    def __init__(self, base_grid, arrays, whole: int, side: int, method: str, missing, writes):
+        self.arrays, self.whole, self.side, self.method, self.missing = arrays, whole, side, method, missing
+        self.writes = writes
+        self.grids = [tuple(base_grid), *(tuple(-(-n // side) for n in a.shape) for a in arrays)]
+        self.pending: dict[tuple[int, int, int], list] = {}  # (level, row, col) -> [block or chunks, pieces left]
         self.written: list = []
 
-    def _children(self, level: int, r: int, c: int) -> int:
-        """How many shards of the level below (level 0: the base array) make shard (r, c) of ``level``."""
-        below = self.grids[level - 1]
-        return sum(1 for a in (0, 1) for b in (0, 1) if 2 * r + a < below[0] and 2 * c + b < below[1])
+    def _pieces(self, src_grid, r: int, c: int, per: int) -> int:
+        """How many cells of ``src_grid`` fall in the per x per block (r, c)."""
+        return min(per, src_grid[0] - r * per) * min(per, src_grid[1] - c * per)
 
-    def put(self, below: int, shard, half: np.ndarray, writes) -> None:
-        level = below + 1  # ``half``: shard ``shard`` of level ``below``, halved
-        r, c = shard[0] // 2, shard[1] // 2
-        arr = self.arrays[level - 1]
+    def _entry(self, level: int, r: int, c: int, per: int, src_grid, new):
         key = (level, r, c)
         if key not in self.pending:
-            h = min(self.side, arr.shape[0] - r * self.side)
-            w = min(self.side, arr.shape[1] - c * self.side)
-            self.pending[key] = [np.empty((h, w), arr.dtype), self._children(level, r, c)]
-        entry = self.pending[key]
-        a0, b0 = (shard[0] % 2) * (self.side // 2), (shard[1] % 2) * (self.side // 2)
-        entry[0][a0 : a0 + half.shape[0], b0 : b0 + half.shape[1]] = half
+            self.pending[key] = [new(), self._pieces(src_grid, r, c, per)]
+        return key, self.pending[key]
+
+    def put_encoded(self, level: int, base, chunks: dict) -> None:
+        """The chunks of base shard ``base``'s piece of ``level`` (<= whole)."""
+        per = 2**level
+        r, c = base[0] // per, base[1] // per
+        key, entry = self._entry(level, r, c, per, self.grids[0], dict)
+        entry[0].update(chunks)
         entry[1] -= 1
         if entry[1] == 0:
             del self.pending[key]
-            self._finish(level, (r, c), entry[0], writes)
+            self._write(write_encoded_shard, self.arrays[level - 1], r, c, entry[0])
 
-    def _finish(self, level: int, shard, block: np.ndarray, writes) -> None:
-        self.written.append(writes.submit(write_shard, self.arrays[level - 1], shard[0], shard[1], block))
+    def put(self, level: int, src, piece: np.ndarray, per: int, src_grid) -> None:
+        """``piece``: cell ``src`` of ``src_grid`` reduced to ``level``, a 1 / per of a level shard's side."""
+        r, c = src[0] // per, src[1] // per
+        arr = self.arrays[level - 1]
+        h = min(self.side, arr.shape[0] - r * self.side)
+        w = min(self.side, arr.shape[1] - c * self.side)
+        key, entry = self._entry(level, r, c, per, src_grid, lambda: np.empty((h, w), arr.dtype))
+        a0, b0 = (src[0] % per) * (self.side // per), (src[1] % per) * (self.side // per)
+        entry[0][a0 : a0 + piece.shape[0], b0 : b0 + piece.shape[1]] = piece
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.pending[key]
+            self._write(write_shard, arr, r, c, entry[0])
+            if level < len(self.arrays):
+                self.put(level + 1, (r, c), reduce2x2(entry[0], self.method, self.missing), 2, self.grids[level])
+
+    def _write(self, fn, *args) -> None:
+        self.written.append(self.writes.submit(fn, *args))
         while len(self.written) > 2:  # a bounded number of shards queued for writing
             self.written.pop(0).result()
-        if level < len(self.arrays):
-            self.put(level, shard, reduce2x2(block, self.method, self.missing), writes)
 
-    def flush(self, writes) -> None:
-        if self.pending:  # (cannot happen: every shard's children are counted)
+    def flush(self) -> None:
+        if self.pending:  # (cannot happen: every shard's pieces are counted)
             raise AssertionError(f"overviews: shards left incomplete: {sorted(self.pending)}")
         for f in self.written:
             f.result()

@@ -859,19 +859,31 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
     Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
     of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), the file written with one
-    call (:func:`write_frames`). Other layouts: through zarr."""
+    call (:func:`write_encoded_shard`). Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
-    fmt = _direct_shards(arr)
-    if fmt is None:
+    if _direct_shards(arr) is None:
         arr[r0:r1, c0:c1] = block
         return
+    write_encoded_shard(arr, sr, sc, encode_chunks(arr, block))
+
+
+def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tuple[int, int], tuple | None]:
+    """The stored bytes of the chunks ``block`` covers, as :func:`write_shard` encodes them: chunk
+    (i, j) of a shard of ``arr`` -> (zstd frame, crc32c), or None when all fill value. ``block``:
+    whole chunks of one shard from its chunk ``first`` on (clipped at the array's edge), so that a
+    writer encodes the parts of a shard where they are made (terrain_io.overviews) and
+    :func:`write_encoded_shard` puts them together."""
+    fmt = _direct_shards(arr)
+    if fmt is None:
+        raise ValueError(f"{arr.path}: not stored as this tool's shards")
     from numcodecs import Zstd
 
     (t0, t1), level, crc = fmt
     zstd = Zstd(level=level)
     fill = np.array(arr.fill_value, dtype=arr.dtype)
+    cells = [(int(i), int(j)) for i, j in morton_order(-(-block.shape[0] // t0), -(-block.shape[1] // t1))]
 
     def encode(ij):
         """The chunk's stored bytes (zstd frame, crc32c) or None when it is all fill value."""
@@ -886,8 +898,8 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
         return (data, integrity.crc32c(data)) if crc else (data,)
 
-    cells = shard_chunks(arr, sr, sc)
-    _write_chunks(arr, sr, sc, cells, _run_chunks(encode, cells, block.nbytes))
+    encoded = _run_chunks(encode, cells, block.nbytes)
+    return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
 
 
 def direct_shards(arr: zarr.Array) -> bool:
@@ -915,18 +927,20 @@ def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
     cells = shard_chunks(arr, sr, sc)
     if len(frames) != len(cells):
         raise ValueError(f"shard ({sr}, {sc}) has {len(cells)} chunks, got {len(frames)} frames")
-    _write_chunks(arr, sr, sc, cells, [None if f is None else (f, integrity.crc32c(f)) if crc else (f,)
-                                       for f in frames])
+    write_encoded_shard(arr, sr, sc, {ij: None if f is None else (f, integrity.crc32c(f)) if crc else (f,)
+                                      for ij, f in zip(cells, frames)})
 
 
-def _write_chunks(arr: zarr.Array, sr: int, sc: int, cells: list, encoded: list) -> None:
-    """The shard file of the chunks ``cells``, each stored as the bytes-like parts ``encoded[k]``
-    (None: left out), in that order, then the index (offset, size a chunk; all ones where absent)
-    and its crc32c, written with one call; no file when every chunk is left out."""
+def write_encoded_shard(arr: zarr.Array, sr: int, sc: int, encoded: dict) -> None:
+    """Write shard (sr, sc) of ``arr`` from its chunks' stored bytes (:func:`encode_chunks`; a chunk
+    missing or None is left out, as all fill value): in Morton order, the index and its crc32c at the
+    end, the file written with one call (none when every chunk is left out)."""
     (t0, t1), _, _ = _direct_shards(arr)
-    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), _EMPTY, "<u8")
+    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
+    index = np.full((n0, n1, 2), _EMPTY, "<u8")
     parts, offset = [], 0
-    for (i, j), data in zip(cells, encoded):
+    for i, j in morton_order(n0, n1):
+        data = encoded.get((int(i), int(j)))
         if data is None:
             continue
         size = sum(memoryview(d).nbytes for d in data)
@@ -1010,26 +1024,127 @@ def _all_fill(part: np.ndarray, fill: np.ndarray) -> bool:
 COORDINATES = ("x", "y", "spatial_ref")
 
 
-def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
-    """The CF / rioxarray georeferencing of a group's 2-D arrays.
+def coordinate_arrays(shape, transform, crs) -> list[tuple[str, np.ndarray | None, dict]]:
+    """The CF / rioxarray georeferencing of a group's 2-D arrays: ``(name, values, attributes)``.
 
     ``x`` and ``y``: cell-centre map coordinates (cell indices + 0.5 without a transform);
-    ``spatial_ref``: a scalar whose attributes carry ``crs_wkt`` / ``spatial_ref`` (WKT) and
-    ``GeoTransform`` (GDAL order), the convention rioxarray and GDAL read.
+    ``spatial_ref``: a scalar (values None: never written, its fill value) whose attributes carry
+    ``crs_wkt`` / ``spatial_ref`` (WKT) and ``GeoTransform`` (GDAL order), the convention rioxarray
+    and GDAL read.
     """
     rows, cols = (int(v) for v in shape)
     x0, dx, rx, y0, ry, dy = transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
     units = "cell" if transform is None else "map units"
-    for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy)):
-        coord = group.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype="float64",
-                                   dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"),
-                                   attributes={"axis": name.upper(), "units": units})
-        coord[:] = origin + (np.arange(n) + 0.5) * step
+    out = [(name, origin + (np.arange(n) + 0.5) * step, {"axis": name.upper(), "units": units})
+           for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy))]
     ref = {"GeoTransform": " ".join(repr(float(v)) for v in (x0, dx, rx, y0, ry, dy))}
     if crs:
         ref.update({"crs_wkt": crs, "spatial_ref": crs})
-    group.create_array("spatial_ref", shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None),
-                       attributes=ref)
+    return out + [("spatial_ref", None, ref)]
+
+
+_COORDINATE_CHUNK = 1 << 20
+
+
+def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
+    """The georeferencing of a group's 2-D arrays (:func:`coordinate_arrays`), through zarr."""
+    for name, values, attrs in coordinate_arrays(shape, transform, crs):
+        if values is None:
+            group.create_array(name, shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None),
+                               attributes=attrs)
+            continue
+        n = len(values)
+        coord = group.create_array(name, shape=(n,), chunks=(min(n, _COORDINATE_CHUNK),), dtype="float64",
+                                   dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"),
+                                   attributes=attrs)
+        coord[:] = values
+
+
+# -- metadata and small arrays written as files (zarr's layout, without its event loop) ----------------
+# A writer of many small nodes (terrain_io.overviews: a group, its array and three coordinates a level)
+# spends more in zarr's event loop than in its data; these write the same bytes zarr writes (tests/
+# test_view_overviews.py compares them with zarr's, node for node).
+def _bytes_codec(dtype) -> dict:
+    return ({"name": "bytes"} if np.dtype(dtype).itemsize == 1  # zarr drops the byte order of one-byte types
+            else {"name": "bytes", "configuration": {"endian": "little"}})
+
+
+def _fill_json(dtype, value):
+    """A fill value as zarr v3's JSON writes it (NaN and infinities as strings)."""
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        v = float(value)
+        return "NaN" if v != v else ("Infinity" if v == math.inf else "-Infinity" if v == -math.inf else v)
+    return bool(value) if kind == "b" else int(value)
+
+
+def array_metadata(shape, dtype, chunks, codecs: list, fill_value, attrs: dict, dimension_names=None) -> dict:
+    """The zarr.json of a zarr v3 array, key for key as zarr 3 writes it."""
+    meta = {"shape": [int(n) for n in shape], "data_type": np.dtype(dtype).name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [int(n) for n in chunks]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": _fill_json(dtype, fill_value), "codecs": codecs, "attributes": attrs}
+    if dimension_names is not None:
+        meta["dimension_names"] = list(dimension_names)
+    meta.update(zarr_format=3, node_type="array", storage_transformers=[])
+    return meta
+
+
+def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs: dict | None = None) -> dict:
+    """The zarr.json :func:`create_tiled_array` writes."""
+    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": _COMPRESSOR.level, "checksum": False}},
+             {"name": "crc32c"}]
+    index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+    codecs = [{"name": "sharding_indexed", "configuration": {"chunk_shape": [tile, tile], "codecs": inner,
+                                                             "index_codecs": index, "index_location": "end"}}]
+    return array_metadata(shape, dtype, (tile * shard, tile * shard), codecs, fill_value,
+                          {"grid_mapping": "spatial_ref", "coordinates": "spatial_ref", **(attrs or {})}, ("y", "x"))
+
+
+def write_node(folder, meta: dict) -> None:
+    """Write ``meta`` as the zarr.json of the node in ``folder`` (made if missing), as zarr formats it."""
+    import json
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "zarr.json"), "wb") as f:
+        f.write(json.dumps(meta, allow_nan=True, indent=2).encode())
+
+
+def group_metadata(attrs: dict | None = None) -> dict:
+    return {"attributes": dict(attrs or {}), "zarr_format": 3, "node_type": "group"}
+
+
+def write_coordinate_files(folder, shape, transform, crs) -> None:
+    """:func:`write_coordinates` into the group folder ``folder`` as files (the same bytes)."""
+    from numcodecs import Zstd
+
+    zstd = Zstd(level=0)  # with_checksum("auto"): zarr's default compressor
+    for name, values, attrs in coordinate_arrays(shape, transform, crs):
+        node = os.path.join(folder, name)
+        if values is None:
+            write_node(node, array_metadata((), "int32", (), [_bytes_codec("int32"), {"name": "crc32c"}], 0, attrs))
+            continue
+        n, step = len(values), min(len(values), _COORDINATE_CHUNK)
+        codecs = [_bytes_codec("float64"), {"name": "zstd", "configuration": {"level": 0, "checksum": False}},
+                  {"name": "crc32c"}]
+        write_node(node, array_metadata((n,), "float64", (step,), codecs, 0.0, attrs, (name,)))
+        os.makedirs(os.path.join(node, "c"), exist_ok=True)
+        for i in range(0, n, step):
+            part = np.zeros(step)  # (the last chunk padded with the fill value, as zarr stores it)
+            part[: min(step, n - i)] = values[i : i + step]
+            if not part.any():  # all fill value: zarr keeps no file
+                continue
+            data = zstd.encode(part)
+            overwrite_file(os.path.join(node, "c", str(i // step)), [data, integrity.crc32c(data)])
+
+
+def array_handle(root, path: str, meta: dict) -> zarr.Array:
+    """A zarr.Array of store folder ``root`` at ``path`` over metadata written with :func:`write_node`
+    (nothing read back: for :func:`write_shard`, which writes its files directly)."""
+    from zarr.core.array import AsyncArray
+    from zarr.storage import LocalStore, StorePath
+
+    return zarr.Array(AsyncArray(meta, StorePath(LocalStore(str(root)), path)))
 
 
 def is_terrain_store(path) -> bool:

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.stats
 from click.testing import CliRunner
 
 from cli.main import _register, cli
-from references import utm_store
+from references import overview_max as ref_max
+from references import overview_mean as ref_mean
+from references import overview_mode as ref_mode
+from references import check_cog_layout, utm_store
 from terrain_io.integrity import verify
 from terrain_io.overviews import write_overviews
 from terrain_io.store import TerrainStore
@@ -44,50 +46,6 @@ def _store(path, tile=16, shard=2, seed=0):
         w.create_array("accumulation", "float64", float("nan"))[...] = acc
         w.create_array("direction", "uint8", 255)[...] = codes
     return z, ids, acc, codes
-
-
-def _blocks(a):
-    """(h2, w2, 4) of the 2 x 2 blocks in row-major order, the missing cells of odd edges as NaN."""
-    h, w = a.shape
-    p = np.full((h + h % 2, w + w % 2), np.nan)
-    p[:h, :w] = a
-    return p.reshape(p.shape[0] // 2, 2, p.shape[1] // 2, 2).transpose(0, 2, 1, 3).reshape(p.shape[0] // 2,
-                                                                                         p.shape[1] // 2, 4)
-
-
-def ref_mean(a):
-    """The mean of the valid cells of each block, summed in float64 in row-major order, cast back."""
-    b = _blocks(a.astype(np.float64))
-    total, n = np.zeros(b.shape[:2]), np.zeros(b.shape[:2])
-    for q in range(4):
-        ok = ~np.isnan(b[..., q])
-        total = total + np.where(ok, b[..., q], 0.0)
-        n += ok
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, total / n, np.nan).astype(a.dtype)
-
-
-def ref_max(a):
-    b = _blocks(a.astype(np.float64))
-    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning) if np.isnan(b).all(axis=-1).any() else _nothing():
-        return np.nanmax(b, axis=-1).astype(a.dtype)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
-def ref_mode(a, missing):
-    """scipy.stats.mode of the valid cells of each block (ties: the smallest); ``missing`` where none."""
-    b = _blocks(np.where(a == missing, np.nan, a.astype(np.float64)))
-    empty = np.isnan(b).all(axis=-1)
-    b[empty] = missing  # scipy needs one value; replaced below
-    m = scipy.stats.mode(b, axis=-1, nan_policy="omit", keepdims=False).mode
-    return np.where(empty, missing, m).astype(a.dtype)
 
 
 def _level(path, name, k):
@@ -172,57 +130,6 @@ def test_overviews_bad_input(tmp_path):
 
 
 # -- Cloud-Optimized GeoTIFF ----------------------------------------------------------------------
-def _tiff_ifds(path):
-    """Every IFD of a (Big)TIFF by the format's definition: [(ifd offset, {tag: values})], in file order
-    of the IFD chain (TIFF 6.0; BigTIFF: 8-byte offsets and counts)."""
-    import struct
-
-    data = Path(path).read_bytes()
-    assert data[:2] == b"II"
-    big = struct.unpack_from("<H", data, 2)[0] == 43
-    sizes = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 7: 1, 11: 4, 12: 8, 16: 8, 17: 8}
-    fmts = {1: "B", 2: "B", 3: "H", 4: "I", 7: "B", 11: "f", 12: "d", 16: "Q", 17: "q"}
-    off = struct.unpack_from("<Q" if big else "<I", data, 8 if big else 4)[0]
-    ifds = []
-    while off:
-        n = struct.unpack_from("<Q" if big else "<H", data, off)[0]
-        tags, p = {}, off + (8 if big else 2)
-        for _ in range(n):
-            tag, typ = struct.unpack_from("<HH", data, p)
-            count = struct.unpack_from("<Q" if big else "<I", data, p + 4)[0]
-            inline = 8 if big else 4
-            where = p + (12 if big else 8)
-            if sizes[typ] * count > inline:
-                where = struct.unpack_from("<Q" if big else "<I", data, where)[0]
-            if typ in fmts:
-                tags[tag] = struct.unpack_from(f"<{count}{fmts[typ]}", data, where)
-            p += 20 if big else 12
-        ifds.append((off, tags))
-        off = struct.unpack_from("<Q" if big else "<I", data, p)[0]
-    return data, ifds
-
-
-def check_cog_layout(path):
-    """GDAL's COG layout rules (validate_cloud_optimized_geotiff.py), checked on the file's bytes: tiled
-    main image, overviews present (reduced-resolution subfiles, each smaller), every IFD before any
-    tile data, tile data of the smallest overview first and the full resolution last, and GDAL's
-    structural metadata saying so."""
-    data, ifds = _tiff_ifds(path)
-    assert b"LAYOUT=IFDS_BEFORE_DATA" in data[:400] and b"KNOWN_INCOMPATIBLE_EDITION=NO" in data[:400]
-    images = [(off, t) for off, t in ifds if not (t.get(254, (0,))[0] & 4)]  # not masks
-    main, overviews = images[0], images[1:]
-    assert 322 in main[1] and 324 in main[1], "the main image is not tiled"
-    assert overviews, "no overviews"
-    widths = [t[256][0] for _, t in images]
-    assert widths == sorted(widths, reverse=True) and len(set(widths)) == len(widths)
-    assert all(t[254][0] & 1 for _, t in overviews)  # reduced-resolution images
-    first_data = min(min(o for o in t[324] if o) for _, t in images)
-    assert max(off for off, _ in ifds) < first_data, "an IFD after tile data"
-    starts = [min(o for o in t[324] if o) for _, t in images]
-    assert starts == sorted(starts, reverse=True), "tile data not ordered smallest overview first"
-    return len(overviews)
-
-
 def test_cog_export_layout_and_pixels(tmp_path):
     import rasterio
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError, TerrainError
 from ..export import hillshade, paint
-from ..overviews import GROUP, arrays_of, level_shapes, missing_value, source_digest
+from ..overviews import arrays_of, current_levels, level_shapes, missing_value
 from ..store import TerrainStore, Window
 
 TILE = 256
@@ -83,18 +83,10 @@ class TileSource:
     def _layer(self, name: str) -> Layer:
         st = self.store
         leaf = name.rsplit("/", 1)[-1]
-        group = f"{GROUP}/{name}"
-        levels, current = [name], True
-        try:
-            pyramid = st.group[group]
-            current = pyramid.attrs.get("source_manifest_sha256") == source_digest(st, name)
-            if current:
-                count = len(level_shapes(st.group[name].shape, st.tile_size))
-                levels += [f"{group}/{k}/{leaf}" for k in range(1, count + 1) if f"{k}/{leaf}" in pyramid]
-        except KeyError:
-            current = not level_shapes(st.group[name].shape, st.tile_size)  # one tile: needs none
-        layer = Layer(name, levels, current=current)
-        arr = st.group[levels[-1]]
+        pyramid = current_levels(st, name)
+        current = pyramid is not None or not level_shapes(st.group[name].shape, st.tile_size)  # one tile: needs none
+        layer = Layer(name, [name, *(pyramid or [])], current=current)
+        arr = st.group[layer.levels[-1]]
         if arr.size <= 4096 * 4096:
             z = np.asarray(arr[...], np.float64)
         else:  # a large array without overviews: the colour span of its central 2048^2 cells (one read)
@@ -102,7 +94,7 @@ class TileSource:
             z = np.asarray(arr[r0 : r0 + 2048, c0 : c0 + 2048], np.float64)
         painted = paint(st, name, st.group[name], z)
         layer.span, layer.legend = painted.span, painted.legend
-        layer.meta = {"name": name, "levels": len(levels) - 1, "overviews_current": current,
+        layer.meta = {"name": name, "levels": len(layer.levels) - 1, "overviews_current": current,
                       "dtype": str(arr.dtype), "hillshade": leaf == "elevation"}
         return layer
 
