@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from common import gpu_median  # benchmarks/ is on sys.path when run as a script
+from common import gpu_median, print_table  # benchmarks/ is on sys.path when run as a script
 
 SEED_M2090_MS = {512: 6.558, 1024: 33.225, 2048: 227.238, 3072: 736.571, 4096: 1756.861}
 
@@ -67,6 +67,9 @@ def random_weights(rng, n, dtype, density=1.0):
     if np.dtype(dtype).kind == "i":
         return np.where(np.isinf(W), np.iinfo(np.int32).max, np.round(W)).astype(np.int32)
     return W.astype(dtype)
+
+
+KEYS = [("n", ">6", "n"), ("dtype", ">8", "dtype"), ("method", ">20", "method")]  # the table's first columns
 
 
 def main():
@@ -138,15 +141,13 @@ def main():
                     print(row, flush=True)
     print(f"\npeak RSS {format_bytes(peak_rss())}")
     if args.device == "gpu":
-        print(f"{'n':>6} {'dtype':>8} {'method':>20} {'time ms':>10} {'Gop/s':>9} {'% peak':>7} {'x M2090':>8} check")
-        for r in rows:
-            print(f"{r['n']:>6} {r['dtype']:>8} {r['method']:>20} {r['time_s'] * 1e3:>10.2f} {r['rate'] / 1e9:>9.0f} "
-                  f"{100 * r['peak']:>6.1f}% {r['m2090']:>8.1f} {r['check']}")
+        print_table(rows, [*KEYS, ("time ms", ">10.2f", lambda r: r["time_s"] * 1e3),
+                           ("Gop/s", ">9.0f", lambda r: r["rate"] / 1e9),
+                           ("% peak", ">7", lambda r: f"{100 * r['peak']:.1f}%"), ("x M2090", ">8.1f", "m2090"),
+                           ("check", "", "check")])
     else:
-        print(f"{'n':>6} {'dtype':>8} {'method':>20} {'time s':>9} {'scipy s':>9} {'ratio':>6} check")
-        for r in rows:
-            print(f"{r['n']:>6} {r['dtype']:>8} {r['method']:>20} {r['time_s']:>9.3f} {r.get('scipy_s', float('nan')):>9.3f} "
-                  f"{r.get('ratio', float('nan')):>6.1f} {r['check']}")
+        print_table(rows, [*KEYS, ("time s", ">9.3f", "time_s"), ("scipy s", ">9.3f", "scipy_s"),
+                           ("ratio", ">6.1f", "ratio"), ("check", "", "check")])
 
 
 if __name__ == "__main__":

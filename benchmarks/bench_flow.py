@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import bench_parser, child_env, run_child, save_rows, work_folder, write_geotiff  # noqa: E402 (benchmarks/ is on sys.path)
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from common import bench_parser, child_env, cpu_seconds, run_child, save_rows, work_folder, write_geotiff  # noqa: E402 (benchmarks/ is on sys.path)
 
 
 def one(what: str, store: str, tif: str) -> dict:
@@ -45,18 +39,18 @@ def one(what: str, store: str, tif: str) -> dict:
         from terrain_io import flow_accumulation, flow_direction
 
         flow_accumulation(flow_direction(small, cell_size=(dx, dy)))
-        w, c = time.perf_counter(), _cpu()
+        w, c = time.perf_counter(), cpu_seconds()
         code = flow_direction(z, cell_size=(dx, dy))
         acc = flow_accumulation(code)
-        res.update(seconds=time.perf_counter() - w, cpu=_cpu() - c, max_acc=int(acc.max()))
+        res.update(seconds=time.perf_counter() - w, cpu=cpu_seconds() - c, max_acc=int(acc.max()))
     elif what == "pyflwdir":
         import pyflwdir
 
         pyflwdir.from_dem(small, nodata=-9999.0).upstream_area(unit="cell")
-        w, c = time.perf_counter(), _cpu()
+        w, c = time.perf_counter(), cpu_seconds()
         flw = pyflwdir.from_dem(z, nodata=-9999.0)
         acc = flw.upstream_area(unit="cell")
-        res.update(seconds=time.perf_counter() - w, cpu=_cpu() - c, max_acc=int(acc.max()))
+        res.update(seconds=time.perf_counter() - w, cpu=cpu_seconds() - c, max_acc=int(acc.max()))
     elif what == "pysheds":
         if not hasattr(np, "in1d"):  # pysheds 0.5 calls np.in1d, gone in NumPy 2.4
             np.in1d = np.isin
@@ -67,11 +61,11 @@ def one(what: str, store: str, tif: str) -> dict:
         warm.accumulation(warm.flowdir(warm.resolve_flats(warm.read_raster(small_tif))))
         grid = Grid.from_raster(tif)
         dem = grid.read_raster(tif)
-        w, c = time.perf_counter(), _cpu()
+        w, c = time.perf_counter(), cpu_seconds()
         inflated = grid.resolve_flats(dem)
         fdir = grid.flowdir(inflated)
         acc = grid.accumulation(fdir)
-        res.update(seconds=time.perf_counter() - w, cpu=_cpu() - c, max_acc=int(np.asarray(acc).max()))
+        res.update(seconds=time.perf_counter() - w, cpu=cpu_seconds() - c, max_acc=int(np.asarray(acc).max()))
     res["peak_rss"] = peak_rss()
     return res
 

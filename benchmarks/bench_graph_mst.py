@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from common import gpu_median  # benchmarks/ is on sys.path when run as a script
+from common import gpu_median, print_table  # benchmarks/ is on sys.path when run as a script
 
 
 def family_graph(family: str, m: int, xp):
@@ -112,10 +112,9 @@ def main():
             rows.append(row)
             print(row, flush=True)
     print(f"\npeak RSS {format_bytes(peak_rss())}")
-    print(f"{'graph':>7} {'n':>10} {'m':>10} {'method':>15} {'ours ms':>9} {'scipy ms':>9} {'ratio':>6} check")
-    for r in rows:
-        print(f"{r['family']:>7} {r['n']:>10} {r['m']:>10} {r['method']:>15} {r['time_s'] * 1e3:>9.1f} "
-              f"{r['scipy_s'] * 1e3:>9.1f} {r['ratio']:>6.1f} {r['check']}")
+    print_table(rows, [("graph", ">7", "family"), ("n", ">10", "n"), ("m", ">10", "m"), ("method", ">15", "method"),
+                       ("ours ms", ">9.1f", lambda r: r["time_s"] * 1e3), ("scipy ms", ">9.1f", lambda r: r["scipy_s"] * 1e3),
+                       ("ratio", ">6.1f", "ratio"), ("check", "", "check")])
 
 
 if __name__ == "__main__":

@@ -15,27 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from common import timed  # noqa: E402 (benchmarks/ is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def _timed(fn):
-    w, c = time.perf_counter(), _cpu()
-    out = fn()
-    return out, {"seconds": round(time.perf_counter() - w, 3), "cpu": round(_cpu() - c, 3)}
+    out, wall, cpu = timed(fn)
+    return out, {"seconds": round(wall, 3), "cpu": round(cpu, 3)}
 
 
 def as_d8(d):

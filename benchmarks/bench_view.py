@@ -18,29 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from common import timed  # noqa: E402 (benchmarks/ is on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def timed(fn):
-    wall, cpu = time.perf_counter(), _cpu()
-    out = fn()
-    return out, time.perf_counter() - wall, _cpu() - cpu
 
 
 def read_once(path, array):

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU, warm-up sizes,
+"""Helpers shared by the benchmark scripts: timing on the GPU (CUDA events) and the CPU (wall and CPU time), warm-up sizes,
 the SSSP benchmarks' cost raster, saving the rows, the options and work folder of the DEM benchmarks,
 a measurement in a fresh process, a DEM written as a GeoTIFF for the peers."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,19 @@ def gpu_median(fn, reps: int = 5) -> float:
     return statistics.median(times)
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far (user + sys), s: less distorted by a busy machine than the wall."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(fn):
+    """(``fn()``, its wall seconds, its CPU seconds in this process)."""
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    out = fn()
+    return out, time.perf_counter() - wall, cpu_seconds() - cpu
+
+
 def cpu_median(fn, reps: int = 3) -> float:
     fn()
     times = []
@@ -120,6 +134,17 @@ def cpu_median(fn, reps: int = 3) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def print_table(rows: list, columns: list) -> None:
+    """``rows`` (dicts) under a header line, one column per ``(title, spec, value)``: the value a row's
+    key or a function of the row, written with the format ``spec``; the title right-aligned to the
+    width the spec begins with (``">9.3f"``: 9)."""
+    widths = [int("".join(ch for ch in spec.lstrip("<>^").split(".")[0] if ch.isdigit()) or 0) for _, spec, _ in columns]
+    print(" ".join(f"{title:>{w}}" if w else title for (title, _, _), w in zip(columns, widths)))
+    for r in rows:
+        print(" ".join(format(value(r) if callable(value) else r.get(value, float("nan")), spec)
+                       for _, spec, value in columns))
 
 
 def save_rows(rows: list, path: str | None) -> list:

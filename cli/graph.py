@@ -24,14 +24,27 @@ def graph():
     """General graphs: list ranking, components, BFS, APSP, MST on edge lists."""
 
 
+def graph_command(name: str, short_help: str, output_help: str, methods: list[str], method_help: str):
+    """A ``terrain graph NAME`` command with what they all take: the SOURCE file, ``-o/--output``
+    (``output_help``; an existing file replaced only with ``--overwrite``) and ``--method`` (auto or
+    one of ``methods``). The command's own options follow them."""
+    def command(f):
+        f = click.option("--method", type=click.Choice(["auto", *methods]), default="auto", show_default=True,
+                         help=method_help)(f)
+        f = output_option(output_help, callback=new_output_file)(f)
+        f = overwrite_files_option(f)
+        f = click.argument("source", type=click.Path(dir_okay=False))(f)
+        return graph.command(name, short_help=short_help)(f)
+
+    return command
+
+
 # --- apsp and mst (General graphs II) ---------------------------------------------------------
 
-@graph.command("apsp", short_help="All-pairs shortest paths of a matrix or edge list.")
-@click.argument("source", type=click.Path(dir_okay=False))
-@overwrite_files_option
-@output_option("Write the distance matrix (.npy, float64, inf = unreachable).", callback=new_output_file)
-@click.option("--method", type=click.Choice(["auto", "minplus", "floyd_warshall", "blocked"]), default="auto",
-              show_default=True, help="Repeated min-plus squaring, Floyd-Warshall or blocked Floyd-Warshall.")
+@graph_command("apsp", "All-pairs shortest paths of a matrix or edge list.",
+               "Write the distance matrix (.npy, float64, inf = unreachable).",
+               ["minplus", "floyd_warshall", "blocked"],
+               "Repeated min-plus squaring, Floyd-Warshall or blocked Floyd-Warshall.")
 @directed_option
 @device_option
 def apsp_command(source, output, method, directed, device):
@@ -63,12 +76,8 @@ def apsp_command(source, output, method, directed, device):
         + (f" -> {output}" if output else ""))
 
 
-@graph.command("mst", short_help="Minimum spanning forest of an edge list.")
-@click.argument("source", type=click.Path(dir_okay=False))
-@overwrite_files_option
-@output_option("Write the forest's edges (CSV).", callback=new_output_file)
-@click.option("--method", type=click.Choice(["auto", "kruskal", "filter_kruskal", "boruvka"]), default="auto",
-              show_default=True, help="Kruskal, Filter-Kruskal or Borůvka (auto: Borůvka on the GPU).")
+@graph_command("mst", "Minimum spanning forest of an edge list.", "Write the forest's edges (CSV).",
+               ["kruskal", "filter_kruskal", "boruvka"], "Kruskal, Filter-Kruskal or Borůvka (auto: Borůvka on the GPU).")
 @click.option("--check", is_flag=True, help="Compare with the ground truth XYZ_gt.csv beside XYZ.csv.")
 @device_option
 def mst_command(source, output, method, check, device):
@@ -120,12 +129,8 @@ def _write_table(path, names, columns):
             np.savetxt(tmp, table, fmt="%d", delimiter=",", header=",".join(names), comments="")
 
 
-@graph.command("listrank", short_help="Rank the linked lists of an edge list.")
-@click.argument("source", type=click.Path(dir_okay=False))
-@overwrite_files_option
-@output_option("Write vertex,rank (CSV or .npy).", callback=new_output_file)
-@click.option("--method", type=click.Choice(["auto", "recursive_hj", "helman_jaja", "wyllie", "sequential"]),
-              default="auto", show_default=True, help="List-ranking algorithm.")
+@graph_command("listrank", "Rank the linked lists of an edge list.", "Write vertex,rank (CSV or .npy).",
+               ["recursive_hj", "helman_jaja", "wyllie", "sequential"], "List-ranking algorithm.")
 @click.option("--origin", type=click.Choice(["head", "tail"]), default="head", show_default=True,
               help="Rank = position from the head, or distance to the tail.")
 @click.option("--vertices", type=int, help="Number of elements (default: largest id + 1).")
@@ -149,13 +154,9 @@ def listrank_command(source, output, method, origin, vertices, device):
         f"{timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))
 
 
-@graph.command("cc", short_help="Connected components of an undirected graph.")
-@click.argument("source", type=click.Path(dir_okay=False))
-@overwrite_files_option
-@output_option("Write vertex,label (label = smallest vertex id of the component; CSV or .npy).",
-               callback=new_output_file)
-@click.option("--method", type=click.Choice(["auto", "union_find", "sv"]), default="auto", show_default=True,
-              help="Union-find (ECL-CC style) or Shiloach-Vishkin hooking + pointer jumping.")
+@graph_command("cc", "Connected components of an undirected graph.",
+               "Write vertex,label (label = smallest vertex id of the component; CSV or .npy).", ["union_find", "sv"],
+               "Union-find (ECL-CC style) or Shiloach-Vishkin hooking + pointer jumping.")
 @click.option("--vertices", type=int, help="Number of vertices (default: largest id + 1).")
 @device_option
 def cc_command(source, output, method, vertices, device):
@@ -173,13 +174,10 @@ def cc_command(source, output, method, vertices, device):
         f"{timer.elapsed:.3f} s" + (f" -> {output}" if output else ""))
 
 
-@graph.command("bfs", short_help="Breadth-first search from one vertex.")
-@click.argument("source", type=click.Path(dir_okay=False))
+@graph_command("bfs", "Breadth-first search from one vertex.", "Write vertex,depth,parent (CSV or .npy).",
+               ["frontier", "naive"],
+               "Direction-optimising frontier BFS, top-down frontier only, or the every-edge baseline.")
 @click.option("--from", "--source", "start", type=int, default=0, show_default=True, help="Source vertex.")
-@overwrite_files_option
-@output_option("Write vertex,depth,parent (CSV or .npy).", callback=new_output_file)
-@click.option("--method", type=click.Choice(["auto", "frontier", "naive"]), default="auto", show_default=True,
-              help="Direction-optimising frontier BFS, top-down frontier only, or the every-edge baseline.")
 @directed_option
 @click.option("--vertices", type=int, help="Number of vertices (default: largest id + 1).")
 @device_option

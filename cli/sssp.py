@@ -57,17 +57,29 @@ def _check_point_options(points, points_file, file_crs, points_crs, as_cell: boo
         raise click.UsageError(f"{flag}-crs applies to {flag} X,Y map coordinates")
 
 
-def skip_invalid_option(points: str):
-    """``--skip-invalid`` of the sources (sssp) or targets (path)."""
-    return click.option("--skip-invalid", is_flag=True, help=f"Leave out {points} outside the DEM or on nodata (a note "
-                        "says how many) instead of refusing them.")
+def point_options(point: str, points: str, flag: str, file_flag: str):
+    """What the sources of sssp (``--source``, ``--sources FILE``) and the targets of path (``--to``,
+    ``--targets FILE``) take alike (rules: :func:`_check_point_options`): the CRS of the file's points
+    and of the X,Y coordinates, ``--skip-invalid``, and ``--cell`` (a ``point`` by its ROW,COL, or
+    alone: the ``flag`` values read as cells)."""
+    options = [
+        click.option(f"{file_flag}-crs", default=None, metavar="CRS",
+                     help=f"CRS of the {file_flag} points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's]."),
+        click.option(f"{flag}-crs", default=None, metavar="CRS",
+                     help=f"CRS of the {flag} X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's]."),
+        click.option("--skip-invalid", is_flag=True, help=f"Leave out {points} outside the DEM or on nodata (a note "
+                     "says how many) instead of refusing them."),
+        click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
+                     help=f"A {point} given by its cell, ROW,COL (repeatable); alone (no value): the {flag} "
+                          "values are ROW,COL cell indices."),
+    ]
 
+    def add(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
 
-def cell_option(point: str, coords: str):
-    """``--cell``: a source / target by its ROW,COL, or alone, the ``coords`` option's values read as cells."""
-    return click.option("--cell", "cells", multiple=True, is_flag=False, flag_value="", metavar="[ROW,COL]",
-                        help=f"A {point} given by its cell, ROW,COL (repeatable); alone (no value): the {coords} "
-                             "values are ROW,COL cell indices.")
+    return add
 
 
 cluster_option = click.option("--cluster", type=int, default=None,
@@ -82,12 +94,7 @@ cluster_option = click.option("--cluster", type=int, default=None,
               help="Sources from a file: points (GeoJSON, GeoPackage, Shapefile, ...; CSV with x,y / lon,lat / "
                    "easting,northing columns), or a raster aligned with the DEM (GeoTIFF/ASCII, or the name of "
                    "a store array) whose non-zero cells are sources. With --source, both count.")
-@click.option("--sources-crs", default=None, metavar="CRS",
-              help="CRS of the --sources points, e.g. EPSG:4326 [default: the file's; a CSV's: the DEM's].")
-@click.option("--source-crs", default=None, metavar="CRS",
-              help="CRS of the --source X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
-@skip_invalid_option("sources")
-@cell_option("source", "--source")
+@point_options("source", "sources", "--source", "--sources")
 @click.option("--crs-coords", "crs_coords", is_flag=True, hidden=True)  # the default, kept for scripts: no --cell
 @weight_option
 @cost_option
@@ -189,12 +196,7 @@ def index_command(store, weight, cost, cluster, device, memory, rebuild_index, s
 @click.option("--to", "to", multiple=True, help="Target X,Y in map coordinates (ROW,COL with --cell); repeatable.")
 @click.option("--targets", "targets_file", default=None, metavar="FILE|ARRAY",
               help="Targets from a file, read as --sources of 'terrain sssp' (points, CSV, or a raster's non-zero cells).")
-@click.option("--targets-crs", default=None, metavar="CRS",
-              help="CRS of the --targets points [default: the file's; a CSV's: the DEM's].")
-@click.option("--to-crs", default=None, metavar="CRS",
-              help="CRS of the --to X,Y coordinates, e.g. EPSG:4326 for lon,lat [default: the DEM's].")
-@skip_invalid_option("targets")
-@cell_option("target", "--to")
+@point_options("target", "targets", "--to", "--targets")
 @click.option("--name", default=None, help="The SSSP result to follow [default: the latest].")
 @output_option("File for the paths, its format by suffix: .geojson, .gpkg (GeoPackage), .shp (Shapefile) or "
                ".fgb (FlatGeobuf; these three need pyogrio) [default: print the summary only].")

@@ -154,28 +154,26 @@ def walk_time(a, b, step):
     return step * 0.6 * portable_exp(3.5 * abs(slope))  # 3.6 s/km-per-h * step / 6 km/h = 0.6 step
 
 
-@intrinsic
-def float64_bits(typingctx, x):
-    """The IEEE-754 bits of a float64 as an int64 (a bitcast, no memory round trip)."""
-    if x != types.float64:
-        return None
+def _bitcast(name: str, source, target, doc: str):
+    """A numba intrinsic ``name(x)``: the ``target`` value with the bits of the ``source`` value x
+    (an LLVM bitcast, no memory round trip)."""
+    def typer(typingctx, x):
+        if x != source:
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
 
-    return types.int64(types.float64), codegen
+        return target(source), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def _float32_of_bits(typingctx, x):
-    """The float32 whose IEEE-754 bits are the int32 ``x`` (a bitcast)."""
-    if x != types.int32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-
-    return types.float32(types.int32), codegen
+float64_bits = _bitcast("float64_bits", types.float64, types.int64, "The IEEE-754 bits of a float64 as an int64.")
+_float32_of_bits = _bitcast("_float32_of_bits", types.int32, types.float32,
+                            "The float32 whose IEEE-754 bits are the int32 ``x``.")
 
 
 @numba.njit(inline="always", cache=True)

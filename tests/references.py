@@ -8,6 +8,7 @@ import hashlib
 import heapq
 import math
 import os
+import subprocess
 import sys
 import warnings
 from collections import deque
@@ -448,6 +449,40 @@ def fill_test_dem(kind, rows, cols, seed):
     return h
 
 
+def table_command(tmp_path, command: str):
+    """``terrain COMMAND --table`` (CPU, outlets at the edge) on a 40 x 50 store with nodata holes:
+    (the store, the command's output, the table's rows)."""
+    import csv
+
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    h = fill_test_dem("nodata-holed", 40, 50, seed=2)
+    st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=16, shard=2)
+    out = CliRunner().invoke(cli, [command, str(st.path), "--device", "cpu", "--outlets", "edge",
+                                   "--table", str(tmp_path / "d.csv")])
+    assert out.exit_code == 0, out.output
+    with open(tmp_path / "d.csv") as f:
+        rows = list(csv.DictReader(f))
+    return st, out.output, rows
+
+
+def command_errors(tmp_path, command: str):
+    """``terrain COMMAND`` run wrongly: on a missing store, then on a 20 x 20 store under a 2 KB budget
+    (CPU), with outlets 'sea' and with ``--table`` in a missing folder: (that store, the four results)."""
+    from click.testing import CliRunner
+
+    from cli.main import _register, cli
+
+    _register()
+    missing = CliRunner().invoke(cli, [command, str(tmp_path / "missing.zarr")])
+    st = TerrainStore.from_array(tmp_path / "a.zarr", np.ones((20, 20), np.float32), tile=8, shard=2)
+    wrong = [["--memory", "2KB", "--device", "cpu"], ["--outlets", "sea"], ["--table", str(tmp_path / "no" / "t.csv")]]
+    return st, [missing] + [CliRunner().invoke(cli, [command, str(st.path), *a]) for a in wrong]
+
+
 def convert_dem(path, out, tile):
     """``path`` converted into the store ``out`` (tile ``tile``, shard 4); the test skips, saying why,
     when ``path`` (a file of the shared data folder) is not there."""
@@ -531,6 +566,21 @@ def tree_digest(path: Path) -> str | None:
             h.update(str(p.relative_to(path)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def make_read_only(folder: Path) -> None:
+    """chmod for ordinary users; root ignores permissions, so make the folder immutable instead."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("running as root and chattr +i is not available: cannot make a read-only folder")
+
+
+def make_writable(folder: Path) -> None:
+    """Undo :func:`make_read_only`."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    os.chmod(folder, 0o755)
 
 
 # --- Zarr blocks -------------------------------------------------------------------------------------------------
@@ -692,18 +742,15 @@ def topological_sum(code, weights=None):
             if d < 8:
                 down[r * cols + c] = (r + DR[d]) * cols + c + DC[d]
                 indeg[down[r * cols + c]] += 1
-    queue = deque(np.nonzero(indeg == 0)[0].tolist())
-    seen = 0
-    while queue:
-        i = queue.popleft()
-        seen += 1
+    order = np.nonzero(indeg == 0)[0].tolist()
+    for i in order:  # the list grows by the receivers whose donors are all done (a FIFO queue)
         j = down[i]
         if j >= 0:
             total[j] += total[i]
             indeg[j] -= 1
             if indeg[j] == 0:
-                queue.append(j)
-    assert seen == rows * cols, "cycle"
+                order.append(j)
+    assert len(order) == rows * cols, "cycle"
     return total.reshape(rows, cols)
 
 

@@ -139,24 +139,37 @@ def mutate(text: str, data) -> str:
     return "\n".join(lines[: k + 1] + lines[k:])
 
 
-def check_against_reference(path, text):
-    ref = reference_esri(text)
+def mutated_file(path, files, data):
+    """A file drawn from the strategy ``files``, mutated and written to ``path``: (its text, path)."""
+    text = mutate(data.draw(files()), data)
+    path.write_bytes(text.encode("utf-8"))
+    return text, path
+
+
+def read_as_the_reference_says(read, path, ref, what: str):
+    """``read(path)`` where the reference read ``ref`` (None: it found the file invalid): a valid file
+    must be read and an invalid one refused in one line. Returns what was read (None if refused)."""
     try:
-        got = ours(path)
+        got = read(path)
     except InputError as exc:
         assert "\n" not in str(exc)
-        assert ref is None, f"rejected a valid grid: {exc}"
-        return
-    assert ref is not None, "accepted an invalid grid"
-    np.testing.assert_array_equal(got, ref)
+        assert ref is None, f"rejected a valid {what}: {exc}"
+        return None
+    assert ref is not None, f"accepted an invalid {what}"
+    return got
+
+
+def check_against_reference(path, text):
+    ref = reference_esri(text)
+    got = read_as_the_reference_says(ours, path, ref, "grid")
+    if got is not None:
+        np.testing.assert_array_equal(got, ref)
 
 
 @FUZZ
 @given(data=st.data())
 def test_esri_reader_agrees_with_reference_on_mutated_files(tmp_path, data):
-    text = mutate(data.draw(esri_files()), data)
-    path = tmp_path / "f.asc"
-    path.write_bytes(text.encode("utf-8"))
+    text, path = mutated_file(tmp_path / "f.asc", esri_files, data)
     check_against_reference(path, text)
 
 
@@ -179,9 +192,7 @@ def test_random_bytes_never_crash_the_ascii_reader(tmp_path, raw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_convert_end_to_end_on_mutated_files_leaves_valid_store_or_nothing(tmp_path, data):
-    text = mutate(data.draw(esri_files()), data)
-    src = tmp_path / "e.asc"
-    src.write_bytes(text.encode("utf-8"))
+    text, src = mutated_file(tmp_path / "e.asc", esri_files, data)
     out = tmp_path / "e.zarr"
     ref = reference_esri(text)
     try:
@@ -229,9 +240,9 @@ def reference_edges(text: str):
 def _is_number(s: str) -> bool:
     try:
         float(s)
-        return True
     except ValueError:
         return False
+    return True
 
 
 @st.composite
@@ -250,17 +261,11 @@ def edge_files(draw):
 @FUZZ
 @given(data=st.data())
 def test_edge_list_reader_agrees_with_reference(tmp_path, data):
-    text = mutate(data.draw(edge_files()), data)
-    path = tmp_path / "g.csv"
-    path.write_bytes(text.encode("utf-8"))
+    text, path = mutated_file(tmp_path / "g.csv", edge_files, data)
     ref = reference_edges(text)
-    try:
-        got = read_edge_list(path)
-    except InputError as exc:
-        assert "\n" not in str(exc)
-        assert ref is None, f"rejected a valid edge list: {exc}"
+    got = read_as_the_reference_says(read_edge_list, path, ref, "edge list")
+    if got is None:
         return
-    assert ref is not None, "accepted an invalid edge list"
     np.testing.assert_array_equal(got.u, ref[:, 0])
     np.testing.assert_array_equal(got.v, ref[:, 1])
     if ref.shape[1] == 3:

@@ -13,7 +13,6 @@ out is the fill level of each of its pits, the roots' volumes sum to the filled 
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from terrain_io.errors import InputError
 from terrain_io.grid.depressions import depressions, read_basins
 from terrain_io.grid.fill import fill, read_fill
 from terrain_io.store import TerrainStore
-from references import N8, fill_test_dem
+from references import N8, command_errors, fill_test_dem, table_command
 
 
 def _outlets(valid, nodata_drains):
@@ -317,20 +316,13 @@ def test_parallel_tiles_equal_serial(tmp_path, monkeypatch):
 def test_cli_table_attrs_and_export(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import _register, cli
+    from cli.main import cli
 
-    _register()
-    h = fill_test_dem("nodata-holed", 40, 50, seed=2)
-    st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=16, shard=2)
-    out = CliRunner().invoke(cli, ["depressions", str(st.path), "--device", "cpu", "--outlets", "edge",
-                                   "--table", str(tmp_path / "d.csv")])
-    assert out.exit_code == 0, out.output
+    st, output, rows = table_command(tmp_path, "depressions")
     vals = np.asarray(st.elevation[...])
     basin, pits = reference_basins(vals, st.valid(vals), False)
-    assert f"{len(pits):,} leaf basins" in out.output
+    assert f"{len(pits):,} leaf basins" in output
     assert np.array_equal(read_basins(st), basin)
-    with open(tmp_path / "d.csv") as f:
-        rows = list(csv.DictReader(f))
     attrs = TerrainStore.open(st.path).group["depressions"].attrs
     tree = attrs["depression_tree"]
     assert [int(r["id"]) for r in rows] == tree["id"] == list(range(1, len(rows) + 1))
@@ -356,21 +348,12 @@ def test_cli_table_attrs_and_export(tmp_path):
 
 
 def test_cli_errors(tmp_path):
-    from click.testing import CliRunner
-
-    from cli.main import _register, cli
-
-    _register()
-    out = CliRunner().invoke(cli, ["depressions", str(tmp_path / "missing.zarr")])
-    assert out.exit_code == 1 and out.output.startswith("terrain: error:")
-    st = TerrainStore.from_array(tmp_path / "a.zarr", np.ones((20, 20), np.float32), tile=8, shard=2)
-    out = CliRunner().invoke(cli, ["depressions", str(st.path), "--memory", "2KB", "--device", "cpu"])
-    assert out.exit_code == 1 and "too small" in out.output and "Traceback" not in out.output
-    assert len(out.output.strip().splitlines()) == 1
-    out = CliRunner().invoke(cli, ["depressions", str(st.path), "--outlets", "sea"])
-    assert out.exit_code == 2
-    out = CliRunner().invoke(cli, ["depressions", str(st.path), "--table", str(tmp_path / "no" / "t.csv")])
-    assert out.exit_code == 2 and "does not exist" in out.output
+    st, (missing, small, sea, table) = command_errors(tmp_path, "depressions")
+    assert missing.exit_code == 1 and missing.output.startswith("terrain: error:")
+    assert small.exit_code == 1 and "too small" in small.output and "Traceback" not in small.output
+    assert len(small.output.strip().splitlines()) == 1
+    assert sea.exit_code == 2
+    assert table.exit_code == 2 and "does not exist" in table.output
     assert "depressions/basin" not in TerrainStore.open(st.path).results()
 
 
@@ -430,19 +413,14 @@ def test_real_dems_against_higra_and_fill(tmp_path, path):
 _MEMORY_SCRIPT = """
 import sys
 from terrain_io.grid.depressions import depressions
+from terrain_io.memory import current_rss, peak_rss, reset_peak_rss
 from terrain_io.store import TerrainStore
 
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
 depressions(TerrainStore.open(sys.argv[2]), device="cpu", progress=False, held=False)  # compile / load kernels
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-base = status("VmRSS")
+reset_peak_rss()
+base = current_rss()
 res = depressions(TerrainStore.open(sys.argv[1]), device="cpu", progress=False, memory=sys.argv[3])
-print(status("VmHWM") - base, res.method, res.batch_tiles, res.leaves)
+print(peak_rss() - base, res.method, res.batch_tiles, res.leaves)
 """
 
 

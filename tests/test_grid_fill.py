@@ -18,7 +18,7 @@ import pytest
 
 from terrain_io.grid.fill import fill, read_fill
 from terrain_io.store import TerrainStore
-from references import check_against_references, convert_dem, fill_references, fill_test_dem, REAL
+from references import check_against_references, convert_dem, fill_references, fill_test_dem, REAL, command_errors, table_command
 
 
 @pytest.mark.parametrize("kind", ["random", "terraced", "flat-bottomed", "nodata-holed"])
@@ -131,25 +131,16 @@ def test_bad_input(tmp_path):
 
 
 def test_cli_fill_table_and_export(tmp_path):
-    import csv
-
     from click.testing import CliRunner
 
-    from cli.main import _register, cli
+    from cli.main import cli
 
-    _register()
-    h = fill_test_dem("nodata-holed", 40, 50, seed=2)
-    st = TerrainStore.from_array(tmp_path / "a.zarr", h, tile=16, shard=2)
-    out = CliRunner().invoke(cli, ["fill", str(st.path), "--device", "cpu", "--outlets", "edge",
-                                   "--table", str(tmp_path / "d.csv")])
-    assert out.exit_code == 0, out.output
+    st, output, rows = table_command(tmp_path, "fill")
     vals = np.asarray(st.elevation[...])
     valid = st.valid(vals)
     F, _, lab, table = fill_references(vals, valid, False, 1.0)
-    assert f"{len(table['cells']):,} depressions" in out.output
+    assert f"{len(table['cells']):,} depressions" in output
     assert np.array_equal(read_fill(st)["elevation"][valid], F[valid].astype(np.float32))
-    with open(tmp_path / "d.csv") as f:
-        rows = list(csv.DictReader(f))
     assert [int(r["id"]) for r in rows] == list(range(1, len(rows) + 1))
     assert [int(r["cells"]) for r in rows] == table["cells"].tolist()
     assert [int(r["spill_row"]) * 50 + int(r["spill_col"]) for r in rows] == table["spill"].tolist()
@@ -161,39 +152,25 @@ def test_cli_fill_table_and_export(tmp_path):
 
 
 def test_cli_fill_errors(tmp_path):
-    from click.testing import CliRunner
-
-    from cli.main import _register, cli
-
-    _register()
-    out = CliRunner().invoke(cli, ["fill", str(tmp_path / "missing.zarr")])
-    assert out.exit_code == 1 and out.output.startswith("terrain: error:")
-    st = TerrainStore.from_array(tmp_path / "a.zarr", np.ones((20, 20), np.float32), tile=8, shard=2)
-    out = CliRunner().invoke(cli, ["fill", str(st.path), "--memory", "2KB", "--device", "cpu"])
-    assert out.exit_code == 1 and "too small" in out.output and "Traceback" not in out.output
-    out = CliRunner().invoke(cli, ["fill", str(st.path), "--outlets", "sea"])
-    assert out.exit_code == 2
-    out = CliRunner().invoke(cli, ["fill", str(st.path), "--table", str(tmp_path / "no" / "t.csv")])
-    assert out.exit_code == 2 and "does not exist" in out.output
+    st, (missing, small, sea, table) = command_errors(tmp_path, "fill")
+    assert missing.exit_code == 1 and missing.output.startswith("terrain: error:")
+    assert small.exit_code == 1 and "too small" in small.output and "Traceback" not in small.output
+    assert sea.exit_code == 2
+    assert table.exit_code == 2 and "does not exist" in table.output
     assert "fill" not in TerrainStore.open(st.path).results()
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""
     import sys
     from terrain_io.grid.fill import fill
+    from terrain_io.memory import current_rss, peak_rss, reset_peak_rss
     from terrain_io.store import TerrainStore
 
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-
     fill(TerrainStore.open(sys.argv[2]), device="cpu", progress=False, held=False)  # compile / load kernels
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-    base = status("VmRSS")
+    reset_peak_rss()
+    base = current_rss()
     res = fill(TerrainStore.open(sys.argv[1]), device="cpu", progress=False, memory=sys.argv[3])
-    print(status("VmHWM") - base, res.method, res.batch_tiles)
+    print(peak_rss() - base, res.method, res.batch_tiles)
 """)
 
 

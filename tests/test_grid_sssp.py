@@ -68,13 +68,17 @@ def test_real_dem_matches_scipy(tmp_path, method, sample_data):
         check_predecessors(d, p, win.astype(np.float32), [rc], kind, *st.cell_size)
 
 
+def _dem_and_costs(seed, shape, low, spread, dtype):
+    """A random float32 DEM and random cell costs in [low, low + spread)."""
+    rng = np.random.default_rng(seed)
+    return rng.random(shape).astype(np.float32), (rng.random(shape) * spread + low).astype(dtype)
+
+
 @pytest.mark.parametrize("method", ["incore", "index"])
 def test_cell_model_matches_skimage_mcp_geometric(tmp_path, method):
     MCP_Geometric = pytest.importorskip("skimage.graph").MCP_Geometric
 
-    rng = np.random.default_rng(3)
-    dem = rng.random((50, 37)).astype(np.float32)
-    cost = (rng.random((50, 37)) * 9 + 1).astype(np.float64)
+    dem, cost = _dem_and_costs(3, (50, 37), 1, 9, np.float64)
     st = make_store(tmp_path, dem, tile=16)
     with st.write_result("costs", attrs={}) as w:
         w.create_array("c", "float64", float("nan"))[:] = cost
@@ -91,9 +95,7 @@ def test_cell_cost_from_geotiff_file(tmp_path, method):
     from rasterio.transform import from_origin
     MCP_Geometric = pytest.importorskip("skimage.graph").MCP_Geometric
 
-    rng = np.random.default_rng(4)
-    dem = rng.random((24, 40)).astype(np.float32)
-    cost = (rng.random((24, 40)) * 4 + 0.5).astype(np.float32)
+    dem, cost = _dem_and_costs(4, (24, 40), 0.5, 4, np.float32)
     cost[5, 5:15] = -1  # impassable (negative cost), as in MCP
     st = make_store(tmp_path, dem, tile=8, dx=1.0, dy=1.0)
     tif = tmp_path / "cost.tif"

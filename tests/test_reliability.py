@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zarr
 
-from references import VOLATILE, ascii_dem, tree_digest
+from references import VOLATILE, ascii_dem, make_read_only, make_writable, tree_digest
 
 pytestmark = pytest.mark.reliability
 
@@ -185,25 +185,11 @@ def test_full_disk_is_a_clear_error_and_leaves_no_partial_result(world, cmd):
     assert tree_digest(d / "dem.zarr" / "elevation") == world["elevation_digest"]
 
 
-def _make_read_only(folder: Path) -> None:
-    """chmod for ordinary users; root ignores permissions, so make the folder immutable instead."""
-    if os.geteuid() != 0:
-        os.chmod(folder, 0o555)
-    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
-        pytest.skip("running as root and chattr +i is not available: cannot make a read-only folder")
-
-
-def _make_writable(folder: Path) -> None:
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
-    os.chmod(folder, 0o755)
-
-
 @pytest.mark.parametrize("cmd", ["convert", "mst"])
 def test_read_only_output_folder_is_a_clear_error(world, tmp_path, cmd):
     shutil.copytree(world["base"], tmp_path / "dem.zarr")
     target = tmp_path if cmd == "convert" else tmp_path / "dem.zarr"  # mst writes inside the store only
-    _make_read_only(target)
+    make_read_only(target)
     try:
         proc = terrain(*world["commands"][cmd](tmp_path))
         out, err = proc.communicate()
@@ -212,7 +198,7 @@ def test_read_only_output_folder_is_a_clear_error(world, tmp_path, cmd):
         assert len(lines) == 1 and lines[0].startswith("terrain: error:"), err
         assert "Permission denied" in lines[0] or "Operation not permitted" in lines[0] or "Read-only" in lines[0]
     finally:
-        _make_writable(target)
+        make_writable(target)
     assert leftovers(tmp_path) == [] and not (tmp_path / "out.zarr").exists()
     assert snapshot(target if cmd == "mst" else tmp_path, "mst") is None
 

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import _register, cli
+from references import make_read_only, make_writable
 from terrain_io.store import TerrainStore
 
 _register()
@@ -238,21 +239,6 @@ def test_failed_sssp_on_a_fresh_store_leaves_no_empty_sssp_group(tmp_path):
 
 
 # -- read-only places ------------------------------------------------------------------------------
-def _immutable(folder: Path) -> None:
-    """chmod for ordinary users; root ignores permissions, so make the folder immutable instead (as
-    tests/test_reliability.py does)."""
-    if os.geteuid() != 0:
-        os.chmod(folder, 0o555)
-    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
-        pytest.skip("running as root and chattr +i is not available: cannot make a read-only folder")
-
-
-def _mutable(folder: Path) -> None:
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
-    os.chmod(folder, 0o755)
-
-
 @pytest.fixture
 def read_only_parent(tmp_path):
     """A writable store (with an SSSP result) in a read-only folder."""
@@ -260,9 +246,9 @@ def read_only_parent(tmp_path):
     parent.mkdir()
     store = small_store(parent / "s.zarr")
     assert run("-q", "sssp", store.path, "--cell", "--source", "5,5", "--name", "a", "--device", "cpu").exit_code == 0
-    _immutable(parent)
+    make_read_only(parent)
     yield store.path
-    _mutable(parent)
+    make_writable(parent)
 
 
 def test_a_writable_store_in_a_read_only_folder_takes_results(read_only_parent):
@@ -300,12 +286,12 @@ def test_path_into_a_read_only_folder_is_one_line_naming_the_file(read_only_pare
 def test_a_read_only_store_is_one_line_naming_the_store(tmp_path, method):
     store = small_store(tmp_path / "s.zarr").path
     before = listing(store)
-    _immutable(store)
+    make_read_only(store)
     try:
         one_error_line(run("sssp", store, "--cell", "--source", "5,5", "--name", "a", "--device", "cpu",
                            "--method", method), str(store))
     finally:
-        _mutable(store)
+        make_writable(store)
     assert listing(store) == before
 
 

@@ -104,10 +104,11 @@ def _cpu_bfs(indptr, indices, source, direction_opt, alpha, beta, depth, parent)
 
 @njit(cache=True, parallel=True)
 def _cpu_naive_level(u, v, level, depth, parent):
+    """One level of the every-edge baseline: each edge (a, b) from the level to an unvisited b
+    claims b (a race between edges to b leaves one of them its parent); returns the claims."""
     changed = 0
     for e in prange(u.shape[0]):
-        a = u[e]
-        b = v[e]
+        a, b = u[e], v[e]
         if depth[a] == level and depth[b] == -1:
             depth[b] = level + 1
             parent[b] = a

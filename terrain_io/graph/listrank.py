@@ -141,47 +141,36 @@ def _cpu_walk_chunk(lo, hi, link, val, unit, op, spl_id, spl_elem, local, owner,
                     sub_prev):
     """Walk the sublists of splitters lo..hi-1, _INTERLEAVE at a time (independent misses in flight)."""
     cur = np.full(_INTERLEAVE, -1, dtype=link.dtype)
-    tid = np.full(_INTERLEAVE, -1, dtype=np.int64)
+    tid = np.full(_INTERLEAVE, -2, dtype=np.int64)  # a walk's splitter; -2: a free slot, -1: done
     acc = np.zeros(_INTERLEAVE, dtype=local.dtype)
     count = 0
     nxt_t = lo
-    active = 0
-    for g in range(_INTERLEAVE):
-        if nxt_t < hi:
-            s = spl_elem[nxt_t]
-            a = val[0] if unit else val[s]
-            local[s] = a
-            owner[s] = nxt_t
-            acc[g] = a
-            cur[g] = -3 - link[s]
-            tid[g] = nxt_t
-            count += 1
-            nxt_t += 1
-            active += 1
+    active = _INTERLEAVE
     while active > 0:
         for g in range(_INTERLEAVE):
             t = tid[g]
-            if t < 0:
+            if t == -1:
                 continue
-            j = cur[g]
-            if j >= 0:
-                lj = link[j]
-                if lj > -2:
-                    a = _comb(acc[g], val[0] if unit else val[j], op)
-                    acc[g] = a
-                    local[j] = a
-                    owner[j] = t
-                    cur[g] = lj
-                    count += 1
-                    continue
-            sub_val[t] = acc[g]
-            if j >= 0:
-                k = spl_id[j]
-                sub_next[t] = k
-                sub_prev[k] = t
-            else:
-                sub_next[t] = -1
-            if nxt_t < hi:
+            if t >= 0:  # one step of the walk; at the sublist's end its value and successor sublist
+                j = cur[g]
+                if j >= 0:
+                    lj = link[j]
+                    if lj > -2:
+                        a = _comb(acc[g], val[0] if unit else val[j], op)
+                        acc[g] = a
+                        local[j] = a
+                        owner[j] = t
+                        cur[g] = lj
+                        count += 1
+                        continue
+                sub_val[t] = acc[g]
+                if j >= 0:
+                    k = spl_id[j]
+                    sub_next[t] = k
+                    sub_prev[k] = t
+                else:
+                    sub_next[t] = -1
+            if nxt_t < hi:  # the slot takes the next splitter
                 s = spl_elem[nxt_t]
                 a = val[0] if unit else val[s]
                 local[s] = a

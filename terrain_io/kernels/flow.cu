@@ -136,31 +136,19 @@ relax_bfs(const unsigned char* __restrict__ code, int* __restrict__ dist, int h,
             before[m] = sd[i][j];
             solve[m] = R < h && C < w && sd[i][j] > 1 && code[(long long)R * w + C] == UNRESOLVED;
         }
-        bool changed;
-        do {
-            changed = false;
-    #pragma unroll
-            for (int m = 0; m < TS / BY; ++m) {
-                if (!solve[m]) continue;
-                const int i = 1 + threadIdx.y + BY * m;
-                int low = sd[i][j + 1];
-    #pragma unroll
-                for (int k = 1; k < 8; ++k) low = min(low, sd[i + DR[k]][j + DC[k]]);
-                if (low + 1 < sd[i][j]) {
-                    sd[i][j] = low + 1;
-                    changed = true;
-                }
+        relax_tile(solve, [&](int, int i, int j) {
+            int low = sd[i][j + 1];
+#pragma unroll
+            for (int k = 1; k < 8; ++k) low = min(low, sd[i + DR[k]][j + DC[k]]);
+            if (low + 1 < sd[i][j]) {
+                sd[i][j] = low + 1;
+                return true;
             }
-        } while (__syncthreads_or(changed));
-    #pragma unroll
-        for (int m = 0; m < TS / BY; ++m) {
-            const int i = 1 + threadIdx.y + BY * m;
-            if (solve[m] && sd[i][j] < before[m]) {
-                dist[(long long)(tr * TS + i - 1) * w + tc * TS + j - 1] = sd[i][j];
-                mark_border(mark, i, j);
-            }
-        }
-        queue_neighbours(mark, tr, tc, ntr, ntc, own_flag, next_flag, next_work, next_count);
+            return false;
+        });
+        // The tile's cell (i, j) is dist's (tr * TS + i - 1, tc * TS + j - 1): origin -w - 1.
+        store_improved(ListedTile{ntr, ntc, t, tr, tc}, sd, before, solve, dist, w, -(long long)w - 1, mark, own_flag,
+                       next_flag, next_work, next_count);
         __syncthreads();  // mark and sd read before the next tile of this block overwrites them
     }
 }

@@ -38,7 +38,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,7 +160,7 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
     of two <= the shard size; tests, benchmarks); ``flat_sweeps``: out of core, solve the
     flats by window sweeps (True) or over the compact list (False; default: the list when it fits).
     """
-    t_start = time.perf_counter()
+    t_start = Timings()  # the run's clock: t_start.seconds() when the result is made
     return_freed_memory_to_os()
     if condition not in CONDITIONS:
         raise InputError(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
@@ -259,7 +258,7 @@ def _result(store, condition, outlets, wsrc, include_self, method, device, t_sta
     return FlowResult(condition=condition, outlets=outlets, device=device, method=method,
                       cells=store.shape[0] * store.shape[1], valid=valid, outlet_cells=outlets_n, sinks=sinks,
                       flat_cells=flat, max_accumulation=float(peak), weighted=wsrc is not None,
-                      include_self=include_self, seconds=time.perf_counter() - t_start, filled_now=filled_now,
+                      include_self=include_self, seconds=t_start.seconds(), filled_now=filled_now,
                       timings={n: round(v, 4) for n, v in timings.items()}, window_tiles=k)
 
 
