@@ -114,9 +114,9 @@ class BandEncoder:
         frames are copied into (valid while the caller's writers read it)."""
         import cupy as cp
 
-        from .store import _direct_shards, shard_chunks
+        from .store import shard_layout, shard_chunks
 
-        (t0, t1), _, _ = _direct_shards(arr)
+        (t0, t1), _, _ = shard_layout(arr)
         dtype = np.dtype(arr.dtype)
         rows, cols = band.shape
         ntr, ntc = -(-rows // t0), -(-cols // t1)

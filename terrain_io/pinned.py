@@ -75,9 +75,9 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     comes back."""
     from . import nvzstd
     from .errors import TerrainNote
-    from .store import direct_shards, write_frames, write_shard
+    from .store import shard_layout, write_frames, write_shard
 
-    enc = nvzstd.encoder() if all(direct_shards(a) for a in arrays) else None
+    enc = nvzstd.encoder() if all(shard_layout(a) is not None for a in arrays) else None
     phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
     pending: list = []
 

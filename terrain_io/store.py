@@ -676,7 +676,7 @@ def write_block(arr: zarr.Array, start, block: np.ndarray) -> None:
                 f.write(integrity.crc32c(part))
 
 
-def _direct_shards(arr: zarr.Array):
+def shard_layout(arr: zarr.Array):
     """(chunk shape, zstd level, chunk crc32c) when ``arr`` is stored as this tool writes its tiled
     arrays -- on local disk, sharded, each chunk little-endian bytes + zstd (+ crc32c from format 2
     on), the shard index (bytes + crc32c) at the end -- else None: then :func:`read_shard` and
@@ -751,7 +751,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         out = np.empty((r1 - r0, c1 - c0), dtype=arr.dtype)
     elif out.shape != (r1 - r0, c1 - c0) or out.dtype != arr.dtype:
         raise ValueError(f"out is {out.shape} {out.dtype}, the cells are {(r1 - r0, c1 - c0)} {arr.dtype}")
-    fmt = _direct_shards(arr)
+    fmt = shard_layout(arr)
     if fmt is None:
         out[...] = arr[r0:r1, c0:c1]
         return out
@@ -863,7 +863,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
-    if _direct_shards(arr) is None:
+    if shard_layout(arr) is None:
         arr[r0:r1, c0:c1] = block
         return
     write_encoded_shard(arr, sr, sc, encode_chunks(arr, block))
@@ -875,7 +875,7 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     whole chunks of one shard from its chunk ``first`` on (clipped at the array's edge), so that a
     writer encodes the parts of a shard where they are made (terrain_io.overviews) and
     :func:`write_encoded_shard` puts them together."""
-    fmt = _direct_shards(arr)
+    fmt = shard_layout(arr)
     if fmt is None:
         raise ValueError(f"{arr.path}: not stored as this tool's shards")
     from numcodecs import Zstd
@@ -902,28 +902,22 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
 
 
-def direct_shards(arr: zarr.Array) -> bool:
-    """Whether :func:`write_frames` can write ``arr``'s shards (its layout is the one this tool
-    writes on local disk: see :func:`_direct_shards`)."""
-    return _direct_shards(arr) is not None
-
-
 def shard_chunks(arr: zarr.Array, sr: int, sc: int) -> list[tuple[int, int]]:
     """The chunks (i, j) of shard (sr, sc) that lie inside the array, in the order zarr lays them
     out in the shard file (Morton order): the order of :func:`write_frames`' frames."""
-    (t0, t1), _, _ = _direct_shards(arr)
+    (t0, t1), _, _ = shard_layout(arr)
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     return [(int(i), int(j)) for i, j in morton_order(n0, n1) if i * t0 < r1 - r0 and j * t1 < c1 - c0]
 
 
 def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
-    """Write shard (sr, sc) of ``arr`` (a layout :func:`direct_shards` accepts) from the zstd frames
+    """Write shard (sr, sc) of ``arr`` (a layout :func:`shard_layout` knows) from the zstd frames
     of its chunks, made elsewhere (on the GPU: :mod:`terrain_io.nvzstd`): ``frames[k]`` of chunk
     ``shard_chunks(arr, sr, sc)[k]`` (bytes-like), None for a chunk all of fill value (left out, as
     zarr leaves it out). Each frame gets its crc32c here; the file is the one :func:`write_shard`
     writes, with these frames."""
-    crc = _direct_shards(arr)[2]
+    crc = shard_layout(arr)[2]
     cells = shard_chunks(arr, sr, sc)
     if len(frames) != len(cells):
         raise ValueError(f"shard ({sr}, {sc}) has {len(cells)} chunks, got {len(frames)} frames")
@@ -935,7 +929,7 @@ def write_encoded_shard(arr: zarr.Array, sr: int, sc: int, encoded: dict) -> Non
     """Write shard (sr, sc) of ``arr`` from its chunks' stored bytes (:func:`encode_chunks`; a chunk
     missing or None is left out, as all fill value): in Morton order, the index and its crc32c at the
     end, the file written with one call (none when every chunk is left out)."""
-    (t0, t1), _, _ = _direct_shards(arr)
+    (t0, t1), _, _ = shard_layout(arr)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     index = np.full((n0, n1, 2), _EMPTY, "<u8")
     parts, offset = [], 0

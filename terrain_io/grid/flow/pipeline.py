@@ -597,7 +597,7 @@ def _outside_false(ok, win: Window, rows: int, cols: int, halo: int) -> None:
 def _gpu_host_bytes(store, weighted: bool) -> int:
     """Host memory of the GPU route: every reader and writer thread holds one shard -- its values as
     read and decoded, its weights, the codes and counts brought back and their encoding (the DEM
-    itself never lies whole on the host: :func:`_upload_held`, ``write_held`` by bands)."""
+    itself never lies whole on the host: :func:`upload_held`, ``write_held`` by bands)."""
     side = store.tile_size * store.shard_size
     cells = min(side, store.shape[0]) * min(side, store.shape[1])
     return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
@@ -645,7 +645,7 @@ def _free_gpu_pool() -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _upload_held(store, source, wsrc, convert=None):
+def upload_held(store, source, wsrc, convert=None):
     """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
     as it arrives, so that the host holds a few shards and reading overlaps the copies. ``convert``
     (dtype, function of a block): each block converted in its reader thread before the upload (the
@@ -683,7 +683,7 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
     timings = Timings()
     with timings.phase("read"):
         with progress_bar(progress, 1, "flow: read", unit="DEM") as bar:
-            z_d, w_d = _upload_held(store, source, wsrc)
+            z_d, w_d = upload_held(store, source, wsrc)
             bar.update(1)
     with timings.phase("gpu"):
         dx, dy = store.metric_cell_size

@@ -165,10 +165,10 @@ class _Route:
         ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
         if self.device == "cpu":
             return _read(store, name, progress)
-        from ..flow.pipeline import _upload_held  # terrain flow's reader: each shard uploaded as decoded
+        from ..flow.pipeline import upload_held  # terrain flow's reader: each shard uploaded as decoded
 
         with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
-            out, _ = _upload_held(store, name, None, convert)
+            out, _ = upload_held(store, name, None, convert)
             bar.update(1)
         return out
 
