@@ -268,16 +268,23 @@ def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl
         ra, rb = find(par, cu[k]), find(par, cv[k])
         if ra != rb:
             par[max(ra, rb)] = min(ra, rb)
-    # per plateau root: receiver, outlet, least id, first terminal
-    p_rh = np.full(n_nodes, np.inf)
-    p_rid = np.full(n_nodes, -1, np.int64)
-    p_rend = np.full(n_nodes, UNSET, np.int64)
-    p_outl = np.zeros(n_nodes, np.bool_)
-    p_least = np.full(n_nodes, -1, np.int64)
-    p_h = np.zeros(n_nodes, np.float64)
-    p_term = np.full(n_nodes, -1, np.int64)
+    # per plateau with pieces (slot[root]): receiver, outlet, least id, first terminal
+    slot = np.full(n_nodes, -1, np.int64)
+    n_pl = 0
     for k in range(o_rep.shape[0]):
         r = find(par, o_rep[k])
+        if slot[r] < 0:
+            slot[r] = n_pl
+            n_pl += 1
+    p_rh = np.full(n_pl, np.inf)
+    p_rid = np.full(n_pl, -1, np.int64)
+    p_rend = np.full(n_pl, UNSET, np.int64)
+    p_outl = np.zeros(n_pl, np.bool_)
+    p_least = np.full(n_pl, -1, np.int64)
+    p_h = np.zeros(n_pl, np.float64)
+    p_term = np.full(n_pl, -1, np.int64)
+    for k in range(o_rep.shape[0]):
+        r = slot[find(par, o_rep[k])]
         if o_outl[k]:
             p_outl[r] = True
         if p_least[r] < 0 or o_least[k] < p_least[r]:
@@ -290,20 +297,19 @@ def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl
     n_open = 0
     for x in range(n_nodes):
         if terminal[x]:
-            r = find(par, x)
-            if p_term[r] < 0:
+            r = slot[find(par, x)]
+            if r >= 0 and p_term[r] < 0:
                 p_term[r] = x
-                if p_least[r] >= 0:
-                    n_open += 1
+                n_open += 1
     nleaf = 0
-    for r in range(n_nodes):
-        if p_least[r] >= 0 and p_term[r] < 0 and not p_outl[r] and p_rid[r] < 0:
+    for r in range(n_pl):
+        if p_term[r] < 0 and not p_outl[r] and p_rid[r] < 0:
             nleaf += 1
     leaf_key = np.empty(nleaf, np.int64)
     leaf_h = np.empty(nleaf, np.float64)
     nleaf = 0
-    for r in range(n_nodes):
-        if p_least[r] < 0 or p_term[r] >= 0:
+    for r in range(n_pl):
+        if p_term[r] >= 0:
             continue
         if p_outl[r]:
             p_rend[r] = -1
@@ -329,7 +335,7 @@ def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl
                 val = known[cur]
                 break
             if openf[cur]:
-                r = find(par, cur)
+                r = slot[find(par, cur)]
                 if p_term[r] >= 0:
                     val = known[p_term[r]]
                     break
@@ -347,15 +353,16 @@ def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl
     o_end = np.empty(n_open, np.int64)
     idx = np.empty(n_open, np.int64)
     n_open = 0
-    for r in range(n_nodes):
-        if p_term[r] >= 0 and p_least[r] >= 0:
+    for r in range(n_pl):
+        if p_term[r] >= 0:
             e = p_rend[r]
             o_term[n_open] = p_term[r]
             o_end[n_open] = res[-2 - e] if e <= -2 and e != UNSET else e
             idx[n_open] = r
             n_open += 1
     for x in range(n_nodes):  # now each node's plateau's first terminal (-1: none)
-        stack[x] = p_term[find(par, x)]
+        r = slot[find(par, x)]
+        stack[x] = p_term[r] if r >= 0 else -1
     return res, leaf_key, leaf_h, (o_term, p_rh[idx], p_rid[idx], o_end, p_outl[idx], p_least[idx], p_h[idx]), stack
 
 

@@ -278,7 +278,7 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
 
             # 1: chains inside the tiles, each batch's boundary nodes contracted up the quadtree
             with timings.phase("chains"):
-                leaves = []
+                leaves = Gathered((np.int64, np.float64))
                 n_found = done = 0  # leaves found so far (those on tile edges come in the solve)
                 with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
                     for b in batches:
@@ -294,7 +294,7 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
                                                               _args(geo, local), tgt, openf), b.tiles):
                             pieces.append(o)
                             cross.append((cu, cv))
-                            leaves.append((lk, lh))
+                            leaves.add((lk, lh))
                             n_found += len(lk)
                         del vals, ok, outl
                         tree.add_batch(int(b.codes[0]) >> tree.shift0, _batch_chains(local, tgt, openf, pieces, cross))
@@ -308,9 +308,8 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
                 tree.finish()
                 levels = tree.batch_levels()
                 levels = itertools.chain([next(levels)], levels)  # the root solved: its plateaus' leaves in
-                leaves.extend(tree.leaves)
-                keys = _cat(leaves, 0, np.int64)
-                leaf_h = _cat(leaves, 1, np.float64)
+                leaves.add(tree.leaves.joined())
+                keys, leaf_h = leaves.joined()
                 del leaves
                 order = np.argsort(keys, kind="stable")
                 keys, leaf_h = keys[order], leaf_h[order]
@@ -321,7 +320,7 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
 
             # 3: labels and the least spill edge of each touching pair
             with timings.phase("basins"):
-                pairs = []
+                pairs = Gathered((np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64))
                 basins = []
                 with progress_bar(progress, len(batches), "depressions: basins", unit="batch") as bar:
                     for b in batches:
@@ -330,8 +329,9 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
                                           0).astype(np.uint32)
                         vals, ok, outl = kept if plan_held else read_block(store, b.window, nodata_drains)
                         basin = np.zeros(b.window.shape, np.uint32)
-                        pairs.extend(tmap(partial(_labels, (vals, ok, outl), b.window.r0, b.window.c0,
-                                                  _args(geo, local), keys, res_id, basin), b.tiles))
+                        for out in tmap(partial(_labels, (vals, ok, outl), b.window.r0, b.window.c0,
+                                                _args(geo, local), keys, res_id, basin), b.tiles):
+                            pairs.add(out)
                         if plan_held:
                             basins.append(basin)
                         else:
@@ -342,8 +342,7 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
 
             # 4: the tree
             with timings.phase("tree"):
-                ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
-                    (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
+                ea, eb, ew, elo, ehi, es = pairs.joined()
                 del pairs
                 # Kruskal's strict order; a pair's edges from other tiles than its least one's are skipped
                 # by Kruskal itself (the pair is joined by then)
@@ -435,13 +434,13 @@ class ChainTree(BlockTree):
 
     def __init__(self, geo, batch_side: int, scratch):
         super().__init__(geo, batch_side, scratch)
-        self.leaves: list[tuple[np.ndarray, np.ndarray]] = []  # (keys, elevations) of the plateau leaves
+        self.leaves = Gathered((np.int64, np.float64))  # (keys, elevations) of the plateau leaves
 
     def _contract(self, shift, code, g):
         nodes, args = _compact(Chains(*g), np.zeros(0, np.int64))
         terminal = self._terminal(shift, code, nodes)
         res, lk, lh, plateaus, first = K.solve_chains(len(nodes), *args, terminal, -2 - np.arange(len(nodes)))
-        self.leaves.append((lk, lh))
+        self.leaves.add((lk, lh))
         tgt, openf = args[0], args[1]
         row = np.flatnonzero(terminal & (tgt != K.UNSET))
         ends = np.where(openf[row], -2 - first[row], _follow(tgt[row], res))
@@ -460,8 +459,28 @@ class ChainTree(BlockTree):
         ends[at] = kv
         res, lk, lh, _, _ = K.solve_chains(len(nodes), *args, terminal, ends)
         if shift >= self.root_shift:  # (below it, the plateaus closed here gave their leaves on the way up)
-            self.leaves.append((lk, lh))
+            self.leaves.add((lk, lh))
         return nodes, res
+
+
+class Gathered:
+    """Rows of arrays handed in part by part (per tile, per block), joined into one part every
+    JOIN_EVERY parts: a small array costs ~100 bytes of its own, per tile O(N / T^2) beside its rows."""
+
+    JOIN_EVERY = 64
+
+    def __init__(self, dtypes: tuple):
+        self.dtypes = dtypes
+        self.parts: list[tuple] = []
+
+    def add(self, part: tuple) -> None:
+        if len(part[0]):
+            self.parts.append(part)
+        if len(self.parts) >= self.JOIN_EVERY:
+            self.parts = [self.joined()]
+
+    def joined(self) -> tuple:
+        return tuple(_cat(self.parts, i, dt) for i, dt in enumerate(self.dtypes))
 
 
 def _is_node(e: np.ndarray) -> np.ndarray:

@@ -163,9 +163,7 @@ class BlockTree:
         """The waiting children at ``shift``: their contracted graphs are their parent's graph."""
         parent, parts = self.waiting.pop(shift)
         self.children[(shift + 2, parent)] = [c for c, _ in parts]
-        edges = tuple(np.concatenate([p[i] for _, p in parts]) for i in range(len(parts[0][1])))
-        parts.clear()
-        self._block(shift + 2, parent, edges)
+        self._block(shift + 2, parent, _joined(parts))  # (not kept in this frame: the block above frees it)
 
     def finish(self) -> None:
         """All batches in: merge up to the root."""
@@ -195,10 +193,15 @@ class BlockTree:
             yield code, nodes, G
             return
         for child in self.children.pop((shift, code)):
-            with np.load(self._file(shift - 2, child)) as f:
-                edges = tuple(f[f"arr_{i}"] for i in range(len(f.files)))
-            self._file(shift - 2, child).unlink()
-            yield from self._down(shift - 2, child, edges, (nodes, G))
+            # (loaded as the argument, not into this frame, where it would be held under the child's)
+            yield from self._down(shift - 2, child, self._load(shift - 2, child), (nodes, G))
+
+    def _load(self, shift: int, code: int) -> tuple:
+        """A block's spilled graph, read back once."""
+        with np.load(self._file(shift, code)) as f:
+            edges = tuple(f[f"arr_{i}"] for i in range(len(f.files)))
+        self._file(shift, code).unlink()
+        return edges
 
     def _near(self, shift: int, code: int, known):
         """The known (nodes, values) within a cell of the block (O left out)."""
@@ -219,6 +222,13 @@ class BlockTree:
 
     def _file(self, shift: int, code: int) -> Path:
         return Path(self.scratch) / f"{shift}-{code}.npz"
+
+
+def _joined(parts: list) -> tuple:
+    """The graphs of ``parts`` ((code, graph) pairs) concatenated; ``parts`` emptied."""
+    edges = tuple(np.concatenate([p[i] for _, p in parts]) for i in range(len(parts[0][1])))
+    parts.clear()
+    return edges
 
 
 class LevelTree(BlockTree):
