@@ -39,7 +39,10 @@ Pipeline (kernels :mod:`._cpu`), tiles in Morton batches as :mod:`..fill`:
    inside itself; each perimeter cell hands up where its chain ends (a leaf, O, a plateau that goes
    on into another tile, or a cell of a neighbouring tile), plus the tile's own leaves.
 2. Boundary solve -- the O(N/T) perimeter nodes: plateaus joined across tiles (union-find), each
-   with its lowest receiver; every node's chain followed to its leaf; leaves numbered.
+   with its lowest receiver; every node's chain followed to its leaf; leaves numbered
+   (:func:`._cpu.solve_chains`). Out of core, never over all the nodes at once: each batch's nodes
+   are contracted up fill's quadtree of tile blocks as phase 1 hands them in, kept on each block's
+   outer boundary (:class:`ChainTree`), and solved down again block by block into phase 3.
 3. Labels -- each tile again: final leaf ids (``depressions/basin``) and the least spill edge of
    each pair of labels that touch in it (halo cells' labels are their nodes').
 4. Tree -- Kruskal in memory over the tiles' pair edges (above).
@@ -48,8 +51,8 @@ Pipeline (kernels :mod:`._cpu`), tiles in Morton batches as :mod:`..fill`:
    give every node's cells and volume.
 
 Memory: the per-cell work is in batches of tiles within ``memory`` (when the DEM, its masks and
-labels fit, the whole DEM is one batch read once), beside the O(N / T) boundary nodes
-(:func:`_plan`, :mod:`.tiling`); arrays of O(number of basins) -- leaves, the basin graph's pairs
+labels fit, the whole DEM is one batch read once), beside the boundary solve: all O(N / T) nodes
+when held, else the quadtree's O(the DEM's side) (:func:`_plan`, :mod:`.tiling`); arrays of O(number of basins) -- leaves, the basin graph's pairs
 (~40 bytes each, about three a basin), the tree (~100 bytes a node) -- are counted against the
 rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
 refused before the tree is built.
@@ -171,25 +174,28 @@ def _block_bytes(cells: int, itemsize: int) -> int:
 
 
 def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[Plan, int]:
-    """Hold the whole DEM, or the batch side in tiles. Fixed: ~90 bytes a boundary node (ends,
-    flags, union-find and receivers of the solve) and each thread's tile scratch (TILE_SCRATCH);
-    out of core, tiles run on as many threads as the budget holds scratch for (returned with the
-    plan: 16 threads' scratch is 200 MB with 256^2 tiles)."""
+    """Hold the whole DEM, or the batch side in tiles. Held: the boundary solve over every node
+    (NODE_BYTES each). Out of core: the quadtree of contracted blocks (O(the DEM's side),
+    SIDE_BYTES a cell of rows + cols) and one batch's nodes and those of the tiles around it. Both:
+    each thread's tile scratch (TILE_SCRATCH); out of core, tiles run on as many threads as the
+    budget holds scratch for (returned with the plan: 16 threads' scratch is 200 MB with 256^2 tiles)."""
     t = store.tile_size
     rows, cols = store.shape
     isz = store.dtype.itemsize
 
-    def need(cells, n):
-        return geo.nodes * 90 + n * TILE_SCRATCH * t * t + _block_bytes(cells, isz)
+    def need(k, n):
+        return (SIDE_BYTES * (rows + cols) + (k + 2) ** 2 * 4 * t * NODE_BYTES + n * TILE_SCRATCH * t * t
+                + _block_bytes((k * t + 2) ** 2, isz))
 
     threads = numba.get_num_threads()
-    held_need = need((rows + 2) * (cols + 2), threads)
+    held_need = geo.nodes * NODE_BYTES + threads * TILE_SCRATCH * t * t + _block_bytes((rows + 2) * (cols + 2), isz)
     if held_need > budget:
-        threads = int(min(threads, max(1, (budget - need((t + 2) ** 2, 0)) // (TILE_SCRATCH * t * t))))
-    return plan(store, budget, "depressions", lambda k: need((k * t + 2) ** 2, threads),
-                held_need=held_need), threads
+        threads = int(min(threads, max(1, (budget - need(1, 0)) // (TILE_SCRATCH * t * t))))
+    return plan(store, budget, "depressions", lambda k: need(k, threads), held_need=held_need), threads
 
 
+NODE_BYTES = 100  # a boundary node in the solve: its row, union-find, its end, compact ids (measured ~95)
+SIDE_BYTES = 500  # the quadtree's waiting graphs, the solved ends on the way down, the top's solve (~350 measured)
 TILE_SCRATCH = 190  # bytes a tile cell of a thread's scratch: ~60 for the pieces, ~64 an edge between labels (two)
 
 

@@ -184,7 +184,8 @@ class BlockTree:
         """(batch code, nodes, values) for every batch in Morton order: the solved values at the
         batch's nodes and the nodes next to it."""
         empty = (np.zeros(0, np.int64), np.zeros(0, self.value_dtype))
-        yield from self._down(self.root_shift, 0, self.root, empty)
+        root, self.root = self.root, None  # (freed once solved)
+        yield from self._down(self.root_shift, 0, root, empty)
 
     def _down(self, shift: int, code: int, edges, known):
         nodes, G = self._solve(shift, code, edges, self._near(shift, code, known))
