@@ -89,7 +89,7 @@ from ..fill._tiled import (
     table_cell,
     write_held,
 )
-from ..fill._levels import BlockTree, LocalLevels
+from ..fill._levels import BlockTree, LocalLevels, node_set
 from ..tiling import Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "depressions"
@@ -510,8 +510,7 @@ def _follow(e: np.ndarray, res: np.ndarray) -> np.ndarray:
 def _compact(g: Chains, extra: np.ndarray):
     """The nodes ``g`` names (and ``extra``), sorted, and g in their indices as
     :func:`._cpu.solve_chains` takes it."""
-    nodes = np.unique(np.concatenate([g.node, -2 - g.tgt[_is_node(g.tgt)], g.cu, g.cv, g.rep,
-                                      -2 - g.rend[_is_node(g.rend)], extra]))
+    nodes = node_set(g.node, -2 - g.tgt[_is_node(g.tgt)], g.cu, g.cv, g.rep, -2 - g.rend[_is_node(g.rend)], extra)
     at = partial(np.searchsorted, nodes)
     tgt = np.full(len(nodes), K.UNSET, np.int64)
     openf = np.zeros(len(nodes), np.bool_)
