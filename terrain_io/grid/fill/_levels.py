@@ -293,5 +293,7 @@ class LocalLevels:
 
     def to_global(self, n: np.ndarray) -> np.ndarray:
         """Global node ids of local ones (node 0 stays 0)."""
+        if len(self.tiles) == len(self.global_offset):  # every tile: the local numbering is the global one
+            return n
         k = np.searchsorted(self.local, n - 1, side="right") - 1
         return np.where(n > 0, 1 + self.global_offset[self.tiles[k]] + (n - 1 - self.local[k]), 0)
