@@ -66,4 +66,5 @@ def test_depressions_cpu_at_8x_the_budget(tmp_path):
     big = _smooth(tmp_path / "big.zarr", 2048, 5120, 64, 4)
     warm = _smooth(tmp_path / "warm.zarr", 300, 300, 64, 4)
     assert big.shape[0] * big.shape[1] * 4 >= 8 * budget
-    depressions_within(tmp_path, big, warm, budget, [{"big": True, "held": True}, {"held": False, "batch_tiles": 1}])
+    warm_runs = [{"big": True, "held": True}, {"held": False, "batch_tiles": 1}]
+    depressions_within(tmp_path, big, warm, budget, warm_runs)

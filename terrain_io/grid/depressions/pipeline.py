@@ -52,9 +52,9 @@ Pipeline (kernels :mod:`._cpu`), tiles in Morton batches as :mod:`..fill`:
 
 Memory: the per-cell work is in batches of tiles within ``memory`` (when the DEM, its masks and
 labels fit, the whole DEM is one batch read once), beside the boundary solve: all O(N / T) nodes
-when held, else the quadtree's O(the DEM's side) (:func:`_plan`, :mod:`.tiling`); arrays of O(number of basins) -- leaves, the basin graph's pairs
-(~40 bytes each, about three a basin), the tree (~100 bytes a node) -- are counted against the
-rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
+when held, else the quadtree's O(the DEM's side) (:func:`_plan`, :mod:`.tiling`); arrays of
+O(number of basins) -- leaves, the basin graph's pairs (~40 bytes each, about three a basin), the
+tree (~100 bytes a node) -- are counted against the rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
 refused before the tree is built.
 """
 from __future__ import annotations
