@@ -185,9 +185,9 @@ def test_fill_cpu_counts_its_depressions(tmp_path):
 @NEEDS_PROC
 @pytest.mark.slow
 def test_depressions_cpu_within_budget(tmp_path):
-    """depressions' tiled pipeline under a budget: peak RSS growth within it (not 8x: the same floor
-    as fill's). On a DEM whose basins (~600 bytes a leaf) outgrow the budget beside the boundary
-    graph, the run is refused in one line before the tree is built, the budget held up to it."""
+    """depressions' tiled pipeline under a budget: peak RSS growth within it (at 8x:
+    tests/test_memory_depressions.py). On a DEM whose basins (~600 bytes a leaf) outgrow the budget
+    beside the boundary solve, the run is refused in one line before the tree is built, the budget held up to it."""
     from terrain_io.synth import synthesize
 
     budget = 40 << 20

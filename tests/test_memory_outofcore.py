@@ -6,7 +6,7 @@ The peak RSS growth of a fresh process above its baseline after the imports and 
 independent references' (pyflwdir's fill, Wang & Liu 2006) and the same bytes as a run held in
 memory with other tiles. Before the boundary graph was contracted up a quadtree of tile blocks
 (grid/fill/_levels.py) a fill at 8x was refused: the graph alone took ~7 bytes a cell with 64^2
-tiles. (depressions keeps its O(N/T) boundary nodes, ~90 bytes each: not at 8x yet.)
+tiles. (depressions at 8x: tests/test_memory_depressions.py.)
 """
 from __future__ import annotations
 
@@ -137,21 +137,27 @@ def test_fill_quadtree_levels_equal_the_whole_graph(tmp_path):
 @NEEDS_PROC
 @pytest.mark.slow
 def test_depressions_cpu_on_fewer_threads(tmp_path):
-    """depressions under a budget that one thread's tile scratch fits beside the boundary nodes but
+    """depressions under a budget that one thread's tile scratch fits beside the boundary solve but
     two threads' do not (256^2 tiles: 12.5 MB each): tiles run one at a time (before: refused with
     ~31 MB named), peak RSS growth within the budget, the same basins as a held run."""
+    big = _smooth(tmp_path / "big.zarr", 2048, 2048, 256, 2)
+    depressions_within(tmp_path, big, big, 24 << 20, [{"big": True, "memory": 24 << 20}])
+
+
+def depressions_within(tmp_path, big, warm, budget: int, warm_runs: list) -> dict:
+    """``depressions`` on ``big`` under ``budget`` after ``warm_runs``: the tiled pipeline, peak RSS
+    growth within the budget, and the same basins and tree as a held run of a copy with 512^2
+    tiles (the held run: the references' in tests/test_grid_depressions.py)."""
     from terrain_io.grid.depressions import depressions, read_basins
 
-    budget = 24 << 20
-    big = _smooth(tmp_path / "big.zarr", 2048, 2048, 256, 2)
-    res = _grown("depressions", "cpu", big, big, budget, [{"big": True, "memory": budget}])
+    res = _grown("depressions", "cpu", big, warm, budget, warm_runs)
     assert res.get("method") == "tiled", res
     assert res["grown"] <= budget, f"peak RSS grew by {res['grown'] / 2**20:.1f} MiB ({res})"
     got = read_basins(big)
-    vals = np.asarray(big.elevation[...])
-    other = TerrainStore.from_array(tmp_path / "other.zarr", vals, tile=512, shard=2)
-    depressions(other, progress=False, held=True)
-    assert got.tobytes() == read_basins(other).tobytes()
+    other = TerrainStore.from_array(tmp_path / "other.zarr", np.asarray(big.elevation[...]), tile=512, shard=2)
+    held = depressions(other, progress=False, held=True)
+    assert held.method == "held" and got.tobytes() == read_basins(other).tobytes()
+    return res
 
 
 @NEEDS_PROC

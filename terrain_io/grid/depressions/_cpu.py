@@ -246,31 +246,45 @@ def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
 
 
 @numba.njit(nogil=True, cache=True)
-def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h, cu, cv):
-    """The boundary solve: plateaus joined across tiles (union-find over nodes), each plateau's
-    receiver = the least (elevation, cell id) of its pieces' receivers (O if it holds an outlet; a
-    leaf of its least cell if it has none), then every node's chain followed to a leaf or O.
-    Returns (res: per node, leaf key >= 0 or -1 for O; plateau leaves' keys and elevations)."""
+def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h, terminal, known):
+    """The boundary solve of a block of boundary nodes (compact ids; ends ``-2 - n`` name them): the
+    whole DEM's with no terminals, a quadtree block's (``grid/depressions/pipeline.py``) with them.
+    Plateaus joined across tiles (union-find over nodes: an open node and its piece's rep ``-2 -
+    tgt``, the cross-tile pairs ``cu, cv``), each plateau's receiver = the least (elevation, cell id)
+    of its pieces' receivers (O if it holds an outlet; a leaf of its least cell if it has none), then
+    every node's chain followed to a leaf, O, or a ``terminal`` node t, where it ends at ``known[t]``
+    (a plateau holding terminals: where its first terminal does -- its receiver may lie outside).
+    Returns (res: per node, leaf key >= 0, -1 for O or a known end; the keys and elevations of the
+    leaves of the plateaus without terminals; per plateau with terminals and pieces here: its first
+    terminal, least receiver (elevation, id, end followed), outlet, least cell id and elevation; per
+    node, its plateau's first terminal, -1 none)."""
     par = np.arange(n_nodes, dtype=np.int64)
     for x in range(n_nodes):  # the open pieces' perimeter cells join their piece's rep
         if openf[x]:
-            e = tgt[x]
-            ra, rb = find(par, x), find(par, -2 - e)
+            ra, rb = find(par, x), find(par, -2 - tgt[x])
             if ra != rb:
                 par[max(ra, rb)] = min(ra, rb)
     for k in range(cu.shape[0]):
         ra, rb = find(par, cu[k]), find(par, cv[k])
         if ra != rb:
             par[max(ra, rb)] = min(ra, rb)
-    # per plateau root: receiver, outlet, least id
-    p_rh = np.full(n_nodes, np.inf)
-    p_rid = np.full(n_nodes, -1, np.int64)
-    p_rend = np.full(n_nodes, UNSET, np.int64)
-    p_outl = np.zeros(n_nodes, np.bool_)
-    p_least = np.full(n_nodes, -1, np.int64)
-    p_h = np.zeros(n_nodes, np.float64)
+    # per plateau with pieces (slot[root]): receiver, outlet, least id, first terminal
+    slot = np.full(n_nodes, -1, np.int64)
+    n_pl = 0
     for k in range(o_rep.shape[0]):
         r = find(par, o_rep[k])
+        if slot[r] < 0:
+            slot[r] = n_pl
+            n_pl += 1
+    p_rh = np.full(n_pl, np.inf)
+    p_rid = np.full(n_pl, -1, np.int64)
+    p_rend = np.full(n_pl, UNSET, np.int64)
+    p_outl = np.zeros(n_pl, np.bool_)
+    p_least = np.full(n_pl, -1, np.int64)
+    p_h = np.zeros(n_pl, np.float64)
+    p_term = np.full(n_pl, -1, np.int64)
+    for k in range(o_rep.shape[0]):
+        r = slot[find(par, o_rep[k])]
         if o_outl[k]:
             p_outl[r] = True
         if p_least[r] < 0 or o_least[k] < p_least[r]:
@@ -280,15 +294,22 @@ def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least
             p_rh[r] = o_rh[k]
             p_rid[r] = o_rid[k]
             p_rend[r] = o_rend[k]
+    n_open = 0
+    for x in range(n_nodes):
+        if terminal[x]:
+            r = slot[find(par, x)]
+            if r >= 0 and p_term[r] < 0:
+                p_term[r] = x
+                n_open += 1
     nleaf = 0
-    for r in range(n_nodes):
-        if p_least[r] >= 0 and not p_outl[r] and p_rid[r] < 0:
+    for r in range(n_pl):
+        if p_term[r] < 0 and not p_outl[r] and p_rid[r] < 0:
             nleaf += 1
     leaf_key = np.empty(nleaf, np.int64)
     leaf_h = np.empty(nleaf, np.float64)
     nleaf = 0
-    for r in range(n_nodes):
-        if p_least[r] < 0:
+    for r in range(n_pl):
+        if p_term[r] >= 0:
             continue
         if p_outl[r]:
             p_rend[r] = -1
@@ -300,7 +321,7 @@ def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least
     res = np.full(n_nodes, UNSET, np.int64)
     stack = np.empty(n_nodes, np.int64)
     for x in range(n_nodes):
-        if res[x] != UNSET or tgt[x] == UNSET:
+        if res[x] != UNSET:
             continue
         top = 0
         cur = x
@@ -310,15 +331,39 @@ def solve_nodes(n_nodes, tgt, openf, o_rep, o_rh, o_rid, o_rend, o_outl, o_least
                 break
             stack[top] = cur
             top += 1
-            e = p_rend[find(par, cur)] if openf[cur] else tgt[cur]
-            if e <= -2:
+            if terminal[cur]:
+                val = known[cur]
+                break
+            if openf[cur]:
+                r = slot[find(par, cur)]
+                if p_term[r] >= 0:
+                    val = known[p_term[r]]
+                    break
+                e = p_rend[r]
+            else:
+                e = tgt[cur]
+            if e <= -2 and e != UNSET:
                 cur = -2 - e
                 continue
             val = e
             break
         for k in range(top):
             res[stack[k]] = val
-    return res, leaf_key, leaf_h
+    o_term = np.empty(n_open, np.int64)
+    o_end = np.empty(n_open, np.int64)
+    idx = np.empty(n_open, np.int64)
+    n_open = 0
+    for r in range(n_pl):
+        if p_term[r] >= 0:
+            e = p_rend[r]
+            o_term[n_open] = p_term[r]
+            o_end[n_open] = res[-2 - e] if e <= -2 and e != UNSET else e
+            idx[n_open] = r
+            n_open += 1
+    for x in range(n_nodes):  # now each node's plateau's first terminal (-1: none)
+        r = slot[find(par, x)]
+        stack[x] = p_term[r] if r >= 0 else -1
+    return res, leaf_key, leaf_h, (o_term, p_rh[idx], p_rid[idx], o_end, p_outl[idx], p_least[idx], p_h[idx]), stack
 
 
 @numba.njit(inline="always", cache=True)

@@ -39,7 +39,10 @@ Pipeline (kernels :mod:`._cpu`), tiles in Morton batches as :mod:`..fill`:
    inside itself; each perimeter cell hands up where its chain ends (a leaf, O, a plateau that goes
    on into another tile, or a cell of a neighbouring tile), plus the tile's own leaves.
 2. Boundary solve -- the O(N/T) perimeter nodes: plateaus joined across tiles (union-find), each
-   with its lowest receiver; every node's chain followed to its leaf; leaves numbered.
+   with its lowest receiver; every node's chain followed to its leaf; leaves numbered
+   (:func:`._cpu.solve_chains`). Out of core, never over all the nodes at once: each batch's nodes
+   are contracted up fill's quadtree of tile blocks as phase 1 hands them in, kept on each block's
+   outer boundary (:class:`ChainTree`), and solved down again block by block into phase 3.
 3. Labels -- each tile again: final leaf ids (``depressions/basin``) and the least spill edge of
    each pair of labels that touch in it (halo cells' labels are their nodes').
 4. Tree -- Kruskal in memory over the tiles' pair edges (above).
@@ -48,24 +51,28 @@ Pipeline (kernels :mod:`._cpu`), tiles in Morton batches as :mod:`..fill`:
    give every node's cells and volume.
 
 Memory: the per-cell work is in batches of tiles within ``memory`` (when the DEM, its masks and
-labels fit, the whole DEM is one batch read once), beside the O(N / T) boundary nodes
-(:func:`_plan`, :mod:`.tiling`); arrays of O(number of basins) -- leaves, the basin graph's pairs
-(~40 bytes each, about three a basin), the tree (~100 bytes a node) -- are counted against the
-rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
+labels fit, the whole DEM is one batch read once), beside the boundary solve: all O(N / T) nodes
+when held, else the quadtree's O(the DEM's side) (:func:`_plan`, :mod:`.tiling`); arrays of
+O(number of basins) -- leaves, the basin graph's pairs (~40 bytes each, about three a basin), the
+tree (~100 bytes a node) -- are counted against the rest of the budget as the leaves are found (:data:`BASIN_BYTES`), and a budget they outgrow is
 refused before the tree is built.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
+import itertools
 import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
+from ...atomic import scratch_directory
 from ...backend import resolve_device
 from ...errors import DeviceError, InputError
 from ...jit import SERIAL_BELOW
@@ -82,6 +89,7 @@ from ..fill._tiled import (
     table_cell,
     write_held,
 )
+from ..fill._levels import BlockTree, LocalLevels, node_set
 from ..tiling import Plan, check_side, plan, plan_batches, whole_side
 
 RESULT = "depressions"
@@ -166,25 +174,28 @@ def _block_bytes(cells: int, itemsize: int) -> int:
 
 
 def _plan(store: TerrainStore, geo: Geometry, budget: int) -> tuple[Plan, int]:
-    """Hold the whole DEM, or the batch side in tiles. Fixed: ~90 bytes a boundary node (ends,
-    flags, union-find and receivers of the solve) and each thread's tile scratch (TILE_SCRATCH);
-    out of core, tiles run on as many threads as the budget holds scratch for (returned with the
-    plan: 16 threads' scratch is 200 MB with 256^2 tiles)."""
+    """Hold the whole DEM, or the batch side in tiles. Held: the boundary solve over every node
+    (NODE_BYTES each). Out of core: the quadtree of contracted blocks (O(the DEM's side),
+    SIDE_BYTES a cell of rows + cols) and one batch's nodes and those of the tiles around it. Both:
+    each thread's tile scratch (TILE_SCRATCH); out of core, tiles run on as many threads as the
+    budget holds scratch for (returned with the plan: 16 threads' scratch is 200 MB with 256^2 tiles)."""
     t = store.tile_size
     rows, cols = store.shape
     isz = store.dtype.itemsize
 
-    def need(cells, n):
-        return geo.nodes * 90 + n * TILE_SCRATCH * t * t + _block_bytes(cells, isz)
+    def need(k, n):
+        return (SIDE_BYTES * (rows + cols) + (k + 2) ** 2 * 4 * t * NODE_BYTES + n * TILE_SCRATCH * t * t
+                + _block_bytes((k * t + 2) ** 2, isz))
 
     threads = numba.get_num_threads()
-    held_need = need((rows + 2) * (cols + 2), threads)
+    held_need = geo.nodes * NODE_BYTES + threads * TILE_SCRATCH * t * t + _block_bytes((rows + 2) * (cols + 2), isz)
     if held_need > budget:
-        threads = int(min(threads, max(1, (budget - need((t + 2) ** 2, 0)) // (TILE_SCRATCH * t * t))))
-    return plan(store, budget, "depressions", lambda k: need((k * t + 2) ** 2, threads),
-                held_need=held_need), threads
+        threads = int(min(threads, max(1, (budget - need(1, 0)) // (TILE_SCRATCH * t * t))))
+    return plan(store, budget, "depressions", lambda k: need(k, threads), held_need=held_need), threads
 
 
+NODE_BYTES = 100  # a boundary node in the solve: its row, union-find, its end, compact ids (measured ~95)
+SIDE_BYTES = 500  # the quadtree's waiting graphs, the solved ends on the way down, the top's solve (~350 measured)
 TILE_SCRATCH = 190  # bytes a tile cell of a thread's scratch: ~60 for the pieces, ~64 an edge between labels (two)
 
 
@@ -261,46 +272,50 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
     batches = plan_batches(store, k)
     whole_shard = k == store.shard_size
     nodata_drains = outlets == "edge+nodata"
-    args = (rows, cols, geo.tile, geo.ntc, geo.offset)
     pool = (concurrent.futures.ThreadPoolExecutor(threads)
             if rows * cols >= SERIAL_BELOW and threads > 1 else None)
     tmap = pool.map if pool is not None else map
     kept = None
     try:
-        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer:
+        with store.write_result(RESULT, attrs={"outlets": outlets}) as writer, contextlib.ExitStack() as scratch:
             basin_arr = writer.create_array("basin", "uint32", 0)
+            tree = ChainTree(geo, k, None if len(batches) == 1 else
+                             scratch.enter_context(scratch_directory(store.path, "depressions-chains")))
 
-            # 1: chains inside the tiles
+            # 1: chains inside the tiles, each batch's boundary nodes contracted up the quadtree
             with timings.phase("chains"):
-                tgt = np.full(geo.nodes, K.UNSET, np.int64)
-                openf = np.zeros(geo.nodes, np.bool_)
-                pieces, cross, leaves = [], [], []
+                leaves = Gathered((np.int64, np.float64))
                 n_found = done = 0  # leaves found so far (those on tile edges come in the solve)
                 with progress_bar(progress, len(batches), "depressions: chains", unit="batch") as bar:
                     for b in batches:
                         vals, ok, outl = read_block(store, b.window, nodata_drains)
                         if plan_held:
                             kept = (vals, ok, outl)
-                        r0, c0 = b.window.r0, b.window.c0
-                        for o, cu, cv, lk, lh in tmap(partial(_chains, (vals, ok, outl), r0, c0, args, tgt, openf),
-                                                      b.tiles):
+                        local = LocalLevels(geo, b.window, np.zeros(0, np.int64), np.zeros(0, np.int64), K.UNSET,
+                                            K.UNSET)
+                        tgt = np.full(len(local.G), K.UNSET, np.int64)
+                        openf = np.zeros(len(local.G), np.bool_)
+                        pieces, cross = [], []
+                        for o, cu, cv, lk, lh in tmap(partial(_chains, (vals, ok, outl), b.window.r0, b.window.c0,
+                                                              _args(geo, local), tgt, openf), b.tiles):
                             pieces.append(o)
                             cross.append((cu, cv))
-                            leaves.append((lk, lh))
+                            leaves.add((lk, lh))
                             n_found += len(lk)
                         del vals, ok, outl
+                        tree.add_batch(int(b.codes[0]) >> tree.shift0, _batch_chains(local, tgt, openf, pieces, cross))
+                        del local, tgt, openf, pieces, cross
                         done += 1
                         _basins_fit(n_found, budget, chosen.bytes, done, len(batches))
                         bar.update(1)
 
-            # 2: the boundary solve, leaves numbered
+            # 2: the boundary solve up to the root (down again batch by batch in 3), leaves numbered
             with timings.phase("solve"):
-                o = [_cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_,
-                                                                 np.int64, np.float64))]
-                res, pk, ph = K.solve_nodes(geo.nodes, tgt, openf, *o, _cat(cross, 0, np.int64), _cat(cross, 1, np.int64))
-                del pieces, cross, o, tgt, openf
-                keys = np.concatenate([_cat(leaves, 0, np.int64), pk])
-                leaf_h = np.concatenate([_cat(leaves, 1, np.float64), ph])
+                tree.finish()
+                levels = tree.batch_levels()
+                levels = itertools.chain([next(levels)], levels)  # the root solved: its plateaus' leaves in
+                leaves.add(tree.leaves.joined())
+                keys, leaf_h = leaves.joined()
                 del leaves
                 order = np.argsort(keys, kind="stable")
                 keys, leaf_h = keys[order], leaf_h[order]
@@ -308,31 +323,32 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
                 if n_leaves >= 2**32 - 1:
                     raise InputError(f"{n_leaves:,} local minima: more than uint32 basin ids hold")
                 _basins_fit(n_leaves, budget, chosen.bytes, 1, 1)
-                res_id = np.where(res >= 0, np.searchsorted(keys, np.maximum(res, 0)) + 1, 0).astype(np.uint32)
-                del res
 
             # 3: labels and the least spill edge of each touching pair
             with timings.phase("basins"):
-                pairs = []
+                pairs = Gathered((np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64))
                 basins = []
                 with progress_bar(progress, len(batches), "depressions: basins", unit="batch") as bar:
                     for b in batches:
+                        local = LocalLevels(geo, b.window, *next(levels)[1:], K.UNSET, K.UNSET)
+                        res_id = np.where(local.G >= 0, np.searchsorted(keys, np.maximum(local.G, 0)) + 1,
+                                          0).astype(np.uint32)
                         vals, ok, outl = kept if plan_held else read_block(store, b.window, nodata_drains)
                         basin = np.zeros(b.window.shape, np.uint32)
-                        r0, c0 = b.window.r0, b.window.c0
-                        pairs.extend(tmap(partial(_labels, (vals, ok, outl), r0, c0, args, keys, res_id, basin),
-                                          b.tiles))
+                        for out in tmap(partial(_labels, (vals, ok, outl), b.window.r0, b.window.c0,
+                                                _args(geo, local), keys, res_id, basin), b.tiles):
+                            pairs.add(out)
                         if plan_held:
                             basins.append(basin)
                         else:
                             write_window(basin_arr, b.window, basin, whole_shard)
-                        del vals, ok, outl
+                        del vals, ok, outl, local, res_id
                         bar.update(1)
+                del levels, tree
 
             # 4: the tree
             with timings.phase("tree"):
-                ea, eb, ew, elo, ehi, es = (_cat(pairs, i, dt) for i, dt in enumerate(
-                    (np.uint32, np.uint32, np.float64, np.int64, np.int64, np.int64)))
+                ea, eb, ew, elo, ehi, es = pairs.joined()
                 del pairs
                 # Kruskal's strict order; a pair's edges from other tiles than its least one's are skipped
                 # by Kruskal itself (the pair is joined by then)
@@ -389,6 +405,136 @@ def depressions(store, *, outlets: str = "edge+nodata", device: str = "auto", me
 def _cat(parts: list, i: int, dtype) -> np.ndarray:
     """Field ``i`` of every tile's output, concatenated."""
     return np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dtype)
+
+
+class Chains(NamedTuple):
+    """A block's boundary nodes for the phase-2 solve (global node ids; ends: leaf key >= 0, -1 O,
+    ``-2 - n`` node n, UNSET none): a row per node (its end, open: in a plateau that goes on across
+    tiles, its end then ``-2 -`` a node of the plateau), the cross-tile pairs of plateau nodes, and
+    the open pieces (or, contracted, plateaus) with their least receiver (:func:`._cpu.solve_chains`)."""
+
+    node: np.ndarray
+    tgt: np.ndarray
+    open: np.ndarray
+    cu: np.ndarray
+    cv: np.ndarray
+    rep: np.ndarray
+    rh: np.ndarray
+    rid: np.ndarray
+    rend: np.ndarray
+    outl: np.ndarray
+    least: np.ndarray
+    h: np.ndarray
+
+
+class ChainTree(BlockTree):
+    """Phase 2 out of core: the chains of the boundary nodes up and down fill's quadtree of
+    contracted blocks (:mod:`..fill._levels`, the same blocks, spills and terminals). Up, a block's
+    :class:`Chains` are solved with each terminal its own end, and kept for its terminals only:
+    each terminal's end followed inside the block (to a leaf, O or another terminal), each plateau
+    holding terminals as one piece (its least receiver, outlet, least cell) with its terminals
+    joined; plateaus closed inside the block give their leaves (:attr:`leaves`). Down, a block is
+    solved with the known ends of the nodes around it: every node's leaf key or O."""
+
+    value_dtype = np.int64
+
+    def __init__(self, geo, batch_side: int, scratch):
+        super().__init__(geo, batch_side, scratch)
+        self.leaves = Gathered((np.int64, np.float64))  # (keys, elevations) of the plateau leaves
+
+    def _contract(self, shift, code, g):
+        nodes, args = _compact(Chains(*g), np.zeros(0, np.int64))
+        terminal = self._terminal(shift, code, nodes)
+        res, lk, lh, plateaus, first = K.solve_chains(len(nodes), *args, terminal, -2 - np.arange(len(nodes)))
+        self.leaves.add((lk, lh))
+        tgt, openf = args[0], args[1]
+        row = np.flatnonzero(terminal & (tgt != K.UNSET))
+        ends = np.where(openf[row], -2 - first[row], _follow(tgt[row], res))
+        joined = np.flatnonzero(terminal & (first >= 0) & (first != np.arange(len(nodes))))
+        rep, rh, rid, rend, outl, least, h = plateaus
+        return Chains(nodes[row], _map_ends(ends, nodes.__getitem__), openf[row], nodes[first[joined]],
+                      nodes[joined], nodes[rep], rh, rid, _map_ends(rend, nodes.__getitem__), outl, least, h)
+
+    def _solve(self, shift, code, g, known):
+        kn, kv = known
+        nodes, args = _compact(Chains(*g), kn)
+        at = np.searchsorted(nodes, kn)
+        terminal = np.zeros(len(nodes), np.bool_)
+        terminal[at] = True
+        ends = np.full(len(nodes), K.UNSET, np.int64)
+        ends[at] = kv
+        res, lk, lh, _, _ = K.solve_chains(len(nodes), *args, terminal, ends)
+        if shift >= self.root_shift:  # (below it, the plateaus closed here gave their leaves on the way up)
+            self.leaves.add((lk, lh))
+        return nodes, res
+
+
+class Gathered:
+    """Rows of arrays handed in part by part (per tile, per block), joined into one part every
+    JOIN_EVERY parts: a small array costs ~100 bytes of its own, per tile O(N / T^2) beside its rows."""
+
+    JOIN_EVERY = 64
+
+    def __init__(self, dtypes: tuple):
+        self.dtypes = dtypes
+        self.parts: list[tuple] = []
+
+    def add(self, part: tuple) -> None:
+        if len(part[0]):
+            self.parts.append(part)
+        if len(self.parts) >= self.JOIN_EVERY:
+            self.parts = [self.joined()]
+
+    def joined(self) -> tuple:
+        return tuple(_cat(self.parts, i, dt) for i, dt in enumerate(self.dtypes))
+
+
+def _is_node(e: np.ndarray) -> np.ndarray:
+    return (e <= -2) & (e != K.UNSET)
+
+
+def _map_ends(e: np.ndarray, f) -> np.ndarray:
+    """Ends with the nodes they name mapped by ``f``."""
+    out = e.copy()
+    n = _is_node(e)
+    out[n] = -2 - f(-2 - e[n])
+    return out
+
+
+def _follow(e: np.ndarray, res: np.ndarray) -> np.ndarray:
+    """Ends with the nodes they name replaced by those nodes' solved ends."""
+    n = _is_node(e)
+    return np.where(n, res[np.where(n, -2 - e, 0)], e)
+
+
+def _compact(g: Chains, extra: np.ndarray):
+    """The nodes ``g`` names (and ``extra``), sorted, and g in their indices as
+    :func:`._cpu.solve_chains` takes it."""
+    nodes = node_set(g.node, -2 - g.tgt[_is_node(g.tgt)], g.cu, g.cv, g.rep, -2 - g.rend[_is_node(g.rend)], extra)
+    at = partial(np.searchsorted, nodes)
+    tgt = np.full(len(nodes), K.UNSET, np.int64)
+    openf = np.zeros(len(nodes), np.bool_)
+    row = at(g.node)
+    tgt[row] = _map_ends(g.tgt, at)
+    openf[row] = g.open
+    return nodes, (tgt, openf, at(g.cu), at(g.cv), at(g.rep), g.rh, g.rid, _map_ends(g.rend, at), g.outl, g.least,
+                   g.h)
+
+
+def _batch_chains(local: LocalLevels, tgt, openf, pieces, cross) -> Chains:
+    """Phase 1's output for one batch (local node ids, :class:`..fill._levels.LocalLevels`) as
+    :class:`Chains` in global ids."""
+    row = np.flatnonzero(tgt != K.UNSET)
+    o = [_cat(pieces, i, dt) for i, dt in enumerate((np.int64, np.float64, np.int64, np.int64, np.bool_, np.int64,
+                                                    np.float64))]
+    return Chains(local.to_global(row), _map_ends(tgt[row], local.to_global), openf[row],
+                  local.to_global(_cat(cross, 0, np.int64)), local.to_global(_cat(cross, 1, np.int64)),
+                  local.to_global(o[0]), o[1], o[2], _map_ends(o[3], local.to_global), *o[4:])
+
+
+def _args(geo: Geometry, local: LocalLevels):
+    """The kernels' geometry arguments in the batch's local node numbering."""
+    return geo.rows, geo.cols, geo.tile, geo.ntc, local.offset
 
 
 def _chains(block, r0, c0, args, tgt, openf, t):

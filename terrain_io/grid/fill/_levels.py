@@ -26,6 +26,10 @@ its edges reach (cross-tile edges go E, SE, S, SW).
    leaves it through a node t whose G(t) bounds the rest of the path. At a batch it gives G at
    its tiles' perimeter nodes and their forward neighbours, which is all phase 3 reads.
 
+The quadtree itself (:class:`BlockTree`) knows only Morton blocks, spills and terminals: the
+graph, its contraction and its solve are the caller's (fill's :class:`LevelTree` here; the
+depression chains of ``grid/depressions/pipeline.py`` up and down the same tree).
+
 Host memory: one batch's edges, and per quadtree level the waiting siblings' contracted edges and
 the levels along one path down -- O(the DEM's side), ~LEVEL_BYTES a cell of side; scratch on disk
 about the boundary graph's edges once over (each level's contracted edges are geometrically fewer).
@@ -44,6 +48,13 @@ from ._cpu import solve_levels
 from .._radix_cpu import argsort_float
 
 LEVEL_BYTES = 300  # host memory of the quadtree's waiting edges and levels, a cell of the DEM's side (rows + cols)
+
+
+def node_set(*parts: np.ndarray) -> np.ndarray:
+    """The distinct node ids of ``parts``, sorted (a sort and a compare: numpy's ``unique`` hashes
+    first, ~8x slower on the millions of nodes of a held DEM)."""
+    a = np.sort(np.concatenate(parts))
+    return a[np.concatenate([a[:1] == a[:1], a[1:] != a[:-1]])]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -113,23 +124,34 @@ def node_cells(nodes, offset, rows, cols, T, ntc):
     return gr, gc
 
 
-class LevelTree:
-    """Steps 1-3 of the module docstring over one fill's batches (``batch_side`` tiles a side),
-    with its spilled edges in the folder ``scratch``."""
+class BlockTree:
+    """The quadtree of contracted blocks over the batches of a tiled pass (``batch_side`` tiles a
+    side), its spilled graphs in the folder ``scratch``: steps 1-3 of the module docstring with the
+    graph's own :meth:`_contract` (a block's graph onto its terminals) and :meth:`_solve` (a block's
+    graph with the values of the known nodes near it). A graph is a tuple of arrays whose rows the
+    blocks' graphs concatenate (:meth:`_merge`); :class:`LevelTree` is fill's, and
+    ``grid/depressions/pipeline.py`` holds the depression chains'."""
 
-    def __init__(self, geo, batch_side: int, scratch: Path | None, wdtype):
+    value_dtype = np.float64  # of the solved values
+
+    def __init__(self, geo, batch_side: int, scratch: Path | None):
         self.geo = geo
         self.shift0 = 2 * int(math.log2(batch_side))  # a batch's Morton code: its tiles' >> shift0
         self.root_shift = 2 * max(0, math.ceil(math.log2(max(geo.ntr, geo.ntc))))
         self.scratch = scratch
-        self.wdtype = np.dtype(wdtype)
         self.waiting: dict[int, tuple[int, list]] = {}  # shift -> (parent code, contracted children)
         self.children: dict[tuple[int, int], list[int]] = {}
         self.root = None
 
+    def _contract(self, shift: int, code: int, edges) -> tuple:
+        raise NotImplementedError
+
+    def _solve(self, shift: int, code: int, edges, known) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
     # -- step 1 -----------------------------------------------------------------------------------
     def add_batch(self, code: int, edges) -> None:
-        """A batch's boundary-graph edges (u, v, w), batches in Morton order."""
+        """A batch's graph, batches in Morton order."""
         self._block(self.shift0, code, edges)
 
     def _block(self, shift: int, code: int, edges) -> None:
@@ -137,26 +159,18 @@ class LevelTree:
             self.root = edges
             return
         np.savez(self._file(shift, code), *edges)
-        nodes = np.unique(np.concatenate([edges[0], edges[1]]))
-        r0, r1, c0, c1 = self._window(shift, code)
-        gr, gc = node_cells(nodes, self.geo.offset, self.geo.rows, self.geo.cols, self.geo.tile, self.geo.ntc)
-        terminal = (nodes == 0) | (gr <= r0) | (gr >= r1 - 1) | (gc <= c0) | (gc >= c1 - 1)
-        del gr, gc
-        u, v, w = contract(np.searchsorted(nodes, edges[0]), np.searchsorted(nodes, edges[1]), edges[2], terminal)
-        kept = (nodes[u], nodes[v], w)
-        del edges, nodes, terminal, u, v, w
+        kept = self._contract(shift, code, edges)
+        del edges
         waiting = self.waiting.get(shift)
         if waiting is not None and waiting[0] != code >> 2:
             self._merge(shift)
         self.waiting.setdefault(shift, (code >> 2, []))[1].append((code, kept))
 
     def _merge(self, shift: int) -> None:
-        """The waiting children at ``shift``: their contracted edges are their parent's edges."""
+        """The waiting children at ``shift``: their contracted graphs are their parent's graph."""
         parent, parts = self.waiting.pop(shift)
         self.children[(shift + 2, parent)] = [c for c, _ in parts]
-        edges = tuple(np.concatenate([p[i] for _, p in parts]) for i in range(3))
-        parts.clear()
-        self._block(shift + 2, parent, edges)
+        self._block(shift + 2, parent, _joined(parts))  # (not kept in this frame: the block above frees it)
 
     def finish(self) -> None:
         """All batches in: merge up to the root."""
@@ -166,39 +180,46 @@ class LevelTree:
                 self._merge(shift)
             shift += 2
 
+    def _terminal(self, shift: int, code: int, nodes: np.ndarray) -> np.ndarray:
+        """Which ``nodes`` are the block's terminals: O, its outer edge's, those outside it."""
+        r0, r1, c0, c1 = self._window(shift, code)
+        gr, gc = node_cells(nodes, self.geo.offset, self.geo.rows, self.geo.cols, self.geo.tile, self.geo.ntc)
+        return (nodes == 0) | (gr <= r0) | (gr >= r1 - 1) | (gc <= c0) | (gc >= c1 - 1)
+
     # -- steps 2 and 3 ----------------------------------------------------------------------------
     def batch_levels(self):
-        """(batch code, nodes, G) for every batch in Morton order: G (float64, NaN: no way to O)
-        at the batch's nodes and the nodes next to it."""
-        yield from self._down(self.root_shift, 0, self.root, (np.zeros(0, np.int64), np.zeros(0)))
+        """(batch code, nodes, values) for every batch in Morton order: the solved values at the
+        batch's nodes and the nodes next to it."""
+        empty = (np.zeros(0, np.int64), np.zeros(0, self.value_dtype))
+        root, self.root = self.root, None  # (freed once solved)
+        yield from self._down(self.root_shift, 0, root, empty)
 
     def _down(self, shift: int, code: int, edges, known):
-        nodes, G = self._solve(shift, code, edges, known)
+        nodes, G = self._solve(shift, code, edges, self._near(shift, code, known))
         del edges, known
         if shift <= self.shift0:
             yield code, nodes, G
             return
         for child in self.children.pop((shift, code)):
-            with np.load(self._file(shift - 2, child)) as f:
-                edges = (f["arr_0"], f["arr_1"], f["arr_2"])
-            self._file(shift - 2, child).unlink()
-            yield from self._down(shift - 2, child, edges, (nodes, G))
+            # (loaded as the argument, not into this frame, where it would be held under the child's)
+            yield from self._down(shift - 2, child, self._load(shift - 2, child), (nodes, G))
 
-    def _solve(self, shift: int, code: int, edges, known):
-        """G at the block's nodes and at the known nodes within a cell of it: its edges solved with
-        an edge (O, t, G(t)) from each such known t."""
+    def _load(self, shift: int, code: int) -> tuple:
+        """A block's spilled graph, read back once."""
+        with np.load(self._file(shift, code)) as f:
+            edges = tuple(f[f"arr_{i}"] for i in range(len(f.files)))
+        self._file(shift, code).unlink()
+        return edges
+
+    def _near(self, shift: int, code: int, known):
+        """The known (nodes, values) within a cell of the block (O left out)."""
         kn, kg = known
         if len(kn):
             r0, r1, c0, c1 = self._window(shift, code)
             gr, gc = node_cells(kn, self.geo.offset, self.geo.rows, self.geo.cols, self.geo.tile, self.geo.ntc)
             near = (kn > 0) & (gr >= r0 - 1) & (gr <= r1) & (gc >= c0 - 1) & (gc <= c1)
             kn, kg = kn[near], kg[near]
-        nodes = np.unique(np.concatenate([np.zeros(1, np.int64), edges[0], edges[1], kn]))
-        seeded = ~np.isnan(kg)
-        u = np.concatenate([np.searchsorted(nodes, edges[0]), np.zeros(int(seeded.sum()), np.int64)])
-        v = np.concatenate([np.searchsorted(nodes, edges[1]), np.searchsorted(nodes, kn[seeded])])
-        w = np.concatenate([edges[2], kg[seeded].astype(self.wdtype)])  # G is one of the weights: exact
-        return nodes, solve_levels(len(nodes), u, v, w)
+        return kn, kg
 
     def _window(self, shift: int, code: int) -> tuple[int, int, int, int]:
         side = 1 << (shift // 2)
@@ -211,12 +232,48 @@ class LevelTree:
         return Path(self.scratch) / f"{shift}-{code}.npz"
 
 
+def _joined(parts: list) -> tuple:
+    """The graphs of ``parts`` ((code, graph) pairs) concatenated; ``parts`` emptied."""
+    edges = tuple(np.concatenate([p[i] for _, p in parts]) for i in range(len(parts[0][1])))
+    parts.clear()
+    return edges
+
+
+class LevelTree(BlockTree):
+    """Fill's boundary graph (edges u, v, w; node 0 = O) up and down the quadtree: contracted by
+    Kruskal onto the terminals (:func:`contract`), solved as minimax distances to O (G, float64,
+    NaN: no way to O)."""
+
+    def __init__(self, geo, batch_side: int, scratch: Path | None, wdtype):
+        super().__init__(geo, batch_side, scratch)
+        self.wdtype = np.dtype(wdtype)
+
+    def _contract(self, shift, code, edges):
+        nodes = node_set(edges[0], edges[1])
+        terminal = self._terminal(shift, code, nodes)
+        u, v, w = contract(np.searchsorted(nodes, edges[0]), np.searchsorted(nodes, edges[1]), edges[2], terminal)
+        return nodes[u], nodes[v], w
+
+    def _solve(self, shift, code, edges, known):
+        """G at the block's nodes and at the known nodes near it: its edges solved with an edge
+        (O, t, G(t)) from each such known t."""
+        kn, kg = known
+        nodes = node_set(np.zeros(1, np.int64), edges[0], edges[1], kn)
+        seeded = ~np.isnan(kg)
+        u = np.concatenate([np.searchsorted(nodes, edges[0]), np.zeros(int(seeded.sum()), np.int64)])
+        v = np.concatenate([np.searchsorted(nodes, edges[1]), np.searchsorted(nodes, kn[seeded])])
+        w = np.concatenate([edges[2], kg[seeded].astype(self.wdtype)])  # G is one of the weights: exact
+        return nodes, solve_levels(len(nodes), u, v, w)
+
+
 class LocalLevels:
     """G of one batch for the phase-3 kernels: the nodes of its tiles and the tiles around it
     numbered 1, 2, ... (``offset``, a copy of the store's with those tiles' entries renumbered),
-    so that ``G`` need not span the whole boundary graph; :meth:`to_global` maps kernel node ids back."""
+    so that ``G`` need not span the whole boundary graph; :meth:`to_global` maps kernel node ids back.
+    ``missing``: G of the nodes not given; ``outside``: G[0] (fill's O). Any values: depressions
+    gives its chains' ends."""
 
-    def __init__(self, geo, window, nodes: np.ndarray, G: np.ndarray):
+    def __init__(self, geo, window, nodes: np.ndarray, G: np.ndarray, missing=np.nan, outside=-np.inf):
         T = geo.tile
         tr0, tr1 = max(window.r0 // T - 1, 0), min(-(-window.r1 // T) + 1, geo.ntr)
         tc0, tc1 = max(window.c0 // T - 1, 0), min(-(-window.c1 // T) + 1, geo.ntc)
@@ -226,8 +283,8 @@ class LocalLevels:
         self.global_offset = geo.offset
         self.offset = geo.offset.copy()
         self.offset[self.tiles] = self.local
-        self.G = np.full(1 + int(count.sum()), np.nan)
-        self.G[0] = -np.inf
+        self.G = np.full(1 + int(count.sum()), missing, G.dtype)
+        self.G[0] = outside
         keep = nodes > 0
         tile = np.searchsorted(geo.offset, nodes[keep] - 1, side="right") - 1
         inside = np.isin(tile, self.tiles)
@@ -236,5 +293,7 @@ class LocalLevels:
 
     def to_global(self, n: np.ndarray) -> np.ndarray:
         """Global node ids of local ones (node 0 stays 0)."""
+        if len(self.tiles) == len(self.global_offset):  # every tile: the local numbering is the global one
+            return n
         k = np.searchsorted(self.local, n - 1, side="right") - 1
         return np.where(n > 0, 1 + self.global_offset[self.tiles[k]] + (n - 1 - self.local[k]), 0)
