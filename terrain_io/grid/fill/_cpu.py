@@ -165,16 +165,12 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     B = perimeter_count(th, tw)
     tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
     base = 1 + offset[tr * ntc + tc]
-    cw = np.empty(0, fl.dtype)  # (the DEM's type, as solve_levels' weights of a float32 DEM: one argsort build)
-    ca = np.empty(0, np.int32)
-    cb = np.empty(0, np.int32)
+    # weights in the DEM's type (as solve_levels' weights of a float32 DEM: one argsort build), labels
+    cw, ca, cb = np.empty(0, fl.dtype), np.empty(0, np.int32), np.empty(0, np.int32)
     m = 0
     for collect in range(2):  # count the touching label pairs, then collect them: scratch of their size only
         if collect:
-            cw = np.empty(m, fl.dtype)
-            ca = np.empty(m, np.int32)
-            cb = np.empty(m, np.int32)
-            m = 0
+            cw, ca, cb, m = np.empty(m, fl.dtype), np.empty(m, np.int32), np.empty(m, np.int32), 0
         for i in range(th):
             for j in range(tw):
                 la = lab[i, j]
