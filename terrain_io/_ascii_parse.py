@@ -63,28 +63,26 @@ def _parse_token(buf, i, end, pow10):
     dropped = False  # digits beyond 19 (needs the slow path)
     exp10 = 0
     seen_digit = False
-    while i < end and 48 <= buf[i] <= 57:
-        seen_digit = True
-        if ndig < 19:
-            if mant != 0 or buf[i] != 48:
-                mant = mant * np.uint64(10) + np.uint64(buf[i] - 48)
-                ndig += 1
-        else:
-            exp10 += 1
-            dropped = True
-        i += 1
-    if i < end and buf[i] == 46:  # .
-        i += 1
-        while i < end and 48 <= buf[i] <= 57:
+    point = False  # past the decimal point: kept digits scale by 1/10, dropped ones do not
+    while i < end:
+        c = buf[i]
+        if c == 46 and not point:  # .
+            point = True
+        elif 48 <= c <= 57:
             seen_digit = True
             if ndig < 19:
-                if mant != 0 or buf[i] != 48:
-                    mant = mant * np.uint64(10) + np.uint64(buf[i] - 48)
+                if mant != 0 or c != 48:
+                    mant = mant * np.uint64(10) + np.uint64(c - 48)
                     ndig += 1
-                exp10 -= 1
+                if point:
+                    exp10 -= 1
             else:
                 dropped = True
-            i += 1
+                if not point:
+                    exp10 += 1
+        else:
+            break
+        i += 1
     if not seen_digit:
         # special tokens: nan, inf, infinity, '*' (GRASS null) -- case-insensitive
         j = i
@@ -96,7 +94,7 @@ def _parse_token(buf, i, end, pow10):
             return _NAN, j, OK
         if i != after_sign:  # a '.' alone before a word (".nan") is no number
             return 0.0, j, BAD_TOKEN
-        if n == 3 and _matches(buf, i, 3, _NAN_WORD):
+        if n == 3 and _matches(buf, i, n, _NAN_WORD):  # n, not a literal 3: one build of _matches
             return _NAN, j, OK
         if (n == 3 or n == 8) and _matches(buf, i, n, _INFINITY):
             return (-_INF if neg else _INF), j, OK

@@ -29,10 +29,16 @@ steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
   serial loop over a batch's tiles is Python calling each tile's kernel (microseconds a call)
   instead of a serial twin that links them all in again (``mst._cpu.tile_phase_batch``,
   ``fill._cpu.graph_batch_serial``): the tile kernels get the argument types the parallel loop
-  gives them (numba's layout "A" for windows), one build each.
+  gives them (numba's layout "A" for windows), one build each. No fancy indexing (``a[idx]``,
+  ``a[idx, 0]``) in a kernel: numba compiles its generic gathers for every dtype and index kind
+  (~1 s for fill's lake join): loops, or the small tail done by numpy in the Python caller
+  (``fill._cpu.join_lakes``).
 - **Compile only what runs, once.** A kernel that holds several algorithms behind a runtime switch
   compiles all of them on its first call: the choice is made in Python, in front of one compiled
-  entry point per variant (the SSSP queues: ``grid/sssp/_incore_cpu.solve_distances``). Each
+  entry point per variant (the SSSP queues: ``grid/sssp/_incore_cpu.solve_distances``), and a
+  fallback that usual inputs never take is the Python caller's (the MST merge's radix argsort for
+  more than 16 runs: ``mst._cpu._vertex_order``); a kernel of a few weight models computes only
+  those (the MST's ``max`` and ``absdiff``, not every model of ``weights.edge_weight``). Each
   argument reaches a kernel with one type (an empty array, not ``None``, for "no array"), and no
   kernel passes a callee a literal: a counter that starts as ``0`` (or a ``True``) is typed
   ``Literal[int](0)`` on the first pass of numba's type inference, and the callee is compiled for

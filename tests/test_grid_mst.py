@@ -291,7 +291,7 @@ def test_merge_sorts_against_numpy():
     negative weights, signed zeros (equal), ties, huge codes; vertex ids given as a few sorted runs
     -- numpy's argsort (and many runs, where it falls back to the radix argsort, checked against
     numpy's stable argsort too)."""
-    from terrain_io.grid.mst._cpu import _argsort_runs, _argsort_strict
+    from terrain_io.grid.mst._cpu import _argsort_strict, _vertex_order
     from terrain_io.grid._radix_cpu import argsort_int
 
     rng = np.random.default_rng(11)
@@ -304,7 +304,7 @@ def test_merge_sorts_against_numpy():
     for runs in (1, 2, 4, 5, 40):
         ids = np.concatenate([np.sort(rng.choice(10**9, 300, replace=False)) + k * 10**9
                               for k in rng.permutation(runs)])
-        np.testing.assert_array_equal(_argsort_runs(ids), np.argsort(ids))
+        np.testing.assert_array_equal(_vertex_order(ids), np.argsort(ids))
     for m in (0, 1, 300, 5000):  # the radix argsort: numpy's stable argsort, with ties and negatives
         for a in (rng.integers(-5, 6, m), rng.integers(-2**62, 2**62, m), rng.integers(0, 2**31, m) | 7):
             np.testing.assert_array_equal(argsort_int(a.astype(np.int64)), np.argsort(a, kind="stable"))

@@ -39,7 +39,7 @@ from ...jit import serial_twin
 from ...unionfind import find
 from ...weights import DC, DR
 from .._heap_cpu import heap_pop, heap_push
-from .._radix_cpu import argsort_float, argsort_int
+from .._radix_cpu import argsort_float
 
 LABEL = np.int16  # a flood label: a perimeter id (< 4 x 8192, the largest tile), B or -1
 
@@ -165,36 +165,29 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     B = perimeter_count(th, tw)
     tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
     base = 1 + offset[tr * ntc + tc]
+    # weights in the DEM's type (as solve_levels' weights of a float32 DEM: one argsort build), labels
+    cw, ca, cb = np.empty(0, fl.dtype), np.empty(0, np.int32), np.empty(0, np.int32)
     m = 0
-    for i in range(th):  # count the touching label pairs first: scratch of their size only
-        for j in range(tw):
-            la = lab[i, j]
-            if la < 0:
-                continue
-            for d in range(4):
-                ni, nj = i + DR[d], j + DC[d]
-                if 0 <= ni < th and 0 <= nj < tw and lab[ni, nj] >= 0 and lab[ni, nj] != la:
+    for collect in range(2):  # count the touching label pairs, then collect them: scratch of their size only
+        if collect:
+            cw, ca, cb, m = np.empty(m, fl.dtype), np.empty(m, np.int32), np.empty(m, np.int32), 0
+        for i in range(th):
+            for j in range(tw):
+                la = lab[i, j]
+                if la < 0:
+                    continue
+                for d in range(4):
+                    ni, nj = i + DR[d], j + DC[d]
+                    if ni < 0 or nj < 0 or ni >= th or nj >= tw:
+                        continue
+                    lb = lab[ni, nj]
+                    if lb < 0 or lb == la:
+                        continue
+                    if collect:
+                        cw[m] = max(fl[i, j], fl[ni, nj])
+                        ca[m] = la
+                        cb[m] = lb
                     m += 1
-    cw = np.empty(m, fl.dtype)  # (the DEM's type, as solve_levels' weights of a float32 DEM: one argsort build)
-    ca = np.empty(m, np.int32)
-    cb = np.empty(m, np.int32)
-    m = 0
-    for i in range(th):
-        for j in range(tw):
-            la = lab[i, j]
-            if la < 0:
-                continue
-            for d in range(4):
-                ni, nj = i + DR[d], j + DC[d]
-                if ni < 0 or nj < 0 or ni >= th or nj >= tw:
-                    continue
-                lb = lab[ni, nj]
-                if lb < 0 or lb == la:
-                    continue
-                cw[m] = max(fl[i, j], fl[ni, nj])
-                ca[m] = la
-                cb[m] = lb
-                m += 1
     order = argsort_float(cw[:m])
     parent = np.empty(B + 1, np.int32)  # (loops, not np.arange: three signatures of it cost ~0.4 s to compile)
     for x in range(B + 1):
@@ -233,17 +226,26 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     return k
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
 def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
     """Phase 1 of a block: flood every tile (in parallel) and emit its boundary-graph edges.
     ``keep``: write the floods into the block-shaped ``fl``/``lab`` (held for phase 3), else
     they are scratch. Returns (counts, eu, ev, ew) with one row of edges per tile."""
-    n = tiles.shape[0]
+    out = _graph_outputs(tiles.shape[0], T)
+    _graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, *out)
+    return out
+
+
+def _graph_outputs(n, T):
+    """:func:`graph_batch`'s result arrays for ``n`` tiles of side ``T``: (counts, eu, ev, ew)."""
     cap = 6 * 4 * T + 8
-    ne = np.zeros(n, np.int64)
-    eu = np.empty((n, cap), np.int64)
-    ev = np.empty((n, cap), np.int64)
-    ew = np.empty((n, cap), np.float64)
+    return (np.zeros(n, np.int64), np.empty((n, cap), np.int64), np.empty((n, cap), np.int64),
+            np.empty((n, cap), np.float64))
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, ne, eu, ev, ew):
+    """:func:`graph_batch`'s parallel loop, into the given arrays."""
+    n = tiles.shape[0]
     for t in prange(n):
         i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
         if keep:
@@ -255,7 +257,6 @@ def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, f
         flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
         ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
                            eu[t], ev[t], ew[t])
-    return ne, eu, ev, ew
 
 
 @numba.njit(nogil=True, cache=True)
@@ -459,11 +460,22 @@ def final_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G
     return nl, st_i, st_f, links, nlinks[:, 0]
 
 
-@numba.njit(nogil=True, cache=True)
 def join_lakes(st_i, st_f, pairs):
     """Join tile-local lakes across tile edges (``pairs`` of their rows that touch); returns (final
     id per local lake, merged rows of the roots in id order: st_i, st_f). Ids 1, 2, ... in order of
-    each lake's least cell id."""
+    each lake's least cell id. The union-find in :func:`_fold_lakes`; the ids, a sort of the roots,
+    in numpy (no argsort and no fancy indexing to compile)."""
+    root, acc_i, acc_f = _fold_lakes(st_i, st_f, pairs)
+    roots = np.flatnonzero(root == np.arange(root.shape[0]))
+    roots = roots[np.argsort(acc_i[roots, 0], kind="stable")]
+    rank = np.zeros(root.shape[0], np.int64)
+    rank[roots] = np.arange(1, roots.shape[0] + 1)
+    return rank[root].astype(np.uint32), acc_i[roots], acc_f[roots]
+
+
+@numba.njit(nogil=True, cache=True)
+def _fold_lakes(st_i, st_f, pairs):
+    """:func:`join_lakes`' union-find: (each lake's root, the rows with each lake folded into its root)."""
     m = st_i.shape[0]
     parent = np.empty(m, np.int64)
     for x in range(m):
@@ -491,21 +503,10 @@ def join_lakes(st_i, st_f, pairs):
             acc_i[r, 2] = st_i[x, 2]
         if st_i[x, 3] >= 0 and (acc_i[r, 3] < 0 or st_i[x, 3] < acc_i[r, 3]):
             acc_i[r, 3] = st_i[x, 3]
-    roots = np.zeros(m, np.int64)
-    nr = 0
+    root = np.empty(m, np.int64)
     for x in range(m):
-        if find(parent, x) == x:
-            roots[nr] = x
-            nr += 1
-    roots = roots[:nr]
-    roots = roots[argsort_int(acc_i[roots, 0].astype(np.int64))]
-    rank = np.zeros(m, np.int64)
-    for k in range(nr):
-        rank[roots[k]] = k + 1
-    final = np.zeros(m, np.uint32)
-    for x in range(m):
-        final[x] = rank[find(parent, x)]
-    return final, acc_i[roots], acc_f[roots]
+        root[x] = find(parent, x)
+    return root, acc_i, acc_f
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -578,13 +579,8 @@ def _strided(shape, dtype):
 
 def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
     """:func:`graph_batch` without threads."""
-    n = tiles.shape[0]
-    cap = 6 * 4 * T + 8
-    ne = np.zeros(n, np.int64)
-    eu = np.empty((n, cap), np.int64)
-    ev = np.empty((n, cap), np.int64)
-    ew = np.empty((n, cap), np.float64)
-    for t in range(n):
+    ne, eu, ev, ew = _graph_outputs(tiles.shape[0], T)
+    for t in range(tiles.shape[0]):
         i0, j0, th, tw = tiles[t]
         if keep:
             pairs = [_window(fl, i0, j0, th, tw), _window(lab, i0, j0, th, tw)]

@@ -32,7 +32,7 @@ from numba import prange
 
 from ...jit import njit_as
 from ...unionfind import find_sized, union_sized
-from ...weights import DC, DR, edge_weight, float64_bits
+from ...weights import DC, DR, MAX, float64_bits
 from .._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
@@ -47,6 +47,18 @@ _LO_BITS = 26
 @numba.njit(inline="always", cache=True)
 def _key_less(w1, c1, w2, c2):
     return w1 < w2 or (w1 == w2 and c1 < c2)
+
+
+@numba.njit(inline="always", cache=True)
+def _edge_weight(kind, h_a, h_b):
+    """An edge's weight in the two MST models (:func:`terrain_io.weights.edge_weight`'s formulas for
+    ``max`` and ``absdiff``, the models ``mst`` accepts): the other models' code (the walk's exp, the
+    friction unpacking) is not compiled into every MST kernel."""
+    a = np.float64(h_a)
+    b = np.float64(h_b)
+    if kind == MAX:
+        return a if a >= b else b
+    return abs(a - b)
 
 
 @numba.njit(inline="always", cache=True)
@@ -120,7 +132,7 @@ def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
                 jj = j + DC[d]
                 if ii < 0 or ii >= h or jj < 0 or jj >= w or not valid[i0 + ii, j0 + jj]:
                     continue
-                ew[m] = edge_weight(kind, ha, vals[i0 + ii, j0 + jj], 1.0)
+                ew[m] = _edge_weight(kind, ha, vals[i0 + ii, j0 + jj])
                 ea[m] = i * w + j
                 eb[m] = ii * w + jj
                 ed[m] = d
@@ -454,7 +466,7 @@ def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
                     alive[ii, jj] |= np.uint8(1 << (d + 4))
                     deg[i, j] += 1
                     deg[ii, jj] += 1
-                    _add_exact(buckets, edge_weight(kind, vals[i0 + i, j0 + j], vals[i0 + ii, j0 + jj], 1.0), 1)
+                    _add_exact(buckets, _edge_weight(kind, vals[i0 + i, j0 + j], vals[i0 + ii, j0 + jj]), 1)
     for i in range(h):
         step = 1 if i == 0 or i == h - 1 or w == 1 else w - 1  # the tile's border cells only
         for j in range(0, w, step):
@@ -511,7 +523,7 @@ def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
                 best_c = np.int64(-1)
                 while True:
                     # the edge (pi, pj) -> (ci, cj) in direction d
-                    wgt = edge_weight(kind, vals[i0 + pi, j0 + pj], vals[i0 + ci, j0 + cj], 1.0)
+                    wgt = _edge_weight(kind, vals[i0 + pi, j0 + pj], vals[i0 + ci, j0 + cj])
                     if d < 4:
                         code = ((gr0 + i0 + pi) * cols + (gc0 + j0 + pj)) * 4 + DIR_TO_RANK[d]
                     else:
@@ -583,41 +595,29 @@ def _tile_phase_kernel(forest: int, parallel: bool):
     ``forest`` is a constant of the kernel, so numba compiles only the Kruskal it uses; each
     variant is cached under its own name (see :mod:`terrain_io.jit`)."""
 
-    def tile_phase(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work):
+    def tile_phase(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, out, work):
         n = tiles.shape[0]
         bh, bw = vals.shape
-        nv = np.zeros(n, dtype=np.int64)
-        ne = np.zeros(n, dtype=np.int64)
-        vid = np.empty((n, cap), dtype=np.int64)
-        vh = np.empty((n, cap), dtype=np.float64)
-        vmask = np.empty((n, cap), dtype=np.uint8)
-        eu = np.empty((n, cap), dtype=np.int64)
-        ev = np.empty((n, cap), dtype=np.int64)
-        ew = np.empty((n, cap), dtype=np.float64)
-        ecode = np.empty((n, cap), dtype=np.int64)
-        buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
+        # unpacked here: numba's parallel loop loses stores through a named tuple's attributes
+        nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets = out
         chunks = work[0].shape[0]  # one per thread, each with its scratch row of ``work``
         for c in prange(chunks):
             for t in range(c * n // chunks, (c + 1) * n // chunks):
                 i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
                 if forest == FOREST_CELLS:
                     a, b = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows,
-                                           cols, bits, vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t],
-                                           buckets[t], (work[0][c], work[1][c], work[2][c], work[3][c], work[4][c],
-                                                        work[5][c], work[6][c], work[7][c]))
+                                           cols, bits, vid[t], vh[t], vmask[t], eu[t], ev[t],
+                                           ew[t], ecode[t], buckets[t],
+                                           (work[0][c], work[1][c], work[2][c], work[3][c], work[4][c], work[5][c],
+                                            work[6][c], work[7][c]))
                 else:
                     if forest == FOREST_EDGES:
                         tile_forest(vals, valid, i0, j0, h, w, kind, bits)
                     a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
-                                         vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
+                                         vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t],
+                                         ecode[t], buckets[t])
                 nv[t] = a
                 ne[t] = b
-        total = np.zeros((2, N_EXP), dtype=np.int64)  # (a loop: numba's sum(axis) compiles slowly)
-        for t in range(n):
-            for x in range(N_EXP):
-                total[0, x] += buckets[t, 0, x]
-                total[1, x] += buckets[t, 1, x]
-        return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, total
 
     name = f"tile_phase_{_FOREST_NAMES[forest]}" + ("" if parallel else "_serial")
     return njit_as(tile_phase, name, parallel=parallel, nogil=True)
@@ -658,43 +658,45 @@ def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows,
     if work is None:
         work = tile_work(forest, int(tiles[:, 2:].max(initial=0)), parallel)
     if not parallel:
-        return TileGraphs(*_tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind,
-                                              cap, forest, work))
+        return _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
+                                  work)
     kernel = _TILE_PHASE.get(forest)
     if kernel is None:
         kernel = _TILE_PHASE.setdefault(forest, _tile_phase_kernel(forest, True))
-    return TileGraphs(*kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, work))
+    out = _tile_outputs(tiles.shape[0], cap)
+    kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, out, work)
+    return out._replace(buckets=out.buckets.sum(axis=0))
+
+
+def _tile_outputs(n: int, cap: int) -> TileGraphs:
+    """The tile phase's result arrays for ``n`` tiles of at most ``cap`` vertices and edges, ``buckets``
+    one per tile (n, 2, N_EXP): each tile adds its forest's weights to its own, the caller sums them."""
+    return TileGraphs(np.zeros(n, np.int64), np.empty((n, cap), np.int64), np.empty((n, cap), np.float64),
+                      np.empty((n, cap), np.uint8), np.zeros(n, np.int64), np.empty((n, cap), np.int64),
+                      np.empty((n, cap), np.int64), np.empty((n, cap), np.float64), np.empty((n, cap), np.int64),
+                      np.zeros((n, 2, N_EXP), np.int64))
 
 
 def _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest, work):
     """The tile phase's loop without threads, in Python: the per-tile kernels are called with the
     argument types the parallel kernel passes them (one build each), and no serial build of the
     loop itself is compiled (~1.5-2 s of a small DEM's first run; a call costs microseconds)."""
-    n = tiles.shape[0]
     bh, bw = vals.shape
-    nv = np.zeros(n, dtype=np.int64)
-    ne = np.zeros(n, dtype=np.int64)
-    vid = np.empty((n, cap), dtype=np.int64)
-    vh = np.empty((n, cap), dtype=np.float64)
-    vmask = np.empty((n, cap), dtype=np.uint8)
-    eu = np.empty((n, cap), dtype=np.int64)
-    ev = np.empty((n, cap), dtype=np.int64)
-    ew = np.empty((n, cap), dtype=np.float64)
-    ecode = np.empty((n, cap), dtype=np.int64)
-    buckets = np.zeros((n, 2, N_EXP), dtype=np.int64)
+    out = _tile_outputs(tiles.shape[0], cap)
     scratch = tuple(a[0] for a in work)
-    for t in range(n):
+    for t in range(tiles.shape[0]):
         i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
         if forest == FOREST_CELLS:
-            nv[t], ne[t] = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
-                                           bits, vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t],
-                                           scratch)
+            out.nv[t], out.ne[t] = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows,
+                                                   cols, bits, out.vid[t], out.vh[t], out.vmask[t], out.eu[t],
+                                                   out.ev[t], out.ew[t], out.ecode[t], out.buckets[t], scratch)
         else:
             if forest == FOREST_EDGES:
                 tile_forest(vals, valid, i0, j0, h, w, kind, bits)
-            nv[t], ne[t] = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
-                                         vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t], ecode[t], buckets[t])
-    return nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets.sum(axis=0)
+            out.nv[t], out.ne[t] = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
+                                                 out.vid[t], out.vh[t], out.vmask[t], out.eu[t], out.ev[t], out.ew[t],
+                                                 out.ecode[t], out.buckets[t])
+    return out._replace(buckets=out.buckets.sum(axis=0))
 
 
 def tile_work(forest: int, tile: int, parallel: bool = True) -> tuple:
@@ -718,8 +720,10 @@ def _is_separator(code, cols, tile):
 @numba.njit(cache=True)
 def _argsort_runs(a):
     """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
-    vertex lists, concatenated): the runs merged pairwise, O(n log runs); many runs: a radix sort.
-    (Run bounds in fixed arrays: numba's typed lists cost a second of compilation.)"""
+    vertex lists, concatenated): the runs merged pairwise, O(n log runs); more than 16 runs: an empty
+    array, and the caller radix-sorts (:func:`_vertex_order`: the four children of a merge never give
+    more, so a first run does not compile that sort in here). (Run bounds in fixed arrays: numba's
+    typed lists cost a second of compilation.)"""
     n = a.shape[0]
     bounds = np.empty(18, dtype=np.int64)
     bounds[0] = 0
@@ -729,7 +733,7 @@ def _argsort_runs(a):
             bounds[nb] = i
             nb += 1
             if nb > 16:
-                return argsort_int(a)
+                return np.empty(0, dtype=np.int64)
     bounds[nb] = n
     nb += 1
     idx = np.empty(n, dtype=np.int64)
@@ -811,16 +815,25 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
 
     Three kernels and two sorts, called in turn here (in Python: a merge of a small DEM compiles no
     kernel that links the sorts in again; :func:`merge_batch` calls :func:`_merge_blocks_jit`)."""
-    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, _argsort_runs(vid), R0, R1, C0, C1, rows, cols,
+    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, _vertex_order(vid), R0, R1, C0, C1, rows, cols,
                              kind)
     return merge_kruskal(*block, _argsort_strict(block[5], block[6]), cols, tile)
+
+
+def _vertex_order(vid):
+    """``np.argsort(vid)`` of the children's concatenated vertex ids: :func:`_argsort_runs`, else (many
+    runs) a radix sort, compiled only when a merge needs it."""
+    order = _argsort_runs(vid)
+    return order if order.shape[0] == vid.shape[0] else argsort_int(vid)
 
 
 @numba.njit(cache=True, nogil=True)
 def _merge_blocks_jit(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
     """:func:`merge_blocks` inside a kernel."""
-    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, _argsort_runs(vid), R0, R1, C0, C1, rows, cols,
-                             kind)
+    order = _argsort_runs(vid)
+    if order.shape[0] != vid.shape[0]:
+        order = argsort_int(vid)
+    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, rows, cols, kind)
     return merge_kruskal(block[0], block[1], block[2], block[3], block[4], block[5], block[6],
                          _argsort_strict(block[5], block[6]), cols, tile)
 
@@ -845,10 +858,15 @@ def merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, r
     """Step 1 of :func:`merge_blocks`: the children's vertices in id order (``order``), their outmasks
     against the new block, and every candidate edge (the children's super-edges, then the separator
     edges between them) as vertex indices: (vid, vh, vmask, au, av, aw, ac)."""
-    vid = vid[order]
-    vh = vh[order]
-    vmask = vmask[order].copy()
-    nv = vid.shape[0]
+    nv = order.shape[0]
+    vid_s = np.empty(nv, dtype=np.int64)  # (a loop: numba's fancy indexing compiles per dtype, ~1 s)
+    vh_s = np.empty(nv, dtype=np.float64)
+    vm_s = np.empty(nv, dtype=np.uint8)
+    for k in range(nv):
+        vid_s[k] = vid[order[k]]
+        vh_s[k] = vh[order[k]]
+        vm_s[k] = vmask[order[k]]
+    vid, vh, vmask = vid_s, vh_s, vm_s
     # separator edges of this level, and the outmasks against the new block
     nsep = 0
     for k in range(nv):  # separator edges start at their smaller end: forward directions
@@ -878,7 +896,7 @@ def merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, r
                     if x < nv and vid[x] == other:  # else a nodata cell
                         su[ns] = k
                         sv[ns] = x
-                        sw[ns] = edge_weight(kind, vh[k], vh[x], 1.0)
+                        sw[ns] = _edge_weight(kind, vh[k], vh[x])
                         sc[ns] = vid[k] * 4 + DIR_TO_RANK[d]
                         ns += 1
         vmask[k] = m
