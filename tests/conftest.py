@@ -20,8 +20,8 @@ def pytest_cmdline_main(config):
     """The whole default run (plain ``pytest``: no paths, no ``-m``, no ``-n``) goes to one
     pytest-xdist worker a core, up to 4: most of its time is numba compiling kernels on one core.
     A chosen test, a GPU or slow run, or an explicit ``-n`` stays as asked."""
-    if getattr(config.option, "numprocesses", "absent") is not None:
-        return  # pytest-xdist missing, disabled (-p no:xdist), or -n given
+    if getattr(config.option, "numprocesses", "absent") is not None or hasattr(config, "workerinput"):
+        return  # pytest-xdist missing, disabled (-p no:xdist) or -n given; or this is a worker
     chosen = config.args_source != pytest.Config.ArgsSource.TESTPATHS
     if chosen or config.option.markexpr != DEFAULT_MARKS or config.option.usepdb:
         return
