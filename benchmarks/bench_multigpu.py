@@ -10,9 +10,9 @@ One call makes the synthetic store once (or takes ``--store``), then runs each `
   per GPU, started for the command and closed after it, as ``terrain CMD --scheduler local-cuda``).
 
 Per run: the process's wall time (interpreter start and imports included), the command's wall time,
-the time inside the Dask task maps (``map_shards`` / ``imap_shards``: "on workers"; the rest is the
-client: the MST merges and expand, the SSSP shard method's scheduling between rounds; the cluster's
-start and close apart), the command's own phase timings, and -- sampled every 0.2 s from this
+the time the client waits inside the Dask task maps (``map_shards``; ``imap_shards``: inside each
+``next``): "on workers"; the rest is the client (the MST merges and expand, the SSSP shard method's
+scheduling between rounds), the cluster's start and close apart, the command's own phase timings, and -- sampled every 0.2 s from this
 process -- the peak RSS of the client and of each of its worker processes (psutil) and the peak used
 memory of each GPU (NVML: the device's whole use, any other context on it included). At the end the
 ratios of ``cuda1`` to ``cuda2`` (and to ``local``) per step. A run past ``--run-limit`` or the
@@ -64,12 +64,17 @@ def child(args) -> None:
             finally:
                 add(t0, started0)
 
-        def gen(*a, **k):
-            t0, started0 = time.perf_counter(), cluster_start[0]
-            try:
-                yield from fn(*a, **k)
-            finally:
-                add(t0, started0)
+        def gen(*a, **k):  # the time inside each next(): the caller may stop short of the end (zip)
+            it = fn(*a, **k)
+            while True:
+                t0, started0 = time.perf_counter(), cluster_start[0]
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    add(t0, started0)
+                yield item
         return gen if generator else run
 
     def start_timed(fn):
@@ -234,8 +239,8 @@ def ratios(rows: list[dict]) -> list[str]:
                              f"process {ref['process_s'] / r['process_s']:.2f}x")
                 if ref_name == "cuda1" and r.get("on_workers_s"):
                     parts.append(f"on workers {ref['on_workers_s'] / r['on_workers_s']:.2f}x")
-                    tile = (ref.get("timings") or {}).get("tile_phase"), (r.get("timings") or {}).get("tile_phase")
-                    if tile[0] and tile[1]:
+                    tile = [(x.get("timings") or {}).get("tile_phase", 0) - x["cluster_start_s"] for x in (ref, r)]
+                    if tile[0] > 0 and tile[1] > 0:  # (the cluster starts inside it)
                         parts.append(f"tile phase {tile[0] / tile[1]:.2f}x")
             if parts:
                 out.append(f"{name}: " + "; ".join(parts))
