@@ -169,7 +169,10 @@ def _client(address: str, announce):
     if client is None or client.status not in ("running", "connecting"):
         _probe(address)
         try:
-            client = Client(address, timeout="10s", set_as_default=False)
+            # local-cuda: results straight from the workers, not through the scheduler, which runs in
+            # this process on the loop the client shares (the MST's tile graphs: 6.5 MB a shard)
+            local = any(c.scheduler_address == address for c in _clusters.values())
+            client = Client(address, timeout="10s", set_as_default=False, direct_to_workers=local or None)
         except (OSError, TimeoutError) as exc:
             raise TerrainError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
         _close_at_exit()
