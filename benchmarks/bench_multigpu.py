@@ -1,20 +1,26 @@
-"""1 GPU against 2 (or more): ``--scheduler local-cuda`` on one host, side by side.
+"""1 GPU against 2 (or more): ``--scheduler local-cuda`` on one host, side by side, in fresh processes.
 
-For each configuration the pipelines run through the library, in this process (the client):
+One call makes the synthetic store once (or takes ``--store``), then runs each ``STEP:CONFIG`` of
+``--runs`` in a fresh Python process (the client), in the order given:
 
-- ``local``: the one-process GPU pipeline (``--scheduler local``, GPU 0);
-- ``cuda1``, ``cuda2``, ...: ``--scheduler local-cuda`` with ``CUDA_VISIBLE_DEVICES`` = the first
-  1, 2, ... GPUs: a Dask worker per GPU, started for the command and closed after it (its start is
-  in the command's time, as in ``terrain CMD --scheduler local-cuda``).
+- steps: ``mst``, ``shards`` (``sssp --method shards``, one source at the centre), ``index``
+  (``sssp --method index``), ``fill``, ``flow``;
+- configs: ``local`` (the one-process GPU pipeline on GPU 0), ``cuda1``, ``cuda2``, ...:
+  ``--scheduler local-cuda`` with ``CUDA_VISIBLE_DEVICES`` = the first 1, 2, ... GPUs (a Dask worker
+  per GPU, started for the command and closed after it, as ``terrain CMD --scheduler local-cuda``).
 
-Per command: its wall time, the time inside the Dask task maps (``map_shards`` / ``imap_shards``,
-"on workers"; the rest is the client: the MST merges and expand, the SSSP shard method's
-scheduling, the index's merge; the cluster's start and close apart), the command's own phase timings, and sampled every 0.2 s: the peak
-RSS of each worker process (psutil, the client's children) and of the client, and the peak used
-memory of each GPU (NVML: the device's whole use, other processes' contexts included).
+Per run: the process's wall time (interpreter start and imports included), the command's wall time,
+the time the client waits inside the Dask task maps (``map_shards``; ``imap_shards``: inside each
+``next``): "on workers"; the rest is the client (the MST merges and expand, the SSSP shard method's
+scheduling between rounds), the cluster's start and close apart, the command's own phase timings, and -- sampled every 0.2 s from this
+process -- the peak RSS of the client and of each of its worker processes (psutil) and the peak used
+memory of each GPU (NVML: the device's whole use, any other context on it included). At the end the
+ratios of ``cuda1`` to ``cuda2`` (and to ``local``) per step. A run past ``--run-limit`` or the
+``--deadline`` is killed (its row says so); runs not started by the deadline are skipped.
 
-    python benchmarks/bench_multigpu.py --size 32768 --configs local,cuda1,cuda2 --steps mst,shards
-    python benchmarks/bench_multigpu.py --size 8192 --json out.json --deadline 200
+    python benchmarks/bench_multigpu.py --size 32768 --json out.json --deadline 300
+    CUDA_VISIBLE_DEVICES=0,1 python benchmarks/bench_multigpu.py --device cpu --size 256 --tile 32 --shard 2
+      (the same plumbing on the CPU: pretended GPUs, plain distributed workers, a rehearsal)
 """
 from __future__ import annotations
 
@@ -23,95 +29,93 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from terrain_io import parallel  # noqa: E402  (patched below, before the pipelines import it)
-
-ON_WORKERS = [0.0]
-CLUSTER_START = [0.0]
-
-
-def _timed(fn):
-    def run(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            ON_WORKERS[0] += time.perf_counter() - t0
-
-    def gen(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            yield from fn(*a, **k)
-        finally:
-            ON_WORKERS[0] += time.perf_counter() - t0
-    return gen if fn is parallel.imap_shards else run
+DEFAULT_RUNS = ("mst:cuda2,mst:cuda1,fill:cuda2,fill:cuda1,flow:cuda2,flow:cuda1,shards:cuda2,shards:cuda1,"
+                "mst:local")  # each step's 2-GPU run first: a kernel left to compile counts against 2 GPUs
 
 
-def _start_timed(fn):
-    def run(*a, **k):
-        t0 = time.perf_counter()
-        started = parallel.LOCAL_CUDA not in parallel._clusters
-        try:
-            return fn(*a, **k)
-        finally:
-            if started:
-                CLUSTER_START[0] += time.perf_counter() - t0
-    return run
+# --- the child: one command in a fresh process --------------------------------------------------
 
+def child(args) -> None:
+    """Run one step on one config; print one line ``RESULT {json}``."""
+    from terrain_io import parallel
 
-parallel.local_cuda_address = _start_timed(parallel.local_cuda_address)
-parallel.map_shards = _timed(parallel.map_shards)
-parallel.imap_shards = _timed(parallel.imap_shards)
+    on_workers = [0.0]
+    cluster_start = [0.0]
 
+    def timed(fn, generator=False):
+        """fn's wall time added to on_workers, less a cluster start inside it."""
+        def add(t0, started0):
+            on_workers[0] += time.perf_counter() - t0 - (cluster_start[0] - started0)
 
-class Sampler(threading.Thread):
-    """Peak RSS of this process and of each descendant, and peak used memory of each GPU."""
+        def run(*a, **k):
+            t0, started0 = time.perf_counter(), cluster_start[0]
+            try:
+                return fn(*a, **k)
+            finally:
+                add(t0, started0)
 
-    def __init__(self):
-        super().__init__(daemon=True)
-        import psutil
-
-        self.me = psutil.Process()
-        self.rss: dict[int, int] = {}
-        self.gpu: dict[int, int] = {}
-        self.stop = threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            self.nvml = pynvml
-        except Exception:
-            self.handles, self.nvml = [], None
-
-    def run(self):
-        while not self.stop.wait(0.2):
-            for p in [self.me, *self.me.children(recursive=True)]:
+        def gen(*a, **k):  # the time inside each next(): the caller may stop short of the end (zip)
+            it = fn(*a, **k)
+            while True:
+                t0, started0 = time.perf_counter(), cluster_start[0]
                 try:
-                    self.rss[p.pid] = max(self.rss.get(p.pid, 0), p.memory_info().rss)
-                except Exception:
-                    pass
-            for i, h in enumerate(self.handles):
-                self.gpu[i] = max(self.gpu.get(i, 0), self.nvml.nvmlDeviceGetMemoryInfo(h).used)
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    add(t0, started0)
+                yield item
+        return gen if generator else run
 
-    def result(self) -> dict:
-        self.stop.set()
-        self.join()
-        me = self.me.pid
-        others = sorted((v for k, v in self.rss.items() if k != me), reverse=True)
-        return {"client_rss_gib": round(self.rss.get(me, 0) / 2**30, 2),
-                "worker_rss_gib": [round(v / 2**30, 2) for v in others[:8]],
-                "gpu_used_gib": [round(self.gpu[i] / 2**30, 2) for i in sorted(self.gpu)]}
+    def start_timed(fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            started = parallel.LOCAL_CUDA not in parallel._clusters
+            try:
+                return fn(*a, **k)
+            finally:
+                if started:
+                    cluster_start[0] += time.perf_counter() - t0
+        return run
+
+    # patched before the pipelines import them (their modules bind the names at import)
+    parallel.local_cuda_address = start_timed(parallel.local_cuda_address)
+    parallel.map_shards = timed(parallel.map_shards)
+    parallel.imap_shards = timed(parallel.imap_shards, generator=True)
+
+    from terrain_io.store import TerrainStore
+
+    name, config = args.child
+    scheduler = "local" if config == "local" else "local-cuda"
+    st = TerrainStore.open(args.store)
+    t0 = time.perf_counter()
+    try:
+        out = step(name, st, args.device, scheduler, args.memory, args.unit)
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
+        out = {"error": f"{type(exc).__name__}: {exc}"}
+    t1 = time.perf_counter()
+    parallel.close_clusters()
+    close = time.perf_counter() - t1
+    wall = time.perf_counter() - t0
+    row = {"command_s": round(wall, 2), **out}
+    if scheduler != "local":
+        row.update(on_workers_s=round(on_workers[0], 2),
+                   client_s=round(wall - on_workers[0] - cluster_start[0] - close, 2),
+                   cluster_start_s=round(cluster_start[0], 2), cluster_close_s=round(close, 2))
+    print("RESULT " + json.dumps(row, default=str), flush=True)
 
 
-def step(name, st, device, scheduler, memory):
+def step(name, st, device, scheduler, memory, unit):
     from terrain_io.grid.fill import fill
     from terrain_io.grid.flow.pipeline import flow
     from terrain_io.grid.mst import mst
@@ -123,15 +127,124 @@ def step(name, st, device, scheduler, memory):
         return {"edges": r.edges, "trees": r.trees, "total_weight": r.total_weight_exact, "timings": r.timings}
     if name in ("shards", "index"):
         r = sssp(st, [(rows // 2, cols // 2)], cell=True, device=device, memory=memory, progress=False,
-                 method=name, name=name, scheduler=scheduler)
-        return {"timings": getattr(r, "timings", None), "stats": getattr(r, "merge_stats", None)}
+                 method=name, name=name, scheduler=scheduler, unit=unit if name == "shards" else None)
+        return {"reached": r.reached, "max_distance": r.max_distance, "timings": r.timings,
+                "stats": r.merge_stats}
     if name == "fill":
         r = fill(st, device=device, memory=memory, progress=False, scheduler=scheduler)
-        return {"method": r.method, "device": r.device, "timings": r.timings}
+        return {"method": r.method, "device": r.device, "depressions": r.depressions, "timings": r.timings}
     if name == "flow":
         r = flow(st, device=device, memory=memory, progress=False, scheduler=scheduler)
         return {"timings": getattr(r, "timings", None)}
     raise SystemExit(f"unknown step {name}")
+
+
+# --- the parent: the store once, then a fresh process per run, sampled --------------------------
+
+class Sampler(threading.Thread):
+    """Peak RSS of a process and of each of its descendants, and peak used memory of each GPU."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        import psutil
+
+        self.root = psutil.Process(pid)
+        self.rss: dict[int, int] = {}
+        self.stop = threading.Event()
+        self.gpu: dict[int, int] = {}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.nvml = pynvml
+        except Exception:
+            self.handles, self.nvml = [], None
+
+    def run(self):
+        while True:
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except Exception:  # the client is gone
+                procs = []
+            for p in procs:
+                try:
+                    self.rss[p.pid] = max(self.rss.get(p.pid, 0), p.memory_info().rss)
+                except Exception:
+                    pass
+            for i, h in enumerate(self.handles):
+                self.gpu[i] = max(self.gpu.get(i, 0), self.nvml.nvmlDeviceGetMemoryInfo(h).used)
+            if self.stop.wait(0.2):
+                return
+
+    def result(self, workers: int) -> dict:
+        self.stop.set()
+        self.join()
+        me = self.root.pid
+        others = sorted((v for k, v in self.rss.items() if k != me), reverse=True)
+        return {"client_rss_gib": round(self.rss.get(me, 0) / 2**30, 2),
+                "worker_rss_gib": [round(v / 2**30, 2) for v in others[:workers]],
+                "gpu_used_gib": [round(self.gpu[i] / 2**30, 2) for i in sorted(self.gpu)]}
+
+
+def run_one(args, name: str, config: str, gpus: list[str], limit: float) -> dict:
+    n = 1 if config == "local" else int(config.removeprefix("cuda"))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, __file__, "--child", name, config, "--store", str(args.store), "--device", args.device,
+           "--memory", args.memory, *(["--unit", str(args.unit)] if args.unit else [])]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    sampler = Sampler(proc.pid)
+    sampler.start()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    killed = False
+    try:
+        proc.wait(timeout=max(1.0, limit))
+    except subprocess.TimeoutExpired:
+        killed = True
+        os.killpg(proc.pid, 9)  # the client and its workers (its own session)
+        proc.wait()
+    wall = time.perf_counter() - t0
+    reader.join(5)
+    row = {"step": name, "config": config, "process_s": round(wall, 2), **sampler.result(max(1, n))}
+    if config == "local":
+        row["worker_rss_gib"] = []
+    result = [ln for ln in lines if ln.startswith("RESULT ")]
+    if result:
+        row.update(json.loads(result[-1][len("RESULT "):]))
+    else:
+        row["error"] = (f"killed after {limit:.0f} s" if killed else f"exit {proc.returncode}") + ": " + \
+            " | ".join(ln.strip() for ln in lines[-6:])
+    return row
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """cuda1 / cudaN and local / cudaN per step: the command, the time on workers, the distributed
+    phase (MST: its tile phase; the SSSP methods: the task maps)."""
+    by = {(r["step"], r["config"]): r for r in rows if "error" not in r and "skipped" not in r}
+    out = []
+    for name in dict.fromkeys(r["step"] for r in rows):
+        base = by.get((name, "cuda1"))
+        for (s, config), r in by.items():
+            if s != name or config in ("cuda1", "local"):
+                continue
+            parts = []
+            for ref_name, ref in (("cuda1", base), ("local", by.get((name, "local")))):
+                if ref is None:
+                    continue
+                parts.append(f"{ref_name}/{config}: command {ref['command_s'] / r['command_s']:.2f}x, "
+                             f"process {ref['process_s'] / r['process_s']:.2f}x")
+                if ref_name == "cuda1" and r.get("on_workers_s"):
+                    parts.append(f"on workers {ref['on_workers_s'] / r['on_workers_s']:.2f}x")
+                    tile = [(x.get("timings") or {}).get("tile_phase", 0) - x["cluster_start_s"] for x in (ref, r)]
+                    if tile[0] > 0 and tile[1] > 0:  # (the cluster starts inside it)
+                        parts.append(f"tile phase {tile[0] / tile[1]:.2f}x")
+            if parts:
+                out.append(f"{name}: " + "; ".join(parts))
+    return out
 
 
 def main():
@@ -140,74 +253,52 @@ def main():
     ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--shard", type=int, default=8)
     ap.add_argument("--memory", default="16GB")
-    ap.add_argument("--device", default="gpu", help="cpu: the same plumbing on the CPU (a smoke test)")
-    ap.add_argument("--configs", default="local,cuda1,cuda2")
-    ap.add_argument("--steps", default="mst,shards,fill,flow")
-    ap.add_argument("--store", help="an existing store (else synthesised in --dir)")
-    ap.add_argument("--dir", default=tempfile.gettempdir())
-    ap.add_argument("--deadline", type=float, default=1e9, help="seconds: start no step after this")
-    ap.add_argument("--warm", type=int, default=0, help="first run the steps untimed on a store of this side "
-                    "with the last config (kernels compiled and cached: not in the figures)")
+    ap.add_argument("--device", default="gpu", help="cpu: the same plumbing on the CPU (a rehearsal)")
+    ap.add_argument("--unit", type=int, help="the shard method's unit side (default: from the budget)")
+    ap.add_argument("--runs", default=DEFAULT_RUNS, help="STEP:CONFIG,... in the order to run")
+    ap.add_argument("--store", help="the store to use; made there (synthetic, seed 1) when it does not exist")
+    ap.add_argument("--only-store", action="store_true", help="make the store and stop")
+    ap.add_argument("--deadline", type=float, default=1e9, help="seconds from the start: start no run after "
+                    "this, kill one still running at it")
+    ap.add_argument("--run-limit", type=float, default=600.0, help="seconds: kill a run that takes longer")
     ap.add_argument("--json")
+    ap.add_argument("--child", nargs=2, metavar=("STEP", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return child(args)
+    t_start = time.perf_counter()
+    from terrain_io import parallel
     from terrain_io.store import TerrainStore
     from terrain_io.synth import synthesize
 
-    t_start = time.perf_counter()
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(parallel.visible_gpus())
-    gpus = gpus.split(",")
-    rows = []
-    if args.store:
-        st = TerrainStore.open(args.store)
-    else:
-        path = Path(args.dir) / f"bench-multigpu-{args.size}.zarr"
-        shutil.rmtree(path, ignore_errors=True)
+    args.store = Path(args.store or Path(tempfile.gettempdir()) / f"bench-multigpu-{args.size}.zarr")
+    if not args.store.exists():
+        shutil.rmtree(args.store.with_name(args.store.name + ".tmp"), ignore_errors=True)
         t0 = time.perf_counter()
-        st = synthesize(path, args.size, seed=1, tile=args.tile, shard=args.shard, scheduler="threads")
+        synthesize(args.store, args.size, seed=1, tile=args.tile, shard=args.shard)
         print(f"synth {args.size}^2: {time.perf_counter() - t0:.1f} s", flush=True)
-    if args.warm:
-        warm = synthesize(Path(args.dir) / "bench-multigpu-warm.zarr", args.warm, seed=2, tile=args.tile,
-                          shard=args.shard, scheduler="threads", overwrite=True)
-        config = args.configs.split(",")[-1]
-        t0 = time.perf_counter()
-        for name in args.steps.split(","):
-            step(name, warm, args.device, "local" if config == "local" else "local-cuda", args.memory)
-            parallel.close_clusters()
-        print(f"warm-up at {args.warm}^2: {time.perf_counter() - t0:.1f} s", flush=True)
-    host = {"host": platform.node(), "cpus": os.cpu_count(), "gpus": gpus, "size": list(st.shape)}
+    if args.only_store:
+        return
+    shape = list(TerrainStore.open(args.store).shape)
+    gpus = [g for g in (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(parallel.visible_gpus())).split(",") if g]
+    host = {"host": platform.node(), "cpus": os.cpu_count(), "gpus": gpus, "size": shape, "memory": args.memory,
+            "device": args.device, "unit": args.unit}
     print(json.dumps(host), flush=True)
-    for name in args.steps.split(","):
-        for config in args.configs.split(","):
-            if time.perf_counter() - t_start > args.deadline:
-                print(f"skipped {name} {config}: past the deadline", flush=True)
-                rows.append({"step": name, "config": config, "skipped": "deadline"})
-                continue
-            n = 1 if config == "local" else int(config.removeprefix("cuda"))
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[:n])
-            scheduler = "local" if config == "local" else "local-cuda"
-            ON_WORKERS[0] = CLUSTER_START[0] = 0.0
-            sampler = Sampler()
-            sampler.start()
-            t0 = time.perf_counter()
-            try:
-                out = step(name, st, args.device, scheduler, args.memory)
-            except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
-                out = {"error": f"{type(exc).__name__}: {exc}"}
-            t1 = time.perf_counter()
-            parallel.close_clusters()
-            close = time.perf_counter() - t1
-            wall = time.perf_counter() - t0
-            tasks = ON_WORKERS[0] - CLUSTER_START[0]
-            row = {"step": name, "config": config, "wall_s": round(wall, 2),
-                   **({"on_workers_s": round(tasks, 2), "client_s": round(wall - ON_WORKERS[0] - close, 2),
-                       "cluster_start_s": round(CLUSTER_START[0], 2), "cluster_close_s": round(close, 2)}
-                      if scheduler != "local" else {}),
-                   **sampler.result(), **out}
-            rows.append(row)
-            print(json.dumps(row, default=str), flush=True)
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-            if args.json:  # after every row: a run cut short keeps what it measured
-                Path(args.json).write_text(json.dumps({"host": host, "rows": rows}, default=str, indent=1))
+    rows = []
+    for run in args.runs.split(","):
+        name, config = run.split(":")
+        left = args.deadline - (time.perf_counter() - t_start)
+        n = 1 if config == "local" else int(config.removeprefix("cuda"))
+        if left < 5 or n > len(gpus):
+            row = {"step": name, "config": config, "skipped": "deadline" if left < 5 else f"{len(gpus)} GPUs"}
+        else:
+            row = run_one(args, name, config, gpus, min(args.run_limit, left))
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+        if args.json:  # after every row: a call cut short keeps what it measured
+            Path(args.json).write_text(json.dumps({"host": host, "rows": rows}, default=str, indent=1))
+    for line in ratios(rows):
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

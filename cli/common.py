@@ -79,8 +79,9 @@ def output_option(help: str, *, type=click.Path(dir_okay=False, path_type=Path),
 
 
 def _close_clusters_after(ctx, param, value):
-    """A ``local-cuda`` cluster lives for the command: closed when its context ends (error or not)."""
-    if value == "local-cuda":
+    """A ``local-cuda`` cluster, and the client of a cluster, live for the command: closed when its
+    context ends (error or not)."""
+    if value == "local-cuda" or "://" in (value or ""):
         from terrain_io.parallel import close_clusters
 
         ctx.call_on_close(close_clusters)

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import functools
 import itertools
 import logging
 import os
+import threading
 from typing import Callable, Iterable, Iterator
 
 from .errors import InputError, TerrainError
@@ -94,7 +97,7 @@ def imap_shards(func: Callable, items: Iterable, scheduler: str | None = "local"
         pending: collections.deque = collections.deque()
         while True:
             while len(pending) < n and (item := next(items, _END)) is not _END:
-                pending.append(client.submit(func, item, retries=retries, pure=False))
+                pending.append(client.submit(_as_task(func), item, retries=retries, pure=False))
                 del item
             if not pending:
                 return
@@ -150,19 +153,57 @@ def scheduler_threads(scheduler: str) -> int:
         return max(1, sum(client.nthreads().values()))
 
 
+_clients: dict = {}  # scheduler address -> this process's Client of it, kept for later phases and rounds
+
+
+@contextlib.contextmanager
 def _client(address: str, announce):
+    """This process's ``distributed.Client`` of ``address``, connected on first use and kept (the
+    shard method of the SSSP maps a round at a time: a connection each cost it 0.1-0.3 s a round);
+    closed by :func:`close_clusters` or at exit. One that lost its scheduler is connected again."""
     try:
         from distributed import Client
     except ImportError:
         raise TerrainError("--scheduler ADDRESS needs dask.distributed: pip install 'dask[distributed]'") from None
-    _probe(address)
-    try:
-        client = Client(address, timeout="10s")
-    except (OSError, TimeoutError) as exc:
-        raise TerrainError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    client = _clients.get(address)
+    if client is None or client.status not in ("running", "connecting"):
+        _probe(address)
+        try:
+            # local-cuda: results straight from the workers, not through the scheduler, which runs in
+            # this process on the loop the client shares (the MST's tile graphs: 6.5 MB a shard)
+            local = any(c.scheduler_address == address for c in _clusters.values())
+            client = Client(address, timeout="10s", set_as_default=False, direct_to_workers=local or None)
+        except (OSError, TimeoutError) as exc:
+            raise TerrainError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+        _close_at_exit()
+        _clients[address] = client
     if announce is not None:
         announce(f"dask dashboard: {client.dashboard_link}")
-    return client
+    yield client
+
+
+_task_thread = threading.local()
+
+
+def owns_cores() -> bool:
+    """Whether this thread may spread its work over the cores (the store's codec pool): the main
+    thread, or a Dask worker's thread running one of our cluster tasks -- a ``local-cuda`` worker has
+    one thread, and its shard's decode and encode would otherwise run on one core while the
+    host's others idle."""
+    return threading.current_thread() is threading.main_thread() or getattr(_task_thread, "active", False)
+
+
+def _as_task(func: Callable) -> Callable:
+    """``func`` as a cluster task: run with :func:`owns_cores` true in its worker thread."""
+    return functools.partial(_run_as_task, func)
+
+
+def _run_as_task(func: Callable, item):
+    _task_thread.active = True
+    try:
+        return func(item)
+    finally:
+        _task_thread.active = False
 
 
 def run_on_worker(func: Callable, item, scheduler: str, announce: Callable[[str], None] | None = None):
@@ -250,16 +291,30 @@ def local_cuda_address(announce: Callable[[str], None] | None = None) -> str:
     closed by :func:`close_clusters` (the CLI, after each command) or at exit."""
     if LOCAL_CUDA not in _clusters:
         cluster, how = gpu_cluster()
-        if not _clusters:
-            atexit.register(close_clusters)
+        _close_at_exit()
         _clusters[LOCAL_CUDA] = cluster
         if announce is not None:
             announce(f"local-cuda: {how}")
     return _clusters[LOCAL_CUDA].scheduler_address
 
 
+_exit_hook: list = []
+
+
+def _close_at_exit() -> None:
+    """Register :func:`close_clusters` at exit once, after distributed's own hooks (atexit runs the
+    last registered first: ours closes before distributed tears its loop down)."""
+    if not _exit_hook:
+        _exit_hook.append(atexit.register(close_clusters))
+
+
 def close_clusters() -> None:
-    """Close the clusters this process started (``local-cuda``): workers stopped, GPUs released."""
+    """Close this process's clients and the clusters it started (``local-cuda``): workers stopped,
+    GPUs released."""
+    while _clients:
+        _, client = _clients.popitem()
+        with contextlib.suppress(Exception):  # its scheduler already gone
+            client.close()
     while _clusters:
         _, cluster = _clusters.popitem()
         try:
@@ -277,10 +332,10 @@ def _on_cluster(func, items, address, retries, progress, announce):
     from distributed import as_completed
 
     with _client(address, announce) as client:
-        futures = client.map(func, items, retries=retries, pure=False)
+        futures = client.map(_as_task(func), items, retries=retries, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         out = [None] * len(items)
-        for future in as_completed(futures):
+        for future in as_completed(futures, loop=client.loop):
             out[index[future.key]] = future.result()
             if progress is not None:
                 progress.update(1)

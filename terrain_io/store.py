@@ -38,6 +38,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from . import integrity
 from .atomic import atomic_directory, before_commit, folder_lock, locked, refuse_existing
 from .errors import DamagedStoreError, InputError, OutputError, StoreError, UnverifiedStoreWarning
+from .parallel import owns_cores
 from .tiling import DEFAULT_SHARD, DEFAULT_TILE, check_tiling  # noqa: F401 -- this module's API too
 from .zorder import morton_order
 
@@ -824,11 +825,11 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
             lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
             out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
 
-        # A reader in the main thread has the cores to itself (tiles(), export, path): its chunks go to the
-        # pool. A pipeline's reader threads already fill the cores with a shard each, and decode in their own
-        # thread (H100, 32768^2 MST: 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-        _run_chunks(decode, arriving, out.nbytes if threading.current_thread() is threading.main_thread() else 0,
-                    len(jobs))
+        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
+        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
+        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
+        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+        _run_chunks(decode, arriving, out.nbytes if owns_cores() else 0, len(jobs))
     finally:
         os.close(fd)
     return out

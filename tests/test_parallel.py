@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from terrain_io.errors import TerrainError
-from terrain_io.parallel import check_scheduler
+from terrain_io.parallel import check_scheduler, close_clusters
 from terrain_io.store import TerrainStore
 from terrain_io.synth import synthesize
 
@@ -31,6 +31,7 @@ def reference(tmp_path_factory):
 def cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c:
         yield c
+        close_clusters()  # the client the pipelines kept for it
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])

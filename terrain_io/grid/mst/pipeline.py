@@ -355,7 +355,8 @@ def _tile_task(task: _TileTask):
     values = store.read(task.window)
     valid = store.valid(values)
     bits, out = TILE_PHASE[task.device](store, task, values, valid)
-    zarr.open_array(task.edges, mode="r+")[task.window.slices] = bits  # a whole shard: rerunnable
+    # a whole shard (rerunnable), encoded in the codec pool: a local-cuda worker has one thread
+    write_window(zarr.open_array(task.edges, mode="r+"), task.window, bits, whole_shard=True)
     return int(np.count_nonzero(valid)), out
 
 
