@@ -51,9 +51,9 @@ def test_cluster_tasks_decode_in_the_codec_pool(cluster, tmp_path, monkeypatch):
     seen = []
     run_chunks = store._run_chunks
 
-    def spy(fn, jobs, nbytes):
+    def spy(fn, jobs, nbytes, *count):
         seen.append(nbytes)
-        return run_chunks(fn, jobs, nbytes)
+        return run_chunks(fn, jobs, nbytes, *count)
 
     monkeypatch.setattr(store, "_run_chunks", spy)
     win = store.Window(0, 64, 0, 64)  # one whole shard
