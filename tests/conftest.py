@@ -18,7 +18,8 @@ DEFAULT_MARKS = "not gpu and not slow and not browser"  # pyproject's addopts: t
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """The whole default run (plain ``pytest``: no paths, no ``-m``, no ``-n``) goes to one
-    pytest-xdist worker a core, up to 4: most of its time is numba compiling kernels on one core.
+    pytest-xdist worker a core, up to 4, a test module to a worker: most of its time is numba
+    compiling kernels on one core.
     A chosen test, a GPU or slow run, or an explicit ``-n`` stays as asked."""
     if getattr(config.option, "numprocesses", "absent") is not None or hasattr(config, "workerinput"):
         return  # pytest-xdist missing, disabled (-p no:xdist) or -n given; or this is a worker
@@ -26,6 +27,7 @@ def pytest_cmdline_main(config):
     if chosen or config.option.markexpr != DEFAULT_MARKS or config.option.usepdb:
         return
     config.option.numprocesses = min(4, os.cpu_count() or 1)
+    config.option.dist = "loadfile"  # a module's tests stay together, in order (the README's commands build on each other)
 
 
 def pytest_collection_modifyitems(config, items):
