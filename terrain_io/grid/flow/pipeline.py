@@ -38,6 +38,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, run_on_worker
+from ...pinned import host_bytes as pinned_host_bytes, write_device
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -600,7 +602,8 @@ def _gpu_host_bytes(store, weighted: bool) -> int:
     itself never lies whole on the host: :func:`upload_held`, ``write_held`` by bands)."""
     side = store.tile_size * store.shard_size
     cells = min(side, store.shape[0]) * min(side, store.shape[1])
-    return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+    return (_threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+            + pinned_host_bytes(store, (1, 8)))  # the pinned bands of codes and accumulation on their way out
 
 
 def _threads(store) -> int:
@@ -697,18 +700,20 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
     peak = np.float64(0) if wsrc is not None else np.uint64(0)
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         d_arr, a_arr = _create(writer, wsrc is not None)
-        bands = _gpu.accumulation_bands(code_d, w_d, include_self, band)
-        with progress_bar(progress, -(-rows // band), "flow: accumulation and write", unit="band") as bar:
-            while True:
+        bands, held = _gpu.accumulation_bands(code_d, w_d, include_self, band), [0, 0, None]
+
+        def outputs(r0, r1):  # a shard row's codes and accumulation, the next band accumulated when reached
+            nonlocal peak
+            if r1 > held[1]:
                 with timings.phase("gpu"):
-                    r0, r1, acc_d = next(bands, (None, None, None))
-                    if acc_d is None:
-                        break
-                    peak = max(peak, acc_d.max().get())
-                with timings.phase("write"):
-                    write_held(store, (d_arr, lambda s: code_d[s].get()),
-                               (a_arr, lambda s: acc_d[s[0].start - r0 : s[0].stop - r0, s[1]].get()), rows=(r0, r1))
-                bar.update(1)
+                    held[:] = next(bands)
+                    peak = max(peak, held[2].max().get())
+            return [code_d[r0:r1], held[2][r0 - held[0] : r1 - held[0]]]
+
+        with progress_bar(progress, 2 * len(list(store.shards())), "flow: accumulation and write", unit="shard") as bar:
+            gpu_before, t0 = timings.get("gpu", 0.0), time.perf_counter()
+            write_device(store, [d_arr, a_arr], outputs, bar.update, timings)
+            timings.add("write", time.perf_counter() - t0 - (timings["gpu"] - gpu_before))  # the bands' own
         del w_d
         result = _result(store, condition, outlets, wsrc, include_self, "incore", "gpu", t_start, filled_now, n_valid,
                          code_stats, peak, timings)

@@ -31,6 +31,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
+from ...pinned import host_bytes as pinned_host_bytes
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
@@ -51,6 +52,7 @@ POLYGON_BYTES = 9  # the label raster traced for polygons: labels, their int32 c
 # off the GPU and encoded), and what it holds whole (the codes, for the links' walks)
 GPU_SHARD_BYTES = 24
 GPU_HELD_BYTES = {"streams+vectors": 1}
+GPU_OUT_BYTES = 9  # a result group's cells on their way out of the GPU (pinned bands): streams' order, magnitude, link
 UNITS = ("cells", "m2")
 
 
@@ -126,7 +128,7 @@ def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
     rows, cols = store.shape
     side = store.tile_size * store.shard_size
     host = _threads(store) * min(side, rows) * min(side, cols) * GPU_SHARD_BYTES + rows * cols * GPU_HELD_BYTES.get(
-        what, 0)
+        what, 0) + pinned_host_bytes(store, (GPU_OUT_BYTES,))
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the memory budget {format_bytes(budget)}"
     need, free = _gpu.device_bytes(rows, cols), gpu_free_bytes()
@@ -210,14 +212,14 @@ def _threshold_cells(store: TerrainStore, threshold: float, units: str) -> float
 
 def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings) -> None:
     """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs); NumPy, or CuPy
-    copied off the GPU a shard at a time by each writer thread), atomically; its attributes get
+    written from the GPU through pinned bands: ``write_held``), atomically; its attributes get
     the run's ``timings`` (seconds by phase) so far."""
     with store.write_result(group, attrs=attrs) as writer:
         with timer.phase("write"):
             pairs = []
             for name, (values, fill, a) in arrays.items():
                 arr = writer.create_array(name, values.dtype, fill, attrs=a)
-                pairs.append((arr, lambda s, v=values: to_host(v[s])))
+                pairs.append((arr, values))
             write_held(store, *pairs)
         writer.attrs.update(timings=timer.rounded())
 
