@@ -1,0 +1,53 @@
+"""A stored shard starts its write-out to the disk as soon as it is written (issue 31: a command left
+its files dirty for the kernel to flush 30 s later, in the middle of the next command), scratch that
+is written again does not; the shard's bytes are what they were (zarr reads them)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+from terrain_io import store as store_mod
+from terrain_io.store import TerrainStore, overwrite_file, write_shard
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The files whose write-out was started, by path (the fd resolved through /proc)."""
+    paths = []
+
+    def record(fd, offset, nbytes, flags):
+        assert (offset, nbytes, flags) == (0, 0, 2)  # the whole file, SYNC_FILE_RANGE_WRITE: no waiting
+        paths.append(os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")))
+        return 0
+
+    monkeypatch.setattr(store_mod, "_sync_file_range", lambda: record)
+    return paths
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_each_stored_shard_starts_its_writeback_and_scratch_does_not(tmp_path, started):
+    values = np.arange(100 * 90, dtype=np.float32).reshape(100, 90)
+    st = TerrainStore.from_array(tmp_path / "s.zarr", values, tile=16, shard=2)
+    started.clear()
+    with st.write_result("r") as writer:
+        arr = writer.create_array("v", np.float32, float("nan"))
+        for win in st.shards():
+            write_shard(arr, win.r0 // 32, win.c0 // 32, values[win.slices])
+    folder = tmp_path / "s.zarr" / "r" / "v" / "c"
+    shards = sorted(os.path.realpath(p).replace(os.path.realpath(folder), "") for p in folder.rglob("*") if p.is_file())
+    assert len(shards) == len(list(st.shards()))
+    # (written under the result's temporary name, renamed when complete)
+    assert sorted(p[p.index("/v/c/") + 4:] for p in started) == shards
+    started.clear()
+    overwrite_file(tmp_path / "scratch.bin", [b"x" * 100])
+    assert started == []
+    assert np.array_equal(zarr.open_array(tmp_path / "s.zarr" / "r" / "v", mode="r")[...], values)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_the_real_call_is_found_and_harmless(tmp_path):
+    assert store_mod._sync_file_range() is not None
+    overwrite_file(tmp_path / "f.bin", [b"abc", b"def"], writeback=True)
+    assert (tmp_path / "f.bin").read_bytes() == b"abcdef"
