@@ -860,15 +860,17 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     """Write the cells of shard (sr, sc) (``block``: the shard clipped at the array's edge, any
     strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
     Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
-    of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), the file written with one
-    call (:func:`write_encoded_shard`). Other layouts: through zarr."""
+    of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), each run of frames written
+    as soon as it is encoded, in order, and sent on to the disk (:class:`_ShardFile`: the disk works
+    while the later chunks are encoded). Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
     if shard_layout(arr) is None:
         arr[r0:r1, c0:c1] = block
         return
-    write_encoded_shard(arr, sr, sc, encode_chunks(arr, block))
+    cells, encode = _chunk_encoder(arr, block)
+    _write_shard_file(arr, sr, sc, zip(cells, _run_chunks(encode, cells, block.nbytes, ordered=True)))
 
 
 def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tuple[int, int], tuple | None]:
@@ -877,6 +879,15 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     whole chunks of one shard from its chunk ``first`` on (clipped at the array's edge), so that a
     writer encodes the parts of a shard where they are made (terrain_io.overviews) and
     :func:`write_encoded_shard` puts them together."""
+    cells, encode = _chunk_encoder(arr, block)
+    encoded = _run_chunks(encode, cells, block.nbytes)
+    return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
+
+
+def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
+    """The chunks (i, j) that ``block`` (whole chunks of a shard from its first, clipped at the
+    array's edge) covers, in the shard file's (Morton) order, and the function giving a chunk's stored
+    bytes: (zstd frame, crc32c), or None when it is all fill value."""
     fmt = shard_layout(arr)
     if fmt is None:
         raise ValueError(f"{arr.path}: not stored as this tool's shards")
@@ -888,7 +899,6 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     cells = [(int(i), int(j)) for i, j in morton_order(-(-block.shape[0] // t0), -(-block.shape[1] // t1))]
 
     def encode(ij):
-        """The chunk's stored bytes (zstd frame, crc32c) or None when it is all fill value."""
         a0, b0 = ij[0] * t0, ij[1] * t1
         part = block[a0 : a0 + t0, b0 : b0 + t1]
         if part.shape != (t0, t1):
@@ -900,8 +910,7 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
         return (data, integrity.crc32c(data)) if crc else (data,)
 
-    encoded = _run_chunks(encode, cells, block.nbytes)
-    return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
+    return cells, encode
 
 
 def shard_chunks(arr: zarr.Array, sr: int, sc: int) -> list[tuple[int, int]]:
@@ -930,27 +939,78 @@ def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
 def write_encoded_shard(arr: zarr.Array, sr: int, sc: int, encoded: dict) -> None:
     """Write shard (sr, sc) of ``arr`` from its chunks' stored bytes (:func:`encode_chunks`; a chunk
     missing or None is left out, as all fill value): in Morton order, the index and its crc32c at the
-    end, the file written with one call (none when every chunk is left out)."""
+    end (none when every chunk is left out)."""
     (t0, t1), _, _ = shard_layout(arr)
-    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
-    index = np.full((n0, n1, 2), _EMPTY, "<u8")
-    parts, offset = [], 0
-    for i, j in morton_order(n0, n1):
-        data = encoded.get((int(i), int(j)))
-        if data is None:
-            continue
-        size = sum(memoryview(d).nbytes for d in data)
-        index[i, j] = offset, size
-        parts.extend(data)
-        offset += size
+    cells = [(int(i), int(j)) for i, j in morton_order(arr.shards[0] // t0, arr.shards[1] // t1)]
+    _write_shard_file(arr, sr, sc, ((ij, encoded.get(ij)) for ij in cells))
+
+
+def _write_shard_file(arr: zarr.Array, sr: int, sc: int, chunks) -> None:
+    """Write shard (sr, sc) from ``chunks``: ((i, j), stored bytes or None) in the file's Morton order,
+    each written as it comes (:class:`_ShardFile`), the index and its crc32c last; no file (an old
+    one removed) when every chunk is left out, as zarr keeps none."""
+    (t0, t1), _, _ = shard_layout(arr)
+    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), _EMPTY, "<u8")
     path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
-    if not parts:  # all fill value: zarr keeps no file
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    index_bytes = index.tobytes()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    overwrite_file(path, [*parts, index_bytes, integrity.crc32c(index_bytes)], writeback=True)
+    out = None
+    try:
+        for (i, j), data in chunks:
+            if data is None:
+                continue
+            if out is None:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                out = _ShardFile(path)
+            index[i, j] = out.offset, sum(memoryview(d).nbytes for d in data)
+            out.add(data)
+        if out is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        index_bytes = index.tobytes()
+        out.add((index_bytes, integrity.crc32c(index_bytes)))
+        out.close()
+    finally:
+        if out is not None:
+            out.release()
+
+
+class _ShardFile:
+    """A shard file written from the front in runs of at least :data:`_RUN_BYTES` (pwritev, no copy
+    into one buffer), over an old file in place and cut to its length at the end; each run is sent
+    on to the disk as it is written (:func:`_start_writeback`)."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self.views: list = []
+        self.written = self.pending = 0
+
+    @property
+    def offset(self) -> int:
+        return self.written + self.pending
+
+    def add(self, parts) -> None:
+        for p in parts:
+            v = memoryview(p).cast("B")
+            self.views.append(v)
+            self.pending += len(v)
+        if self.pending >= _RUN_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        _pwrite_all(self.fd, self.views, self.written)
+        _start_writeback(self.fd, self.written, self.pending)
+        self.written += self.pending
+        self.views, self.pending = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        os.ftruncate(self.fd, self.written)
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+_RUN_BYTES = 2 << 20
 
 
 _PARALLEL_SHARD_BYTES = 1 << 20  # a smaller shard is encoded in its caller's thread: the pool's hand-offs cost more
@@ -970,16 +1030,19 @@ def _codec_pool() -> concurrent.futures.ThreadPoolExecutor:
 _POOL_THREADS = "terrain-codec"
 
 
-def _run_chunks(fn, jobs, nbytes: int, count: int | None = None) -> list:
+def _run_chunks(fn, jobs, nbytes: int, count: int | None = None, ordered: bool = False):
     """``[fn(job) for job in jobs]``: in the codec pool when the shard is large enough (``nbytes``)
     to pay for the hand-offs, else -- and inside the pool's own threads, which must not wait on it --
     here. ``jobs``: a list, or an iterable of ``count`` jobs (taken in this thread, each handed on
-    as it comes). The first exception is raised, as a loop would."""
+    as it comes). The first exception is raised, as a loop would. ``ordered``: an iterator of the
+    results instead, each given as soon as it and those before it are done."""
     count = len(jobs) if count is None else count
     if (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
             and not threading.current_thread().name.startswith(_POOL_THREADS)):
-        return list(_codec_pool().map(fn, jobs))
-    return [fn(job) for job in jobs]
+        results = _codec_pool().map(fn, jobs)
+    else:
+        results = (fn(job) for job in jobs)
+    return results if ordered else list(results)
 
 
 def overwrite_file(path, parts, writeback: bool = False) -> None:
@@ -990,17 +1053,9 @@ def overwrite_file(path, parts, writeback: bool = False) -> None:
     re-solves -- costs ~30x more when first truncated to nothing: its blocks are freed and taken back,
     more so on ext4 mounted with discard.)"""
     views = [memoryview(p).cast("B") for p in parts]
-    total = sum(len(v) for v in views)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        done = 0
-        while views:
-            n = os.pwritev(fd, views[:_IOV_MAX], done)
-            done += n
-            while views and n >= len(views[0]):  # drop what was written; a short write resumes mid-buffer
-                n -= len(views.pop(0))
-            if n:
-                views[0] = views[0][n:]
+        total = _pwrite_all(fd, views, 0)
         os.ftruncate(fd, total)
         if writeback:
             _start_writeback(fd)
@@ -1008,15 +1063,30 @@ def overwrite_file(path, parts, writeback: bool = False) -> None:
         os.close(fd)
 
 
-def _start_writeback(fd: int) -> None:
-    """Start writing the file's dirty pages to the disk now, without waiting for it (Linux
-    ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; elsewhere nothing), so that a command leaves no backlog
-    of dirty pages behind: the kernel flushes pages left dirty once they are 30 s old, and that flush
-    held up the command after (H100, 32768^2: a ``fill`` right after ``synth`` took 11.5 s with
-    synth's 2.5 GB still dirty, 7.1 s with them written out as synth wrote them; benchmarks/RESULTS.md)."""
+def _pwrite_all(fd: int, views: list, at: int) -> int:
+    """Write ``views`` (byte memoryviews, in order; the list is consumed) at offset ``at`` of ``fd``,
+    gathered by the kernel (pwritev), short writes resumed; returns the bytes written."""
+    done = 0
+    while views:
+        n = os.pwritev(fd, views[:_IOV_MAX], at + done)
+        done += n
+        while views and n >= len(views[0]):  # drop what was written; a short write resumes mid-buffer
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
+    return done
+
+
+def _start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
+    """Start writing the file's dirty pages (``nbytes`` from ``offset``; 0: to its end) to the disk
+    now, without waiting for it (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; elsewhere nothing),
+    so that a command leaves no backlog of dirty pages behind: the kernel flushes pages left dirty once
+    they are 30 s old, and that flush held up the command after (H100, 32768^2: a ``fill`` right after
+    ``synth`` took 11.5 s with synth's 2.5 GB still dirty, 7.1 s with them written out as synth wrote
+    them; benchmarks/RESULTS.md)."""
     fn = _sync_file_range()
     if fn is not None:
-        fn(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; a failure (a file system without it) changes nothing
+        fn(fd, offset, nbytes, 2)  # SYNC_FILE_RANGE_WRITE; a failure (a file system without it) changes nothing
 
 
 @functools.cache

@@ -14,12 +14,12 @@ from terrain_io.store import TerrainStore, overwrite_file, write_shard
 
 @pytest.fixture
 def started(monkeypatch):
-    """The files whose write-out was started, by path (the fd resolved through /proc)."""
+    """The ranges whose write-out was started: (path (the fd resolved through /proc), offset, bytes)."""
     paths = []
 
     def record(fd, offset, nbytes, flags):
-        assert (offset, nbytes, flags) == (0, 0, 2)  # the whole file, SYNC_FILE_RANGE_WRITE: no waiting
-        paths.append(os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")))
+        assert flags == 2  # SYNC_FILE_RANGE_WRITE: started, not waited for
+        paths.append((os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")), offset, nbytes))
         return 0
 
     monkeypatch.setattr(store_mod, "_sync_file_range", lambda: record)
@@ -36,10 +36,15 @@ def test_each_stored_shard_starts_its_writeback_and_scratch_does_not(tmp_path, s
         for win in st.shards():
             write_shard(arr, win.r0 // 32, win.c0 // 32, values[win.slices])
     folder = tmp_path / "s.zarr" / "r" / "v" / "c"
-    shards = sorted(os.path.realpath(p).replace(os.path.realpath(folder), "") for p in folder.rglob("*") if p.is_file())
-    assert len(shards) == len(list(st.shards()))
-    # (written under the result's temporary name, renamed when complete)
-    assert sorted(p[p.index("/v/c/") + 4:] for p in started) == shards
+    sizes = {os.path.realpath(p).replace(os.path.realpath(folder), ""): p.stat().st_size
+             for p in folder.rglob("*") if p.is_file()}
+    assert len(sizes) == len(list(st.shards()))
+    covered = {}  # each file's ranges, from its start on without a gap (0 bytes: to its end)
+    for path, offset, nbytes in started:  # (written under the result's temporary name, renamed when complete)
+        name = path[path.index("/v/c/") + 4:]
+        assert offset == covered.get(name, 0)
+        covered[name] = sizes[name] if nbytes == 0 else offset + nbytes
+    assert covered == sizes
     started.clear()
     overwrite_file(tmp_path / "scratch.bin", [b"x" * 100])
     assert started == []
