@@ -53,10 +53,13 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from .store import (ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
-                    tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node, write_shard)
+                    shard_layout, tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node, write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
+# The levels' zstd level: a third of the cells compressed again at the store's level 1 costs ~0.5 of
+# a read; at -5 2.6x faster, decoded 3.4x faster, +16% bytes (benchmarks/RESULTS.md, issue 32)
+LEVEL_ZSTD = -5
 METHODS = ("average", "mode", "max")
 _MAX_LEAVES = ("accumulation", "order", "magnitude")  # counts and stream orders: the channel stays visible
 CONVENTION = {  # zarr_conventions entry of the multiscales convention
@@ -213,15 +216,38 @@ class _Task:
 def _cascade(task: _Task):
     """Read the shard once and reduce it level after level in memory: {level: its chunks' stored bytes}
     for the levels whose piece of this shard is whole chunks, and the raw piece of the level above."""
-    block = read_shard(_opened(task.store, task.name, task.digest), *task.shard)
+    block = read_halved(_opened(task.store, task.name, task.digest), *task.shard, task.method, task.missing)
     encoded = []
     for k, (path, meta) in enumerate(task.levels, start=1):
-        block = reduce2x2(block, task.method, task.missing)
+        if k > 1:
+            block = reduce2x2(block, task.method, task.missing)
         arr = _level_array(task.root, path, meta)
         per = 2**k  # base shards along a side of a level-k shard; this one's piece starts at chunk first:
         n = arr.shards[0] // arr.chunks[0] // per
         encoded.append(encode_chunks(arr, block, ((task.shard[0] % per) * n, (task.shard[1] % per) * n)))
-    return encoded, (reduce2x2(block, task.method, task.missing) if task.raw else None)
+    raw = (reduce2x2(block, task.method, task.missing) if task.levels else block) if task.raw else None
+    return encoded, raw
+
+
+def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
+    """Shard (sr, sc) of ``arr`` reduced once (:func:`reduce2x2`), each chunk halved as it is decoded
+    (in the decoding threads, while it is in cache: the shard's cells are never put together); the
+    chunks not stored are all fill value, and so is their half (the reduction of fill values is the
+    fill value, or ``missing`` where the fill value is not valid -- as for any all-fill block)."""
+    tile = arr.chunks
+    if shard_layout(arr) is None or tile[0] % 2 or tile[1] % 2:  # (odd chunks: blocks would straddle them)
+        return reduce2x2(read_shard(arr, sr, sc), method, missing)
+    r0, c0 = sr * arr.shards[0], sc * arr.shards[1]
+    rows, cols = min(arr.shards[0], arr.shape[0] - r0), min(arr.shards[1], arr.shape[1] - c0)
+    fill = reduce2x2(np.full((2, 2), arr.fill_value, arr.dtype), method, missing)[0, 0]
+    half = np.full((-(-rows // 2), -(-cols // 2)), fill, arr.dtype)
+
+    def each(r, c, cells):
+        part = reduce2x2(cells, method, missing)
+        half[(r - r0) // 2 : (r - r0) // 2 + part.shape[0], (c - c0) // 2 : (c - c0) // 2 + part.shape[1]] = part
+
+    read_shard(arr, sr, sc, each=each)
+    return half
 
 
 @functools.lru_cache(maxsize=64)
@@ -363,7 +389,8 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
         root = str(writer.group.store.root)  # the staged result group's folder
         metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
-                                      {"level": k, **_source_attrs(arr)}) for k, shape in enumerate(shapes, start=1)]
+                                      {"level": k, **_source_attrs(arr)}, LEVEL_ZSTD)
+                 for k, shape in enumerate(shapes, start=1)]
         level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
         # every level's nodes as files, in the writer thread (before its first shard) while the first
         # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
