@@ -252,10 +252,13 @@ def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _level_array(root: str, path: str, meta: str):
-    return array_handle(root, path, json.loads(meta))
+    known = _OPEN.get((root, path))  # (a zarr handle costs ~0.3 ms: this process's are made once)
+    return known if known is not None else array_handle(root, path, json.loads(meta))
 
 
-_OPEN: dict = {}  # (store, array, digest) -> the array, in the process that writes the pyramid
+# In the process that writes the pyramid: (store, array, digest) -> the array, (staged root, level path)
+# -> the level's array
+_OPEN: dict = {}
 
 
 @functools.lru_cache(maxsize=8)
@@ -399,7 +402,9 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
         digest = attrs["source_manifest_sha256"]
         tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, digest, root, levels,
                        whole < len(shapes)) for r, c in morton_order(*grid0)]
-        _OPEN[key := (str(store.path), name, digest)] = arr  # this process's readers use the open array
+        handles = {(str(store.path), name, digest): arr,  # this process's readers use the open arrays
+                   **{(root, f"{k}/{leaf}"): a for k, a in enumerate(level_arrays, start=1)}}
+        _OPEN.update(handles)
         _opened.cache_clear()
         try:
             assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
@@ -415,7 +420,8 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
                 assembler.flush()
             nodes.result()
         finally:
-            _OPEN.pop(key, None)
+            for key in handles:
+                _OPEN.pop(key, None)
     return len(shapes)
 
 
