@@ -38,6 +38,7 @@ and compressing a third of it again (benchmarks/bench_view.py).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import json
@@ -208,7 +209,6 @@ class _Task:
     method: str
     missing: object
     digest: str
-    root: str  # the staged pyramid's folder
     levels: tuple[tuple[str, str], ...]  # (path, zarr.json) of each level whose pieces are whole chunks
     raw: bool
 
@@ -221,7 +221,7 @@ def _cascade(task: _Task):
     for k, (path, meta) in enumerate(task.levels, start=1):
         if k > 1:
             block = reduce2x2(block, task.method, task.missing)
-        arr = _level_array(task.root, path, meta)
+        arr = _level_array(task.store, path, meta)
         per = 2**k  # base shards along a side of a level-k shard; this one's piece starts at chunk first:
         n = arr.shards[0] // arr.chunks[0] // per
         encoded.append(encode_chunks(arr, block, ((task.shard[0] % per) * n, (task.shard[1] % per) * n)))
@@ -251,13 +251,15 @@ def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _level_array(root: str, path: str, meta: str):
-    known = _OPEN.get((root, path))  # (a zarr handle costs ~0.3 ms: this process's are made once)
-    return known if known is not None else array_handle(root, path, json.loads(meta))
+def _level_array(store: str, path: str, meta: str):
+    """A handle on a level's metadata that its chunks are encoded with (nothing is read or written
+    through it: its folder is the store's, not the staged pyramid's, which need not exist yet)."""
+    known = _OPEN.get((store, path))  # (a zarr handle costs ~0.3 ms: this process's are made once)
+    return known if known is not None else array_handle(store, path, json.loads(meta))
 
 
-# In the process that writes the pyramid: (store, array, digest) -> the array, (staged root, level path)
-# -> the level's array
+# In the process that writes the pyramid: (store, array, digest) -> the array, (store, level path) -> the
+# level's metadata handle
 _OPEN: dict = {}
 
 
@@ -388,29 +390,32 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     # a base shard's piece of level k is whole chunks of a level-k shard while 2^k <= shard (tiles a
     # shard side): those are encoded where the shard is read; the levels above are put together here
     whole = min(len(shapes), int(math.log2(store.shard_size)))
+    metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
+                                  {"level": k, **_source_attrs(arr)}, LEVEL_ZSTD)
+             for k, shape in enumerate(shapes, start=1)]
+    levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
+    digest = attrs["source_manifest_sha256"]
+    where = str(store.path)
+    tasks = [_Task(where, name, (int(r), int(c)), method, missing, digest, levels, whole < len(shapes))
+             for r, c in morton_order(*grid0)]
+    handles = {(where, name, digest): arr,  # this process's readers use the open arrays
+               **{(where, path): array_handle(where, path, m) for (path, _), m in zip(levels, metas)}}
+    _OPEN.update(handles)
+    _opened.cache_clear()
+    # the first shards are read while the staged result group is made (on 2 cores its zarr calls
+    # and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md, issue 32)
+    pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
+              else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
-    with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
-        root = str(writer.group.store.root)  # the staged result group's folder
-        metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
-                                      {"level": k, **_source_attrs(arr)}, LEVEL_ZSTD)
-                 for k, shape in enumerate(shapes, start=1)]
-        level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
-        # every level's nodes as files, in the writer thread (before its first shard) while the first
-        # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
-        nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
-        levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
-        digest = attrs["source_manifest_sha256"]
-        tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, digest, root, levels,
-                       whole < len(shapes)) for r, c in morton_order(*grid0)]
-        handles = {(str(store.path), name, digest): arr,  # this process's readers use the open arrays
-                   **{(root, f"{k}/{leaf}"): a for k, a in enumerate(level_arrays, start=1)}}
-        _OPEN.update(handles)
-        _opened.cache_clear()
-        try:
+    try:
+        with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
+            root = str(writer.group.store.root)  # the staged result group's folder
+            level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
+            # every level's nodes as files, in the writer thread (before its first shard) while the first
+            # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
+            nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
             assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
             with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
-                pieces = (_prefetched(_cascade, tasks, in_flight) if scheduler == "local"
-                          else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
                 for task, (encoded, raw) in zip(tasks, pieces):
                     for k, chunks in enumerate(encoded, start=1):
                         assembler.put_encoded(k, task.shard, chunks)
@@ -419,9 +424,9 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
                     bar.update(1)
                 assembler.flush()
             nodes.result()
-        finally:
-            for key in handles:
-                _OPEN.pop(key, None)
+    finally:
+        for key in handles:
+            _OPEN.pop(key, None)
     return len(shapes)
 
 
@@ -438,17 +443,28 @@ def _source_attrs(arr) -> dict:
     return {k: v for k, v in dict(arr.attrs).items() if k in ("units", "nodata", "method", "long_name")}
 
 
-def _prefetched(func, tasks, ahead: int):
-    """``func(task)`` for each task in order, up to ``ahead`` running in threads (decoding and the
-    numba reductions release the GIL)."""
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(ahead, os.cpu_count() or 1)),
-                                               thread_name_prefix="terrain-overviews-read") as pool:
-        pending = [pool.submit(func, t) for t in tasks[:ahead]]
-        for i in range(len(tasks)):
-            if i + ahead < len(tasks):
-                pending.append(pool.submit(func, tasks[i + ahead]))
-            yield pending[i].result()
-            pending[i] = None
+class _Prefetch:
+    """``func(task)`` for each task in order (iterate), up to ``ahead`` running in threads from the
+    start (decoding and the numba reductions release the GIL); :meth:`close` cancels the rest."""
+
+    def __init__(self, func, tasks, ahead: int):
+        self.func, self.tasks, self.ahead = func, tasks, ahead
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, min(ahead, os.cpu_count() or 1)),
+                                                          thread_name_prefix="terrain-overviews-read")
+        self.pending = [self.pool.submit(func, t) for t in tasks[:ahead]]
+
+    def __iter__(self):
+        for i in range(len(self.tasks)):
+            if i + self.ahead < len(self.tasks):
+                self.pending.append(self.pool.submit(self.func, self.tasks[i + self.ahead]))
+            yield self.pending[i].result()
+            self.pending[i] = None
+
+    def close(self) -> None:
+        for f in self.pending:
+            if f is not None:
+                f.cancel()
+        self.pool.shutdown(wait=True)
 
 
 class _Assembler:
