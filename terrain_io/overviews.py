@@ -24,7 +24,9 @@ outside the group, which the convention's relative paths cannot reach: its name 
 Levels are tiled, sharded, checksummed and sealed like every result (:meth:`TerrainStore.write_result`).
 
 Out of core in one pass: each shard of the base array is read once, as a task (Morton order, on the
-``scheduler``), and reduced level after level in memory. Its piece of level k is whole chunks of a
+``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
+after level in memory -- the first halving chunk by chunk as the chunks are decoded
+(:func:`read_halved`: the shard's cells are never put together). Its piece of level k is whole chunks of a
 level-k shard while 2^k divides the tiles of a shard side: those chunks are compressed in the task
 (:func:`~terrain_io.store.encode_chunks`), and this process writes a level's shard file
 (:func:`~terrain_io.store.write_encoded_shard`) once its pieces are all in. The task's raw piece of
@@ -33,7 +35,9 @@ soon as it is complete and halved for the level above, and so on. Morton order c
 parent's children one after another, so at most a few shards of each level are held. The levels'
 metadata and coordinates are written as files in one go (zarr's event loop costs more than a
 level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
-and compressing a third of it again (benchmarks/bench_view.py).
+and compressing a third of it again -- at zstd level :data:`LEVEL_ZSTD`, faster than the store's
+level 1 and named in each level's zarr.json, so plain zarr and xarray read the levels
+(benchmarks/bench_view.py; benchmarks/RESULTS.md, issue 32).
 """
 from __future__ import annotations
 
