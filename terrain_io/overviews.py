@@ -258,12 +258,12 @@ def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
 def _level_array(store: str, path: str, meta: str):
     """A handle on a level's metadata that its chunks are encoded with (nothing is read or written
     through it: its folder is the store's, not the staged pyramid's, which need not exist yet)."""
-    known = _OPEN.get((store, path))  # (a zarr handle costs ~0.3 ms: this process's are made once)
+    known = _OPEN.get((store, path, meta))  # (a zarr handle costs ~0.3 ms: this process's are made once)
     return known if known is not None else array_handle(store, path, json.loads(meta))
 
 
-# In the process that writes the pyramid: (store, array, digest) -> the array, (store, level path) -> the
-# level's metadata handle
+# In the process that writes the pyramid: (store, array, digest) -> the array, (store, level path, its
+# zarr.json) -> the level's metadata handle
 _OPEN: dict = {}
 
 
@@ -403,7 +403,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     tasks = [_Task(where, name, (int(r), int(c)), method, missing, digest, levels, whole < len(shapes))
              for r, c in morton_order(*grid0)]
     handles = {(where, name, digest): arr,  # this process's readers use the open arrays
-               **{(where, path): array_handle(where, path, m) for (path, _), m in zip(levels, metas)}}
+               **{(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)}}
     _OPEN.update(handles)
     _opened.cache_clear()
     # the first shards are read while the staged result group is made (on 2 cores its zarr calls
