@@ -58,7 +58,8 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from .store import (ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
-                    shard_layout, tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node, write_shard)
+                    shard_layout, tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node,
+                    write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
