@@ -1,17 +1,17 @@
-"""Where the in-core GPU SSSP solve spends its time (issue 31): rounds, work-list sizes per round,
-kernel time per round (CUDA events), tile visits per tile, relaxation sweeps per visit, for the
-distances and the plateau levels, on the synthetic terrain of ``terrain synth --seed 1`` (10 m
-cells, the source at the centre, as the RESULTS rows). Instrumented copies of the kernels count the
-sweeps (a counter added to ``relax_tile`` of worklist.cuh); the plain solve is timed first.
+"""Where the in-core GPU SSSP solve spends its time (issue 31): per phase (distances, plateau
+levels) the rounds, tiles relaxed, relaxation sweeps a visit and time, on the synthetic terrain of
+``terrain synth --seed 1`` (10 m cells, the source at the centre, as the RESULTS rows); with
+``--rounds`` the unkeyed rounds' list sizes and kernel times too. A counter added to a copy of
+worklist.cuh's ``relax_tile`` counts the sweeps; the plain solve is timed first, and a checksum of
+its distances, levels and codes is printed so that runs of two trees can be compared.
 
-    python benchmarks/profile_sssp_incore.py --sizes 16384 32768 --weights absdiff --out DIR
+    python benchmarks/profile_sssp_incore.py --sizes 16384 32768 --weights absdiff --reach 1024 4096 --profile 16384
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -31,36 +31,78 @@ def instrumented(source: str) -> str:
     return b.replace("#define TS 32", SWEEPS + "#define TS 32", 1)
 
 
-class Recorder:
-    """Wraps ``WorkLists.run``: per round the list size and the kernel's time; visits per tile."""
+def checksum(*arrays) -> str:
+    """A position-weighted sum of the arrays' bytes (as uint32 words, in pieces), to compare two runs."""
+    import cupy as cp
 
-    def __init__(self, module_of):
-        self.module_of = module_of
+    out = []
+    piece = 1 << 26
+    for a in arrays:
+        words = cp.ascontiguousarray(a).reshape(-1).view(cp.uint8)
+        words = words[: words.size // 4 * 4].view(cp.uint32)
+        total = 0
+        for s in range(0, words.size, piece):
+            w = words[s : s + piece].astype(cp.uint64)
+            idx = cp.arange(s, s + w.size, dtype=cp.uint64)
+            total += int(((w * (idx * np.uint64(2654435761) + np.uint64(1))) % np.uint64(2**61 - 1)).sum())
+        out.append(f"{total % (2**61 - 1):x}")
+    return "/".join(out)
+
+
+class Recorder:
+    """Wraps the work lists' runs: per phase rounds, visits, sweeps and time (synchronised);
+    ``rounds``: the unkeyed runs round by round (list size, kernel time)."""
+
+    def __init__(self, module_of, rounds: bool):
+        self.module_of, self.rounds = module_of, rounds
         self.phases = []
 
-    def run(self, lists, kernel, args, first):
+    def counters(self):
+        import cupy as cp
+
+        mod = self.module_of()
+        return (cp.ndarray((1,), cp.uint64, mod.get_global("prof_sweeps")),
+                cp.ndarray((16,), cp.uint64, mod.get_global("prof_hist")))
+
+    def wrap(self, run):
+        def wrapped(lists, kernel, args, first):
+            import cupy as cp
+
+            sweeps, hist = self.counters()
+            sweeps[...] = 0
+            hist[...] = 0
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            detail = {}
+            if self.rounds and run.__name__ == "run":
+                rounds, detail = self.run_rounds(lists, kernel, args, first)
+            else:
+                rounds = run(lists, kernel, args, first)
+            cp.cuda.Device().synchronize()
+            ph = {"kernel": getattr(kernel, "name", "?"), "rounds": rounds, "s": round(time.perf_counter() - t, 3)}
+            sw = int(sweeps.get()[0])
+            hv = [int(x) for x in hist.get()]
+            nvis = sum(hv)  # relax_tile's calls: the tiles relaxed
+            ph.update({"visits": int(nvis), "visits_per_tile": round(nvis / lists.flags[0].size, 2),
+                       "sweeps_per_visit": round(sw / max(sum(hv), 1), 1), "sweeps_hist_log2": hv})
+            ph.update({k: x for k, x in detail.items() if k != "visits"})
+            self.phases.append(ph)
+            return rounds
+        return wrapped
+
+    def run_rounds(self, lists, kernel, args, first):
         import cupy as cp
 
         from terrain_io.worklist import ROWS_PER_PASS, TILE
 
-        mod = self.module_of()
-        ntiles = lists.flags[0].size
-        visits = cp.zeros(ntiles, cp.int32)
-        zero = np.zeros(16, np.uint64)
-        sweeps = cp.ndarray((1,), cp.uint64, mod.get_global("prof_sweeps"))
-        hist = cp.ndarray((16,), cp.uint64, mod.get_global("prof_hist"))
-        sweeps[...] = 0
-        hist[:] = cp.asarray(zero)
         n = int(first.size)
         cur = 0
         lists.lists[0][:n] = first
         lists.flags[0][first] = 1
         sizes, times = [], []
-        t0 = time.perf_counter()
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
         while n:
             nxt = 1 - cur
-            visits += cp.bincount(lists.lists[cur][:n], minlength=ntiles).astype(cp.int32)
             lists.count.fill(0)
             e0.record()
             kernel((n,), (TILE, ROWS_PER_PASS), args + (lists.lists[cur], lists.flags[cur], lists.flags[nxt],
@@ -71,27 +113,22 @@ class Recorder:
             times.append(cp.cuda.get_elapsed_time(e0, e1))
             n = int(lists.count.get()[0])
             cur = nxt
-        wall = time.perf_counter() - t0
-        v = visits.get()
-        touched = v[v > 0]
-        self.phases.append({
-            "kernel": getattr(kernel, "name", str(kernel)), "rounds": len(sizes),
-            "wall_s": round(wall, 3), "kernel_s": round(sum(times) / 1e3, 3), "visits": int(sum(sizes)),
-            "tiles": int(ntiles), "tiles_touched": int(touched.size),
-            "visits_per_tile": [round(float(x), 1) for x in np.percentile(touched, [50, 90, 99, 100])] if touched.size else [],
-            "mean_visits": round(float(touched.mean()), 2) if touched.size else 0,
-            "sweeps": int(sweeps.get()[0]),
-            "sweeps_hist_log2": [int(x) for x in hist.get()],
-            "sizes": sizes, "ms": [round(t, 3) for t in times]})
-        return len(sizes)
+        sizes, ms = np.array(sizes), np.array(times)
+        bins = [0, 64, 256, 1024, 4096, 16384, 1 << 40]
+        by = {f"{a}-{b}": [int(((sizes >= a) & (sizes < b)).sum()), round(float(ms[(sizes >= a) & (sizes < b)].mean()), 3)]
+              for a, b in zip(bins, bins[1:]) if ((sizes >= a) & (sizes < b)).any()}
+        return len(sizes), {"visits": int(sizes.sum()), "kernel_s": round(float(ms.sum()) / 1e3, 3),
+                            "rounds_by_list_size_and_ms": by, "largest_list": int(sizes.max())}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[16384])
     ap.add_argument("--weights", nargs="+", default=["absdiff"])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--no-profile", action="store_true", help="time the plain solve only")
+    ap.add_argument("--reach", type=int, nargs="*", default=[], help="KeyedWorkLists.reach values to try")
+    ap.add_argument("--rounds", action="store_true", help="the unkeyed rounds one by one")
+    ap.add_argument("--profile", type=int, nargs="*", default=None,
+                    help="sizes to profile (default: all); the profile runs with the last --reach")
     args = ap.parse_args()
     import cupy as cp
 
@@ -102,66 +139,61 @@ def main():
     from terrain_io.synth import synth_array
     from terrain_io.weights import get as weight_model
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), time.strftime("%Y-%m-%d %H:%M"), flush=True)
+    keyed = getattr(worklist, "KeyedWorkLists", None)
+    print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), time.strftime("%Y-%m-%d %H:%M"),
+          "keyed" if keyed else "unkeyed", flush=True)
     steps = steps_of(10.0, 10.0)
     for n in args.sizes:
         t = time.perf_counter()
-        v = synth_array(n, n, seed=1)
         vals = cp.full((n + 2, n + 2), cp.nan, cp.float32)
-        vals[1:-1, 1:-1] = cp.asarray(v)
-        del v
+        vals[1:-1, 1:-1] = cp.asarray(synth_array(n, n, seed=1))
         print(f"{n}^2: terrain {time.perf_counter() - t:.1f} s", flush=True)
         src = [(n // 2, n // 2)]
+        small = vals[:258, :258].copy()
         for weight in args.weights:
             kind = weight_model(weight).kind
-            small = vals[: 258, : 258].copy()
-            solve_block(small, kind, steps, [(100, 100)], device="gpu")  # compile
-            cp.cuda.Device().synchronize()
-            t = time.perf_counter()
-            d, lv, p = solve_block(vals, kind, steps, src, device="gpu")
-            cp.cuda.Device().synchronize()
-            plain = time.perf_counter() - t
-            row = {"size": n, "weight": weight, "solve_s": round(plain, 3), "rounds": _incore_gpu.solve_block_gpu.rounds}
-            print(json.dumps(row), flush=True)
-            ref = (d.view(cp.uint64), lv, p)
-            del d, lv, p
-            if args.no_profile:
-                continue
-            base_source = _incore_gpu.kernel_source
-            _incore_gpu.kernel_source = lambda name: instrumented(base_source(name))
-            _incore_gpu._module.cache_clear()
-            value_type = "float"
-            rec = Recorder(lambda: _incore_gpu._module(value_type, int(kind)))
-            orig_run = worklist.WorkLists.run
-            worklist.WorkLists.run = lambda self, kernel, a, first: rec.run(self, kernel, a, first)
-            try:
-                solve_block(small, kind, steps, [(100, 100)], device="gpu")
-                rec.phases.clear()
+            for reach in (args.reach or [None]) if keyed else [None]:
+                if reach:
+                    keyed.reach = reach
+                solve_block(small, kind, steps, [(100, 100)], device="gpu")  # compile
+                cp.cuda.Device().synchronize()
                 t = time.perf_counter()
                 d, lv, p = solve_block(vals, kind, steps, src, device="gpu")
                 cp.cuda.Device().synchronize()
-                prof = time.perf_counter() - t
-            finally:
-                worklist.WorkLists.run = orig_run
-                _incore_gpu.kernel_source = base_source
+                row = {"size": n, "weight": weight, "reach": reach, "solve_s": round(time.perf_counter() - t, 3),
+                       "rounds": _incore_gpu.solve_block_gpu.rounds,
+                       "visits": getattr(_incore_gpu.solve_block_gpu, "visits", None),
+                       "checksum": checksum(d, lv, p)}
+                del d, lv, p
+                print(json.dumps(row), flush=True)
+                if (args.profile is not None and n not in args.profile) or (reach and reach != args.reach[-1]):
+                    continue
+                base_source = _incore_gpu.kernel_source
+                _incore_gpu.kernel_source = lambda name: instrumented(base_source(name))
                 _incore_gpu._module.cache_clear()
-            same = all(bool((a == b).all()) for a, b in zip(ref, (d.view(cp.uint64), lv, p)))
-            del d, lv, p, ref
-            for ph in rec.phases:
-                summary = {k: x for k, x in ph.items() if k not in ("sizes", "ms")}
-                sizes, ms = np.array(ph["sizes"]), np.array(ph["ms"])
-                bins = [0, 64, 256, 1024, 4096, 16384, 1 << 40]
-                summary["ms_per_round_by_size"] = {f"{a}-{b}": [int(((sizes >= a) & (sizes < b)).sum()),
-                                                                round(float(ms[(sizes >= a) & (sizes < b)].mean()), 3)]
-                                                   for a, b in zip(bins, bins[1:]) if ((sizes >= a) & (sizes < b)).any()}
-                summary["sweeps_per_visit"] = round(ph["sweeps"] / max(ph["visits"], 1), 1)
-                print(json.dumps(summary), flush=True)
-            print(json.dumps({"profiled_s": round(prof, 3), "same_bytes_as_plain": same}), flush=True)
-            (out / f"rounds_{n}_{weight}.json").write_text(json.dumps(
-                [{"kernel": ph["kernel"], "sizes": ph["sizes"], "ms": ph["ms"]} for ph in rec.phases]))
-        del vals
+                rec = Recorder(lambda: _incore_gpu._module("float", int(kind)), args.rounds)
+                saved = {(cls, name): getattr(cls, name) for cls, name in
+                         [(worklist.WorkLists, "run")] + ([(keyed, "run_near_far")] if keyed else [])}
+                for (cls, name), fn in saved.items():
+                    setattr(cls, name, rec.wrap(fn))
+                try:
+                    solve_block(small, kind, steps, [(100, 100)], device="gpu")
+                    rec.phases.clear()
+                    t = time.perf_counter()
+                    d, lv, p = solve_block(vals, kind, steps, src, device="gpu")
+                    cp.cuda.Device().synchronize()
+                    prof = time.perf_counter() - t
+                finally:
+                    for (cls, name), fn in saved.items():
+                        setattr(cls, name, fn)
+                    _incore_gpu.kernel_source = base_source
+                    _incore_gpu._module.cache_clear()
+                same = checksum(d, lv, p) == row["checksum"]
+                del d, lv, p
+                for ph in rec.phases:
+                    print("   ", json.dumps(ph), flush=True)
+                print("   ", json.dumps({"profiled_s": round(prof, 3), "same_bytes": same}), flush=True)
+        del vals, small
         cp.get_default_memory_pool().free_all_blocks()
 
 
