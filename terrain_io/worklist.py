@@ -49,10 +49,13 @@ NO_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)  # worklist.cuh's NO_KEY: no key (the lar
 class KeyedWorkLists(WorkLists):
     """Work lists in near-far order (worklist.cuh's keyed rounds): a key per listed tile, and each
     list's totals (its length, least and largest key, tiles passed on). The step ``delta`` is
-    steered so that about ``reach`` tiles are relaxed a round: enough to fill the GPU, few enough
-    that a tile is rarely relaxed before the labels around it have settled."""
+    steered so that about ``reach`` tiles are relaxed a round: enough to fill the GPU (1.5 waves of
+    the H100's resident blocks), few enough that a tile is rarely relaxed before the labels around
+    it have settled. Measured on the H100 (benchmarks/RESULTS.md, issue 31): the SSSP's distances
+    on 32768^2 synthetic terrain took 22.4 s in rounds of every queued tile (93 relaxations a tile
+    at 16384^2), 1.24 s with a reach of 1024 (6.4 a tile), 1.49 s with 4096, 2.87 s with 16384."""
 
-    reach = 4096
+    reach = 1024
 
     def __init__(self, ntiles: int):
         import cupy as cp
@@ -61,7 +64,7 @@ class KeyedWorkLists(WorkLists):
         self.keys = [cp.full(ntiles, NO_KEY, cp.uint64), cp.full(ntiles, NO_KEY, cp.uint64)]
         self.totals = cp.zeros((2, 4), cp.uint64)
         self.fresh = cp.asarray(np.array([0, NO_KEY, 0, 0], np.uint64))  # LIST_LENGTH .. PASSED_ON
-        self.visits = 0  # tiles relaxed in the last run
+        self.visits = self.passed = 0  # the last run's tiles relaxed and tiles passed on
 
     def run_near_far(self, kernel, args, first) -> int:
         """Keyed rounds from the tiles ``first`` (key 0) until no tile is queued; the rounds."""
@@ -75,7 +78,7 @@ class KeyedWorkLists(WorkLists):
         self.totals[0] = self.fresh
         self.totals[0, 1] = 0  # the least key
         delta = math.inf
-        rounds = visits = 0
+        rounds = visits = passed_on = 0
         while n:
             nxt = 1 - cur
             self.totals[nxt] = self.fresh
@@ -86,11 +89,12 @@ class KeyedWorkLists(WorkLists):
             relaxed = n - passed
             delta = self._step(delta, relaxed, passed, length, least, largest)
             visits += relaxed
+            passed_on += passed
             n = length
             cur = nxt
             rounds += 1
         cp.cuda.get_current_stream().synchronize()
-        self.visits = visits
+        self.visits, self.passed = visits, passed_on
         return rounds
 
     def _step(self, delta: float, relaxed: int, passed: int, length: int, least: int, largest: int) -> float:

@@ -1,6 +1,7 @@
 """CuPy side of the in-core SSSP engine (terrain_io/kernels/sssp_incore.cu): rounds of tile
-relaxation over a work list of active tiles, for the distances and then the plateau levels, and
-one pass for the parent codes. The same bytes as :mod:`._incore_cpu` (see :mod:`.incore`)."""
+relaxation over a work list of active tiles, for the distances (in near-far order:
+:class:`~terrain_io.worklist.KeyedWorkLists`) and then the plateau levels, and one pass for the
+parent codes. The same bytes as :mod:`._incore_cpu` (see :mod:`.incore`)."""
 from __future__ import annotations
 
 import functools
@@ -57,7 +58,7 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
         first = cp.unique((rows // TILE) * ntc + cols // TILE).astype(cp.int32)
     args = (vals, d, np.int32(h), np.int32(w), st, np.float64(limit))
     rounds = lists.run_near_far(mod.get_function("relax_distances"), args, first)
-    solve_block_gpu.visits = lists.visits
+    solve_block_gpu.visits, solve_block_gpu.passed = lists.visits, lists.passed
     threads = 256
     blocks = min(-(-h * w // threads), 65536)
     mod.get_function("initial_levels")((blocks,), (threads,), (vals, d, lv, np.int32(h), np.int32(w), st))
