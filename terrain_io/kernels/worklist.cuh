@@ -13,6 +13,8 @@
 //   relax_tile(solve, [&](int m, int i, int j) { ... return lowered; });
 //   store_improved(tile, s, before, solve, out, row_stride, origin, mark, own_flag, ...);
 // Each thread holds TS / BY cells of the tile, one column; the halo (ring of one cell) is fixed.
+// Keyed rounds (near-far order, below; worklist.py::KeyedWorkLists) take keyed_tile, whose far
+// tiles return at once, and store_improved_keyed in place of listed_tile and store_improved.
 
 #define TS 32
 #define BY 8
