@@ -24,7 +24,7 @@ def gpu_solve(block, kind, sources, reach, monkeypatch, steps=None):
 
 
 @pytest.mark.parametrize("kind", ["absdiff", "surface", "cell"])
-@pytest.mark.parametrize("reach", [2, 64])
+@pytest.mark.parametrize("reach", [2, 16])
 def test_near_far_rounds_equal_scipy_and_the_tie_rule(kind, reach, monkeypatch):
     v = terraced((200, 230), 11, step=15.0)  # exact ties and zero-weight plateaus over 8 x 8 tiles
     v[np.random.default_rng(5).random(v.shape) < 0.04] = np.nan
