@@ -728,12 +728,16 @@ def read_window(arr: zarr.Array, win: Window, whole_shard: bool) -> np.ndarray:
     return np.asarray(arr[win.slices])
 
 
-def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, out: np.ndarray | None = None
-               ) -> np.ndarray:
+def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, out: np.ndarray | None = None,
+               each=None) -> np.ndarray | None:
     """The cells of shard (sr, sc) of a 2-D sharded array (clipped at the array's edge), or of
     ``part`` of it (a window of the array inside that shard: only the chunks it touches are read
     and decoded, each from its offset in the file); decoded into ``out`` when given (an array of
     that shape and the array's dtype, any strides: a view of a band buffer), which is returned.
+    With ``each``, no array: ``each(r, c, cells)`` takes every stored chunk as it is decoded (in
+    whichever thread decodes it) -- ``cells`` its part inside the window, (r, c) the array cell of
+    cells[0, 0] -- and the chunks not stored are all fill value (a reader that reduces the chunks
+    as they come: terrain_io.overviews; only for this tool's layout, :func:`shard_layout`).
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
@@ -750,12 +754,16 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         if not (r0 <= part.r0 <= part.r1 <= r1 and c0 <= part.c0 <= part.c1 <= c1):
             raise ValueError(f"{part} is not inside shard ({sr}, {sc})")
         r0, r1, c0, c1 = part.r0, part.r1, part.c0, part.c1
-    if out is None:
+    if each is not None:
+        out = None
+    elif out is None:
         out = np.empty((r1 - r0, c1 - c0), dtype=arr.dtype)
     elif out.shape != (r1 - r0, c1 - c0) or out.dtype != arr.dtype:
         raise ValueError(f"out is {out.shape} {out.dtype}, the cells are {(r1 - r0, c1 - c0)} {arr.dtype}")
     fmt = shard_layout(arr)
     if fmt is None:
+        if each is not None:
+            raise ValueError(f"{arr.path}: not stored as this tool's shards")
         out[...] = arr[r0:r1, c0:c1]
         return out
     from numcodecs import Zstd
@@ -764,7 +772,8 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
-    out[...] = arr.fill_value  # (absent chunks; the rest is decoded over it)
+    if out is not None:
+        out[...] = arr.fill_value  # (absent chunks; the rest is decoded over it)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     size = n0 * n1 * 16
     try:
@@ -825,13 +834,16 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                 raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
             a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
             lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
-            out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
+            if each is not None:
+                each(lo0, lo1, chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0])
+            else:
+                out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
 
         # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
         # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
         # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
         # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-        _run_chunks(decode, arriving, out.nbytes if owns_cores() else 0, len(jobs))
+        _run_chunks(decode, arriving, (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0, len(jobs))
     finally:
         os.close(fd)
     return out
@@ -1218,9 +1230,11 @@ def array_metadata(shape, dtype, chunks, codecs: list, fill_value, attrs: dict, 
     return meta
 
 
-def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs: dict | None = None) -> dict:
-    """The zarr.json :func:`create_tiled_array` writes."""
-    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": _COMPRESSOR.level, "checksum": False}},
+def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs: dict | None = None,
+                         zstd_level: int = _COMPRESSOR.level) -> dict:
+    """The zarr.json :func:`create_tiled_array` writes (chunks compressed at ``zstd_level``: zarr's
+    zstd codec takes -131072..22, and :func:`encode_chunks` uses the level the metadata names)."""
+    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}},
              {"name": "crc32c"}]
     index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     codecs = [{"name": "sharding_indexed", "configuration": {"chunk_shape": [tile, tile], "codecs": inner,
