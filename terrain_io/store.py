@@ -772,8 +772,6 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
-    if out is not None:
-        out[...] = arr.fill_value  # (absent chunks; the rest is decoded over it)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     size = n0 * n1 * 16
     try:
@@ -781,6 +779,8 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
     except FileNotFoundError:  # never written: all fill value (unless the manifest lists it)
         if check is not None:
             check.check_entry(arr.path, key, None)
+        if out is not None:
+            out[...] = arr.fill_value
         return out
     try:
         length = os.fstat(fd).st_size
@@ -802,7 +802,11 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         for i in range((r0 - s0) // t0, -(-(r1 - s0) // t0)):
             for j in range((c0 - s1) // t1, -(-(c1 - s1) // t1)):
                 off, nb = (int(v) for v in index[i, j])
-                if off == _EMPTY:
+                if off == _EMPTY:  # all fill value: only these cells are filled, not the whole window first
+                    if out is not None:
+                        a0, b0 = s0 + i * t0, s1 + j * t1
+                        out[max(a0, r0) - r0 : min(a0 + t0, r1) - r0, max(b0, c0) - c0 : min(b0 + t1, c1) - c0] = \
+                            arr.fill_value
                     continue
                 if off + nb > body or nb < 4 * crc:
                     raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
