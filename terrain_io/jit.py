@@ -136,26 +136,62 @@ def mark_compiled(folder: Path, tag: str) -> None:
 def announce_compiles(say: Callable[[str], None], where: Path | str):
     """Call ``say`` once, with one line, when this process first compiles a kernel of ``terrain_io``.
 
-    numba fires its ``numba:compile`` event only on a cache miss, so a warm run says nothing."""
-    from numba.core import event
+    numba fires its ``numba:compile`` event only on a cache miss, so a warm run says nothing. The
+    listener is registered when numba is imported (at once if it is): a command that runs no CPU
+    kernel (the hydrology on the GPU) never imports numba. Returns the listener, or None until then."""
 
-    class _Listener(event.Listener):
-        said = False
+    def register():
+        from numba.core import event
 
-        def on_start(self, ev):
-            dispatcher = ev.data.get("dispatcher") if ev.data else None
-            module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
-            if not self.said and module.startswith("terrain_io"):
-                self.said = True
-                say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
-                    f"cached in {where})")
+        class _Listener(event.Listener):
+            said = False
 
-        def on_end(self, ev):
-            pass
+            def on_start(self, ev):
+                dispatcher = ev.data.get("dispatcher") if ev.data else None
+                module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+                if not self.said and module.startswith("terrain_io"):
+                    self.said = True
+                    say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
+                        f"cached in {where})")
 
-    listener = _Listener()
-    event.register("numba:compile", listener)
-    return listener  # for numba.core.event.unregister
+            def on_end(self, ev):
+                pass
+
+        listener = _Listener()
+        event.register("numba:compile", listener)
+        return listener  # for numba.core.event.unregister
+
+    if "numba.core.event" in sys.modules:
+        return register()
+    sys.meta_path.insert(0, _AfterImport("numba.core.event", register))
+    return None
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then()`` once, right after the module ``name`` is first imported."""
+
+    def __init__(self, name: str, then: Callable[[], object]):
+        self.name, self.then = name, then
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; and find the real spec without this finder
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, then = spec.loader, self.then
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            try:
+                real_exec(module)
+            finally:
+                loader.exec_module = real_exec
+            then()
+
+        loader.exec_module = exec_module
+        return spec
 
 
 def njit_as(func, name: str, **options):

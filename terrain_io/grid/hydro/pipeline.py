@@ -24,7 +24,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -37,8 +37,11 @@ from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
 from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
+from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
-from . import _cpu, tiled
+
+if TYPE_CHECKING:
+    from . import tiled
 
 # host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
 # network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
@@ -103,6 +106,8 @@ def _open(store, what: str, memory, window_tiles: int | None = None, polygons: b
             return store, None, _Route("gpu")
         if (device or "auto").lower() == "gpu":
             warnings.warn(f"hydrology on the GPU: {why}: run on the CPU instead", TerrainNote, stacklevel=3)
+    from . import tiled  # (the CPU's modules and numba: imported only for a run on the CPU)
+
     need = lambda k: tiled.window_need(store, k, OUT_BYTES[what])  # noqa: E731
     if window_tiles is None:
         chosen = plan(store, budget, what.replace("+", " with "), need, rows * cols * BYTES[what])
@@ -112,10 +117,6 @@ def _open(store, what: str, memory, window_tiles: int | None = None, polygons: b
     k = check_side(store, window_tiles)
     workers = tiled.workers_within(store, k, budget - need(k), os.cpu_count() or 1)
     return store, tiled.Windows(store, k, workers), _Route("cpu")
-
-
-def _threads(store: TerrainStore) -> int:
-    return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
 
 
 def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
@@ -150,6 +151,8 @@ class _Route:
 
             self.K = _gpu
         else:
+            from . import _cpu
+
             self.K = _cpu
 
     def up(self, x):
@@ -165,8 +168,6 @@ class _Route:
         ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
         if self.device == "cpu":
             return _read(store, name, progress)
-        from ..flow.pipeline import upload_held  # terrain flow's reader: each shard uploaded as decoded
-
         with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
             out, _ = upload_held(store, name, None, convert)
             bar.update(1)
@@ -182,7 +183,9 @@ class _Route:
         with timer.phase("read"):
             acc = self.load(store, "flow/accumulation", progress, (np.bool_, lambda b: b >= cells) if mask else None)
         with timer.phase(self.device):
-            net = self.K.stream_network(code, None, cells, acc) if mask else self.K.stream_network(code, acc, cells)
+            if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
+                return self.K.drainage(code, acc), None
+            net = self.K.stream_network(code, acc, cells)
             return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]) if tails else None
 
 
@@ -303,6 +306,8 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     else:
         with store.write_result(f"watershed/{name}", attrs=attrs) as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
+            from . import tiled
+
             counts = tiled.watershed(wins, flat, arr, progress)
             attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())
             writer.attrs.update(attrs)
@@ -339,6 +344,8 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     else:
         with store.write_result("basins") as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
+            from . import tiled
+
             outlet, counts = tiled.basins(wins, arr, progress)
             writer.attrs.update({"basins": len(outlet)})
     attrs = {"basins": len(outlet)}
@@ -402,6 +409,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
             order_arr = writer.create_array("order", np.uint8, 0, attrs=order_attrs)
             magnitude_arr = writer.create_array("magnitude", shreve_dtype, 0, attrs=magnitude_attrs)
             link_arr = writer.create_array("link", np.uint32, 0, attrs=link_attrs)
+            from . import tiled
+
             t = tiled.Streams(wins, cells).links(link_arr, progress, "streams")
             strahler, shreve = tiled.orders(t.downstream, rows * cols)
             tiled.per_cell(wins, link_arr, strahler, shreve, order_arr, magnitude_arr, progress)
@@ -456,6 +465,8 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
         with store.write_result("hand", attrs=attrs) as writer:
             h_arr = writer.create_array("height", np.float32, float("nan"), attrs=height_attrs)
             d_arr = writer.create_array("drainage", np.uint32, 0, attrs=drainage_attrs)
+            from . import tiled
+
             drained, top = tiled.hand(wins, tiled.Streams(wins, cells), source, h_arr, d_arr, progress)
     sec = timer.seconds()
     return HydroResult(f"hand: {drained:,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
@@ -556,6 +567,8 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres), ``upstream``
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
     many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's)."""
+    from . import _cpu
+
     rows, cols = store.shape
     dx, dy = store.metric_cell_size
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
