@@ -2,7 +2,8 @@
 fresh process (reading the store, computing, writing the result and the vectors included), its own
 peak RSS (wait4) and the phases of the result's ``timings`` attribute, on a ``terrain synth`` store
 (seed 0, 10 m cells, tile 256, shard 8) filled and routed by ``terrain fill`` / ``terrain flow``
-on the same device. Every kernel is compiled first by the same commands on a 512^2 store.
+on the same device. Every kernel is compiled first by the same commands on a 512^2 store (unless
+WORK/warm.zarr exists: compiled by an earlier run, e.g. ``pytest -m gpu tests/test_hydro_*.py``).
 
 ``--workflow``: the issue's chain at that size (synth, fill, flow, streams with vectors, HAND) and
 the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each (``--only``).
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--threshold", default="1000")
     ap.add_argument("--workflow", action="store_true")
     ap.add_argument("--only", default="basins,watershed,streams,hand", help="the hydrology commands to run")
+    ap.add_argument("--keep", action="store_true", help="keep the store (WORK/sSIZE.zarr) for a profile after")
     a = ap.parse_args()
     only = ["streams", "hand"] if a.workflow else a.only.split(",")
     os.makedirs(a.work, exist_ok=True)
@@ -65,7 +67,8 @@ def main() -> None:
             row["timings"] = attrs.get("timings")
         print(json.dumps(row), flush=True)
     print(json.dumps({"size": a.size, "memory": a.memory, "sum_of_cli_walls_s": round(total, 2)}), flush=True)
-    shutil.rmtree(st)
+    if not a.keep:
+        shutil.rmtree(st)
 
 
 if __name__ == "__main__":
