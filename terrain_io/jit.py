@@ -163,15 +163,16 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
 
     if "numba.core.event" in sys.modules:
         return register()
-    sys.meta_path.insert(0, _AfterImport("numba.core.event", register))
+    _after_import("numba.core.event", register)
     return None
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``then()`` once, right after the module ``name`` is first imported."""
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Runs the first import of the module ``name`` as ``run(exec_module, module)``: the loader's own
+    ``exec_module`` wrapped (once; the finder then leaves ``sys.meta_path``)."""
 
-    def __init__(self, name: str, then: Callable[[], object]):
-        self.name, self.then = name, then
+    def __init__(self, name: str, run: Callable):
+        self.name, self.run = name, run
 
     def find_spec(self, name, path=None, target=None):
         if name != self.name:
@@ -180,18 +181,27 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader, then = spec.loader, self.then
+        loader, run = spec.loader, self.run
         real_exec = loader.exec_module
 
         def exec_module(module):
             try:
-                real_exec(module)
+                run(real_exec, module)
             finally:
                 loader.exec_module = real_exec
-            then()
 
         loader.exec_module = exec_module
         return spec
+
+
+def _after_import(name: str, then: Callable[[], object]) -> None:
+    """Call ``then()`` right after the module ``name`` is first imported."""
+
+    def run(exec_module, module):
+        exec_module(module)
+        then()
+
+    sys.meta_path.insert(0, _OnImport(name, run))
 
 
 def njit_as(func, name: str, **options):
@@ -212,7 +222,7 @@ def serial_twin(kernel):
     return njit_as(kernel.py_func, kernel.py_func.__qualname__ + "_serial", **options)
 
 
-class _DeferBlasCheck(importlib.abc.MetaPathFinder):
+class _DeferBlasCheck(_OnImport):
     """Imports ``numba.np.arraymath`` with its BLAS check answered without importing scipy.linalg.
 
     arraymath binds ``ensure_blas`` from ``numba.np.linalg`` and calls it once, at import, only to set
@@ -223,29 +233,19 @@ class _DeferBlasCheck(importlib.abc.MetaPathFinder):
 
     NAME = "numba.np.arraymath"
 
-    def find_spec(self, name, path=None, target=None):
-        if name != self.NAME:
-            return None
-        sys.meta_path.remove(self)  # once; and find the real spec without this finder
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        real_exec = loader.exec_module
+    def __init__(self):
+        super().__init__(self.NAME, self._without_blas_check)
 
-        def exec_module(module):
-            import numba.np.linalg as linalg
+    @staticmethod
+    def _without_blas_check(exec_module, module):
+        import numba.np.linalg as linalg
 
-            real_check = linalg.ensure_blas
-            linalg.ensure_blas = _scipy_installed
-            try:
-                real_exec(module)
-            finally:
-                linalg.ensure_blas = real_check
-                loader.exec_module = real_exec
-
-        loader.exec_module = exec_module
-        return spec
+        real_check = linalg.ensure_blas
+        linalg.ensure_blas = _scipy_installed
+        try:
+            exec_module(module)
+        finally:
+            linalg.ensure_blas = real_check
 
 
 def _scipy_installed():
