@@ -168,8 +168,8 @@ def stream_network(code, acc, threshold: float, reached=None):
 
 def height_above_drainage(code, z, net):
     """:func:`._cpu.height_above_drainage` of CuPy codes and elevations, ``net`` from
-    :func:`stream_network` or :func:`drainage`: (height float32, drainage uint32), CuPy; NaN where the path meets no
-    stream has the host's bits (CUDA's arithmetic NaN has others)."""
+    :func:`stream_network` or :func:`drainage`: (height float32, drainage uint32), CuPy; NaN where
+    the path meets no stream has the host's bits (CUDA's arithmetic NaN has others)."""
     import cupy as cp
 
     stream = net.stream.reshape(-1)
