@@ -13,8 +13,9 @@ the GPU route keeps to a ``--memory`` far below the DEM's size.
 
 Out of core: windows of k x k tiles, the largest the budget holds (:func:`..tiling.plan`), values
 carried along the flow forest tile by tile with a boundary solve between (:mod:`.tiled`): the same
-bytes as in core. Polygons (``-o`` of watershed and basins) are traced on the whole label raster,
-read back when it fits the budget.
+bytes as in core. Polygons (``-o`` of watershed and basins) are traced by GDAL's polygonize on the
+label raster in memory where it fits the budget, else on a GeoTIFF of it written shard by shard into a
+scratch folder of the store (:func:`write_polygons`): the same features.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "hand": 66}
 # out of core, bytes a cell of the outputs written (a shard of them is rewritten by zarr)
 OUT_BYTES = {"watershed": 4, "basins": 4, "streams": 9, "streams+vectors": 9, "hand": 8}
-POLYGON_BYTES = 9  # the label raster traced for polygons: labels, their int32 copy, the mask
+POLYGON_BYTES = 9  # the label raster traced in memory: labels, their int32 copy, the mask
+POLYGON_CACHE = 16 << 20  # GDAL's block cache while the label raster is written to disk and traced from there
 # the GPU route's host: a shard a thread (read and decoded up to 8 bytes a cell, a result's shard copied
 # off the GPU and encoded), and what it holds whole (the codes, for the links' walks)
 GPU_SHARD_BYTES = 24
@@ -81,24 +83,18 @@ def write_table(result: HydroResult, path) -> Path:
     return path
 
 
-def _open(store, what: str, memory, window_tiles: int | None = None, polygons: bool = False,
-          device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
+def _open(store, what: str, memory, window_tiles: int | None = None, device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
     """The store, its windows out of core (None: in core) and the route of the kernels.
     ``device`` ``gpu`` (or ``auto`` with a usable GPU): in core on the GPU where its memory holds the
     arrays and the budget the host's shards (:func:`_gpu_misfit`), else the CPU (with one note when
     ``gpu`` was asked for). ``window_tiles`` forces out of core
-    on the CPU with windows of that many tiles a side (tests, benchmarks); ``polygons``: the label
-    raster must fit the budget to be traced."""
+    on the CPU with windows of that many tiles a side (tests, benchmarks)."""
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if "flow/direction" not in store.results():
         raise InputError(f"{store.path}: no flow directions: run terrain flow {store.path} first")
     rows, cols = store.shape
     budget = memory_budget(memory)
-    if polygons and rows * cols * POLYGON_BYTES > budget:
-        raise InputError(f"polygons of a {rows:,} x {cols:,} DEM are traced in memory: about "
-                         f"{format_bytes(rows * cols * POLYGON_BYTES)}, more than the memory budget "
-                         f"{format_bytes(budget)} (raise --memory, or leave out -o)")
     if resolve_device(device) == "gpu":
         why = "windows out of core are computed on the CPU" if window_tiles is not None else _gpu_misfit(
             store, what, budget)
@@ -269,7 +265,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store, wins, route = _open(store, "watershed", memory, window_tiles, vectors is not None, device)
+    store, wins, route = _open(store, "watershed", memory, window_tiles, device)
     rows, cols = store.shape
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
@@ -313,7 +309,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
             writer.attrs.update(attrs)
     if vectors is not None:
         with timer.phase("vectors"):
-            label = _read(store, f"watershed/{name}/label", progress) if label is None else to_host(label)
+            label = _polygon_labels(store, f"watershed/{name}/label", label, memory, progress)
             write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
                                           "outlet_col": cells[:, 1]}, vectors, overwrite)
     sec = timer.seconds()
@@ -331,7 +327,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store, wins, route = _open(store, "basins", memory, window_tiles, vectors is not None, device)
+    store, wins, route = _open(store, "basins", memory, window_tiles, device)
     label_attrs = {"ids": "1.. in row-major order of the outlet cells; 0 nodata"}
     label = None
     if wins is None:
@@ -356,7 +352,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
              "cells": counts, "area_m2": counts * dx * dy}
     if vectors is not None:
         with timer.phase("vectors"):
-            label = _read(store, "basins/label", progress) if label is None else to_host(label)
+            label = _polygon_labels(store, "basins/label", label, memory, progress)
             write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
     sec = timer.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
@@ -616,21 +612,69 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     return Path(out)
 
 
-def write_polygons(store: TerrainStore, label: np.ndarray, fields: dict, out, overwrite: bool = False) -> Path:
+def _polygon_labels(store: TerrainStore, name: str, held, memory, progress: bool):
+    """The labels to trace for polygons: in memory (``held``, or read whole) where ``POLYGON_BYTES`` a
+    cell fit the budget, else the array's name (:func:`write_polygons` traces it from disk)."""
+    rows, cols = store.shape
+    if rows * cols * POLYGON_BYTES > memory_budget(memory):
+        return name
+    return _read(store, name, progress) if held is None else to_host(held)
+
+
+def _label_tiffs(store: TerrainStore, name: str, folder: Path) -> tuple[Path, Path]:
+    """The label array ``name`` as two tiled GeoTIFFs, written shard by shard: the labels (int32, what
+    GDAL's polygonize reads) and the mask label > 0 (uint8, rasterio's type for a mask band)."""
+    import rasterio
+    from affine import Affine
+    from rasterio.windows import Window as RioWindow
+
+    rows, cols = store.shape
+    profile = dict(driver="GTiff", width=cols, height=rows, count=1, tiled=True, blockxsize=256, blockysize=256,
+                   compress="zstd", zstd_level=1, BIGTIFF="IF_SAFER",
+                   transform=Affine.from_gdal(*(store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0))))
+    paths = folder / "label.tif", folder / "mask.tif"
+    with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(paths[0], "w", dtype="int32", **profile) as lab, \
+            rasterio.open(paths[1], "w", dtype="uint8", **profile) as mask:
+        for win in store.shards():
+            block = store.read(win, name)
+            at = RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0)
+            lab.write(block.view(np.int32), 1, window=at)
+            mask.write((block > 0).view(np.uint8), 1, window=at)
+    return paths
+
+
+def write_polygons(store: TerrainStore, label, fields: dict, out, overwrite: bool = False) -> Path:
     """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
-    part), with ``fields`` (name -> array indexed by id - 1) and the ``id``."""
+    part), with ``fields`` (name -> array indexed by id - 1) and the ``id``. ``label``: the raster in
+    memory, or the name of the store's label array: then written to a GeoTIFF in a scratch folder of
+    the store, shard by shard, which GDAL's polygonize reads a block row at a time (the raster is
+    never whole in memory; the same polygons)."""
+    import rasterio
     from affine import Affine
     from rasterio import features
 
+    from ...atomic import scratch_directory
+
     t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
-    geoms, ids = [], []
-    if int(label.max(initial=0)) >= 2**31:
+    regions = len(next(iter(fields.values())))
+    if regions >= 2**31:
         raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
-    as_int = label.astype(np.int32)  # the widest integer type rasterio's shapes reads
-    for geom, value in features.shapes(as_int, mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)):
-        geoms.append(wkb_polygon(geom["coordinates"]))
-        ids.append(int(value))
+    geoms, ids = [], []
+
+    def trace(shapes):
+        for geom, value in shapes:
+            geoms.append(wkb_polygon(geom["coordinates"]))
+            ids.append(int(value))
+
+    if isinstance(label, str):
+        with scratch_directory(store.path, "polygons") as tmp:
+            lab, mask = _label_tiffs(store, label, tmp)
+            with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(lab) as ds, rasterio.open(mask) as ok:
+                trace(features.shapes(rasterio.band(ds, 1), mask=rasterio.band(ok, 1), connectivity=8,
+                                      transform=Affine.from_gdal(*t)))
+    else:
+        trace(features.shapes(label.astype(np.int32), mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)))
     order = np.argsort(np.asarray(ids, np.int64), kind="stable")
     ids = np.asarray(ids, np.int64)[order]
     geometry = np.array([geoms[i] for i in order], object)
