@@ -10,7 +10,6 @@ import numpy as np
 
 from ...jit import SERIAL_BELOW
 from ...store import TerrainStore, Window, write_window
-from . import _cpu as _fill_cpu
 
 OUTLETS = ("edge+nodata", "edge")
 TABLE_IN_ATTRS = 1000  # a result's table goes into its attributes up to this many rows
@@ -46,6 +45,8 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
         ok[-1] = False
     if win.c1 == cols:
         ok[:, -1] = False
+    from . import _cpu as _fill_cpu  # (here: the GPU routes that write through write_held need no numba)
+
     outlets = _fill_cpu.outlets_serial if rows * cols < SERIAL_BELOW else _fill_cpu.outlets
     return vals, ok, outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
 

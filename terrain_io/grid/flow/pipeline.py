@@ -35,9 +35,7 @@ in another order (relative differences of a few ulp, ~1e-15).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -60,6 +58,7 @@ from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
 from .array import DIRECTION_CODES, check_weights
 from .codes import NODATA, OUTLET, SINK
+from .upload import upload_held
 
 RESULT = "flow"
 CONDITIONS = ("fill", "none")
@@ -646,32 +645,6 @@ def _free_gpu_pool() -> None:
     import cupy
 
     cupy.get_default_memory_pool().free_all_blocks()
-
-
-def upload_held(store, source, wsrc, convert=None):
-    """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
-    as it arrives, so that the host holds a few shards and reading overlaps the copies. ``convert``
-    (dtype, function of a block): each block converted in its reader thread before the upload (the
-    hydrology's stream mask of the accumulation: an eighth of its bytes to copy)."""
-    import cupy
-
-    dtype = (store.elevation if source == "elevation" else store.group[source]).dtype
-    z_d = cupy.empty(store.shape, dtype if convert is None else convert[0])
-    w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None
-    lock = threading.Lock()  # a raster file's handle is not shared between threads
-
-    def one(win):
-        block = store.read(win, source)
-        if w_d is not None:
-            with lock:
-                w = wsrc.read(win)
-            check_weights(w, store.valid(block), w.shape)
-            w_d[win.slices] = cupy.asarray(w)
-        z_d[win.slices] = cupy.asarray(block if convert is None else convert[1](block))
-
-    with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
-        list(pool.map(one, store.shards()))
-    return z_d, w_d
 
 
 def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now) -> FlowResult:

@@ -7,12 +7,12 @@ the host (one row a link)."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
 from ...backend import EXACT_OPTIONS, kernel_source
 from ...errors import InputError
-from . import _cpu
 
 THREADS = 256
 
@@ -108,10 +108,16 @@ def label_basins(code):
     return label.reshape(code.shape), outlet, counts
 
 
-def stream_network(code, acc, threshold: float, reached=None) -> "_cpu.Network":
-    """:func:`._cpu.stream_network` of CuPy codes and accumulation: the rasters stay on the GPU (a
-    Network of CuPy arrays), the link table comes back to the host. ``reached``: ``acc >=
-    threshold`` already made (bool, the codes' shape; ``acc`` is then not used)."""
+class Drainage(NamedTuple):
+    """What HAND needs of a stream network (CuPy, flat): the ``stream`` mask and the ``link`` ids."""
+
+    stream: object
+    link: object
+
+
+def _stream_links(code, acc, threshold: float, reached):
+    """The stream mask, link ids (uint32, 0 off), link heads' mask and link count of the cells
+    whose accumulation reaches ``threshold`` (or ``reached``, that mask already made)."""
     import cupy as cp
 
     h, w = code.shape
@@ -124,7 +130,26 @@ def stream_network(code, acc, threshold: float, reached=None) -> "_cpu.Network":
     _roots(par)
     rank, head, n = _root_ranks(par)
     link = _gather(rank, par)
-    del par, rank
+    return stream, link, head, n
+
+
+def drainage(code, reached) -> Drainage:
+    """The stream mask and link ids of :func:`stream_network` alone (HAND: no link table, no
+    orders), from the mask ``reached`` = accumulation >= threshold."""
+    stream, link, _, _ = _stream_links(code, None, 0.0, reached)
+    return Drainage(stream, link)
+
+
+def stream_network(code, acc, threshold: float, reached=None):
+    """:func:`._cpu.stream_network` of CuPy codes and accumulation: the rasters stay on the GPU (a
+    Network of CuPy arrays), the link table comes back to the host. ``reached``: ``acc >=
+    threshold`` already made (bool, the codes' shape; ``acc`` is then not used)."""
+    import cupy as cp
+
+    from . import _cpu  # the links' orders on the host
+
+    h, w = code.shape
+    stream, link, head, n = _stream_links(code, acc, threshold, reached)
     heads = cp.flatnonzero(head).get()
     del head
     tail, down = cp.zeros(n, np.int64), cp.zeros(n, np.uint32)
@@ -143,8 +168,8 @@ def stream_network(code, acc, threshold: float, reached=None) -> "_cpu.Network":
 
 def height_above_drainage(code, z, net):
     """:func:`._cpu.height_above_drainage` of CuPy codes and elevations, ``net`` from
-    :func:`stream_network`: (height float32, drainage uint32), CuPy; NaN where the path meets no
-    stream has the host's bits (CUDA's arithmetic NaN has others)."""
+    :func:`stream_network` or :func:`drainage`: (height float32, drainage uint32), CuPy; NaN where
+    the path meets no stream has the host's bits (CUDA's arithmetic NaN has others)."""
     import cupy as cp
 
     stream = net.stream.reshape(-1)
