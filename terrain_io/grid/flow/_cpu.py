@@ -22,8 +22,9 @@ Directions (the contract in :mod:`.codes`)
 
 Accumulation
     s(c), the sum over c's donors n (neighbours whose code points at c) of v(n); v(n) = s(n) + w(n)
-    (w = 1 for counts). The kernel stores s (the ESRI convention, ``include_self=False``); the
-    caller adds w for v (TauDEM's). Sums are integers, so every order of adding gives the same
+    (w = 1 for counts). The kernel stores s for counts (the ESRI convention, ``include_self=False``;
+    the caller adds 1 for v, TauDEM's) and v for weights (:func:`finish_weights` takes w off for s).
+    Sums are integers, so every order of adding gives the same
     bits (in core, tile by tile, on the GPU): counts in uint64, weights as exact fixed-point
     integers (:func:`weight_scale`): each weight w is q(w) = w * 2^S, an integer for the common
     scale S chosen from the weights' exponent range, summed in two 64-bit words (lo, hi: 128 bits,
@@ -285,23 +286,26 @@ def to_float(lo, hi, scale):
 @numba.njit(parallel=True, nogil=True, cache=True)
 def finish_weights(code, wbits, scale, include_self, lo, hi, out):
     """The float64 sums of the block's interior (``out`` (h, w), which may be ``lo``'s own words
-    viewed as float64): v = s + q(w) (or s without the cell), 0 at nodata."""
+    viewed as float64) from v (:func:`accumulate`'s weighted words): v, or s = v - q(w) without
+    the cell; 0 at nodata."""
     h, w = out.shape
     for a in prange(h):
         for b in range(w):
             if code[a + 1, b + 1] == NODATA:
                 out[a, b] = 0.0
                 continue
-            sl, sh = lo[a + 1, b + 1], hi[a + 1, b + 1]
-            if include_self:
+            vl, vh = lo[a + 1, b + 1], hi[a + 1, b + 1]
+            if not include_self:
                 ql, qh = _q(wbits[a, b], scale)
-                sl, sh = _add(sl, sh, ql, qh)
-            out[a, b] = to_float(sl, sh, scale)
+                vh = vh - qh - (_U1 if vl < ql else _U0)
+                vl = vl - ql
+            out[a, b] = to_float(vl, vh, scale)
 
 
 @numba.njit(nogil=True, cache=True)
-def _pull(code, wbits, weighted, scale, lo, hi, a, b):
-    """s of interior cell (a, b): the sum of its donors' v (module docstring), as (lo, hi)."""
+def _pull(code, weighted, lo, hi, a, b):
+    """s of interior cell (a, b): the sum of its donors' v (module docstring), as (lo, hi); the
+    weighted words hold v, the counts s inside the block (and v in the halo)."""
     h, w = code.shape[0] - 2, code.shape[1] - 2
     sl, sh = _U0, _U0
     for d in range(8):
@@ -310,9 +314,6 @@ def _pull(code, wbits, weighted, scale, lo, hi, a, b):
             continue
         if weighted:
             sl, sh = _add(sl, sh, lo[i, j], hi[i, j])
-            if 1 <= i <= h and 1 <= j <= w:
-                ql, qh = _q(wbits[i - 1, j - 1], scale)
-                sl, sh = _add(sl, sh, ql, qh)
         else:
             sl += lo[i, j] + (_U1 if 1 <= i <= h and 1 <= j <= w else _U0)
     return sl, sh
@@ -320,8 +321,9 @@ def _pull(code, wbits, weighted, scale, lo, hi, a, b):
 
 @numba.njit(nogil=True, cache=True)
 def accumulate(code, wbits, weighted, scale, lo, hi, donors):
-    """s of every interior cell of the block (module docstring) into ``lo`` (and ``hi``), (h + 2,
-    w + 2) uint64: their halo holds the given v of outside donors, their interior any values;
+    """s of every interior cell of the block (module docstring) into ``lo`` -- for weights v = s +
+    q(w) into ``lo`` and ``hi`` (:func:`finish_weights` takes q off again for s) -- (h + 2, w + 2)
+    uint64: their halo holds the given v of outside donors, their interior any values;
     ``code``: the block's codes (halo included); ``wbits``: (h, w) the float64 bits of the weights
     when ``weighted`` (``scale``: :func:`weight_scale`), else counts (``hi`` unused, any uint64
     array); ``donors``: (h, w) uint8 scratch. Returns the number of valid interior cells left
@@ -348,10 +350,12 @@ def accumulate(code, wbits, weighted, scale, lo, hi, donors):
                 continue
             a, b = a0, b0
             while True:
-                sl, sh = _pull(code, wbits, weighted, scale, lo, hi, a, b)
-                lo[a + 1, b + 1] = sl
+                sl, sh = _pull(code, weighted, lo, hi, a, b)
                 if weighted:
+                    ql, qh = _q(wbits[a, b], scale)
+                    sl, sh = _add(sl, sh, ql, qh)
                     hi[a + 1, b + 1] = sh
+                lo[a + 1, b + 1] = sl
                 donors[a, b] = DONE
                 left -= 1
                 d = code[a + 1, b + 1]
@@ -592,9 +596,8 @@ def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
                 if not (1 <= i <= h and 1 <= j <= w) and code[i, j] != NODATA:
                     exit_id[n_exit] = (r0 + a - 1) * cols + c0 + b - 1
                     exit_to[n_exit] = (r0 + i - 1) * cols + c0 + j - 1
-                    if weighted:
-                        ql, qh = _q(wbits[a - 1, b - 1], scale)
-                        exit_v[n_exit, 0], exit_v[n_exit, 1] = _add(lo[a, b], hi[a, b], ql, qh)
+                    if weighted:  # the words hold v
+                        exit_v[n_exit, 0], exit_v[n_exit, 1] = lo[a, b], hi[a, b]
                     else:
                         exit_v[n_exit, 0], exit_v[n_exit, 1] = lo[a, b] + _U1, _U0
                     n_exit += 1
