@@ -253,6 +253,37 @@ __device__ __forceinline__ double to_double(u128 v, int scale) {
     return ldexp(__ull2double_rn(t), 64 - n - scale);
 }
 
+// The weights' exponent range at the valid cells (_cpu.weight_range): out[0] = max of the binary
+// exponents (w < 2^(top + 1)), out[1] = min of the exponents of the lowest set bits (out: -100000,
+// 100000 beforehand; unchanged where no weight is > 0). Warp reductions, then one atomic a warp.
+extern "C" __global__ void weight_range(const unsigned long long* __restrict__ bits,
+                                        const unsigned char* __restrict__ code, long long n, long long* out) {
+    long long top = -100000, low = 100000;
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
+        const unsigned long long x = bits[q] & 0x7fffffffffffffffull;
+        if (!x || code[q] == NODATA_CODE) continue;
+        long long e = (long long)(x >> 52);
+        unsigned long long m = x & ((1ull << 52) - 1ull);
+        if (e) {
+            top = max(top, e - 1023);
+            m |= 1ull << 52;
+            e -= 1075;
+        } else {
+            top = max(top, -1075ll + (64 - __clzll((long long)m)));
+            e = -1074;
+        }
+        low = min(low, e + __ffsll((long long)m) - 1);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        top = max(top, __shfl_down_sync(0xffffffffu, top, o));
+        low = min(low, __shfl_down_sync(0xffffffffu, low, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(out, top);
+        atomicMin(out + 1, low);
+    }
+}
+
 // Phase C's band of weighted sums as float64.
 extern "C" __global__ void band_to_double(const u128* __restrict__ in, long long n, int scale,
                                           double* __restrict__ out) {

@@ -54,46 +54,18 @@ def device_bytes(rows: int, cols: int, dtype, weighted: bool = False, band_rows:
 
 
 TOUR_BYTES = 100  # GPU memory of the exits' Euler tour and its list ranking, an exit (device_bytes)
-_RANGE = r"""
-__device__ long long top_of(unsigned long long x) {  // the float64's binary exponent (w < 2^(top + 1))
-    long long e = (long long)(x >> 52);
-    return e ? e - 1023 : -1075 + (64 - __clzll((long long)(x & ((1ull << 52) - 1ull))));
-}
-__device__ long long low_of(unsigned long long x) {  // the exponent of its lowest set bit
-    long long e = (long long)(x >> 52);
-    unsigned long long m = x & ((1ull << 52) - 1ull);
-    if (e) { m |= 1ull << 52; e -= 1075; } else { e = -1074; }
-    return e + __ffsll((long long)m) - 1;
-}
-"""
-
-
-@functools.cache
-def _range_kernels():
-    import cupy as cp
-
-    args = ("uint64 x, uint8 c", "int64 y")
-    use = "c != 255 && (x << 1) != 0"
-    top = cp.ReductionKernel(*args, f"({use}) ? top_of(x) : -100000", "max(a, b)", "y = a", "-100000",
-                             "weight_top", preamble=_RANGE)
-    low = cp.ReductionKernel(*args, f"({use}) ? low_of(x) : 100000", "min(a, b)", "y = a", "100000",
-                             "weight_low", preamble=_RANGE)
-    return top, low
-
-
 def weight_scale(code, wt) -> int:
     """The CPU's fixed-point scale (:func:`._cpu.weight_scale`, the same note) of weights ``wt`` at
-    the valid cells of ``code`` (CuPy)."""
+    the valid cells of ``code`` (CuPy; flow.cu's weight_range)."""
+    import cupy as cp
+
     from ._cpu import checked_scale
 
-    top, low = _range_kernels()
-    bits = wt.view(np.uint64)
-    t, lw = int(top(bits, code)), int(low(bits, code))
-    return checked_scale(code.size, t, lw if lw < 100000 else None)
-
-
-class GpuMemoryShort(InputError):
-    """The exits' Euler tour does not fit the GPU's free memory (known once the exits are counted)."""
+    out = cp.asarray(np.array([-100000, 100000], np.int64))
+    _module("float").get_function("weight_range")(*_grid(code.size), (wt.view(np.uint64), code, np.int64(code.size),
+                                                                      out))
+    top, low = (int(v) for v in out.get())
+    return checked_scale(code.size, top, low if low < 100000 else None)
 
 
 def _grid(n: int) -> tuple:
