@@ -560,7 +560,7 @@ def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
     """Tile phase of Barnes 2017 ("Parallel non-divergent flow accumulation for trillion cell
     digital elevation models") on one window: ``lo``/``hi`` (halo zero) get the in-tile s
     (:func:`accumulate`); returns its *exits* (cells draining into another window: global id, the
-    receiving cell's id, in-tile v as (lo, hi) rows) and its *entries* (cells with a donor in the
+    receiving cell's id, in-tile v as rows (lo, hi) of weighted sums, (count,) of counts) and its *entries* (cells with a donor in the
     halo: global id, the exit its in-tile flow path leaves by, -1 when the path ends inside)."""
     h, w = code.shape[0] - 2, code.shape[1] - 2
     accumulate(code, wbits, weighted, scale, lo, hi, np.empty((h, w), np.uint8))
@@ -581,7 +581,7 @@ def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
                         break
     exit_id = np.empty(n_exit, np.int64)
     exit_to = np.empty(n_exit, np.int64)
-    exit_v = np.empty((n_exit, 2), np.uint64)
+    exit_v = np.empty((n_exit, 2 if weighted else 1), np.uint64)
     entry_id = np.empty(n_entry, np.int64)
     entry_link = np.empty(n_entry, np.int64)
     leaves = np.full((h, w), -2, np.int64)  # the exit a cell's path leaves by; -1 none, -2 not known yet
@@ -599,7 +599,7 @@ def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
                     if weighted:  # the words hold v
                         exit_v[n_exit, 0], exit_v[n_exit, 1] = lo[a, b], hi[a, b]
                     else:
-                        exit_v[n_exit, 0], exit_v[n_exit, 1] = lo[a, b] + _U1, _U0
+                        exit_v[n_exit, 0] = lo[a, b] + _U1
                     n_exit += 1
             if d == NODATA:
                 continue
@@ -641,7 +641,7 @@ def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
 @numba.njit(nogil=True, cache=True)
 def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
     """Boundary solve of Barnes 2017: the final v of every exit (``exit_id`` sorted, ``entry_id``
-    sorted; values as (lo, hi) rows): each exit adds its v to the exit its receiver's path leaves
+    sorted; values as rows (lo, hi), or (count,)): each exit adds its v to the exit its receiver's path leaves
     by, in topological order (Kahn); returns the v, or raises on a cycle."""
     n = len(exit_id)
     down = np.full(n, -1, np.int64)
@@ -664,7 +664,10 @@ def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
         head += 1
         j = down[k]
         if j >= 0:
-            v[j, 0], v[j, 1] = _add(v[j, 0], v[j, 1], v[k, 0], v[k, 1])
+            if v.shape[1] == 2:
+                v[j, 0], v[j, 1] = _add(v[j, 0], v[j, 1], v[k, 0], v[k, 1])
+            else:
+                v[j, 0] += v[k, 0]
             indeg[j] -= 1
             if indeg[j] == 0:
                 queue[tail] = j

@@ -203,7 +203,8 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
         incore_need = rows * cols * (max(isz, 8 if wsrc else 0) + 27 + (8 if wsrc else 0))  # + the sums' high words
         if window_tiles is None:  # a window and the boundary lists; the flats' lists get what is left
             side = store.tile_size * store.shard_size
-            chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz, side),
+            chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz, side,
+                                                                         wsrc is not None),
                           incore_need if scheduler == "local" else None)
             if chosen.held:
                 return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start,
@@ -221,21 +222,21 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
             wsrc.close()
 
 
-def _tiled_bytes(rows: int, cols: int, side: int, isz: int, shard_side: int) -> int:
-    """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (32 bytes)
-    and entries (16 bytes) of every window's edge cells, twice while they are gathered and sorted;
+def _tiled_bytes(rows: int, cols: int, side: int, isz: int, shard_side: int, weighted: bool = False) -> int:
+    """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (24 bytes;
+    32 with weights: their sums' two words) and entries (16 bytes) of every window's edge cells, twice while they are gathered and sorted;
     a window that is part of a shard is written through zarr, which rewrites the shard: count the
     shard of both results (1 + 8 bytes a cell; measured +9.8 MiB writing the codes of 256^2 windows
     into a 2048^2 shard)."""
     edge_cells = 2 * (rows * -(-cols // side) + cols * -(-rows // side))
     rewrite = 0 if side >= shard_side else min(shard_side, rows) * min(shard_side, cols) * 9
-    return _window_bytes(side, isz) + edge_cells * 96 + rewrite
+    return _window_bytes(side, isz, weighted) + edge_cells * (96 if weighted else 80) + rewrite
 
 
-def _window_bytes(side: int, isz: int) -> int:
+def _window_bytes(side: int, isz: int, weighted: bool = False) -> int:
     """Host memory of one window: its values with a two-cell halo, masks, codes, accumulation (two
     words of weighted sums), weights, the in-window path scratch."""
-    return (side + 4) ** 2 * (isz + 2) + (side + 2) ** 2 * 17 + side * side * 26
+    return (side + 4) ** 2 * (isz + 2) + (side + 2) ** 2 * (17 if weighted else 9) + side * side * 26
 
 
 def _source(store, condition, outlets, device, memory, progress, announce) -> tuple[str, bool]:
@@ -443,7 +444,7 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
             parts, holding, perimeter = [], [], []
             compact = not flat_sweeps
             room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize,
-                                                store.tile_size * store.shard_size))
+                                                store.tile_size * store.shard_size, weighted))
             items = (task(b, flat_lists=compact) for b in batches)  # lazy: ``compact`` as it stands
             for b, (n, perim, lists) in zip(batches, run(_directions_task, items, "directions")):
                 if not n:
