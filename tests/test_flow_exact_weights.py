@@ -10,42 +10,23 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from references import utm_store
+from references import topological_sum, utm_store
 from terrain_io.errors import TerrainNote
 from terrain_io.grid.flow import flow_accumulation, flow_direction
 from terrain_io.grid.flow.codes import NODATA
 from terrain_io.grid.flow.pipeline import flow, read_flow
-from terrain_io.weights import DC, DR
 
 pytestmark = pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")
 
 
 def exact_sums(code, weights, include_self=True) -> np.ndarray:
-    """Kahn's topological order over the cells: each cell's exact rational total (its weight and its
-    donors' totals) added to its receiver; the float64 nearest each (Python's Fraction -> float)."""
-    rows, cols = code.shape
-    valid = code != NODATA
-    total = [Fraction(float(w)) if ok else Fraction(0) for w, ok in zip(weights.ravel(), valid.ravel())]
-    own = list(total)
-    down = [-1] * (rows * cols)
-    indeg = [0] * (rows * cols)
-    for r in range(rows):
-        for c in range(cols):
-            d = int(code[r, c])
-            if d < 8:
-                down[r * cols + c] = (r + int(DR[d])) * cols + c + int(DC[d])
-                indeg[down[r * cols + c]] += 1
-    order = [i for i in range(rows * cols) if indeg[i] == 0]
-    for i in order:
-        j = down[i]
-        if j >= 0:
-            total[j] += total[i]
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                order.append(j)
-    assert len(order) == rows * cols, "cycle"
-    out = [float(t - (0 if include_self else o)) for t, o in zip(total, own)]
-    return np.asarray(out, np.float64).reshape(rows, cols)
+    """Each cell's exact rational total (its weight and its donors' totals, in Kahn's topological
+    order: references.topological_sum over Fractions), as the float64 nearest it (Fraction -> float)."""
+    exact = np.array([Fraction(float(w)) for w in weights.ravel()], object).reshape(weights.shape)
+    total = topological_sum(code, exact)
+    if not include_self:
+        total = total - np.where(code != NODATA, exact, 0)
+    return np.array([float(t) for t in total.ravel()], np.float64).reshape(code.shape)
 
 
 def dem(shape=(72, 90), seed=3):
