@@ -26,7 +26,7 @@ if [ "$STEP" = big ]; then  # the synth in the background, the kernels compiled 
   wait $SYN
   echo "synth 65536 (beside the compiles and the GPU checks):"; cat /tmp/synth.log
   python3 benchmarks/bench_flow_cli.py --work /tmp/fl --size 65536 --memory 16GB --device gpu --keep \
-    --condition ${CONDITION:-fill} --then hand streams basins
+    --condition ${CONDITION:-fill} --then basins streams hand
   cat /tmp/side.log
   df -h /tmp | tail -1
 fi
