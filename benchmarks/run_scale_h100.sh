@@ -5,6 +5,7 @@
 # flow (CONDITION=none: no fill), basins, streams, hand (bench_flow_cli.py: CLI wall, peak RSS and GPU memory),
 # beside the synth the exact weights' GPU tests and the weighted bench at 16384^2 (this tree, main).
 ROOT=${ROOT:?the device repository root}
+exec > >(tee -a "${OUT:-/tmp}/scale.log") 2>&1  # the log comes back even when the call's time runs out
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 df -h /tmp | tail -1
 if [ "$STEP" = tests ]; then
