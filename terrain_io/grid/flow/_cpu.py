@@ -202,11 +202,9 @@ def weight_range(wbits, code):
                 m |= _MANT + _U1
                 e -= 1075
                 t = e + 52
-            z = 0
-            while not (m >> np.uint64(z)) & _U1:
-                z += 1
+            low = m & (~m + _U1)  # the lowest set bit, a power of two <= 2^52: exact as a float64
             tops[a] = max(tops[a], t)
-            lows[a] = min(lows[a], e + z)
+            lows[a] = min(lows[a], e + math.frexp(np.float64(low))[1] - 1)
     return tops.max(), lows.min(), lows.min() < 100000
 
 
