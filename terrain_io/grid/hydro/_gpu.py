@@ -59,7 +59,9 @@ def device_bytes(rows: int, cols: int, what: str = "hand", dtype=np.float64) -> 
     fixed, pointers = _PEAK[what]
     dtype = np.dtype(dtype)
     z = dtype.itemsize + (0 if dtype in _Z else 8) if what == "hand" else 0
-    return n * (fixed + pointers * _pointer(n).itemsize + z) + 9 * min(n, BAND) + (64 << 20)
+    p = _pointer(n).itemsize
+    p += 4 if p == 8 else 0  # 64-bit pointers: the uint32 values beside them, not over them
+    return n * (fixed + pointers * p + z) + 9 * min(n, BAND) + (64 << 20)
 
 
 def _roots(par) -> None:
