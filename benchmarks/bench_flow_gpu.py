@@ -141,7 +141,8 @@ def main():
         longest = int(acc.max())
         r = {"cells": cells, "synth_s": gen, "directions_s": td, "directions_cells_per_s": cells / td,
              "bfs_rounds": list(rounds), "accumulation_s": ta, "accumulation_cells_per_s": cells / ta,
-             "weighted_s": tw, "weighted_cells_per_s": cells / tw, "weighted_phases_ms": phases_w, "exits": exits, "max_accumulation": longest,
+             "weighted_s": tw, "weighted_cells_per_s": cells / tw, "weighted_phases_ms": phases_w,
+             "exits": exits, "max_accumulation": longest,
              "sinks": int(cp.count_nonzero(code == 9)), "unresolved_left": flat,
              "accumulation_phases_ms": phases,
              "peak_gpu_directions": peak_d.peak, "peak_gpu_accumulation": peak_a.peak, "held_before": base,

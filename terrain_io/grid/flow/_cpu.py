@@ -558,8 +558,9 @@ def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
     """Tile phase of Barnes 2017 ("Parallel non-divergent flow accumulation for trillion cell
     digital elevation models") on one window: ``lo``/``hi`` (halo zero) get the in-tile s
     (:func:`accumulate`); returns its *exits* (cells draining into another window: global id, the
-    receiving cell's id, in-tile v as rows (lo, hi) of weighted sums, (count,) of counts) and its *entries* (cells with a donor in the
-    halo: global id, the exit its in-tile flow path leaves by, -1 when the path ends inside)."""
+    receiving cell's id, in-tile v as rows (lo, hi) of weighted sums, (count,) of counts) and its
+    *entries* (cells with a donor in the halo: global id, the exit its in-tile flow path leaves by,
+    -1 when the path ends inside)."""
     h, w = code.shape[0] - 2, code.shape[1] - 2
     accumulate(code, wbits, weighted, scale, lo, hi, np.empty((h, w), np.uint8))
     n_exit = 0

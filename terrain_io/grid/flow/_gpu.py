@@ -42,8 +42,9 @@ def device_bytes(rows: int, cols: int, dtype, weighted: bool = False, band_rows:
     rows; None: the whole result) holds at its peak, inputs included: directions the values (and
     their copy in the value type where it differs), the mask, two code arrays and two int32
     distances; accumulation the codes, int16 exit ranks, the exit slots (MAXE a tile), the result's
-    band (weighted: the 128-bit sums and their float64 band). The exits' Euler tour (about 100 bytes an exit, list ranking's working arrays included)
-    is checked against the free memory once the exits are counted (:class:`GpuMemoryShort`)."""
+    band (weighted: the 128-bit sums and their float64 band). The exits' Euler tour (about 100
+    bytes an exit, list ranking's working arrays included) is checked against the free memory once
+    the exits are counted (:class:`GpuMemoryShort`)."""
     n = rows * cols
     ntiles = -(-rows // TILE) * -(-cols // TILE)
     vt = _value_type(dtype)

@@ -1,9 +1,9 @@
 """Flow directions and accumulation of a store's DEM, in core or out of core (``terrain flow``).
 
 Definitions: :mod:`.codes` and :mod:`._cpu` (D8 steepest descent; flats by Barnes, Lehman & Mulla
-2014; accumulation counting the cell itself, or weights summed in a fixed donor order). The source
-is ``fill/elevation`` (``condition="fill"``: the stored fill when it was made with the same outlets
-from this elevation, else ``terrain fill`` runs first) or ``elevation`` (``"none"``).
+2014; accumulation counting the cell itself, or weights summed exactly as fixed-point integers).
+The source is ``fill/elevation`` (``condition="fill"``: the stored fill when it was made with the
+same outlets from this elevation, else ``terrain fill`` runs first) or ``elevation`` (``"none"``).
 
 In core (the DEM and its scratch fit the memory budget): the whole DEM read, routed and
 accumulated in memory, written shard by shard in parallel threads.
@@ -224,8 +224,8 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
 
 def _tiled_bytes(rows: int, cols: int, side: int, isz: int, shard_side: int, weighted: bool = False) -> int:
     """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (24 bytes;
-    32 with weights: their sums' two words) and entries (16 bytes) of every window's edge cells, twice while they are gathered and sorted;
-    a window that is part of a shard is written through zarr, which rewrites the shard: count the
+    32 with weights: their sums' two words) and entries (16 bytes) of every window's edge cells,
+    twice while they are gathered and sorted; a window that is part of a shard is written through zarr, which rewrites the shard: count the
     shard of both results (1 + 8 bytes a cell; measured +9.8 MiB writing the codes of 256^2 windows
     into a 2048^2 shard)."""
     edge_cells = 2 * (rows * -(-cols // side) + cols * -(-rows // side))
