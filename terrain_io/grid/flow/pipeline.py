@@ -225,9 +225,9 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
 def _tiled_bytes(rows: int, cols: int, side: int, isz: int, shard_side: int, weighted: bool = False) -> int:
     """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (24 bytes;
     32 with weights: their sums' two words) and entries (16 bytes) of every window's edge cells,
-    twice while they are gathered and sorted; a window that is part of a shard is written through zarr, which rewrites the shard: count the
-    shard of both results (1 + 8 bytes a cell; measured +9.8 MiB writing the codes of 256^2 windows
-    into a 2048^2 shard)."""
+    twice while they are gathered and sorted; a window that is part of a shard is written through
+    zarr, which rewrites the shard: count the shard of both results (1 + 8 bytes a cell; measured
+    +9.8 MiB writing the codes of 256^2 windows into a 2048^2 shard)."""
     edge_cells = 2 * (rows * -(-cols // side) + cols * -(-rows // side))
     rewrite = 0 if side >= shard_side else min(shard_side, rows) * min(shard_side, cols) * 9
     return _window_bytes(side, isz, weighted) + edge_cells * (96 if weighted else 80) + rewrite
