@@ -740,9 +740,10 @@ def barnes_flats(z, valid, code):
 
 
 def topological_sum(code, weights=None):
-    """Kahn's algorithm over the cell graph of ``code``: every cell adds its total to its receiver."""
+    """Kahn's algorithm over the cell graph of ``code``: every cell adds its total to its receiver
+    (exact for integer or Fraction ``weights`` of dtype object)."""
     rows, cols = code.shape
-    w = np.where(code != NODATA, 1, 0).astype(object) if weights is None else np.where(code != NODATA, weights, 0.0)
+    w = np.where(code != NODATA, 1, 0).astype(object) if weights is None else np.where(code != NODATA, weights, 0)
     total = w.copy().ravel()
     down = np.full(rows * cols, -1)
     indeg = np.zeros(rows * cols, np.int64)

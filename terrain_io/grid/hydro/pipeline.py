@@ -128,7 +128,7 @@ def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
         what, 0) + pinned_host_bytes(store, (GPU_OUT_BYTES,))
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the memory budget {format_bytes(budget)}"
-    need, free = _gpu.device_bytes(rows, cols), gpu_free_bytes()
+    need, free = _gpu.device_bytes(rows, cols, what, store.dtype), gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
     return None
