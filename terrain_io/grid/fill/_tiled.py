@@ -53,18 +53,22 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
 
 def write_held(store: TerrainStore, *pairs) -> None:
     """Write whole results held in memory shard by shard: ``pairs`` of (array, values), the values a
-    NumPy or CuPy array of the whole result or a function of a shard's slices giving its block. CuPy
-    arrays leave the GPU the one way results there do (:func:`terrain_io.pinned.write_device`: through
-    pinned buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads,
-    shards in parallel."""
+    NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
+    hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
+    leave it the one way results there do (:func:`terrain_io.pinned.write_device`: through pinned
+    buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads, shards
+    in parallel."""
     from ...backend import is_cupy
 
-    held = [(arr, v) for arr, v in pairs if is_cupy(v)]
+    def on_gpu(v):
+        return is_cupy(v) or getattr(v, "on_gpu", False)
+
+    held = [(arr, v) for arr, v in pairs if on_gpu(v)]
     if held:
         from ...pinned import write_device
 
         write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held])
-    pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not is_cupy(v)]
+    pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not on_gpu(v)]
     wins = list(store.shards())
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
         list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),

@@ -157,6 +157,8 @@ class PerLink:
     gathered from the link ids a slice at a time (``x[slices]``: a CuPy array; ``x[...]`` the
     whole raster), so that the GPU holds only the link ids."""
 
+    on_gpu = True  # its slices are CuPy arrays: write_held sends them through the GPU's way out
+
     def __init__(self, table: np.ndarray, link):
         import cupy as cp
 
