@@ -57,9 +57,9 @@ from .errors import InputError, StoreError
 from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
-from .store import (ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
-                    shard_layout, tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node,
-                    write_shard)
+from . import integrity
+from .store import (_EMPTY, ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
+                    shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node, write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
@@ -420,14 +420,19 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
             # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
             nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
             assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
-            with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
-                for task, (encoded, raw) in zip(tasks, pieces):
-                    for k, chunks in enumerate(encoded, start=1):
-                        assembler.put_encoded(k, task.shard, chunks)
-                    if raw is not None:
-                        assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
-                    bar.update(1)
-                assembler.flush()
+            try:
+                with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
+                    for task, (encoded, raw) in zip(tasks, pieces):
+                        for k, chunks in enumerate(encoded, start=1):
+                            assembler.put_encoded(k, task.shard, chunks)
+                        if raw is not None:
+                            assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
+                        bar.update(1)
+                    assembler.flush()
+            except BaseException:
+                writes.shutdown(wait=True, cancel_futures=True)  # (no write left on a file closed here)
+                assembler.discard()
+                raise
             nodes.result()
     finally:
         for key in handles:
@@ -495,15 +500,17 @@ class _Assembler:
         return key, self.pending[key]
 
     def put_encoded(self, level: int, base, chunks: dict) -> None:
-        """The chunks of base shard ``base``'s piece of ``level`` (<= whole)."""
+        """The chunks of base shard ``base``'s piece of ``level`` (<= whole): written at once, in the
+        order of the shard file (:class:`_ShardStream`), while the next base shards are read."""
         per = 2**level
         r, c = base[0] // per, base[1] // per
-        key, entry = self._entry(level, r, c, per, self.grids[0], dict)
-        entry[0].update(chunks)
+        key, entry = self._entry(level, r, c, per, self.grids[0], lambda: _ShardStream(self.arrays[level - 1], r, c))
+        stream = entry[0]
         entry[1] -= 1
+        self._write(stream.add, chunks)
         if entry[1] == 0:
             del self.pending[key]
-            self._write(write_encoded_shard, self.arrays[level - 1], r, c, entry[0])
+            self._write(stream.close)
 
     def put(self, level: int, src, piece: np.ndarray, per: int, src_grid) -> None:
         """``piece``: cell ``src`` of ``src_grid`` reduced to ``level``, a 1 / per of a level shard's side."""
@@ -531,3 +538,72 @@ class _Assembler:
             raise AssertionError(f"overviews: shards left incomplete: {sorted(self.pending)}")
         for f in self.written:
             f.result()
+
+    def discard(self) -> None:
+        """Close the files of the shards left incomplete (a failed or interrupted pyramid)."""
+        for entry in self.pending.values():
+            if isinstance(entry[0], _ShardStream):
+                entry[0].discard()
+
+
+class _ShardStream:
+    """Shard (sr, sc) of a level written as its pieces come (from :func:`encode_chunks`, any order): the
+    chunks are laid out in the file's order (Morton order, :func:`~terrain_io.store.shard_chunks`) as
+    soon as all chunks before them are in, the index and its crc32c at the end on :meth:`close` -- the
+    bytes :func:`~terrain_io.store.write_encoded_shard` writes of all the pieces at once. Base shards come
+    in Morton order, so each piece is written when it comes, while the next base shards are read (no
+    serial tail of level files after the last read)."""
+
+    def __init__(self, arr, sr: int, sc: int):
+        self.arr, self.shard = arr, (sr, sc)
+        self.order = shard_chunks(arr, sr, sc)
+        self.known: dict = {}
+        self.next = 0  # chunks order[:next] are written (or left out)
+        self.index = np.full((arr.shards[0] // arr.chunks[0], arr.shards[1] // arr.chunks[1], 2), _EMPTY, "<u8")
+        self.offset, self.fd = 0, None
+        self.path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
+
+    def add(self, chunks: dict) -> None:
+        self.known.update(chunks)
+        parts, at = [], self.offset
+        while self.next < len(self.order) and self.order[self.next] in self.known:
+            ij = self.order[self.next]
+            data = self.known.pop(ij)
+            self.next += 1
+            if data is not None:  # (None: all fill value, left out)
+                size = sum(memoryview(d).nbytes for d in data)
+                self.index[ij] = at, size
+                parts.extend(data)
+                at += size
+        self._append(parts)
+
+    def _append(self, parts) -> None:
+        views = [memoryview(p).cast("B") for p in parts]
+        if views and self.fd is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        while views:  # (gathered by the kernel, as store.overwrite_file; a short write resumes mid-buffer)
+            n = os.pwritev(self.fd, views[:64], self.offset)
+            self.offset += n
+            while views and n >= len(views[0]):
+                n -= len(views.pop(0))
+            if n:
+                views[0] = views[0][n:]
+
+    def close(self) -> None:
+        if self.next < len(self.order):  # chunks never given: all fill value
+            self.known.update({ij: None for ij in self.order[self.next:] if ij not in self.known})
+            self.add({})
+        if self.fd is None:  # every chunk left out: zarr keeps no file
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        index_bytes = self.index.tobytes()
+        self._append([index_bytes, integrity.crc32c(index_bytes)])
+        os.ftruncate(self.fd, self.offset)
+        self.discard()
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -121,6 +121,26 @@ class TerrainStore:
         self.elevation = group[ELEVATION]
 
     @property
+    def group(self) -> zarr.Group:
+        if self._group is None:  # opened again on first use after a result was committed (write_result)
+            self._group = self._open_group(self.path, "r+")
+        return self._group
+
+    @group.setter
+    def group(self, group: zarr.Group | None) -> None:
+        self._group, self._elevation = group, None
+
+    @property
+    def elevation(self) -> zarr.Array:
+        if self._elevation is None:
+            self._elevation = self.group[ELEVATION]
+        return self._elevation
+
+    @elevation.setter
+    def elevation(self, arr: zarr.Array) -> None:
+        self._elevation = arr
+
+    @property
     def format_version(self) -> int:
         return int(self.attrs.get("format_version", 1))
 
@@ -198,8 +218,7 @@ class TerrainStore:
         once the arrays are written. Stores made by :func:`terrain_io.convert.convert`,
         :func:`terrain_io.synth.synthesize` and :meth:`from_array` are sealed already."""
         integrity.seal(self.path)
-        self.group = self._open_group(self.path, "r+")
-        self.elevation = self.group[ELEVATION]
+        self.group = None  # (opened again when next used)
 
     @classmethod
     def from_array(cls, path, values: np.ndarray, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD,
@@ -408,7 +427,7 @@ class TerrainStore:
         try:
             with contextlib.ExitStack() as commit:
                 with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
-                    group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs)._async_group)
+                    group = _ChecksumGroup(_new_group(tmp, attrs)._async_group)
                     yield ResultWriter(self, group)
                     integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
                     commit.enter_context(self._unchanged(name))
@@ -420,8 +439,7 @@ class TerrainStore:
                         os.unlink(folder / "zarr.json")
                         os.rmdir(folder)
             raise
-        self.group = self._open_group(self.path, "r+")
-        self.elevation = self.group[ELEVATION]
+        self.group = None  # the store's group opened again when next used (not by every command: ~1 ms)
 
     def _require_parents(self, parts: list[str]) -> list[Path]:
         """Make the groups above the result ``parts`` (zarr v3 needs their zarr.json); the folders made."""
@@ -429,8 +447,9 @@ class TerrainStore:
         for i in range(1, len(parts)):
             folder = self.path.joinpath(*parts[:i])
             if not (folder / "zarr.json").exists():
-                self.group.require_group("/".join(parts[:i]))
-                made.append(folder)
+                with contextlib.suppress(FileExistsError):  # (made meanwhile by a concurrent result)
+                    _new_group(folder)
+                    made.append(folder)
         return made
 
     @contextlib.contextmanager
@@ -524,6 +543,21 @@ def with_checksum(compressors):
         compressors = (compressors,)
     compressors = tuple(compressors)
     return compressors if compressors and isinstance(compressors[-1], Crc32cCodec) else compressors + (_CHECKSUM,)
+
+
+def _new_group(folder, attrs: dict | None = None) -> zarr.Group:
+    """The group ``folder`` made as ``zarr.open_group(folder, mode="w-", attributes=attrs)`` makes it
+    (zarr's own bytes of its zarr.json; an existing one is FileExistsError), without zarr's event loop:
+    every result pays it (~1 ms of a 2-core machine's CPU a call)."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import AsyncGroup, GroupMetadata
+    from zarr.storage import LocalStore, StorePath
+
+    meta = GroupMetadata(attributes=dict(attrs or {}))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "zarr.json"), "xb") as f:
+        f.write(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+    return zarr.Group(AsyncGroup(meta, StorePath(LocalStore(str(folder)))))
 
 
 class _ChecksumGroup(zarr.Group):
