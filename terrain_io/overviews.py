@@ -27,16 +27,17 @@ Out of core in one pass: each shard of the base array is read once, as a task (M
 ``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
 after level in memory -- the first halving chunk by chunk as the chunks are decoded
 (:func:`read_halved`: the shard's cells are never put together). Its piece of level k is whole chunks of a
-level-k shard while 2^k divides the tiles of a shard side: those chunks are compressed in the task
-(:func:`~terrain_io.store.encode_chunks`), and this process writes a level's shard file
-(:func:`~terrain_io.store.write_encoded_shard`) once its pieces are all in. The task's raw piece of
+level-k shard while 2^k divides the tiles of a shard side: those chunks are encoded in the task
+(:func:`~terrain_io.store.encode_chunks`), and this process writes them into the level's shard file
+as they come (:class:`_ShardStream`: Morton order). The task's raw piece of
 the next level is put together here with the others into that level's shards, each written as
 soon as it is complete and halved for the level above, and so on. Morton order completes a
 parent's children one after another, so at most a few shards of each level are held. The levels'
 metadata and coordinates are written as files in one go (zarr's event loop costs more than a
 level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
-and compressing a third of it again -- at zstd level :data:`LEVEL_ZSTD`, faster than the store's
-level 1 and named in each level's zarr.json, so plain zarr and xarray read the levels
+and writing a third of it again -- not compressed (:data:`LEVEL_ZSTD`: each level's zarr.json names
+its codecs, bytes and crc32c, so plain zarr and xarray read the levels); each level shard is written
+piece by piece as the base shards come (:class:`_ShardStream`), so little is left after the last read
 (benchmarks/bench_view.py; benchmarks/RESULTS.md, issue 32).
 """
 from __future__ import annotations
@@ -63,9 +64,11 @@ from .store import (_EMPTY, ELEVATION, TerrainStore, array_handle, encode_chunks
 from .zorder import morton_order
 
 GROUP = "overviews"
-# The levels' zstd level: a third of the cells compressed again at the store's level 1 costs ~0.5 of
-# a read; at -5 2.6x faster, decoded 3.4x faster, +16% bytes (benchmarks/RESULTS.md, issue 32)
-LEVEL_ZSTD = -5
+# The levels' zstd level, None: stored as their bytes (+ crc32c), not compressed -- the levels hold a
+# third as many cells as the array, and compressing them (zstd -5: ~0.2 of a read's CPU; the store's
+# level 1: ~0.5) kept the pyramid above 1.2x one read; raw costs +30% of the levels' bytes (22 MB
+# against 17 at 4096^2) and the viewer's tiles decode nothing (benchmarks/RESULTS.md, issue 32)
+LEVEL_ZSTD = None
 METHODS = ("average", "mode", "max")
 _MAX_LEAVES = ("accumulation", "order", "magnitude")  # counts and stream orders: the channel stays visible
 CONVENTION = {  # zarr_conventions entry of the multiscales convention
@@ -348,7 +351,7 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
         if name.startswith(GROUP + "/") or name.startswith("index/"):
             raise InputError(f"{name}: takes no overviews")
         try:
-            opened[name] = arr = store.group[name]
+            opened[name] = arr = store.elevation if name == ELEVATION else store.group[name]
         except KeyError:
             raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
         if not hasattr(arr, "shards") or len(arr.shape) != 2:
@@ -403,16 +406,17 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     where = str(store.path)
     tasks = [_Task(where, name, (int(r), int(c)), method, missing, digest, levels, whole < len(shapes))
              for r, c in morton_order(*grid0)]
-    handles = {(where, name, digest): arr,  # this process's readers use the open arrays
-               **{(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)}}
+    handles = {(where, name, digest): arr}  # this process's readers use the open array
     _OPEN.update(handles)
     _opened.cache_clear()
-    # the first shards are read while the staged result group is made (on 2 cores its zarr calls
-    # and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md, issue 32)
+    # the first shards are read while the levels' handles and the staged result group are made (on 2
+    # cores its zarr calls and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md)
     pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
               else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     try:
+        handles.update({(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)})
+        _OPEN.update(handles)  # (a reader that needs one first makes its own)
         with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
             root = str(writer.group.store.root)  # the staged result group's folder
             level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]

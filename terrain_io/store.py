@@ -715,7 +715,8 @@ def shard_layout(arr: zarr.Array):
     """(chunk shape, zstd level, chunk crc32c) when ``arr`` is stored as this tool writes its tiled
     arrays -- on local disk, sharded, each chunk little-endian bytes + zstd (+ crc32c from format 2
     on), the shard index (bytes + crc32c) at the end -- else None: then :func:`read_shard` and
-    :func:`write_shard` leave it to zarr."""
+    :func:`write_shard` leave it to zarr. Level None: chunks stored as their bytes (+ crc32c), not
+    compressed (the overviews' levels: terrain_io.overviews.LEVEL_ZSTD)."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
     from zarr.storage import LocalStore
 
@@ -726,12 +727,14 @@ def shard_layout(arr: zarr.Array):
     sh = codecs[0]
     inner, index = tuple(sh.codecs), tuple(sh.index_codecs)
     little = lambda c: isinstance(c, BytesCodec) and (c.endian is None or c.endian.value == "little")  # noqa: E731
-    crc = len(inner) == 3 and isinstance(inner[2], Crc32cCodec)
-    if (len(inner) != 2 + crc or not little(inner[0]) or not isinstance(inner[1], ZstdCodec) or inner[1].checksum
+    crc = len(inner) > 1 and isinstance(inner[-1], Crc32cCodec)
+    zstd = inner[1] if len(inner) == 2 + crc else None
+    if (len(inner) - crc - (zstd is not None) != 1 or not little(inner[0])
+            or (zstd is not None and (not isinstance(zstd, ZstdCodec) or zstd.checksum))
             or len(index) != 2 or not little(index[0]) or not isinstance(index[1], Crc32cCodec)
             or sh.index_location.value != "end"):
         return None
-    return tuple(sh.chunk_shape), inner[1].level, crc
+    return tuple(sh.chunk_shape), None if zstd is None else zstd.level, crc
 
 
 _EMPTY = np.uint64(2**64 - 1)
@@ -800,7 +803,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         return out
     from numcodecs import Zstd
 
-    (t0, t1), _, crc = fmt
+    (t0, t1), level, crc = fmt
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
@@ -857,13 +860,20 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                 data, stored = data[:-4], data[-4:]
                 if integrity.crc32c(data) != stored.tobytes():
                     raise _damaged(arr, where, "chunk fails its checksum")
-            chunk = np.empty((t0, t1), arr.dtype)
-            try:
-                got = zstd.decode(data, out=chunk)
-            except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
-                raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
-            if memoryview(got).nbytes != chunk.nbytes:
-                raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
+            if level is None:  # stored as its bytes: the chunk is a view of the buffer
+                if len(data) != t0 * t1 * arr.dtype.itemsize:
+                    raise _damaged(arr, where, f"chunk holds {len(data)} bytes")
+                chunk = data.view(arr.dtype).reshape(t0, t1)
+                if chunk.ctypes.data % arr.dtype.itemsize:  # (after a 4-byte crc32c: not aligned for 8-byte types)
+                    chunk = chunk.copy()
+            else:
+                chunk = np.empty((t0, t1), arr.dtype)
+                try:
+                    got = zstd.decode(data, out=chunk)
+                except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
+                    raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
+                if memoryview(got).nbytes != chunk.nbytes:
+                    raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
             a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
             lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
             if each is not None:
@@ -942,7 +952,9 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
             part = whole
         if _all_fill(part, fill):
             return None
-        data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
+        data = np.ascontiguousarray(part, dtype=arr.dtype)
+        if level is not None:
+            data = zstd.encode(data)
         return (data, integrity.crc32c(data)) if crc else (data,)
 
     encoded = _run_chunks(encode, cells, block.nbytes)
@@ -1135,8 +1147,8 @@ def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs:
                          zstd_level: int = _COMPRESSOR.level) -> dict:
     """The zarr.json :func:`create_tiled_array` writes (chunks compressed at ``zstd_level``: zarr's
     zstd codec takes -131072..22, and :func:`encode_chunks` uses the level the metadata names)."""
-    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}},
-             {"name": "crc32c"}]
+    zstd = [] if zstd_level is None else [{"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}}]
+    inner = [_bytes_codec(dtype), *zstd, {"name": "crc32c"}]  # (level None: chunks not compressed)
     index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     codecs = [{"name": "sharding_indexed", "configuration": {"chunk_shape": [tile, tile], "codecs": inner,
                                                              "index_codecs": index, "index_location": "end"}}]
