@@ -369,7 +369,7 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
                          f"({format_bytes(need)}: {levels + 4} shards of {side}^2 cells); give more memory "
                          "or convert with smaller shards")
     done = {}
-    for name in names:  # (each pyramid's commit opens the store's group again: the next one is seen)
+    for name in names:  # (after each pyramid's commit the store's group is opened again when used)
         done[name] = _pyramid(store, name, opened[name], scheduler, in_flight, progress, announce)
     return done
 
