@@ -2,7 +2,8 @@
 tile of ``terrain view``, cold (rendered) and warm (from the cache).
 
 Each figure is wall seconds and CPU seconds (user + sys of this process: on a shared machine the
-CPU time is the steadier figure). "One read": every shard of the array read and decoded in Morton
+CPU time is the steadier figure); "cores" is CPU / wall (how many cores were kept busy), head_ms and
+tail_ms the pyramid's time before its first base shard is read and after its last (one thread works). "One read": every shard of the array read and decoded in Morton
 order (``store.read_shard``, one thread, as the overviews' pass reads them), the files in the page
 cache as for the overviews run just after it (an untimed first run warms it); each timed run writes
 the first pyramid of the store (the one before it removed untimed: a replacement also deletes the old). Tiles: a fresh
@@ -43,6 +44,34 @@ def read_once(path, array):
         read_shard(arr, int(r), int(c))
 
 
+def timed_reads(fn):
+    """(fn(), {"head_ms", "tail_ms"}): the time before the first base shard's read starts and after the
+    last one ends -- where the pyramid's fixed work runs with a core idle (``overviews.read_halved``
+    wrapped)."""
+    import time
+
+    import terrain_io.overviews as ov
+
+    inner, spans = ov.read_halved, []
+
+    def wrapped(*args):
+        t = time.perf_counter()
+        try:
+            return inner(*args)
+        finally:
+            spans.append((t, time.perf_counter()))
+
+    ov.read_halved = wrapped
+    try:
+        start = time.perf_counter()
+        out = fn()
+        end = time.perf_counter()
+    finally:
+        ov.read_halved = inner
+    return out, {"head_ms": round(1000 * (min(a for a, _ in spans) - start), 1),
+                 "tail_ms": round(1000 * (end - max(b for _, b in spans)), 1)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=4096)
@@ -76,10 +105,12 @@ def main():
         for rep in range(args.reps):
             shutil.rmtree(Path(path) / "overviews", ignore_errors=True)  # a first pyramid, not a replacement
             _, rw, rc = timed(lambda: read_once(path, args.array))
-            _, ow, oc = timed(lambda: write_overviews(path, [args.array], scheduler=args.scheduler))
+            (_, edges), ow, oc = timed(lambda: timed_reads(lambda: write_overviews(path, [args.array],
+                                                                                  scheduler=args.scheduler)))
             rows.append({"what": "overviews", "array": args.array, "rep": rep, "read_wall": round(rw, 3),
                          "read_cpu": round(rc, 3), "overviews_wall": round(ow, 3), "overviews_cpu": round(oc, 3),
-                         "ratio_wall": round(ow / rw, 2), "ratio_cpu": round(oc / rc, 2)})
+                         "ratio_wall": round(ow / rw, 2), "ratio_cpu": round(oc / rc, 2),
+                         "read_cores": round(rc / rw, 2), "overviews_cores": round(oc / ow, 2), **edges})
             print(json.dumps(rows[-1]), flush=True)
         runs = [r for r in rows if r["what"] == "overviews"]
         best = {k: min(r[k] for r in runs) for k in ("read_wall", "read_cpu", "overviews_wall", "overviews_cpu")}

@@ -148,13 +148,14 @@ def _array_dirs(root: Path, unreadable: list | None = None):
 def chunk_files(array_dir: Path) -> dict[str, int]:
     """Every chunk/shard file of an array on disk: chunk key -> size."""
     found = {}
-    base = array_dir / "c"
-    if base.is_file():
-        return {"c": base.stat().st_size}
+    base = os.path.join(array_dir, "c")
+    if os.path.isfile(base):
+        return {"c": os.stat(base).st_size}
+    skip = len(str(array_dir)) + 1
     for dirpath, _, filenames in os.walk(base):
         for name in filenames:
             p = os.path.join(dirpath, name)
-            found[os.path.relpath(p, array_dir).replace(os.sep, "/")] = os.stat(p).st_size
+            found[p[skip:].replace(os.sep, "/")] = os.stat(p).st_size
     return found
 
 
@@ -164,24 +165,44 @@ def seal(root) -> None:
     (relative to the array) and the digest of the metadata (zarr.json) of every node under it
     (:func:`metadata_digest`), so that a node's metadata deleted or edited later is told. (In the
     arrays' manifests, not a file of the group's: zarr warns about files in a group it does not
-    know.) Called once the arrays are written, before the store or result is renamed into place."""
-    root = Path(root)
-    nodes = {}
+    know.) Called once the arrays are written, before the store or result is renamed into place.
+
+    One walk, each zarr.json read once, the nodes' part of the manifests encoded once: every command
+    that writes a result pays it (a pyramid of 4 levels has 20 nodes and 16 arrays)."""
+    root = str(Path(root))
+    nodes, arrays = {}, []  # arrays: (folder, depth below root)
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "c")
+        rel = dirpath[len(root) + 1 :].replace(os.sep, "/")
+        parts = rel.split("/") if rel else []
+        in_array = any(rel.startswith(a + "/") for a, _ in arrays)
+        meta = None
         if "zarr.json" in filenames:
-            nodes[os.path.relpath(dirpath, root).replace(os.sep, "/").removeprefix(".")] = \
-                metadata_digest(Path(dirpath) / "zarr.json")
-    for _, array_dir, _meta in _array_dirs(root):
-        _write_json(array_dir / MANIFEST, {"chunks": dict(sorted(chunk_files(array_dir).items())),
-                                           "tree": os.path.relpath(root, array_dir).replace(os.sep, "/"),
-                                           "nodes": nodes})
+            try:
+                with open(os.path.join(dirpath, "zarr.json"), "rb") as f:
+                    meta = json.loads(f.read())
+            except (OSError, ValueError):
+                if "c" not in parts:  # a node of the tree that cannot be read: not sealed
+                    raise
+            if meta is not None and "c" not in parts:
+                nodes[rel] = _digest(dict(meta))
+        is_array = isinstance(meta, dict) and meta.get("node_type") == "array" and not in_array
+        if is_array:
+            arrays.append((rel, len(parts)))
+        # nodes below any folder but chunk folders ("c"); arrays not below an array
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (d == "c" and (in_array or is_array)))
+    nodes_json = json.dumps(nodes, separators=(",", ":"))
+    for rel, depth in arrays:
+        folder = os.path.join(root, rel) if rel else root
+        chunks = json.dumps(dict(sorted(chunk_files(folder).items())), separators=(",", ":"))
+        tree = json.dumps("/".join([".."] * depth) or ".")
+        # (the bytes json.dump writes of {"chunks": ..., "tree": ..., "nodes": ...})
+        _write_text(Path(folder) / MANIFEST, f'{{"chunks":{chunks},"tree":{tree},"nodes":{nodes_json}}}')
 
 
-def _write_json(path: Path, obj) -> None:
+def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(obj, f, separators=(",", ":"))
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -193,10 +214,13 @@ def metadata_digest(path: Path) -> str:
     """sha256 of a node's zarr.json as JSON (key order and spacing aside), without :data:`RUN_REPORT`'s
     attributes: its shape, data type, chunking, codecs, fill value and attributes (georeferencing,
     nodata, the generation of the elevation a result was computed from)."""
+    with open(path, "rb") as f:
+        return _digest(json.loads(f.read()))
+
+
+def _digest(meta: dict) -> str:
     import hashlib
 
-    with open(path, "rb") as f:
-        meta = json.loads(f.read())
     if isinstance(meta.get("attributes"), dict):
         meta["attributes"] = {k: v for k, v in meta["attributes"].items() if k not in RUN_REPORT}
     return hashlib.sha256(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -27,16 +27,17 @@ Out of core in one pass: each shard of the base array is read once, as a task (M
 ``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
 after level in memory -- the first halving chunk by chunk as the chunks are decoded
 (:func:`read_halved`: the shard's cells are never put together). Its piece of level k is whole chunks of a
-level-k shard while 2^k divides the tiles of a shard side: those chunks are compressed in the task
-(:func:`~terrain_io.store.encode_chunks`), and this process writes a level's shard file
-(:func:`~terrain_io.store.write_encoded_shard`) once its pieces are all in. The task's raw piece of
+level-k shard while 2^k divides the tiles of a shard side: those chunks are encoded in the task
+(:func:`~terrain_io.store.encode_chunks`), and this process writes them into the level's shard file
+as they come (:class:`_ShardStream`: Morton order). The task's raw piece of
 the next level is put together here with the others into that level's shards, each written as
 soon as it is complete and halved for the level above, and so on. Morton order completes a
 parent's children one after another, so at most a few shards of each level are held. The levels'
 metadata and coordinates are written as files in one go (zarr's event loop costs more than a
 level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
-and compressing a third of it again -- at zstd level :data:`LEVEL_ZSTD`, faster than the store's
-level 1 and named in each level's zarr.json, so plain zarr and xarray read the levels
+and writing a third of it again -- not compressed (:data:`LEVEL_ZSTD`: each level's zarr.json names
+its codecs, bytes and crc32c, so plain zarr and xarray read the levels); each level shard is written
+piece by piece as the base shards come (:class:`_ShardStream`), so little is left after the last read
 (benchmarks/bench_view.py; benchmarks/RESULTS.md, issue 32).
 """
 from __future__ import annotations
@@ -57,15 +58,17 @@ from .errors import InputError, StoreError
 from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
-from .store import (ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
-                    shard_layout, tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node,
-                    write_shard)
+from . import integrity
+from .store import (_EMPTY, ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
+                    shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node, write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
-# The levels' zstd level: a third of the cells compressed again at the store's level 1 costs ~0.5 of
-# a read; at -5 2.6x faster, decoded 3.4x faster, +16% bytes (benchmarks/RESULTS.md, issue 32)
-LEVEL_ZSTD = -5
+# The levels' zstd level, None: stored as their bytes (+ crc32c), not compressed -- the levels hold a
+# third as many cells as the array, and compressing them (zstd -5: ~0.2 of a read's CPU; the store's
+# level 1: ~0.5) kept the pyramid above 1.2x one read; raw costs +30% of the levels' bytes (22 MB
+# against 17 at 4096^2) and the viewer's tiles decode nothing (benchmarks/RESULTS.md, issue 32)
+LEVEL_ZSTD = None
 METHODS = ("average", "mode", "max")
 _MAX_LEAVES = ("accumulation", "order", "magnitude")  # counts and stream orders: the channel stays visible
 CONVENTION = {  # zarr_conventions entry of the multiscales convention
@@ -348,7 +351,7 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
         if name.startswith(GROUP + "/") or name.startswith("index/"):
             raise InputError(f"{name}: takes no overviews")
         try:
-            opened[name] = arr = store.group[name]
+            opened[name] = arr = store.elevation if name == ELEVATION else store.group[name]
         except KeyError:
             raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
         if not hasattr(arr, "shards") or len(arr.shape) != 2:
@@ -366,7 +369,7 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
                          f"({format_bytes(need)}: {levels + 4} shards of {side}^2 cells); give more memory "
                          "or convert with smaller shards")
     done = {}
-    for name in names:  # (each pyramid's commit opens the store's group again: the next one is seen)
+    for name in names:  # (after each pyramid's commit the store's group is opened again when used)
         done[name] = _pyramid(store, name, opened[name], scheduler, in_flight, progress, announce)
     return done
 
@@ -403,16 +406,17 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     where = str(store.path)
     tasks = [_Task(where, name, (int(r), int(c)), method, missing, digest, levels, whole < len(shapes))
              for r, c in morton_order(*grid0)]
-    handles = {(where, name, digest): arr,  # this process's readers use the open arrays
-               **{(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)}}
+    handles = {(where, name, digest): arr}  # this process's readers use the open array
     _OPEN.update(handles)
     _opened.cache_clear()
-    # the first shards are read while the staged result group is made (on 2 cores its zarr calls
-    # and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md, issue 32)
+    # the first shards are read while the levels' handles and the staged result group are made (on 2
+    # cores its zarr calls and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md)
     pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
               else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     try:
+        handles.update({(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)})
+        _OPEN.update(handles)  # (a reader that needs one first makes its own)
         with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
             root = str(writer.group.store.root)  # the staged result group's folder
             level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
@@ -420,14 +424,19 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
             # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
             nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
             assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
-            with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
-                for task, (encoded, raw) in zip(tasks, pieces):
-                    for k, chunks in enumerate(encoded, start=1):
-                        assembler.put_encoded(k, task.shard, chunks)
-                    if raw is not None:
-                        assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
-                    bar.update(1)
-                assembler.flush()
+            try:
+                with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
+                    for task, (encoded, raw) in zip(tasks, pieces):
+                        for k, chunks in enumerate(encoded, start=1):
+                            assembler.put_encoded(k, task.shard, chunks)
+                        if raw is not None:
+                            assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
+                        bar.update(1)
+                    assembler.flush()
+            except BaseException:
+                writes.shutdown(wait=True, cancel_futures=True)  # (no write left on a file closed here)
+                assembler.discard()
+                raise
             nodes.result()
     finally:
         for key in handles:
@@ -495,15 +504,17 @@ class _Assembler:
         return key, self.pending[key]
 
     def put_encoded(self, level: int, base, chunks: dict) -> None:
-        """The chunks of base shard ``base``'s piece of ``level`` (<= whole)."""
+        """The chunks of base shard ``base``'s piece of ``level`` (<= whole): written at once, in the
+        order of the shard file (:class:`_ShardStream`), while the next base shards are read."""
         per = 2**level
         r, c = base[0] // per, base[1] // per
-        key, entry = self._entry(level, r, c, per, self.grids[0], dict)
-        entry[0].update(chunks)
+        key, entry = self._entry(level, r, c, per, self.grids[0], lambda: _ShardStream(self.arrays[level - 1], r, c))
+        stream = entry[0]
         entry[1] -= 1
+        self._write(stream.add, chunks)
         if entry[1] == 0:
             del self.pending[key]
-            self._write(write_encoded_shard, self.arrays[level - 1], r, c, entry[0])
+            self._write(stream.close)
 
     def put(self, level: int, src, piece: np.ndarray, per: int, src_grid) -> None:
         """``piece``: cell ``src`` of ``src_grid`` reduced to ``level``, a 1 / per of a level shard's side."""
@@ -531,3 +542,72 @@ class _Assembler:
             raise AssertionError(f"overviews: shards left incomplete: {sorted(self.pending)}")
         for f in self.written:
             f.result()
+
+    def discard(self) -> None:
+        """Close the files of the shards left incomplete (a failed or interrupted pyramid)."""
+        for entry in self.pending.values():
+            if isinstance(entry[0], _ShardStream):
+                entry[0].discard()
+
+
+class _ShardStream:
+    """Shard (sr, sc) of a level written as its pieces come (from :func:`encode_chunks`, any order): the
+    chunks are laid out in the file's order (Morton order, :func:`~terrain_io.store.shard_chunks`) as
+    soon as all chunks before them are in, the index and its crc32c at the end on :meth:`close` -- the
+    bytes :func:`~terrain_io.store.write_encoded_shard` writes of all the pieces at once. Base shards come
+    in Morton order, so each piece is written when it comes, while the next base shards are read (no
+    serial tail of level files after the last read)."""
+
+    def __init__(self, arr, sr: int, sc: int):
+        self.arr, self.shard = arr, (sr, sc)
+        self.order = shard_chunks(arr, sr, sc)
+        self.known: dict = {}
+        self.next = 0  # chunks order[:next] are written (or left out)
+        self.index = np.full((arr.shards[0] // arr.chunks[0], arr.shards[1] // arr.chunks[1], 2), _EMPTY, "<u8")
+        self.offset, self.fd = 0, None
+        self.path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
+
+    def add(self, chunks: dict) -> None:
+        self.known.update(chunks)
+        parts, at = [], self.offset
+        while self.next < len(self.order) and self.order[self.next] in self.known:
+            ij = self.order[self.next]
+            data = self.known.pop(ij)
+            self.next += 1
+            if data is not None:  # (None: all fill value, left out)
+                size = sum(memoryview(d).nbytes for d in data)
+                self.index[ij] = at, size
+                parts.extend(data)
+                at += size
+        self._append(parts)
+
+    def _append(self, parts) -> None:
+        views = [memoryview(p).cast("B") for p in parts]
+        if views and self.fd is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        while views:  # (gathered by the kernel, as store.overwrite_file; a short write resumes mid-buffer)
+            n = os.pwritev(self.fd, views[:64], self.offset)
+            self.offset += n
+            while views and n >= len(views[0]):
+                n -= len(views.pop(0))
+            if n:
+                views[0] = views[0][n:]
+
+    def close(self) -> None:
+        if self.next < len(self.order):  # chunks never given: all fill value
+            self.known.update({ij: None for ij in self.order[self.next:] if ij not in self.known})
+            self.add({})
+        if self.fd is None:  # every chunk left out: zarr keeps no file
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        index_bytes = self.index.tobytes()
+        self._append([index_bytes, integrity.crc32c(index_bytes)])
+        os.ftruncate(self.fd, self.offset)
+        self.discard()
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -123,6 +123,26 @@ class TerrainStore:
         self.elevation = group[ELEVATION]
 
     @property
+    def group(self) -> zarr.Group:
+        if self._group is None:  # opened again on first use after a result was committed (write_result)
+            self._group = self._open_group(self.path, "r+")
+        return self._group
+
+    @group.setter
+    def group(self, group: zarr.Group | None) -> None:
+        self._group, self._elevation = group, None
+
+    @property
+    def elevation(self) -> zarr.Array:
+        if self._elevation is None:
+            self._elevation = self.group[ELEVATION]
+        return self._elevation
+
+    @elevation.setter
+    def elevation(self, arr: zarr.Array) -> None:
+        self._elevation = arr
+
+    @property
     def format_version(self) -> int:
         return int(self.attrs.get("format_version", 1))
 
@@ -200,8 +220,7 @@ class TerrainStore:
         once the arrays are written. Stores made by :func:`terrain_io.convert.convert`,
         :func:`terrain_io.synth.synthesize` and :meth:`from_array` are sealed already."""
         integrity.seal(self.path)
-        self.group = self._open_group(self.path, "r+")
-        self.elevation = self.group[ELEVATION]
+        self.group = None  # (opened again when next used)
 
     @classmethod
     def from_array(cls, path, values: np.ndarray, *, tile: int = DEFAULT_TILE, shard: int = DEFAULT_SHARD,
@@ -410,7 +429,7 @@ class TerrainStore:
         try:
             with contextlib.ExitStack() as commit:
                 with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
-                    group = _ChecksumGroup(zarr.open_group(str(tmp), mode="w-", attributes=attrs)._async_group)
+                    group = _ChecksumGroup(_new_group(tmp, attrs)._async_group)
                     yield ResultWriter(self, group)
                     integrity.seal(tmp)  # complete: the manifest of each of its arrays, then renamed into place
                     commit.enter_context(self._unchanged(name))
@@ -422,8 +441,7 @@ class TerrainStore:
                         os.unlink(folder / "zarr.json")
                         os.rmdir(folder)
             raise
-        self.group = self._open_group(self.path, "r+")
-        self.elevation = self.group[ELEVATION]
+        self.group = None  # the store's group opened again when next used (not by every command: ~1 ms)
 
     def _require_parents(self, parts: list[str]) -> list[Path]:
         """Make the groups above the result ``parts`` (zarr v3 needs their zarr.json); the folders made."""
@@ -431,8 +449,9 @@ class TerrainStore:
         for i in range(1, len(parts)):
             folder = self.path.joinpath(*parts[:i])
             if not (folder / "zarr.json").exists():
-                self.group.require_group("/".join(parts[:i]))
-                made.append(folder)
+                with contextlib.suppress(FileExistsError):  # (made meanwhile by a concurrent result)
+                    _new_group(folder)
+                    made.append(folder)
         return made
 
     @contextlib.contextmanager
@@ -526,6 +545,21 @@ def with_checksum(compressors):
         compressors = (compressors,)
     compressors = tuple(compressors)
     return compressors if compressors and isinstance(compressors[-1], Crc32cCodec) else compressors + (_CHECKSUM,)
+
+
+def _new_group(folder, attrs: dict | None = None) -> zarr.Group:
+    """The group ``folder`` made as ``zarr.open_group(folder, mode="w-", attributes=attrs)`` makes it
+    (zarr's own bytes of its zarr.json; an existing one is FileExistsError), without zarr's event loop:
+    every result pays it (~1 ms of a 2-core machine's CPU a call)."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import AsyncGroup, GroupMetadata
+    from zarr.storage import LocalStore, StorePath
+
+    meta = GroupMetadata(attributes=dict(attrs or {}))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "zarr.json"), "xb") as f:
+        f.write(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+    return zarr.Group(AsyncGroup(meta, StorePath(LocalStore(str(folder)))))
 
 
 class _ChecksumGroup(zarr.Group):
@@ -683,7 +717,8 @@ def shard_layout(arr: zarr.Array):
     """(chunk shape, zstd level, chunk crc32c) when ``arr`` is stored as this tool writes its tiled
     arrays -- on local disk, sharded, each chunk little-endian bytes + zstd (+ crc32c from format 2
     on), the shard index (bytes + crc32c) at the end -- else None: then :func:`read_shard` and
-    :func:`write_shard` leave it to zarr."""
+    :func:`write_shard` leave it to zarr. Level None: chunks stored as their bytes (+ crc32c), not
+    compressed (the overviews' levels: terrain_io.overviews.LEVEL_ZSTD)."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
     from zarr.storage import LocalStore
 
@@ -694,12 +729,14 @@ def shard_layout(arr: zarr.Array):
     sh = codecs[0]
     inner, index = tuple(sh.codecs), tuple(sh.index_codecs)
     little = lambda c: isinstance(c, BytesCodec) and (c.endian is None or c.endian.value == "little")  # noqa: E731
-    crc = len(inner) == 3 and isinstance(inner[2], Crc32cCodec)
-    if (len(inner) != 2 + crc or not little(inner[0]) or not isinstance(inner[1], ZstdCodec) or inner[1].checksum
+    crc = len(inner) > 1 and isinstance(inner[-1], Crc32cCodec)
+    zstd = inner[1] if len(inner) == 2 + crc else None
+    if (len(inner) - crc - (zstd is not None) != 1 or not little(inner[0])
+            or (zstd is not None and (not isinstance(zstd, ZstdCodec) or zstd.checksum))
             or len(index) != 2 or not little(index[0]) or not isinstance(index[1], Crc32cCodec)
             or sh.index_location.value != "end"):
         return None
-    return tuple(sh.chunk_shape), inner[1].level, crc
+    return tuple(sh.chunk_shape), None if zstd is None else zstd.level, crc
 
 
 _EMPTY = np.uint64(2**64 - 1)
@@ -768,7 +805,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         return out
     from numcodecs import Zstd
 
-    (t0, t1), _, crc = fmt
+    (t0, t1), level, crc = fmt
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
@@ -829,13 +866,20 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                 data, stored = data[:-4], data[-4:]
                 if integrity.crc32c(data) != stored.tobytes():
                     raise _damaged(arr, where, "chunk fails its checksum")
-            chunk = np.empty((t0, t1), arr.dtype)
-            try:
-                got = zstd.decode(data, out=chunk)
-            except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
-                raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
-            if memoryview(got).nbytes != chunk.nbytes:
-                raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
+            if level is None:  # stored as its bytes: the chunk is a view of the buffer
+                if len(data) != t0 * t1 * arr.dtype.itemsize:
+                    raise _damaged(arr, where, f"chunk holds {len(data)} bytes")
+                chunk = data.view(arr.dtype).reshape(t0, t1)
+                if chunk.ctypes.data % arr.dtype.itemsize:  # (after a 4-byte crc32c: not aligned for 8-byte types)
+                    chunk = chunk.copy()
+            else:
+                chunk = np.empty((t0, t1), arr.dtype)
+                try:
+                    got = zstd.decode(data, out=chunk)
+                except Exception as exc:  # noqa: BLE001 -- a format-1 chunk (no checksum) that does not decode
+                    raise _damaged(arr, where, f"chunk does not decode ({exc})") from None
+                if memoryview(got).nbytes != chunk.nbytes:
+                    raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
             a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
             lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
             if each is not None:
@@ -924,7 +968,9 @@ def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
             part = whole
         if _all_fill(part, fill):
             return None
-        data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
+        data = np.ascontiguousarray(part, dtype=arr.dtype)
+        if level is not None:
+            data = zstd.encode(data)
         return (data, integrity.crc32c(data)) if crc else (data,)
 
     return cells, encode
@@ -1238,8 +1284,8 @@ def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs:
                          zstd_level: int = _COMPRESSOR.level) -> dict:
     """The zarr.json :func:`create_tiled_array` writes (chunks compressed at ``zstd_level``: zarr's
     zstd codec takes -131072..22, and :func:`encode_chunks` uses the level the metadata names)."""
-    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}},
-             {"name": "crc32c"}]
+    zstd = [] if zstd_level is None else [{"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}}]
+    inner = [_bytes_codec(dtype), *zstd, {"name": "crc32c"}]  # (level None: chunks not compressed)
     index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     codecs = [{"name": "sharding_indexed", "configuration": {"chunk_shape": [tile, tile], "codecs": inner,
                                                              "index_codecs": index, "index_location": "end"}}]

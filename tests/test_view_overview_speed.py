@@ -1,6 +1,6 @@
-"""The overviews' fast path (issue 32's 1.2x target): levels stored with a faster zstd level that their
-metadata names (Zarr v3's zstd codec takes -131072..22), the base read halved chunk by chunk as it is
-decoded (``read_shard(each=)``): the same cells as reading the shard and reducing it (numpy)."""
+"""The overviews' fast path (issue 32's 1.2x target): levels stored with the codecs their metadata names
+(not compressed; or a faster zstd level: Zarr v3's zstd codec takes -131072..22), the base read halved
+chunk by chunk as it is decoded (``read_shard(each=)``): the same cells as reading the shard and reducing it (numpy)."""
 from __future__ import annotations
 
 import json
@@ -24,23 +24,27 @@ def _values(shape, seed=3):
     return z
 
 
-def test_levels_are_plain_zarr_at_the_codec_their_metadata_names(tmp_path):
+@pytest.mark.parametrize("level", [LEVEL_ZSTD, -5])
+def test_levels_are_plain_zarr_at_the_codec_their_metadata_names(tmp_path, monkeypatch, level):
     """Every level file against zarr itself writing the level's values with the codecs the level's
-    zarr.json names (zstd at LEVEL_ZSTD, crc32c): the same bytes; and xarray reads them."""
+    zarr.json names (LEVEL_ZSTD None: the chunks' bytes and crc32c; else zstd at that level, crc32c):
+    the same bytes; and xarray reads them."""
+    monkeypatch.setattr("terrain_io.overviews.LEVEL_ZSTD", level)
     st = utm_store(tmp_path / "s.zarr", _values((150, 90)), tile=8, shard=4)
     assert write_overviews(st.path, ["elevation"]) == {"elevation": 5}
-    assert LEVEL_ZSTD < 1  # faster than the store's own level 1 (benchmarks/RESULTS.md)
+    assert level is None or level < 1  # faster than the store's own level 1 (benchmarks/RESULTS.md)
     below = _values((150, 90))
     for k in range(1, 6):
         folder = st.path / "overviews" / "elevation" / str(k) / "elevation"
         meta = json.loads((folder / "zarr.json").read_text())
         inner = meta["codecs"][0]["configuration"]["codecs"]
-        assert inner[1] == {"name": "zstd", "configuration": {"level": LEVEL_ZSTD, "checksum": False}}
+        zstd = [] if level is None else [{"name": "zstd", "configuration": {"level": level, "checksum": False}}]
+        assert inner == [{"name": "bytes", "configuration": {"endian": "little"}}, *zstd, {"name": "crc32c"}]
         got = zarr.open_array(str(folder), mode="r")[...]
         np.testing.assert_array_equal(got, overview_mean(below), err_msg=f"level {k}")
         ref = zarr.create_array(str(tmp_path / f"zarr{k}"), shape=got.shape, chunks=(8, 8), shards=(32, 32),
                                 dtype="float32", fill_value=math.nan,
-                                compressors=(ZstdCodec(level=LEVEL_ZSTD), Crc32cCodec()))
+                                compressors=(*([] if level is None else [ZstdCodec(level=level)]), Crc32cCodec()))
         ref[...] = got
         want = {p.relative_to(tmp_path / f"zarr{k}"): p.read_bytes() for p in (tmp_path / f"zarr{k}" / "c").rglob("*")
                 if p.is_file()}
