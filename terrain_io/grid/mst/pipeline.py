@@ -556,12 +556,51 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
     return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
 
 
+def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.ndarray, whole_shard: bool,
+                 bits: np.ndarray | None = None) -> int:
+    """One unit of phase 3: its decisions applied to its bits (``bits``: held by the tile phase, not
+    written yet; else read from ``edges``), written back, its edges counted. Clearing and setting
+    bits: run twice (a task run again), the same bytes."""
+    held = bits is not None
+    if bits is None:
+        bits = read_window(edges, win, whole_shard)
+    if held or len(removed) or len(kept):
+        K.apply_decisions(bits, win.r0, win.c0, cols, removed, kept)
+        write_window(edges, win, bits, whole_shard)
+    return int(K.count_edges(bits))
+
+
+@dataclass(frozen=True, eq=False)
+class _ExpandTask:
+    """A worker's share of phase 3 (the multi-GPU route): the shards of its run, each with its decisions."""
+
+    edges: str  # the temporary ``mst/edges`` array
+    cols: int
+    windows: list
+    removed: list  # per window, its codes
+    kept: list
+    threads: int
+
+
+def _expand_task(task: _ExpandTask) -> int:
+    """Runs on a worker: its shards expanded in ``task.threads`` threads; returns their edge count."""
+    import zarr
+
+    edges = zarr.open_array(task.edges, mode="r+")
+    with concurrent.futures.ThreadPoolExecutor(task.threads) as ex:
+        return sum(ex.map(lambda i: _expand_unit(edges, task.windows[i], task.cols, task.removed[i], task.kept[i],
+                                                 True), range(len(task.windows))))
+
+
 def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: int, decided: list,
-            progress: bool, held: dict | None = None) -> int:
+            progress: bool, held: dict | None = None, runs: list | None = None, scheduler: str | None = None,
+            announce=None) -> int:
     """Phase 3: apply the merge decisions (``decided``: [removed, kept] code logs, emptied here) to
     ``mst/edges``, each shard read and written once, shards in
     parallel threads (decoding and encoding release the GIL); returns the edge count. ``held``: the
     tile phase's bits of every shard by its first cell (not written yet): each is written once here.
+    ``runs``: the tile phase's runs of batches (whole shards) on ``scheduler``'s workers: each worker
+    expands its run's shards, the decisions grouped here and sent to it.
 
     The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
     tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
@@ -596,15 +635,19 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     removed, rem_starts = decided.pop(0).grouped(unit_of, n_units)
     kept, kept_starts = decided.pop(0).grouped(unit_of, n_units)
 
-    def expand(win: Window) -> int:
+    def decided_in(win: Window) -> tuple[np.ndarray, np.ndarray]:
         key = win.r0 // span * units_across + win.c0 // span
-        rs = slice(rem_starts[key], rem_starts[key + 1])
-        ks = slice(kept_starts[key], kept_starts[key + 1])
-        bits = held.pop((win.r0, win.c0)) if held is not None else read_window(edges, win, span == span_shard)
-        if held is not None or rs.start != rs.stop or ks.start != ks.stop:
-            K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
-            write_window(edges, win, bits, span == span_shard)
-        return int(K.count_edges(bits))
+        return removed[rem_starts[key] : rem_starts[key + 1]], kept[kept_starts[key] : kept_starts[key + 1]]
+
+    if runs is not None:  # units are the shards, in the Morton order of the batches
+        tasks = [_ExpandTask(f"{edges.store.root}/{edges.path}", cols, units[a:b],
+                             *map(list, zip(*(decided_in(w) for w in units[a:b]))), workers) for a, b in runs]
+        with progress_bar(progress, len(tasks), "expand", unit="run") as bar:
+            return sum(map_shards(_expand_task, tasks, scheduler, progress=bar, announce=announce))
+
+    def expand(win: Window) -> int:
+        bits = held.pop((win.r0, win.c0)) if held is not None else None
+        return _expand_unit(edges, win, cols, *decided_in(win), span == span_shard, bits)
 
     n_edges = 0
     with progress_bar(progress, len(units), "expand", unit="shard" if span == span_shard else "batch") as bar, \
@@ -682,6 +725,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
+    runs = None  # on a cluster: each worker's run of batches, (start, stop)
     gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
     if device == "gpu" and scheduler == "local":
         forest = K.FOREST_GIVEN
@@ -712,19 +756,20 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
             with timings.phase("tile_phase"):
                 cuts = np.linspace(0, len(batches), min(len(batches), scheduler_workers(scheduler, announce)) + 1)
                 cuts = cuts.round().astype(int).tolist()
+                runs = list(zip(cuts, cuts[1:]))
                 tasks = [_RunTask(str(store.path), f"{edges.store.root}/{edges.path}", k, a, b, model.name, forest,
-                                  cap, device, merger.batched, gpu_contract) for a, b in zip(cuts, cuts[1:])]
+                                  cap, device, merger.batched, gpu_contract) for a, b in runs]
                 with progress_bar(progress, len(tasks), "tile phase", unit="run") as bar:
-                    runs = map_shards(_run_task, tasks, scheduler, progress=bar, announce=announce)
+                    done = map_shards(_run_task, tasks, scheduler, progress=bar, announce=announce)
             with timings.phase("merge_top"):  # the merges of blocks that span runs, on the client
-                merger.adopt(runs)
-            for run in runs:
+                merger.adopt(done)
+            for run in done:
                 valid_cells += run.valid_cells
                 buckets += run.tile_buckets
                 for name, seconds in run.timings.items():
                     if name != "merge":
                         timings.add(name, seconds)
-            del runs
+            del done
         else:
             with contextlib.ExitStack() as cleanup:
                 merger.start(workers=os.cpu_count() or 1)
@@ -751,7 +796,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
             decisions = len(rem_c) + len(kept_c)
             decided = [rem_c, kept_c]
             del rem_c, kept_c  # (_expand empties each as it groups it)
-            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held)
+            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held, runs, scheduler, announce)
         exact = K.exact_total(buckets)
         seconds = timings.seconds()
         timings = timings.rounded(4)
