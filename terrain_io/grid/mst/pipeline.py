@@ -508,6 +508,8 @@ def _run_task(task: _RunTask) -> _RunResult:
     finally:
         merger.stop()
     timings["merge"] = merger.timings["merge"]
+    if gpu is not None:  # (the worker's kernel is kept for its later runs: its totals so far)
+        timings["gpu_kernel"], timings["gpu_contract"] = gpu.kernel_seconds, gpu.contract_seconds
     return _RunResult(valid, buckets, merger.buckets, list(merger.stack), merger.removed, merger.kept, merger.merges,
                       dict(timings))
 
