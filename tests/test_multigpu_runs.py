@@ -37,3 +37,32 @@ def test_runs_merged_on_the_client_give_scipys_forest(tmp_path, monkeypatch, wei
     u, v = edge_list(read_edges(st))
     assert set(zip(u.tolist(), v.tolist())) == want
     assert res.total_weight_exact == str(total) and res.edges == len(want)
+
+
+def test_a_run_lost_with_its_worker_runs_again_to_scipys_forest(tmp_path):
+    """SIGKILL a worker while the runs are on the workers: its run is retried, the same forest."""
+    import os
+    import signal
+    import threading
+
+    distributed = pytest.importorskip("distributed")
+    from terrain_io.parallel import close_clusters
+
+    vals = dem(200, 230, seed=8)
+    valid = ~np.isnan(vals)
+    st = TerrainStore.from_array(tmp_path / "k.zarr", vals, tile=16, shard=2)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c:
+        with distributed.Client(c.scheduler_address) as client:
+            pids = list(client.run(os.getpid).values())
+        killer = threading.Timer(0.5, lambda: os.kill(pids[0], signal.SIGKILL))
+        killer.start()
+        try:
+            res = mst(st, device="cpu", progress=False, scheduler=c.scheduler_address)
+        finally:
+            killer.cancel()
+            close_clusters()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[0], 0)  # the worker really was killed during the run
+    want, total = scipy_msf(np.nan_to_num(vals), valid)
+    u, v = edge_list(read_edges(st))
+    assert set(zip(u.tolist(), v.tolist())) == want and res.total_weight_exact == str(total)
