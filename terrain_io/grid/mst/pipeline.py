@@ -249,12 +249,11 @@ class _Merger:
         return merged.block
 
     def adopt(self, runs: list["_RunResult"]) -> None:
-        """Take the workers' runs, in the Morton order of their tiles: their decisions and exact
-        weights, then their stacks' blocks, merged where a block's parent spans runs."""
+        """Take the workers' runs, in the Morton order of their tiles: their exact weights, then
+        their stacks' blocks, merged where a block's parent spans runs (their decisions stay with
+        each run's shards, :func:`_decided_by_shard`)."""
         blocks = []
         for run in runs:
-            self.removed.extend(run.removed)
-            self.kept.extend(run.kept)
             self.buckets += run.merge_buckets
             self.merges += run.merges
             self.timings.add("merge", run.timings.get("merge", 0.0))
@@ -295,10 +294,6 @@ class _CodeLog:
             self.blocks[-1][self.used : self.used + take] = codes[i : i + take]
             self.used += take
             i += take
-
-    def extend(self, other: "_CodeLog") -> None:
-        for i, b in enumerate(other.blocks):
-            self.append(b if i + 1 < len(other.blocks) else b[:other.used])
 
     def grouped(self, unit_of, n_units: int) -> tuple[np.ndarray, np.ndarray]:
         """The codes grouped by ``unit_of(codes)`` (unit ids 0 .. n_units - 1; inside a unit in no
@@ -469,14 +464,13 @@ class _RunTask:
 
 class _RunResult(NamedTuple):
     """What a run sends back (:func:`_run_task`): counts, exact weights, the merge decisions (O(N/T)
-    codes) and the blocks its merges could not complete -- no per-tile graphs."""
+    codes, grouped by shard there) and the blocks its merges could not complete -- no per-tile graphs."""
 
     valid_cells: int
     tile_buckets: np.ndarray
     merge_buckets: np.ndarray
     blocks: list
-    removed: "_CodeLog"
-    kept: "_CodeLog"
+    decided: list  # (removed, kept) codes of each shard of the run, in its order
     merges: int
     timings: dict
 
@@ -510,8 +504,10 @@ def _run_task(task: _RunTask) -> _RunResult:
     timings["merge"] = merger.timings["merge"]
     if gpu is not None:  # (the worker's kernel is kept for its later runs: its totals so far)
         timings["gpu_kernel"], timings["gpu_contract"] = gpu.kernel_seconds, gpu.contract_seconds
-    return _RunResult(valid, buckets, merger.buckets, list(merger.stack), merger.removed, merger.kept, merger.merges,
-                      dict(timings))
+    blocks = list(merger.stack)
+    with timings.phase("group"):
+        decided = _decided_by_shard(store, *merger.decisions(), [b.window for b in batches])
+    return _RunResult(valid, buckets, merger.buckets, blocks, decided, merger.merges, dict(timings))
 
 
 def _readers(device: str) -> int:
@@ -558,6 +554,24 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
     return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
 
 
+def _decided_by_shard(store: TerrainStore, removed: "_CodeLog", kept: "_CodeLog", windows: list[Window]) -> list:
+    """The decisions grouped by shard (the logs emptied): (removed, kept) codes of each shard in
+    ``windows``; a code belongs to the shard of its cell (the edge's smaller end)."""
+    rows, cols = store.shape
+    span = store.shard_size * store.tile_size
+    across = -(-cols // span)
+
+    def unit_of(codes):
+        lo = codes >> 2
+        return (lo // cols // span) * across + lo % cols // span
+
+    n_units = -(-rows // span) * across
+    rem, rem_starts = removed.grouped(unit_of, n_units)
+    kep, kept_starts = kept.grouped(unit_of, n_units)
+    keys = [w.r0 // span * across + w.c0 // span for w in windows]
+    return [(rem[rem_starts[u] : rem_starts[u + 1]], kep[kept_starts[u] : kept_starts[u + 1]]) for u in keys]
+
+
 def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.ndarray, whole_shard: bool,
                  bits: np.ndarray | None = None) -> int:
     """One unit of phase 3: its decisions applied to its bits (``bits``: held by the tile phase, not
@@ -601,8 +615,9 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     ``mst/edges``, each shard read and written once, shards in
     parallel threads (decoding and encoding release the GIL); returns the edge count. ``held``: the
     tile phase's bits of every shard by its first cell (not written yet): each is written once here.
-    ``runs``: the tile phase's runs of batches (whole shards) on ``scheduler``'s workers: each worker
-    expands its run's shards, the decisions grouped here and sent to it.
+    ``runs``: on ``scheduler``'s workers, the tile phase's runs (:class:`_RunResult`, batches
+    ``start``..``stop`` - 1: whole shards): each worker expands its run's shards with their
+    decisions, its own merges' and the client's (``decided``).
 
     The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
     tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
@@ -619,6 +634,16 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     shard_cells = min(span_shard, rows) * min(span_shard, cols)
     decisions = 8 * sum(len(c) for c in decided)
     workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
+    if runs is not None:
+        windows = list(store.shards())  # the Morton order of the batches
+        mine = _decided_by_shard(store, *decided, windows)
+        tasks = []
+        for (start, stop, theirs) in runs:
+            both = [tuple(map(np.concatenate, zip(t, m))) for t, m in zip(theirs, mine[start:stop])]
+            tasks.append(_ExpandTask(f"{edges.store.root}/{edges.path}", cols, windows[start:stop],
+                                     [r for r, _ in both], [kp for _, kp in both], workers))
+        with progress_bar(progress, len(tasks), "expand", unit="run") as bar:
+            return sum(map_shards(_expand_task, tasks, scheduler, progress=bar, announce=announce))
     if held is not None or _expand_by_shards(store, k, budget, workers):
         span = span_shard
         units = list(store.shards())
@@ -640,12 +665,6 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     def decided_in(win: Window) -> tuple[np.ndarray, np.ndarray]:
         key = win.r0 // span * units_across + win.c0 // span
         return removed[rem_starts[key] : rem_starts[key + 1]], kept[kept_starts[key] : kept_starts[key + 1]]
-
-    if runs is not None:  # units are the shards, in the Morton order of the batches
-        tasks = [_ExpandTask(f"{edges.store.root}/{edges.path}", cols, units[a:b],
-                             *map(list, zip(*(decided_in(w) for w in units[a:b]))), workers) for a, b in runs]
-        with progress_bar(progress, len(tasks), "expand", unit="run") as bar:
-            return sum(map_shards(_expand_task, tasks, scheduler, progress=bar, announce=announce))
 
     def expand(win: Window) -> int:
         bits = held.pop((win.r0, win.c0)) if held is not None else None
@@ -727,7 +746,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
-    runs = None  # on a cluster: each worker's run of batches, (start, stop)
+    runs = None  # on a cluster: each worker's run of batches, (start, stop[, its decisions by shard])
+    on_workers = 0  # the decisions the workers' merges made
     gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
     if device == "gpu" and scheduler == "local":
         forest = K.FOREST_GIVEN
@@ -765,6 +785,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                     done = map_shards(_run_task, tasks, scheduler, progress=bar, announce=announce)
             with timings.phase("merge_top"):  # the merges of blocks that span runs, on the client
                 merger.adopt(done)
+            runs = [(a, b, run.decided) for (a, b), run in zip(runs, done)]
+            on_workers = sum(len(r) + len(kp) for *_, decided in runs for r, kp in decided)
             for run in done:
                 valid_cells += run.valid_cells
                 buckets += run.tile_buckets
@@ -795,7 +817,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
         with timings.phase("expand"):
             rem_c, kept_c = merger.decisions()
             buckets += merger.buckets
-            decisions = len(rem_c) + len(kept_c)
+            decisions = len(rem_c) + len(kept_c) + on_workers
             decided = [rem_c, kept_c]
             del rem_c, kept_c  # (_expand empties each as it groups it)
             n_edges = _expand(store, edges, batches, k, budget, decided, progress, held, runs, scheduler, announce)
