@@ -73,7 +73,11 @@ def attrs(store: str, group: str) -> dict:
 def report(step: str, args, store: str, group: str | None, **more) -> None:
     """Run ``terrain ARGS`` (a fresh process) and print one JSON line: walls, peaks, the result's device,
     method and timings, the free disk."""
-    wall, peak, gpu = terrain(*args)
+    try:
+        wall, peak, gpu = terrain(*args)
+    except SystemExit as e:  # one step failed: say so, and go on to the next
+        print(json.dumps({"step": step, "error": str(e), **more}), flush=True)
+        return
     a = attrs(store, group) if group else {}
     print(json.dumps({"step": step, "cli_wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 2),
                       "peak_gpu_mib": gpu, **{k: a[k] for k in KEPT if k in a},

@@ -132,6 +132,7 @@ def main():
         phases = {k: round(v, 2) for k, v in accumulation.timings.items()}
         wt = cp.random.RandomState(2).random_sample(z.shape)
         tw = timed(lambda: accumulation(code, wt), args.repeat)
+        phases_w = {k: round(v, 2) for k, v in accumulation.timings.items()}
         # every cell is counted once at the end of its path (an outlet or a sink)
         ends = (code == 8) | (code == 9)
         assert int(acc[ends].sum()) == cells, "counts do not add up"
@@ -140,7 +141,8 @@ def main():
         longest = int(acc.max())
         r = {"cells": cells, "synth_s": gen, "directions_s": td, "directions_cells_per_s": cells / td,
              "bfs_rounds": list(rounds), "accumulation_s": ta, "accumulation_cells_per_s": cells / ta,
-             "weighted_s": tw, "weighted_cells_per_s": cells / tw, "exits": exits, "max_accumulation": longest,
+             "weighted_s": tw, "weighted_cells_per_s": cells / tw, "weighted_phases_ms": phases_w,
+             "exits": exits, "max_accumulation": longest,
              "sinks": int(cp.count_nonzero(code == 9)), "unresolved_left": flat,
              "accumulation_phases_ms": phases,
              "peak_gpu_directions": peak_d.peak, "peak_gpu_accumulation": peak_a.peak, "held_before": base,
@@ -152,7 +154,8 @@ def main():
         rows[n] = r
         print(f"{n}^2: directions {td * 1e3:.1f} ms ({cells / td:.3g} cells/s, BFS rounds {rounds}); "
               f"accumulation {ta * 1e3:.2f} ms ({cells / ta:.3g} cells/s; {exits:,} exits = "
-              f"{exits / cells:.1%}; phases ms {phases}); weighted {tw * 1e3:.2f} ms ({cells / tw:.3g} cells/s); "
+              f"{exits / cells:.1%}; phases ms {phases}); weighted {tw * 1e3:.2f} ms ({cells / tw:.3g} cells/s; "
+              f"phases ms {phases_w}); "
               f"largest basin {longest:,} cells", flush=True)
         if n == args.xrs_size or n == args.xrs_small:
             rows[n]["code"] = code

@@ -2,7 +2,8 @@
 fresh process (reading the store, computing, writing the result and the vectors included), its own
 peak RSS (wait4) and the phases of the result's ``timings`` attribute, on a ``terrain synth`` store
 (seed 0, 10 m cells, tile 256, shard 8) filled and routed by ``terrain fill`` / ``terrain flow``
-on the same device. Every kernel is compiled first by the same commands on a 512^2 store.
+on the same device. Every kernel is compiled first by the same commands on a 512^2 store (unless
+WORK/warm.zarr exists: compiled by an earlier run, e.g. ``pytest -m gpu tests/test_hydro_*.py``).
 
 ``--workflow``: the issue's chain at that size (synth, fill, flow, streams with vectors, HAND) and
 the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each (``--only``).
@@ -40,8 +41,12 @@ def main() -> None:
     ap.add_argument("--threshold", default="1000")
     ap.add_argument("--workflow", action="store_true")
     ap.add_argument("--only", default="basins,watershed,streams,hand", help="the hydrology commands to run")
+    ap.add_argument("--keep", action="store_true", help="keep the store (WORK/sSIZE.zarr) for a profile after")
     a = ap.parse_args()
     only = ["streams", "hand"] if a.workflow else a.only.split(",")
+    # Python's bytecode cached as a pip install leaves it (pip compiles it): with PYTHONDONTWRITEBYTECODE
+    # set (the GPU machine) every command compiled ~290 modules from source again, ~0.8 s of start-up
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.makedirs(a.work, exist_ok=True)
     opts = ["--device", a.device, "-q"] + (["--memory", a.memory] if a.memory else [])
     warm = os.path.join(a.work, "warm.zarr")
@@ -52,20 +57,22 @@ def main() -> None:
     total = 0.0
     for args in steps(st, a.size, a.work, a.threshold, only):
         try:
-            wall, peak = terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
+            wall, peak, gpu_mib = terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
         except SystemExit as e:  # a failed step: said, and the next one measured
             print(json.dumps({"size": a.size, "failed": str(e)}), flush=True)
             continue
         total += wall
         row = {"size": a.size, "command": " ".join(args[:1] + (["-o", ".gpkg"] if args[0] == "streams" else [])),
-               "cli_wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 2), "memory": a.memory}
+               "cli_wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 2), "peak_gpu_mib": gpu_mib,
+               "memory": a.memory}
         if args[0] in GROUPS:
             with open(os.path.join(st, GROUPS[args[0]], "zarr.json")) as f:
                 attrs = json.load(f)["attributes"]
             row["timings"] = attrs.get("timings")
         print(json.dumps(row), flush=True)
     print(json.dumps({"size": a.size, "memory": a.memory, "sum_of_cli_walls_s": round(total, 2)}), flush=True)
-    shutil.rmtree(st)
+    if not a.keep:
+        shutil.rmtree(st)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from .main import cli
 def flow(store, condition, outlets, weights, exclude_self, device, memory, scheduler):
     """Flow directions and accumulation: STORE/flow/direction (uint8 D8 codes: 0..7 = E, SE, S, SW, W,
     NW, N, NE; 8 drains out of the DEM; 9 no outflow; 255 nodata) and flow/accumulation (uint64
-    cells draining through each cell, or float64 sums of --weights).
+    cells draining through each cell, or float64 sums of --weights, exact: the same bytes everywhere).
 
     Steepest descent (drop over step length; ties to the lowest code); flats routed away from higher
     ground and toward lower ground (Barnes, Lehman & Mulla 2014). Out of core: windows accumulated

@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from terrain_io.backend import start_gpu
+
 from .common import (device_option, memory_option, new_output_file, output_option, overviews_option,
                      overwrite_files_option, quiet, say, table_option)
 from .main import cli
@@ -60,6 +62,7 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
     """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
     order given -- --at, then --cell, then --outlets -- a cell drains to first; 0 none). A nested
     outlet splits its parent's area (ESRI Watershed, Whitebox)."""
+    start_gpu(device)
     from terrain_io.grid.hydro.pipeline import watershed as run
     from terrain_io.points import from_coordinates, read_points
     from terrain_io.store import TerrainStore
@@ -93,6 +96,7 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
 def basins(store, table, output, memory, device):
     """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
     at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
+    start_gpu(device)
     from terrain_io.grid.hydro.pipeline import basins as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
@@ -115,6 +119,7 @@ def streams(store, threshold, units, table, output, memory, device):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
+    start_gpu(device)
     from terrain_io.grid.hydro.pipeline import streams as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
@@ -134,6 +139,7 @@ def hand(store, threshold, units, memory, device):
     """Height above the nearest drainage: STORE/hand/height (float32: a cell's elevation minus that
     of the first stream cell on its flow path; NaN where it meets none) and hand/drainage (that
     cell's link id, 0 none). Streams as terrain streams --threshold defines them."""
+    start_gpu(device)
     from terrain_io.grid.hydro.pipeline import hand as run
 
     say(run(store, threshold, units=units, memory=memory, progress=not quiet(), device=device).line)

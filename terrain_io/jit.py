@@ -136,26 +136,72 @@ def mark_compiled(folder: Path, tag: str) -> None:
 def announce_compiles(say: Callable[[str], None], where: Path | str):
     """Call ``say`` once, with one line, when this process first compiles a kernel of ``terrain_io``.
 
-    numba fires its ``numba:compile`` event only on a cache miss, so a warm run says nothing."""
-    from numba.core import event
+    numba fires its ``numba:compile`` event only on a cache miss, so a warm run says nothing. The
+    listener is registered when numba is imported (at once if it is): a command that runs no CPU
+    kernel (the hydrology on the GPU) never imports numba. Returns the listener, or None until then."""
 
-    class _Listener(event.Listener):
-        said = False
+    def register():
+        from numba.core import event
 
-        def on_start(self, ev):
-            dispatcher = ev.data.get("dispatcher") if ev.data else None
-            module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
-            if not self.said and module.startswith("terrain_io"):
-                self.said = True
-                say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
-                    f"cached in {where})")
+        class _Listener(event.Listener):
+            said = False
 
-        def on_end(self, ev):
-            pass
+            def on_start(self, ev):
+                dispatcher = ev.data.get("dispatcher") if ev.data else None
+                module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+                if not self.said and module.startswith("terrain_io"):
+                    self.said = True
+                    say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
+                        f"cached in {where})")
 
-    listener = _Listener()
-    event.register("numba:compile", listener)
-    return listener  # for numba.core.event.unregister
+            def on_end(self, ev):
+                pass
+
+        listener = _Listener()
+        event.register("numba:compile", listener)
+        return listener  # for numba.core.event.unregister
+
+    if "numba.core.event" in sys.modules:
+        return register()
+    _after_import("numba.core.event", register)
+    return None
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Runs the first import of the module ``name`` as ``run(exec_module, module)``: the loader's own
+    ``exec_module`` wrapped (once; the finder then leaves ``sys.meta_path``)."""
+
+    def __init__(self, name: str, run: Callable):
+        self.name, self.run = name, run
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; and find the real spec without this finder
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, run = spec.loader, self.run
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            try:
+                run(real_exec, module)
+            finally:
+                loader.exec_module = real_exec
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _after_import(name: str, then: Callable[[], object]) -> None:
+    """Call ``then()`` right after the module ``name`` is first imported."""
+
+    def run(exec_module, module):
+        exec_module(module)
+        then()
+
+    sys.meta_path.insert(0, _OnImport(name, run))
 
 
 def njit_as(func, name: str, **options):
@@ -176,7 +222,7 @@ def serial_twin(kernel):
     return njit_as(kernel.py_func, kernel.py_func.__qualname__ + "_serial", **options)
 
 
-class _DeferBlasCheck(importlib.abc.MetaPathFinder):
+class _DeferBlasCheck(_OnImport):
     """Imports ``numba.np.arraymath`` with its BLAS check answered without importing scipy.linalg.
 
     arraymath binds ``ensure_blas`` from ``numba.np.linalg`` and calls it once, at import, only to set
@@ -187,29 +233,19 @@ class _DeferBlasCheck(importlib.abc.MetaPathFinder):
 
     NAME = "numba.np.arraymath"
 
-    def find_spec(self, name, path=None, target=None):
-        if name != self.NAME:
-            return None
-        sys.meta_path.remove(self)  # once; and find the real spec without this finder
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        real_exec = loader.exec_module
+    def __init__(self):
+        super().__init__(self.NAME, self._without_blas_check)
 
-        def exec_module(module):
-            import numba.np.linalg as linalg
+    @staticmethod
+    def _without_blas_check(exec_module, module):
+        import numba.np.linalg as linalg
 
-            real_check = linalg.ensure_blas
-            linalg.ensure_blas = _scipy_installed
-            try:
-                real_exec(module)
-            finally:
-                linalg.ensure_blas = real_check
-                loader.exec_module = real_exec
-
-        loader.exec_module = exec_module
-        return spec
+        real_check = linalg.ensure_blas
+        linalg.ensure_blas = _scipy_installed
+        try:
+            exec_module(module)
+        finally:
+            linalg.ensure_blas = real_check
 
 
 def _scipy_installed():

@@ -24,7 +24,9 @@ outside the group, which the convention's relative paths cannot reach: its name 
 Levels are tiled, sharded, checksummed and sealed like every result (:meth:`TerrainStore.write_result`).
 
 Out of core in one pass: each shard of the base array is read once, as a task (Morton order, on the
-``scheduler``), and reduced level after level in memory. Its piece of level k is whole chunks of a
+``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
+after level in memory -- the first halving chunk by chunk as the chunks are decoded
+(:func:`read_halved`: the shard's cells are never put together). Its piece of level k is whole chunks of a
 level-k shard while 2^k divides the tiles of a shard side: those chunks are compressed in the task
 (:func:`~terrain_io.store.encode_chunks`), and this process writes a level's shard file
 (:func:`~terrain_io.store.write_encoded_shard`) once its pieces are all in. The task's raw piece of
@@ -33,11 +35,14 @@ soon as it is complete and halved for the level above, and so on. Morton order c
 parent's children one after another, so at most a few shards of each level are held. The levels'
 metadata and coordinates are written as files in one go (zarr's event loop costs more than a
 level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
-and compressing a third of it again (benchmarks/bench_view.py).
+and compressing a third of it again -- at zstd level :data:`LEVEL_ZSTD`, faster than the store's
+level 1 and named in each level's zarr.json, so plain zarr and xarray read the levels
+(benchmarks/bench_view.py; benchmarks/RESULTS.md, issue 32).
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import json
@@ -53,10 +58,14 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from .store import (ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
-                    tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node, write_shard)
+                    shard_layout, tiled_array_metadata, write_coordinate_files, write_encoded_shard, write_node,
+                    write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
+# The levels' zstd level: a third of the cells compressed again at the store's level 1 costs ~0.5 of
+# a read; at -5 2.6x faster, decoded 3.4x faster, +16% bytes (benchmarks/RESULTS.md, issue 32)
+LEVEL_ZSTD = -5
 METHODS = ("average", "mode", "max")
 _MAX_LEAVES = ("accumulation", "order", "magnitude")  # counts and stream orders: the channel stays visible
 CONVENTION = {  # zarr_conventions entry of the multiscales convention
@@ -205,7 +214,6 @@ class _Task:
     method: str
     missing: object
     digest: str
-    root: str  # the staged pyramid's folder
     levels: tuple[tuple[str, str], ...]  # (path, zarr.json) of each level whose pieces are whole chunks
     raw: bool
 
@@ -213,23 +221,51 @@ class _Task:
 def _cascade(task: _Task):
     """Read the shard once and reduce it level after level in memory: {level: its chunks' stored bytes}
     for the levels whose piece of this shard is whole chunks, and the raw piece of the level above."""
-    block = read_shard(_opened(task.store, task.name, task.digest), *task.shard)
+    block = read_halved(_opened(task.store, task.name, task.digest), *task.shard, task.method, task.missing)
     encoded = []
     for k, (path, meta) in enumerate(task.levels, start=1):
-        block = reduce2x2(block, task.method, task.missing)
-        arr = _level_array(task.root, path, meta)
+        if k > 1:
+            block = reduce2x2(block, task.method, task.missing)
+        arr = _level_array(task.store, path, meta)
         per = 2**k  # base shards along a side of a level-k shard; this one's piece starts at chunk first:
         n = arr.shards[0] // arr.chunks[0] // per
         encoded.append(encode_chunks(arr, block, ((task.shard[0] % per) * n, (task.shard[1] % per) * n)))
-    return encoded, (reduce2x2(block, task.method, task.missing) if task.raw else None)
+    raw = (reduce2x2(block, task.method, task.missing) if task.levels else block) if task.raw else None
+    return encoded, raw
+
+
+def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
+    """Shard (sr, sc) of ``arr`` reduced once (:func:`reduce2x2`), each chunk halved as it is decoded
+    (in the decoding threads, while it is in cache: the shard's cells are never put together); the
+    chunks not stored are all fill value, and so is their half (the reduction of fill values is the
+    fill value, or ``missing`` where the fill value is not valid -- as for any all-fill block)."""
+    tile = arr.chunks
+    if shard_layout(arr) is None or tile[0] % 2 or tile[1] % 2:  # (odd chunks: blocks would straddle them)
+        return reduce2x2(read_shard(arr, sr, sc), method, missing)
+    r0, c0 = sr * arr.shards[0], sc * arr.shards[1]
+    rows, cols = min(arr.shards[0], arr.shape[0] - r0), min(arr.shards[1], arr.shape[1] - c0)
+    fill = reduce2x2(np.full((2, 2), arr.fill_value, arr.dtype), method, missing)[0, 0]
+    half = np.full((-(-rows // 2), -(-cols // 2)), fill, arr.dtype)
+
+    def each(r, c, cells):
+        part = reduce2x2(cells, method, missing)
+        half[(r - r0) // 2 : (r - r0) // 2 + part.shape[0], (c - c0) // 2 : (c - c0) // 2 + part.shape[1]] = part
+
+    read_shard(arr, sr, sc, each=each)
+    return half
 
 
 @functools.lru_cache(maxsize=64)
-def _level_array(root: str, path: str, meta: str):
-    return array_handle(root, path, json.loads(meta))
+def _level_array(store: str, path: str, meta: str):
+    """A handle on a level's metadata that its chunks are encoded with (nothing is read or written
+    through it: its folder is the store's, not the staged pyramid's, which need not exist yet)."""
+    known = _OPEN.get((store, path, meta))  # (a zarr handle costs ~0.3 ms: this process's are made once)
+    return known if known is not None else array_handle(store, path, json.loads(meta))
 
 
-_OPEN: dict = {}  # (store, array, digest) -> the array, in the process that writes the pyramid
+# In the process that writes the pyramid: (store, array, digest) -> the array, (store, level path, its
+# zarr.json) -> the level's metadata handle
+_OPEN: dict = {}
 
 
 @functools.lru_cache(maxsize=8)
@@ -359,26 +395,32 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     # a base shard's piece of level k is whole chunks of a level-k shard while 2^k <= shard (tiles a
     # shard side): those are encoded where the shard is read; the levels above are put together here
     whole = min(len(shapes), int(math.log2(store.shard_size)))
+    metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
+                                  {"level": k, **_source_attrs(arr)}, LEVEL_ZSTD)
+             for k, shape in enumerate(shapes, start=1)]
+    levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
+    digest = attrs["source_manifest_sha256"]
+    where = str(store.path)
+    tasks = [_Task(where, name, (int(r), int(c)), method, missing, digest, levels, whole < len(shapes))
+             for r, c in morton_order(*grid0)]
+    handles = {(where, name, digest): arr,  # this process's readers use the open arrays
+               **{(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)}}
+    _OPEN.update(handles)
+    _opened.cache_clear()
+    # the first shards are read while the staged result group is made (on 2 cores its zarr calls
+    # and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md, issue 32)
+    pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
+              else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
-    with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
-        root = str(writer.group.store.root)  # the staged result group's folder
-        metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
-                                      {"level": k, **_source_attrs(arr)}) for k, shape in enumerate(shapes, start=1)]
-        level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
-        # every level's nodes as files, in the writer thread (before its first shard) while the first
-        # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
-        nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
-        levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
-        digest = attrs["source_manifest_sha256"]
-        tasks = [_Task(str(store.path), name, (int(r), int(c)), method, missing, digest, root, levels,
-                       whole < len(shapes)) for r, c in morton_order(*grid0)]
-        _OPEN[key := (str(store.path), name, digest)] = arr  # this process's readers use the open array
-        _opened.cache_clear()
-        try:
+    try:
+        with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
+            root = str(writer.group.store.root)  # the staged result group's folder
+            level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
+            # every level's nodes as files, in the writer thread (before its first shard) while the first
+            # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
+            nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
             assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
             with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
-                pieces = (_prefetched(_cascade, tasks, in_flight) if scheduler == "local"
-                          else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
                 for task, (encoded, raw) in zip(tasks, pieces):
                     for k, chunks in enumerate(encoded, start=1):
                         assembler.put_encoded(k, task.shard, chunks)
@@ -387,7 +429,8 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
                     bar.update(1)
                 assembler.flush()
             nodes.result()
-        finally:
+    finally:
+        for key in handles:
             _OPEN.pop(key, None)
     return len(shapes)
 
@@ -405,17 +448,28 @@ def _source_attrs(arr) -> dict:
     return {k: v for k, v in dict(arr.attrs).items() if k in ("units", "nodata", "method", "long_name")}
 
 
-def _prefetched(func, tasks, ahead: int):
-    """``func(task)`` for each task in order, up to ``ahead`` running in threads (decoding and the
-    numba reductions release the GIL)."""
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(ahead, os.cpu_count() or 1)),
-                                               thread_name_prefix="terrain-overviews-read") as pool:
-        pending = [pool.submit(func, t) for t in tasks[:ahead]]
-        for i in range(len(tasks)):
-            if i + ahead < len(tasks):
-                pending.append(pool.submit(func, tasks[i + ahead]))
-            yield pending[i].result()
-            pending[i] = None
+class _Prefetch:
+    """``func(task)`` for each task in order (iterate), up to ``ahead`` running in threads from the
+    start (decoding and the numba reductions release the GIL); :meth:`close` cancels the rest."""
+
+    def __init__(self, func, tasks, ahead: int):
+        self.func, self.tasks, self.ahead = func, tasks, ahead
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, min(ahead, os.cpu_count() or 1)),
+                                                          thread_name_prefix="terrain-overviews-read")
+        self.pending = [self.pool.submit(func, t) for t in tasks[:ahead]]
+
+    def __iter__(self):
+        for i in range(len(self.tasks)):
+            if i + self.ahead < len(self.tasks):
+                self.pending.append(self.pool.submit(self.func, self.tasks[i + self.ahead]))
+            yield self.pending[i].result()
+            self.pending[i] = None
+
+    def close(self) -> None:
+        for f in self.pending:
+            if f is not None:
+                f.cancel()
+        self.pool.shutdown(wait=True)
 
 
 class _Assembler:

@@ -6,12 +6,16 @@ a pageable copy through its own pinned buffer, and the new array's pages fault i
 Into a pinned buffer the copy is one DMA; the shard threads decode into it and encode from views of
 it directly. Kept sets: a band's writers still read set k while the next band comes back into set
 k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled only after
-:meth:`PinnedBands.uploaded`. :func:`write_bands` is the one way results on the GPU are stored.
+:meth:`PinnedBands.uploaded`. :func:`write_bands` is the one way results on the GPU are stored
+(:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
+import os
+import time
 import warnings
 
 import numpy as np
@@ -23,6 +27,7 @@ class PinnedBands:
     def __init__(self, sets: int = 2):
         self.sets = max(1, int(sets))
         self._buffers: dict = {}
+        self.pin_seconds = 0.0  # spent pinning new buffers (each locks its pages anew)
 
     def buffer(self, band: int, name, shape, dtype) -> np.ndarray:
         """A pinned array of ``shape`` and ``dtype`` for ``band`` (its set: band % sets), reused: a
@@ -33,7 +38,10 @@ class PinnedBands:
         key = (band % self.sets, name)
         buf = self._buffers.get(key)
         if buf is None or buf.dtype != dtype or buf.size < n:
+            self._buffers.pop(key, None)  # (freed before its successor is pinned)
+            t0 = time.perf_counter()
             buf = self._buffers[key] = cupyx.empty_pinned(n, dtype)
+            self.pin_seconds += time.perf_counter() - t0
         return buf[:n].reshape(shape)
 
     def download(self, band: int, arrays) -> list[np.ndarray]:
@@ -80,6 +88,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     enc = nvzstd.encoder() if all(shard_layout(a) is not None for a in arrays) else None
     phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
     pending: list = []
+    pinned_before = pinned.pin_seconds
 
     def write(fn, arr, win, data):
         fn(arr, win.r0 // arr.shards[0], win.c0 // arr.shards[1], data)
@@ -89,12 +98,12 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     for k, band in enumerate(bands):
         r0, r1 = band[0].r0, band[0].r1
         shards = [(w.r0 // arrays[0].shards[0], w.c0 // arrays[0].shards[1]) for w in band]
-        jobs = None
+        jobs, outputs = None, band_outputs(r0, r1)
         if enc is not None:
             try:
                 with phase("write_gpu_encode"):
                     jobs = []
-                    for i, (arr, dev) in enumerate(zip(arrays, band_outputs(r0, r1))):
+                    for i, (arr, dev) in enumerate(zip(arrays, outputs)):
                         frames = enc.encode(dev, arr, shards, lambda n, i=i: pinned.buffer(k, ("frames", i),
                                                                                           (_headroom(n),), np.uint8))
                         jobs += [(write_frames, arr, win, f) for win, f in zip(band, frames)]
@@ -104,7 +113,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 enc, jobs = None, None
         if jobs is None:
             with phase("write_copy"):
-                parts = pinned.download(k, band_outputs(r0, r1))
+                parts = pinned.download(k, outputs)
             jobs = [(write_shard, arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1])
                     for arr, part in zip(arrays, parts) for win in band]
         for f in [f for f in pending if f.done()]:
@@ -115,10 +124,35 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 pending.pop(0).result()
     for f in pending:
         f.result()
+    if timings is not None:
+        timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
+
+
+def write_device(store, arrays, band_outputs, done=None, timings=None) -> None:
+    """:func:`write_bands` for a pipeline without pinned sets of its own (flow, hydrology): every
+    shard row of ``store`` a band, two pinned sets, a writer thread a shard of the band's outputs
+    (up to one a core). ``band_outputs(r0, r1)`` is called for the shard rows in order, once each."""
+    nsr, nsc = store.shard_grid
+    bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
+    pinned = PinnedBands(sets=2)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(arrays) * nsc))) as pool:
+            write_bands(arrays, bands, band_outputs, pinned, pool, done, timings)
+    finally:
+        pinned.close()
+
+
+def host_bytes(store, itemsizes) -> int:
+    """Host memory :func:`write_device` pins at most: two sets of a band of shard rows of each output
+    (``itemsizes``: bytes a cell of each), raw (the CPU's encoders) or as frames with their headroom."""
+    rows, cols = store.shape
+    band = min(store.tile_size * store.shard_size, rows) * cols
+    return 2 * sum(_headroom(band * size) for size in itemsizes)
 
 
 def _headroom(nbytes: int) -> int:
-    """A frames buffer's size for ``nbytes``: a quarter more, in 16 MiB steps, so that later bands, which
-    compress a little worse or better, seldom pin a new one (each pinned allocation locks its pages anew)."""
-    step = 16 << 20
+    """A frames buffer's size for ``nbytes``: a quarter more, in steps of up to 16 MiB (4 KiB for a small
+    band), so that later bands, which compress a little worse or better, seldom pin a new one (each pinned
+    allocation locks its pages anew)."""
+    step = 1 << max(12, min(24, (nbytes // 4).bit_length()))
     return -(-(nbytes + nbytes // 4) // step) * step

@@ -21,8 +21,10 @@ import math
 import concurrent.futures
 import contextlib
 import datetime as _dt
+import functools
 import itertools
 import os
+import queue
 import sys
 import threading
 import uuid
@@ -726,12 +728,16 @@ def read_window(arr: zarr.Array, win: Window, whole_shard: bool) -> np.ndarray:
     return np.asarray(arr[win.slices])
 
 
-def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, out: np.ndarray | None = None
-               ) -> np.ndarray:
+def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, out: np.ndarray | None = None,
+               each=None) -> np.ndarray | None:
     """The cells of shard (sr, sc) of a 2-D sharded array (clipped at the array's edge), or of
     ``part`` of it (a window of the array inside that shard: only the chunks it touches are read
     and decoded, each from its offset in the file); decoded into ``out`` when given (an array of
     that shape and the array's dtype, any strides: a view of a band buffer), which is returned.
+    With ``each``, no array: ``each(r, c, cells)`` takes every stored chunk as it is decoded (in
+    whichever thread decodes it) -- ``cells`` its part inside the window, (r, c) the array cell of
+    cells[0, 0] -- and the chunks not stored are all fill value (a reader that reduces the chunks
+    as they come: terrain_io.overviews; only for this tool's layout, :func:`shard_layout`).
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
@@ -748,12 +754,16 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         if not (r0 <= part.r0 <= part.r1 <= r1 and c0 <= part.c0 <= part.c1 <= c1):
             raise ValueError(f"{part} is not inside shard ({sr}, {sc})")
         r0, r1, c0, c1 = part.r0, part.r1, part.c0, part.c1
-    if out is None:
+    if each is not None:
+        out = None
+    elif out is None:
         out = np.empty((r1 - r0, c1 - c0), dtype=arr.dtype)
     elif out.shape != (r1 - r0, c1 - c0) or out.dtype != arr.dtype:
         raise ValueError(f"out is {out.shape} {out.dtype}, the cells are {(r1 - r0, c1 - c0)} {arr.dtype}")
     fmt = shard_layout(arr)
     if fmt is None:
+        if each is not None:
+            raise ValueError(f"{arr.path}: not stored as this tool's shards")
         out[...] = arr[r0:r1, c0:c1]
         return out
     from numcodecs import Zstd
@@ -762,7 +772,6 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
     key = arr.metadata.encode_chunk_key((sr, sc))
     path = os.path.join(arr.store.root, arr.path, key)
     check = _integrity_of(arr)
-    out[...] = arr.fill_value  # (absent chunks; the rest is decoded over it)
     n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
     size = n0 * n1 * 16
     try:
@@ -770,6 +779,8 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
     except FileNotFoundError:  # never written: all fill value (unless the manifest lists it)
         if check is not None:
             check.check_entry(arr.path, key, None)
+        if out is not None:
+            out[...] = arr.fill_value
         return out
     try:
         length = os.fstat(fd).st_size
@@ -791,7 +802,11 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         for i in range((r0 - s0) // t0, -(-(r1 - s0) // t0)):
             for j in range((c0 - s1) // t1, -(-(c1 - s1) // t1)):
                 off, nb = (int(v) for v in index[i, j])
-                if off == _EMPTY:
+                if off == _EMPTY:  # all fill value: only these cells are filled, not the whole window first
+                    if out is not None:
+                        a0, b0 = s0 + i * t0, s1 + j * t1
+                        out[max(a0, r0) - r0 : min(a0 + t0, r1) - r0, max(b0, c0) - c0 : min(b0 + t1, c1) - c0] = \
+                            arr.fill_value
                     continue
                 if off + nb > body or nb < 4 * crc:
                     raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
@@ -823,13 +838,16 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                 raise _damaged(arr, where, f"chunk decodes to {memoryview(got).nbytes} bytes")
             a0, b0 = s0 + i * t0, s1 + j * t1  # the chunk's first cell; its overlap with the window:
             lo0, hi0, lo1, hi1 = max(a0, r0), min(a0 + t0, r1), max(b0, c0), min(b0 + t1, c1)
-            out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
+            if each is not None:
+                each(lo0, lo1, chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0])
+            else:
+                out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
 
         # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
         # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
         # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
         # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-        _run_chunks(decode, arriving, out.nbytes if owns_cores() else 0, len(jobs))
+        _run_chunks(decode, arriving, (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0, len(jobs))
     finally:
         os.close(fd)
     return out
@@ -859,15 +877,17 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     """Write the cells of shard (sr, sc) (``block``: the shard clipped at the array's edge, any
     strides) as zarr would -- chunks padded with the fill value, left out when all fill value, in
     Morton order, the index with its crc32c at the end -- but compressed here, its chunks in a pool
-    of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), the file written with one
-    call (:func:`write_encoded_shard`). Other layouts: through zarr."""
+    of threads (:func:`_run_chunks`: zstd and crc32c release the GIL), each run of frames written
+    as soon as it is encoded, in order, and sent on to the disk (:class:`_ShardFile`: the disk works
+    while the later chunks are encoded). Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
     if block.shape != (r1 - r0, c1 - c0):
         raise ValueError(f"shard ({sr}, {sc}) is {(r1 - r0, c1 - c0)}, got a block of {block.shape}")
     if shard_layout(arr) is None:
         arr[r0:r1, c0:c1] = block
         return
-    write_encoded_shard(arr, sr, sc, encode_chunks(arr, block))
+    cells, encode = _chunk_encoder(arr, block)
+    _write_shard_file(arr, sr, sc, zip(cells, _run_chunks(encode, cells, block.nbytes, ordered=True)))
 
 
 def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tuple[int, int], tuple | None]:
@@ -876,6 +896,15 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     whole chunks of one shard from its chunk ``first`` on (clipped at the array's edge), so that a
     writer encodes the parts of a shard where they are made (terrain_io.overviews) and
     :func:`write_encoded_shard` puts them together."""
+    cells, encode = _chunk_encoder(arr, block)
+    encoded = _run_chunks(encode, cells, block.nbytes)
+    return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
+
+
+def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
+    """The chunks (i, j) that ``block`` (whole chunks of a shard from its first, clipped at the
+    array's edge) covers, in the shard file's (Morton) order, and the function giving a chunk's stored
+    bytes: (zstd frame, crc32c), or None when it is all fill value."""
     fmt = shard_layout(arr)
     if fmt is None:
         raise ValueError(f"{arr.path}: not stored as this tool's shards")
@@ -887,7 +916,6 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     cells = [(int(i), int(j)) for i, j in morton_order(-(-block.shape[0] // t0), -(-block.shape[1] // t1))]
 
     def encode(ij):
-        """The chunk's stored bytes (zstd frame, crc32c) or None when it is all fill value."""
         a0, b0 = ij[0] * t0, ij[1] * t1
         part = block[a0 : a0 + t0, b0 : b0 + t1]
         if part.shape != (t0, t1):
@@ -899,8 +927,7 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
         data = zstd.encode(np.ascontiguousarray(part, dtype=arr.dtype))
         return (data, integrity.crc32c(data)) if crc else (data,)
 
-    encoded = _run_chunks(encode, cells, block.nbytes)
-    return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
+    return cells, encode
 
 
 def shard_chunks(arr: zarr.Array, sr: int, sc: int) -> list[tuple[int, int]]:
@@ -929,27 +956,78 @@ def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
 def write_encoded_shard(arr: zarr.Array, sr: int, sc: int, encoded: dict) -> None:
     """Write shard (sr, sc) of ``arr`` from its chunks' stored bytes (:func:`encode_chunks`; a chunk
     missing or None is left out, as all fill value): in Morton order, the index and its crc32c at the
-    end, the file written with one call (none when every chunk is left out)."""
+    end (none when every chunk is left out)."""
     (t0, t1), _, _ = shard_layout(arr)
-    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
-    index = np.full((n0, n1, 2), _EMPTY, "<u8")
-    parts, offset = [], 0
-    for i, j in morton_order(n0, n1):
-        data = encoded.get((int(i), int(j)))
-        if data is None:
-            continue
-        size = sum(memoryview(d).nbytes for d in data)
-        index[i, j] = offset, size
-        parts.extend(data)
-        offset += size
+    cells = [(int(i), int(j)) for i, j in morton_order(arr.shards[0] // t0, arr.shards[1] // t1)]
+    _write_shard_file(arr, sr, sc, ((ij, encoded.get(ij)) for ij in cells))
+
+
+def _write_shard_file(arr: zarr.Array, sr: int, sc: int, chunks) -> None:
+    """Write shard (sr, sc) from ``chunks``: ((i, j), stored bytes or None) in the file's Morton order,
+    each written as it comes (:class:`_ShardFile`), the index and its crc32c last; no file (an old
+    one removed) when every chunk is left out, as zarr keeps none."""
+    (t0, t1), _, _ = shard_layout(arr)
+    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), _EMPTY, "<u8")
     path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
-    if not parts:  # all fill value: zarr keeps no file
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    index_bytes = index.tobytes()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    overwrite_file(path, [*parts, index_bytes, integrity.crc32c(index_bytes)])
+    out = None
+    try:
+        for (i, j), data in chunks:
+            if data is None:
+                continue
+            if out is None:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                out = _ShardFile(path)
+            index[i, j] = out.offset, sum(memoryview(d).nbytes for d in data)
+            out.add(data)
+        if out is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        index_bytes = index.tobytes()
+        out.add((index_bytes, integrity.crc32c(index_bytes)))
+        out.close()
+    finally:
+        if out is not None:
+            out.release()
+
+
+class _ShardFile:
+    """A shard file written from the front in runs of at least :data:`_RUN_BYTES` (pwritev, no copy
+    into one buffer), over an old file in place and cut to its length at the end; each run is sent
+    on to the disk as it is written (:func:`_start_writeback`)."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self.views: list = []
+        self.written = self.pending = 0
+
+    @property
+    def offset(self) -> int:
+        return self.written + self.pending
+
+    def add(self, parts) -> None:
+        for p in parts:
+            v = memoryview(p).cast("B")
+            self.views.append(v)
+            self.pending += len(v)
+        if self.pending >= _RUN_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        _pwrite_all(self.fd, self.views, self.written)
+        _start_writeback(self.fd, self.written, self.pending)
+        self.written += self.pending
+        self.views, self.pending = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        os.ftruncate(self.fd, self.written)
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+_RUN_BYTES = 2 << 20
 
 
 _PARALLEL_SHARD_BYTES = 1 << 20  # a smaller shard is encoded in its caller's thread: the pool's hand-offs cost more
@@ -969,39 +1047,110 @@ def _codec_pool() -> concurrent.futures.ThreadPoolExecutor:
 _POOL_THREADS = "terrain-codec"
 
 
-def _run_chunks(fn, jobs, nbytes: int, count: int | None = None) -> list:
+def _run_chunks(fn, jobs, nbytes: int, count: int | None = None, ordered: bool = False):
     """``[fn(job) for job in jobs]``: in the codec pool when the shard is large enough (``nbytes``)
     to pay for the hand-offs, else -- and inside the pool's own threads, which must not wait on it --
     here. ``jobs``: a list, or an iterable of ``count`` jobs (taken in this thread, each handed on
-    as it comes). The first exception is raised, as a loop would."""
+    as it comes). The first exception is raised, as a loop would. ``ordered``: an iterator of the
+    results instead, each given as soon as it and those before it are done."""
     count = len(jobs) if count is None else count
     if (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
             and not threading.current_thread().name.startswith(_POOL_THREADS)):
-        return list(_codec_pool().map(fn, jobs))
-    return [fn(job) for job in jobs]
+        results = _codec_pool().map(fn, jobs)
+    else:
+        results = (fn(job) for job in jobs)
+    return results if ordered else list(results)
 
 
-def overwrite_file(path, parts) -> None:
+def overwrite_file(path, parts, writeback: bool = False) -> None:
     """Write the bytes ``parts`` (bytes-like, in order) as the file ``path`` -- gathered by the
     kernel (pwritev: no copy into one buffer here) -- over an existing file in place, then cut to
-    the new length. (A file written again -- the shard method's re-solves -- costs ~30x more when
-    first truncated to nothing: its blocks are freed and taken back, more so on ext4 mounted with
-    discard.)"""
+    the new length; ``writeback``: start its write-out to the disk now (:func:`_start_writeback`: a
+    stored shard, not scratch that is written again). (A file written again -- the shard method's
+    re-solves -- costs ~30x more when first truncated to nothing: its blocks are freed and taken back,
+    more so on ext4 mounted with discard.)"""
     views = [memoryview(p).cast("B") for p in parts]
-    total = sum(len(v) for v in views)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        done = 0
-        while views:
-            n = os.pwritev(fd, views[:_IOV_MAX], done)
-            done += n
-            while views and n >= len(views[0]):  # drop what was written; a short write resumes mid-buffer
-                n -= len(views.pop(0))
-            if n:
-                views[0] = views[0][n:]
+        total = _pwrite_all(fd, views, 0)
         os.ftruncate(fd, total)
+        if writeback:
+            _start_writeback(fd)
     finally:
         os.close(fd)
+
+
+def _pwrite_all(fd: int, views: list, at: int) -> int:
+    """Write ``views`` (byte memoryviews, in order; the list is consumed) at offset ``at`` of ``fd``,
+    gathered by the kernel (pwritev), short writes resumed; returns the bytes written."""
+    done = 0
+    while views:
+        n = os.pwritev(fd, views[:_IOV_MAX], at + done)
+        done += n
+        while views and n >= len(views[0]):  # drop what was written; a short write resumes mid-buffer
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
+    return done
+
+
+def _start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
+    """Have the file's dirty pages (``nbytes`` from ``offset``; 0: to its end) written to the disk
+    soon, without waiting for it (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, called by one
+    background thread on a duplicate of ``fd``: the call blocks while the disk's queue is full, which
+    held the writers up on a busy disk -- 2-core VM, 4096^2 fill: +2.5 s wall; elsewhere nothing), so
+    that a command leaves no backlog of dirty pages behind: the kernel flushes pages left dirty once they
+    are 30 s old, and that flush held up the command after (H100, 32768^2: a ``fill`` right after
+    ``synth`` took 11.5 s with synth's 2.5 GB still dirty, 7.1 s with them written out as synth wrote
+    them; benchmarks/RESULTS.md)."""
+    if _sync_file_range() is None:
+        return
+    global _WRITEBACK
+    with _WRITEBACK_LOCK:
+        if _WRITEBACK is None or _WRITEBACK[0] != os.getpid():
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_writeback_loop, args=(jobs,), name="terrain-writeback", daemon=True).start()
+            _WRITEBACK = (os.getpid(), jobs)
+    _WRITEBACK[1].put((os.dup(fd), offset, nbytes))
+
+
+_WRITEBACK: tuple | None = None  # (pid, the queue of the process's writeback thread)
+_WRITEBACK_LOCK = threading.Lock()
+
+
+def _writeback_loop(jobs) -> None:
+    while True:
+        job = jobs.get()
+        if isinstance(job, threading.Event):  # (_writeback_done)
+            job.set()
+            continue
+        fd, offset, nbytes = job
+        try:
+            _sync_file_range()(fd, offset, nbytes, 2)  # SYNC_FILE_RANGE_WRITE; a failure (a file system without
+        finally:  # it) changes nothing
+            os.close(fd)
+
+
+def _writeback_done(timeout: float = 10) -> None:
+    """Wait until the writeback thread has made every call asked for so far (tests)."""
+    if _WRITEBACK is not None and _WRITEBACK[0] == os.getpid():
+        done = threading.Event()
+        _WRITEBACK[1].put(done)
+        done.wait(timeout)
+
+
+@functools.cache
+def _sync_file_range():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint], ctypes.c_int
+    return fn
 
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and "SC_IOV_MAX" in os.sysconf_names else 16
@@ -1085,9 +1234,11 @@ def array_metadata(shape, dtype, chunks, codecs: list, fill_value, attrs: dict, 
     return meta
 
 
-def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs: dict | None = None) -> dict:
-    """The zarr.json :func:`create_tiled_array` writes."""
-    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": _COMPRESSOR.level, "checksum": False}},
+def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs: dict | None = None,
+                         zstd_level: int = _COMPRESSOR.level) -> dict:
+    """The zarr.json :func:`create_tiled_array` writes (chunks compressed at ``zstd_level``: zarr's
+    zstd codec takes -131072..22, and :func:`encode_chunks` uses the level the metadata names)."""
+    inner = [_bytes_codec(dtype), {"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}},
              {"name": "crc32c"}]
     index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     codecs = [{"name": "sharding_indexed", "configuration": {"chunk_shape": [tile, tile], "codecs": inner,

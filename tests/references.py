@@ -20,7 +20,6 @@ import pytest
 import scipy.sparse as sp
 import scipy.stats
 import zarr
-from rasterio.crs import CRS
 from scipy import ndimage
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
@@ -32,13 +31,24 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 # Larger DEMs kept beside the repository, not in it (too large to commit): ROOT/../shared/data, or the
 # folder TERRAIN_TEST_DATA names. Tests that need one skip, saying so, where it is missing.
 SHARED_DATA = Path(os.environ.get("TERRAIN_TEST_DATA") or ROOT.parent / "shared" / "data")
-UTM33 = CRS.from_epsg(32633)
+
+
+def __getattr__(name):
+    """``UTM33`` (rasterio's CRS for EPSG:32633), made on first use: GPU runs carry no rasterio."""
+    if name == "UTM33":
+        from rasterio.crs import CRS
+
+        return CRS.from_epsg(32633)
+    raise AttributeError(name)
+
+
 # attributes of a store or result that differ between equal runs (the generation: a random id per store)
 VOLATILE = {"seconds", "timings", "created", "index_reused", "generation"}
 
 
-def utm_store(path, values, crs=UTM33, tile=16, shard=2) -> TerrainStore:
+def utm_store(path, values, crs="UTM33", tile=16, shard=2) -> TerrainStore:
     """A store of ``values`` on a 30 m grid in ``crs`` (default UTM 33N; None: no CRS)."""
+    crs = __getattr__(crs) if crs == "UTM33" else crs
     attrs = {"transform": [500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0], "cell_size": [30.0, 30.0],
              "crs": crs.to_wkt() if crs else None}
     return TerrainStore.from_array(path, values, tile=tile, shard=shard, attrs=attrs)
@@ -730,9 +740,10 @@ def barnes_flats(z, valid, code):
 
 
 def topological_sum(code, weights=None):
-    """Kahn's algorithm over the cell graph of ``code``: every cell adds its total to its receiver."""
+    """Kahn's algorithm over the cell graph of ``code``: every cell adds its total to its receiver
+    (exact for integer or Fraction ``weights`` of dtype object)."""
     rows, cols = code.shape
-    w = np.where(code != NODATA, 1, 0).astype(object) if weights is None else np.where(code != NODATA, weights, 0.0)
+    w = np.where(code != NODATA, 1, 0).astype(object) if weights is None else np.where(code != NODATA, weights, 0)
     total = w.copy().ravel()
     down = np.full(rows * cols, -1)
     indeg = np.zeros(rows * cols, np.int64)

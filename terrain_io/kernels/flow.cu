@@ -18,8 +18,10 @@
 //      reaches in the next tile); subtree sums of the tile-local values over that forest (an Euler
 //      tour ranked by terrain_io.graph.listrank on the host side) are the exits' final values.
 //   C. acc_tile<.., FINAL=1>: the tiles again, outside donors now giving the exits' final values.
-// Every cell's sum s(c) = its donors' values v(n) = s(n) + w(n) in increasing direction order, left
-// to right from 0 (the CPU's order); counts are exact, so the same bytes.
+// Every cell's sum s(c) = its donors' values v(n) = s(n) + w(n). Sums are integers, so any order
+// gives the CPU's bytes: counts in unsigned long long; weights as the CPU's fixed-point integers
+// (terrain_io/grid/flow/_cpu.py: q(w) = w * 2^scale, 128 bits in two words, u128), converted to
+// float64 once at the end (to_double).
 // Compile-time: VAL (float or double: the elevations).
 
 #include "grid.cuh"
@@ -199,6 +201,115 @@ extern "C" __global__ void flat_codes(const VAL* __restrict__ z, const unsigned 
 
 // ---- accumulation -------------------------------------------------------------------------------
 
+// An unsigned 128-bit integer in two words (the CPU's (lo, hi)); trivially constructible, so that it
+// can live in shared memory.
+struct u128 {
+    unsigned long long lo, hi;
+    u128() = default;
+    __device__ u128(unsigned long long x) : lo(x), hi(0ull) {}
+    __device__ u128(unsigned long long l, unsigned long long h) : lo(l), hi(h) {}
+};
+__device__ __forceinline__ u128 operator+(u128 a, u128 b) {
+    const unsigned long long lo = a.lo + b.lo;
+    return u128(lo, a.hi + b.hi + (lo < a.lo ? 1ull : 0ull));
+}
+__device__ __forceinline__ u128& operator+=(u128& a, u128 b) {
+    a = a + b;
+    return a;
+}
+
+// q(w) = w * 2^scale (w finite, >= 0), rounded half up to an integer: _cpu._q line for line.
+__device__ __forceinline__ u128 quantize(double w, int scale) {
+    const unsigned long long x = (unsigned long long)__double_as_longlong(w) & 0x7fffffffffffffffull;
+    if (!x) return u128(0ull);
+    long long e = (long long)(x >> 52);
+    unsigned long long m = x & ((1ull << 52) - 1ull);
+    if (e == 0) {
+        e = -1074;
+    } else {
+        m |= 1ull << 52;
+        e -= 1075;
+    }
+    const long long sh = e + scale;
+    if (sh >= 64) return u128(0ull, m << (sh - 64));
+    if (sh > 0) return u128(m << sh, m >> (64 - sh));
+    if (sh == 0) return u128(m);
+    if (sh < -53) return u128(0ull);
+    const int k = (int)-sh;
+    return u128((m + (1ull << (k - 1))) >> k);
+}
+
+// The float64 nearest v * 2^-scale: _cpu.to_float line for line (the high word's leading 64 bits,
+// a sticky bit for the rest, one correctly rounded conversion, an exact power-of-two scaling).
+__device__ __forceinline__ double to_double(u128 v, int scale) {
+    if (!v.hi) return ldexp(__ull2double_rn(v.lo), -scale);
+    const int n = __clzll((long long)v.hi);
+    unsigned long long t = v.hi, rest = v.lo;
+    if (n) {
+        t = (v.hi << n) | (v.lo >> (64 - n));
+        rest = v.lo << n;
+    }
+    if (rest) t |= 1ull;
+    return ldexp(__ull2double_rn(t), 64 - n - scale);
+}
+
+// The weights' exponent range at the valid cells (_cpu.weight_range): out[0] = max of the binary
+// exponents (w < 2^(top + 1)), out[1] = min of the exponents of the lowest set bits (out: -100000,
+// 100000 beforehand; unchanged where no weight is > 0). Warp reductions, then one atomic a warp.
+extern "C" __global__ void weight_range(const unsigned long long* __restrict__ bits,
+                                        const unsigned char* __restrict__ code, long long n, long long* out) {
+    long long top = -100000, low = 100000;
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x) {
+        const unsigned long long x = bits[q] & 0x7fffffffffffffffull;
+        if (!x || code[q] == NODATA_CODE) continue;
+        long long e = (long long)(x >> 52);
+        unsigned long long m = x & ((1ull << 52) - 1ull);
+        if (e) {
+            top = max(top, e - 1023);
+            m |= 1ull << 52;
+            e -= 1075;
+        } else {
+            top = max(top, -1075ll + (64 - __clzll((long long)m)));
+            e = -1074;
+        }
+        low = min(low, e + __ffsll((long long)m) - 1);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        top = max(top, __shfl_down_sync(0xffffffffu, top, o));
+        low = min(low, __shfl_down_sync(0xffffffffu, low, o));
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(out, top);
+        atomicMin(out + 1, low);
+    }
+}
+
+// Phase C's band of weighted sums as float64.
+extern "C" __global__ void band_to_double(const u128* __restrict__ in, long long n, int scale,
+                                          double* __restrict__ out) {
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < n; q += (long long)gridDim.x * blockDim.x)
+        out[q] = to_double(in[q], scale);
+}
+
+// The exits' values as four 32-bit limbs (list ranking sums each exactly in 64-bit words), and back.
+extern "C" __global__ void to_limbs(const u128* __restrict__ v, int m, long long* __restrict__ limbs) {
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < m; k += gridDim.x * blockDim.x) {
+        limbs[k] = (long long)(v[k].lo & 0xffffffffull);
+        limbs[(long long)m + k] = (long long)(v[k].lo >> 32);
+        limbs[2ll * m + k] = (long long)(v[k].hi & 0xffffffffull);
+        limbs[3ll * m + k] = (long long)(v[k].hi >> 32);
+    }
+}
+
+extern "C" __global__ void from_limbs(const long long* __restrict__ limbs, int m, u128* __restrict__ v) {
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < m; k += gridDim.x * blockDim.x) {
+        const unsigned long long l0 = limbs[k], l1 = limbs[(long long)m + k], l2 = limbs[2ll * m + k],
+                                 l3 = limbs[3ll * m + k];  // each < 2^63
+        u128 t = u128(l0) + u128(l1 << 32, l1 >> 32) + u128(0ull, l2) + u128(0ull, l3 << 32);
+        v[k] = t;
+    }
+}
+
 // The value of an outside donor in phase C: the final value of that exit of its tile.
 template <typename ACC>
 __device__ __forceinline__ ACC exit_total(const short* term_rank, const int* offset, const ACC* total, int R2, int C2,
@@ -207,7 +318,7 @@ __device__ __forceinline__ ACC exit_total(const short* term_rank, const int* off
 }
 
 // Phases A (FINAL = 0) and C (FINAL = 1) of the module comment, one TS x TS tile a block. ACC:
-// unsigned long long (counts, weights unused) or double (weights). A writes term_rank (every
+// unsigned long long (counts, weights unused) or u128 (weights, as q(w) at ``scale``). A writes term_rank (every
 // cell: the rank in its tile of the exit its in-tile path reaches, -1 if the path ends in the
 // tile), the exits' values and local cell numbers at slots tile * MAXE + rank, and exit_count; C
 // reads the exits' final values total[offset[tile] + rank] for the donors outside the tile and
@@ -217,16 +328,15 @@ __device__ __forceinline__ ACC exit_total(const short* term_rank, const int* off
 // Counts: by doubling along the in-tile paths (V_{k+1}(c) = V_k(c) + the V_k of the cells 2^k
 // steps upstream, scattered by shared-memory atomics; at most log2(TS * TS) rounds, every lane
 // busy; integer sums, so any order gives the same bits). Weights: rounds of Kahn's algorithm in
-// the tile (a cell is summed, its donors in direction order, once they are all done; rounds = the
-// longest in-tile path), so the in-tile sums are the CPU's bits. (Walks from the cells without
-// donors, the last donor carrying on, as the CPU does, leave most lanes of a warp waiting for its
-// longest walk.)
+// the tile (a cell is summed once its donors are all done; rounds = the longest in-tile path: no
+// 128-bit shared-memory atomics for the doubling). (Walks from the cells without donors, the last
+// donor carrying on, as the CPU does, leave most lanes of a warp waiting for its longest walk.)
 template <typename ACC, int WEIGHTED, int FINAL>
 __global__ void __launch_bounds__(TS * BY)
 acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weights, int h, int w,
          short* __restrict__ term_rank, const int* __restrict__ offset, const ACC* __restrict__ total,
          ACC* __restrict__ exit_val, short* __restrict__ exit_loc, int* __restrict__ exit_count,
-         ACC* __restrict__ out, int include_self, unsigned long long* err, int tile0, int row0) {
+         ACC* __restrict__ out, int include_self, unsigned long long* err, int tile0, int row0, int scale) {
     __shared__ unsigned char sc[HS][HS];
     __shared__ ACC sacc[2][TS * TS];
     __shared__ int pend[TS * TS];  // walks: donors left; doubling: two short pointer arrays
@@ -247,7 +357,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
     const int j = threadIdx.x;
     unsigned long long left = 0;
     const ACC* fin = sacc[0];  // the finished values v
-    if (!WEIGHTED) {
+    if constexpr (!WEIGHTED) {
         ACC* V = sacc[0];
         ACC* V2 = sacc[1];
         short* P = reinterpret_cast<short*>(pend);
@@ -345,7 +455,7 @@ acc_tile(const unsigned char* __restrict__ code, const double* __restrict__ weig
                     if (i2 >= 0 && i2 < TS && j2 >= 0 && j2 < TS) s += V[i2 * TS + j2];
                     else if (FINAL) s += exit_total(term_rank, offset, total, tr * TS + i2, tc * TS + j2, w, ntc);
                 }
-                const ACC v = s + (ACC)weights[g];
+                const ACC v = s + quantize(weights[g], scale);
                 V[ci * TS + cj] = v;
                 if (FINAL) out[g - band] = include_self ? v : s;
                 const int d = sc[ci + 1][cj + 1];

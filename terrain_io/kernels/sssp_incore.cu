@@ -7,8 +7,9 @@
 // labels only fall, so reading a neighbour mid-update is safe), improved cells are written back,
 // and a tile whose border cells improved puts its neighbours on the next round's list (a flag per
 // tile keeps each once). Rounds repeat until a list is empty: the fixpoint, the same bits as
-// Dijkstra whatever the order (incore.py). Distances first, then plateau levels the same way
-// with the distances fixed, then the parent codes cell by cell.
+// Dijkstra whatever the order (incore.py). Distances first, in near-far order (keyed rounds of
+// worklist.cuh: a tile waits while its key lies beyond the round's reach), then plateau levels
+// the same way with the distances fixed, then the parent codes cell by cell.
 // Compile-time: VAL (value type), KIND (weight model: 1 absdiff, 2 surface, 3 cell, 4 walk).
 
 #include "grid.cuh"
@@ -44,11 +45,15 @@ __device__ __forceinline__ void load_tile(const VAL* __restrict__ vals, const L*
 extern "C" __global__ void __launch_bounds__(TS * BY)
 relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, int w, const double* __restrict__ steps,
                 double limit, const int* __restrict__ work, int* __restrict__ own_flag, int* __restrict__ next_flag,
-                int* __restrict__ next_work, int* __restrict__ next_count) {
+                int* __restrict__ next_work, unsigned long long* __restrict__ own_key,
+                unsigned long long* __restrict__ next_key, const unsigned long long* __restrict__ own_totals,
+                unsigned long long* __restrict__ next_totals, double delta) {
     __shared__ double sv[HS][HS];
     __shared__ double sd[HS][HS];
-    __shared__ int mark[3][3];
-    const ListedTile tile = listed_tile(work, own_flag, mark, h, w);
+    __shared__ unsigned long long mark[3][3];
+    const KeyedLists lists{work, own_flag, next_flag, next_work, own_key, next_key, own_totals, next_totals};
+    ListedTile tile;
+    if (!keyed_tile(lists, delta, mark, h, w, tile)) return;  // far: passed on
     const int tr = tile.tr, tc = tile.tc;
     load_tile<double>(vals, dist, __longlong_as_double(0x7ff0000000000000LL), h, w, tile, sv, sd);
     __syncthreads();
@@ -82,7 +87,7 @@ relax_distances(const VAL* __restrict__ vals, double* __restrict__ dist, int h, 
         }
         return false;
     });
-    store_improved(tile, sd, before, solve, dist, w + 2, 0, mark, own_flag, next_flag, next_work, next_count);
+    store_improved_keyed(tile, sd, before, solve, dist, w + 2, mark, lists);
 }
 
 // Level 0 at sources (set by the caller) and at cells with a strictly nearer tight parent; the

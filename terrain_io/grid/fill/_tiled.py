@@ -10,7 +10,6 @@ import numpy as np
 
 from ...jit import SERIAL_BELOW
 from ...store import TerrainStore, Window, write_window
-from . import _cpu as _fill_cpu
 
 OUTLETS = ("edge+nodata", "edge")
 TABLE_IN_ATTRS = 1000  # a result's table goes into its attributes up to this many rows
@@ -46,14 +45,31 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
         ok[-1] = False
     if win.c1 == cols:
         ok[:, -1] = False
+    from . import _cpu as _fill_cpu  # (here: the GPU routes that write through write_held need no numba)
+
     outlets = _fill_cpu.outlets_serial if rows * cols < SERIAL_BELOW else _fill_cpu.outlets
     return vals, ok, outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
 
 
-def write_held(store: TerrainStore, *pairs, rows: tuple[int, int] | None = None) -> None:
-    """Write whole in-memory results shard by shard, shards in parallel threads: ``pairs`` of
-    (array, the block of a shard's slices); with ``rows`` (r0, r1), only the shards of that band."""
-    wins = [w for w in store.shards() if rows is None or rows[0] <= w.r0 < rows[1]]
+def write_held(store: TerrainStore, *pairs) -> None:
+    """Write whole results held in memory shard by shard: ``pairs`` of (array, values), the values a
+    NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
+    hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
+    leave it the one way results there do (:func:`terrain_io.pinned.write_device`: through pinned
+    buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads, shards
+    in parallel."""
+    from ...backend import is_cupy
+
+    def on_gpu(v):
+        return is_cupy(v) or getattr(v, "on_gpu", False)
+
+    held = [(arr, v) for arr, v in pairs if on_gpu(v)]
+    if held:
+        from ...pinned import write_device
+
+        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held])
+    pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not on_gpu(v)]
+    wins = list(store.shards())
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
         list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
                       [(arr, win, block) for arr, block in pairs for win in wins]))

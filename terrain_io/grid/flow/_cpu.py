@@ -21,16 +21,22 @@ Directions (the contract in :mod:`.codes`)
     count as -infinity; ties: least code); a flat with no low edge is SINK.
 
 Accumulation
-    s(c), the sum over c's donors n (neighbours whose code points at c) in increasing code order
-    of v(n), left to right from 0; v(n) = s(n) + w(n) (w = 1 for counts). The kernel stores s
-    (the ESRI convention, ``include_self=False``); the caller adds w for v (TauDEM's). Every cell's
-    value is fixed by that order, not by the order cells are visited, so weighted sums are the same
-    bits in core and tile by tile. O(n) without a queue (as Barnes 2017 describes for a tile):
+    s(c), the sum over c's donors n (neighbours whose code points at c) of v(n); v(n) = s(n) + w(n)
+    (w = 1 for counts). The kernel stores s for counts (the ESRI convention, ``include_self=False``;
+    the caller adds 1 for v, TauDEM's) and v for weights (:func:`finish_weights` takes w off for s).
+    Sums are integers, so every order of adding gives the same
+    bits (in core, tile by tile, on the GPU): counts in uint64, weights as exact fixed-point
+    integers (:func:`weight_scale`): each weight w is q(w) = w * 2^S, an integer for the common
+    scale S chosen from the weights' exponent range, summed in two 64-bit words (lo, hi: 128 bits,
+    ``_add``), converted once at the end to the float64 nearest the sum (:func:`to_float`) times
+    2^-S. O(n) without a queue (as Barnes 2017 describes for a tile):
     count each cell's donors, then from every cell without donors walk downstream, finishing a cell
     when its last donor is done (its donor count reaches 0). Halo cells of a block are not visited:
     the halo of ``acc`` holds their v, given (0 where they do not drain into the block).
 """
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -152,30 +158,174 @@ def flats(vals, ok, code, towards, away, queue):
             code[a, b] = best
 
 
+# --- exact weighted sums: fixed-point integers of 128 bits in two uint64 words -----------------------------------
+
+_U0, _U1 = np.uint64(0), np.uint64(1)
+_MANT = np.uint64((1 << 52) - 1)
+
+
+def weight_scale(cells: int, top: int, low: int) -> tuple[int, bool]:
+    """The scale S of the weights' fixed-point sums and whether they are exact: ``top`` the largest
+    binary exponent of the valid cells' weights (w < 2^(top + 1)), ``low`` the exponent of the
+    lowest set bit of any of them (:func:`weight_range`; None for all zero), ``cells`` the grid's
+    cells (a bound on the number of terms). Every q(w) = w * 2^S is an integer when S >= -low (exact);
+    the sum of all q stays below 2^127 (no carry out of the high word) when S <= 125 - ceil(log2
+    cells) - top. Beyond that range the weights are rounded to multiples of 2^-S (not exact)."""
+    if low is None:
+        return 0, True
+    most = 125 - max(int(cells) - 1, 1).bit_length() - int(top)
+    return min(-int(low), most), -int(low) <= most
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def weight_range(wbits, code):
+    """(top, low) of :func:`weight_scale` over the cells of ``wbits`` (the weights' float64 bits,
+    (h, w)) whose ``code`` ((h, w)) is not NODATA, and whether any weight there is > 0."""
+    h, w = wbits.shape
+    tops = np.full(h, -100000, np.int64)
+    lows = np.full(h, 100000, np.int64)
+    for a in prange(h):
+        for b in range(w):
+            x = wbits[a, b] & np.uint64(0x7FFFFFFFFFFFFFFF)
+            if code[a, b] == NODATA or x == _U0:
+                continue
+            e = np.int64(x >> np.uint64(52))
+            m = x & _MANT
+            if e == 0:  # subnormal: m * 2^-1074
+                e = np.int64(-1074)
+                t = e - 1
+                y = m
+                while y:
+                    t += 1
+                    y >>= _U1
+            else:
+                m |= _MANT + _U1
+                e -= 1075
+                t = e + 52
+            low = m & (~m + _U1)  # the lowest set bit, a power of two <= 2^52: exact as a float64
+            tops[a] = max(tops[a], t)
+            lows[a] = min(lows[a], e + math.frexp(np.float64(low))[1] - 1)
+    return tops.max(), lows.min(), lows.min() < 100000
+
+
+def scale_of(wbits, code, cells: int, note: bool = True) -> int:
+    """:func:`weight_scale` of the weights' bits at the valid cells of ``code``; one note when the
+    sums cannot be exact."""
+    top, low, any_ = weight_range(wbits, code)
+    return checked_scale(cells, int(top), int(low) if any_ else None, note)
+
+
+def checked_scale(cells: int, top: int, low, note: bool = True) -> int:
+    import warnings
+
+    from ...errors import TerrainNote
+
+    scale, exact = weight_scale(cells, top, low)
+    if not exact and note:
+        warnings.warn(f"flow: the weights span 2^{low} .. 2^{top + 1}, too wide for exact 128-bit sums over "
+                      f"{cells:,} cells: each weight is rounded to a multiple of 2^{-scale} first", TerrainNote,
+                      stacklevel=3)
+    return scale
+
+
+@numba.njit(nogil=True, inline="always")
+def _q(bits, scale):
+    """(lo, hi) of q(w) = w * 2^scale for the float64 w of ``bits`` (finite, >= 0), rounded half up
+    to an integer when w * 2^scale is not one."""
+    x = bits & np.uint64(0x7FFFFFFFFFFFFFFF)
+    if x == _U0:
+        return _U0, _U0
+    e = np.int64(x >> np.uint64(52))
+    m = x & _MANT
+    if e == 0:
+        e = np.int64(-1074)
+    else:
+        m |= _MANT + _U1
+        e -= 1075
+    sh = e + scale
+    if sh >= 64:
+        return _U0, m << np.uint64(sh - 64)
+    if sh > 0:
+        return m << np.uint64(sh), m >> np.uint64(64 - sh)
+    if sh == 0:
+        return m, _U0
+    if sh < -53:
+        return _U0, _U0
+    k = np.uint64(-sh)
+    return (m + (_U1 << (k - _U1))) >> k, _U0
+
+
+@numba.njit(nogil=True, inline="always")
+def _add(alo, ahi, blo, bhi):
+    lo = alo + blo
+    return lo, ahi + bhi + (_U1 if lo < alo else _U0)
+
+
 @numba.njit(nogil=True, cache=True)
-def _pull(code, weights, weighted, acc, zero, a, b):
-    """s of interior cell (a, b): its donors' v in increasing code order (module docstring)."""
+def to_float(lo, hi, scale):
+    """The float64 nearest (lo + hi * 2^64) * 2^-scale (ties to even; a result below 2^-1022 is
+    rounded twice)."""
+    if hi == _U0:
+        return math.ldexp(np.float64(lo), -scale)
+    n = 0
+    t = hi
+    while not t >> np.uint64(63):
+        t <<= _U1
+        n += 1
+    rest = lo
+    if n:
+        t |= lo >> np.uint64(64 - n)
+        rest = lo << np.uint64(n)
+    if rest:
+        t |= _U1  # sticky: the bits below t's round bit are not all zero
+    return math.ldexp(np.float64(t), 64 - n - scale)
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def finish_weights(code, wbits, scale, include_self, lo, hi, out):
+    """The float64 sums of the block's interior (``out`` (h, w), which may be ``lo``'s own words
+    viewed as float64) from v (:func:`accumulate`'s weighted words): v, or s = v - q(w) without
+    the cell; 0 at nodata."""
+    h, w = out.shape
+    for a in prange(h):
+        for b in range(w):
+            if code[a + 1, b + 1] == NODATA:
+                out[a, b] = 0.0
+                continue
+            vl, vh = lo[a + 1, b + 1], hi[a + 1, b + 1]
+            if not include_self:
+                ql, qh = _q(wbits[a, b], scale)
+                vh = vh - qh - (_U1 if vl < ql else _U0)
+                vl = vl - ql
+            out[a, b] = to_float(vl, vh, scale)
+
+
+@numba.njit(nogil=True, cache=True)
+def _pull(code, weighted, lo, hi, a, b):
+    """s of interior cell (a, b): the sum of its donors' v (module docstring), as (lo, hi); the
+    weighted words hold v, the counts s inside the block (and v in the halo)."""
     h, w = code.shape[0] - 2, code.shape[1] - 2
-    s = zero
+    sl, sh = _U0, _U0
     for d in range(8):
         i, j = a + 1 + DR[d], b + 1 + DC[d]
         if code[i, j] != (d ^ 4):
             continue
-        if 1 <= i <= h and 1 <= j <= w:
-            s += acc[i, j] + (weights[i - 1, j - 1] if weighted else weights[0, 0])
+        if weighted:
+            sl, sh = _add(sl, sh, lo[i, j], hi[i, j])
         else:
-            s += acc[i, j]
-    return s
+            sl += lo[i, j] + (_U1 if 1 <= i <= h and 1 <= j <= w else _U0)
+    return sl, sh
 
 
 @numba.njit(nogil=True, cache=True)
-def accumulate(code, weights, weighted, acc, zero, donors):
-    """s of every interior cell of the block (module docstring) into ``acc`` (h + 2, w + 2; its
-    halo holds the given v of outside donors, its interior any values); ``code``: the block's codes
-    (halo included); ``weights``: (h, w) float64 when ``weighted``, else (1, 1) holding the unit of
-    a count (uint64 1); ``zero``: 0 of acc's dtype; ``donors``: (h, w) uint8 scratch. Returns the
-    number of valid interior cells left unfinished (on a cycle: 0 for codes
-    from :func:`d8` and :func:`flats`)."""
+def accumulate(code, wbits, weighted, scale, lo, hi, donors):
+    """s of every interior cell of the block (module docstring) into ``lo`` -- for weights v = s +
+    q(w) into ``lo`` and ``hi`` (:func:`finish_weights` takes q off again for s) -- (h + 2, w + 2)
+    uint64: their halo holds the given v of outside donors, their interior any values;
+    ``code``: the block's codes (halo included); ``wbits``: (h, w) the float64 bits of the weights
+    when ``weighted`` (``scale``: :func:`weight_scale`), else counts (``hi`` unused, any uint64
+    array); ``donors``: (h, w) uint8 scratch. Returns the number of valid interior cells left
+    unfinished (on a cycle: 0 for codes from :func:`d8` and :func:`flats`)."""
     h, w = donors.shape
     left = 0
     for a in range(h):
@@ -189,14 +339,21 @@ def accumulate(code, weights, weighted, acc, zero, donors):
             if code[a + 1, b + 1] != NODATA:
                 left += 1
             else:
-                acc[a + 1, b + 1] = zero
+                lo[a + 1, b + 1] = _U0
+                if weighted:
+                    hi[a + 1, b + 1] = _U0
     for a0 in range(h):
         for b0 in range(w):
             if donors[a0, b0] != 0 or code[a0 + 1, b0 + 1] == NODATA:
                 continue
             a, b = a0, b0
             while True:
-                acc[a + 1, b + 1] = _pull(code, weights, weighted, acc, zero, a, b)
+                sl, sh = _pull(code, weighted, lo, hi, a, b)
+                if weighted:
+                    ql, qh = _q(wbits[a, b], scale)
+                    sl, sh = _add(sl, sh, ql, qh)
+                    hi[a + 1, b + 1] = sh
+                lo[a + 1, b + 1] = sl
                 donors[a, b] = DONE
                 left -= 1
                 d = code[a + 1, b + 1]
@@ -260,23 +417,28 @@ def routed(z, valid, dx, dy, outlets: str = "edge+nodata") -> tuple[np.ndarray, 
 
 def accumulation(direction, weights=None, include_self: bool = True) -> np.ndarray:
     """Flow accumulation of direction codes (module docstring): uint64 counts, or float64 sums of
-    ``weights`` (finite, >= 0 at valid cells); 0 at nodata. Raises InputError on a cycle."""
-    code = ringed(np.asarray(direction, np.uint8), NODATA)
+    ``weights`` (finite, >= 0 at valid cells; exact fixed-point sums, :func:`weight_scale`); 0 at
+    nodata. Raises InputError on a cycle."""
+    direction = np.asarray(direction, np.uint8)
+    code = ringed(direction, NODATA)
     rows, cols = direction.shape
+    lo = np.zeros((rows + 2, cols + 2), np.uint64)
     if weights is None:
-        wts, zero = np.ones((1, 1), np.uint64), np.uint64(0)
+        wbits, hi, scale = np.ones((1, 1), np.uint64), lo, 0
     else:
-        wts, zero = np.ascontiguousarray(weights, np.float64), np.float64(0)
-    acc = np.zeros((rows + 2, cols + 2), wts.dtype)
-    left = accumulate(code, wts, weights is not None, acc, zero, np.empty((rows, cols), np.uint8))
+        wbits = np.ascontiguousarray(weights, np.float64).view(np.uint64)
+        hi, scale = np.zeros_like(lo), scale_of(wbits, direction, rows * cols)
+    left = accumulate(code, wbits, weights is not None, scale, lo, hi, np.empty((rows, cols), np.uint8))
     if left:
         raise InputError(f"the flow directions have cycles: {left:,} cells never drain")
-    out = acc[1:-1, 1:-1]  # a view: no copy of 8 bytes a cell at the peak
+    if weights is not None:  # the float64 sums over the low words (no second array of 8 bytes a cell)
+        out = lo.view(np.float64)[1:-1, 1:-1]
+        finish_weights(code, wbits, scale, include_self, lo, hi, out)
+        return out
+    out = lo[1:-1, 1:-1]  # a view: no copy of 8 bytes a cell at the peak
     if include_self:
-        for r in range(0, rows, 256):  # v = s + w, a band at a time (no full-size temporaries)
-            ok = code[1:-1, 1:-1][r : r + 256] != NODATA
-            band = out[r : r + 256]
-            band[ok] += wts[r : r + 256][ok] if weights is not None else wts[0, 0]
+        for r in range(0, rows, 256):  # v = s + 1, a band at a time (no full-size temporaries)
+            out[r : r + 256][code[1:-1, 1:-1][r : r + 256] != NODATA] += _U1
     return out
 
 
@@ -392,14 +554,15 @@ def set_codes(code, r0, c0, cols, ids, codes):
 
 
 @numba.njit(nogil=True, cache=True)
-def tile_links(code, weights, weighted, acc, zero, r0, c0, cols):
+def tile_links(code, wbits, weighted, scale, lo, hi, r0, c0, cols):
     """Tile phase of Barnes 2017 ("Parallel non-divergent flow accumulation for trillion cell
-    digital elevation models") on one window: ``acc`` (halo zero) gets the in-tile s; returns its
-    *exits* (cells draining into another window: global id, the receiving cell's id, in-tile v) and
-    its *entries* (cells with a donor in the halo: global id, the exit its in-tile flow path leaves
-    by, -1 when the path ends inside)."""
+    digital elevation models") on one window: ``lo``/``hi`` (halo zero) get the in-tile s
+    (:func:`accumulate`); returns its *exits* (cells draining into another window: global id, the
+    receiving cell's id, in-tile v as rows (lo, hi) of weighted sums, (count,) of counts) and its
+    *entries* (cells with a donor in the halo: global id, the exit its in-tile flow path leaves by,
+    -1 when the path ends inside)."""
     h, w = code.shape[0] - 2, code.shape[1] - 2
-    accumulate(code, weights, weighted, acc, zero, np.empty((h, w), np.uint8))
+    accumulate(code, wbits, weighted, scale, lo, hi, np.empty((h, w), np.uint8))
     n_exit = 0
     n_entry = 0
     for a in range(1, h + 1):
@@ -417,7 +580,7 @@ def tile_links(code, weights, weighted, acc, zero, r0, c0, cols):
                         break
     exit_id = np.empty(n_exit, np.int64)
     exit_to = np.empty(n_exit, np.int64)
-    exit_v = np.empty(n_exit, acc.dtype)
+    exit_v = np.empty((n_exit, 2 if weighted else 1), np.uint64)
     entry_id = np.empty(n_entry, np.int64)
     entry_link = np.empty(n_entry, np.int64)
     leaves = np.full((h, w), -2, np.int64)  # the exit a cell's path leaves by; -1 none, -2 not known yet
@@ -432,7 +595,10 @@ def tile_links(code, weights, weighted, acc, zero, r0, c0, cols):
                 if not (1 <= i <= h and 1 <= j <= w) and code[i, j] != NODATA:
                     exit_id[n_exit] = (r0 + a - 1) * cols + c0 + b - 1
                     exit_to[n_exit] = (r0 + i - 1) * cols + c0 + j - 1
-                    exit_v[n_exit] = acc[a, b] + (weights[a - 1, b - 1] if weighted else weights[0, 0])
+                    if weighted:  # the words hold v
+                        exit_v[n_exit, 0], exit_v[n_exit, 1] = lo[a, b], hi[a, b]
+                    else:
+                        exit_v[n_exit, 0] = lo[a, b] + _U1
                     n_exit += 1
             if d == NODATA:
                 continue
@@ -474,8 +640,8 @@ def tile_links(code, weights, weighted, acc, zero, r0, c0, cols):
 @numba.njit(nogil=True, cache=True)
 def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
     """Boundary solve of Barnes 2017: the final v of every exit (``exit_id`` sorted, ``entry_id``
-    sorted): each exit adds its v to the exit its receiver's path leaves by, in topological order
-    (Kahn); returns the v, or raises on a cycle."""
+    sorted; values as rows (lo, hi), or (count,)): each exit adds its v to the exit its receiver's path leaves
+    by, in topological order (Kahn); returns the v, or raises on a cycle."""
     n = len(exit_id)
     down = np.full(n, -1, np.int64)
     indeg = np.zeros(n, np.int64)
@@ -497,7 +663,10 @@ def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
         head += 1
         j = down[k]
         if j >= 0:
-            v[j] += v[k]
+            if v.shape[1] == 2:
+                v[j, 0], v[j, 1] = _add(v[j, 0], v[j, 1], v[k, 0], v[k, 1])
+            else:
+                v[j, 0] += v[k, 0]
             indeg[j] -= 1
             if indeg[j] == 0:
                 queue[tail] = j
@@ -508,8 +677,9 @@ def solve_exits(exit_id, exit_to, exit_v, entry_id, entry_link):
 
 
 @numba.njit(nogil=True, cache=True)
-def set_inflows(code, acc, r0, c0, cols, exit_id, v):
-    """The halo of a window's ``acc`` (zeroed): the final v of every halo cell that drains into the window."""
+def set_inflows(code, weighted, lo, hi, r0, c0, cols, exit_id, v):
+    """The halo of a window's ``lo``/``hi`` (zeroed): the final v of every halo cell that drains
+    into the window."""
     H, W = code.shape
     for a in range(H):
         for b in range(W):
@@ -521,7 +691,9 @@ def set_inflows(code, acc, r0, c0, cols, exit_id, v):
             i, j = a + DR[d], b + DC[d]
             if 1 <= i <= H - 2 and 1 <= j <= W - 2:
                 k = find_id(exit_id, (r0 + a - 1) * cols + c0 + b - 1)
-                acc[a, b] = v[k]
+                lo[a, b] = v[k, 0]
+                if weighted:
+                    hi[a, b] = v[k, 1]
 
 
 # --- out of core: flats by window sweeps (the flat cells of the DEM do not fit the memory budget) -------------

@@ -2,8 +2,8 @@
 flats of Barnes, Lehman & Mulla 2014 by two multi-source BFS relaxed tile by tile over a work list)
 and :func:`accumulation` (tiles alone, the exits' forest by an Euler tour + list ranking, tiles
 again: Barnes 2017's three phases with O(log n) rounds across tiles). The definitions and the
-codes are the CPU kernels' (:mod:`._cpu`, :mod:`.codes`): directions and counts are the same
-bytes; weighted sums differ from the CPU's by rounding only (see ``_subtree_sums``).
+codes are the CPU kernels' (:mod:`._cpu`, :mod:`.codes`): directions, counts and weighted sums
+(the CPU's fixed-point integers, its scale from the same exponent range) are the same bytes.
 
 Sizes: rows and columns below 2**31, cell ids 64-bit; the Euler tour uses int32 ids, so at most
 2**30 tile exits (any DEM whose working set fits the GPU: :func:`device_bytes`). 64-bit integer
@@ -22,12 +22,7 @@ from ._cpu import UNRESOLVED
 
 THREADS = 256
 MAXE = 4 * TILE - 4  # exits a tile can have (flow.cu)
-# Weighted sums: each tile sums its cells in the CPU's order, but the exits' totals come from
-# differences of prefix sums along one Euler tour of all the exits (_subtree_sums), so a cell
-# downstream of a tile border differs from the CPU's sum by rounding of the order of 2**-52 times
-# the sum of all weights (tested: 1e-12 relative, 1e-9 absolute); cells whose upstream area stays
-# in their tile get the CPU's bits.
-_ACC = {False: "unsigned long long", True: "double"}
+_ACC = {False: "unsigned long long", True: "u128"}  # counts; weighted sums (flow.cu: 128-bit fixed point)
 
 
 @functools.cache
@@ -36,7 +31,7 @@ def _module(vtype: str):
 
     names = [f"acc_tile<{a}, {int(wt)}, {f}>" for wt, a in _ACC.items() for f in (0, 1)]
     names += [f"reduce_links<{a}>" for a in _ACC.values()]
-    names += [f"euler_links<{v}>" for v in ("int", "long long", "double")]
+    names += [f"euler_links<{v}>" for v in ("int", "long long")]
     return cp.RawModule(code=kernel_source("flow.cu"), options=(*EXACT_OPTIONS, f"-DVAL={vtype}"),
                         name_expressions=names)
 
@@ -47,21 +42,31 @@ def device_bytes(rows: int, cols: int, dtype, weighted: bool = False, band_rows:
     rows; None: the whole result) holds at its peak, inputs included: directions the values (and
     their copy in the value type where it differs), the mask, two code arrays and two int32
     distances; accumulation the codes, int16 exit ranks, the exit slots (MAXE a tile), the result's
-    band. The exits' Euler tour (about 100 bytes an exit, list ranking's working arrays included)
-    is checked against the free memory once the exits are counted (:class:`GpuMemoryShort`)."""
+    band (weighted: the 128-bit sums and their float64 band). The exits' Euler tour (about 100
+    bytes an exit, list ranking's working arrays included) is checked against the free memory once
+    the exits are counted (:class:`GpuMemoryShort`)."""
     n = rows * cols
     ntiles = -(-rows // TILE) * -(-cols // TILE)
     vt = _value_type(dtype)
     direc = n * (np.dtype(dtype).itemsize + (vt.itemsize if vt != np.dtype(dtype) else 0) + 1 + 2 + 8)
-    acc = n * (1 + 2 + (8 if weighted else 0)) + min(band_rows or rows, rows) * cols * 8 + ntiles * MAXE * 10
+    acc = n * (1 + 2 + (8 if weighted else 0)) + min(band_rows or rows, rows) * cols * (24 if weighted else 8) + \
+        ntiles * MAXE * (18 if weighted else 10)
     return max(direc, acc) + (64 << 20)
 
 
 TOUR_BYTES = 100  # GPU memory of the exits' Euler tour and its list ranking, an exit (device_bytes)
+def weight_scale(code, wt) -> int:
+    """The CPU's fixed-point scale (:func:`._cpu.weight_scale`, the same note) of weights ``wt`` at
+    the valid cells of ``code`` (CuPy; flow.cu's weight_range)."""
+    import cupy as cp
 
+    from ._cpu import checked_scale
 
-class GpuMemoryShort(InputError):
-    """The exits' Euler tour does not fit the GPU's free memory (known once the exits are counted)."""
+    out = cp.asarray(np.array([-100000, 100000], np.int64))
+    _module("float").get_function("weight_range")(*_grid(code.size), (wt.view(np.uint64), code, np.int64(code.size),
+                                                                      out))
+    top, low = (int(v) for v in out.get())
+    return checked_scale(code.size, top, low if low < 100000 else None)
 
 
 def _grid(n: int) -> tuple:
@@ -175,23 +180,24 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
             raise InputError(f"weights of shape {wt.shape} for directions of shape {code.shape}")
     else:
         wt = cp.empty(1, cp.float64)
-    acc_t = cp.float64 if weighted else cp.uint64
+    acc_t, words = cp.uint64, ((2,) if weighted else ())  # a 128-bit sum: two words (flow.cu's u128)
     A = _ACC[weighted]
+    scale = weight_scale(code, wt) if weighted else 0
     mod = _module("float")
     ntr, ntc = -(-h // TILE), -(-w // TILE)
     ntiles = ntr * ntc
     i32 = np.int32
     term_rank = cp.empty((h, w), cp.int16)
-    exit_val = cp.empty(ntiles * MAXE, acc_t)
+    exit_val = cp.empty((ntiles * MAXE, *words), acc_t)
     exit_loc = cp.empty(ntiles * MAXE, cp.int16)
     exit_count = cp.empty(ntiles, cp.int32)
     err = cp.zeros(1, cp.uint64)
-    none_i, none_a = cp.empty(1, cp.int32), cp.empty(1, acc_t)
+    none_i, none_a = cp.empty(1, cp.int32), cp.empty((1, *words), acc_t)
     block = (TILE, ROWS_PER_PASS)
     marks = [_mark()]
     mod.get_function(f"acc_tile<{A}, {int(weighted)}, 0>")(
         (ntiles,), block, (code, wt, i32(h), i32(w), term_rank, none_i, none_a, exit_val, exit_loc, exit_count,
-                           none_a, i32(1), err, i32(0), i32(0)))
+                           none_a, i32(1), err, i32(0), i32(0), i32(scale)))
     marks.append(_mark())
     offset = cp.cumsum(exit_count, dtype=cp.int64) - exit_count
     m = int(offset[-1] + exit_count[-1])
@@ -202,7 +208,7 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
         raise GpuMemoryShort(f"the {m:,} tile exits' Euler tour needs about {m * TOUR_BYTES / 2**30:.1f} GiB of GPU "
                              f"memory, {gpu_free_bytes() / 2**30:.1f} GiB free")
     parent = cp.empty(m, cp.int32)
-    val = cp.empty(m, acc_t)
+    val = cp.empty((m, *words), acc_t)
     slots = ntiles * MAXE
     mod.get_function(f"reduce_links<{A}>")(*_grid(slots), (code, i32(h), i32(w), term_rank, offset, exit_count,
                                                           exit_val, exit_loc, np.int64(slots), parent, val))
@@ -214,7 +220,8 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
         raise InputError("the flow directions have a cycle: some cells never drain") from None
     del parent, val
     marks.append(_mark())
-    out = cp.empty((min(band_rows, h), w), acc_t)
+    out = cp.empty((min(band_rows, h), w, *words), acc_t)
+    band_f = cp.empty((min(band_rows, h), w), cp.float64) if weighted else None
     final = mod.get_function(f"acc_tile<{A}, {int(weighted)}, 1>")
     accumulation.exits = m
     for r0 in range(0, h, band_rows):
@@ -222,7 +229,10 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
         tr0, tr1 = r0 // TILE, -(-r1 // TILE)
         final(((tr1 - tr0) * ntc,), block, (code, wt, i32(h), i32(w), term_rank, offset, total, none_a,
                                             cp.empty(1, cp.int16), exit_count, out, i32(include_self), err,
-                                            i32(tr0 * ntc), i32(r0)))
+                                            i32(tr0 * ntc), i32(r0), i32(scale)))
+        if weighted:
+            n = (r1 - r0) * w
+            mod.get_function("band_to_double")(*_grid(n), (out, np.int64(n), i32(scale), band_f))
         if r0 == 0:
             marks.append(_mark())
         if int(err.get()[0]):
@@ -235,7 +245,7 @@ def accumulation_bands(direction, weights=None, include_self: bool = True, band_
                 sub = _subtree_sums.marks
                 accumulation.timings.update(tour_build=cp.cuda.get_elapsed_time(sub[0], sub[1]),
                                             tour_scan=cp.cuda.get_elapsed_time(sub[1], sub[2]))
-        yield r0, r1, out[: r1 - r0]
+        yield r0, r1, (band_f if weighted else out)[: r1 - r0]
 
 
 def _mark():
@@ -251,7 +261,9 @@ def _subtree_sums(mod, parent, val, cells: int, weighted: bool):
     children of a node, and the roots, in the order of a stable sort by parent; the trees' tours
     chained into one list, which the recursive Helman-JaJa ranking needs: every head of a list is a
     splitter, so a forest of many small trees would never reduce) ranked by list scan, then
-    prefix(up) - prefix(down) + val."""
+    prefix(up) - prefix(down) + val. Weighted sums (128-bit, ``val`` (m, 2) words) by four scans of
+    their 32-bit limbs in int64 (a subtree's sum of one limb < 2^31 * 2^32: exact, also across the
+    prefixes' wrap-around), joined again."""
     import cupy as cp
 
     from ...graph.listrank import list_scan
@@ -268,16 +280,29 @@ def _subtree_sums(mod, parent, val, cells: int, weighted: bool):
     first_child[sp[starts]] = order[starts]
     del sp, same, starts, order
     # counts: int32 values while every sum fits (one packed 64-bit word per element in the walks)
-    vt = np.float64 if weighted else (np.int32 if cells < 2**31 else np.int64)
-    tv = val.astype(vt, copy=False)
+    vt = np.int64 if weighted or cells >= 2**31 else np.int32
+    if weighted:
+        parts = cp.empty((4, m), cp.int64)
+        mod.get_function("to_limbs")(*_grid(m), (val, np.int32(m), parts))
+    else:
+        parts = val.astype(vt, copy=False)[None]
     succ = cp.empty(2 * m, cp.int32)
     tour_val = cp.empty(2 * m, vt)
-    V = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long", np.dtype(np.float64): "double"}[np.dtype(vt)]
-    mod.get_function(f"euler_links<{V}>")(*_grid(m), (parent, first_child, next_sib, tv, np.int32(m), succ, tour_val))
+    V = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}[np.dtype(vt)]
+    sums = []
+    for tv in parts:
+        mod.get_function(f"euler_links<{V}>")(*_grid(m), (parent, first_child, next_sib, tv, np.int32(m), succ,
+                                                          tour_val))
+        if not sums:
+            marks.append(_mark())
+        prefix = list_scan(succ, tour_val, check=False)
+        sums.append(prefix[1::2] - prefix[0::2] + tv)
+        del prefix
     del first_child, next_sib
     marks.append(_mark())
-    prefix = list_scan(succ, tour_val, check=False)
-    marks.append(_mark())
-    total = prefix[1::2] - prefix[0::2] + tv
     _subtree_sums.marks = marks
-    return total.astype(val.dtype, copy=False)
+    if not weighted:
+        return sums[0].astype(val.dtype, copy=False)
+    total = cp.empty_like(val)
+    mod.get_function("from_limbs")(*_grid(m), (cp.stack(sums), np.int32(m), total))
+    return total

@@ -85,7 +85,7 @@ def flow_accumulation(direction, weights=None, *, include_self: bool = True, dev
     Returns
     -------
     The number of cells whose flow passes through each cell (uint64), or the sum of their
-    ``weights`` (float64, summed in a fixed order: the same bits on every run); 0 at nodata.
+    ``weights`` (float64: the exact sum correctly rounded, the same bits on every device and tiling); 0 at nodata.
 
     Examples
     --------

@@ -1,9 +1,9 @@
 """Flow directions and accumulation of a store's DEM, in core or out of core (``terrain flow``).
 
 Definitions: :mod:`.codes` and :mod:`._cpu` (D8 steepest descent; flats by Barnes, Lehman & Mulla
-2014; accumulation counting the cell itself, or weights summed in a fixed donor order). The source
-is ``fill/elevation`` (``condition="fill"``: the stored fill when it was made with the same outlets
-from this elevation, else ``terrain fill`` runs first) or ``elevation`` (``"none"``).
+2014; accumulation counting the cell itself, or weights summed exactly as fixed-point integers).
+The source is ``fill/elevation`` (``condition="fill"``: the stored fill when it was made with the
+same outlets from this elevation, else ``terrain fill`` runs first) or ``elevation`` (``"none"``).
 
 In core (the DEM and its scratch fit the memory budget): the whole DEM read, routed and
 accumulated in memory, written shard by shard in parallel threads.
@@ -29,15 +29,14 @@ On the GPU (:func:`_flow_gpu`): the whole DEM on the GPU, read into it and writt
 shard in threads (:mod:`._gpu`: D8, the flats' BFS, the accumulation finished a band at a time).
 With a Dask scheduler the out-of-core windows run as tasks of whole shards (:class:`_Task`).
 
-Counts are integers: the same bytes in core and out of core, for every tile size and budget.
-Weighted sums are the same bits in core for every tiling; out of core the exits' totals are added
-in another order (relative differences of a few ulp, ~1e-15).
+Counts are integers, and so are weighted sums (fixed-point, :func:`._cpu.weight_scale`, its scale
+from the whole raster's weights): the same bytes in core and out of core, for every tile size and
+budget, on the CPU and the GPU.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, run_on_worker
+from ...pinned import host_bytes as pinned_host_bytes, write_device
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -58,6 +58,7 @@ from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
 from .array import DIRECTION_CODES, check_weights
 from .codes import NODATA, OUTLET, SINK
+from .upload import upload_held
 
 RESULT = "flow"
 CONDITIONS = ("fill", "none")
@@ -200,10 +201,11 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
                 warnings.warn(f"flow: {why}: routed on the CPU instead", TerrainNote, stacklevel=2)
         rows, cols = store.shape
         isz = store.dtype.itemsize
-        incore_need = rows * cols * (max(isz, 8 if wsrc else 0) + 27)
+        incore_need = rows * cols * (max(isz, 8 if wsrc else 0) + 27 + (8 if wsrc else 0))  # + the sums' high words
         if window_tiles is None:  # a window and the boundary lists; the flats' lists get what is left
             side = store.tile_size * store.shard_size
-            chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz, side),
+            chosen = plan(store, budget, "flow", lambda k: _tiled_bytes(rows, cols, k * store.tile_size, isz, side,
+                                                                         wsrc is not None),
                           incore_need if scheduler == "local" else None)
             if chosen.held:
                 return _flow_incore(store, source, condition, outlets, wsrc, include_self, progress, t_start,
@@ -221,21 +223,21 @@ def flow(store, *, condition: str = "fill", outlets: str = "edge+nodata", weight
             wsrc.close()
 
 
-def _tiled_bytes(rows: int, cols: int, side: int, isz: int, shard_side: int) -> int:
-    """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (24 bytes)
-    and entries (16 bytes) of every window's edge cells, twice while they are gathered and sorted;
-    a window that is part of a shard is written through zarr, which rewrites the shard: count the
-    shard of both results (1 + 8 bytes a cell; measured +9.8 MiB writing the codes of 256^2 windows
-    into a 2048^2 shard)."""
+def _tiled_bytes(rows: int, cols: int, side: int, isz: int, shard_side: int, weighted: bool = False) -> int:
+    """The out-of-core pipeline with windows of ``side`` cells: one window, and the exits (24 bytes;
+    32 with weights: their sums' two words) and entries (16 bytes) of every window's edge cells,
+    twice while they are gathered and sorted; a window that is part of a shard is written through
+    zarr, which rewrites the shard: count the shard of both results (1 + 8 bytes a cell; measured
+    +9.8 MiB writing the codes of 256^2 windows into a 2048^2 shard)."""
     edge_cells = 2 * (rows * -(-cols // side) + cols * -(-rows // side))
     rewrite = 0 if side >= shard_side else min(shard_side, rows) * min(shard_side, cols) * 9
-    return _window_bytes(side, isz) + edge_cells * 80 + rewrite
+    return _window_bytes(side, isz, weighted) + edge_cells * (96 if weighted else 80) + rewrite
 
 
-def _window_bytes(side: int, isz: int) -> int:
-    """Host memory of one window: its values with a two-cell halo, masks, codes, accumulation,
-    weights, the in-window path scratch."""
-    return (side + 4) ** 2 * (isz + 2) + (side + 2) ** 2 * 9 + side * side * 26
+def _window_bytes(side: int, isz: int, weighted: bool = False) -> int:
+    """Host memory of one window: its values with a two-cell halo, masks, codes, accumulation (two
+    words of weighted sums), weights, the in-window path scratch."""
+    return (side + 4) ** 2 * (isz + 2) + (side + 2) ** 2 * (17 if weighted else 9) + side * side * 26
 
 
 def _source(store, condition, outlets, device, memory, progress, announce) -> tuple[str, bool]:
@@ -292,30 +294,14 @@ def _flow_incore(store, source, condition, outlets, wsrc, include_self, progress
         w = _checked_weights(wsrc, whole, valid) if wsrc is not None else None
         n_valid = int(np.count_nonzero(valid))
         del valid
-        ring = K.ringed(code, NODATA)
-        wts, zero = (np.ones((1, 1), np.uint64), np.uint64(0)) if w is None else (w, np.float64(0))
-        acc = np.zeros((rows + 2, cols + 2), wts.dtype)
-        left = K.accumulate(ring, wts, w is not None, acc, zero, np.empty((rows, cols), np.uint8))
-        del ring
-        if left:
-            raise InputError(f"the flow directions have cycles: {left:,} cells never drain")  # not for our codes
-        inner = acc[1:-1, 1:-1]
-        if include_self:
-            _add_self(inner, code, wts, w is not None)
+        try:
+            inner = K.accumulation(code, w, include_self)
+        except InputError:
+            raise InputError("the flow directions have cycles") from None  # not for our codes
+        del w
     return _write_incore(store, source, condition, outlets, wsrc, include_self, "cpu", t_start, filled_now, n_valid,
                          lambda s: code[s], lambda s: inner[s], _code_stats(code, unresolved), timings,
                          inner.max(initial=0))
-
-
-def _add_self(inner, code, wts, weighted) -> None:
-    """v = s + w at valid cells, in place, a band of rows at a time (no full-size temporaries)."""
-    for r in range(0, inner.shape[0], 256):
-        sl = slice(r, r + 256)
-        ok = code[sl] != NODATA
-        if weighted:
-            inner[sl][ok] += wts[sl][ok]
-        else:
-            inner[sl][ok] += np.uint64(1)
 
 
 def _code_stats(code, unresolved: int) -> tuple[int, int, int]:
@@ -348,6 +334,7 @@ class _Task:
     flat_lists: bool = True  # directions: list the window's flat cells for the compact solve
     flats: tuple | None = None  # compact flats: (ids, codes) of the flat cells of the window
     weights: np.ndarray | None = None  # accumulation: the window's weights (checked)
+    scale: int = 0  # accumulation: the weights' fixed-point scale (:func:`._cpu.weight_scale`)
     inflow: tuple | None = None  # final accumulation: (exit ids, totals) of the window's rows and halo
     include_self: bool = True
 
@@ -393,15 +380,20 @@ def _flat_codes_task(t: _Task) -> None:
     write_window(d_arr, t.window, code, t.whole_shard)
 
 
+def _sums(t: _Task, shape):
+    """A window's accumulation words (lo, hi: :func:`._cpu.accumulate`) and weights' bits."""
+    lo = np.zeros(shape, np.uint64)
+    if t.weights is None:
+        return lo, lo, np.ones((1, 1), np.uint64)
+    return lo, np.zeros(shape, np.uint64), np.ascontiguousarray(t.weights, np.float64).view(np.uint64)
+
+
 def _links_task(t: _Task):
     """Phase 3a of a window: accumulated alone; its exits (id, target, value) and entries (id, link)."""
     _, (d_arr, _) = _opened(t)
     code = read_halo(d_arr, t.window, 1, NODATA, d_arr.shape)
-    weighted = t.weights is not None
-    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-    zero = np.float64(0) if weighted else np.uint64(0)
-    return K.tile_links(code, t.weights if weighted else np.ones((1, 1), np.uint64), weighted, acc, zero,
-                        t.window.r0, t.window.c0, d_arr.shape[1])
+    lo, hi, wbits = _sums(t, code.shape)
+    return K.tile_links(code, wbits, t.weights is not None, t.scale, lo, hi, t.window.r0, t.window.c0, d_arr.shape[1])
 
 
 def _final_task(t: _Task):
@@ -412,17 +404,19 @@ def _final_task(t: _Task):
     code = read_halo(d_arr, win, 1, NODATA, d_arr.shape)
     inner_code = code[1:-1, 1:-1]
     weighted = t.weights is not None
-    wts = t.weights if weighted else np.ones((1, 1), np.uint64)
-    zero = np.float64(0) if weighted else np.uint64(0)
-    acc = np.zeros(code.shape, np.float64 if weighted else np.uint64)
-    K.set_inflows(code, acc, win.r0, win.c0, d_arr.shape[1], *t.inflow)
-    K.accumulate(code, wts, weighted, acc, zero, np.empty(win.shape, np.uint8))
-    inner = np.ascontiguousarray(acc[1:-1, 1:-1])
-    if t.include_self:
-        _add_self(inner, inner_code, wts, weighted)
+    lo, hi, wbits = _sums(t, code.shape)
+    K.set_inflows(code, weighted, lo, hi, win.r0, win.c0, d_arr.shape[1], *t.inflow)
+    K.accumulate(code, wbits, weighted, t.scale, lo, hi, np.empty(win.shape, np.uint8))
+    if weighted:
+        inner = np.empty(win.shape, np.float64)
+        K.finish_weights(code, wbits, t.scale, t.include_self, lo, hi, inner)
+    else:
+        inner = np.ascontiguousarray(lo[1:-1, 1:-1])
+        if t.include_self:
+            inner[inner_code != NODATA] += np.uint64(1)
     counts = np.bincount(inner_code.ravel(), minlength=256)
     write_window(a_arr, win, inner, t.whole_shard)
-    return inner.max(initial=zero), (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
+    return inner.max(initial=0), (int(inner_code.size - counts[NODATA]), int(counts[OUTLET]), int(counts[SINK]))
 
 
 def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now, k,
@@ -451,7 +445,7 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
             parts, holding, perimeter = [], [], []
             compact = not flat_sweeps
             room = max(0, budget - _tiled_bytes(rows, cols, k * store.tile_size, store.dtype.itemsize,
-                                                store.tile_size * store.shard_size))
+                                                store.tile_size * store.shard_size, weighted))
             items = (task(b, flat_lists=compact) for b in batches)  # lazy: ``compact`` as it stands
             for b, (n, perim, lists) in zip(batches, run(_directions_task, items, "directions")):
                 if not n:
@@ -494,8 +488,10 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
         # 3. accumulation: windows alone, the exits solved together, windows again
         weights_of = (lambda b: _checked_weights(wsrc, b.window, _codes_valid(d_arr, b.window))) if weighted \
             else (lambda b: None)
+        scale = _tiled_scale(wsrc, d_arr, batches, rows * cols) if weighted else 0
         with timings.phase("boundary"):
-            links = list(run(_links_task, (task(b, weights=weights_of(b)) for b in batches), "accumulation (tiles)"))
+            links = list(run(_links_task, (task(b, weights=weights_of(b), scale=scale) for b in batches),
+                             "accumulation (tiles)"))
             exit_id, exit_to, exit_v, entry_id, entry_link = (np.concatenate([p[i] for p in links]) for i in range(5))
             del links
             o = np.argsort(exit_id, kind="stable")
@@ -506,7 +502,7 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
             del exit_to, exit_v, entry_id, entry_link
         with timings.phase("accumulation"):
             peak = np.float64(0) if weighted else np.uint64(0)
-            items = (task(b, weights=weights_of(b), inflow=_rows_of(exit_id, v, b.window, cols, 1),
+            items = (task(b, weights=weights_of(b), scale=scale, inflow=_rows_of(exit_id, v, b.window, cols, 1),
                           include_self=include_self) for b in batches)
             for top, counts in run(_final_task, items, "accumulation (final)"):
                 peak = max(peak, top)
@@ -515,6 +511,19 @@ def _flow_tiled(store, source, condition, outlets, wsrc, include_self, progress,
                          int(stats[0]), (int(stats[1]), int(stats[2]), n_flat_routed), peak, timings, k)
         writer.attrs.update(result.attrs())
     return result
+
+
+def _tiled_scale(wsrc, d_arr, batches, cells: int) -> int:
+    """The weights' fixed-point scale (:func:`._cpu.weight_scale`) of the whole raster: a pass over
+    the windows' weights at their valid cells (the same scale for every tiling)."""
+    top, low = -100000, None
+    for b in batches:
+        code = read_window(d_arr, b.window, False)
+        w = _checked_weights(wsrc, b.window, code != NODATA)
+        t, lw, any_ = K.weight_range(np.ascontiguousarray(w).view(np.uint64), code)
+        if any_:
+            top, low = max(top, int(t)), int(lw) if low is None else min(low, int(lw))
+    return K.checked_scale(cells, top, low)
 
 
 def _rows_of(ids: np.ndarray, values: np.ndarray, win: Window, cols: int, halo: int) -> tuple:
@@ -600,7 +609,8 @@ def _gpu_host_bytes(store, weighted: bool) -> int:
     itself never lies whole on the host: :func:`upload_held`, ``write_held`` by bands)."""
     side = store.tile_size * store.shard_size
     cells = min(side, store.shape[0]) * min(side, store.shape[1])
-    return _threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+    return (_threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+            + pinned_host_bytes(store, (1, 8)))  # the pinned bands of codes and accumulation on their way out
 
 
 def _threads(store) -> int:
@@ -645,32 +655,6 @@ def _free_gpu_pool() -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
-def upload_held(store, source, wsrc, convert=None):
-    """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
-    as it arrives, so that the host holds a few shards and reading overlaps the copies. ``convert``
-    (dtype, function of a block): each block converted in its reader thread before the upload (the
-    hydrology's stream mask of the accumulation: an eighth of its bytes to copy)."""
-    import cupy
-
-    dtype = (store.elevation if source == "elevation" else store.group[source]).dtype
-    z_d = cupy.empty(store.shape, dtype if convert is None else convert[0])
-    w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None
-    lock = threading.Lock()  # a raster file's handle is not shared between threads
-
-    def one(win):
-        block = store.read(win, source)
-        if w_d is not None:
-            with lock:
-                w = wsrc.read(win)
-            check_weights(w, store.valid(block), w.shape)
-            w_d[win.slices] = cupy.asarray(w)
-        z_d[win.slices] = cupy.asarray(block if convert is None else convert[1](block))
-
-    with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
-        list(pool.map(one, store.shards()))
-    return z_d, w_d
-
-
 def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t_start, filled_now) -> FlowResult:
     """The whole DEM routed on the GPU (:mod:`._gpu`): read into it shard by shard, the accumulation
     finished a band of shard rows at a time, each band's shards written from it in threads (the GPU
@@ -697,18 +681,20 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
     peak = np.float64(0) if wsrc is not None else np.uint64(0)
     with store.write_result(RESULT, attrs={"condition": condition, "outlets": outlets, "source": source}) as writer:
         d_arr, a_arr = _create(writer, wsrc is not None)
-        bands = _gpu.accumulation_bands(code_d, w_d, include_self, band)
-        with progress_bar(progress, -(-rows // band), "flow: accumulation and write", unit="band") as bar:
-            while True:
+        bands, held = _gpu.accumulation_bands(code_d, w_d, include_self, band), [0, 0, None]
+
+        def outputs(r0, r1):  # a shard row's codes and accumulation, the next band accumulated when reached
+            nonlocal peak
+            if r1 > held[1]:
                 with timings.phase("gpu"):
-                    r0, r1, acc_d = next(bands, (None, None, None))
-                    if acc_d is None:
-                        break
-                    peak = max(peak, acc_d.max().get())
-                with timings.phase("write"):
-                    write_held(store, (d_arr, lambda s: code_d[s].get()),
-                               (a_arr, lambda s: acc_d[s[0].start - r0 : s[0].stop - r0, s[1]].get()), rows=(r0, r1))
-                bar.update(1)
+                    held[:] = next(bands)
+                    peak = max(peak, held[2].max().get())
+            return [code_d[r0:r1], held[2][r0 - held[0] : r1 - held[0]]]
+
+        with progress_bar(progress, 2 * len(list(store.shards())), "flow: accumulation and write", unit="shard") as bar:
+            gpu_before, t0 = timings.get("gpu", 0.0), time.perf_counter()
+            write_device(store, [d_arr, a_arr], outputs, bar.update, timings)
+            timings.add("write", time.perf_counter() - t0 - (timings["gpu"] - gpu_before))  # the bands' own
         del w_d
         result = _result(store, condition, outlets, wsrc, include_self, "incore", "gpu", t_start, filled_now, n_valid,
                          code_stats, peak, timings)

@@ -1,3 +1,5 @@
 """Watersheds, basins, stream networks and HAND on flow directions (issue 30): numba kernels in
-:mod:`._cpu`, in-memory rasters in :mod:`.array`."""
-from .array import basins, hand, stream_links, stream_order, watershed  # noqa: F401
+:mod:`._cpu`, in-memory rasters in :mod:`.array` (imported on first use)."""
+from ...lazy import exports
+
+exports(__name__, dict.fromkeys(("basins", "hand", "stream_links", "stream_order", "watershed"), ".array"))

@@ -127,7 +127,7 @@ def stream_order(direction, accumulation, threshold, *, method: str = "strahler"
         raise InputError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     template, code, acc, K = _network_inputs(direction, accumulation, threshold)
     net = K.stream_network(code, acc, threshold)
-    values = net.strahler if method == "strahler" else net.shreve
+    values = (net.strahler if method == "strahler" else net.shreve)[...]  # the GPU's: gathered per link
     return _like(template, direction, values, "stream_order", {"method": method, "threshold": threshold})
 
 

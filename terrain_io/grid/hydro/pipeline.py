@@ -13,8 +13,9 @@ the GPU route keeps to a ``--memory`` far below the DEM's size.
 
 Out of core: windows of k x k tiles, the largest the budget holds (:func:`..tiling.plan`), values
 carried along the flow forest tile by tile with a boundary solve between (:mod:`.tiled`): the same
-bytes as in core. Polygons (``-o`` of watershed and basins) are traced on the whole label raster,
-read back when it fits the budget.
+bytes as in core. Polygons (``-o`` of watershed and basins) are traced by GDAL's polygonize on the
+label raster in memory where it fits the budget, else on a GeoTIFF of it written shard by shard into a
+scratch folder of the store (:func:`write_polygons`): the same features.
 """
 from __future__ import annotations
 
@@ -24,21 +25,25 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
+from ...pinned import host_bytes as pinned_host_bytes
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
 from ..fill._tiled import table_cell, write_held
 from ..flow.codes import NODATA
+from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
-from . import _cpu, tiled
+
+if TYPE_CHECKING:
+    from . import tiled
 
 # host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
 # network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
@@ -46,11 +51,13 @@ from . import _cpu, tiled
 BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "hand": 66}
 # out of core, bytes a cell of the outputs written (a shard of them is rewritten by zarr)
 OUT_BYTES = {"watershed": 4, "basins": 4, "streams": 9, "streams+vectors": 9, "hand": 8}
-POLYGON_BYTES = 9  # the label raster traced for polygons: labels, their int32 copy, the mask
+POLYGON_BYTES = 9  # the label raster traced in memory: labels, their int32 copy, the mask
+POLYGON_CACHE = 16 << 20  # GDAL's block cache while the label raster is written to disk and traced from there
 # the GPU route's host: a shard a thread (read and decoded up to 8 bytes a cell, a result's shard copied
 # off the GPU and encoded), and what it holds whole (the codes, for the links' walks)
 GPU_SHARD_BYTES = 24
 GPU_HELD_BYTES = {"streams+vectors": 1}
+GPU_OUT_BYTES = 9  # a result group's cells on their way out of the GPU (pinned bands): streams' order, magnitude, link
 UNITS = ("cells", "m2")
 
 
@@ -78,24 +85,18 @@ def write_table(result: HydroResult, path) -> Path:
     return path
 
 
-def _open(store, what: str, memory, window_tiles: int | None = None, polygons: bool = False,
-          device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
+def _open(store, what: str, memory, window_tiles: int | None = None, device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
     """The store, its windows out of core (None: in core) and the route of the kernels.
     ``device`` ``gpu`` (or ``auto`` with a usable GPU): in core on the GPU where its memory holds the
     arrays and the budget the host's shards (:func:`_gpu_misfit`), else the CPU (with one note when
     ``gpu`` was asked for). ``window_tiles`` forces out of core
-    on the CPU with windows of that many tiles a side (tests, benchmarks); ``polygons``: the label
-    raster must fit the budget to be traced."""
+    on the CPU with windows of that many tiles a side (tests, benchmarks)."""
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store))
     if "flow/direction" not in store.results():
         raise InputError(f"{store.path}: no flow directions: run terrain flow {store.path} first")
     rows, cols = store.shape
     budget = memory_budget(memory)
-    if polygons and rows * cols * POLYGON_BYTES > budget:
-        raise InputError(f"polygons of a {rows:,} x {cols:,} DEM are traced in memory: about "
-                         f"{format_bytes(rows * cols * POLYGON_BYTES)}, more than the memory budget "
-                         f"{format_bytes(budget)} (raise --memory, or leave out -o)")
     if resolve_device(device) == "gpu":
         why = "windows out of core are computed on the CPU" if window_tiles is not None else _gpu_misfit(
             store, what, budget)
@@ -103,6 +104,8 @@ def _open(store, what: str, memory, window_tiles: int | None = None, polygons: b
             return store, None, _Route("gpu")
         if (device or "auto").lower() == "gpu":
             warnings.warn(f"hydrology on the GPU: {why}: run on the CPU instead", TerrainNote, stacklevel=3)
+    from . import tiled  # (the CPU's modules and numba: imported only for a run on the CPU)
+
     need = lambda k: tiled.window_need(store, k, OUT_BYTES[what])  # noqa: E731
     if window_tiles is None:
         chosen = plan(store, budget, what.replace("+", " with "), need, rows * cols * BYTES[what])
@@ -114,10 +117,6 @@ def _open(store, what: str, memory, window_tiles: int | None = None, polygons: b
     return store, tiled.Windows(store, k, workers), _Route("cpu")
 
 
-def _threads(store: TerrainStore) -> int:
-    return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
-
-
 def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
     """Why the GPU route cannot take ``store`` (None: it can): its memory, or the host's shards
     beyond the budget (``--memory`` holds on every device)."""
@@ -126,10 +125,10 @@ def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
     rows, cols = store.shape
     side = store.tile_size * store.shard_size
     host = _threads(store) * min(side, rows) * min(side, cols) * GPU_SHARD_BYTES + rows * cols * GPU_HELD_BYTES.get(
-        what, 0)
+        what, 0) + pinned_host_bytes(store, (GPU_OUT_BYTES,))
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the memory budget {format_bytes(budget)}"
-    need, free = _gpu.device_bytes(rows, cols), gpu_free_bytes()
+    need, free = _gpu.device_bytes(rows, cols, what, store.dtype), gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
     return None
@@ -150,6 +149,8 @@ class _Route:
 
             self.K = _gpu
         else:
+            from . import _cpu
+
             self.K = _cpu
 
     def up(self, x):
@@ -165,8 +166,6 @@ class _Route:
         ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
         if self.device == "cpu":
             return _read(store, name, progress)
-        from ..flow.pipeline import upload_held  # terrain flow's reader: each shard uploaded as decoded
-
         with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
             out, _ = upload_held(store, name, None, convert)
             bar.update(1)
@@ -182,7 +181,9 @@ class _Route:
         with timer.phase("read"):
             acc = self.load(store, "flow/accumulation", progress, (np.bool_, lambda b: b >= cells) if mask else None)
         with timer.phase(self.device):
-            net = self.K.stream_network(code, None, cells, acc) if mask else self.K.stream_network(code, acc, cells)
+            if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
+                return self.K.drainage(code, acc), None
+            net = self.K.stream_network(code, acc, cells)
             return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]) if tails else None
 
 
@@ -210,14 +211,14 @@ def _threshold_cells(store: TerrainStore, threshold: float, units: str) -> float
 
 def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings) -> None:
     """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs); NumPy, or CuPy
-    copied off the GPU a shard at a time by each writer thread), atomically; its attributes get
+    written from the GPU through pinned bands: ``write_held``), atomically; its attributes get
     the run's ``timings`` (seconds by phase) so far."""
     with store.write_result(group, attrs=attrs) as writer:
         with timer.phase("write"):
             pairs = []
             for name, (values, fill, a) in arrays.items():
                 arr = writer.create_array(name, values.dtype, fill, attrs=a)
-                pairs.append((arr, lambda s, v=values: to_host(v[s])))
+                pairs.append((arr, values))
             write_held(store, *pairs)
         writer.attrs.update(timings=timer.rounded())
 
@@ -266,7 +267,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store, wins, route = _open(store, "watershed", memory, window_tiles, vectors is not None, device)
+    store, wins, route = _open(store, "watershed", memory, window_tiles, device)
     rows, cols = store.shape
     cells = np.asarray(cells, np.int64).reshape(-1, 2)
     for i, (r, c) in enumerate(cells, 1):
@@ -303,12 +304,14 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     else:
         with store.write_result(f"watershed/{name}", attrs=attrs) as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
+            from . import tiled
+
             counts = tiled.watershed(wins, flat, arr, progress)
             attrs.update(cells=counts.tolist(), area_m2=(counts * dx * dy).tolist())
             writer.attrs.update(attrs)
     if vectors is not None:
         with timer.phase("vectors"):
-            label = _read(store, f"watershed/{name}/label", progress) if label is None else to_host(label)
+            label = _polygon_labels(store, f"watershed/{name}/label", label, memory, progress)
             write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
                                           "outlet_col": cells[:, 1]}, vectors, overwrite)
     sec = timer.seconds()
@@ -326,7 +329,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
-    store, wins, route = _open(store, "basins", memory, window_tiles, vectors is not None, device)
+    store, wins, route = _open(store, "basins", memory, window_tiles, device)
     label_attrs = {"ids": "1.. in row-major order of the outlet cells; 0 nodata"}
     label = None
     if wins is None:
@@ -339,6 +342,8 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     else:
         with store.write_result("basins") as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
+            from . import tiled
+
             outlet, counts = tiled.basins(wins, arr, progress)
             writer.attrs.update({"basins": len(outlet)})
     attrs = {"basins": len(outlet)}
@@ -349,7 +354,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
              "cells": counts, "area_m2": counts * dx * dy}
     if vectors is not None:
         with timer.phase("vectors"):
-            label = _read(store, "basins/label", progress) if label is None else to_host(label)
+            label = _polygon_labels(store, "basins/label", label, memory, progress)
             write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
     sec = timer.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
@@ -402,6 +407,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
             order_arr = writer.create_array("order", np.uint8, 0, attrs=order_attrs)
             magnitude_arr = writer.create_array("magnitude", shreve_dtype, 0, attrs=magnitude_attrs)
             link_arr = writer.create_array("link", np.uint32, 0, attrs=link_attrs)
+            from . import tiled
+
             t = tiled.Streams(wins, cells).links(link_arr, progress, "streams")
             strahler, shreve = tiled.orders(t.downstream, rows * cols)
             tiled.per_cell(wins, link_arr, strahler, shreve, order_arr, magnitude_arr, progress)
@@ -456,6 +463,8 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
         with store.write_result("hand", attrs=attrs) as writer:
             h_arr = writer.create_array("height", np.float32, float("nan"), attrs=height_attrs)
             d_arr = writer.create_array("drainage", np.uint32, 0, attrs=drainage_attrs)
+            from . import tiled
+
             drained, top = tiled.hand(wins, tiled.Streams(wins, cells), source, h_arr, d_arr, progress)
     sec = timer.seconds()
     return HydroResult(f"hand: {drained:,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
@@ -556,6 +565,8 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres), ``upstream``
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
     many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's)."""
+    from . import _cpu
+
     rows, cols = store.shape
     dx, dy = store.metric_cell_size
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
@@ -603,21 +614,69 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     return Path(out)
 
 
-def write_polygons(store: TerrainStore, label: np.ndarray, fields: dict, out, overwrite: bool = False) -> Path:
+def _polygon_labels(store: TerrainStore, name: str, held, memory, progress: bool):
+    """The labels to trace for polygons: in memory (``held``, or read whole) where ``POLYGON_BYTES`` a
+    cell fit the budget, else the array's name (:func:`write_polygons` traces it from disk)."""
+    rows, cols = store.shape
+    if rows * cols * POLYGON_BYTES > memory_budget(memory):
+        return name
+    return _read(store, name, progress) if held is None else to_host(held)
+
+
+def _label_tiffs(store: TerrainStore, name: str, folder: Path) -> tuple[Path, Path]:
+    """The label array ``name`` as two tiled GeoTIFFs, written shard by shard: the labels (int32, what
+    GDAL's polygonize reads) and the mask label > 0 (uint8, rasterio's type for a mask band)."""
+    import rasterio
+    from affine import Affine
+    from rasterio.windows import Window as RioWindow
+
+    rows, cols = store.shape
+    profile = dict(driver="GTiff", width=cols, height=rows, count=1, tiled=True, blockxsize=256, blockysize=256,
+                   compress="zstd", zstd_level=1, BIGTIFF="IF_SAFER",
+                   transform=Affine.from_gdal(*(store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0))))
+    paths = folder / "label.tif", folder / "mask.tif"
+    with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(paths[0], "w", dtype="int32", **profile) as lab, \
+            rasterio.open(paths[1], "w", dtype="uint8", **profile) as mask:
+        for win in store.shards():
+            block = store.read(win, name)
+            at = RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0)
+            lab.write(block.view(np.int32), 1, window=at)
+            mask.write((block > 0).view(np.uint8), 1, window=at)
+    return paths
+
+
+def write_polygons(store: TerrainStore, label, fields: dict, out, overwrite: bool = False) -> Path:
     """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
-    part), with ``fields`` (name -> array indexed by id - 1) and the ``id``."""
+    part), with ``fields`` (name -> array indexed by id - 1) and the ``id``. ``label``: the raster in
+    memory, or the name of the store's label array: then written to a GeoTIFF in a scratch folder of
+    the store, shard by shard, which GDAL's polygonize reads a block row at a time (the raster is
+    never whole in memory; the same polygons)."""
+    import rasterio
     from affine import Affine
     from rasterio import features
 
+    from ...atomic import scratch_directory
+
     t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
-    geoms, ids = [], []
-    if int(label.max(initial=0)) >= 2**31:
+    regions = len(next(iter(fields.values())))
+    if regions >= 2**31:
         raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
-    as_int = label.astype(np.int32)  # the widest integer type rasterio's shapes reads
-    for geom, value in features.shapes(as_int, mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)):
-        geoms.append(wkb_polygon(geom["coordinates"]))
-        ids.append(int(value))
+    geoms, ids = [], []
+
+    def trace(shapes):
+        for geom, value in shapes:
+            geoms.append(wkb_polygon(geom["coordinates"]))
+            ids.append(int(value))
+
+    if isinstance(label, str):
+        with scratch_directory(store.path, "polygons") as tmp:
+            lab, mask = _label_tiffs(store, label, tmp)
+            with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(lab) as ds, rasterio.open(mask) as ok:
+                trace(features.shapes(rasterio.band(ds, 1), mask=rasterio.band(ok, 1), connectivity=8,
+                                      transform=Affine.from_gdal(*t)))
+    else:
+        trace(features.shapes(label.astype(np.int32), mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)))
     order = np.argsort(np.asarray(ids, np.int64), kind="stable")
     ids = np.asarray(ids, np.int64)[order]
     geometry = np.array([geoms[i] for i in order], object)

@@ -1,6 +1,7 @@
 """CuPy side of the in-core SSSP engine (terrain_io/kernels/sssp_incore.cu): rounds of tile
-relaxation over a work list of active tiles, for the distances and then the plateau levels, and
-one pass for the parent codes. The same bytes as :mod:`._incore_cpu` (see :mod:`.incore`)."""
+relaxation over a work list of active tiles, for the distances (in near-far order:
+:class:`~terrain_io.worklist.KeyedWorkLists`) and then the plateau levels, and one pass for the
+parent codes. The same bytes as :mod:`._incore_cpu` (see :mod:`.incore`)."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,7 @@ import functools
 import numpy as np
 
 from ...backend import EXACT_OPTIONS, kernel_source
-from ...worklist import TILE, WorkLists
+from ...worklist import TILE, KeyedWorkLists
 from .result import NO_PRED
 
 
@@ -44,7 +45,7 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
     d.reshape(-1)[src] = 0.0
     st = cp.asarray(np.asarray(steps, np.float64))
     ntr, ntc = -(-h // TILE), -(-w // TILE)
-    lists = WorkLists(ntr * ntc)
+    lists = KeyedWorkLists(ntr * ntc)
     if warm:  # the tiles of the block's edge: only a ring cell's fall starts a change
         t = cp.arange(ntr * ntc, dtype=cp.int32)
         tr, tc = t // ntc, t % ntc
@@ -56,7 +57,8 @@ def solve_block_gpu(vals, kind: int, steps, flat_src, dist, level, warm: bool = 
         rows, cols = src // W2 - 1, src % W2 - 1
         first = cp.unique((rows // TILE) * ntc + cols // TILE).astype(cp.int32)
     args = (vals, d, np.int32(h), np.int32(w), st, np.float64(limit))
-    rounds = lists.run(mod.get_function("relax_distances"), args, first)
+    rounds = lists.run_near_far(mod.get_function("relax_distances"), args, first)
+    solve_block_gpu.visits, solve_block_gpu.passed = lists.visits, lists.passed
     threads = 256
     blocks = min(-(-h * w // threads), 65536)
     mod.get_function("initial_levels")((blocks,), (threads,), (vals, d, lv, np.int32(h), np.int32(w), st))
