@@ -11,8 +11,9 @@ One call makes the synthetic store once (or takes ``--store``), then runs each `
 
 Per run: the process's wall time (interpreter start and imports included), the command's wall time,
 the time the client waits inside the Dask task maps (``map_shards``; ``imap_shards``: inside each
-``next``): "on workers"; the rest is the client (the MST merges and expand, the SSSP shard method's
-scheduling between rounds), the cluster's start and close apart, the command's own phase timings, and -- sampled every 0.2 s from this
+``next``): "on workers" (the MST: its runs of the tile phase, then its runs of the expand); the rest
+is the client (the MST: the merges of blocks that span runs, the decisions grouped by shard; the
+SSSP shard method's scheduling between rounds), the cluster's start and close apart, the command's own phase timings, and -- sampled every 0.2 s from this
 process -- the peak RSS of the client and of each of its worker processes (psutil) and the peak used
 memory of each GPU (NVML: the device's whole use, any other context on it included). At the end the
 ratios of ``cuda1`` to ``cuda2`` (and to ``local``) per step. A run past ``--run-limit`` or the

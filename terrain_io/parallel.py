@@ -153,6 +153,13 @@ def scheduler_threads(scheduler: str) -> int:
         return max(1, sum(client.nthreads().values()))
 
 
+def scheduler_workers(scheduler: str, announce: Callable[[str], None] | None = None) -> int:
+    """How many worker processes a ``dask.distributed`` ``scheduler`` (``local-cuda``, an address) has:
+    a pipeline that runs whole on each worker (the MST's runs of tiles) splits its work that many ways."""
+    with _client(_address(scheduler, announce), announce) as client:
+        return max(1, len(client.nthreads()))
+
+
 _clients: dict = {}  # scheduler address -> this process's Client of it, kept for later phases and rounds
 
 

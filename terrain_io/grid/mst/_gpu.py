@@ -231,12 +231,12 @@ class GpuTileForest:
 
 
 @functools.cache
-def worker_tile_forest(tile: int, weight: str, dtype: str) -> GpuTileForest:
-    """One compiled :class:`GpuTileForest` per Dask worker process and store layout (a worker runs one
-    shard task at a time, so one lane is enough)."""
+def worker_tile_forest(tile: int, weight: str, dtype: str, lanes: int = 1) -> GpuTileForest:
+    """One compiled :class:`GpuTileForest` per Dask worker process and store layout: one lane for a
+    shard task (one at a time), two for a run of the pipeline (batches read ahead)."""
     from ... import weights
 
-    return GpuTileForest(tile, weights.get(weight), np.dtype(dtype), lanes=1)
+    return GpuTileForest(tile, weights.get(weight), np.dtype(dtype), lanes=lanes)
 
 
 def worker_tile_phase(store, task, values, valid):

@@ -46,7 +46,7 @@ from ...backend import Dispatch, resolve_device
 from ...errors import InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler, imap_shards
+from ...parallel import check_scheduler, imap_shards, map_shards, scheduler_workers
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -128,11 +128,15 @@ class _Merged(NamedTuple):
 class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
-    def __init__(self, store: TerrainStore, kind: int, batched: bool = True):
+    def __init__(self, store: TerrainStore, kind: int, batched: bool = True, first: int = 0):
         """``batched``: merge a full batch's levels in one compiled call (``merge_batch``); else
         block by block like a batch cut by the DEM's edge -- the same merges, and a small job then
-        never compiles ``merge_batch`` (see :data:`terrain_io.jit.SERIAL_BELOW`)."""
+        never compiles ``merge_batch`` (see :data:`terrain_io.jit.SERIAL_BELOW`). ``first``: the
+        Morton code of the first tile this merger is given (a worker's run of the tiles): blocks
+        that begin before it are left on the stack for the client, whose merger takes every run's
+        stack in order (:meth:`adopt`) -- the same merges as one merger over all the tiles."""
         self.batched = batched
+        self.first = first
         self.rows, self.cols = store.shape
         self.tile = store.tile_size
         ntr, ntc = store.tile_grid
@@ -157,13 +161,15 @@ class _Merger:
             for level in range(block.level + 1, self.top + 1):
                 parent = m >> (2 * level)
                 if next_code is not None and next_code >> (2 * level) == parent:
-                    break
+                    break  # the block goes on after this one
+                if parent << (2 * level) < self.first:
+                    break  # the block began before this merger's run: the client's merge
                 children = []
                 while (self.stack and self.stack[-1].level < level
                        and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
                     children.append(self.stack.pop())
                 self.stack.append(self._record(self._merge(children, level, parent)))
-            if next_code is None:  # the root: everything decided
+            if next_code is None and not self.first:  # the root: everything decided
                 assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
 
     def _merge_batch(self, b: Batch, out, side: int):
@@ -241,6 +247,19 @@ class _Merger:
         self.kept.append(merged.kept)
         self.merges += 1
         return merged.block
+
+    def adopt(self, runs: list["_RunResult"]) -> None:
+        """Take the workers' runs, in the Morton order of their tiles: their exact weights, then
+        their stacks' blocks, merged where a block's parent spans runs (their decisions stay with
+        each run's shards, :func:`_decided_by_shard`)."""
+        blocks = []
+        for run in runs:
+            self.buckets += run.merge_buckets
+            self.merges += run.merges
+            self.timings.add("merge", run.timings.get("merge", 0.0))
+            blocks += run.blocks
+        for i, block in enumerate(blocks):
+            self.push(block, blocks[i + 1].code << (2 * blocks[i + 1].level) if i + 1 < len(blocks) else None)
 
     def decisions(self) -> tuple["_CodeLog", "_CodeLog"]:
         """(removed codes, kept codes); the merge stack is let go."""
@@ -355,6 +374,137 @@ def _tile_task(task: _TileTask):
     return int(np.count_nonzero(valid)), out
 
 
+def _tile_phase(store: TerrainStore, edges, batches: list[Batch], next_code: int | None, k: int, merger: _Merger,
+                timings: Timings, *, kind: int, forest: int, cap: int, gpu=None, gpu_contract: bool = True,
+                held: dict | None = None, bar=None) -> tuple[int, np.ndarray]:
+    """Phase 1 over ``batches`` of ``k`` x ``k`` tiles -- all of them, or a worker's run of the Morton
+    order (``next_code``: the first tile after the run; None at the end) -- as one process runs it:
+    batches read ahead in threads (on the GPU, ``gpu``'s tile phase in those threads too), the bits
+    written by threads (or kept in ``held`` for the expand pass), each batch's graphs handed to the
+    started ``merger``. Returns (valid cells, the exact weight buckets of the tile forests)."""
+    rows, cols = store.shape
+    lookahead = _readers("cpu" if gpu is None else "gpu")  # batches read ahead (on the GPU: its two lanes busy too)
+    whole_shards = k == store.shard_size
+    buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
+    valid_cells = 0
+
+    def prepare(b: Batch):
+        """Read a batch (worker thread) and, on the GPU, run its tile phase: forests (and contraction)."""
+        with timings.phase("read"):
+            values = store.read(b.window)
+            valid = store.valid(values)
+        with timings.phase("gpu"):
+            out = None
+            if gpu is None:
+                bits = np.zeros(values.shape, dtype=np.uint8)
+            elif gpu_contract:
+                bits, out = gpu.tile_phase(values, valid, b.tiles, b.window.r0, b.window.c0, rows, cols, cap)
+            else:
+                bits = gpu.forest(values, valid)
+        return values, valid, bits, out
+
+    writes: collections.deque = collections.deque()
+    # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
+    writers = max(2, lookahead) if whole_shards else 1
+    with concurrent.futures.ThreadPoolExecutor(lookahead) as pool, \
+            concurrent.futures.ThreadPoolExecutor(writers) as io_pool:
+        pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
+        parallel = rows * cols >= SERIAL_BELOW
+        work = K.tile_work(forest, store.tile_size, parallel)  # the threads' scratch, for every batch
+        for bi, b in enumerate(batches):
+            with timings.phase("wait"):
+                values, valid, bits, out = pending.popleft().result()
+            if bi + lookahead < len(batches):
+                pending.append(pool.submit(prepare, batches[bi + lookahead]))
+            valid_cells += int(np.count_nonzero(valid))
+            if out is None:  # CPU tile phase, or the CPU contracts the GPU's forests
+                with timings.phase("tile"):
+                    hkey, float_bits = K.key_source(values)
+                    out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles, b.window.r0, b.window.c0,
+                                             rows, cols, kind, cap, forest, parallel, work)
+            buckets += out.buckets
+            with timings.phase("write"):
+                if held is not None:  # written once, by the expand pass
+                    held[b.window.r0, b.window.c0] = bits
+                else:
+                    while len(writes) > writers:
+                        writes.popleft().result()
+                    writes.append(io_pool.submit(write_window, edges, b.window, bits, whole_shards))
+            merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else next_code)
+            if bar is not None:
+                bar.update(len(b.codes))
+        for f in writes:
+            f.result()
+    return valid_cells, buckets
+
+
+@dataclass(frozen=True)
+class _RunTask:
+    """A worker's run of the tile phase (the multi-GPU route): batches ``start`` .. ``stop`` - 1 of
+    the Morton order, through :func:`_tile_phase` on the worker's device, merged as far as the run
+    completes quadtree blocks."""
+
+    store: str
+    edges: str  # the temporary ``mst/edges`` array
+    k: int  # the batch side in tiles
+    start: int
+    stop: int
+    weight: str
+    forest: int
+    cap: int
+    device: str
+    batched: bool
+    gpu_contract: bool = True
+
+
+class _RunResult(NamedTuple):
+    """What a run sends back (:func:`_run_task`): counts, exact weights, the merge decisions (O(N/T)
+    codes, grouped by shard there) and the blocks its merges could not complete -- no per-tile graphs."""
+
+    valid_cells: int
+    tile_buckets: np.ndarray
+    merge_buckets: np.ndarray
+    blocks: list
+    decided: list  # (removed, kept) codes of each shard of the run, in its order
+    merges: int
+    timings: dict
+
+
+def _run_task(task: _RunTask) -> _RunResult:
+    """Runs on a worker: its run of the tile phase, bits written to the store, merged in its process."""
+    import zarr
+
+    store = TerrainStore.open(task.store, mode="r")
+    kind = weight_models.get(task.weight).kind
+    batches = plan_batches(store, task.k)
+    next_code = int(batches[task.stop].codes[0]) if task.stop < len(batches) else None
+    batches = batches[task.start : task.stop]
+    gpu, forest = None, task.forest
+    if task.device == "gpu":
+        from ._gpu import worker_tile_forest
+
+        gpu, forest = worker_tile_forest(store.tile_size, task.weight, store.dtype.str, lanes=2), K.FOREST_GIVEN
+    timings = Timings(read=0.0, gpu=0.0, wait=0.0, tile=0.0, write=0.0)
+    merger = _Merger(store, kind, task.batched, first=int(batches[0].codes[0]))
+    merger.start(workers=os.cpu_count() or 1)
+    try:
+        with timings.phase("run"):
+            valid, buckets = _tile_phase(store, zarr.open_array(task.edges, mode="r+"), batches, next_code, task.k,
+                                         merger, timings, kind=kind, forest=forest, cap=task.cap, gpu=gpu,
+                                         gpu_contract=task.gpu_contract)
+            with timings.phase("merge_wait"):
+                merger.finish()
+    finally:
+        merger.stop()
+    timings["merge"] = merger.timings["merge"]
+    if gpu is not None:  # (the worker's kernel is kept for its later runs: its totals so far)
+        timings["gpu_kernel"], timings["gpu_contract"] = gpu.kernel_seconds, gpu.contract_seconds
+    blocks = list(merger.stack)
+    with timings.phase("group"):
+        decided = _decided_by_shard(store, *merger.decisions(), [b.window for b in batches])
+    return _RunResult(valid, buckets, merger.buckets, blocks, decided, merger.merges, dict(timings))
+
+
 def _readers(device: str) -> int:
     """Threads reading (and decoding) batches ahead of the tile phase: half the cores, at least the
     GPU's two lanes, at most 8."""
@@ -399,12 +549,70 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
     return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
 
 
+def _decided_by_shard(store: TerrainStore, removed: "_CodeLog", kept: "_CodeLog", windows: list[Window]) -> list:
+    """The decisions grouped by shard (the logs emptied): (removed, kept) codes of each shard in
+    ``windows``; a code belongs to the shard of its cell (the edge's smaller end)."""
+    rows, cols = store.shape
+    span = store.shard_size * store.tile_size
+    across = -(-cols // span)
+
+    def unit_of(codes):
+        lo = codes >> 2
+        return (lo // cols // span) * across + lo % cols // span
+
+    n_units = -(-rows // span) * across
+    rem, rem_starts = removed.grouped(unit_of, n_units)
+    kep, kept_starts = kept.grouped(unit_of, n_units)
+    keys = [w.r0 // span * across + w.c0 // span for w in windows]
+    return [(rem[rem_starts[u] : rem_starts[u + 1]], kep[kept_starts[u] : kept_starts[u + 1]]) for u in keys]
+
+
+def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.ndarray, whole_shard: bool,
+                 bits: np.ndarray | None = None) -> int:
+    """One unit of phase 3: its decisions applied to its bits (``bits``: held by the tile phase, not
+    written yet; else read from ``edges``), written back, its edges counted. Clearing and setting
+    bits: run twice (a task run again), the same bytes."""
+    held = bits is not None
+    if bits is None:
+        bits = read_window(edges, win, whole_shard)
+    if held or len(removed) or len(kept):
+        K.apply_decisions(bits, win.r0, win.c0, cols, removed, kept)
+        write_window(edges, win, bits, whole_shard)
+    return int(K.count_edges(bits))
+
+
+@dataclass(frozen=True, eq=False)
+class _ExpandTask:
+    """A worker's share of phase 3 (the multi-GPU route): the shards of its run, each with its decisions."""
+
+    edges: str  # the temporary ``mst/edges`` array
+    cols: int
+    windows: list
+    removed: list  # per window, its codes
+    kept: list
+    threads: int
+
+
+def _expand_task(task: _ExpandTask) -> int:
+    """Runs on a worker: its shards expanded in ``task.threads`` threads; returns their edge count."""
+    import zarr
+
+    edges = zarr.open_array(task.edges, mode="r+")
+    with concurrent.futures.ThreadPoolExecutor(task.threads) as ex:
+        return sum(ex.map(lambda i: _expand_unit(edges, task.windows[i], task.cols, task.removed[i], task.kept[i],
+                                                 True), range(len(task.windows))))
+
+
 def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: int, decided: list,
-            progress: bool, held: dict | None = None) -> int:
+            progress: bool, held: dict | None = None, runs: list | None = None, scheduler: str | None = None,
+            announce=None) -> int:
     """Phase 3: apply the merge decisions (``decided``: [removed, kept] code logs, emptied here) to
     ``mst/edges``, each shard read and written once, shards in
     parallel threads (decoding and encoding release the GIL); returns the edge count. ``held``: the
     tile phase's bits of every shard by its first cell (not written yet): each is written once here.
+    ``runs``: on ``scheduler``'s workers, the tile phase's runs (:class:`_RunResult`, batches
+    ``start``..``stop`` - 1: whole shards): each worker expands its run's shards with their
+    decisions, its own merges' and the client's (``decided``).
 
     The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
     tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
@@ -421,6 +629,16 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     shard_cells = min(span_shard, rows) * min(span_shard, cols)
     decisions = 8 * sum(len(c) for c in decided)
     workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
+    if runs is not None:
+        windows = list(store.shards())  # the Morton order of the batches
+        mine = _decided_by_shard(store, *decided, windows)
+        tasks = []
+        for (start, stop, theirs) in runs:
+            both = [tuple(map(np.concatenate, zip(t, m))) for t, m in zip(theirs, mine[start:stop])]
+            tasks.append(_ExpandTask(f"{edges.store.root}/{edges.path}", cols, windows[start:stop],
+                                     [r for r, _ in both], [kp for _, kp in both], workers))
+        with progress_bar(progress, len(tasks), "expand", unit="run") as bar:
+            return sum(map_shards(_expand_task, tasks, scheduler, progress=bar, announce=announce))
     if held is not None or _expand_by_shards(store, k, budget, workers):
         span = span_shard
         units = list(store.shards())
@@ -439,15 +657,13 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     removed, rem_starts = decided.pop(0).grouped(unit_of, n_units)
     kept, kept_starts = decided.pop(0).grouped(unit_of, n_units)
 
-    def expand(win: Window) -> int:
+    def decided_in(win: Window) -> tuple[np.ndarray, np.ndarray]:
         key = win.r0 // span * units_across + win.c0 // span
-        rs = slice(rem_starts[key], rem_starts[key + 1])
-        ks = slice(kept_starts[key], kept_starts[key + 1])
-        bits = held.pop((win.r0, win.c0)) if held is not None else read_window(edges, win, span == span_shard)
-        if held is not None or rs.start != rs.stop or ks.start != ks.stop:
-            K.apply_decisions(bits, win.r0, win.c0, cols, removed[rs], kept[ks])
-            write_window(edges, win, bits, span == span_shard)
-        return int(K.count_edges(bits))
+        return removed[rem_starts[key] : rem_starts[key + 1]], kept[kept_starts[key] : kept_starts[key + 1]]
+
+    def expand(win: Window) -> int:
+        bits = held.pop((win.r0, win.c0)) if held is not None else None
+        return _expand_unit(edges, win, cols, *decided_in(win), span == span_shard, bits)
 
     n_edges = 0
     with progress_bar(progress, len(units), "expand", unit="shard" if span == span_shard else "batch") as bar, \
@@ -525,6 +741,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
+    runs = None  # on a cluster: each worker's run of batches, (start, stop[, its decisions by shard])
+    on_workers = 0  # the decisions the workers' merges made
     gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
     if device == "gpu" and scheduler == "local":
         forest = K.FOREST_GIVEN
@@ -532,31 +750,13 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
 
         gpu = GpuTileForest(store.tile_size, model, store.dtype)
 
-    def prepare(b: Batch):
-        """Read a batch (worker thread) and, on the GPU, run its tile phase: forests (and contraction)."""
-        with timings.phase("read"):
-            values = store.read(b.window)
-            valid = store.valid(values)
-        with timings.phase("gpu"):
-            out = None
-            if gpu is None:
-                bits = np.zeros(values.shape, dtype=np.uint8)
-            elif gpu_contract:
-                bits, out = gpu.tile_phase(values, valid, b.tiles, b.window.r0, b.window.c0, rows, cols, cap)
-            else:
-                bits = gpu.forest(values, valid)
-        return values, valid, bits, out
-
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
-        lookahead = _readers(device)  # batches read ahead (on the GPU: its two lanes busy too)
-        whole_shards = k == store.shard_size
-        writes: collections.deque = collections.deque()
-        merger.start(workers=os.cpu_count() or 1)
-        if scheduler != "local":  # tile phase as Dask tasks, one shard each; merges stay here
+        if scheduler in ("threads", "processes"):  # Dask's local schedulers: a task a shard, merges here
             tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
                                forest, cap, device) for b in batches]
             with contextlib.ExitStack() as cleanup:
+                merger.start(workers=os.cpu_count() or 1)
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
                     bar = cleanup.enter_context(progress_bar(progress, len(batches), "tile phase", unit="shard"))
@@ -569,43 +769,37 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                             merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
                 with timings.phase("merge_wait"):
                     merger.finish()
+        elif scheduler != "local":  # a cluster (local-cuda, an address): each worker runs this pipeline on a run
+            with timings.phase("tile_phase"):
+                cuts = np.linspace(0, len(batches), min(len(batches), scheduler_workers(scheduler, announce)) + 1)
+                cuts = cuts.round().astype(int).tolist()
+                runs = list(zip(cuts, cuts[1:]))
+                tasks = [_RunTask(str(store.path), f"{edges.store.root}/{edges.path}", k, a, b, model.name, forest,
+                                  cap, device, merger.batched, gpu_contract) for a, b in runs]
+                with progress_bar(progress, len(tasks), "tile phase", unit="run") as bar:
+                    done = map_shards(_run_task, tasks, scheduler, progress=bar, announce=announce)
+            with timings.phase("merge_top"):  # the merges of blocks that span runs, on the client
+                merger.adopt(done)
+            runs = [(a, b, run.decided) for (a, b), run in zip(runs, done)]
+            on_workers = sum(len(r) + len(kp) for *_, decided in runs for r, kp in decided)
+            for run in done:
+                valid_cells += run.valid_cells
+                buckets += run.tile_buckets
+                for name, seconds in run.timings.items():
+                    if name != "merge":
+                        timings.add(name, seconds)
+            del done
         else:
             with contextlib.ExitStack() as cleanup:
+                merger.start(workers=os.cpu_count() or 1)
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
-                    pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead))
-                    # whole shards are written in parallel; parts of a shard in order (zarr rewrites the shard)
-                    writers = max(2, lookahead) if whole_shards else 1
-                    io_pool = cleanup.enter_context(concurrent.futures.ThreadPoolExecutor(writers))
                     bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches),
                                                              "tile phase"))
-                    pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
-                    parallel = rows * cols >= SERIAL_BELOW
-                    work = K.tile_work(forest, store.tile_size, parallel)  # the threads' scratch, for every batch
-                    for bi, b in enumerate(batches):
-                        with timings.phase("wait"):
-                            values, valid, bits, out = pending.popleft().result()
-                        if bi + lookahead < len(batches):
-                            pending.append(pool.submit(prepare, batches[bi + lookahead]))
-                        valid_cells += int(np.count_nonzero(valid))
-                        if out is None:  # CPU tile phase, or the CPU contracts the GPU's forests
-                            with timings.phase("tile"):
-                                hkey, float_bits = K.key_source(values)
-                                out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, b.tiles,
-                                                         b.window.r0, b.window.c0, rows, cols, model.kind, cap,
-                                                         forest, parallel, work)
-                        buckets += out.buckets
-                        with timings.phase("write"):
-                            if held is not None:  # written once, by the expand pass
-                                held[b.window.r0, b.window.c0] = bits
-                            else:
-                                while len(writes) > writers:
-                                    writes.popleft().result()
-                                writes.append(io_pool.submit(write_window, edges, b.window, bits, whole_shards))
-                        merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else None)
-                        bar.update(len(b.codes))
-                    for f in writes:
-                        f.result()
+                    valid_cells, tile_buckets = _tile_phase(
+                        store, edges, batches, None, k, merger, timings, kind=model.kind, forest=forest, cap=cap,
+                        gpu=gpu, gpu_contract=gpu_contract, held=held, bar=bar)
+                    buckets += tile_buckets
                 with timings.phase("merge_wait"):
                     merger.finish()
         timings["merge"] = merger.timings["merge"]
@@ -618,10 +812,10 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
         with timings.phase("expand"):
             rem_c, kept_c = merger.decisions()
             buckets += merger.buckets
-            decisions = len(rem_c) + len(kept_c)
+            decisions = len(rem_c) + len(kept_c) + on_workers
             decided = [rem_c, kept_c]
             del rem_c, kept_c  # (_expand empties each as it groups it)
-            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held)
+            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held, runs, scheduler, announce)
         exact = K.exact_total(buckets)
         seconds = timings.seconds()
         timings = timings.rounded(4)
