@@ -312,6 +312,10 @@ class UnitCache:
         self.hits += 1
         return item[0]
 
+    def holds(self, blocks) -> bool:
+        """Whether ``blocks`` fit the cache at all (:meth:`put` writes them at once otherwise)."""
+        return sum(b.nbytes for b in blocks) <= self.capacity
+
     def put(self, key, blocks, write) -> None:
         """Keep ``blocks`` for ``key`` (replacing its older solve, unwritten), ``write()`` pending;
         units pushed out are written, and so is this one at once if it cannot be kept."""
@@ -646,10 +650,11 @@ def solve_unit(task: UnitTask) -> UnitResult:
         if scratch is not None and not final:
             scratch.save(task.i, task.j, d, lv, d32)
 
-    if task.cache is not None:  # written when it leaves the cache (the float32 copy made again then)
+    blocks = (vals, d, lv, pred)
+    if task.cache is not None and task.cache.holds(blocks):  # written when it leaves (the float32 copy made then)
         del d32
-        task.cache.put((task.i, task.j), (vals, d, lv, pred), write)
-    else:
+        task.cache.put((task.i, task.j), blocks, write)
+    else:  # (a budget 8x below the store keeps none: the float32 copy made once)
         write(d32)
     return UnitResult(task.i, task.j, sides, reached, dmax, warm)
 
