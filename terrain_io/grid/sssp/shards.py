@@ -86,6 +86,8 @@ def run_bytes(shape, side: int, value_itemsize: int, device: str) -> int:
     return unit_bytes(side, value_itemsize, device) + lines_bytes(shape, side, value_itemsize) + PROCESS_BYTES
 
 
+UNIT_MMAP_THRESHOLD = 128 << 10  # the units' blocks by mmap, given back (terrain_io.memory.return_freed_memory_to_os)
+
 WARM_UNITS = 4  # solved units kept for warm re-solves when the unit size is chosen (CPU)
 
 
@@ -695,7 +697,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     the written predecessors (:func:`.allocation.write_allocation`)."""
     from ...parallel import check_scheduler, map_shards, scheduler_threads
 
-    return_freed_memory_to_os()
+    return_freed_memory_to_os(UNIT_MMAP_THRESHOLD)
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
