@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu": cpu, "grown": peak_
 def run(store, warm, method, weight, device, memory):
     import json
 
-    out = subprocess.run(["python", "-c", SCRIPT, str(store), method, weight, device, memory, str(warm)],
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(store), method, weight, device, memory, str(warm)],
                          capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
                              str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))})

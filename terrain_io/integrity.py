@@ -39,7 +39,7 @@ from .errors import DamagedStoreError, StoreError
 MANIFEST = "terrain-manifest.json"
 CRC_BYTES = 4
 MANIFEST_ENTRY_BYTES = 256  # what one manifest entry holds once read (key, size, the JSON read), for budgets
-_EMPTY = 2**64 - 1
+NO_CHUNK = 2**64 - 1  # a shard index entry (offset, size) of a chunk not stored
 
 
 def crc32c(data) -> bytes:
@@ -107,7 +107,7 @@ def check_file_bytes(layout: Layout, raw, where) -> list[tuple[tuple[int, ...], 
         body = len(raw) - size
         for inner in np.ndindex(*layout.per_shard):
             off, nb = (int(v) for v in index[inner])
-            if off == _EMPTY and nb == _EMPTY:
+            if off == NO_CHUNK and nb == NO_CHUNK:
                 continue
             chunk = tuple(w * p + i for w, p, i in zip(where, layout.per_shard, inner))
             if off + nb > body:
@@ -616,14 +616,14 @@ def _check_one(root: Path, name: str, layout: Layout, key: str, want: int | None
     chunks = 1
     if layout.kind == "sharded" and len(raw) >= layout.index_bytes:
         index = np.frombuffer(raw[len(raw) - layout.index_bytes:][: int(np.prod(layout.per_shard)) * 16], "<u8")
-        chunks = int(np.count_nonzero(index.reshape(-1, 2)[:, 0] != _EMPTY))
+        chunks = int(np.count_nonzero(index.reshape(-1, 2)[:, 0] != NO_CHUNK))
         if decode and not problems and layout.zstd:  # no checksums (format 1): zstd frames at least decode
             from numcodecs import Zstd
 
             zstd = Zstd()
             for inner in np.ndindex(*layout.per_shard):
                 off, nb = (int(v) for v in index.reshape(*layout.per_shard, 2)[inner])
-                if off == _EMPTY:
+                if off == NO_CHUNK:
                     continue
                 try:
                     zstd.decode(raw[off : off + nb])

@@ -59,7 +59,7 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from . import integrity
-from .store import (_EMPTY, ELEVATION, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
+from .store import (ELEVATION, NO_CHUNK, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
                     shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node, write_shard)
 from .zorder import morton_order
 
@@ -563,7 +563,7 @@ class _ShardStream:
         self.order = shard_chunks(arr, sr, sc)
         self.known: dict = {}
         self.next = 0  # chunks order[:next] are written (or left out)
-        self.index = np.full((arr.shards[0] // arr.chunks[0], arr.shards[1] // arr.chunks[1], 2), _EMPTY, "<u8")
+        self.index = np.full((arr.shards[0] // arr.chunks[0], arr.shards[1] // arr.chunks[1], 2), NO_CHUNK, "<u8")
         self.offset, self.fd = 0, None
         self.path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
 

@@ -85,7 +85,8 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     from .errors import TerrainNote
     from .store import shard_layout, write_frames, write_shard
 
-    enc = nvzstd.encoder() if all(shard_layout(a) is not None for a in arrays) else None
+    # nvCOMP's frames for arrays stored as this tool writes them, zstd-compressed (not the raw overview levels)
+    enc = nvzstd.encoder() if all((lay := shard_layout(a)) is not None and lay[1] is not None for a in arrays) else None
     phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
     pending: list = []
     pinned_before = pinned.pin_seconds

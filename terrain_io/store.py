@@ -739,7 +739,7 @@ def shard_layout(arr: zarr.Array):
     return tuple(sh.chunk_shape), None if zstd is None else zstd.level, crc
 
 
-_EMPTY = np.uint64(2**64 - 1)
+NO_CHUNK = np.uint64(integrity.NO_CHUNK)  # a shard index entry of a chunk not stored
 
 
 def _shard_region(arr: zarr.Array, sr: int, sc: int):
@@ -839,7 +839,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         for i in range((r0 - s0) // t0, -(-(r1 - s0) // t0)):
             for j in range((c0 - s1) // t1, -(-(c1 - s1) // t1)):
                 off, nb = (int(v) for v in index[i, j])
-                if off == _EMPTY:  # all fill value: only these cells are filled, not the whole window first
+                if off == NO_CHUNK:  # all fill value: only these cells are filled, not the whole window first
                     if out is not None:
                         a0, b0 = s0 + i * t0, s1 + j * t1
                         out[max(a0, r0) - r0 : min(a0 + t0, r1) - r0, max(b0, c0) - c0 : min(b0 + t1, c1) - c0] = \
@@ -1013,7 +1013,7 @@ def _write_shard_file(arr: zarr.Array, sr: int, sc: int, chunks) -> None:
     each written as it comes (:class:`_ShardFile`), the index and its crc32c last; no file (an old
     one removed) when every chunk is left out, as zarr keeps none."""
     (t0, t1), _, _ = shard_layout(arr)
-    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), _EMPTY, "<u8")
+    index = np.full((arr.shards[0] // t0, arr.shards[1] // t1, 2), NO_CHUNK, "<u8")
     path = os.path.join(arr.store.root, arr.path, arr.metadata.encode_chunk_key((sr, sc)))
     out = None
     try:

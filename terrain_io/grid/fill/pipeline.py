@@ -179,7 +179,7 @@ def _tile_phase_task(task: _Task):
     store = TerrainStore.open(task.store, mode="r")
     rows, cols = store.shape
     vals, ok, outl = read_block(store, task.window, task.nodata_drains)
-    out = _kernel("graph_batch", rows * cols)(vals, ok, outl, task.tiles,
+    out = _kernel("graph_batch", rows * cols, len(task.tiles))(vals, ok, outl, task.tiles,
                                               *Geometry(rows, cols, store.tile_size).args(task.window),
                                               np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL), False)
     return _edges(out, len(task.tiles), _weight_dtype(store.dtype))
@@ -198,8 +198,8 @@ def _final_phase_task(task: _Task):
     depth, dep = np.empty(shape, np.float32), np.empty(shape, np.uint32)
     geo = Geometry(rows, cols, store.tile_size)
     levels = LocalLevels(geo, task.window, *task.levels)
-    out = _kernel("final_batch", rows * cols)(vals, ok, outl, task.tiles, *_local_args(geo, task.window, levels),
-                                              levels.G, fl, lab, False, fl, depth, dep)
+    out = _kernel("final_batch", rows * cols, len(task.tiles))(vals, ok, outl, task.tiles,
+                                                               *_local_args(geo, task.window, levels), levels.G, fl, lab, False, fl, depth, dep)
     for path, block in zip(task.arrays, (fl, depth, dep)):
         if path is not None:  # (depth left out of the outputs)
             write_window(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
@@ -452,7 +452,6 @@ def _fill_planned(store: TerrainStore, geo: Geometry, chosen: Plan, outlets: str
                   timings: Timings, scheduler: str, batch_tiles: int | None, held: bool | None,
                   announce, outputs=OUTPUTS) -> FillResult:
     rows, cols = store.shape
-    graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     plan_held = chosen.held if held is None else held
     k = chosen.side if batch_tiles is None else check_side(store, batch_tiles)
     if scheduler != "local":  # Dask tasks of whole shards, floods not held
@@ -463,6 +462,8 @@ def _fill_planned(store: TerrainStore, geo: Geometry, chosen: Plan, outlets: str
     if plan_held:
         k = whole_side(store)
     batches = plan_batches(store, k)
+    graph_batch, final_batch, relabel = (_kernel(n, rows * cols, k * k) for n in ("graph_batch", "final_batch",
+                                                                                    "relabel"))
     nodata_drains = outlets == "edge+nodata"
     whole_shard = k == store.shard_size
     with store.write_result(RESULT, attrs={"outlets": outlets, "outputs": list(outputs)}) as writer:
@@ -701,7 +702,7 @@ def _relabel_and_spill(store, batches: list[Batch], starts, final, spill, dep_ar
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
     reading a one-cell halo around each batch that holds spill cells."""
     rows, cols = store.shape
-    relabel = _kernel("relabel", rows * cols)
+    relabel = _kernel("relabel", rows * cols, max(len(b.tiles) for b in batches))
     with progress_bar(progress, 2 * len(batches), "fill: lakes", unit="batch") as bar:
         for b, start in zip(batches, starts):
             dep = read_window(dep_arr, b.window, whole_shard)
@@ -761,7 +762,11 @@ def read_fill(store) -> dict[str, np.ndarray]:
     return {n: np.asarray(store.group[f"{RESULT}/{n}"][...]) for n in ("elevation", "depth", "depression")}
 
 
-def _kernel(name: str, cells: int):
-    """The parallel kernel ``name`` of :mod:`._cpu`, or its serial twin for a DEM of fewer
-    than SERIAL_BELOW cells (terrain_io.jit)."""
-    return getattr(K, name + "_serial" if cells < SERIAL_BELOW else name)
+def _kernel(name: str, cells: int, tiles: int):
+    """The parallel kernel ``name`` of :mod:`._cpu` (a loop over a batch's ``tiles`` on numba's
+    threads), or its serial twin where nothing would run in parallel: a DEM of fewer than
+    SERIAL_BELOW cells (terrain_io.jit), batches of one tile, or one thread. Such a run then never
+    compiles the parallel build: numba's compiler grew an out-of-core run by ~70 MiB above its
+    budget on a cold cache (tests/test_grid_fill.py::test_memory_budget_out_of_core)."""
+    parallel = cells >= SERIAL_BELOW and tiles > 1 and numba.get_num_threads() > 1
+    return getattr(K, name if parallel else name + "_serial")

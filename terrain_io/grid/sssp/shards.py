@@ -86,6 +86,8 @@ def run_bytes(shape, side: int, value_itemsize: int, device: str) -> int:
     return unit_bytes(side, value_itemsize, device) + lines_bytes(shape, side, value_itemsize) + PROCESS_BYTES
 
 
+UNIT_MMAP_THRESHOLD = 128 << 10  # the units' blocks by mmap, given back (terrain_io.memory.return_freed_memory_to_os)
+
 WARM_UNITS = 4  # solved units kept for warm re-solves when the unit size is chosen (CPU)
 
 
@@ -311,6 +313,10 @@ class UnitCache:
         self.items.move_to_end(key)
         self.hits += 1
         return item[0]
+
+    def holds(self, blocks) -> bool:
+        """Whether ``blocks`` fit the cache at all (:meth:`put` writes them at once otherwise)."""
+        return sum(b.nbytes for b in blocks) <= self.capacity
 
     def put(self, key, blocks, write) -> None:
         """Keep ``blocks`` for ``key`` (replacing its older solve, unwritten), ``write()`` pending;
@@ -646,10 +652,11 @@ def solve_unit(task: UnitTask) -> UnitResult:
         if scratch is not None and not final:
             scratch.save(task.i, task.j, d, lv, d32)
 
-    if task.cache is not None:  # written when it leaves the cache (the float32 copy made again then)
+    blocks = (vals, d, lv, pred)
+    if task.cache is not None and task.cache.holds(blocks):  # written when it leaves (the float32 copy made then)
         del d32
-        task.cache.put((task.i, task.j), (vals, d, lv, pred), write)
-    else:
+        task.cache.put((task.i, task.j), blocks, write)
+    else:  # (a budget 8x below the store keeps none: the float32 copy made once)
         write(d32)
     return UnitResult(task.i, task.j, sides, reached, dmax, warm)
 
@@ -690,7 +697,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     the written predecessors (:func:`.allocation.write_allocation`)."""
     from ...parallel import check_scheduler, map_shards, scheduler_threads
 
-    return_freed_memory_to_os()
+    return_freed_memory_to_os(UNIT_MMAP_THRESHOLD)
     scheduler = check_scheduler(scheduler)
     vdtype = value_dtype(field)
     side = int(unit) if unit else choose_unit(store, vdtype.itemsize, device, budget)
@@ -789,7 +796,9 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             map_shards(solve_unit, unreached_tasks, scheduler, progress=bar, announce=announce)
         if stage is not None:  # every shard put together from its units, once
             del lines.rows, lines.cols  # (the lines are done with)
-            lanes = (budget - PROCESS_BYTES) // assemble_bytes(store, side)
+            # (beside what the solves leave in the heap: with two lanes at 4096^2 under 10 MB the
+            # assembly took the run to +13.5 MiB)
+            lanes = (budget - run_bytes(store.shape, side, vdtype.itemsize, device)) // assemble_bytes(store, side)
             _assemble(stage, dist_arr, pred_arr, lines, int(max(1, min(threads, lanes))), progress)
         if allocation:
             from .allocation import allocation_threads, write_allocation
