@@ -101,9 +101,10 @@ def _run(out: Path) -> None:
     store_path = out / STORE
     # First run: numba compiles the kernels (most of the time), one core per process. Two helper
     # processes (forks of this one, so without the imports again) share the work (LANES): one compiles
-    # flow's kernels on a small DEM while this process converts, then computes the sample's MST; the
-    # other compiles streams' kernels meanwhile, then fills the sample's depressions, routes the flow and draws the streams
-    # once the store is complete, while this one compiles and runs the shortest paths.
+    # flow's and the streams' kernels on small inputs while this process converts, then computes the
+    # sample's MST; the other compiles fill's kernels meanwhile, then fills the sample's depressions,
+    # routes the flow and draws the streams once the store is complete, while this one compiles and
+    # runs the shortest paths.
     helpers = _Helpers.start(out) if not jit.compiled_before(cache, "demo") else None
     if helpers is not None:
         interrupts.at_leave(helpers.stop)  # Ctrl-C or SIGTERM: the helpers end (and clean up) first
@@ -298,6 +299,13 @@ def _on_warm_dem(run) -> None:
         _WARM.remove(tmp)
 
 
+def _warm_fill() -> None:
+    """Compile (or load) every kernel the demo's fill runs, on a small DEM."""
+    from terrain_io.grid.fill import fill
+
+    _on_warm_dem(lambda st: fill(st, progress=False))
+
+
 def _warm_flow() -> None:
     """Compile (or load) every kernel the demo's flow routing runs (routed on a small DEM itself: no
     fill, whose kernels the other helper compiles meanwhile)."""
@@ -411,8 +419,10 @@ def _streams_picture(st, path: Path) -> int:
 
 
 STEPS = {"mst": _demo_mst, "sssp": None, "fill": _demo_fill, "flow": _demo_flow, "streams": _demo_streams}
-# helper lanes on a cold cache: (warm-up on a small DEM before the store is complete, steps after)
 # The helpers' lanes on a cold cache: (warm-ups, run before the store is complete; the steps then run
-# on it). The warm-ups (flow ~3 s of compilation, streams ~1 s) last about as long as the convert, and
-# the fill lane's flow and streams then find their kernels compiled (the fill compiles for ~10 s).
-LANES = {"mst": ((_warm_flow,), ("mst",)), "fill": ((_warm_streams,), ("fill", "flow", "streams"))}
+# on it). Each process compiles about a third (CPU s, benchmarks/RESULTS.md "First run: issue 27,
+# session 15"): this one the ASCII parser (~2) and the shortest paths (~6.5); one helper fill's
+# kernels (~7) while this one converts, then fills the sample and routes it; the other flow's and the
+# streams' kernels (~4; the first helper's flow and streams then find them compiled) and the MST (in
+# memory on a DEM this small: ~0.5).
+LANES = {"mst": ((_warm_flow, _warm_streams), ("mst",)), "fill": ((_warm_fill,), ("fill", "flow", "streams"))}

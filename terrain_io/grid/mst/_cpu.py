@@ -31,7 +31,7 @@ import numpy as np
 from numba import prange
 
 from ...jit import njit_as
-from ...unionfind import find_sized, union_sized
+from ...unionfind import find, find_sized, union_sized
 from ...weights import DC, DR, MAX, float64_bits
 from .._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
 
@@ -102,6 +102,83 @@ def exact_total(buckets: np.ndarray):
         mant = (int(buckets[0, idx]) << _LO_BITS) + int(buckets[1, idx])
         total += Fraction(mant) * Fraction(2) ** (int(idx) - EXP_OFFSET - 53)
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# A small DEM in memory: one Kruskal over all its edges (no tiles, no merges)
+# ---------------------------------------------------------------------------------------------
+# By rank (E, SW, S, SE): the slices of the smaller and of the larger endpoints of the DEM's edges.
+_RANK_SLICES = ((0, (slice(None), slice(None, -1)), (slice(None), slice(1, None))),
+                (1, (slice(None, -1), slice(1, None)), (slice(1, None), slice(None, -1))),
+                (2, (slice(None, -1), slice(None)), (slice(1, None), slice(None))),
+                (3, (slice(None, -1), slice(None, -1)), (slice(1, None), slice(1, None))))
+
+
+def grid_forest(values: np.ndarray, valid: np.ndarray, kind: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """The minimum spanning forest of a whole (small) DEM in memory: every edge between valid cells
+    with its code and weight (numpy), sorted by the strict order (weight, code) (numpy's lexsort),
+    and Kruskal over them (:func:`kruskal_codes`). The same forest as the tiled pipeline (the order is
+    strict, so the forest is unique) at a fraction of its first-run compilation (one small kernel
+    instead of the tile and merge kernels); ~150 bytes a cell. Returns (bits as ``mst/edges`` holds
+    them, edge count, the exact weight sum as :func:`exact_total`'s buckets)."""
+    rows, cols = values.shape
+    v = values.astype(np.float64, copy=False)
+    ids = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
+    codes, weights = [], []
+    for rank, lo, hi in _RANK_SLICES:
+        both = valid[lo] & valid[hi]
+        a, b = v[lo][both], v[hi][both]
+        codes.append(ids[lo][both] * 4 + rank)
+        weights.append(np.where(a >= b, a, b) if kind == MAX else np.abs(a - b))
+    codes = np.concatenate(codes)
+    weights = np.concatenate(weights)
+    order = np.lexsort((codes, weights))  # (-0.0 and 0.0 compare equal: one weight, as in the kernels)
+    codes, weights = codes[order], weights[order]
+    del order
+    chosen = kruskal_codes(codes, rows * cols, cols, np.int64(np.count_nonzero(valid)) - 1)
+    codes, weights = codes[chosen], weights[chosen]
+    bits = np.zeros(rows * cols, np.uint8)
+    np.bitwise_or.at(bits, codes >> 2, np.left_shift(1, RANK_TO_DIR[codes & 3]).astype(np.uint8))
+    return bits.reshape(rows, cols), int(codes.shape[0]), exact_buckets(weights)
+
+
+@numba.njit(cache=True, nogil=True)
+def kruskal_codes(codes, n, cols, most):
+    """Kruskal over edge ``codes`` in the strict order on ``n`` cells (row-major, ``cols`` a row), up
+    to ``most`` edges (a forest has fewer: no early end then); union-find whose roots are the least
+    member. Returns which edges joined two trees."""
+    parent = np.empty(n, np.int64)
+    for x in range(n):
+        parent[x] = x
+    chosen = np.zeros(codes.shape[0], np.bool_)
+    joined = 0
+    for k in range(codes.shape[0]):
+        if joined == most:
+            break
+        lo = codes[k] >> 2
+        rank = codes[k] & 3
+        hi = lo + 1 if rank == 0 else lo + cols - 2 + rank  # SW, S, SE: + cols - 1, + cols, + cols + 1
+        ra = find(parent, lo)
+        rb = find(parent, hi)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+            chosen[k] = True
+            joined += 1
+    return chosen
+
+
+def exact_buckets(weights: np.ndarray) -> np.ndarray:
+    """The superaccumulator of :func:`_add_exact` holding the sum of ``weights`` (finite float64),
+    in numpy: each weight ``m * 2**e`` (``np.frexp``) as the exact integer ``m * 2**53`` split
+    into two int64 buckets at ``e``."""
+    mant, exp = np.frexp(weights)
+    mant = (mant * 9007199254740992.0).astype(np.int64)  # m * 2**53: exact
+    idx = exp.astype(np.int64) + EXP_OFFSET
+    hi = mant >> _LO_BITS
+    buckets = np.zeros((2, N_EXP), dtype=np.int64)
+    np.add.at(buckets[0], idx, hi)
+    np.add.at(buckets[1], idx, mant - (hi << _LO_BITS))
+    return buckets
 
 
 # ---------------------------------------------------------------------------------------------
