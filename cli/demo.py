@@ -157,6 +157,7 @@ class _Helpers:
         if not sys.platform.startswith("linux") or os.environ.get("TERRAIN_DEMO_HELPERS") == "0":
             return None  # then every step runs here
         helpers = cls()
+        jit.start_compiler()  # once here, not in each of the three processes
         sys.stdout.flush()
         sys.stderr.flush()
         for lane in LANES:

@@ -158,6 +158,15 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
     return listener  # for numba.core.event.unregister
 
 
+def start_compiler() -> None:
+    """Set up numba's typing and target contexts in this process now (~0.5 s of CPU, which a process
+    otherwise pays on its first compilation): a process about to fork helpers that compile
+    (``cli/demo.py``) pays it once for all of them."""
+    import numba
+
+    numba.njit(lambda x: x + 1)(1)  # (a lambda: never cached, so it always sets them up)
+
+
 def njit_as(func, name: str, **options):
     """``numba.njit(cache=True, **options)`` of a copy of ``func`` named (and cached as) ``name``."""
     import numba
