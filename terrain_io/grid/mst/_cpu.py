@@ -116,29 +116,51 @@ _RANK_SLICES = ((0, (slice(None), slice(None, -1)), (slice(None), slice(1, None)
 
 def grid_forest(values: np.ndarray, valid: np.ndarray, kind: int) -> tuple[np.ndarray, int, np.ndarray]:
     """The minimum spanning forest of a whole (small) DEM in memory: every edge between valid cells
-    with its code and weight (numpy), sorted by the strict order (weight, code) (numpy's lexsort),
-    and Kruskal over them (:func:`kruskal_codes`). The same forest as the tiled pipeline (the order is
-    strict, so the forest is unique) at a fraction of its first-run compilation (one small kernel
-    instead of the tile and merge kernels); ~150 bytes a cell. Returns (bits as ``mst/edges`` holds
-    them, edge count, the exact weight sum as :func:`exact_total`'s buckets)."""
+    with its code, sorted by the strict order (weight, code) in numpy, and Kruskal over them
+    (:func:`kruskal_codes`). For the ``max`` model on elevations of at most 32 bits one uint64 sort
+    key per edge (the order key of its higher endpoint, :func:`_order_key`'s, above the code: unique,
+    so numpy's unstable sort is exact); else numpy's lexsort of (weight, code). The same forest as
+    the tiled pipeline (the order is strict, so the forest is unique), with one small kernel to
+    compile instead of the tile and merge kernels; ~150 bytes a cell. Returns (bits as ``mst/edges``
+    holds them, edge count, the exact weight sum as :func:`exact_total`'s buckets)."""
     rows, cols = values.shape
-    v = values.astype(np.float64, copy=False)
     ids = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
+    keyed = kind == MAX and cells_sortable(values.dtype) and rows * cols < 1 << 30  # (codes below 2**32)
+    if keyed:
+        hkey, float_bits = key_source(values)
+        if float_bits:
+            k = np.where(hkey == 0x80000000, np.uint32(0), hkey)  # -0.0 is 0.0
+            k = np.where(k >> 31 != 0, ~k, k | np.uint32(0x80000000)).astype(np.uint64)
+        else:
+            k = (hkey.astype(np.int64) + 2147483648).astype(np.uint64)
+    else:
+        v = values.astype(np.float64, copy=False)
     codes, weights = [], []
     for rank, lo, hi in _RANK_SLICES:
         both = valid[lo] & valid[hi]
-        a, b = v[lo][both], v[hi][both]
-        codes.append(ids[lo][both] * 4 + rank)
-        weights.append(np.where(a >= b, a, b) if kind == MAX else np.abs(a - b))
+        code = ids[lo][both] * 4 + rank
+        if keyed:
+            codes.append(np.maximum(k[lo][both], k[hi][both]) << np.uint64(32) | code.astype(np.uint64))
+        else:
+            a, b = v[lo][both], v[hi][both]
+            codes.append(code)
+            weights.append(np.where(a >= b, a, b) if kind == MAX else np.abs(a - b))
     codes = np.concatenate(codes)
-    weights = np.concatenate(weights)
-    order = np.lexsort((codes, weights))  # (-0.0 and 0.0 compare equal: one weight, as in the kernels)
-    codes, weights = codes[order], weights[order]
-    del order
-    chosen = kruskal_codes(codes, rows * cols, cols, np.int64(np.count_nonzero(valid)) - 1)
-    codes, weights = codes[chosen], weights[chosen]
+    if keyed:
+        codes.sort()
+        codes = (codes & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    else:
+        order = np.lexsort((codes, np.concatenate(weights)))  # (-0.0 == 0.0: one weight, as in the kernels)
+        codes = codes[order]
+        del order
+    codes = codes[kruskal_codes(codes, rows * cols, cols, np.int64(np.count_nonzero(valid)) - 1)]
+    lo = codes >> 2
+    d = RANK_TO_DIR[codes & 3]
+    flat = values.reshape(-1)
+    a, b = flat[lo].astype(np.float64), flat[lo + DR[d] * cols + DC[d]].astype(np.float64)
     bits = np.zeros(rows * cols, np.uint8)
-    np.bitwise_or.at(bits, codes >> 2, np.left_shift(1, RANK_TO_DIR[codes & 3]).astype(np.uint8))
+    np.bitwise_or.at(bits, lo, np.left_shift(1, d).astype(np.uint8))
+    weights = np.where(a >= b, a, b) if kind == MAX else np.abs(a - b)
     return bits.reshape(rows, cols), int(codes.shape[0]), exact_buckets(weights)
 
 

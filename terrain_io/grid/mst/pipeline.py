@@ -467,10 +467,11 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
 
 
 # A DEM below this many cells (and within the budget at IN_MEMORY_BYTES a cell) gets its forest in memory
-# on the CPU: one Kruskal (``_cpu.grid_forest``) instead of the tile and merge phases, the same forest;
-# its first run compiles one small kernel instead of ~8 s of them, and below ~2**19 cells the tiled
-# pipeline's serial route is no faster (benchmarks/RESULTS.md, "First run: issue 27, session 15").
-IN_MEMORY_BELOW = 1 << 19
+# on the CPU: one Kruskal (``_cpu.grid_forest``) instead of the tile and merge phases, the same forest.
+# Its first run compiles one small kernel (~0.5 s of CPU) instead of ~8 s of them; warm, numpy's sort
+# makes it 2-3x slower than the tiled serial route, at most ~0.1 s below this size
+# (benchmarks/RESULTS.md, "First run: issue 27, session 15").
+IN_MEMORY_BELOW = 1 << 18
 IN_MEMORY_BYTES = 160
 
 
