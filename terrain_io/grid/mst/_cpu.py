@@ -1113,13 +1113,21 @@ def count_edges(bits):
 # ---------------------------------------------------------------------------------------------
 # Merge phase inside a batch: every level of its quadtree in one compiled call
 # ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True, nogil=True)
+def _copy_to(dst, at, src):
+    """``dst[at:at + len(src)] = src`` as a loop (a slice assignment compiles numba's shape-error message:
+    ~2 s of a first run for merge_batch's copies)."""
+    for x in range(src.shape[0]):
+        dst[at + x] = src[x]
+
+
 @numba.njit(cache=True)
 def _grow(a, n):
     """``a`` with room for at least ``n`` entries (doubling), the first entries kept."""
     if n <= a.shape[0]:
         return a
     b = np.empty(max(n, 2 * a.shape[0]), dtype=a.dtype)
-    b[:a.shape[0]] = a
+    _copy_to(b, 0, a)
     return b
 
 
@@ -1152,15 +1160,15 @@ def merge_batch(nv, vid, vh, vmask, ne, eu, ev, ew, ecode, tr, tc, levels, rows,
     for t in range(n):
         a = voff[t]
         voff[t + 1] = a + nv[t]
-        fvid[a:a + nv[t]] = vid[t, :nv[t]]
-        fvh[a:a + nv[t]] = vh[t, :nv[t]]
-        fvm[a:a + nv[t]] = vmask[t, :nv[t]]
+        _copy_to(fvid, a, vid[t, :nv[t]])
+        _copy_to(fvh, a, vh[t, :nv[t]])
+        _copy_to(fvm, a, vmask[t, :nv[t]])
         a = eoff[t]
         eoff[t + 1] = a + ne[t]
-        feu[a:a + ne[t]] = eu[t, :ne[t]]
-        fev[a:a + ne[t]] = ev[t, :ne[t]]
-        few[a:a + ne[t]] = ew[t, :ne[t]]
-        fec[a:a + ne[t]] = ecode[t, :ne[t]]
+        _copy_to(feu, a, eu[t, :ne[t]])
+        _copy_to(fev, a, ev[t, :ne[t]])
+        _copy_to(few, a, ew[t, :ne[t]])
+        _copy_to(fec, a, ecode[t, :ne[t]])
     rem_c = np.empty(1024, dtype=np.int64)
     rem_w = np.empty(1024, dtype=np.float64)
     kep_c = np.empty(1024, dtype=np.int64)
@@ -1192,24 +1200,24 @@ def merge_batch(nv, vid, vh, vmask, ne, eu, ev, ew, ecode, tr, tc, levels, rows,
                 br * span, (br + 1) * span, bc * span, (bc + 1) * span, rows, cols, tile, kind)
             a = gvoff[g]
             gvoff[g + 1] = a + ovid.shape[0]
-            gvid[a:gvoff[g + 1]] = ovid
-            gvh[a:gvoff[g + 1]] = ovh
-            gvm[a:gvoff[g + 1]] = ovm
+            _copy_to(gvid, a, ovid)
+            _copy_to(gvh, a, ovh)
+            _copy_to(gvm, a, ovm)
             a = geoff[g]
             geoff[g + 1] = a + oeu.shape[0]
-            geu[a:geoff[g + 1]] = oeu
-            gev[a:geoff[g + 1]] = oev
-            gew[a:geoff[g + 1]] = oew
-            gec[a:geoff[g + 1]] = oec
+            _copy_to(geu, a, oeu)
+            _copy_to(gev, a, oev)
+            _copy_to(gew, a, oew)
+            _copy_to(gec, a, oec)
             rem_c = _grow(rem_c, nrem + rc.shape[0])
             rem_w = _grow(rem_w, nrem + rc.shape[0])
-            rem_c[nrem:nrem + rc.shape[0]] = rc
-            rem_w[nrem:nrem + rc.shape[0]] = rw
+            _copy_to(rem_c, nrem, rc)
+            _copy_to(rem_w, nrem, rw)
             nrem += rc.shape[0]
             kep_c = _grow(kep_c, nkep + kc.shape[0])
             kep_w = _grow(kep_w, nkep + kc.shape[0])
-            kep_c[nkep:nkep + kc.shape[0]] = kc
-            kep_w[nkep:nkep + kc.shape[0]] = kw
+            _copy_to(kep_c, nkep, kc)
+            _copy_to(kep_w, nkep, kw)
             nkep += kc.shape[0]
         fvid, fvh, fvm, feu, fev, few, fec = gvid, gvh, gvm, geu, gev, gew, gec
         voff, eoff = gvoff, geoff
