@@ -158,6 +158,25 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
     return listener  # for numba.core.event.unregister
 
 
+def in_threads(n: int, run: Callable[[int, int, int], object], threads: int | None = None) -> list:
+    """``run(chunk, lo, hi)`` over ``threads`` (numba's thread count) contiguous chunks ``lo:hi`` of
+    ``range(n)`` in a thread pool; their results in order. The parallel loop of a large job made of the serial builds
+    of its kernels (which release the GIL) and a Python loop per chunk: numba's ``parallel=True``
+    build of a loop over tiles compiles several times slower (its tile kernels linked in and
+    optimized again; 4-6 s each for the MST's tile phase and fill's batches) and is what a first
+    run on a large DEM paid; a chunk of tiles runs for milliseconds, so the pool costs nothing."""
+    import concurrent.futures
+
+    import numba
+
+    threads = max(1, min(n, threads or numba.get_num_threads()))
+    bounds = [(c, n * c // threads, n * (c + 1) // threads) for c in range(threads)]
+    if threads == 1:
+        return [run(*bounds[0])]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda b: run(*b), bounds))
+
+
 def start_compiler() -> None:
     """Set up numba's typing and target contexts in this process now (~0.5 s of CPU, which a process
     otherwise pays on its first compilation): a process about to fork helpers that compile

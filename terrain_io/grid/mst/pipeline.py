@@ -14,7 +14,7 @@ Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
    (Kruskal) and contracted against the block's own boundary as they unite (super-edges between
    the components' boundary vertices, every other forest edge final). The levels inside a batch are
-   merged in one compiled call per batch (``_cpu.merge_batch``), batches in parallel threads;
+   merged in one call per batch (``_cpu.merge_batch``), batches in parallel threads;
    the levels above, in Morton order as batches complete. Only the blocks on the current Morton
    path and the decisions (O(N/T) codes) are held in memory.
 3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
@@ -132,9 +132,9 @@ class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
     def __init__(self, store: TerrainStore, kind: int, batched: bool = True):
-        """``batched``: merge a full batch's levels in one compiled call (``merge_batch``); else
-        block by block like a batch cut by the DEM's edge -- the same merges, and a small job then
-        never compiles ``merge_batch`` (see :data:`terrain_io.jit.SERIAL_BELOW`)."""
+        """``batched``: merge a full batch's levels in one call (``merge_batch``) in the pool; else
+        block by block in the merging thread like a batch cut by the DEM's edge -- the same merges
+        (see :data:`terrain_io.jit.SERIAL_BELOW`)."""
         self.batched = batched
         self.rows, self.cols = store.shape
         self.tile = store.tile_size
@@ -170,8 +170,8 @@ class _Merger:
                 assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
 
     def _merge_batch(self, b: Batch, out, side: int):
-        """All merges inside a full batch of ``side`` x ``side`` tiles, in one compiled call
-        (``merge_batch``, no GIL: batches merge in parallel threads); returns ``_record``'s input."""
+        """All merges inside a full batch of ``side`` x ``side`` tiles, in one call (``merge_batch``,
+        whose kernels release the GIL: batches merge in parallel threads); returns ``_record``'s input."""
         with self.timings.phase("merge"):
             levels = int(math.log2(side))
             tr, tc = morton_decode(b.codes.astype(np.uint64))
