@@ -17,6 +17,13 @@ steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
   compiles the parallel one. numba's cache key ignores ``parallel``, so the twin is cached under
   its own name (``NAME_serial``): two builds of one function under one name overwrite each other
   and either may load the other's code.
+- **No parallel build of a loop over tiles** (:func:`in_threads`). Large data runs the serial
+  builds of the tile kernels (which release the GIL) on chunks of tiles in a thread pool, a Python
+  loop per chunk: a ``parallel=True`` loop over tiles links every tile kernel in again and compiled
+  for 4-6 s each (the MST's tile phase, fill's batches), which a first run on a large DEM paid on top
+  of the serial builds (``terrain mst`` at 2048^2: 25.5 s of compilation, 8.6 s now; ``fill`` 21.1 s,
+  7.0 s now; benchmarks/RESULTS.md "First run: issue 27, session 15"). The same holds for a kernel of
+  a whole loop of merges (``mst._cpu.merge_batch`` is Python calling the merge's kernels).
 - **Cheap to compile.** numba links every callee into each caller and optimizes and codegens it
   again there, so a helper costs once per kernel that calls it. The kernels avoid numba's generic
   sorts (quick- and mergesort, seconds each: the radix sorts of ``grid/_radix_cpu`` instead), array
@@ -26,10 +33,9 @@ steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
   takes its result, rather than inside that kernel, where it would be compiled a second time
   (``depressions._cpu.tile_pieces`` and the steps of ``tile_labels``,
   ``sssp._incore_cpu.plateau_search``, the merge's sorts in ``mst._cpu.merge_blocks``), and the
-  serial loop over a batch's tiles is Python calling each tile's kernel (microseconds a call)
-  instead of a serial twin that links them all in again (``mst._cpu.tile_phase_batch``,
-  ``fill._cpu.graph_batch_serial``): the tile kernels get the argument types the parallel loop
-  gives them (numba's layout "A" for windows), one build each. No fancy indexing (``a[idx]``,
+  loop over a batch's tiles is Python calling each tile's kernel (microseconds a call) instead of a
+  kernel that links them all in again (``mst._cpu.tile_phase_batch``, ``fill._cpu.graph_batch_serial``),
+  in threads on large data (above): one build of each tile kernel. No fancy indexing (``a[idx]``,
   ``a[idx, 0]``) in a kernel: numba compiles its generic gathers for every dtype and index kind
   (~1 s for fill's lake join): loops, or the small tail done by numpy in the Python caller
   (``fill._cpu.join_lakes``).
