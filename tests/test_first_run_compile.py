@@ -59,3 +59,38 @@ def test_mst_in_memory_only_below_its_size_and_within_the_budget(tmp_path, monke
     assert mst(store, device="cpu", progress=False, memory=mst_pipeline.IN_MEMORY_BYTES * 1600 - 1).batch_tiles > 0
     monkeypatch.setattr(mst_pipeline, "IN_MEMORY_BELOW", 1600)
     assert mst(store, device="cpu", progress=False).batch_tiles > 0
+
+
+def test_demo_sssp_warm_up_compiles_every_kernel_the_step_runs(tmp_path):
+    """The sssp helper's warm-up (a small DEM without a CRS) compiles (or loads) every kernel signature
+    that the demo's steps 4-5 then run on the sample (in degrees, EPSG:4269): none is added after it,
+    so the helper does not compile twice."""
+    script = f"""
+import numba
+from pathlib import Path
+from terrain_io.grid.sssp import _incore_cpu, path as path_module
+from terrain_io.grid import _heap_cpu, _radix_cpu
+from terrain_io import weights
+from cli import demo
+def signatures():
+    kernels = [v for m in (_incore_cpu, path_module, _heap_cpu, _radix_cpu, weights) for v in vars(m).values()]
+    return {{(k.py_func.__qualname__, s) for k in kernels if isinstance(k, numba.core.dispatcher.Dispatcher)
+            for s in k.signatures}}
+demo._warm_sssp()
+warm = signatures()
+from terrain_io.convert import convert
+from terrain_io.store import TerrainStore
+out = Path({str(tmp_path)!r})
+st = convert(demo.SAMPLE, out / demo.STORE, tile=demo.TILE, shard=demo.SHARD).path
+demo._demo_sssp(TerrainStore.open(st), out)
+print(sorted(signatures() - warm) or "none", sorted({{name for name, _ in warm}}))
+"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=root)
+    new, warmed = out.stdout.split(" ", 1)
+    assert new == "none", out.stdout + out.stderr
+    assert all(k in warmed for k in ("'_run_radix'", "'plateau_search'", "'predecessors_serial'")), warmed
