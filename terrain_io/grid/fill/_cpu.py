@@ -38,7 +38,6 @@ from ...jit import in_threads
 from ...unionfind import find
 from ...weights import DC, DR
 from .._heap_cpu import heap_pop, heap_push
-from .._radix_cpu import argsort_float
 
 LABEL = np.int16  # a flood label: a perimeter id (< 4 x 8192, the largest tile), B or -1
 
@@ -169,14 +168,11 @@ def boundary_node(gr, gc, rows, cols, T, ntc, offset):
 
 
 @numba.njit(nogil=True, cache=True)
-def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, eu, ev, ew):
-    """The tile's edges of the boundary graph (module docstring), after :func:`flood_tile`; returns
-    their count. Edges: the minimum spanning forest of its labels' graph (Kruskal), perimeter
-    outlets to O, and cross-tile edges in the forward directions E, SE, S, SW."""
-    B = perimeter_count(th, tw)
-    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
-    base = 1 + offset[tr * ntc + tc]
-    # weights in the DEM's type (as solve_levels' weights of a float32 DEM: one argsort build), labels
+def tile_pairs(fl, lab):
+    """The touching label pairs of a flooded tile (:func:`flood_tile`'s ``fl``/``lab``), forward
+    directions: (weights in the DEM's type -- the higher flood level of the two cells --, label a,
+    label b), for :func:`tile_graph`'s Kruskal."""
+    th, tw = lab.shape
     cw, ca, cb = np.empty(0, fl.dtype), np.empty(0, np.int32), np.empty(0, np.int32)
     m = 0
     for collect in range(2):  # count the touching label pairs, then collect them: scratch of their size only
@@ -199,7 +195,20 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                         ca[m] = la
                         cb[m] = lb
                     m += 1
-    order = argsort_float(cw[:m])
+    return cw, ca, cb
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, cw, ca, cb, order, eu, ev,
+               ew):
+    """The tile's edges of the boundary graph (module docstring), from its label pairs
+    (:func:`tile_pairs`) in ``order`` (a stable argsort of their weights ``cw``: numpy's, in the
+    Python caller -- a sort in here compiles a radix sort into the kernel); returns their count.
+    Edges: the minimum spanning forest of its labels' graph (Kruskal), perimeter outlets to O, and
+    cross-tile edges in the forward directions E, SE, S, SW."""
+    B = perimeter_count(th, tw)
+    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
+    base = 1 + offset[tr * ntc + tc]
     parent = np.empty(B + 1, np.int32)  # (loops, not np.arange: three signatures of it cost ~0.4 s to compile)
     for x in range(B + 1):
         parent[x] = x
@@ -253,10 +262,17 @@ def _graph_outputs(n, T):
             np.empty((n, cap), np.float64))
 
 
-@numba.njit(nogil=True, cache=True)
 def solve_levels(n_nodes, eu, ev, ew):
     """G: the minimax distance of every node to O (node 0) -- Kruskal with member lists: when a
-    component joins O's at weight w, each of its nodes gets w. NaN: no path to O."""
+    component joins O's at weight w, each of its nodes gets w. NaN: no path to O. The edges in the
+    order of a stable argsort of ``ew`` (numpy's: no sort compiled into the kernel), then
+    :func:`_solve_levels`."""
+    return _solve_levels(n_nodes, eu, ev, ew, np.argsort(ew, kind="stable"))
+
+
+@numba.njit(nogil=True, cache=True)
+def _solve_levels(n_nodes, eu, ev, ew, order):
+    """:func:`solve_levels`' Kruskal, the edges taken in ``order``."""
     G = np.full(n_nodes, np.nan)
     G[0] = -np.inf
     parent = np.empty(n_nodes, eu.dtype)
@@ -265,7 +281,6 @@ def solve_levels(n_nodes, eu, ev, ew):
     for x in range(n_nodes):
         parent[x] = x
         tail[x] = x
-    order = argsort_float(ew)
     for q in order:
         ra, rb = find(parent, eu[q]), find(parent, ev[q])
         if ra == rb:
@@ -562,8 +577,9 @@ def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, of
             pairs = []
             tfl, tlab = _strided((th, tw), vals.dtype), _strided((th, tw), LABEL)
         flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
-        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
-                           eu[t], ev[t], ew[t])
+        cw, ca, cb = tile_pairs(tfl, tlab)
+        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, cw, ca, cb,
+                           np.argsort(cw, kind="stable"), eu[t], ev[t], ew[t])
         _put_back(pairs)
     return ne, eu, ev, ew
 
