@@ -1,8 +1,8 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel: 2-20 s of CPU time per command; the demo's eight
-steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
+so only the first run pays (seconds per kernel: 0.5-10 s of CPU time per command; the demo's eight
+steps ~25 s, shared by three processes on a cold cache: ``cli/demo.py``;
 ``benchmarks/bench_first_run.py``) and later processes load the code in milliseconds. These rules keep that first run short and the cache where the user can write:
 
 - **Where the cache lives** (:func:`configure_cache`, called by the command line before numba is
@@ -153,7 +153,7 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
             module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
             if not self.said and module.startswith("terrain_io"):
                 self.said = True
-                say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
+                say(f"terrain: compiling kernels for first use (once: 1-10 s of CPU time per command; "
                     f"cached in {where})")
 
         def on_end(self, ev):
