@@ -246,13 +246,14 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     return k
 
 
-def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
-    """Phase 1 of a block: flood every tile (in threads: :func:`graph_batch_serial` on chunks of them)
-    and emit its boundary-graph edges. ``keep``: write the floods into the block-shaped ``fl``/``lab``
-    (held for phase 3), else they are scratch. Returns (counts, eu, ev, ew) with one row of edges per tile."""
-    parts = in_threads(tiles.shape[0], lambda c, lo, hi: graph_batch_serial(
-        vals, ok, outlet, tiles[lo:hi], gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep))
-    return tuple(np.concatenate(arrays) for arrays in zip(*parts))
+def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, threads=None):
+    """Phase 1 of a block: flood every tile (in threads, chunks of tiles: :func:`_graph_tiles`) and emit
+    its boundary-graph edges. ``keep``: write the floods into the block-shaped ``fl``/``lab`` (held for
+    phase 3), else they are scratch. Returns (counts, eu, ev, ew) with one row of edges per tile."""
+    out = _graph_outputs(tiles.shape[0], T)
+    in_threads(tiles.shape[0], lambda c, lo, hi: _graph_tiles(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc,
+                                                              offset, fl, lab, keep, out, lo, hi), threads)
+    return out
 
 
 def _graph_outputs(n, T):
@@ -567,8 +568,13 @@ def _strided(shape, dtype):
 
 def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
     """:func:`graph_batch` without threads."""
-    ne, eu, ev, ew = _graph_outputs(tiles.shape[0], T)
-    for t in range(tiles.shape[0]):
+    return graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, threads=1)
+
+
+def _graph_tiles(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, out, lo, hi):
+    """:func:`graph_batch` on tiles ``lo:hi``, into their rows of ``out`` (:func:`_graph_outputs`)."""
+    ne, eu, ev, ew = out
+    for t in range(lo, hi):
         i0, j0, th, tw = tiles[t]
         if keep:
             pairs = [_window(fl, i0, j0, th, tw), _window(lab, i0, j0, th, tw)]
@@ -581,7 +587,6 @@ def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, of
         ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, cw, ca, cb,
                            np.argsort(cw, kind="stable"), eu[t], ev[t], ew[t])
         _put_back(pairs)
-    return ne, eu, ev, ew
 
 
 def final_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth,
