@@ -101,9 +101,10 @@ def _run(out: Path) -> None:
     store_path = out / STORE
     # First run: numba compiles the kernels (most of the time), one core per process. Two helper
     # processes (forks of this one, so without the imports again) share the work (LANES): one compiles
-    # flow's kernels on a small DEM while this process converts, then computes the sample's MST; the
-    # other compiles streams' kernels meanwhile, then fills the sample's depressions, routes the flow and draws the streams
-    # once the store is complete, while this one compiles and runs the shortest paths.
+    # the shortest paths' kernels on a small DEM while this process converts, then runs steps 4-5 on
+    # the sample; the other compiles fill's kernels meanwhile, then fills the sample's depressions,
+    # routes the flow and draws the streams once the store is complete, while this one computes the
+    # MST and compiles flow's and the streams' kernels (PARENT_WARM).
     helpers = _Helpers.start(out) if not jit.compiled_before(cache, "demo") else None
     if helpers is not None:
         interrupts.at_leave(helpers.stop)  # Ctrl-C or SIGTERM: the helpers end (and clean up) first
@@ -118,14 +119,15 @@ def _run(out: Path) -> None:
             f"elevation {st.attrs['min']:.0f}..{st.attrs['max']:.0f} m ({summary.seconds:.2f} s)")
         export(store_path, "elevation", out / "elevation.png", overwrite=True)
         say(f"2. picture  {out / 'elevation.png'} (hillshaded elevation)")
-        lines = _demo_sssp(st, store_path, out)
+        warmed = helpers is None
         for step in STEPS:
-            if step == "sssp":
-                say("\n".join(lines))
-                continue
+            if not warmed and _lane_of(step) is not None:  # this process's share while the helpers work
+                for warm in PARENT_WARM:
+                    warm()
+                warmed = True
             line = helpers.line(step) if helpers is not None else None
-            if line is None and helpers is not None:
-                helpers.finish()  # a step of this process: the helpers compiled its kernels
+            if line is None and helpers is not None and _lane_of(step) is not None:
+                helpers.finish()  # a helper's step that did not come: the helpers compiled its kernels
             say(line if line is not None else STEPS[step](TerrainStore.open(store_path), out))
         if helpers is not None:
             helpers.finish()
@@ -156,6 +158,7 @@ class _Helpers:
         if not sys.platform.startswith("linux") or os.environ.get("TERRAIN_DEMO_HELPERS") == "0":
             return None  # then every step runs here
         helpers = cls()
+        jit.start_compiler()  # once here, not in each of the three processes
         sys.stdout.flush()
         sys.stderr.flush()
         for lane in LANES:
@@ -188,7 +191,7 @@ class _Helpers:
 
     def line(self, step: str) -> str | None:
         """The summary line of ``step`` from the helper whose lane runs it (waiting for it), or None."""
-        lane = next((name for name, steps in LANES.items() if step in steps[1]), None)
+        lane = _lane_of(step)
         if lane is None or lane not in self.procs:
             return None
         while step not in self.lines:
@@ -298,6 +301,26 @@ def _on_warm_dem(run) -> None:
         _WARM.remove(tmp)
 
 
+def _warm_sssp() -> None:
+    """Compile (or load) every kernel the demo's shortest paths and path run, on a small DEM."""
+    from terrain_io.grid.sssp import sssp
+    from terrain_io.grid.sssp.path import trace
+
+    def run(st):
+        x, y = (float(v) for v in st.cell_to_map(TILE, TILE))
+        sssp(st, (x, y), weight="absdiff", name="warm", progress=False)
+        trace(st, tuple(float(v) for v in st.cell_to_map(3, 5)), name="warm")
+
+    _on_warm_dem(run)
+
+
+def _warm_fill() -> None:
+    """Compile (or load) every kernel the demo's fill runs, on a small DEM."""
+    from terrain_io.grid.fill import fill
+
+    _on_warm_dem(lambda st: fill(st, progress=False))
+
+
 def _warm_flow() -> None:
     """Compile (or load) every kernel the demo's flow routing runs (routed on a small DEM itself: no
     fill, whose kernels the other helper compiles meanwhile)."""
@@ -327,7 +350,7 @@ def _demo_mst(st, out: Path) -> str:
             f"[{res.weight}] ({res.seconds:.2f} s, {res.device}) -> {st.path / 'mst' / 'edges'}")
 
 
-def _demo_sssp(st, store_path: Path, out: Path) -> list[str]:
+def _demo_sssp(st, out: Path) -> str:
     """Steps 4-5: shortest paths from the DEM's centre (cost |dh|, the SSSP default), a path to a corner."""
     from terrain_io.grid.sssp.path import trace, write_geojson
     from terrain_io.grid.sssp import sssp
@@ -337,15 +360,16 @@ def _demo_sssp(st, store_path: Path, out: Path) -> list[str]:
     rows, cols = st.shape
     x, y = (float(v) for v in st.cell_to_map(rows // 2, cols // 2))
     res = sssp(st, (x, y), weight="absdiff", name="centre", progress=False)
+    store_path = st.path
     export(store_path, "sssp/centre/distance", out / "distance.png", overwrite=True)
     tx, ty = (float(v) for v in st.cell_to_map(rows // 8, cols // 8))
     path = trace(st, (tx, ty), name="centre")
     write_geojson(st, path, out / "path.geojson")
     unit = f" {map_unit(st.crs)}, {crs_label(st.crs)}" if st.crs else ""
-    return [f"4. sssp     from ({x:.5f}, {y:.5f}{unit}), cost |dh| summed: {res.reached:,} cells reached, farthest "
-            f"{res.max_distance:.0f} m ({res.phases()}) -> {out / 'distance.png'}",
+    return (f"4. sssp     from ({x:.5f}, {y:.5f}{unit}), cost |dh| summed: {res.reached:,} cells reached, farthest "
+            f"{res.max_distance:.0f} m ({res.phases()}) -> {out / 'distance.png'}\n"
             f"5. path     to ({tx:.5f}, {ty:.5f}{unit}): {len(path.cells)} cells, {path.cost:.0f} m -> "
-            f"{out / 'path.geojson'}"]
+            f"{out / 'path.geojson'}")
 
 
 def _demo_fill(st, out: Path) -> str:
@@ -410,9 +434,17 @@ def _streams_picture(st, path: Path) -> int:
     return top
 
 
-STEPS = {"mst": _demo_mst, "sssp": None, "fill": _demo_fill, "flow": _demo_flow, "streams": _demo_streams}
-# helper lanes on a cold cache: (warm-up on a small DEM before the store is complete, steps after)
+STEPS = {"mst": _demo_mst, "sssp": _demo_sssp, "fill": _demo_fill, "flow": _demo_flow, "streams": _demo_streams}
 # The helpers' lanes on a cold cache: (warm-ups, run before the store is complete; the steps then run
-# on it). The warm-ups (flow ~3 s of compilation, streams ~1 s) last about as long as the convert, and
-# the fill lane's flow and streams then find their kernels compiled (the fill compiles for ~10 s).
-LANES = {"mst": ((_warm_flow,), ("mst",)), "fill": ((_warm_streams,), ("fill", "flow", "streams"))}
+# on it). Each of the three processes compiles about a third (CPU s, benchmarks/RESULTS.md "First run:
+# issue 27, session 15"): one helper the shortest paths' kernels (~7) on a small DEM while this process
+# converts (the ASCII parser, ~2), then runs steps 4-5 on the sample; the other fill's (~7), then fills
+# the sample and routes it; this one the MST (in memory on a DEM this small: ~0.5), then flow's and the
+# streams' kernels (PARENT_WARM, ~4), which the fill helper's flow and streams then find compiled.
+LANES = {"sssp": ((_warm_sssp,), ("sssp",)), "fill": ((_warm_fill,), ("fill", "flow", "streams"))}
+PARENT_WARM = (_warm_flow, _warm_streams)
+
+
+def _lane_of(step: str) -> str | None:
+    """The helper lane that runs ``step`` on a cold cache, or None (this process runs it)."""
+    return next((name for name, (_, steps) in LANES.items() if step in steps), None)

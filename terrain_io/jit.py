@@ -1,8 +1,8 @@
 """How the numba kernels are compiled and cached: one home for the policy.
 
 numba compiles a kernel on its first call and caches the machine code on disk (``cache=True``),
-so only the first run pays (seconds per kernel: 2-20 s of CPU time per command; the demo's eight
-steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
+so only the first run pays (seconds per kernel: 0.5-10 s of CPU time per command; the demo's eight
+steps ~25 s, shared by three processes on a cold cache: ``cli/demo.py``;
 ``benchmarks/bench_first_run.py``) and later processes load the code in milliseconds. These rules keep that first run short and the cache where the user can write:
 
 - **Where the cache lives** (:func:`configure_cache`, called by the command line before numba is
@@ -17,6 +17,13 @@ steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
   compiles the parallel one. numba's cache key ignores ``parallel``, so the twin is cached under
   its own name (``NAME_serial``): two builds of one function under one name overwrite each other
   and either may load the other's code.
+- **No parallel build of a loop over tiles** (:func:`in_threads`). Large data runs the serial
+  builds of the tile kernels (which release the GIL) on chunks of tiles in a thread pool, a Python
+  loop per chunk: a ``parallel=True`` loop over tiles links every tile kernel in again and compiled
+  for 4-6 s each (the MST's tile phase, fill's batches), which a first run on a large DEM paid on top
+  of the serial builds (``terrain mst`` at 2048^2: 25.5 s of compilation, 8.6 s now; ``fill`` 21.1 s,
+  7.0 s now; benchmarks/RESULTS.md "First run: issue 27, session 15"). The same holds for a kernel of
+  a whole loop of merges (``mst._cpu.merge_batch`` is Python calling the merge's kernels).
 - **Cheap to compile.** numba links every callee into each caller and optimizes and codegens it
   again there, so a helper costs once per kernel that calls it. The kernels avoid numba's generic
   sorts (quick- and mergesort, seconds each: the radix sorts of ``grid/_radix_cpu`` instead), array
@@ -26,10 +33,9 @@ steps ~35 s, shared by three processes on a cold cache: ``cli/demo.py``;
   takes its result, rather than inside that kernel, where it would be compiled a second time
   (``depressions._cpu.tile_pieces`` and the steps of ``tile_labels``,
   ``sssp._incore_cpu.plateau_search``, the merge's sorts in ``mst._cpu.merge_blocks``), and the
-  serial loop over a batch's tiles is Python calling each tile's kernel (microseconds a call)
-  instead of a serial twin that links them all in again (``mst._cpu.tile_phase_batch``,
-  ``fill._cpu.graph_batch_serial``): the tile kernels get the argument types the parallel loop
-  gives them (numba's layout "A" for windows), one build each. No fancy indexing (``a[idx]``,
+  loop over a batch's tiles is Python calling each tile's kernel (microseconds a call) instead of a
+  kernel that links them all in again (``mst._cpu.tile_phase_batch``, ``fill._cpu.graph_batch_serial``),
+  in threads on large data (above): one build of each tile kernel. No fancy indexing (``a[idx]``,
   ``a[idx, 0]``) in a kernel: numba compiles its generic gathers for every dtype and index kind
   (~1 s for fill's lake join): loops, or the small tail done by numpy in the Python caller
   (``fill._cpu.join_lakes``).
@@ -151,7 +157,7 @@ def announce_compiles(say: Callable[[str], None], where: Path | str):
                 module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
                 if not self.said and module.startswith("terrain_io"):
                     self.said = True
-                    say(f"terrain: compiling kernels for first use (once: 2-20 s of CPU time per command; "
+                    say(f"terrain: compiling kernels for first use (once: 1-10 s of CPU time per command; "
                         f"cached in {where})")
 
             def on_end(self, ev):
@@ -202,6 +208,34 @@ def _after_import(name: str, then: Callable[[], object]) -> None:
         then()
 
     sys.meta_path.insert(0, _OnImport(name, run))
+
+
+def in_threads(n: int, run: Callable[[int, int, int], object], threads: int | None = None) -> list:
+    """``run(chunk, lo, hi)`` over ``threads`` (numba's thread count) contiguous chunks ``lo:hi`` of
+    ``range(n)`` in a thread pool; their results in order. The parallel loop of a large job made of the serial builds
+    of its kernels (which release the GIL) and a Python loop per chunk: numba's ``parallel=True``
+    build of a loop over tiles compiles several times slower (its tile kernels linked in and
+    optimized again; 4-6 s each for the MST's tile phase and fill's batches) and is what a first
+    run on a large DEM paid; a chunk of tiles runs for milliseconds, so the pool costs nothing."""
+    import concurrent.futures
+
+    import numba
+
+    threads = max(1, min(n, threads or numba.get_num_threads()))
+    bounds = [(c, n * c // threads, n * (c + 1) // threads) for c in range(threads)]
+    if threads == 1:
+        return [run(*bounds[0])]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda b: run(*b), bounds))
+
+
+def start_compiler() -> None:
+    """Set up numba's typing and target contexts in this process now (~0.5 s of CPU, which a process
+    otherwise pays on its first compilation): a process about to fork helpers that compile
+    (``cli/demo.py``) pays it once for all of them."""
+    import numba
+
+    numba.njit(lambda x: x + 1)(1)  # (a lambda: never cached, so it always sets them up)
 
 
 def njit_as(func, name: str, **options):

@@ -32,7 +32,7 @@ def _arrays(store: Path) -> dict:
 
 @linux
 def test_demo_with_helpers_writes_what_the_demo_alone_writes(tmp_path, monkeypatch):
-    """The cold-cache layout (MST, fill, flow and streams computed in the helper processes) and the
+    """The cold-cache layout (shortest paths, fill, flow and streams computed in the helper processes) and the
     one-process demo write the same arrays, pictures and summary lines."""
     from cli import demo
     from terrain_io import jit
@@ -54,7 +54,7 @@ def test_demo_with_helpers_writes_what_the_demo_alone_writes(tmp_path, monkeypat
         lines = [line.split(" (")[0] for line in result.output.splitlines() if line[:2] in {f"{k}." for k in range(1, 9)}]
         outputs[cold] = lines, _arrays(tmp_path / str(cold) / demo.STORE)
     assert len(started) == 1 and started[0] is not None and not started[0].procs  # both helpers were reaped
-    assert sorted(started[0].lines) == ["fill", "flow", "mst", "streams"]  # and sent their steps' lines
+    assert sorted(started[0].lines) == ["fill", "flow", "sssp", "streams"]  # and sent their steps' lines
     assert [line[:2] for line in outputs[True][0]] == [f"{k}." for k in range(1, 9)]
     assert [line.replace("/True/", "/False/") for line in outputs[True][0]] == outputs[False][0]
     cold, warm = outputs[True][1], outputs[False][1]

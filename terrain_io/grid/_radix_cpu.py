@@ -79,7 +79,7 @@ def radix_argsort(keys, idx, tmp):
     return idx, tmp
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def argsort_int(a):
     """``np.argsort(a, kind="stable")`` of an int64 array (keys shifted by 2**63 to unsigned order)."""
     m = a.shape[0]

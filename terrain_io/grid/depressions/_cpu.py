@@ -148,13 +148,13 @@ def _receiver_end(r, tw, rows, cols, T, ntc, offset, par, rid, rloc, end):
     return -2 - boundary_node(g // cols, g - (g // cols) * cols, rows, cols, T, ntc, offset)
 
 
-@numba.njit(nogil=True, cache=True)
 def tile_pieces(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset):
     """A tile's plateau pieces and their receivers (:func:`_pieces`) and where each chain ends
     (:func:`_ends`), as both passes start: the tuple ``pieces`` (par, rh, rid, rloc, flags, first,
     end) that :func:`tile_chains` and :func:`tile_labels` take (each a fresh one: they compress
     ``par``). Called by the caller, not inside them: a callee is optimized and compiled again in
-    every kernel that calls it, and this one is most of both (~1 s of a first run)."""
+    every kernel that calls it, and this one is most of both (~1 s of a first run); and Python here
+    (two kernel calls, microseconds), not a kernel that links both in again (~0.6 s)."""
     n = th * tw
     par = np.empty(n, np.int64)
     rh = np.empty(n, np.float64)
@@ -245,7 +245,6 @@ def tile_chains(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, 
     return (o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h), cu[:m].copy(), cv[:m].copy(), leaf_key, leaf_h
 
 
-@numba.njit(nogil=True, cache=True)
 def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h, terminal, known):
     """The boundary solve of a block of boundary nodes (compact ids; ends ``-2 - n`` name them): the
     whole DEM's with no terminals, a quadtree block's (``grid/depressions/pipeline.py``) with them.
@@ -257,8 +256,20 @@ def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl
     Returns (res: per node, leaf key >= 0, -1 for O or a known end; the keys and elevations of the
     leaves of the plateaus without terminals; per plateau with terminals and pieces here: its first
     terminal, least receiver (elevation, id, end followed), outlet, least cell id and elevation; per
-    node, its plateau's first terminal, -1 none)."""
-    par = np.arange(n_nodes, dtype=np.int64)
+    node, its plateau's first terminal, -1 none). The kernel is :func:`_solve_chains`; the gathers of
+    the plateaus' rows are numpy's here (fancy indexing in a kernel compiles numba's generic gathers)."""
+    res, leaf_key, leaf_h, o_term, o_end, idx, p_rh, p_rid, p_outl, p_least, p_h, first = _solve_chains(
+        n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h, terminal, known)
+    return res, leaf_key, leaf_h, (o_term, p_rh[idx], p_rid[idx], o_end, p_outl[idx], p_least[idx], p_h[idx]), first
+
+
+@numba.njit(nogil=True, cache=True)
+def _solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl, o_least, o_h, terminal, known):
+    """:func:`solve_chains`' kernel: its results, the plateaus' rows whole with the index ``idx`` of
+    those with terminals."""
+    par = np.empty(n_nodes, np.int64)
+    for x in range(n_nodes):
+        par[x] = x
     for x in range(n_nodes):  # the open pieces' perimeter cells join their piece's rep
         if openf[x]:
             ra, rb = find(par, x), find(par, -2 - tgt[x])
@@ -363,7 +374,7 @@ def solve_chains(n_nodes, tgt, openf, cu, cv, o_rep, o_rh, o_rid, o_rend, o_outl
     for x in range(n_nodes):  # now each node's plateau's first terminal (-1: none)
         r = slot[find(par, x)]
         stack[x] = p_term[r] if r >= 0 else -1
-    return res, leaf_key, leaf_h, (o_term, p_rh[idx], p_rid[idx], o_end, p_outl[idx], p_least[idx], p_h[idx]), stack
+    return res, leaf_key, leaf_h, o_term, o_end, idx, p_rh, p_rid, p_outl, p_least, p_h, stack
 
 
 @numba.njit(inline="always", cache=True)

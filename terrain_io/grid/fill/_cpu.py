@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import prange
 
-from ...jit import serial_twin
+from ...jit import in_threads
 from ...unionfind import find
 from ...weights import DC, DR
 from .._heap_cpu import heap_pop, heap_push
-from .._radix_cpu import argsort_float
 
 LABEL = np.int16  # a flood label: a perimeter id (< 4 x 8192, the largest tile), B or -1
 
@@ -68,13 +66,13 @@ def perimeter_id(i, j, h, w):
     return -1
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
-def outlets(ok, gr0, gc0, rows, cols, nodata_drains):
+@numba.njit(nogil=True, cache=True)
+def outlets_serial(ok, gr0, gc0, rows, cols, nodata_drains):
     """Cells joined to O: valid cells on the DEM's edge, or (``nodata_drains``) next to a non-vertex.
-    ``gr0, gc0``: global cell of the block's [1, 1]."""
+    ``gr0, gc0``: global cell of the block's [1, 1]. One thread; :func:`outlets` in threads."""
     H, W = ok.shape
     out = np.zeros((H, W), np.bool_)
-    for a in prange(1, H - 1):
+    for a in range(1, H - 1):
         r = gr0 + a - 1
         for b in range(1, W - 1):
             if not ok[a, b]:
@@ -87,6 +85,18 @@ def outlets(ok, gr0, gc0, rows, cols, nodata_drains):
                     if not ok[a + DR[d], b + DC[d]]:
                         out[a, b] = True
                         break
+    return out
+
+
+def outlets(ok, gr0, gc0, rows, cols, nodata_drains):
+    """:func:`outlets_serial` in threads, each on a band of rows (with a row of halo either side)."""
+    H, W = ok.shape
+    out = np.zeros((H, W), np.bool_)
+
+    def band(c, lo, hi):  # the block's rows 1 + lo .. hi
+        out[1 + lo : 1 + hi] = outlets_serial(ok[lo : hi + 2], gr0 + lo, gc0, rows, cols, nodata_drains)[1:-1]
+
+    in_threads(max(H - 2, 0), band)
     return out
 
 
@@ -158,14 +168,11 @@ def boundary_node(gr, gc, rows, cols, T, ntc, offset):
 
 
 @numba.njit(nogil=True, cache=True)
-def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, eu, ev, ew):
-    """The tile's edges of the boundary graph (module docstring), after :func:`flood_tile`; returns
-    their count. Edges: the minimum spanning forest of its labels' graph (Kruskal), perimeter
-    outlets to O, and cross-tile edges in the forward directions E, SE, S, SW."""
-    B = perimeter_count(th, tw)
-    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
-    base = 1 + offset[tr * ntc + tc]
-    # weights in the DEM's type (as solve_levels' weights of a float32 DEM: one argsort build), labels
+def tile_pairs(fl, lab):
+    """The touching label pairs of a flooded tile (:func:`flood_tile`'s ``fl``/``lab``), forward
+    directions: (weights in the DEM's type -- the higher flood level of the two cells --, label a,
+    label b), for :func:`tile_graph`'s Kruskal."""
+    th, tw = lab.shape
     cw, ca, cb = np.empty(0, fl.dtype), np.empty(0, np.int32), np.empty(0, np.int32)
     m = 0
     for collect in range(2):  # count the touching label pairs, then collect them: scratch of their size only
@@ -188,7 +195,20 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
                         ca[m] = la
                         cb[m] = lb
                     m += 1
-    order = argsort_float(cw[:m])
+    return cw, ca, cb
+
+
+@numba.njit(nogil=True, cache=True)
+def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, cw, ca, cb, order, eu, ev,
+               ew):
+    """The tile's edges of the boundary graph (module docstring), from its label pairs
+    (:func:`tile_pairs`) in ``order`` (a stable argsort of their weights ``cw``: numpy's, in the
+    Python caller -- a sort in here compiles a radix sort into the kernel); returns their count.
+    Edges: the minimum spanning forest of its labels' graph (Kruskal), perimeter outlets to O, and
+    cross-tile edges in the forward directions E, SE, S, SW."""
+    B = perimeter_count(th, tw)
+    tr, tc = (gr0 + i0) // T, (gc0 + j0) // T
+    base = 1 + offset[tr * ntc + tc]
     parent = np.empty(B + 1, np.int32)  # (loops, not np.arange: three signatures of it cost ~0.4 s to compile)
     for x in range(B + 1):
         parent[x] = x
@@ -226,12 +246,13 @@ def tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, o
     return k
 
 
-def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
-    """Phase 1 of a block: flood every tile (in parallel) and emit its boundary-graph edges.
-    ``keep``: write the floods into the block-shaped ``fl``/``lab`` (held for phase 3), else
-    they are scratch. Returns (counts, eu, ev, ew) with one row of edges per tile."""
+def graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, threads=None):
+    """Phase 1 of a block: flood every tile (in threads, chunks of tiles: :func:`_graph_tiles`) and emit
+    its boundary-graph edges. ``keep``: write the floods into the block-shaped ``fl``/``lab`` (held for
+    phase 3), else they are scratch. Returns (counts, eu, ev, ew) with one row of edges per tile."""
     out = _graph_outputs(tiles.shape[0], T)
-    _graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, *out)
+    in_threads(tiles.shape[0], lambda c, lo, hi: _graph_tiles(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc,
+                                                              offset, fl, lab, keep, out, lo, hi), threads)
     return out
 
 
@@ -242,27 +263,17 @@ def _graph_outputs(n, T):
             np.empty((n, cap), np.float64))
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
-def _graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, ne, eu, ev, ew):
-    """:func:`graph_batch`'s parallel loop, into the given arrays."""
-    n = tiles.shape[0]
-    for t in prange(n):
-        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-        if keep:
-            tfl = fl[i0 : i0 + th, j0 : j0 + tw]
-            tlab = lab[i0 : i0 + th, j0 : j0 + tw]
-        else:
-            tfl = np.empty((th, tw), vals.dtype)
-            tlab = np.empty((th, tw), LABEL)
-        flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
-        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
-                           eu[t], ev[t], ew[t])
+def solve_levels(n_nodes, eu, ev, ew):
+    """G: the minimax distance of every node to O (node 0) -- Kruskal with member lists: when a
+    component joins O's at weight w, each of its nodes gets w. NaN: no path to O. The edges in the
+    order of a stable argsort of ``ew`` (numpy's: no sort compiled into the kernel), then
+    :func:`_solve_levels`."""
+    return _solve_levels(n_nodes, eu, ev, ew, np.argsort(ew, kind="stable"))
 
 
 @numba.njit(nogil=True, cache=True)
-def solve_levels(n_nodes, eu, ev, ew):
-    """G: the minimax distance of every node to O (node 0) -- Kruskal with member lists: when a
-    component joins O's at weight w, each of its nodes gets w. NaN: no path to O."""
+def _solve_levels(n_nodes, eu, ev, ew, order):
+    """:func:`solve_levels`' Kruskal, the edges taken in ``order``."""
     G = np.full(n_nodes, np.nan)
     G[0] = -np.inf
     parent = np.empty(n_nodes, eu.dtype)
@@ -271,7 +282,6 @@ def solve_levels(n_nodes, eu, ev, ew):
     for x in range(n_nodes):
         parent[x] = x
         tail[x] = x
-    order = argsort_float(ew)
     for q in order:
         ra, rb = find(parent, eu[q]), find(parent, ev[q])
         if ra == rb:
@@ -427,36 +437,24 @@ def lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G
     nlinks[0] = k
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
 def final_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth,
-                dep):
-    """Phase 3 of a block: per tile (in parallel) the flood again unless ``held`` (``fl``/``lab``
-    hold phase 1's), then F, depth, local lakes (``dep``) and their statistics. Returns
+                dep, threads=None):
+    """Phase 3 of a block: per tile (in threads, chunks of tiles) the flood again unless ``held``
+    (``fl``/``lab`` hold phase 1's), then F, depth, local lakes (``dep``) and their statistics. Returns
     (lakes per tile, st_i, st_f, links, link counts)."""
     n = tiles.shape[0]
     nl = np.zeros(n, np.int64)
-    for t in prange(n):
-        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-        tfl = fl[i0 : i0 + th, j0 : j0 + tw]
-        tlab = lab[i0 : i0 + th, j0 : j0 + tw]
-        if not held:
-            flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
-        nl[t] = final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, tfl, tlab,
-                           filled[i0 : i0 + th, j0 : j0 + tw], depth[i0 : i0 + th, j0 : j0 + tw],
-                           dep[i0 : i0 + th, j0 : j0 + tw])
+    in_threads(n, lambda c, lo, hi: _final_tiles(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G,
+                                                 fl, lab, held, filled, depth, dep, nl, lo, hi), threads)
     start = np.zeros(n + 1, np.int64)
-    for t in range(n):
-        start[t + 1] = start[t] + nl[t]
+    np.cumsum(nl, out=start[1:])
     st_i = np.zeros((start[n], 4), np.int64)
     st_f = np.zeros((start[n], 5), np.float64)
     cap = 5 * 4 * T + 8
     links = np.empty((n, cap, 2), np.int64)
     nlinks = np.zeros((n, 1), np.int64)
-    for t in prange(n):
-        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-        lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G,
-                   fl[i0 : i0 + th, j0 : j0 + tw], dep[i0 : i0 + th, j0 : j0 + tw], start[t], st_i, st_f,
-                   links[t], nlinks[t])
+    in_threads(n, lambda c, lo, hi: _lake_tiles(vals, ok, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, dep,
+                                                start, st_i, st_f, links, nlinks, lo, hi), threads)
     return nl, st_i, st_f, links, nlinks[:, 0]
 
 
@@ -509,16 +507,9 @@ def _fold_lakes(st_i, st_f, pairs):
     return root, acc_i, acc_f
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
 def relabel(dep, tiles, lake_start, final):
-    """Tile-local lake numbers -> final ids, in place."""
-    for t in prange(tiles.shape[0]):
-        i0, j0, th, tw = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-        s = lake_start[t]
-        for i in range(i0, i0 + th):
-            for j in range(j0, j0 + tw):
-                if dep[i, j]:
-                    dep[i, j] = final[s + dep[i, j] - 1]
+    """Tile-local lake numbers -> final ids, in place (:func:`relabel_serial` on chunks of tiles in threads)."""
+    in_threads(tiles.shape[0], lambda c, lo, hi: relabel_serial(dep, tiles[lo:hi], lake_start[lo:hi], final))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -546,12 +537,10 @@ def spill_targets(filled, dep, r0, c0, cols, spill, ids, out):
         out[k] = best
 
 
-# Small DEMs (fewer than SERIAL_BELOW cells) run the same loops without threads: no thread pool to
-# start, and a first run compiles no parallel build (terrain_io.jit). The batch loops run in Python:
-# each tile's kernels are called with the argument types the parallel batch kernels pass them (one
-# build of each), and no build of the loop itself is compiled (~2 s of a first fill; a call costs
-# microseconds).
-outlets_serial = serial_twin(outlets)
+# The batch loops run in Python (small DEMs, fewer than SERIAL_BELOW cells, in this thread; larger ones
+# on chunks of tiles in threads, terrain_io.jit.in_threads): each tile's kernels are called with the
+# same argument types (one build of each), and no build of a loop over tiles is compiled (a parallel
+# one cost ~10 s of a large DEM's first fill; a call costs microseconds).
 
 
 def _window(a, i0, j0, th, tw):
@@ -579,8 +568,13 @@ def _strided(shape, dtype):
 
 def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep):
     """:func:`graph_batch` without threads."""
-    ne, eu, ev, ew = _graph_outputs(tiles.shape[0], T)
-    for t in range(tiles.shape[0]):
+    return graph_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, threads=1)
+
+
+def _graph_tiles(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, fl, lab, keep, out, lo, hi):
+    """:func:`graph_batch` on tiles ``lo:hi``, into their rows of ``out`` (:func:`_graph_outputs`)."""
+    ne, eu, ev, ew = out
+    for t in range(lo, hi):
         i0, j0, th, tw = tiles[t]
         if keep:
             pairs = [_window(fl, i0, j0, th, tw), _window(lab, i0, j0, th, tw)]
@@ -589,18 +583,23 @@ def graph_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, of
             pairs = []
             tfl, tlab = _strided((th, tw), vals.dtype), _strided((th, tw), LABEL)
         flood_tile(vals, ok, outlet, i0, j0, th, tw, tfl, tlab)
-        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, tfl, tlab,
-                           eu[t], ev[t], ew[t])
+        cw, ca, cb = tile_pairs(tfl, tlab)
+        ne[t] = tile_graph(vals, ok, outlet, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, cw, ca, cb,
+                           np.argsort(cw, kind="stable"), eu[t], ev[t], ew[t])
         _put_back(pairs)
-    return ne, eu, ev, ew
 
 
 def final_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth,
                        dep):
     """:func:`final_batch` without threads."""
-    n = tiles.shape[0]
-    nl = np.zeros(n, np.int64)
-    for t in range(n):
+    return final_batch(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth,
+                       dep, threads=1)
+
+
+def _final_tiles(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, lab, held, filled, depth, dep,
+                 nl, lo, hi):
+    """:func:`final_batch`'s first loop on tiles ``lo:hi``: floods (unless held), F, depth, local lakes."""
+    for t in range(lo, hi):
         i0, j0, th, tw = tiles[t]
         windows = {}  # one window per array: ``filled`` may be ``fl``, written where it is read
         for a in (fl, lab, filled, depth, dep):
@@ -611,20 +610,17 @@ def final_batch_serial(vals, ok, outlet, tiles, gr0, gc0, rows, cols, T, ntc, of
         nl[t] = final_tile(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, tfl, tlab, tfilled,
                            tdepth, tdep)
         _put_back(windows.values())
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(nl, out=start[1:])
-    st_i = np.zeros((start[n], 4), np.int64)
-    st_f = np.zeros((start[n], 5), np.float64)
-    cap = 5 * 4 * T + 8
-    links = np.empty((n, cap, 2), np.int64)
-    nlinks = np.zeros((n, 1), np.int64)
-    for t in range(n):
+
+
+def _lake_tiles(vals, ok, tiles, gr0, gc0, rows, cols, T, ntc, offset, G, fl, dep, start, st_i, st_f, links, nlinks,
+                lo, hi):
+    """:func:`final_batch`'s second loop on tiles ``lo:hi``: each tile's lake statistics at its rows."""
+    for t in range(lo, hi):
         i0, j0, th, tw = tiles[t]
         tfl, _ = _window(fl, i0, j0, th, tw)
         tdep, _ = _window(dep, i0, j0, th, tw)
         lake_stats(vals, ok, i0, j0, th, tw, gr0, gc0, rows, cols, T, ntc, offset, G, tfl, tdep, start[t], st_i, st_f,
                    links[t], nlinks[t])
-    return nl, st_i, st_f, links, nlinks[:, 0]
 
 
 def relabel_serial(dep, tiles, lake_start, final):

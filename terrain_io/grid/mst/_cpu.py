@@ -28,10 +28,9 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
-from numba import prange
 
-from ...jit import njit_as
-from ...unionfind import find_sized, union_sized
+from ...jit import in_threads
+from ...unionfind import find, find_sized, union_sized
 from ...weights import DC, DR, MAX, float64_bits
 from .._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
 
@@ -105,9 +104,108 @@ def exact_total(buckets: np.ndarray):
 
 
 # ---------------------------------------------------------------------------------------------
+# A small DEM in memory: one Kruskal over all its edges (no tiles, no merges)
+# ---------------------------------------------------------------------------------------------
+# By rank (E, SW, S, SE): the slices of the smaller and of the larger endpoints of the DEM's edges.
+_RANK_SLICES = ((0, (slice(None), slice(None, -1)), (slice(None), slice(1, None))),
+                (1, (slice(None, -1), slice(1, None)), (slice(1, None), slice(None, -1))),
+                (2, (slice(None, -1), slice(None)), (slice(1, None), slice(None))),
+                (3, (slice(None, -1), slice(None, -1)), (slice(1, None), slice(1, None))))
+
+
+def grid_forest(values: np.ndarray, valid: np.ndarray, kind: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """The minimum spanning forest of a whole (small) DEM in memory: every edge between valid cells
+    with its code, sorted by the strict order (weight, code) in numpy, and Kruskal over them
+    (:func:`kruskal_codes`). For the ``max`` model on elevations of at most 32 bits one uint64 sort
+    key per edge (the order key of its higher endpoint, :func:`_order_key`'s, above the code: unique,
+    so numpy's unstable sort is exact); else numpy's lexsort of (weight, code). The same forest as
+    the tiled pipeline (the order is strict, so the forest is unique), with one small kernel to
+    compile instead of the tile and merge kernels; ~150 bytes a cell. Returns (bits as ``mst/edges``
+    holds them, edge count, the exact weight sum as :func:`exact_total`'s buckets)."""
+    rows, cols = values.shape
+    ids = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
+    keyed = kind == MAX and cells_sortable(values.dtype) and rows * cols < 1 << 30  # (codes below 2**32)
+    if keyed:
+        hkey, float_bits = key_source(values)
+        if float_bits:
+            k = np.where(hkey == 0x80000000, np.uint32(0), hkey)  # -0.0 is 0.0
+            k = np.where(k >> 31 != 0, ~k, k | np.uint32(0x80000000)).astype(np.uint64)
+        else:
+            k = (hkey.astype(np.int64) + 2147483648).astype(np.uint64)
+    else:
+        v = values.astype(np.float64, copy=False)
+    codes, weights = [], []
+    for rank, lo, hi in _RANK_SLICES:
+        both = valid[lo] & valid[hi]
+        code = ids[lo][both] * 4 + rank
+        if keyed:
+            codes.append(np.maximum(k[lo][both], k[hi][both]) << np.uint64(32) | code.astype(np.uint64))
+        else:
+            a, b = v[lo][both], v[hi][both]
+            codes.append(code)
+            weights.append(np.where(a >= b, a, b) if kind == MAX else np.abs(a - b))
+    codes = np.concatenate(codes)
+    if keyed:
+        codes.sort()
+        codes = (codes & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    else:
+        order = np.lexsort((codes, np.concatenate(weights)))  # (-0.0 == 0.0: one weight, as in the kernels)
+        codes = codes[order]
+        del order
+    codes = codes[kruskal_codes(codes, rows * cols, cols, np.int64(np.count_nonzero(valid)) - 1)]
+    lo = codes >> 2
+    d = RANK_TO_DIR[codes & 3]
+    flat = values.reshape(-1)
+    a, b = flat[lo].astype(np.float64), flat[lo + DR[d] * cols + DC[d]].astype(np.float64)
+    bits = np.zeros(rows * cols, np.uint8)
+    np.bitwise_or.at(bits, lo, np.left_shift(1, d).astype(np.uint8))
+    weights = np.where(a >= b, a, b) if kind == MAX else np.abs(a - b)
+    return bits.reshape(rows, cols), int(codes.shape[0]), exact_buckets(weights)
+
+
+@numba.njit(cache=True, nogil=True)
+def kruskal_codes(codes, n, cols, most):
+    """Kruskal over edge ``codes`` in the strict order on ``n`` cells (row-major, ``cols`` a row), up
+    to ``most`` edges (a forest has fewer: no early end then); union-find whose roots are the least
+    member. Returns which edges joined two trees."""
+    parent = np.empty(n, np.int64)
+    for x in range(n):
+        parent[x] = x
+    chosen = np.zeros(codes.shape[0], np.bool_)
+    joined = 0
+    for k in range(codes.shape[0]):
+        if joined == most:
+            break
+        lo = codes[k] >> 2
+        rank = codes[k] & 3
+        hi = lo + 1 if rank == 0 else lo + cols - 2 + rank  # SW, S, SE: + cols - 1, + cols, + cols + 1
+        ra = find(parent, lo)
+        rb = find(parent, hi)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+            chosen[k] = True
+            joined += 1
+    return chosen
+
+
+def exact_buckets(weights: np.ndarray) -> np.ndarray:
+    """The superaccumulator of :func:`_add_exact` holding the sum of ``weights`` (finite float64),
+    in numpy: each weight ``m * 2**e`` (``np.frexp``) as the exact integer ``m * 2**53`` split
+    into two int64 buckets at ``e``."""
+    mant, exp = np.frexp(weights)
+    mant = (mant * 9007199254740992.0).astype(np.int64)  # m * 2**53: exact
+    idx = exp.astype(np.int64) + EXP_OFFSET
+    hi = mant >> _LO_BITS
+    buckets = np.zeros((2, N_EXP), dtype=np.int64)
+    np.add.at(buckets[0], idx, hi)
+    np.add.at(buckets[1], idx, mant - (hi << _LO_BITS))
+    return buckets
+
+
+# ---------------------------------------------------------------------------------------------
 # Tile phase, CPU: Kruskal on the tile's induced subgraph.
 # ---------------------------------------------------------------------------------------------
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def tile_forest(vals, valid, i0, j0, h, w, kind, bits):
     """Minimum spanning forest of one tile (Kruskal, strict order); sets ``bits`` of its edges.
 
@@ -212,7 +310,7 @@ def _ring_groups() -> np.ndarray:
 _RING_GROUPS = _ring_groups()
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, bits,
                     vid, vh, vmask, eu, ev, ew, ecode, buckets, work):
     """Kruskal for the ``max`` model over cells rather than edges, contracting the tile's forest as
@@ -437,7 +535,7 @@ def _sort_codes(buf, nb):
 # ---------------------------------------------------------------------------------------------
 # Contraction of a tile's forest (from its bitmask)
 # ---------------------------------------------------------------------------------------------
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
                   vid, vh, vmask, eu, ev, ew, ecode, buckets):
     """Contract one tile's spanning forest to the graph it hands to the merge phase.
@@ -588,45 +686,6 @@ def _order_key(x, float_bits):
     return np.uint32(np.int64(x) + 2147483648)
 
 
-def _tile_phase_kernel(forest: int, parallel: bool):
-    """The tile phase's kernel for one forest method, with or without threads (small DEMs run
-    :func:`_tile_phase_serial` instead).
-
-    ``forest`` is a constant of the kernel, so numba compiles only the Kruskal it uses; each
-    variant is cached under its own name (see :mod:`terrain_io.jit`)."""
-
-    def tile_phase(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, out, work):
-        n = tiles.shape[0]
-        bh, bw = vals.shape
-        # unpacked here: numba's parallel loop loses stores through a named tuple's attributes
-        nv, vid, vh, vmask, ne, eu, ev, ew, ecode, buckets = out
-        chunks = work[0].shape[0]  # one per thread, each with its scratch row of ``work``
-        for c in prange(chunks):
-            for t in range(c * n // chunks, (c + 1) * n // chunks):
-                i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
-                if forest == FOREST_CELLS:
-                    a, b = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows,
-                                           cols, bits, vid[t], vh[t], vmask[t], eu[t], ev[t],
-                                           ew[t], ecode[t], buckets[t],
-                                           (work[0][c], work[1][c], work[2][c], work[3][c], work[4][c], work[5][c],
-                                            work[6][c], work[7][c]))
-                else:
-                    if forest == FOREST_EDGES:
-                        tile_forest(vals, valid, i0, j0, h, w, kind, bits)
-                    a, b = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
-                                         vid[t], vh[t], vmask[t], eu[t], ev[t], ew[t],
-                                         ecode[t], buckets[t])
-                nv[t] = a
-                ne[t] = b
-
-    name = f"tile_phase_{_FOREST_NAMES[forest]}" + ("" if parallel else "_serial")
-    return njit_as(tile_phase, name, parallel=parallel, nogil=True)
-
-
-_FOREST_NAMES = {FOREST_GIVEN: "given", FOREST_EDGES: "edges", FOREST_CELLS: "cells"}
-_TILE_PHASE: dict = {}  # forest -> parallel kernel, built on first use
-
-
 class TileGraphs(NamedTuple):
     """The tile phase's result for a batch of n tiles, as the merges read it: per tile a row of ``cap``
     entries of its contracted graph, ``nv`` vertices (cell id ``vid``, value ``vh``, boundary mask
@@ -647,24 +706,25 @@ class TileGraphs(NamedTuple):
 
 def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
                      parallel=True, work=None):
-    """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel over cores
-    (``parallel=False``: one thread, for small DEMs; see :data:`terrain_io.jit.SERIAL_BELOW`).
+    """Tile phase of one batch (a quadtree block of tiles), the tiles in parallel threads (``parallel=False``:
+    one thread, for small DEMs; see :data:`terrain_io.jit.SERIAL_BELOW`), each a Python loop over its
+    chunk of tiles calling the tile kernels (:func:`terrain_io.jit.in_threads`: no parallel build to
+    compile; the kernels release the GIL).
 
     ``tiles`` (n, 4): i0, j0, h, w of each tile in the batch arrays, in Morton order.
     ``forest``: FOREST_EDGES / FOREST_CELLS run Kruskal here (CPU backend); FOREST_GIVEN: ``bits``
     already holds the forests (GPU backend). Returns :class:`TileGraphs`. ``work``: the threads' scratch
-    (:func:`tile_work`), made once per run by callers with many batches.
+    (:func:`tile_work`, a row per thread), made once per run by callers with many batches.
     """
     if work is None:
         work = tile_work(forest, int(tiles[:, 2:].max(initial=0)), parallel)
-    if not parallel:
-        return _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,
-                                  work)
-    kernel = _TILE_PHASE.get(forest)
-    if kernel is None:
-        kernel = _TILE_PHASE.setdefault(forest, _tile_phase_kernel(forest, True))
     out = _tile_outputs(tiles.shape[0], cap)
-    kernel(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, out, work)
+
+    def chunk(c, lo, hi):
+        _tile_loop(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, forest,
+                   tuple(a[c] for a in work), out, lo, hi)
+
+    in_threads(tiles.shape[0], chunk, work[0].shape[0])
     return out._replace(buckets=out.buckets.sum(axis=0))
 
 
@@ -677,14 +737,11 @@ def _tile_outputs(n: int, cap: int) -> TileGraphs:
                       np.zeros((n, 2, N_EXP), np.int64))
 
 
-def _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest, work):
-    """The tile phase's loop without threads, in Python: the per-tile kernels are called with the
-    argument types the parallel kernel passes them (one build each), and no serial build of the
-    loop itself is compiled (~1.5-2 s of a small DEM's first run; a call costs microseconds)."""
+def _tile_loop(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, forest, scratch, out, lo, hi):
+    """Tiles ``lo:hi`` of the batch into their rows of ``out``, one kernel call a tile (microseconds),
+    with one thread's ``scratch``."""
     bh, bw = vals.shape
-    out = _tile_outputs(tiles.shape[0], cap)
-    scratch = tuple(a[0] for a in work)
-    for t in range(tiles.shape[0]):
+    for t in range(lo, hi):
         i0, j0, h, w = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
         if forest == FOREST_CELLS:
             out.nv[t], out.ne[t] = tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc0, rows,
@@ -696,7 +753,6 @@ def _tile_phase_serial(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, row
             out.nv[t], out.ne[t] = contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols, kind,
                                                  out.vid[t], out.vh[t], out.vmask[t], out.eu[t], out.ev[t], out.ew[t],
                                                  out.ecode[t], out.buckets[t])
-    return out._replace(buckets=out.buckets.sum(axis=0))
 
 
 def tile_work(forest: int, tile: int, parallel: bool = True) -> tuple:
@@ -717,7 +773,7 @@ def _is_separator(code, cols, tile):
     return (r // tile != (r + DR[d]) // tile) or (c // tile != (c + DC[d]) // tile)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _argsort_runs(a):
     """``np.argsort(a)`` for distinct keys that come as a few ascending runs (the children's sorted
     vertex lists, concatenated): the runs merged pairwise, O(n log runs); more than 16 runs: an empty
@@ -779,7 +835,7 @@ def _argsort_runs(a):
     return idx
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _argsort_strict(w, code):
     """Indices of the edges in the strict order (weight, code): radix sorts by code, then (stable)
     by an order-preserving uint64 image of the weight (IEEE bits, signs folded; -0.0 as 0.0, equal
@@ -814,7 +870,7 @@ def merge_blocks(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, 
     (final), with weights.
 
     Three kernels and two sorts, called in turn here (in Python: a merge of a small DEM compiles no
-    kernel that links the sorts in again; :func:`merge_batch` calls :func:`_merge_blocks_jit`)."""
+    kernel that links the sorts in again)."""
     block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, _vertex_order(vid), R0, R1, C0, C1, rows, cols,
                              kind)
     return merge_kruskal(*block, _argsort_strict(block[5], block[6]), cols, tile)
@@ -825,17 +881,6 @@ def _vertex_order(vid):
     runs) a radix sort, compiled only when a merge needs it."""
     order = _argsort_runs(vid)
     return order if order.shape[0] == vid.shape[0] else argsort_int(vid)
-
-
-@numba.njit(cache=True, nogil=True)
-def _merge_blocks_jit(vid, vh, vmask, eu, ev, ew, ecode, R0, R1, C0, C1, rows, cols, tile, kind):
-    """:func:`merge_blocks` inside a kernel."""
-    order = _argsort_runs(vid)
-    if order.shape[0] != vid.shape[0]:
-        order = argsort_int(vid)
-    block = merge_candidates(vid, vh, vmask, eu, ev, ew, ecode, order, R0, R1, C0, C1, rows, cols, kind)
-    return merge_kruskal(block[0], block[1], block[2], block[3], block[4], block[5], block[6],
-                         _argsort_strict(block[5], block[6]), cols, tile)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -1012,111 +1057,48 @@ def count_edges(bits):
 
 
 # ---------------------------------------------------------------------------------------------
-# Merge phase inside a batch: every level of its quadtree in one compiled call
+# Merge phase inside a batch: every level of its quadtree in one call
 # ---------------------------------------------------------------------------------------------
-@numba.njit(cache=True)
-def _grow(a, n):
-    """``a`` with room for at least ``n`` entries (doubling), the first entries kept."""
-    if n <= a.shape[0]:
-        return a
-    b = np.empty(max(n, 2 * a.shape[0]), dtype=a.dtype)
-    b[:a.shape[0]] = a
-    return b
-
-
-@numba.njit(cache=True, nogil=True)
 def merge_batch(nv, vid, vh, vmask, ne, eu, ev, ew, ecode, tr, tc, levels, rows, cols, tile, kind):
-    """All merges inside a full batch of ``4**levels`` tiles, bottom-up, in one call (no Python per block).
+    """All merges inside a full batch of ``4**levels`` tiles, bottom-up: every 4 consecutive blocks
+    (siblings, by the Morton order) of a level merged by :func:`merge_blocks` -- the children's vertices
+    and edges lie next to each other in flat arrays, so their concatenation is a slice.
 
     Input: ``tile_phase_batch``'s per-tile rows (padded to ``cap``, counts ``nv``/``ne``), the tiles
-    in Morton order with their tile rows/columns ``tr``/``tc``. Level by level, every 4 consecutive
-    blocks (siblings, by the Morton order) are merged by :func:`merge_blocks` -- the children's
-    vertices and edges lie next to each other in flat arrays, so their concatenation is a slice.
-    Returns the batch's block graph and all decisions, as ``merge_blocks`` does for one merge.
+    in Morton order with their tile rows/columns ``tr``/``tc``. Returns the batch's block graph and all
+    decisions, as ``merge_blocks`` does for one merge. A Python loop calling the merge's kernels (which
+    release the GIL): a kernel of the whole loop compiled for ~10 s on a large DEM's first run, the
+    kernels it linked in again; a merge is milliseconds, its call microseconds.
     """
     n = nv.shape[0]
-    tot_v = 0
-    tot_e = 0
-    for t in range(n):
-        tot_v += nv[t]
-        tot_e += ne[t]
-    # flat arrays of the current level's blocks; voff/eoff: block b's vertices/edges at [off[b], off[b+1])
-    fvid = np.empty(tot_v, dtype=np.int64)
-    fvh = np.empty(tot_v, dtype=np.float64)
-    fvm = np.empty(tot_v, dtype=np.uint8)
-    feu = np.empty(max(tot_e, tot_v), dtype=np.int64)
-    fev = np.empty(max(tot_e, tot_v), dtype=np.int64)
-    few = np.empty(max(tot_e, tot_v), dtype=np.float64)
-    fec = np.empty(max(tot_e, tot_v), dtype=np.int64)
-    voff = np.zeros(n + 1, dtype=np.int64)
-    eoff = np.zeros(n + 1, dtype=np.int64)
-    for t in range(n):
-        a = voff[t]
-        voff[t + 1] = a + nv[t]
-        fvid[a:a + nv[t]] = vid[t, :nv[t]]
-        fvh[a:a + nv[t]] = vh[t, :nv[t]]
-        fvm[a:a + nv[t]] = vmask[t, :nv[t]]
-        a = eoff[t]
-        eoff[t + 1] = a + ne[t]
-        feu[a:a + ne[t]] = eu[t, :ne[t]]
-        fev[a:a + ne[t]] = ev[t, :ne[t]]
-        few[a:a + ne[t]] = ew[t, :ne[t]]
-        fec[a:a + ne[t]] = ecode[t, :ne[t]]
-    rem_c = np.empty(1024, dtype=np.int64)
-    rem_w = np.empty(1024, dtype=np.float64)
-    kep_c = np.empty(1024, dtype=np.int64)
-    kep_w = np.empty(1024, dtype=np.float64)
-    nrem = 0
-    nkep = 0
+    flat = [np.concatenate([rows_[t, :count[t]] for t in range(n)])
+            for rows_, count in ((vid, nv), (vh, nv), (vmask, nv), (eu, ne), (ev, ne), (ew, ne), (ecode, ne))]
+    voff = np.zeros(n + 1, np.int64)
+    eoff = np.zeros(n + 1, np.int64)
+    np.cumsum(nv, out=voff[1:])
+    np.cumsum(ne, out=eoff[1:])
+    decisions: list[list[np.ndarray]] = [[], [], [], []]  # removed codes, weights; kept codes, weights
     blocks = n
     for level in range(1, levels + 1):
         span = tile << level
         groups = blocks // 4
-        # outputs never outgrow the inputs: kept vertices are input vertices, super-edges < vertices
-        gvid = np.empty(voff[blocks], dtype=np.int64)
-        gvh = np.empty(voff[blocks], dtype=np.float64)
-        gvm = np.empty(voff[blocks], dtype=np.uint8)
-        geu = np.empty(voff[blocks], dtype=np.int64)
-        gev = np.empty(voff[blocks], dtype=np.int64)
-        gew = np.empty(voff[blocks], dtype=np.float64)
-        gec = np.empty(voff[blocks], dtype=np.int64)
-        gvoff = np.zeros(groups + 1, dtype=np.int64)
-        geoff = np.zeros(groups + 1, dtype=np.int64)
+        merged = []
         for g in range(groups):
             first = g * 4 ** level  # the group's first tile
             br = tr[first] >> level
             bc = tc[first] >> level
             v0, v1 = voff[4 * g], voff[4 * g + 4]
             e0, e1 = eoff[4 * g], eoff[4 * g + 4]
-            (ovid, ovh, ovm, oeu, oev, oew, oec, rc, rw, kc, kw) = _merge_blocks_jit(
-                fvid[v0:v1], fvh[v0:v1], fvm[v0:v1], feu[e0:e1], fev[e0:e1], few[e0:e1], fec[e0:e1],
-                br * span, (br + 1) * span, bc * span, (bc + 1) * span, rows, cols, tile, kind)
-            a = gvoff[g]
-            gvoff[g + 1] = a + ovid.shape[0]
-            gvid[a:gvoff[g + 1]] = ovid
-            gvh[a:gvoff[g + 1]] = ovh
-            gvm[a:gvoff[g + 1]] = ovm
-            a = geoff[g]
-            geoff[g + 1] = a + oeu.shape[0]
-            geu[a:geoff[g + 1]] = oeu
-            gev[a:geoff[g + 1]] = oev
-            gew[a:geoff[g + 1]] = oew
-            gec[a:geoff[g + 1]] = oec
-            rem_c = _grow(rem_c, nrem + rc.shape[0])
-            rem_w = _grow(rem_w, nrem + rc.shape[0])
-            rem_c[nrem:nrem + rc.shape[0]] = rc
-            rem_w[nrem:nrem + rc.shape[0]] = rw
-            nrem += rc.shape[0]
-            kep_c = _grow(kep_c, nkep + kc.shape[0])
-            kep_w = _grow(kep_w, nkep + kc.shape[0])
-            kep_c[nkep:nkep + kc.shape[0]] = kc
-            kep_w[nkep:nkep + kc.shape[0]] = kw
-            nkep += kc.shape[0]
-        fvid, fvh, fvm, feu, fev, few, fec = gvid, gvh, gvm, geu, gev, gew, gec
-        voff, eoff = gvoff, geoff
+            out = merge_blocks(*(a[v0:v1] for a in flat[:3]), *(a[e0:e1] for a in flat[3:]),
+                               br * span, (br + 1) * span, bc * span, (bc + 1) * span, rows, cols, tile, kind)
+            merged.append(out[:7])
+            for log, part in zip(decisions, out[7:]):
+                log.append(part)
+        flat = [np.concatenate(arrays) for arrays in zip(*merged)]
+        voff = np.zeros(groups + 1, np.int64)
+        eoff = np.zeros(groups + 1, np.int64)
+        np.cumsum([m[0].shape[0] for m in merged], out=voff[1:])
+        np.cumsum([m[3].shape[0] for m in merged], out=eoff[1:])
         blocks = groups
-    nvo = voff[blocks]
-    neo = eoff[blocks]
-    return (fvid[:nvo].copy(), fvh[:nvo].copy(), fvm[:nvo].copy(), feu[:neo].copy(), fev[:neo].copy(),
-            few[:neo].copy(), fec[:neo].copy(), rem_c[:nrem].copy(), rem_w[:nrem].copy(),
-            kep_c[:nkep].copy(), kep_w[:nkep].copy())
+    empty = (np.empty(0, np.int64), np.empty(0, np.float64))
+    return (*flat, *(np.concatenate(log) if log else empty[k % 2] for k, log in enumerate(decisions)))

@@ -14,12 +14,15 @@ Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
    done, the graphs of its (up to 4) children plus the separator edges between them are merged
    (Kruskal) and contracted against the block's own boundary as they unite (super-edges between
    the components' boundary vertices, every other forest edge final). The levels inside a batch are
-   merged in one compiled call per batch (``_cpu.merge_batch``), batches in parallel threads;
+   merged in one call per batch (``_cpu.merge_batch``), batches in parallel threads;
    the levels above, in Morton order as batches complete. Only the blocks on the current Morton
    path and the decisions (O(N/T) codes) are held in memory.
 3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
    clear the representatives that a merge dropped, set the separator edges that made it into the
    tree.
+
+A small DEM on the CPU (:data:`IN_MEMORY_BELOW` cells, within the budget) skips the phases: one
+Kruskal over all its edges in memory (``_cpu.grid_forest``), the same forest, written the same way.
 
 Edges obey one strict order (weight, smaller cell id, larger cell id), so the forest is unique
 and identical for every backend, tile size and batch size. Nodata cells are not vertices: the
@@ -129,12 +132,12 @@ class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
     def __init__(self, store: TerrainStore, kind: int, batched: bool = True, first: int = 0):
-        """``batched``: merge a full batch's levels in one compiled call (``merge_batch``); else
-        block by block like a batch cut by the DEM's edge -- the same merges, and a small job then
-        never compiles ``merge_batch`` (see :data:`terrain_io.jit.SERIAL_BELOW`). ``first``: the
-        Morton code of the first tile this merger is given (a worker's run of the tiles): blocks
-        that begin before it are left on the stack for the client, whose merger takes every run's
-        stack in order (:meth:`adopt`) -- the same merges as one merger over all the tiles."""
+        """``batched``: merge a full batch's levels in one call (``merge_batch``) in the pool; else
+        block by block in the merging thread like a batch cut by the DEM's edge -- the same merges
+        (see :data:`terrain_io.jit.SERIAL_BELOW`). ``first``: the Morton code of the first tile this
+        merger is given (a worker's run of the tiles): blocks that begin before it are left on the
+        stack for the client, whose merger takes every run's stack in order (:meth:`adopt`) -- the
+        same merges as one merger over all the tiles."""
         self.batched = batched
         self.first = first
         self.rows, self.cols = store.shape
@@ -173,8 +176,8 @@ class _Merger:
                 assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
 
     def _merge_batch(self, b: Batch, out, side: int):
-        """All merges inside a full batch of ``side`` x ``side`` tiles, in one compiled call
-        (``merge_batch``, no GIL: batches merge in parallel threads); returns ``_record``'s input."""
+        """All merges inside a full batch of ``side`` x ``side`` tiles, in one call (``merge_batch``,
+        whose kernels release the GIL: batches merge in parallel threads); returns ``_record``'s input."""
         with self.timings.phase("merge"):
             levels = int(math.log2(side))
             tr, tc = morton_decode(b.codes.astype(np.uint64))
@@ -674,6 +677,44 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
     return n_edges
 
 
+# A DEM below this many cells (and within the budget at IN_MEMORY_BYTES a cell) gets its forest in memory
+# on the CPU: one Kruskal (``_cpu.grid_forest``) instead of the tile and merge phases, the same forest.
+# Its first run compiles one small kernel (~0.5 s of CPU) instead of ~8 s of them; warm, numpy's sort
+# makes it 2-3x slower than the tiled serial route, at most ~0.1 s below this size
+# (benchmarks/RESULTS.md, "First run: issue 27, session 15").
+IN_MEMORY_BELOW = 1 << 18
+IN_MEMORY_BYTES = 160
+
+
+def _in_memory(store: TerrainStore, budget: int) -> bool:
+    rows, cols = store.shape
+    return rows * cols < IN_MEMORY_BELOW and IN_MEMORY_BYTES * rows * cols <= budget
+
+
+def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
+    """:func:`mst` of a small DEM in memory (:data:`IN_MEMORY_BELOW`): read whole, one Kruskal, the
+    bits written shard by shard; the result as the tiled pipeline gives it."""
+    rows, cols = store.shape
+    with timings.phase("read"):
+        values = store.read(Window(0, rows, 0, cols))
+        valid = store.valid(values)
+    with timings.phase("tile"):
+        bits, n_edges, buckets = K.grid_forest(values, valid, model.kind)
+    valid_cells = int(np.count_nonzero(valid))
+    with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
+        edges = writer.create_array("edges", "uint8", 0)
+        with timings.phase("write"):
+            for win in store.shards():
+                write_window(edges, win, bits[win.slices], True)
+        exact = K.exact_total(buckets)
+        result = MSTResult(weight=model.name, device="cpu", cells=rows * cols, valid_cells=valid_cells,
+                           edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
+                           total_weight_exact=str(exact), seconds=timings.seconds(), timings=timings.rounded(4),
+                           tile_size=store.tile_size, batch_tiles=0, merge_decisions=0)
+        writer.attrs.update(result.attrs())
+    return result
+
+
 def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
         batch_tiles: int | None = None, scheduler: str | None = "local", announce=None,
         gpu_contract: bool = True) -> MSTResult:
@@ -691,7 +732,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     progress : bool
         Show progress bars.
     batch_tiles : int, optional
-        Force the batch side in tiles (a power of two <= the shard size).
+        Force the batch side in tiles (a power of two <= the shard size); the tiled pipeline then
+        runs on a small DEM too.
     scheduler : str
         Where the batches run (terrain_io.parallel): ``local``, Dask ``threads``/``processes`` or a
         scheduler address.
@@ -729,6 +771,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     budget = memory_budget(memory)
     forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
     scheduler = check_scheduler(scheduler)
+    if device == "cpu" and scheduler == "local" and batch_tiles is None and _in_memory(store, budget):
+        return _mst_in_memory(store, model, timings)
     k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
     if scheduler != "local" and k != store.shard_size:
         raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory budget "
