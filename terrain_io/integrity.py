@@ -159,7 +159,7 @@ def chunk_files(array_dir: Path) -> dict[str, int]:
     return found
 
 
-def seal(root) -> None:
+def seal(root, staged: bool = False) -> None:
     """Write the manifest of every array under ``root`` (a store or a result group being completed):
     the chunk files it holds now, with their sizes, and the tree it was sealed in: ``root``
     (relative to the array) and the digest of the metadata (zarr.json) of every node under it
@@ -168,7 +168,10 @@ def seal(root) -> None:
     know.) Called once the arrays are written, before the store or result is renamed into place.
 
     One walk, each zarr.json read once, the nodes' part of the manifests encoded once: every command
-    that writes a result pays it (a pyramid of 4 levels has 20 nodes and 16 arrays)."""
+    that writes a result pays it (a pyramid of 4 levels has 20 nodes and 16 arrays). ``staged``: ``root``
+    is a temporary that is renamed into place once sealed (:meth:`TerrainStore.write_result`), which no
+    reader sees before: each manifest is written in place, not under a temporary name renamed over it
+    (half the file-system calls: ~1 ms of a 4096^2 pyramid's seal, which runs after its last read)."""
     root = str(Path(root))
     nodes, arrays = {}, []  # arrays: (folder, depth below root)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -196,7 +199,12 @@ def seal(root) -> None:
         chunks = json.dumps(dict(sorted(chunk_files(folder).items())), separators=(",", ":"))
         tree = json.dumps("/".join([".."] * depth) or ".")
         # (the bytes json.dump writes of {"chunks": ..., "tree": ..., "nodes": ...})
-        _write_text(Path(folder) / MANIFEST, f'{{"chunks":{chunks},"tree":{tree},"nodes":{nodes_json}}}')
+        text = f'{{"chunks":{chunks},"tree":{tree},"nodes":{nodes_json}}}'
+        if staged:
+            with open(os.path.join(folder, MANIFEST), "w") as f:
+                f.write(text)
+        else:
+            _write_text(Path(folder) / MANIFEST, text)
 
 
 def _write_text(path: Path, text: str) -> None:
