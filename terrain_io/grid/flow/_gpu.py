@@ -55,6 +55,12 @@ def device_bytes(rows: int, cols: int, dtype, weighted: bool = False, band_rows:
 
 
 TOUR_BYTES = 100  # GPU memory of the exits' Euler tour and its list ranking, an exit (device_bytes)
+
+
+class GpuMemoryShort(InputError):
+    """The exits' Euler tour does not fit the GPU's free memory (known once the exits are counted)."""
+
+
 def weight_scale(code, wt) -> int:
     """The CPU's fixed-point scale (:func:`._cpu.weight_scale`, the same note) of weights ``wt`` at
     the valid cells of ``code`` (CuPy; flow.cu's weight_range)."""
