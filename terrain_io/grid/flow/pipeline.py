@@ -35,7 +35,6 @@ budget, on the CPU and the GPU.
 """
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K
 from .array import DIRECTION_CODES, check_weights
 from .codes import NODATA, OUTLET, SINK
-from .upload import upload_held
+from .upload import threads, upload_held
 
 RESULT = "flow"
 CONDITIONS = ("fill", "none")
@@ -609,12 +608,8 @@ def _gpu_host_bytes(store, weighted: bool) -> int:
     itself never lies whole on the host: :func:`upload_held`, ``write_held`` by bands)."""
     side = store.tile_size * store.shard_size
     cells = min(side, store.shape[0]) * min(side, store.shape[1])
-    return (_threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
+    return (threads(store) * cells * (2 * store.dtype.itemsize + (16 if weighted else 0) + 18)
             + pinned_host_bytes(store, (1, 8)))  # the pinned bands of codes and accumulation on their way out
-
-
-def _threads(store) -> int:
-    return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
 
 
 def _gpu_misfit(store, weighted: bool, budget: int) -> str | None:
