@@ -47,8 +47,7 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
         ok[:, -1] = False
     from . import _cpu as _fill_cpu  # (here: the GPU routes that write through write_held need no numba)
 
-    # a block smaller than a parallel job (terrain_io.jit) runs the serial build: a tiled run of
-    # small batches never compiles the parallel one
+    # a block smaller than a parallel job (terrain_io.jit) takes the serial entry: no thread pool for it
     outlets = _fill_cpu.outlets_serial if vals.size < SERIAL_BELOW else _fill_cpu.outlets
     return vals, ok, outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
 

@@ -179,9 +179,9 @@ def _tile_phase_task(task: _Task):
     store = TerrainStore.open(task.store, mode="r")
     rows, cols = store.shape
     vals, ok, outl = read_block(store, task.window, task.nodata_drains)
-    out = _kernel("graph_batch", rows * cols, len(task.tiles))(vals, ok, outl, task.tiles,
-                                              *Geometry(rows, cols, store.tile_size).args(task.window),
-                                              np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL), False)
+    graph_batch = _kernel("graph_batch", rows * cols, len(task.tiles))
+    out = graph_batch(vals, ok, outl, task.tiles, *Geometry(rows, cols, store.tile_size).args(task.window),
+                      np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL), False)
     return _edges(out, len(task.tiles), _weight_dtype(store.dtype))
 
 
@@ -198,8 +198,9 @@ def _final_phase_task(task: _Task):
     depth, dep = np.empty(shape, np.float32), np.empty(shape, np.uint32)
     geo = Geometry(rows, cols, store.tile_size)
     levels = LocalLevels(geo, task.window, *task.levels)
-    out = _kernel("final_batch", rows * cols, len(task.tiles))(vals, ok, outl, task.tiles,
-                                                               *_local_args(geo, task.window, levels), levels.G, fl, lab, False, fl, depth, dep)
+    final_batch = _kernel("final_batch", rows * cols, len(task.tiles))
+    out = final_batch(vals, ok, outl, task.tiles, *_local_args(geo, task.window, levels), levels.G, fl, lab, False,
+                      fl, depth, dep)
     for path, block in zip(task.arrays, (fl, depth, dep)):
         if path is not None:  # (depth left out of the outputs)
             write_window(zarr.open_array(path, mode="r+"), task.window, block, task.whole_shard)
@@ -763,10 +764,10 @@ def read_fill(store) -> dict[str, np.ndarray]:
 
 
 def _kernel(name: str, cells: int, tiles: int):
-    """The parallel kernel ``name`` of :mod:`._cpu` (a loop over a batch's ``tiles`` on numba's
-    threads), or its serial twin where nothing would run in parallel: a DEM of fewer than
-    SERIAL_BELOW cells (terrain_io.jit), batches of one tile, or one thread. Such a run then never
-    compiles the parallel build: numba's compiler grew an out-of-core run by ~70 MiB above its
-    budget on a cold cache (tests/test_grid_fill.py::test_memory_budget_out_of_core)."""
+    """The threaded entry ``name`` of :mod:`._cpu` (a batch's ``tiles`` in chunks on numba's thread
+    count, :func:`terrain_io.jit.in_threads`), or its serial twin (the same kernels, one thread) where
+    nothing would run in parallel: a DEM of fewer than SERIAL_BELOW cells (terrain_io.jit), batches
+    of one tile, or one thread. (When these were numba parallel builds, compiling them inside an
+    out-of-core run grew it ~70 MiB above its budget: tests/test_grid_fill.py::test_memory_budget_out_of_core.)"""
     parallel = cells >= SERIAL_BELOW and tiles > 1 and numba.get_num_threads() > 1
     return getattr(K, name if parallel else name + "_serial")
