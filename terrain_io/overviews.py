@@ -59,8 +59,8 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from . import integrity
-from .store import (ELEVATION, NO_CHUNK, TerrainStore, array_handle, encode_chunks, group_metadata, read_shard,
-                    shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node, write_shard)
+from .store import (ELEVATION, NO_CHUNK, TerrainStore, array_handle, encode_chunks, group_metadata, pwrite_all,
+                    read_shard, shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node, write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
@@ -559,7 +559,6 @@ class _ShardStream:
     serial tail of level files after the last read)."""
 
     def __init__(self, arr, sr: int, sc: int):
-        self.arr, self.shard = arr, (sr, sc)
         self.order = shard_chunks(arr, sr, sc)
         self.known: dict = {}
         self.next = 0  # chunks order[:next] are written (or left out)
@@ -586,13 +585,8 @@ class _ShardStream:
         if views and self.fd is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        while views:  # (gathered by the kernel, as store.overwrite_file; a short write resumes mid-buffer)
-            n = os.pwritev(self.fd, views[:64], self.offset)
-            self.offset += n
-            while views and n >= len(views[0]):
-                n -= len(views.pop(0))
-            if n:
-                views[0] = views[0][n:]
+        if views:
+            self.offset += pwrite_all(self.fd, views, self.offset)
 
     def close(self) -> None:
         if self.next < len(self.order):  # chunks never given: all fill value

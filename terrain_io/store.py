@@ -1060,7 +1060,7 @@ class _ShardFile:
             self._flush()
 
     def _flush(self) -> None:
-        _pwrite_all(self.fd, self.views, self.written)
+        pwrite_all(self.fd, self.views, self.written)
         _start_writeback(self.fd, self.written, self.pending)
         self.written += self.pending
         self.views, self.pending = [], 0
@@ -1118,7 +1118,7 @@ def overwrite_file(path, parts, writeback: bool = False) -> None:
     views = [memoryview(p).cast("B") for p in parts]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        total = _pwrite_all(fd, views, 0)
+        total = pwrite_all(fd, views, 0)
         os.ftruncate(fd, total)
         if writeback:
             _start_writeback(fd)
@@ -1126,7 +1126,7 @@ def overwrite_file(path, parts, writeback: bool = False) -> None:
         os.close(fd)
 
 
-def _pwrite_all(fd: int, views: list, at: int) -> int:
+def pwrite_all(fd: int, views: list, at: int) -> int:
     """Write ``views`` (byte memoryviews, in order; the list is consumed) at offset ``at`` of ``fd``,
     gathered by the kernel (pwritev), short writes resumed; returns the bytes written."""
     done = 0
