@@ -60,7 +60,8 @@ from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from . import integrity
 from .store import (ELEVATION, NO_CHUNK, TerrainStore, array_handle, encode_chunks, group_metadata, pwrite_all,
-                    read_shard, shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node, write_shard)
+                    read_shard, shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node,
+                    write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"

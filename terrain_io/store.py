@@ -431,7 +431,8 @@ class TerrainStore:
                 with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
                     group = _ChecksumGroup(_new_group(tmp, attrs)._async_group)
                     yield ResultWriter(self, group)
-                    integrity.seal(tmp, staged=True)  # complete: the manifest of each of its arrays, then renamed into place
+                    # complete: the manifest of each of its arrays, then renamed into place
+                    integrity.seal(tmp, staged=True)
                     commit.enter_context(self._unchanged(name))
                     made = self._require_parents(parts)
         except BaseException:
