@@ -107,7 +107,8 @@ folder = Path(sys.argv[1])
 def warm_forever(run):  # a helper busy compiling, with a temporary folder of its own
     tmp = tempfile.mkdtemp(prefix="warm-", dir=folder)
     demo._WARM.append(tmp)
-    (folder / "ready").write_text(tmp)
+    (folder / "ready.part").write_text(tmp)
+    os.replace(folder / "ready.part", folder / "ready")  # whole, or not there: the test reads it at once
     time.sleep(600)
 def fail(st, out):
     raise RuntimeError("a helper's step failed")
