@@ -59,9 +59,9 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from . import integrity
-from .store import (ELEVATION, NO_CHUNK, TerrainStore, array_handle, encode_chunks, group_metadata, pwrite_all,
-                    read_shard, shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files, write_node,
-                    write_shard)
+from .store import (ELEVATION, NO_CHUNK, TerrainStore, Window, array_handle, encode_chunks, group_metadata,
+                    pwrite_all, read_shard, shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files,
+                    write_node, write_shard)
 from .zorder import morton_order
 
 GROUP = "overviews"
@@ -208,13 +208,16 @@ def reduce2x2(block: np.ndarray, method: str, missing) -> np.ndarray:
 # -- the pyramid of one array -------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Task:
-    """A shard of the base array to read and cascade (workers open the store by path): its pieces of
-    levels 1..len(levels), encoded as the chunks of those levels' shards, and its raw piece of level
-    len(levels) + 1 when there is one (``raw``)."""
+    """A block of the base array to read and cascade (workers open the store by path): block (br, bc) of
+    ``size`` x ``size`` cells -- a shard, or a 2^-q part of one when the array has too few shards to keep
+    every thread busy to the end (:func:`_block_side`) -- its pieces of levels 1..len(levels), encoded as
+    the chunks of those levels' shards, and its raw piece of level len(levels) + 1 when there is one
+    (``raw``)."""
 
     store: str
     name: str
-    shard: tuple[int, int]
+    block: tuple[int, int]
+    size: int
     method: str
     missing: object
     digest: str
@@ -223,31 +226,49 @@ class _Task:
 
 
 def _cascade(task: _Task):
-    """Read the shard once and reduce it level after level in memory: {level: its chunks' stored bytes}
-    for the levels whose piece of this shard is whole chunks, and the raw piece of the level above."""
-    block = read_halved(_opened(task.store, task.name, task.digest), *task.shard, task.method, task.missing)
+    """Read the block once and reduce it level after level in memory: {level: its chunks' stored bytes}
+    for the levels whose piece of this block is whole chunks, and the raw piece of the level above."""
+    arr = _opened(task.store, task.name, task.digest)
+    per_shard = arr.shards[0] // task.size  # blocks along a shard's side
+    br, bc = task.block
+    part = None if per_shard == 1 else Window(br * task.size, min((br + 1) * task.size, arr.shape[0]),
+                                              bc * task.size, min((bc + 1) * task.size, arr.shape[1]))
+    block = read_halved(arr, br // per_shard, bc // per_shard, task.method, task.missing, part)
     encoded = []
     for k, (path, meta) in enumerate(task.levels, start=1):
         if k > 1:
             block = reduce2x2(block, task.method, task.missing)
-        arr = _level_array(task.store, path, meta)
-        per = 2**k  # base shards along a side of a level-k shard; this one's piece starts at chunk first:
-        n = arr.shards[0] // arr.chunks[0] // per
-        encoded.append(encode_chunks(arr, block, ((task.shard[0] % per) * n, (task.shard[1] % per) * n)))
+        level = _level_array(task.store, path, meta)
+        per = 2**k * per_shard  # blocks along a side of a level-k shard; this one's piece starts at chunk first:
+        n = level.shards[0] // level.chunks[0] // per
+        encoded.append(encode_chunks(level, block, ((br % per) * n, (bc % per) * n)))
     raw = (reduce2x2(block, task.method, task.missing) if task.levels else block) if task.raw else None
     return encoded, raw
 
 
-def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
-    """Shard (sr, sc) of ``arr`` reduced once (:func:`reduce2x2`), each chunk halved as it is decoded
-    (in the decoding threads, while it is in cache: the shard's cells are never put together); the
-    chunks not stored are all fill value, and so is their half (the reduction of fill values is the
-    fill value, or ``missing`` where the fill value is not valid -- as for any all-fill block)."""
+def _block_side(grid, shard_side: int, tile: int, threads: int) -> int:
+    """The side of a base task: a shard, halved while the array has fewer than 8 tasks a thread (and a
+    half keeps 2 tiles a side) -- a 4096^2 array of 4 shards on 2 cores is 16 tasks of 1024^2, so both
+    threads work until the last read ends, and the last task leaves a sixteenth of the levels to encode
+    after it (benchmarks/RESULTS.md, issue 32)."""
+    side, count = shard_side, grid[0] * grid[1]
+    while count < 8 * threads and side >= 4 * tile:
+        side, count = side // 2, count * 4
+    return side
+
+
+def read_halved(arr, sr: int, sc: int, method: str, missing, part: Window | None = None) -> np.ndarray:
+    """Shard (sr, sc) of ``arr`` -- or ``part`` of it, a window from an even cell -- reduced once
+    (:func:`reduce2x2`), each chunk halved as it is decoded (in the decoding threads, while it is in
+    cache: the shard's cells are never put together); the chunks not stored are all fill value, and so
+    is their half (the reduction of fill values is the fill value, or ``missing`` where the fill value is
+    not valid -- as for any all-fill block)."""
     tile = arr.chunks
     if shard_layout(arr) is None or tile[0] % 2 or tile[1] % 2:  # (odd chunks: blocks would straddle them)
-        return reduce2x2(read_shard(arr, sr, sc), method, missing)
-    r0, c0 = sr * arr.shards[0], sc * arr.shards[1]
-    rows, cols = min(arr.shards[0], arr.shape[0] - r0), min(arr.shards[1], arr.shape[1] - c0)
+        return reduce2x2(read_shard(arr, sr, sc, part), method, missing)
+    r0, c0 = (sr * arr.shards[0], sc * arr.shards[1]) if part is None else (part.r0, part.c0)
+    rows, cols = ((min(arr.shards[0], arr.shape[0] - r0), min(arr.shards[1], arr.shape[1] - c0)) if part is None
+                  else part.shape)
     fill = reduce2x2(np.full((2, 2), arr.fill_value, arr.dtype), method, missing)[0, 0]
     half = np.full((-(-rows // 2), -(-cols // 2)), fill, arr.dtype)
 
@@ -255,7 +276,7 @@ def read_halved(arr, sr: int, sc: int, method: str, missing) -> np.ndarray:
         part = reduce2x2(cells, method, missing)
         half[(r - r0) // 2 : (r - r0) // 2 + part.shape[0], (c - c0) // 2 : (c - c0) // 2 + part.shape[1]] = part
 
-    read_shard(arr, sr, sc, each=each)
+    read_shard(arr, sr, sc, part, each=each)
     return half
 
 
@@ -395,17 +416,18 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
         layout.append(entry)
     attrs["multiscales"] = {"version": "0.1.0", "layout": layout, "resampling_method": method}
     side = store.tile_size * store.shard_size
-    grid0 = tuple(-(-n // side) for n in arr.shape)
-    # a base shard's piece of level k is whole chunks of a level-k shard while 2^k <= shard (tiles a
-    # shard side): those are encoded where the shard is read; the levels above are put together here
-    whole = min(len(shapes), int(math.log2(store.shard_size)))
+    size = _block_side([-(-n // side) for n in arr.shape], side, store.tile_size, os.cpu_count() or 1)
+    grid0 = tuple(-(-n // size) for n in arr.shape)  # the base tasks' blocks
+    # a block's piece of level k is whole chunks of a level-k shard while 2^k <= the tiles of a block's
+    # side: those are encoded where the block is read; the levels above are put together here
+    whole = min(len(shapes), int(math.log2(size // store.tile_size)))
     metas = [tiled_array_metadata(shape, arr.dtype, store.tile_size, store.shard_size, fill,
                                   {"level": k, **_source_attrs(arr)}, LEVEL_ZSTD)
              for k, shape in enumerate(shapes, start=1)]
     levels = tuple((f"{k}/{leaf}", json.dumps(m)) for k, m in enumerate(metas[:whole], start=1))
     digest = attrs["source_manifest_sha256"]
     where = str(store.path)
-    tasks = [_Task(where, name, (int(r), int(c)), method, missing, digest, levels, whole < len(shapes))
+    tasks = [_Task(where, name, (int(r), int(c)), size, method, missing, digest, levels, whole < len(shapes))
              for r, c in morton_order(*grid0)]
     handles = {(where, name, digest): arr}  # this process's readers use the open array
     _OPEN.update(handles)
@@ -424,14 +446,14 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
             # every level's nodes as files, in the writer thread (before its first shard) while the first
             # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
             nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
-            assembler = _Assembler(grid0, level_arrays, whole, side, method, missing, writes)
+            assembler = _Assembler(grid0, side // size, level_arrays, whole, side, method, missing, writes)
             try:
                 with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
                     for task, (encoded, raw) in zip(tasks, pieces):
                         for k, chunks in enumerate(encoded, start=1):
-                            assembler.put_encoded(k, task.shard, chunks)
+                            assembler.put_encoded(k, task.block, chunks)
                         if raw is not None:
-                            assembler.put(whole + 1, task.shard, raw, 2 ** (whole + 1), grid0)
+                            assembler.put(whole + 1, task.block, raw, 2 ** (whole + 1) * (side // size), grid0)
                         bar.update(1)
                     assembler.flush()
             except BaseException:
@@ -487,8 +509,9 @@ class _Assembler:
     1..``whole``) or from raw pieces (the levels above) -- writes each shard when its pieces are all
     in, and passes a raw shard's half up."""
 
-    def __init__(self, base_grid, arrays, whole: int, side: int, method: str, missing, writes):
+    def __init__(self, base_grid, per_shard: int, arrays, whole: int, side: int, method: str, missing, writes):
         self.arrays, self.whole, self.side, self.method, self.missing = arrays, whole, side, method, missing
+        self.per_shard = per_shard  # base blocks along a side of a base shard
         self.writes = writes
         self.grids = [tuple(base_grid), *(tuple(-(-n // side) for n in a.shape) for a in arrays)]
         self.pending: dict[tuple[int, int, int], list] = {}  # (level, row, col) -> [block or chunks, pieces left]
@@ -505,9 +528,9 @@ class _Assembler:
         return key, self.pending[key]
 
     def put_encoded(self, level: int, base, chunks: dict) -> None:
-        """The chunks of base shard ``base``'s piece of ``level`` (<= whole): written at once, in the
-        order of the shard file (:class:`_ShardStream`), while the next base shards are read."""
-        per = 2**level
+        """The chunks of base block ``base``'s piece of ``level`` (<= whole): written at once, in the
+        order of the shard file (:class:`_ShardStream`), while the next base blocks are read."""
+        per = 2**level * self.per_shard
         r, c = base[0] // per, base[1] // per
         key, entry = self._entry(level, r, c, per, self.grids[0], lambda: _ShardStream(self.arrays[level - 1], r, c))
         stream = entry[0]

@@ -853,8 +853,14 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
             jobs.sort(key=lambda job: job[2])
             raw = np.empty(body, np.uint8)
             arriving = _read_ahead(fd, raw, jobs, arr, (sr, sc))
-        else:  # the chunks the window touches, from their offsets
-            raw = {off: np.frombuffer(os.pread(fd, nb, off), np.uint8) for _, _, off, nb in jobs}
+        else:  # the chunks the window touches: one read where they lie together (a quadrant, in Morton order)
+            lo, hi = min((j[2] for j in jobs), default=0), max((j[2] + j[3] for j in jobs), default=0)
+            if hi - lo <= 2 * sum(j[3] for j in jobs):
+                span = np.empty(hi - lo, np.uint8)
+                _read_span(fd, span, lo, arr, (sr, sc))
+                raw = {off: span[off - lo : off - lo + nb] for _, _, off, nb in jobs}
+            else:
+                raw = {off: np.frombuffer(os.pread(fd, nb, off), np.uint8) for _, _, off, nb in jobs}
             arriving = jobs
         zstd = Zstd()
 
@@ -899,6 +905,16 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
 
 
 _READ_PIECE = 1 << 20  # bytes read ahead of the chunk being decoded
+
+
+def _read_span(fd: int, buf: np.ndarray, at: int, arr: zarr.Array, shard) -> None:
+    """Fill ``buf`` from offset ``at`` of the file (a file that shrank is damage)."""
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:]], at + done)
+        if n == 0:
+            raise _damaged(arr, shard, f"shard file cut while read ({at + done} bytes)", unit="shard")
+        done += n
 
 
 def _read_ahead(fd: int, buf: np.ndarray, jobs: list, arr: zarr.Array, shard):
