@@ -6,7 +6,11 @@ CPU time is the steadier figure); "cores" is CPU / wall (how many cores were kep
 tail_ms the pyramid's time before its first base shard is read and after its last (one thread works). "One read": every shard of the array read and decoded in Morton
 order (``store.read_shard``, one thread, as the overviews' pass reads them), the files in the page
 cache as for the overviews run just after it (an untimed first run warms it); each timed run writes
-the first pyramid of the store (the one before it removed untimed: a replacement also deletes the old). Tiles: a fresh
+the first pyramid of the store: the one before it is moved aside untimed (a replacement also deletes the
+old) and deleted after the last run -- not just before the timed one, as ``--remove-old`` does: on an
+ext4 without a journal (the 2-core VM's) a new inode is searched past every inode freed in the last
+seconds (``recently_deleted``), so the pyramid's 88 files and folders after 88 freed cost 3-40 ms of
+system time that a first pyramid does not pay (benchmarks/RESULTS.md, issue 32). Tiles: a fresh
 :class:`terrain_io.view.tiles.TileSource` on the store with its overviews; ``--tiles`` distinct
 tiles at each of three zooms (the whole DEM in a few tiles, a middle zoom, the native zoom where a
 pixel is about a cell), each rendered once (cold), then served again (warm).
@@ -81,6 +85,8 @@ def main():
     ap.add_argument("--tiles", type=int, default=12)
     ap.add_argument("--scheduler", default="local")
     ap.add_argument("--no-warmup", action="store_true", help="no untimed first run (a store just written is cached)")
+    ap.add_argument("--remove-old", action="store_true",
+                    help="delete the last pyramid just before each timed run (the earlier rounds' figures)")
     args = ap.parse_args()
     from terrain_io.overviews import write_overviews
     from terrain_io.view.tiles import TileSource
@@ -93,6 +99,7 @@ def main():
         subprocess.run([sys.executable, "-m", "cli", "-q", "synth", "-o", str(path), "--size", str(args.size),
                         "--seed", "1", "--nodata-fraction", "0.02"], check=True, cwd=ROOT)
     rows = []
+    old = Path(tempfile.mkdtemp(prefix=".bench_view_old_", dir=Path(path).parent))  # pyramids moved aside
     try:
         if not args.no_warmup:
             write_overviews(path, [args.array], scheduler=args.scheduler)  # compiles the kernels, warms the cache
@@ -103,7 +110,10 @@ def main():
             dtype = TerrainStore.open(path, mode="r").group[args.array].dtype
             reduce2x2(np.zeros((4, 4), dtype), resampling_for(args.array, dtype), None)
         for rep in range(args.reps):
-            shutil.rmtree(Path(path) / "overviews", ignore_errors=True)  # a first pyramid, not a replacement
+            if args.remove_old:  # a first pyramid, not a replacement
+                shutil.rmtree(Path(path) / "overviews", ignore_errors=True)
+            elif (Path(path) / "overviews").exists():
+                (Path(path) / "overviews").rename(old / str(rep))
             _, rw, rc = timed(lambda: read_once(path, args.array))
             (_, edges), ow, oc = timed(lambda: timed_reads(lambda: write_overviews(path, [args.array],
                                                                                   scheduler=args.scheduler)))
@@ -132,6 +142,7 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
         http_tiles(path, args.array, top, source.bounds_lonlat(), args.tiles, rows)
     finally:
+        shutil.rmtree(old, ignore_errors=True)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
