@@ -443,8 +443,9 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
         with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
             root = str(writer.group.store.root)  # the staged result group's folder
             level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
-            # every level's nodes as files, in the writer thread (before its first shard) while the first
-            # shards are read: zarr's event loop would cost more than the pyramid's data (benchmarks/RESULTS.md)
+            # every level's nodes as files, and the coordinates' manifests, in the writer thread (before its
+            # first shard) while the first blocks are read: zarr's event loop would cost more than the
+            # pyramid's data, and the seal is what remains after the last read (benchmarks/RESULTS.md)
             nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
             assembler = _Assembler(grid0, side // size, level_arrays, whole, side, method, missing, writes)
             try:
@@ -460,20 +461,23 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
                 writes.shutdown(wait=True, cancel_futures=True)  # (no write left on a file closed here)
                 assembler.discard()
                 raise
-            nodes.result()
+            writer.sealed = nodes.result()
     finally:
         for key in handles:
             _OPEN.pop(key, None)
     return len(shapes)
 
 
-def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> None:
-    """Level k's group ``k``, its array's zarr.json and its coordinates, for each level."""
+def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> integrity.SealedAhead:
+    """Level k's group ``k``, its array's zarr.json and its coordinates, for each level; then the seal of
+    all but the levels' arrays (:func:`~terrain_io.integrity.seal_ahead`: every node is written)."""
     for k, (shape, meta) in enumerate(zip(shapes, metas), start=1):
         folder = os.path.join(root, str(k))
         write_node(folder, group_metadata())
         write_node(os.path.join(folder, leaf), meta)
         write_coordinate_files(folder, shape, level_transform(transform, k), crs)
+    levels = {f"{k}/{leaf}" for k in range(1, len(shapes) + 1)}
+    return integrity.seal_ahead(root, lambda rel: rel not in levels)
 
 
 def _source_attrs(arr) -> dict:

@@ -430,9 +430,10 @@ class TerrainStore:
             with contextlib.ExitStack() as commit:
                 with atomic_directory(self.path.joinpath(*parts), tmp_parent=self.path) as tmp:
                     group = _ChecksumGroup(_new_group(tmp, attrs)._async_group)
-                    yield ResultWriter(self, group)
+                    writer = ResultWriter(self, group)
+                    yield writer
                     # complete: the manifest of each of its arrays, then renamed into place
-                    integrity.seal(tmp, staged=True)
+                    integrity.seal(tmp, staged=True, ahead=writer.sealed)
                     commit.enter_context(self._unchanged(name))
                     made = self._require_parents(parts)
         except BaseException:
@@ -579,6 +580,7 @@ class ResultWriter:
         self.store = store
         self.group = group
         self._coordinates = False
+        self.sealed: integrity.SealedAhead | None = None  # (integrity.seal_ahead: part of the seal done early)
 
     def create_array(self, name: str, dtype, fill_value, attrs: dict | None = None) -> zarr.Array:
         if not self._coordinates:  # each result group carries x, y, spatial_ref: it opens alone in xarray

@@ -90,3 +90,33 @@ def test_window_read_in_one_piece_is_the_shard_window(tmp_path):
     whole = read_shard(arr, 0, 0)
     for part in (Window(32, 64, 0, 32), Window(0, 32, 32, 64), Window(8, 13, 0, 64), Window(3, 61, 5, 59)):
         np.testing.assert_array_equal(read_shard(arr, 0, 0, part), whole[part.slices], err_msg=str(part))
+
+
+def test_seal_ahead_then_seal_is_the_seal(tmp_path):
+    """The coordinates sealed while a level is still written, the rest once it is: every manifest as
+    one seal of the finished tree writes it."""
+    import shutil
+
+    import zarr
+
+    from terrain_io import integrity
+
+    def tree(root):
+        group = zarr.open_group(str(root), mode="w")
+        group.create_group("1").create_array("x", shape=(40,), chunks=(8,), dtype="float64")[...] = np.arange(40.0)
+        return group["1"].create_array("elevation", shape=(16, 16), chunks=(8, 8), dtype="float32", fill_value=0)
+
+    ahead = tree(tmp_path / "a")
+    ahead[:8, :8] = 1.0  # one chunk written when the coordinates are sealed
+    sealed = integrity.seal_ahead(tmp_path / "a", lambda rel: rel != "1/elevation")
+    assert sealed.done == {"1/x"} and (tmp_path / "a/1/x" / integrity.MANIFEST).is_file()
+    assert not (tmp_path / "a/1/elevation" / integrity.MANIFEST).exists()
+    ahead[8:, :] = 2.0  # the rest of the level after
+    integrity.seal(tmp_path / "a", staged=True, ahead=sealed)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for m in (tmp_path / "b").rglob(integrity.MANIFEST):
+        m.unlink()
+    integrity.seal(tmp_path / "b")
+    for m in (tmp_path / "b").rglob(integrity.MANIFEST):
+        assert (tmp_path / "a" / m.relative_to(tmp_path / "b")).read_bytes() == m.read_bytes(), m
+    assert len(list((tmp_path / "b").rglob(integrity.MANIFEST))) == 2
