@@ -71,7 +71,7 @@ from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, run_on_worker
 from ...pinned import PinnedBands, write_bands
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_window
+from ...store import TerrainStore, Window, read_window, write_held, write_window
 from ...timings import Timings
 from . import _cpu as K
 from ._tiled import (
@@ -80,7 +80,6 @@ from ._tiled import (
     Geometry,
     read_block,
     table_cell,
-    write_held,
 )
 from ._levels import LEVEL_BYTES, LevelTree, LocalLevels
 from ..tiling import Batch, Plan, check_side, plan, plan_batches, whole_side

@@ -34,10 +34,10 @@ from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...pinned import host_bytes as pinned_host_bytes
 from ...progress import progress_bar
-from ...store import ELEVATION, TerrainStore, Window, read_shard
+from ...store import ELEVATION, TerrainStore, Window, read_shard, write_held
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
-from ..fill._tiled import table_cell, write_held
+from ..fill._tiled import table_cell
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
