@@ -167,11 +167,11 @@ def seal(root, staged: bool = False) -> None:
     arrays' manifests, not a file of the group's: zarr warns about files in a group it does not
     know.) Called once the arrays are written, before the store or result is renamed into place.
 
-    One walk, each zarr.json read once, the nodes' part of the manifests encoded once: every command
-    that writes a result pays it (a pyramid of 4 levels has 20 nodes and 16 arrays). ``staged``: ``root``
-    is a temporary that is renamed into place once sealed (:meth:`TerrainStore.write_result`), which no
-    reader sees before: each manifest is written in place, not under a temporary name renamed over it
-    (half the file-system calls: ~1 ms of a 4096^2 pyramid's seal, which runs after its last read)."""
+    One walk, each zarr.json read once: every command that writes a result pays it (a pyramid of 4
+    levels has 20 nodes and 16 arrays). ``staged``: ``root`` is a temporary that is renamed into
+    place once sealed (:meth:`TerrainStore.write_result`), which no reader sees before: each manifest
+    is written in place, not under a temporary name renamed over it (half the file-system calls:
+    ~1 ms of a 4096^2 pyramid's seal, which runs after its last read)."""
     root = str(Path(root))
     nodes, arrays = {}, []  # arrays: (folder, depth below root)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -193,13 +193,10 @@ def seal(root, staged: bool = False) -> None:
             arrays.append((rel, len(parts)))
         # nodes below any folder but chunk folders ("c"); arrays not below an array
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (d == "c" and (in_array or is_array)))
-    nodes_json = json.dumps(nodes, separators=(",", ":"))
     for rel, depth in arrays:
         folder = os.path.join(root, rel) if rel else root
-        chunks = json.dumps(dict(sorted(chunk_files(folder).items())), separators=(",", ":"))
-        tree = json.dumps("/".join([".."] * depth) or ".")
-        # (the bytes json.dump writes of {"chunks": ..., "tree": ..., "nodes": ...})
-        text = f'{{"chunks":{chunks},"tree":{tree},"nodes":{nodes_json}}}'
+        text = json.dumps({"chunks": dict(sorted(chunk_files(folder).items())), "tree": "/".join([".."] * depth) or ".",
+                           "nodes": nodes}, separators=(",", ":"))
         if staged:
             with open(os.path.join(folder, MANIFEST), "w") as f:
                 f.write(text)
