@@ -85,12 +85,18 @@ def report(step: str, args, store: str, group: str | None, **more) -> None:
                       "disk_free_gib": round(shutil.disk_usage(store).free / 2**30, 1), **more}), flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli_parser(doc: str) -> argparse.ArgumentParser:
+    """The options the CLI benchmarks share: the work folder, the store's size, the device, the budget."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--work", required=True)
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--memory", default=None)
+    return ap
+
+
+def main() -> None:
+    ap = cli_parser(__doc__)
     ap.add_argument("--condition", default="fill")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the store (default: deleted at the end)")

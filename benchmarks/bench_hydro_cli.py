@@ -13,12 +13,11 @@ the sum of its CLI walls; otherwise basins, watershed, streams with vectors and 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 
-from bench_flow_cli import terrain
+from bench_flow_cli import cli_parser, terrain
 
 GROUPS = {"fill": "fill", "flow": "flow", "basins": "basins", "watershed": "watershed/default", "streams": "streams",
           "hand": "hand"}
@@ -33,11 +32,7 @@ def steps(st: str, size: int, work: str, threshold: str, only: list[str]) -> lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--size", type=int, required=True)
-    ap.add_argument("--device", default="gpu")
-    ap.add_argument("--memory", default=None)
+    ap = cli_parser(__doc__)
     ap.add_argument("--threshold", default="1000")
     ap.add_argument("--workflow", action="store_true")
     ap.add_argument("--only", default="basins,watershed,streams,hand", help="the hydrology commands to run")

@@ -167,25 +167,25 @@ def seal(root, staged: bool = False, ahead: "SealedAhead | None" = None) -> None
     arrays' manifests, not a file of the group's: zarr warns about files in a group it does not
     know.) Called once the arrays are written, before the store or result is renamed into place.
 
-    One walk, each zarr.json read once, the nodes' part of the manifests encoded once: every command
-    that writes a result pays it (a pyramid of 4 levels has 20 nodes and 16 arrays). ``staged``: ``root``
-    is a temporary that is renamed into place once sealed (:meth:`TerrainStore.write_result`), which no
-    reader sees before: each manifest is written in place, not under a temporary name renamed over it
-    (half the file-system calls: ~1 ms of a 4096^2 pyramid's seal, which runs after its last read).
-    ``ahead``: what :func:`seal_ahead` did while the arrays were written; only the other arrays'
-    manifests are written now."""
+    One walk, each zarr.json read once: every command that writes a result pays it (a pyramid of 4
+    levels has 20 nodes and 16 arrays). ``staged``: ``root`` is a temporary that is renamed into
+    place once sealed (:meth:`TerrainStore.write_result`), which no reader sees before: each manifest
+    is written in place, not under a temporary name renamed over it (half the file-system calls:
+    ~1 ms of a 4096^2 pyramid's seal, which runs after its last read). ``ahead``: what
+    :func:`seal_ahead` did while the arrays were written; only the other arrays' manifests are
+    written now."""
     root = str(Path(root))
-    nodes_json, arrays = ahead.tree if ahead is not None else _sealed_tree(root)
+    nodes, arrays = ahead.tree if ahead is not None else _sealed_tree(root)
     for rel, depth in arrays:
         if ahead is None or rel not in ahead.done:
-            _write_manifest(root, rel, depth, nodes_json, staged)
+            _write_manifest(root, rel, depth, nodes, staged)
 
 
 @dataclass(frozen=True)
 class SealedAhead:
     """:func:`seal_ahead`'s walk (the nodes' digests, the arrays) and the arrays it sealed."""
 
-    tree: tuple[str, list]
+    tree: tuple[dict, list]
     done: frozenset
 
 
@@ -203,8 +203,8 @@ def seal_ahead(root, complete) -> SealedAhead:
     return SealedAhead(tree, done)
 
 
-def _sealed_tree(root: str) -> tuple[str, list]:
-    """The JSON of the digests of the nodes under ``root`` and its arrays, (folder, depth below root)."""
+def _sealed_tree(root: str) -> tuple[dict, list]:
+    """The digests of the nodes under ``root`` and its arrays, (folder, depth below root)."""
     nodes, arrays = {}, []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = dirpath[len(root) + 1 :].replace(os.sep, "/")
@@ -225,15 +225,13 @@ def _sealed_tree(root: str) -> tuple[str, list]:
             arrays.append((rel, len(parts)))
         # nodes below any folder but chunk folders ("c"); arrays not below an array
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (d == "c" and (in_array or is_array)))
-    return json.dumps(nodes, separators=(",", ":")), arrays
+    return nodes, arrays
 
 
-def _write_manifest(root: str, rel: str, depth: int, nodes_json: str, staged: bool) -> None:
+def _write_manifest(root: str, rel: str, depth: int, nodes: dict, staged: bool) -> None:
     folder = os.path.join(root, rel) if rel else root
-    chunks = json.dumps(dict(sorted(chunk_files(folder).items())), separators=(",", ":"))
-    tree = json.dumps("/".join([".."] * depth) or ".")
-    # (the bytes json.dump writes of {"chunks": ..., "tree": ..., "nodes": ...})
-    text = f'{{"chunks":{chunks},"tree":{tree},"nodes":{nodes_json}}}'
+    text = json.dumps({"chunks": dict(sorted(chunk_files(folder).items())), "tree": "/".join([".."] * depth) or ".",
+                       "nodes": nodes}, separators=(",", ":"))
     if staged:
         with open(os.path.join(folder, MANIFEST), "w") as f:
             f.write(text)

@@ -31,7 +31,7 @@ def test_write_held_stores_device_arrays_through_the_pinned_bands(tmp_path, monk
     import cupy as cp
 
     from terrain_io import pinned
-    from terrain_io.grid.fill import _tiled
+    from terrain_io import store as store_module
 
     monkeypatch.setenv("TERRAIN_NVCOMP", WAYS[way])
     nvcomp_or_skip(way)
@@ -46,10 +46,10 @@ def test_write_held_stores_device_arrays_through_the_pinned_bands(tmp_path, monk
     store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(shape, np.float32), tile=16, shard=2)
     calls, bands = [], pinned.write_bands
     monkeypatch.setattr(pinned, "write_bands", lambda *a, **k: calls.append(len(a[0])) or bands(*a, **k))
-    monkeypatch.setattr(_tiled, "write_window", lambda *a: pytest.fail("a device array went to the host threads"))
+    monkeypatch.setattr(store_module, "write_window", lambda *a: pytest.fail("a device array went to the host threads"))
     with store.write_result("r") as writer:
         arrays = {k: writer.create_array(k, v.dtype, fill_value_for(v.dtype, None)) for k, v in values.items()}
-        _tiled.write_held(store, *((arrays[k], cp.asarray(v)) for k, v in values.items()))
+        store_module.write_held(store, *((arrays[k], cp.asarray(v)) for k, v in values.items()))
     assert calls == [len(values)]
     for k, v in values.items():
         got = zarr.open_array(tmp_path / "s.zarr" / "r" / k, mode="r")[...]

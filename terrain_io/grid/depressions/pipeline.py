@@ -78,7 +78,7 @@ from ...errors import DeviceError, InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...progress import progress_bar
-from ...store import TerrainStore, read_window, write_window
+from ...store import TerrainStore, read_window, write_held, write_window
 from ...timings import Timings
 from . import _cpu as K
 from ..fill._tiled import (
@@ -87,7 +87,6 @@ from ..fill._tiled import (
     Geometry,
     read_block,
     table_cell,
-    write_held,
 )
 from ..fill._levels import BlockTree, LocalLevels, node_set
 from ..tiling import Plan, check_side, plan, plan_batches, whole_side

@@ -68,10 +68,10 @@ from ...backend import Dispatch, gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
-from ...parallel import check_scheduler, imap_shards, map_shards, run_on_worker
+from ...parallel import check_scheduler, imap_shards, run_on_worker
 from ...pinned import PinnedBands, write_bands
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_window
+from ...store import TerrainStore, Window, read_window, write_held, write_window
 from ...timings import Timings
 from . import _cpu as K
 from ._tiled import (
@@ -80,7 +80,6 @@ from ._tiled import (
     Geometry,
     read_block,
     table_cell,
-    write_held,
 )
 from ._levels import LEVEL_BYTES, LevelTree, LocalLevels
 from ..tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
@@ -179,7 +178,7 @@ def _tile_phase_task(task: _Task):
     store = TerrainStore.open(task.store, mode="r")
     rows, cols = store.shape
     vals, ok, outl = read_block(store, task.window, task.nodata_drains)
-    graph_batch = _kernel("graph_batch", rows * cols, len(task.tiles))
+    graph_batch = _kernel("graph_batch", rows * cols)
     out = graph_batch(vals, ok, outl, task.tiles, *Geometry(rows, cols, store.tile_size).args(task.window),
                       np.empty((1, 1), store.dtype), np.empty((1, 1), K.LABEL), False)
     return _edges(out, len(task.tiles), _weight_dtype(store.dtype))
@@ -198,7 +197,7 @@ def _final_phase_task(task: _Task):
     depth, dep = np.empty(shape, np.float32), np.empty(shape, np.uint32)
     geo = Geometry(rows, cols, store.tile_size)
     levels = LocalLevels(geo, task.window, *task.levels)
-    final_batch = _kernel("final_batch", rows * cols, len(task.tiles))
+    final_batch = _kernel("final_batch", rows * cols)
     out = final_batch(vals, ok, outl, task.tiles, *_local_args(geo, task.window, levels), levels.G, fl, lab, False,
                       fl, depth, dep)
     for path, block in zip(task.arrays, (fl, depth, dep)):
@@ -463,8 +462,7 @@ def _fill_planned(store: TerrainStore, geo: Geometry, chosen: Plan, outlets: str
     if plan_held:
         k = whole_side(store)
     batches = plan_batches(store, k)
-    graph_batch, final_batch, relabel = (_kernel(n, rows * cols, k * k) for n in ("graph_batch", "final_batch",
-                                                                                    "relabel"))
+    graph_batch, final_batch, relabel = (_kernel(n, rows * cols) for n in ("graph_batch", "final_batch", "relabel"))
     nodata_drains = outlets == "edge+nodata"
     whole_shard = k == store.shard_size
     with store.write_result(RESULT, attrs={"outlets": outlets, "outputs": list(outputs)}) as writer:
@@ -703,7 +701,7 @@ def _relabel_and_spill(store, batches: list[Batch], starts, final, spill, dep_ar
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
     reading a one-cell halo around each batch that holds spill cells."""
     rows, cols = store.shape
-    relabel = _kernel("relabel", rows * cols, max(len(b.tiles) for b in batches))
+    relabel = _kernel("relabel", rows * cols)
     with progress_bar(progress, 2 * len(batches), "fill: lakes", unit="batch") as bar:
         for b, start in zip(batches, starts):
             dep = read_window(dep_arr, b.window, whole_shard)
@@ -763,11 +761,9 @@ def read_fill(store) -> dict[str, np.ndarray]:
     return {n: np.asarray(store.group[f"{RESULT}/{n}"][...]) for n in ("elevation", "depth", "depression")}
 
 
-def _kernel(name: str, cells: int, tiles: int):
-    """The threaded entry ``name`` of :mod:`._cpu` (a batch's ``tiles`` in chunks on numba's thread
-    count, :func:`terrain_io.jit.in_threads`), or its serial twin (the same kernels, one thread) where
-    nothing would run in parallel: a DEM of fewer than SERIAL_BELOW cells (terrain_io.jit), batches
-    of one tile, or one thread. (When these were numba parallel builds, compiling them inside an
-    out-of-core run grew it ~70 MiB above its budget: tests/test_grid_fill.py::test_memory_budget_out_of_core.)"""
-    parallel = cells >= SERIAL_BELOW and tiles > 1 and numba.get_num_threads() > 1
-    return getattr(K, name if parallel else name + "_serial")
+def _kernel(name: str, cells: int):
+    """The threaded entry ``name`` of :mod:`._cpu` (a batch's tiles in chunks on numba's thread
+    count, :func:`terrain_io.jit.in_threads`, which takes one thread for one tile or where numba has
+    one), or its serial twin (the same kernels, one thread) for a DEM of fewer than SERIAL_BELOW
+    cells (terrain_io.jit): a small job starts no thread pool."""
+    return getattr(K, name if cells >= SERIAL_BELOW else name + "_serial")

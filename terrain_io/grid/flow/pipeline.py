@@ -48,10 +48,10 @@ from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, run_on_worker
 from ...pinned import host_bytes as pinned_host_bytes, write_device
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_window
+from ...store import TerrainStore, Window, read_window, write_held, write_window
 from ...timings import Timings
 from ..fill._cpu import outlets as outlet_cells
-from ..fill._tiled import OUTLETS, write_held
+from ..fill._tiled import OUTLETS
 from ..tiling import check_side, plan, plan_batches
 from ..sssp._pipeline_cpu import steps_of
 from . import _cpu as K

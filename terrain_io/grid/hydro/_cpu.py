@@ -249,7 +249,8 @@ def hand(code, h, w, order, m, stream, z, link, height, drainage):
 class Links(NamedTuple):
     """The stream links, index i = link id i + 1 (module docstring): flat indices of the ``head`` and
     last (``tail``) cell, the ``downstream`` link id (0: the path ends), ``cells``, ``strahler``
-    order and ``shreve`` magnitude."""
+    order and ``shreve`` magnitude; ``upstream``, the accumulation at the last cell, where the
+    store's ``streams`` gives it (its vectors' table)."""
 
     head: np.ndarray
     tail: np.ndarray
@@ -257,6 +258,7 @@ class Links(NamedTuple):
     cells: np.ndarray
     strahler: np.ndarray
     shreve: np.ndarray
+    upstream: np.ndarray | None = None
 
 
 class Network(NamedTuple):

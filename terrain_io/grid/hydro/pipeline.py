@@ -25,7 +25,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,16 +34,17 @@ from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...pinned import host_bytes as pinned_host_bytes
 from ...progress import progress_bar
-from ...store import ELEVATION, TerrainStore, Window, read_shard
+from ...store import ELEVATION, TerrainStore, Window, read_shard, write_held
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
-from ..fill._tiled import table_cell, write_held
+from ..fill._tiled import table_cell
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
 
 if TYPE_CHECKING:
     from . import tiled
+    from ._cpu import Links
 
 # host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
 # network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
@@ -387,11 +388,10 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
         with timer.phase("read"):
             code = route.load(store, "flow/direction", progress)
         net, upstream = route.network(store, code, cells, progress, timer)
-        t = net.links
-        links = Links(t.head, t.tail, t.downstream, t.cells, t.strahler, t.shreve, upstream)
+        links = net.links._replace(upstream=upstream)
         with timer.phase(route.device):
             n_stream = int(net.stream.sum())
-        attrs["links"] = len(t.head)
+        attrs["links"] = len(links.head)
         arrays = {"order": (net.strahler, 0, order_attrs), "magnitude": (net.shreve, 0, magnitude_attrs),
                   "link": (net.link, 0, link_attrs)}
         if vectors is None:
@@ -412,7 +412,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
             t = tiled.Streams(wins, cells).links(link_arr, progress, "streams")
             strahler, shreve = tiled.orders(t.downstream, rows * cols)
             tiled.per_cell(wins, link_arr, strahler, shreve, order_arr, magnitude_arr, progress)
-            links = Links(t.head, t.tail, t.downstream, t.cells, strahler, shreve, t.upstream)
+            links = tiled._cpu.Links(t.head, t.tail, t.downstream, t.cells, strahler, shreve, t.upstream)
             n_stream = int(t.cells.sum())
             attrs["links"] = len(t.head)
             writer.attrs.update(attrs)
@@ -469,19 +469,6 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     sec = timer.seconds()
     return HydroResult(f"hand: {drained:,} cells drain to a stream (accumulation >= {cells:g} cells), highest "
                        f"{top:.6g}, {sec:.2f} s ({route.device}, {_method(wins)})", attrs)
-
-
-class Links(NamedTuple):
-    """The link table (index = link id - 1): head and last cell (global ids), downstream link id
-    (0: the path ends), cells, Strahler order, Shreve magnitude, accumulation at the last cell."""
-
-    head: np.ndarray
-    tail: np.ndarray
-    downstream: np.ndarray
-    cells: np.ndarray
-    strahler: np.ndarray
-    shreve: np.ndarray
-    upstream: np.ndarray
 
 
 class CellReader:

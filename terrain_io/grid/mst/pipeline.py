@@ -552,14 +552,16 @@ def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) ->
     return k == store.shard_size or workers * 2 * shard_cells <= budget // 2
 
 
-def _decided_by_shard(store: TerrainStore, removed: "_CodeLog", kept: "_CodeLog", windows: list[Window]) -> list:
-    """The decisions grouped by shard (the logs emptied): (removed, kept) codes of each shard in
-    ``windows``; a code belongs to the shard of its cell (the edge's smaller end)."""
-    rows, cols = store.shape
-    span = store.shard_size * store.tile_size
+def _decided_by_unit(removed: "_CodeLog", kept: "_CodeLog", shape: tuple[int, int], span: int,
+                     windows: list[Window]) -> list:
+    """The decisions grouped by unit, the DEM cut in ``span`` x ``span`` cells (a shard, or a batch;
+    the logs emptied): (removed, kept) codes of each unit in ``windows``; a code belongs to the unit
+    of its cell (the edge's smaller end)."""
+    rows, cols = shape
     across = -(-cols // span)
 
     def unit_of(codes):
+        """The unit (row-major) of each code's cell."""
         lo = codes >> 2
         return (lo // cols // span) * across + lo % cols // span
 
@@ -568,6 +570,11 @@ def _decided_by_shard(store: TerrainStore, removed: "_CodeLog", kept: "_CodeLog"
     kep, kept_starts = kept.grouped(unit_of, n_units)
     keys = [w.r0 // span * across + w.c0 // span for w in windows]
     return [(rem[rem_starts[u] : rem_starts[u + 1]], kep[kept_starts[u] : kept_starts[u + 1]]) for u in keys]
+
+
+def _decided_by_shard(store: TerrainStore, removed: "_CodeLog", kept: "_CodeLog", windows: list[Window]) -> list:
+    """:func:`_decided_by_unit` with the store's shards as the units."""
+    return _decided_by_unit(removed, kept, store.shape, store.shard_size * store.tile_size, windows)
 
 
 def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.ndarray, whole_shard: bool,
@@ -649,24 +656,13 @@ def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: in
         span, workers = k * store.tile_size, 1
         units = [b.window for b in batches]
 
-    units_across = -(-cols // span)
-    n_units = -(-rows // span) * units_across
+    removed_log, kept_log = decided.pop(0), decided.pop(0)
+    units = list(zip(units, _decided_by_unit(removed_log, kept_log, store.shape, span, units)))
 
-    def unit_of(codes):
-        """The unit (row-major) of each code's cell."""
-        lo = codes >> 2
-        return (lo // cols // span) * units_across + lo % cols // span
-
-    removed, rem_starts = decided.pop(0).grouped(unit_of, n_units)
-    kept, kept_starts = decided.pop(0).grouped(unit_of, n_units)
-
-    def decided_in(win: Window) -> tuple[np.ndarray, np.ndarray]:
-        key = win.r0 // span * units_across + win.c0 // span
-        return removed[rem_starts[key] : rem_starts[key + 1]], kept[kept_starts[key] : kept_starts[key + 1]]
-
-    def expand(win: Window) -> int:
+    def expand(unit) -> int:
+        win, (removed, kept) = unit
         bits = held.pop((win.r0, win.c0)) if held is not None else None
-        return _expand_unit(edges, win, cols, *decided_in(win), span == span_shard, bits)
+        return _expand_unit(edges, win, cols, removed, kept, span == span_shard, bits)
 
     n_edges = 0
     with progress_bar(progress, len(units), "expand", unit="shard" if span == span_shard else "batch") as bar, \
