@@ -3,9 +3,10 @@ tile of ``terrain view``, cold (rendered) and warm (from the cache).
 
 Each figure is wall seconds and CPU seconds (user + sys of this process: on a shared machine the
 CPU time is the steadier figure); "cores" is CPU / wall (how many cores were kept busy), head_ms and
-tail_ms the pyramid's time before its first base shard is read and after its last (one thread works). "One read": every shard of the array read and decoded in Morton
-order (``store.read_shard``, one thread, as the overviews' pass reads them), the files in the page
-cache as for the overviews run just after it (an untimed first run warms it); each timed run writes
+tail_ms the pyramid's time before its first base block is read and after its last (one thread works).
+"One read": every shard of the array read and decoded in Morton order (``store.read_shard``, one
+thread, as the overviews' pass reads them), the files in the page cache as for the overviews run just
+after it (an untimed first run warms it); each timed run writes
 the first pyramid of the store: the one before it is moved aside untimed (a replacement also deletes the
 old) and deleted after the last run -- not just before the timed one, as ``--remove-old`` does: on an
 ext4 without a journal (the 2-core VM's) a new inode is searched past every inode freed in the last
@@ -49,7 +50,7 @@ def read_once(path, array):
 
 
 def timed_reads(fn):
-    """(fn(), {"head_ms", "tail_ms"}): the time before the first base shard's read starts and after the
+    """(fn(), {"head_ms", "tail_ms"}): the time before the first base block's read starts and after the
     last one ends -- where the pyramid's fixed work runs with a core idle (``overviews.read_halved``
     wrapped)."""
     import time

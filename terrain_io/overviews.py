@@ -23,21 +23,23 @@ coordinates. The group's ``multiscales.layout`` lists levels 1..n (``derived_fro
 outside the group, which the convention's relative paths cannot reach: its name is in ``source``.
 Levels are tiled, sharded, checksummed and sealed like every result (:meth:`TerrainStore.write_result`).
 
-Out of core in one pass: each shard of the base array is read once, as a task (Morton order, on the
+Out of core in one pass: each block of the base array -- a shard, or a quarter of one when the array
+has few shards for the threads (:func:`_block_side`) -- is read once, as a task (Morton order, on the
 ``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
 after level in memory -- the first halving chunk by chunk as the chunks are decoded
-(:func:`read_halved`: the shard's cells are never put together). Its piece of level k is whole chunks of a
-level-k shard while 2^k divides the tiles of a shard side: those chunks are encoded in the task
+(:func:`read_halved`: the block's cells are never put together). Its piece of level k is whole chunks of a
+level-k shard while 2^k divides the tiles of a block side: those chunks are encoded in the task
 (:func:`~terrain_io.store.encode_chunks`), and this process writes them into the level's shard file
 as they come (:class:`_ShardStream`: Morton order). The task's raw piece of
 the next level is put together here with the others into that level's shards, each written as
 soon as it is complete and halved for the level above, and so on. Morton order completes a
 parent's children one after another, so at most a few shards of each level are held. The levels'
 metadata and coordinates are written as files in one go (zarr's event loop costs more than a
-level's cells). Each stored cell is read once: the cost is one read of the array, the reductions,
+level's cells), and the coordinates sealed then (:func:`~terrain_io.integrity.seal_ahead`). Each stored
+cell is read once: the cost is one read of the array, the reductions,
 and writing a third of it again -- not compressed (:data:`LEVEL_ZSTD`: each level's zarr.json names
 its codecs, bytes and crc32c, so plain zarr and xarray read the levels); each level shard is written
-piece by piece as the base shards come (:class:`_ShardStream`), so little is left after the last read
+piece by piece as the blocks come (:class:`_ShardStream`), so little is left after the last read
 (benchmarks/bench_view.py; benchmarks/RESULTS.md, issue 32).
 """
 from __future__ import annotations
