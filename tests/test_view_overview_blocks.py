@@ -11,15 +11,8 @@ import pytest
 
 import terrain_io.overviews as ov
 from references import overview_mean, overview_mode, utm_store
+from test_view_overview_speed import _values  # (nodata cells, and whole chunks of them)
 from terrain_io.store import TerrainStore, Window, read_shard
-
-
-def _values(shape, seed=3):
-    rng = np.random.default_rng(seed)
-    z = (rng.random(shape) * 300 + 100).astype(np.float32)
-    z[rng.random(shape) < 0.1] = np.nan
-    z[16:32, 0:16] = np.nan  # whole chunks of nodata: not stored
-    return z
 
 
 def _tree(root):
