@@ -61,9 +61,9 @@ from .memory import format_bytes, memory_budget
 from .parallel import check_scheduler, imap_shards
 from .progress import progress_bar
 from . import integrity
-from .store import (ELEVATION, NO_CHUNK, TerrainStore, Window, array_handle, encode_chunks, group_metadata,
-                    pwrite_all, read_shard, shard_chunks, shard_layout, tiled_array_metadata, write_coordinate_files,
-                    write_node)
+from .store import (ELEVATION, NO_CHUNK, TerrainStore, Window, array_handle, codec_pool, encode_chunks,
+                    group_metadata, pwrite_all, read_shard, shard_chunks, shard_layout, tiled_array_metadata,
+                    write_coordinate_files, write_node)
 from .zorder import morton_order
 
 GROUP = "overviews"
@@ -487,13 +487,15 @@ def _source_attrs(arr) -> dict:
 
 
 class _Prefetch:
-    """``func(task)`` for each task in order (iterate), up to ``ahead`` running in threads from the
-    start (decoding and the numba reductions release the GIL); :meth:`close` cancels the rest."""
+    """``func(task)`` for each task in order (iterate), up to ``ahead`` submitted from the start to the
+    store's codec threads (:func:`~terrain_io.store.codec_pool`: one a core, made once a process --
+    no thread started before the first read; a task decodes and encodes in its own thread there, and
+    decoding and the numba reductions release the GIL); :meth:`close` cancels the rest and waits for
+    those running."""
 
     def __init__(self, func, tasks, ahead: int):
         self.func, self.tasks, self.ahead = func, tasks, ahead
-        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, min(ahead, os.cpu_count() or 1)),
-                                                          thread_name_prefix="terrain-overviews-read")
+        self.pool = codec_pool()
         self.pending = [self.pool.submit(func, t) for t in tasks[:ahead]]
 
     def __iter__(self):
@@ -507,7 +509,7 @@ class _Prefetch:
         for f in self.pending:
             if f is not None:
                 f.cancel()
-        self.pool.shutdown(wait=True)
+        concurrent.futures.wait([f for f in self.pending if f is not None])
 
 
 class _Assembler:

@@ -1132,7 +1132,7 @@ _PARALLEL_SHARD_BYTES = 1 << 20  # a smaller shard is encoded in its caller's th
 _POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 
 
-def _codec_pool() -> concurrent.futures.ThreadPoolExecutor:
+def codec_pool() -> concurrent.futures.ThreadPoolExecutor:
     """The process's pool of chunk encoders and decoders, one thread a core (made again in a forked
     child, which has none of its parent's threads)."""
     global _POOL
@@ -1154,7 +1154,7 @@ def _run_chunks(fn, jobs, nbytes: int, count: int | None = None, ordered: bool =
     count = len(jobs) if count is None else count
     if (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
             and not threading.current_thread().name.startswith(_POOL_THREADS)):
-        results = _codec_pool().map(fn, jobs)
+        results = codec_pool().map(fn, jobs)
     else:
         results = (fn(job) for job in jobs)
     return results if ordered else list(results)
