@@ -436,6 +436,9 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     _opened.cache_clear()
     # the first shards are read while the levels' handles and the staged result group are made (on 2
     # cores its zarr calls and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md)
+    # (in_flight counts shards: as many bytes of blocks -- all 16 of a 4096^2 array, so the readers never
+    # wait for the main thread while the writer thread makes the levels' nodes)
+    in_flight *= (side // size) ** 2
     pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
               else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
