@@ -5,6 +5,7 @@ the window of the whole shard."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -66,6 +67,11 @@ def test_pyramid_of_blocks_is_the_pyramid_of_shards(tmp_path, monkeypatch):
         assert ov.write_overviews(st.path, ["elevation", "fill/depression"]) == {"elevation": 5, "fill/depression": 5}
         trees[split] = _tree(st.path / "overviews")
     assert len(trees[1]) > 40 and trees[2] == trees[1] and trees[4] == trees[1]
+    pytest.importorskip("dask")  # and blocks on Dask's threads
+    shutil.rmtree(tmp_path / "s2.zarr" / "overviews")
+    monkeypatch.setattr(ov, "_block_side", lambda grid, side, tile, threads: side // 2)
+    ov.write_overviews(tmp_path / "s2.zarr", ["elevation", "fill/depression"], scheduler="threads")
+    assert _tree(tmp_path / "s2.zarr" / "overviews") == trees[1]
     group = TerrainStore.open(tmp_path / "s2.zarr", mode="r").group
     below = z
     for k in range(1, 6):
@@ -88,8 +94,6 @@ def test_window_read_in_one_piece_is_the_shard_window(tmp_path):
 def test_seal_ahead_then_seal_is_the_seal(tmp_path):
     """The coordinates sealed while a level is still written, the rest once it is: every manifest as
     one seal of the finished tree writes it."""
-    import shutil
-
     import zarr
 
     from terrain_io import integrity
