@@ -454,7 +454,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
             nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
             assembler = _Assembler(grid0, side // size, level_arrays, whole, side, method, missing, writes)
             try:
-                with progress_bar(progress, len(tasks), f"overviews {name}", unit="shard") as bar:
+                with progress_bar(progress, len(tasks), f"overviews {name}", unit="block") as bar:
                     for task, (encoded, raw) in zip(tasks, pieces):
                         for k, chunks in enumerate(encoded, start=1):
                             assembler.put_encoded(k, task.block, chunks)
