@@ -250,11 +250,12 @@ def _cascade(task: _Task):
 
 def _block_side(grid, shard_side: int, tile: int, threads: int) -> int:
     """The side of a base task: a shard, halved while the array has fewer than 8 tasks a thread (and a
-    half keeps 2 tiles a side) -- a 4096^2 array of 4 shards on 2 cores is 16 tasks of 1024^2, so both
-    threads work until the last read ends, and the last task leaves a sixteenth of the levels to encode
-    after it (benchmarks/RESULTS.md, issue 32)."""
+    half keeps 2 tiles a side; shards of a power of two tiles) -- a 4096^2 array of 4 shards on 2 cores
+    is 16 tasks of 1024^2, so both threads work until the last read ends, and the last task leaves a
+    sixteenth of the levels to encode after it (benchmarks/RESULTS.md, issue 32)."""
     side, count = shard_side, grid[0] * grid[1]
-    while count < 8 * threads and side >= 4 * tile:
+    tiles = shard_side // tile
+    while count < 8 * threads and side >= 4 * tile and tiles & (tiles - 1) == 0:
         side, count = side // 2, count * 4
     return side
 

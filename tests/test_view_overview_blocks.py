@@ -29,6 +29,7 @@ def test_block_side_splits_few_shards_only():
     assert ov._block_side((1, 1), 2048, 256, 2) == 512  # stops at 2 tiles a side
     assert ov._block_side((16, 16), 2048, 256, 16) == 2048  # the H100's 32768^2: whole shards
     assert ov._block_side((3, 2), 32, 8, 2) == 16
+    assert ov._block_side((1, 1), 6 * 256, 256, 2) == 6 * 256  # (a shard of 6 tiles: left whole)
 
 
 @pytest.mark.parametrize("method", ["average", "mode"])
