@@ -526,7 +526,7 @@ class _Assembler:
         self.per_shard = per_shard  # base blocks along a side of a base shard
         self.writes = writes
         self.grids = [tuple(base_grid), *(tuple(-(-n // side) for n in a.shape) for a in arrays)]
-        self.pending: dict[tuple[int, int, int], list] = {}  # (level, row, col) -> [block or chunks, pieces left]
+        self.pending: dict[tuple[int, int, int], list] = {}  # (level, row, col) -> _entry
         self.written: list = []
 
     def _pieces(self, src_grid, r: int, c: int, per: int) -> int:
@@ -534,9 +534,13 @@ class _Assembler:
         return min(per, src_grid[0] - r * per) * min(per, src_grid[1] - c * per)
 
     def _entry(self, level: int, r: int, c: int, per: int, src_grid, new):
+        """Shard (r, c) of ``level`` being put together: [its cells (raw levels), how many pieces it
+        waits for, its :class:`_ShardStream`, how many pieces each of its chunks waits for (raw levels)],
+        ``new()`` when first met."""
         key = (level, r, c)
         if key not in self.pending:
-            self.pending[key] = [new(), self._pieces(src_grid, r, c, per)]
+            entry = self.pending[key] = new()
+            entry[1] = self._pieces(src_grid, r, c, per)
         return key, self.pending[key]
 
     def put_encoded(self, level: int, base, chunks: dict) -> None:
@@ -544,8 +548,9 @@ class _Assembler:
         order of the shard file (:class:`_ShardStream`), while the next base blocks are read."""
         per = 2**level * self.per_shard
         r, c = base[0] // per, base[1] // per
-        key, entry = self._entry(level, r, c, per, self.grids[0], lambda: _ShardStream(self.arrays[level - 1], r, c))
-        stream = entry[0]
+        key, entry = self._entry(level, r, c, per, self.grids[0],
+                                 lambda: [None, 0, _ShardStream(self.arrays[level - 1], r, c), None])
+        stream = entry[2]
         entry[1] -= 1
         self._write(stream.add, chunks)
         if entry[1] == 0:
@@ -553,20 +558,44 @@ class _Assembler:
             self._write(stream.close)
 
     def put(self, level: int, src, piece: np.ndarray, per: int, src_grid) -> None:
-        """``piece``: cell ``src`` of ``src_grid`` reduced to ``level``, a 1 / per of a level shard's side."""
+        """``piece``: cell ``src`` of ``src_grid`` reduced to ``level``, a 1 / per of a level shard's side;
+        each chunk of the level shard is encoded and written as soon as its pieces are in (the last
+        block leaves one chunk of the level above its own, not the whole shard)."""
         r, c = src[0] // per, src[1] // per
         arr = self.arrays[level - 1]
-        h = min(self.side, arr.shape[0] - r * self.side)
-        w = min(self.side, arr.shape[1] - c * self.side)
-        key, entry = self._entry(level, r, c, per, src_grid, lambda: np.empty((h, w), arr.dtype))
-        a0, b0 = (src[0] % per) * (self.side // per), (src[1] % per) * (self.side // per)
-        entry[0][a0 : a0 + piece.shape[0], b0 : b0 + piece.shape[1]] = piece
+        p = self.side // per  # a piece's side
+        key, entry = self._entry(level, r, c, per, src_grid, lambda: self._raw_shard(arr, r, c, per, src_grid))
+        block, _, stream, left = entry
+        a0, b0 = (src[0] % per) * p, (src[1] % per) * p
+        block[a0 : a0 + piece.shape[0], b0 : b0 + piece.shape[1]] = piece
+        t0, t1 = arr.chunks
+        ready = {}
+        for i in range(a0 // t0, (a0 + piece.shape[0] - 1) // t0 + 1):
+            for j in range(b0 // t1, (b0 + piece.shape[1] - 1) // t1 + 1):
+                left[i, j] -= 1
+                if left[i, j] == 0:
+                    ready.update(encode_chunks(arr, block[i * t0 : (i + 1) * t0, j * t1 : (j + 1) * t1], (i, j)))
+        if ready:
+            self._write(stream.add, ready)
         entry[1] -= 1
         if entry[1] == 0:
             del self.pending[key]
-            self._write(_write_level_shard, arr, r, c, entry[0])
+            self._write(stream.close)
             if level < len(self.arrays):
-                self.put(level + 1, (r, c), reduce2x2(entry[0], self.method, self.missing), 2, self.grids[level])
+                self.put(level + 1, (r, c), reduce2x2(block, self.method, self.missing), 2, self.grids[level])
+
+    def _raw_shard(self, arr, r: int, c: int, per: int, src_grid) -> list:
+        """The :meth:`_entry` of a level shard put together from raw pieces."""
+        h = min(self.side, arr.shape[0] - r * self.side)
+        w = min(self.side, arr.shape[1] - c * self.side)
+        p = self.side // per
+        rows, cols = min(per, src_grid[0] - r * per), min(per, src_grid[1] - c * per)  # pieces of this shard
+
+        def waits(n, t, count):  # pieces along a side that overlap each chunk along it
+            return np.array([min(-(-(i + 1) * t // p), count) - i * t // p for i in range(-(-n // t))])
+
+        left = np.outer(waits(h, arr.chunks[0], rows), waits(w, arr.chunks[1], cols))
+        return [np.empty((h, w), arr.dtype), 0, _ShardStream(arr, r, c), left]
 
     def _write(self, fn, *args) -> None:
         self.written.append(self.writes.submit(fn, *args))
@@ -582,20 +611,7 @@ class _Assembler:
     def discard(self) -> None:
         """Close the files of the shards left incomplete (a failed or interrupted pyramid)."""
         for entry in self.pending.values():
-            if isinstance(entry[0], _ShardStream):
-                entry[0].discard()
-
-
-def _write_level_shard(arr, r: int, c: int, block: np.ndarray) -> None:
-    """Shard (r, c) of a level put together here: the file :func:`~terrain_io.store.write_shard` writes,
-    through :class:`_ShardStream` as the other level shards (no writeback asked of the kernel for these
-    small files: on the VM's ext4 that was ~1-4 ms of system time after the last read)."""
-    stream = _ShardStream(arr, r, c)
-    try:
-        stream.add(encode_chunks(arr, block))
-        stream.close()
-    finally:
-        stream.discard()
+            entry[2].discard()
 
 
 class _ShardStream:
