@@ -8,10 +8,10 @@ tail_ms the pyramid's time before its first base block is read and after its las
 thread, as the overviews' pass reads them), the files in the page cache as for the overviews run just
 after it (an untimed first run warms it); each timed run writes
 the first pyramid of the store: the one before it is moved aside untimed (a replacement also deletes the
-old) and deleted after the last run -- not just before the timed one, as ``--remove-old`` does: on an
-ext4 without a journal (the 2-core VM's) a new inode is searched past every inode freed in the last
-seconds (``recently_deleted``), so the pyramid's 88 files and folders after 88 freed cost 3-40 ms of
-system time that a first pyramid does not pay (benchmarks/RESULTS.md, issue 32). Tiles: a fresh
+old) and deleted after the last run, not just before the timed one as ``--remove-old`` does: on an
+ext4 without a journal (the 2-core VM's) each new inode is searched past the inodes freed nearby in the
+last seconds (``recently_deleted``), and a pyramid's 88 new files and folders cost 2 to 40 ms of system
+time by how much was freed before it (benchmarks/RESULTS.md, issue 32). Tiles: a fresh
 :class:`terrain_io.view.tiles.TileSource` on the store with its overviews; ``--tiles`` distinct
 tiles at each of three zooms (the whole DEM in a few tiles, a middle zoom, the native zoom where a
 pixel is about a cell), each rendered once (cold), then served again (warm).
