@@ -88,6 +88,9 @@ def main():
     ap.add_argument("--no-warmup", action="store_true", help="no untimed first run (a store just written is cached)")
     ap.add_argument("--remove-old", action="store_true",
                     help="delete the last pyramid just before each timed run (the earlier rounds' figures)")
+    ap.add_argument("--keep-old", type=Path, default=None,
+                    help="move the replaced pyramids into this folder and keep them (runs one after another: "
+                         "no run pays for the inodes the one before freed)")
     args = ap.parse_args()
     from terrain_io.overviews import write_overviews
     from terrain_io.view.tiles import TileSource
@@ -100,7 +103,7 @@ def main():
         subprocess.run([sys.executable, "-m", "cli", "-q", "synth", "-o", str(path), "--size", str(args.size),
                         "--seed", "1", "--nodata-fraction", "0.02"], check=True, cwd=ROOT)
     rows = []
-    old = Path(tempfile.mkdtemp(prefix=".bench_view_old_", dir=Path(path).parent))  # pyramids moved aside
+    old = Path(tempfile.mkdtemp(prefix=".bench_view_old_", dir=args.keep_old or Path(path).parent))  # moved aside
     try:
         if not args.no_warmup:
             write_overviews(path, [args.array], scheduler=args.scheduler)  # compiles the kernels, warms the cache
@@ -143,7 +146,8 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
         http_tiles(path, args.array, top, source.bounds_lonlat(), args.tiles, rows)
     finally:
-        shutil.rmtree(old, ignore_errors=True)
+        if args.keep_old is None:
+            shutil.rmtree(old, ignore_errors=True)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
