@@ -51,6 +51,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import numba as nb
@@ -442,6 +443,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     in_flight *= (side // size) ** 2
     pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
               else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
+    time.sleep(0)  # (the GIL to the readers now: this thread's Python below would hold their start ~2 ms)
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     try:
         handles.update({(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)})
