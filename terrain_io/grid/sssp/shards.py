@@ -449,8 +449,9 @@ def assemble_bytes(store: TerrainStore, side: int) -> int:
 
 
 def _assemble(stage: UnitStage, dist_arr, pred_arr, lines, lanes: int, progress: bool) -> None:
-    """Write every shard of the result from the staged units inside it (a shard's float32
-    distances and codes, and their encoding, in memory per lane)."""
+    """Write every shard of the result from the staged units: a shard's units put together (a
+    shard's float32 distances and codes, and their encoding, in memory per lane), or a unit of
+    whole shards read once and cut into them."""
     sh0, sh1 = dist_arr.shards
     h, w = dist_arr.shape
     side = lines.side
@@ -463,19 +464,27 @@ def _assemble(stage: UnitStage, dist_arr, pred_arr, lines, lanes: int, progress:
         for i in range(r0 // side, -(-r1 // side)):
             for j in range(c0 // side, -(-c1 // side)):
                 win = lines.window(i, j)
-                u_d32, u_pred = stage.load(i, j, win.shape)
-                # the overlap of the unit and the shard (a unit may hold several shards, or lie in one)
-                a0, a1, b0, b1 = max(win.r0, r0), min(win.r1, r1), max(win.c0, c0), min(win.c1, c1)
-                part = (slice(a0 - r0, a1 - r0), slice(b0 - c0, b1 - c0))
-                inside = (slice(a0 - win.r0, a1 - win.r0), slice(b0 - win.c0, b1 - win.c0))
-                d32[part], pred[part] = u_d32[inside], u_pred[inside]
-                del u_d32, u_pred
+                part = (slice(win.r0 - r0, win.r1 - r0), slice(win.c0 - c0, win.c1 - c0))
+                d32[part], pred[part] = stage.load(i, j, win.shape)
         write_shard(dist_arr, sr, sc, d32)
         write_shard(pred_arr, sr, sc, pred)
 
-    jobs = [(sr, sc) for sr in range(-(-h // sh0)) for sc in range(-(-w // sh1))]
-    with ThreadPoolExecutor(lanes) as pool, progress_bar(progress, len(jobs), "sssp write", unit="shard") as bar:
-        for _ in pool.map(write, jobs):
+    def write_unit(job):  # a unit of whole shards: read once, each of its shards written from it
+        i, j = job
+        win = lines.window(i, j)
+        d32, pred = stage.load(i, j, win.shape)
+        for r0 in range(win.r0, win.r1, sh0):
+            for c0 in range(win.c0, win.c1, sh1):
+                part = (slice(r0 - win.r0, min(r0 + sh0, h) - win.r0), slice(c0 - win.c0, min(c0 + sh1, w) - win.c0))
+                write_shard(dist_arr, r0 // sh0, c0 // sh1, d32[part])
+                write_shard(pred_arr, r0 // sh0, c0 // sh1, pred[part])
+
+    if side % sh0 == 0 and side % sh1 == 0:
+        work, jobs = write_unit, [(i, j) for i in range(lines.nur) for j in range(lines.nuc)]
+    else:
+        work, jobs = write, [(sr, sc) for sr in range(-(-h // sh0)) for sc in range(-(-w // sh1))]
+    with ThreadPoolExecutor(lanes) as pool, progress_bar(progress, len(jobs), "sssp write", unit="part") as bar:
+        for _ in pool.map(work, jobs):
             bar.update(1)
 
 
