@@ -365,10 +365,12 @@ class UnitScratch:
     after the run; a killed run's by the next)."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = str(path)
 
-    def file(self, i: int, j: int) -> Path:
-        return self.path / f"{i}_{j}.zst"
+    def file(self, i: int, j: int) -> str:
+        # a str, not a Path: Python 3.11's pathlib interns every name it parses, and a few hundred
+        # new ones can resize the interpreter's interned table (~1.9 MB: past a 3.5 MiB budget)
+        return os.path.join(self.path, f"{i}_{j}.zst")
 
     def save(self, i: int, j: int, dist: np.ndarray, level: np.ndarray, d32: np.ndarray) -> None:
         """Keep unit (i, j)'s ringed distances and levels (``d32``: the float32 distances written)."""
@@ -377,7 +379,8 @@ class UnitScratch:
         residual = np.empty(d32.shape, np.int32)
         f = self.file(i, j)
         if not K.split_distances(dist, d32, residual):  # (distances below float32's normals) cold next time
-            f.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f)
             return
         parts = [memoryview(residual).cast("B"), Zstd(level=1).encode(level), _perimeter(dist).tobytes()]
         overwrite_file(f, [np.array([len(p) for p in parts], np.int64).tobytes(), *parts])
@@ -412,10 +415,10 @@ class UnitStage:
     distances (raw) and codes (zstd, level 1) are one file, read back by a re-solve from disk."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = str(path)
 
-    def file(self, i: int, j: int) -> Path:
-        return self.path / f"{i}_{j}.out"
+    def file(self, i: int, j: int) -> str:  # (a str: see UnitScratch.file)
+        return os.path.join(self.path, f"{i}_{j}.out")
 
     def save(self, i: int, j: int, d32: np.ndarray, pred: np.ndarray) -> None:
         from numcodecs import Zstd
@@ -628,7 +631,7 @@ def solve_unit(task: UnitTask) -> UnitResult:
             vals[1:-1, 1:-1] = xp.asarray(_read_values(field, win, vdtype, task.threads))
         dist = xp.empty((h + 2, w + 2), np.float64)  # a cold solve sets the interior to +inf
         level = xp.full((h + 2, w + 2), NO_LEVEL, np.int32)
-        if scratch is not None and scratch.file(task.i, task.j).exists():  # warm from disk
+        if scratch is not None and os.path.exists(scratch.file(task.i, task.j)):  # warm from disk
             if stage is not None:
                 d32, pred = stage.load(task.i, task.j, (h, w))
                 pred = pred.copy()  # (updated in place by the solve)
@@ -774,8 +777,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
                             threads if scheduler == "local" else 1, cache if reached else None, limit,
-                            every_cell_valid, str(scratch.path) if scratch is not None and reached else None,
-                            str(stage.path) if stage is not None else None)
+                            every_cell_valid, scratch.path if scratch is not None and reached else None,
+                            stage.path if stage is not None else None)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
