@@ -77,8 +77,9 @@ from ...backend import resolve_device
 from ...errors import DeviceError, InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ...pinned import write_held
 from ...progress import progress_bar
-from ...store import TerrainStore, read_window, write_held, write_window
+from ...store import TerrainStore, read_window, write_window
 from ...timings import Timings
 from . import _cpu as K
 from ..fill._tiled import (
