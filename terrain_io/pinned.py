@@ -7,7 +7,8 @@ Into a pinned buffer the copy is one DMA; the shard threads decode into it and e
 it directly. Kept sets: a band's writers still read set k while the next band comes back into set
 k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled only after
 :meth:`PinnedBands.uploaded`. :func:`write_bands` is the one way results on the GPU are stored
-(:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology).
+(:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology), and
+:func:`write_held` writes a pipeline's whole results, on the GPU or the host, the way each belongs.
 """
 from __future__ import annotations
 
@@ -141,6 +142,29 @@ def write_device(store, arrays, band_outputs, done=None, timings=None) -> None:
             write_bands(arrays, bands, band_outputs, pinned, pool, done, timings)
     finally:
         pinned.close()
+
+
+def write_held(store, *pairs) -> None:
+    """Write whole results held in memory shard by shard: ``pairs`` of (array, values), the values a
+    NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
+    hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
+    leave it the one way results there do (:func:`write_device`: through pinned
+    buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads, shards
+    in parallel."""
+    from .backend import is_cupy
+    from .store import write_window
+
+    def on_gpu(v):
+        return is_cupy(v) or getattr(v, "on_gpu", False)
+
+    held = [(arr, v) for arr, v in pairs if on_gpu(v)]
+    if held:
+        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held])
+    pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not on_gpu(v)]
+    wins = list(store.shards())
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
+        list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
+                      [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
 def host_bytes(store, itemsizes) -> int:

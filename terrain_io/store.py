@@ -760,30 +760,6 @@ def write_window(arr: zarr.Array, win: Window, block: np.ndarray, whole_shard: b
         arr[win.slices] = block
 
 
-def write_held(store: TerrainStore, *pairs) -> None:
-    """Write whole results held in memory shard by shard: ``pairs`` of (array, values), the values a
-    NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
-    hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
-    leave it the one way results there do (:func:`terrain_io.pinned.write_device`: through pinned
-    buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads, shards
-    in parallel."""
-    from .backend import is_cupy
-
-    def on_gpu(v):
-        return is_cupy(v) or getattr(v, "on_gpu", False)
-
-    held = [(arr, v) for arr, v in pairs if on_gpu(v)]
-    if held:
-        from .pinned import write_device
-
-        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held])
-    pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not on_gpu(v)]
-    wins = list(store.shards())
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
-        list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
-                      [(arr, win, block) for arr, block in pairs for win in wins]))
-
-
 def read_window(arr: zarr.Array, win: Window, whole_shard: bool) -> np.ndarray:
     """The cells of ``win``: a whole shard decoded here (:func:`read_shard`), a part through zarr."""
     if whole_shard:

@@ -49,7 +49,7 @@ def test_write_held_stores_device_arrays_through_the_pinned_bands(tmp_path, monk
     monkeypatch.setattr(store_module, "write_window", lambda *a: pytest.fail("a device array went to the host threads"))
     with store.write_result("r") as writer:
         arrays = {k: writer.create_array(k, v.dtype, fill_value_for(v.dtype, None)) for k, v in values.items()}
-        store_module.write_held(store, *((arrays[k], cp.asarray(v)) for k, v in values.items()))
+        pinned.write_held(store, *((arrays[k], cp.asarray(v)) for k, v in values.items()))
     assert calls == [len(values)]
     for k, v in values.items():
         got = zarr.open_array(tmp_path / "s.zarr" / "r" / k, mode="r")[...]

@@ -77,8 +77,9 @@ from ...backend import resolve_device
 from ...errors import DeviceError, InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
+from ...pinned import write_held
 from ...progress import progress_bar
-from ...store import TerrainStore, read_window, write_held, write_window
+from ...store import TerrainStore, read_window, write_window
 from ...timings import Timings
 from . import _cpu as K
 from ..fill._tiled import (
@@ -442,7 +443,7 @@ class ChainTree(BlockTree):
         self.leaves = Gathered((np.int64, np.float64))  # (keys, elevations) of the plateau leaves
 
     def _contract(self, shift, code, g):
-        nodes, args = _compact(Chains(*g), np.zeros(0, np.int64))
+        nodes, args = _compact(_taken(g), np.zeros(0, np.int64))
         terminal = self._terminal(shift, code, nodes)
         res, lk, lh, plateaus, first = K.solve_chains(len(nodes), *args, terminal, -2 - np.arange(len(nodes)))
         self.leaves.add((lk, lh))
@@ -456,7 +457,7 @@ class ChainTree(BlockTree):
 
     def _solve(self, shift, code, g, known):
         kn, kv = known
-        nodes, args = _compact(Chains(*g), kn)
+        nodes, args = _compact(_taken(g), kn)
         at = np.searchsorted(nodes, kn)
         terminal = np.zeros(len(nodes), np.bool_)
         terminal[at] = True
@@ -486,6 +487,14 @@ class Gathered:
 
     def joined(self) -> tuple:
         return tuple(_cat(self.parts, i, dt) for i, dt in enumerate(self.dtypes))
+
+
+def _taken(g: list) -> Chains:
+    """The block's graph (a list, :class:`..fill._levels.BlockTree`'s) as Chains, the list emptied:
+    its node-id arrays are then freed once compacted (at the top blocks, ~60% of ~700 KB)."""
+    chains = Chains(*g)
+    g.clear()
+    return chains
 
 
 def _is_node(e: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ about the boundary graph's edges once over (each level's contracted edges are ge
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numba
@@ -53,8 +54,12 @@ LEVEL_BYTES = 300  # host memory of the quadtree's waiting edges and levels, a c
 def node_set(*parts: np.ndarray) -> np.ndarray:
     """The distinct node ids of ``parts``, sorted (a sort and a compare: numpy's ``unique`` hashes
     first, ~8x slower on the millions of nodes of a held DEM)."""
-    a = np.sort(np.concatenate(parts))
-    return a[np.concatenate([a[:1] == a[:1], a[1:] != a[:-1]])]
+    a = np.concatenate(parts)
+    a.sort()  # in place: np.sort's copy was the quadtree's peak (depressions' top blocks, ~40k ids)
+    first = np.empty(len(a), np.bool_)
+    first[:1] = True
+    np.not_equal(a[1:], a[:-1], out=first[1:])
+    return a[first]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -152,7 +157,7 @@ class BlockTree:
     # -- step 1 -----------------------------------------------------------------------------------
     def add_batch(self, code: int, edges) -> None:
         """A batch's graph, batches in Morton order."""
-        self._block(self.shift0, code, edges)
+        self._block(self.shift0, code, list(edges))
 
     def _block(self, shift: int, code: int, edges) -> None:
         if shift >= self.root_shift:
@@ -196,6 +201,7 @@ class BlockTree:
 
     def _down(self, shift: int, code: int, edges, known):
         nodes, G = self._solve(shift, code, edges, self._near(shift, code, known))
+        edges.clear()  # (a list: the caller's name for it -- batch_levels' for the root -- holds no arrays)
         del edges, known
         if shift <= self.shift0:
             yield code, nodes, G
@@ -207,8 +213,8 @@ class BlockTree:
     def _load(self, shift: int, code: int) -> tuple:
         """A block's spilled graph, read back once."""
         with np.load(self._file(shift, code)) as f:
-            edges = tuple(f[f"arr_{i}"] for i in range(len(f.files)))
-        self._file(shift, code).unlink()
+            edges = [f[f"arr_{i}"] for i in range(len(f.files))]
+        os.unlink(self._file(shift, code))
         return edges
 
     def _near(self, shift: int, code: int, known):
@@ -228,13 +234,15 @@ class BlockTree:
         return (tr * side * t, min((tr + 1) * side * t, self.geo.rows),
                 tc * side * t, min((tc + 1) * side * t, self.geo.cols))
 
-    def _file(self, shift: int, code: int) -> Path:
-        return Path(self.scratch) / f"{shift}-{code}.npz"
+    def _file(self, shift: int, code: int) -> str:
+        # a str, not a Path: pathlib interns each name it parses, and the thousands of unique names
+        # grew the interpreter's table of interned strings by ~1 MB (2048 batches of a 64^2 tile)
+        return os.path.join(self.scratch, f"{shift}-{code}.npz")
 
 
-def _joined(parts: list) -> tuple:
+def _joined(parts: list) -> list:
     """The graphs of ``parts`` ((code, graph) pairs) concatenated; ``parts`` emptied."""
-    edges = tuple(np.concatenate([p[i] for _, p in parts]) for i in range(len(parts[0][1])))
+    edges = [np.concatenate([p[i] for _, p in parts]) for i in range(len(parts[0][1]))]
     parts.clear()
     return edges
 

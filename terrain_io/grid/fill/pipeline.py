@@ -69,9 +69,9 @@ from ...errors import InputError, TerrainNote
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, run_on_worker
-from ...pinned import PinnedBands, write_bands
+from ...pinned import PinnedBands, write_bands, write_held
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_held, write_window
+from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
 from . import _cpu as K
 from ._tiled import (

@@ -46,9 +46,9 @@ from ...backend import gpu_free_bytes, resolve_device
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, run_on_worker
-from ...pinned import host_bytes as pinned_host_bytes, write_device
+from ...pinned import host_bytes as pinned_host_bytes, write_device, write_held
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_held, write_window
+from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
 from ..fill._cpu import outlets as outlet_cells
 from ..fill._tiled import OUTLETS

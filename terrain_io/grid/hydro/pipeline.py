@@ -32,9 +32,9 @@ import numpy as np
 from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
-from ...pinned import host_bytes as pinned_host_bytes
+from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
-from ...store import ELEVATION, TerrainStore, Window, read_shard, write_held
+from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
 from ..fill._tiled import table_cell

@@ -97,6 +97,14 @@ def cached_bytes(side: int, value_itemsize: int) -> int:
     return (side + 2) ** 2 * (value_itemsize + 8 + 4 + 1)
 
 
+def stages(side: int, shard_side: int, device: str) -> bool:
+    """Whether units of ``side`` stage their results (:class:`UnitStage`) and the result's shards are
+    put together once at the end: units smaller than a shard, and every unit on the CPU -- there a
+    unit is solved ~5 times, and writing each solve through zarr (encoded, whole shards) was the
+    largest cost after the solves (4096^2 under 10 MB, 256^2 units of 128^2 shards: 6.3 of 32 s)."""
+    return side % shard_side != 0 or device == "cpu"
+
+
 def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) -> int:
     """The side of a unit: the largest tile-aligned power of two (whole shards when one fits) for
     which one solve and the lines fit ``budget`` -- and, on the GPU, the block its memory -- no
@@ -109,8 +117,8 @@ def choose_unit(store: TerrainStore, itemsize: int, device: str, budget: int) ->
 
     shard = t * store.shard_size
 
-    def need(side):  # units smaller than a shard: their shards are put together at the end too
-        staged = assemble_bytes(store, side) + PROCESS_BYTES if side % shard else 0
+    def need(side):  # staged units (:func:`stages`): their shards are put together at the end too
+        staged = assemble_bytes(store, side) + PROCESS_BYTES if stages(side, shard, device) else 0
         return max(run_bytes((h, w), side, itemsize, device), staged)
 
     top = max(t, 1 << max(0, (max(h, w) - 1).bit_length()))
@@ -357,10 +365,12 @@ class UnitScratch:
     after the run; a killed run's by the next)."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = str(path)
 
-    def file(self, i: int, j: int) -> Path:
-        return self.path / f"{i}_{j}.zst"
+    def file(self, i: int, j: int) -> str:
+        # a str, not a Path: Python 3.11's pathlib interns every name it parses, and a few hundred
+        # new ones can resize the interpreter's interned table (~1.9 MB: past a 3.5 MiB budget)
+        return os.path.join(self.path, f"{i}_{j}.zst")
 
     def save(self, i: int, j: int, dist: np.ndarray, level: np.ndarray, d32: np.ndarray) -> None:
         """Keep unit (i, j)'s ringed distances and levels (``d32``: the float32 distances written)."""
@@ -369,7 +379,8 @@ class UnitScratch:
         residual = np.empty(d32.shape, np.int32)
         f = self.file(i, j)
         if not K.split_distances(dist, d32, residual):  # (distances below float32's normals) cold next time
-            f.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f)
             return
         parts = [memoryview(residual).cast("B"), Zstd(level=1).encode(level), _perimeter(dist).tobytes()]
         overwrite_file(f, [np.array([len(p) for p in parts], np.int64).tobytes(), *parts])
@@ -395,8 +406,8 @@ class UnitScratch:
 
 
 class UnitStage:
-    """The results of units smaller than a store shard, on disk until the run ends; then each
-    shard of the result is put together from its units and written once (:func:`_assemble`).
+    """The results of staged units (:func:`stages`), on disk until the run ends; then each shard
+    of the result is put together from its units and written once (:func:`_assemble`).
 
     zarr writes a part of a shard by reading, and writing back, the whole shard file through its
     event loop: with 128^2 units of 512^2 shards (16 units a shard, ~4.4 solves a unit) that was
@@ -404,10 +415,10 @@ class UnitStage:
     distances (raw) and codes (zstd, level 1) are one file, read back by a re-solve from disk."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = str(path)
 
-    def file(self, i: int, j: int) -> Path:
-        return self.path / f"{i}_{j}.out"
+    def file(self, i: int, j: int) -> str:  # (a str: see UnitScratch.file)
+        return os.path.join(self.path, f"{i}_{j}.out")
 
     def save(self, i: int, j: int, d32: np.ndarray, pred: np.ndarray) -> None:
         from numcodecs import Zstd
@@ -441,8 +452,9 @@ def assemble_bytes(store: TerrainStore, side: int) -> int:
 
 
 def _assemble(stage: UnitStage, dist_arr, pred_arr, lines, lanes: int, progress: bool) -> None:
-    """Write every shard of the result from the staged units inside it (a shard's float32
-    distances and codes, and their encoding, in memory per lane)."""
+    """Write every shard of the result from the staged units: a shard's units put together (a
+    shard's float32 distances and codes, and their encoding, in memory per lane), or a unit of
+    whole shards read once and cut into them."""
     sh0, sh1 = dist_arr.shards
     h, w = dist_arr.shape
     side = lines.side
@@ -460,9 +472,22 @@ def _assemble(stage: UnitStage, dist_arr, pred_arr, lines, lanes: int, progress:
         write_shard(dist_arr, sr, sc, d32)
         write_shard(pred_arr, sr, sc, pred)
 
-    jobs = [(sr, sc) for sr in range(-(-h // sh0)) for sc in range(-(-w // sh1))]
-    with ThreadPoolExecutor(lanes) as pool, progress_bar(progress, len(jobs), "sssp write", unit="shard") as bar:
-        for _ in pool.map(write, jobs):
+    def write_unit(job):  # a unit of whole shards: read once, each of its shards written from it
+        i, j = job
+        win = lines.window(i, j)
+        d32, pred = stage.load(i, j, win.shape)
+        for r0 in range(win.r0, win.r1, sh0):
+            for c0 in range(win.c0, win.c1, sh1):
+                part = (slice(r0 - win.r0, min(r0 + sh0, h) - win.r0), slice(c0 - win.c0, min(c0 + sh1, w) - win.c0))
+                write_shard(dist_arr, r0 // sh0, c0 // sh1, d32[part])
+                write_shard(pred_arr, r0 // sh0, c0 // sh1, pred[part])
+
+    if side % sh0 == 0 and side % sh1 == 0:
+        work, jobs = write_unit, [(i, j) for i in range(lines.nur) for j in range(lines.nuc)]
+    else:
+        work, jobs = write, [(sr, sc) for sr in range(-(-h // sh0)) for sc in range(-(-w // sh1))]
+    with ThreadPoolExecutor(lanes) as pool, progress_bar(progress, len(jobs), "sssp write", unit="part") as bar:
+        for _ in pool.map(work, jobs):
             bar.update(1)
 
 
@@ -606,7 +631,7 @@ def solve_unit(task: UnitTask) -> UnitResult:
             vals[1:-1, 1:-1] = xp.asarray(_read_values(field, win, vdtype, task.threads))
         dist = xp.empty((h + 2, w + 2), np.float64)  # a cold solve sets the interior to +inf
         level = xp.full((h + 2, w + 2), NO_LEVEL, np.int32)
-        if scratch is not None and scratch.file(task.i, task.j).exists():  # warm from disk
+        if scratch is not None and os.path.exists(scratch.file(task.i, task.j)):  # warm from disk
             if stage is not None:
                 d32, pred = stage.load(task.i, task.j, (h, w))
                 pred = pred.copy()  # (updated in place by the solve)
@@ -732,7 +757,7 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
     timings = Timings()
     bar = progress_bar(progress, nur * nuc, "sssp units", unit="unit")
     shard_side = store.tile_size * store.shard_size
-    staged = side % shard_side != 0  # units smaller than a shard: results staged (UnitStage)
+    staged = stages(side, shard_side, device)  # results staged (UnitStage), each shard written once
     with contextlib.ExitStack() as stack:
         stack.enter_context(timings.phase("solve"))  # the whole run, the result's commit included
         scratch = stage = None
@@ -752,8 +777,8 @@ def run_shards(store: TerrainStore, field, cells, name: str, device: str, budget
             inside = src[(src[:, 0] >= win.r0) & (src[:, 0] < win.r1) & (src[:, 1] >= win.c0) & (src[:, 1] < win.c1)]
             return UnitTask(field, *paths, i, j, win, ring, inside - (win.r0, win.c0), device,
                             threads if scheduler == "local" else 1, cache if reached else None, limit,
-                            every_cell_valid, str(scratch.path) if scratch is not None and reached else None,
-                            str(stage.path) if stage is not None else None)
+                            every_cell_valid, scratch.path if scratch is not None and reached else None,
+                            stage.path if stage is not None else None)
 
         def absorb(res: UnitResult):
             if solves[res.i, res.j] == 0:
