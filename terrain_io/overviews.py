@@ -23,8 +23,8 @@ coordinates. The group's ``multiscales.layout`` lists levels 1..n (``derived_fro
 outside the group, which the convention's relative paths cannot reach: its name is in ``source``.
 Levels are tiled, sharded, checksummed and sealed like every result (:meth:`TerrainStore.write_result`).
 
-Out of core in one pass: each block of the base array -- a shard, or a quarter of one when the array
-has few shards for the threads (:func:`_block_side`) -- is read once, as a task (Morton order, on the
+Out of core in one pass: each block of the base array -- a shard, or a quarter, a sixteenth... of one when
+the array has few shards for the threads (:func:`_block_side`) -- is read once, as a task (Morton order, on the
 ``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
 after level in memory -- the first halving chunk by chunk as the chunks are decoded
 (:func:`read_halved`: the block's cells are never put together). Its piece of level k is whole chunks of a

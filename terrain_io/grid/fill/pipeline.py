@@ -57,6 +57,7 @@ import contextlib
 import csv
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -696,7 +697,7 @@ def _sync() -> None:
     cupy.cuda.get_current_stream().synchronize()
 
 
-def _relabel_and_spill(store, batches: list[Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
+def _relabel_and_spill(store, batches: Sequence[Batch], starts, final, spill, dep_arr, filled_arr, whole_shard: bool,
                        spills_to, progress) -> None:
     """Out of core: tile-local lake numbers -> final ids, batch by batch; then the spill targets,
     reading a one-cell halo around each batch that holds spill cells."""

@@ -39,6 +39,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numba
@@ -377,7 +378,7 @@ def _tile_task(task: _TileTask):
     return int(np.count_nonzero(valid)), out
 
 
-def _tile_phase(store: TerrainStore, edges, batches: list[Batch], next_code: int | None, k: int, merger: _Merger,
+def _tile_phase(store: TerrainStore, edges, batches: Sequence[Batch], next_code: int | None, k: int, merger: _Merger,
                 timings: Timings, *, kind: int, forest: int, cap: int, gpu=None, gpu_contract: bool = True,
                 held: dict | None = None, bar=None) -> tuple[int, np.ndarray]:
     """Phase 1 over ``batches`` of ``k`` x ``k`` tiles -- all of them, or a worker's run of the Morton
@@ -613,7 +614,7 @@ def _expand_task(task: _ExpandTask) -> int:
                                                  True), range(len(task.windows))))
 
 
-def _expand(store: TerrainStore, edges, batches: list[Batch], k: int, budget: int, decided: list,
+def _expand(store: TerrainStore, edges, batches: Sequence[Batch], k: int, budget: int, decided: list,
             progress: bool, held: dict | None = None, runs: list | None = None, scheduler: str | None = None,
             announce=None) -> int:
     """Phase 3: apply the merge decisions (``decided``: [removed, kept] code logs, emptied here) to

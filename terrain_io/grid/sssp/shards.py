@@ -298,7 +298,7 @@ class UnitTask:
     limit: float = np.inf  # --max-cost
     every_cell_valid: bool = False  # an unreached unit is then written without being read
     scratch: str | None = None  # the run's UnitScratch folder (CPU solves)
-    stage: str | None = None  # the run's UnitStage folder: units smaller than a store shard
+    stage: str | None = None  # the run's UnitStage folder (:func:`stages`: units smaller than a shard, every CPU unit)
 
 
 class UnitCache:
