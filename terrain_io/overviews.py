@@ -528,21 +528,19 @@ class _Assembler:
         self.per_shard = per_shard  # base blocks along a side of a base shard
         self.writes = writes
         self.grids = [tuple(base_grid), *(tuple(-(-n // side) for n in a.shape) for a in arrays)]
-        self.pending: dict[tuple[int, int, int], list] = {}  # (level, row, col) -> _entry
+        self.pending: dict[tuple[int, int, int], _Pending] = {}  # (level, row, col) -> the shard put together
         self.written: list = []
 
     def _pieces(self, src_grid, r: int, c: int, per: int) -> int:
         """How many cells of ``src_grid`` fall in the per x per block (r, c)."""
         return min(per, src_grid[0] - r * per) * min(per, src_grid[1] - c * per)
 
-    def _entry(self, level: int, r: int, c: int, per: int, src_grid, new):
-        """Shard (r, c) of ``level`` being put together: [its cells (raw levels), how many pieces it
-        waits for, its :class:`_ShardStream`, how many pieces each of its chunks waits for (raw levels)],
-        ``new()`` when first met."""
+    def _entry(self, level: int, r: int, c: int, per: int, src_grid, new) -> tuple[tuple, "_Pending"]:
+        """Shard (r, c) of ``level`` being put together, ``new()`` when first met."""
         key = (level, r, c)
         if key not in self.pending:
             entry = self.pending[key] = new()
-            entry[1] = self._pieces(src_grid, r, c, per)
+            entry.pieces = self._pieces(src_grid, r, c, per)
         return key, self.pending[key]
 
     def put_encoded(self, level: int, base, chunks: dict) -> None:
@@ -551,11 +549,11 @@ class _Assembler:
         per = 2**level * self.per_shard
         r, c = base[0] // per, base[1] // per
         key, entry = self._entry(level, r, c, per, self.grids[0],
-                                 lambda: [None, 0, _ShardStream(self.arrays[level - 1], r, c), None])
-        stream = entry[2]
-        entry[1] -= 1
+                                 lambda: _Pending(_ShardStream(self.arrays[level - 1], r, c)))
+        stream = entry.stream
+        entry.pieces -= 1
         self._write(stream.add, chunks)
-        if entry[1] == 0:
+        if entry.pieces == 0:
             del self.pending[key]
             self._write(stream.close)
 
@@ -567,7 +565,7 @@ class _Assembler:
         arr = self.arrays[level - 1]
         p = self.side // per  # a piece's side
         key, entry = self._entry(level, r, c, per, src_grid, lambda: self._raw_shard(arr, r, c, per, src_grid))
-        block, _, stream, left = entry
+        block, stream, left = entry.block, entry.stream, entry.chunk_waits
         a0, b0 = (src[0] % per) * p, (src[1] % per) * p
         block[a0 : a0 + piece.shape[0], b0 : b0 + piece.shape[1]] = piece
         t0, t1 = arr.chunks
@@ -579,14 +577,14 @@ class _Assembler:
                     ready.update(encode_chunks(arr, block[i * t0 : (i + 1) * t0, j * t1 : (j + 1) * t1], (i, j)))
         if ready:
             self._write(stream.add, ready)
-        entry[1] -= 1
-        if entry[1] == 0:
+        entry.pieces -= 1
+        if entry.pieces == 0:
             del self.pending[key]
             self._write(stream.close)
             if level < len(self.arrays):
                 self.put(level + 1, (r, c), reduce2x2(block, self.method, self.missing), 2, self.grids[level])
 
-    def _raw_shard(self, arr, r: int, c: int, per: int, src_grid) -> list:
+    def _raw_shard(self, arr, r: int, c: int, per: int, src_grid) -> "_Pending":
         """The :meth:`_entry` of a level shard put together from raw pieces."""
         h = min(self.side, arr.shape[0] - r * self.side)
         w = min(self.side, arr.shape[1] - c * self.side)
@@ -597,7 +595,7 @@ class _Assembler:
             return np.array([min(-(-(i + 1) * t // p), count) - i * t // p for i in range(-(-n // t))])
 
         left = np.outer(waits(h, arr.chunks[0], rows), waits(w, arr.chunks[1], cols))
-        return [np.empty((h, w), arr.dtype), 0, _ShardStream(arr, r, c), left]
+        return _Pending(_ShardStream(arr, r, c), np.empty((h, w), arr.dtype), left)
 
     def _write(self, fn, *args) -> None:
         self.written.append(self.writes.submit(fn, *args))
@@ -613,7 +611,18 @@ class _Assembler:
     def discard(self) -> None:
         """Close the files of the shards left incomplete (a failed or interrupted pyramid)."""
         for entry in self.pending.values():
-            entry[2].discard()
+            entry.stream.discard()
+
+
+@dataclass
+class _Pending:
+    """A level shard being put together: its :class:`_ShardStream`, how many pieces it still waits for,
+    and for a level made from raw pieces its cells and how many pieces each of its chunks waits for."""
+
+    stream: "_ShardStream"
+    block: np.ndarray | None = None
+    chunk_waits: np.ndarray | None = None
+    pieces: int = 0
 
 
 class _ShardStream:
