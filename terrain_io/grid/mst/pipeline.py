@@ -37,9 +37,9 @@ import math
 import os
 import queue
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import numba
@@ -51,6 +51,7 @@ from ...errors import InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, scheduler_workers
+from ...pinned import write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -690,7 +691,7 @@ def _in_memory(store: TerrainStore, budget: int) -> bool:
 
 def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
     """:func:`mst` of a small DEM in memory (:data:`IN_MEMORY_BELOW`): read whole, one Kruskal, the
-    bits written shard by shard; the result as the tiled pipeline gives it."""
+    bits written shard by shard (:func:`~terrain_io.pinned.write_held`); the result as the tiled pipeline gives it."""
     rows, cols = store.shape
     with timings.phase("read"):
         values = store.read(Window(0, rows, 0, cols))
@@ -701,8 +702,7 @@ def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         with timings.phase("write"):
-            for win in store.shards():
-                write_window(edges, win, bits[win.slices], True)
+            write_held(store, (edges, bits))
         exact = K.exact_total(buckets)
         result = MSTResult(weight=model.name, device="cpu", cells=rows * cols, valid_cells=valid_cells,
                            edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
