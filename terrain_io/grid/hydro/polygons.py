@@ -23,6 +23,7 @@ of one id (regions touching only at corners are one feature a part) in GDAL's or
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import sqlite3
@@ -39,7 +40,7 @@ WKB_POLYGON = 3
 OFT_INTEGER64, OFT_REAL = 12, 2
 OF_RASTER, OF_VECTOR = 0x02, 0x04
 TRADITIONAL_GIS_ORDER = 0  # x = easting / longitude, as the rasters' geotransforms have it
-FIELD_ROWS = 65536  # rows of the fields' table bound a batch (their Python numbers are what is held)
+FIELD_ROWS = 8192  # rows of the fields bound a batch (their Python numbers are held: ~2 MB)
 LAYER = "polygons"  # the scratch layer; its table lives only in the scratch GeoPackage
 
 _P, _S = ctypes.c_void_p, ctypes.c_char_p
@@ -52,6 +53,7 @@ _SIGNATURES = {  # name: (restype, argtypes) of the GDAL C API functions used
     "GDALOpenEx": (_P, [_S, ctypes.c_uint, _P, _P, _P]),
     "GDALClose": (ctypes.c_int, [_P]),
     "GDALGetRasterBand": (_P, [_P, ctypes.c_int]),
+    "GDALGetRasterYSize": (ctypes.c_int, [_P]),
     "GDALGetMaskBand": (_P, [_P]),
     "GDALSetGeoTransform": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_double)]),
     "GDALSetRasterNoDataValue": (ctypes.c_int, [_P, ctypes.c_double]),
@@ -124,26 +126,38 @@ def _strings(items) -> ctypes.Array:
     return (_S * (len(items) + 1))(*[str(s).encode() for s in items], None)
 
 
-class _Progress:
-    """A GDAL progress callback: moves ``bar`` to the fraction done, and lets Python act between rows
-    (Ctrl-C's handler, which ends the run and removes the temporaries); an exception it raises stops
-    GDAL and is raised again when the call returns (:meth:`check`)."""
+class _Job:
+    """A long GDAL call (polygonize, translate) run in a worker thread while this thread waits in
+    Python, so that a signal's handler runs at once (the command line's ends the run and removes the
+    temporaries: :mod:`...interrupts`); GDAL's progress callback moves ``bar`` and, once the wait is
+    cut by an exception (KeyboardInterrupt where no handler is installed), stops GDAL."""
 
-    def __init__(self, bar, total: int):
-        self.bar, self.total, self.stop = bar, total, None
-        self.fn = _PROGRESS(self._call)
+    def __init__(self, gdal: _Gdal, bar=None, total: int = 1):
+        self.gdal, self.bar, self.total, self.stop = gdal, bar, total, False
+        self.progress = _PROGRESS(self._progress)
 
-    def _call(self, done, _message, _arg):
-        try:
-            self.bar.update(int(done * self.total) - self.bar.n)
-            return 1
-        except BaseException as exc:  # noqa: BLE001 -- a callback cannot raise through C: kept for check()
-            self.stop = exc
-            return 0
+    def _progress(self, done, _message, _arg) -> int:
+        if self.bar is not None:
+            self.bar.update(max(0, int(done * self.total) - self.bar.n))
+        return 0 if self.stop else 1
 
-    def check(self):
-        if self.stop is not None:
-            raise self.stop
+    def run(self, fn, *args):
+        """``fn(*args)`` and GDAL's last error message in that thread (GDAL's errors are per thread)."""
+        def work():
+            self.gdal.CPLErrorReset()
+            return fn(*args), self.gdal.error()
+
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gdal") as pool:
+            job = pool.submit(work)
+            try:
+                return job.result()
+            except BaseException:
+                self.stop = True  # the pool waits for GDAL, which the next progress call stops
+                raise
+
+
+def _fail(out: Path, driver: str, what: str, message: str):
+    raise OutputError(f"{out}: cannot write it as {driver}: GDAL {what}: {message}")
 
 
 def write(label, transform, crs: str | None, fields: dict, out, overwrite: bool, scratch: Path,
@@ -152,76 +166,67 @@ def write(label, transform, crs: str | None, fields: dict, out, overwrite: bool,
     0) as polygons in ``out``'s format (module docstring), with ``id`` and ``fields`` (name -> array
     indexed by id - 1; integers as 64-bit integers, the rest as doubles), in the CRS ``crs``;
     ``scratch``: a folder for the GeoPackage the polygons are traced into."""
-    from ...progress import progress_bar
-
     out = Path(out)
     driver = DRIVERS[out.suffix.lower()]
-    gdal = _rasterio_gdal()
     traced = scratch / "polygons.gpkg"
-
-    def fail(what: str):
-        raise OutputError(f"{out}: cannot write it as {driver}: GDAL {what}: {gdal.error()}")
-
-    gdal.CPLErrorReset()
-    if isinstance(label, np.ndarray):
-        held = np.ascontiguousarray(label, np.uint32)
-        src = gdal.GDALCreate(gdal.GDALGetDriverByName(b"MEM"), b"", held.shape[1], held.shape[0], 0, GDT_UINT32,
-                              None)
-        if not src or gdal.GDALAddBand(src, GDT_UINT32, _strings([f"DATAPOINTER={held.ctypes.data}",
-                                                                  "PIXELOFFSET=4", f"LINEOFFSET={held.strides[0]}"])):
-            fail("MEM dataset")
-        rows = held.shape[0]
-    else:
-        src = gdal.GDALOpenEx(str(label).encode(), OF_RASTER, None, None, None)
-        if not src:
-            fail("open")
-        rows = None
-    srs = None
-    try:
-        band = gdal.GDALGetRasterBand(src, 1)
-        if transform is not None and gdal.GDALSetGeoTransform(src, (ctypes.c_double * 6)(*transform)):
-            fail("geotransform")
-        if gdal.GDALSetRasterNoDataValue(band, 0.0):
-            fail("nodata")
-        if crs:
-            srs = gdal.OSRNewSpatialReference(None)
-            if gdal.OSRSetFromUserInput(srs, crs.encode()):
-                fail("CRS")
-            gdal.OSRSetAxisMappingStrategy(srs, TRADITIONAL_GIS_ORDER)
-        with progress_bar(progress, rows or 100, "polygons", unit="row" if rows else "%") as bar:
-            _trace(gdal, band, srs, traced, _Progress(bar, rows or 100), fail)
-    finally:
-        if srs:
-            gdal.OSRRelease(srs)
-        gdal.GDALClose(src)
+    _trace(label, transform, crs, traced, lambda what, msg: _fail(out, driver, what, msg), progress)
     _field_table(traced, fields)
     return _translate(traced, fields, out, driver, overwrite, progress)
 
 
-def _trace(gdal: _Gdal, band, srs, path: Path, progress: _Progress, fail) -> None:
-    """GDALPolygonize of ``band`` (its nodata mask) into a new GeoPackage ``path``: layer
-    :data:`LAYER` with the field ``id``, no spatial index, one transaction."""
-    ds = gdal.GDALCreate(gdal.GDALGetDriverByName(b"GPKG"), str(path).encode(), 0, 0, 0, 0, None)
-    if not ds:
-        fail("create")
+def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) -> None:
+    """GDALPolygonize of the labels (their nodata mask: 0 is none) into a new GeoPackage ``path``:
+    layer :data:`LAYER` with the field ``id``, no spatial index, one transaction."""
+    from ...progress import progress_bar
+
+    gdal = _rasterio_gdal()
+    gdal.CPLErrorReset()
+    if isinstance(label, np.ndarray):
+        held = np.ascontiguousarray(label, np.uint32)
+        rows, cols = held.shape
+        src = gdal.GDALCreate(gdal.GDALGetDriverByName(b"MEM"), b"", cols, rows, 0, GDT_UINT32, None)
+        if not src or gdal.GDALAddBand(src, GDT_UINT32, _strings([f"DATAPOINTER={held.ctypes.data}",
+                                                                  "PIXELOFFSET=4", f"LINEOFFSET={held.strides[0]}"])):
+            fail("MEM dataset", gdal.error())
+    else:
+        src = gdal.GDALOpenEx(str(label).encode(), OF_RASTER, None, None, None)
+        if not src:
+            fail("open", gdal.error())
+    srs = ds = field = None
     try:
+        band = gdal.GDALGetRasterBand(src, 1)
+        if gdal.GDALSetGeoTransform(src, (ctypes.c_double * 6)(*transform)) or gdal.GDALSetRasterNoDataValue(band, 0):
+            fail("raster", gdal.error())
+        if crs:
+            srs = gdal.OSRNewSpatialReference(None)
+            if gdal.OSRSetFromUserInput(srs, crs.encode()):
+                fail("CRS", gdal.error())
+            gdal.OSRSetAxisMappingStrategy(srs, TRADITIONAL_GIS_ORDER)
+        ds = gdal.GDALCreate(gdal.GDALGetDriverByName(b"GPKG"), str(path).encode(), 0, 0, 0, 0, None)
+        if not ds:
+            fail("create", gdal.error())
         layer = gdal.GDALDatasetCreateLayer(ds, LAYER.encode(), srs, WKB_POLYGON,
                                             _strings(["SPATIAL_INDEX=NO", "GEOMETRY_NAME=geom", "FID=fid"]))
-        if not layer:
-            fail("layer")
-        field = gdal.OGR_Fld_Create(b"id", OFT_INTEGER64)
-        err = gdal.OGR_L_CreateField(layer, field, 1)
-        gdal.OGR_Fld_Destroy(field)
-        if err or gdal.GDALDatasetStartTransaction(ds, 0):
-            fail("field")
-        err = gdal.GDALPolygonize(band, gdal.GDALGetMaskBand(band), layer, 0, _strings(["8CONNECTED=8"]), progress.fn,
-                                  None)
-        progress.check()
-        if err or gdal.GDALDatasetCommitTransaction(ds):
-            fail("polygonize")
+        field = gdal.OGR_Fld_Create(b"id", OFT_INTEGER64) if layer else None
+        if not layer or gdal.OGR_L_CreateField(layer, field, 1) or gdal.GDALDatasetStartTransaction(ds, 0):
+            fail("layer", gdal.error())
+        rows = gdal.GDALGetRasterYSize(src)
+        with progress_bar(progress, rows, "polygons", unit="row") as bar:
+            job = _Job(gdal, bar, rows)
+            err, message = job.run(gdal.GDALPolygonize, band, gdal.GDALGetMaskBand(band), layer, 0,
+                                   _strings(["8CONNECTED=8"]), job.progress, None)
+        if err:
+            fail("polygonize", message)
+        if gdal.GDALDatasetCommitTransaction(ds):
+            fail("polygonize", gdal.error())
     finally:
-        if gdal.GDALClose(ds):
-            fail("close")
+        if field:
+            gdal.OGR_Fld_Destroy(field)
+        if srs:
+            gdal.OSRRelease(srs)
+        gdal.GDALClose(src)
+        if ds and gdal.GDALClose(ds):
+            fail("close", gdal.error())
 
 
 def _field_table(path: Path, fields: dict) -> None:
@@ -244,7 +249,8 @@ def _field_table(path: Path, fields: dict) -> None:
 
 def _translate(traced: Path, fields: dict, out: Path, driver: str, overwrite: bool, progress: bool) -> Path:
     """``GDALVectorTranslate`` of the polygons joined with their fields into ``out`` (its layer named
-    for the file), ids ascending along the index, under a temporary name renamed when complete."""
+    for the file), ids ascending along the index, under a temporary name renamed when complete. (GDAL
+    reports no progress for an SQL layer without a fast count: the bar only says it runs.)"""
     from ...progress import progress_bar
 
     gdal = _writer_for(driver)
@@ -252,31 +258,28 @@ def _translate(traced: Path, fields: dict, out: Path, driver: str, overwrite: bo
     sql = f"SELECT p.geom, p.id{columns} FROM {LAYER} p JOIN fields f ON f.id = p.id ORDER BY p.id, p.fid"
     args = _strings(["-f", driver, "-nln", out.stem, "-nlt", "POLYGON", "-sql", sql])
     with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp, \
-            progress_bar(progress, 100, "polygons written", unit="%") as bar:
-        def fail(what: str):
-            message = gdal.error().replace(str(tmp / out.name), str(out))
-            raise OutputError(f"{out}: cannot write it as {driver}: GDAL {what}: {message}")
+            progress_bar(progress, 1, "polygons written", unit="file") as bar:
+        def fail(what: str, message: str):
+            _fail(out, driver, what, message.replace(str(tmp / out.name), str(out)))
 
         gdal.CPLErrorReset()
         src = gdal.GDALOpenEx(str(traced).encode(), OF_VECTOR, None, None, None)
-        if not src:
-            fail("open")
-        opts = gdal.GDALVectorTranslateOptionsNew(args, None)
+        opts = gdal.GDALVectorTranslateOptionsNew(args, None) if src else None
         try:
             if not opts:
-                fail("options")
-            step = _Progress(bar, 100)
-            gdal.GDALVectorTranslateOptionsSetProgress(opts, step.fn, None)
-            usage = ctypes.c_int(0)
-            dst = gdal.GDALVectorTranslate(str(tmp / out.name).encode(), None, 1, (_P * 1)(src), opts,
-                                           ctypes.byref(usage))
-            step.check()
+                fail("open", gdal.error())
+            job = _Job(gdal)
+            gdal.GDALVectorTranslateOptionsSetProgress(opts, job.progress, None)
+            dst, message = job.run(gdal.GDALVectorTranslate, str(tmp / out.name).encode(), None, 1, (_P * 1)(src),
+                                   opts, None)
             if not dst:
-                fail("translate")
+                fail("translate", message)
             if gdal.GDALClose(dst):
-                fail("close")
+                fail("close", gdal.error())
+            bar.update(1)
         finally:
             if opts:
                 gdal.GDALVectorTranslateOptionsFree(opts)
-            gdal.GDALClose(src)
+            if src:
+                gdal.GDALClose(src)
     return out
