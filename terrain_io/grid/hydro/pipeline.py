@@ -15,7 +15,8 @@ Out of core: windows of k x k tiles, the largest the budget holds (:func:`..tili
 carried along the flow forest tile by tile with a boundary solve between (:mod:`.tiled`): the same
 bytes as in core. Polygons (``-o`` of watershed and basins) are traced by GDAL's polygonize on the
 label raster in memory where it fits the budget, else on a GeoTIFF of it written shard by shard into a
-scratch folder of the store (:func:`write_polygons`): the same features.
+scratch folder of the store (:func:`write_polygons`): the same features, each written as it is traced
+(:mod:`.polygons`).
 """
 from __future__ import annotations
 

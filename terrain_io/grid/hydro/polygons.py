@@ -37,7 +37,7 @@ from ...vectors import DRIVERS, SHAPEFILE_SIDE
 
 GDT_UINT32 = 4
 WKB_POLYGON = 3
-OFT_INTEGER64, OFT_REAL = 12, 2
+OFT_INTEGER64 = 12
 OF_RASTER, OF_VECTOR = 0x02, 0x04
 TRADITIONAL_GIS_ORDER = 0  # x = easting / longitude, as the rasters' geotransforms have it
 FIELD_ROWS = 8192  # rows of the fields bound a batch (their Python numbers are held: ~2 MB)
@@ -51,7 +51,8 @@ _SIGNATURES = {  # name: (restype, argtypes) of the GDAL C API functions used
     "GDALCreate": (_P, [_P, _S, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, _P]),
     "GDALAddBand": (ctypes.c_int, [_P, ctypes.c_int, _P]),
     "GDALOpenEx": (_P, [_S, ctypes.c_uint, _P, _P, _P]),
-    "GDALClose": (ctypes.c_int, [_P]),
+    "GDALClose": (ctypes.c_int, [_P]),  # a CPLErr since GDAL 3.7 (:meth:`_Gdal.close`)
+    "GDALVersionInfo": (_S, [_S]),
     "GDALGetRasterBand": (_P, [_P, ctypes.c_int]),
     "GDALGetRasterYSize": (ctypes.c_int, [_P]),
     "GDALGetMaskBand": (_P, [_P]),
@@ -86,6 +87,12 @@ class _Gdal:
             fn.restype, fn.argtypes = res, args
             setattr(self, name, fn)
         self.GDALAllRegister()
+        self.closes_with_error = int(self.GDALVersionInfo(b"VERSION_NUM")) >= 3070000
+
+    def close(self, ds) -> bool:
+        """GDALClose; whether it failed (flushing the file), where GDAL says so."""
+        err = self.GDALClose(ds)
+        return bool(err) and self.closes_with_error
 
     def error(self) -> str:
         """GDAL's last error message, its first line."""
@@ -225,7 +232,7 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
         if srs:
             gdal.OSRRelease(srs)
         gdal.GDALClose(src)
-        if ds and gdal.GDALClose(ds):
+        if ds and gdal.close(ds):
             fail("close", gdal.error())
 
 
@@ -274,7 +281,7 @@ def _translate(traced: Path, fields: dict, out: Path, driver: str, overwrite: bo
                                    opts, None)
             if not dst:
                 fail("translate", message)
-            if gdal.GDALClose(dst):
+            if gdal.close(dst):
                 fail("close", gdal.error())
             bar.update(1)
         finally:
