@@ -223,7 +223,9 @@ def test_watershed_polygons_through_the_cli_carry_their_fields(tmp_path, monkeyp
                        "outlet_col": outlets[i - 1][1]}
 
 
-def test_a_gdal_error_is_one_line_and_leaves_nothing(crafted, tmp_path, monkeypatch):
+def test_a_gdal_error_is_one_line_and_leaves_nothing(crafted, tmp_path, monkeypatch, capfd):
+    """GDAL's error (here: the fields' table missing from the join) is the error's one line, printed
+    by nothing else (GDAL's own handler writes to stderr); no output, no temporary, no scratch."""
     from terrain_io.grid.hydro import polygons
     from terrain_io.grid.hydro.pipeline import write_polygons
 
@@ -233,7 +235,8 @@ def test_a_gdal_error_is_one_line_and_leaves_nothing(crafted, tmp_path, monkeypa
     with pytest.raises(OutputError) as err:
         write_polygons(st, "basins/label", _fields(lab), out)
     assert str(err.value).startswith(f"{out}: cannot write it as GPKG: GDAL ") and "\n" not in str(err.value)
-    assert "fields" in str(err.value) and "partial" not in str(err.value)
+    assert str(err.value).endswith("no such table: fields") and "partial" not in str(err.value)
+    assert capfd.readouterr().err == ""
     assert list(tmp_path.iterdir()) == [] and not [p for p in st.path.iterdir() if "scratch" in p.name]
 
 

@@ -24,6 +24,7 @@ of one id (regions touching only at corners are one feature a part) in GDAL's or
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import functools
 import sqlite3
@@ -74,6 +75,8 @@ _SIGNATURES = {  # name: (restype, argtypes) of the GDAL C API functions used
     "GDALVectorTranslateOptionsFree": (None, [_P]),
     "GDALVectorTranslate": (_P, [_S, _P, ctypes.c_int, ctypes.POINTER(_P), _P, ctypes.POINTER(ctypes.c_int)]),
     "CPLErrorReset": (None, []),
+    "CPLPushErrorHandler": (None, [_P]),
+    "CPLPopErrorHandler": (None, []),
     "CPLGetLastErrorMsg": (_S, []),
 }
 
@@ -87,6 +90,7 @@ class _Gdal:
             fn.restype, fn.argtypes = res, args
             setattr(self, name, fn)
         self.GDALAllRegister()
+        self.quiet_handler = ctypes.cast(lib.CPLQuietErrorHandler, _P)
         self.closes_with_error = int(self.GDALVersionInfo(b"VERSION_NUM")) >= 3070000
 
     def close(self, ds) -> bool:
@@ -95,8 +99,17 @@ class _Gdal:
         return bool(err) and self.closes_with_error
 
     def error(self) -> str:
-        """GDAL's last error message, its first line."""
-        return ((self.CPLGetLastErrorMsg() or b"").decode(errors="replace").splitlines() or ["(no message)"])[0]
+        """GDAL's last error message (of this thread) on one line."""
+        return " ".join((self.CPLGetLastErrorMsg() or b"").decode(errors="replace").split()) or "(no message)"
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """GDAL's errors in this thread kept for :meth:`error`, not printed (nor logged by rasterio)."""
+        self.CPLPushErrorHandler(self.quiet_handler)
+        try:
+            yield
+        finally:
+            self.CPLPopErrorHandler()
 
 
 @functools.cache
@@ -151,8 +164,9 @@ class _Job:
     def run(self, fn, *args):
         """``fn(*args)`` and GDAL's last error message in that thread (GDAL's errors are per thread)."""
         def work():
-            self.gdal.CPLErrorReset()
-            return fn(*args), self.gdal.error()
+            with self.gdal.quiet():
+                self.gdal.CPLErrorReset()
+                return fn(*args), self.gdal.error()
 
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gdal") as pool:
             job = pool.submit(work)
@@ -176,9 +190,12 @@ def write(label, transform, crs: str | None, fields: dict, out, overwrite: bool,
     out = Path(out)
     driver = DRIVERS[out.suffix.lower()]
     traced = scratch / "polygons.gpkg"
-    _trace(label, transform, crs, traced, lambda what, msg: _fail(out, driver, what, msg), progress)
+    with _rasterio_gdal().quiet():
+        _trace(label, transform, crs, traced, lambda what, msg: _fail(out, driver, what, msg), progress)
     _field_table(traced, fields)
-    return _translate(traced, fields, out, driver, overwrite, progress)
+    gdal = _writer_for(driver)
+    with gdal.quiet():
+        return _translate(gdal, traced, fields, out, driver, overwrite, progress)
 
 
 def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) -> None:
@@ -254,13 +271,13 @@ def _field_table(path: Path, fields: dict) -> None:
     db.close()
 
 
-def _translate(traced: Path, fields: dict, out: Path, driver: str, overwrite: bool, progress: bool) -> Path:
+def _translate(gdal: _Gdal, traced: Path, fields: dict, out: Path, driver: str, overwrite: bool,
+               progress: bool) -> Path:
     """``GDALVectorTranslate`` of the polygons joined with their fields into ``out`` (its layer named
     for the file), ids ascending along the index, under a temporary name renamed when complete. (GDAL
     reports no progress for an SQL layer without a fast count: the bar only says it runs.)"""
     from ...progress import progress_bar
 
-    gdal = _writer_for(driver)
     columns = "".join(f', f."{k}"' for k in fields)
     sql = f"SELECT p.geom, p.id{columns} FROM {LAYER} p JOIN fields f ON f.id = p.id ORDER BY p.id, p.fid"
     args = _strings(["-f", driver, "-nln", out.stem, "-nlt", "POLYGON", "-sql", sql])
