@@ -178,7 +178,8 @@ class _Job:
 
 
 def _fail(out: Path, driver: str, what: str, message: str):
-    raise OutputError(f"{out}: cannot write it as {driver}: GDAL {what}: {message}")
+    """The error of every step: one line naming the output, the step (GDAL's, or SQLite's) and why."""
+    raise OutputError(f"{out}: cannot write it as {driver}: {what}: {message}") from None
 
 
 def write(label, transform, crs: str | None, fields: dict, out, overwrite: bool, scratch: Path,
@@ -191,8 +192,11 @@ def write(label, transform, crs: str | None, fields: dict, out, overwrite: bool,
     driver = DRIVERS[out.suffix.lower()]
     traced = scratch / "polygons.gpkg"
     with _rasterio_gdal().quiet():
-        _trace(label, transform, crs, traced, lambda what, msg: _fail(out, driver, what, msg), progress)
-    _field_table(traced, fields)
+        _trace(label, transform, crs, traced, lambda what, msg: _fail(out, driver, f"GDAL {what}", msg), progress)
+    try:
+        _field_table(traced, fields)
+    except sqlite3.Error as exc:  # a full disk: one line
+        _fail(out, driver, "SQLite", str(exc))
     gdal = _writer_for(driver)
     with gdal.quiet():
         return _translate(gdal, traced, fields, out, driver, overwrite, progress)
@@ -219,7 +223,8 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
     srs = ds = field = None
     try:
         band = gdal.GDALGetRasterBand(src, 1)
-        if gdal.GDALSetGeoTransform(src, (ctypes.c_double * 6)(*transform)) or gdal.GDALSetRasterNoDataValue(band, 0):
+        geo = (ctypes.c_double * 6)(*transform)
+        if not band or gdal.GDALSetGeoTransform(src, geo) or gdal.GDALSetRasterNoDataValue(band, 0):
             fail("raster", gdal.error())
         if crs:
             srs = gdal.OSRNewSpatialReference(None)
@@ -284,7 +289,7 @@ def _translate(gdal: _Gdal, traced: Path, fields: dict, out: Path, driver: str, 
     with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp, \
             progress_bar(progress, 1, "polygons written", unit="file") as bar:
         def fail(what: str, message: str):
-            _fail(out, driver, what, message.replace(str(tmp / out.name), str(out)))
+            _fail(out, driver, f"GDAL {what}", message.replace(str(tmp / out.name), str(out)))
 
         gdal.CPLErrorReset()
         src = gdal.GDALOpenEx(str(traced).encode(), OF_VECTOR, None, None, None)
