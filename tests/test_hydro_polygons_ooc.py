@@ -12,6 +12,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -253,9 +254,9 @@ gdal = polygons._rasterio_gdal()
 name = {"trace": "GDALPolygonize", "translate": "GDALVectorTranslate"}[phase]
 call = getattr(gdal, name)
 
-def cut(*args):  # Ctrl-C while GDAL works (in its thread), before its first feature
+def cut(*args):  # Ctrl-C while GDAL works (in its thread), before its first feature; a long call
     os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(1)
+    time.sleep(30)
     return call(*args)
 
 setattr(gdal, name, cut)
@@ -267,12 +268,15 @@ print("not reached")
 
 @pytest.mark.parametrize("phase", ["trace", "translate"])
 def test_an_interrupted_write_leaves_no_output(crafted, tmp_path, phase):
-    """Ctrl-C while GDAL traces or copies (its progress callback lets Python's handler run): exit
-    130 with one line, no output, no temporary beside it, no scratch in the store."""
+    """Ctrl-C while GDAL traces or copies (a call of 30 s here): the run ends at once, not when GDAL
+    returns (GDAL works in a thread, this one waits in Python, where the handler runs), exit 130
+    with one line, no output, no temporary beside it, no scratch in the store."""
     st, _ = crafted
     out = tmp_path / "p.gpkg"
+    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT, phase, str(st.path), str(out)], capture_output=True,
                           text=True, timeout=120)
+    assert time.perf_counter() - t0 < 20
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "terrain: interrupted\n"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
     assert not [p for p in st.path.iterdir() if "scratch" in p.name]
