@@ -85,12 +85,15 @@ def basin_table(store, outlet: np.ndarray, counts: np.ndarray) -> Table:
 def _text(values: np.ndarray) -> np.ndarray:
     """Each value as Python's ``str`` of its ``.item()`` writes it (bytes): integers, ``True``/``False``,
     floats as float64 in their shortest repr (NumPy's Dragon4 gives repr's digits); a block's
-    distinct floats (by their bits: -0.0 stays apart from 0.0) formatted once."""
+    distinct floats (by their bits: -0.0 stays apart from 0.0) formatted once. The strings as wide
+    as the longest (NumPy's are as wide as the type's longest: 21 bytes an int64, 32 a float)."""
     if values.dtype.kind != "f":
-        return values.astype("S")
-    bits = np.ascontiguousarray(values, np.float64).view(np.uint64)
-    distinct, at = np.unique(bits, return_inverse=True)
-    return distinct.view(np.float64).astype("S")[at.reshape(-1)]
+        text = values.astype("S")
+    else:
+        bits = np.ascontiguousarray(values, np.float64).view(np.uint64)
+        distinct, at = np.unique(bits, return_inverse=True)
+        text = distinct.view(np.float64).astype("S")[at.reshape(-1)]
+    return text.astype(f"S{max(1, int(np.char.str_len(text).max(initial=0)))}")
 
 
 def write_csv(table: Mapping, path, progress: bool = False) -> Path:
