@@ -23,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +43,8 @@ from ..tiling import check_side, plan
 from .table import BASIN_BYTES, Table, basin_table, write_csv
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from . import tiled
     from ._cpu import Links
 
