@@ -71,6 +71,12 @@ def reference_csv(path, terminal: np.ndarray, counts: np.ndarray, cols: int) -> 
             out.writerow([i, r, c, X0 + (c + 0.5) * CELL, Y0 - (r + 0.5) * CELL, n, n * CELL * CELL])
 
 
+def _written(st) -> bool:
+    """Whether the store holds a basins result (or a leftover of one in its folder)."""
+    return any(k.split("/")[0] == "basins" for k in TerrainStore.open(st.path).results()) or any(
+        "basins" in p.name for p in st.path.iterdir())
+
+
 @NEEDS_PROC
 def test_basin_table_within_budget(tmp_path):
     """1536^2 of noise: 261 k basins, whose table built whole took 64 bytes a basin (16.0 MiB, beyond
@@ -100,6 +106,28 @@ def test_a_table_beyond_the_budget_is_refused(tmp_path):
     need = tiled.window_need(st, 1, OUT_BYTES["basins"])
     with pytest.raises(InputError, match=rf"too small for this store's basins: their table \({n:,} basins") as exc:
         basins(st, memory=need + n * 16 - 1, window_tiles=1, progress=False)
-    assert "\n" not in str(exc.value) and "basins" not in TerrainStore.open(st.path).results()
+    assert "\n" not in str(exc.value) and not _written(st)
     basins(st, memory=need + n * 16, window_tiles=1, progress=False)
-    assert "basins/label" in TerrainStore.open(st.path).results()
+    assert _written(st) and "basins/label" in TerrainStore.open(st.path).results()
+
+
+@pytest.mark.gpu
+def test_gpu_counts_the_table_before_the_host_holds_it(tmp_path):
+    """On the GPU the basins are counted before their table comes back to the host: a budget that
+    holds the route's host buffers but not the table beside them is refused in one line, nothing
+    written; with the table's bytes it runs in core on the GPU, the labels and CSV the reference's."""
+    pytest.importorskip("cupy")
+    from terrain_io.grid.hydro.pipeline import _gpu_host_bytes, write_table
+
+    st = _routed(tmp_path / "g.zarr", 512, 512, 4)
+    label, terminal, counts = reference_basins(np.asarray(st.group["flow/direction"][...]))
+    least = _gpu_host_bytes(st, "basins") + len(terminal) * 16
+    with pytest.raises(InputError, match=rf"too small for this store's basins: their table \({len(terminal):,} basins"):
+        basins(st, memory=least - 1, device="gpu", progress=False)
+    assert not _written(st)
+    res = basins(st, memory=least, device="gpu", progress=False)
+    assert "(gpu, incore)" in res.line, res.line
+    assert np.array_equal(np.asarray(TerrainStore.open(st.path).group["basins/label"][...]), label)
+    write_table(res, tmp_path / "t.csv")
+    reference_csv(tmp_path / "ref.csv", terminal, counts, st.shape[1])
+    assert (tmp_path / "t.csv").read_bytes() == (tmp_path / "ref.csv").read_bytes()
