@@ -658,9 +658,9 @@ def write_polygons(store: TerrainStore, label, fields: Mapping, out, overwrite: 
     """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
     part), with the ``id`` and ``fields`` (name -> array indexed by id - 1, or a :class:`.table.Table`),
-    written as GDAL traces them (:mod:`.polygons`: the polygons never all in memory). ``label``: the raster in memory, or
-    the name of the store's label array: then written to a GeoTIFF in a scratch folder of the store,
-    shard by shard, which GDAL's polygonize reads a block row at a time."""
+    written as GDAL traces them (:mod:`.polygons`: the polygons never all in memory). ``label``: the
+    raster in memory, or the name of the store's label array: then written to a GeoTIFF in a scratch
+    folder of the store, shard by shard, which GDAL's polygonize reads a block row at a time."""
     import rasterio
 
     from ...atomic import scratch_directory
