@@ -37,6 +37,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,8 +189,7 @@ class _Merger:
                 *out[:-1], tr.astype(np.int64), tc.astype(np.int64), levels, self.rows, self.cols, self.tile,
                 self.kind))
         if self.settle is not None:
-            with self.timings.phase("settle"):
-                merged = self.settle(b, merged)
+            merged = self.settle(b, merged)
         with self._lock:
             self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
         return merged
@@ -555,26 +555,44 @@ def _holds_bits(store: TerrainStore, budget: int, device: str, sorts_edges: bool
 class _EarlyShards:
     """Phase 3 begun beside the tile phase (bits held, whole-shard batches): once a shard's batch is
     merged, the decisions of its own merges -- all but those of the merges above the shards (8192^2:
-    90% of the codes) -- are applied to its held bits and its chunks encoded, in the merge's pool
-    thread while later shards are read; the expand pass applies the rest and encodes again only the
-    chunks they touch (8192^2: 35% of them). Decisions are disjoint sets of final codes, each clearing
-    or setting one bit, so the bits, and the bytes written, are those of one expand after the merges."""
+    90% of the codes) -- are applied to its held bits and its chunks encoded, in the codec pool while
+    later shards are read (not in the merge's chain: the tile phase hands batches to the merges at
+    their pace); the expand pass applies the rest and encodes again only the chunks they touch
+    (8192^2: 35% of them). Decisions are disjoint sets of final codes, each clearing or setting one
+    bit, so the bits, and the bytes written, are those of one expand after all the merges."""
 
     def __init__(self, edges, held: dict, cols: int):
         self.edges, self.held, self.cols = edges, held, cols
         self.frames: dict = {}  # a shard's first cell -> its chunks' stored bytes (encode_chunks)
         self.decisions = 0  # the codes applied here
+        self.seconds = 0.0  # the threads' time
         self._lock = threading.Lock()
+        self._pending: list[concurrent.futures.Future] = []
 
     def __call__(self, b: Batch, merged: _Merged) -> _Merged:
+        """Take a batch's decisions inside its shard (all of them, a full batch's merges) and start
+        their work; ``merged`` is returned without them."""
         win = b.window
-        bits = self.held[win.r0, win.c0]
         inside = [_in_window(codes, win, self.cols) for codes in (merged.removed, merged.kept)]
-        K.apply_decisions(bits, win.r0, win.c0, self.cols, merged.removed[inside[0]], merged.kept[inside[1]])
         with self._lock:
             self.decisions += int(inside[0].sum() + inside[1].sum())
-        self.frames[win.r0, win.c0] = encode_chunks(self.edges, bits)
+            self._pending.append(codec_pool().submit(self._settle, win, merged.removed[inside[0]],
+                                                     merged.kept[inside[1]]))
         return merged._replace(removed=merged.removed[~inside[0]], kept=merged.kept[~inside[1]])
+
+    def _settle(self, win: Window, removed: np.ndarray, kept: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        bits = self.held[win.r0, win.c0]
+        K.apply_decisions(bits, win.r0, win.c0, self.cols, removed, kept)
+        self.frames[win.r0, win.c0] = encode_chunks(self.edges, bits)  # (in a pool thread: its chunks here)
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Until every shard taken is encoded (its first error raised)."""
+        for f in self._pending:
+            f.result()
+        self._pending.clear()
 
 
 def _in_window(codes: np.ndarray, win: Window, cols: int) -> np.ndarray:
@@ -886,7 +904,9 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
             del done
         else:
             with contextlib.ExitStack() as cleanup:
-                merger.start(workers=os.cpu_count() or 1)
+                # batches queued for the merges: with the bits held (memory to spare) as many as are read
+                # ahead, so that the tile phase goes on while the merging thread merges blocks above them
+                merger.start(depth=2 if held is None else 2 + _readers(device), workers=os.cpu_count() or 1)
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
                     bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches),
@@ -899,7 +919,9 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                     merger.finish()
         timings["merge"] = merger.timings["merge"]
         if early is not None:
-            timings["settle"] = merger.timings.get("settle", 0.0)
+            with timings.phase("settle_wait"):
+                early.wait()
+            timings["settle"] = early.seconds
         if gpu is not None:
             timings["gpu_kernel"] = gpu.kernel_seconds
             timings["gpu_contract"] = gpu.contract_seconds
