@@ -142,7 +142,7 @@ class _Merger:
         stack for the client, whose merger takes every run's stack in order (:meth:`adopt`) -- the
         same merges as one merger over all the tiles."""
         self.batched = batched
-        self.settle = None  # settle(batch, merged), in the pool after each full batch's merge (_EarlyShards)
+        self.sink: _EarlyShards | None = None  # takes the decisions (bits held) instead of the logs
         self.first = first
         self.rows, self.cols = store.shape
         self.tile = store.tile_size
@@ -188,8 +188,9 @@ class _Merger:
             merged = _Merged.of(levels, int(b.codes[0]) >> (2 * levels), K.merge_batch(
                 *out[:-1], tr.astype(np.int64), tc.astype(np.int64), levels, self.rows, self.cols, self.tile,
                 self.kind))
-        if self.settle is not None:
-            merged = self.settle(b, merged)
+        if self.sink is not None:  # the batch's decisions, and its shard encoded, in the codec pool
+            self.sink.take(merged.removed, merged.kept, whole=b.window)
+            merged = merged._replace(removed=merged.removed[:0], kept=merged.kept[:0])
         with self._lock:
             self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
         return merged
@@ -252,8 +253,11 @@ class _Merger:
         """Keep a merge's decisions (one thread at a time) and return its block."""
         K.add_exact_many(self.buckets, merged.removed_weights, -1)
         K.add_exact_many(self.buckets, merged.kept_weights, 1)
-        self.removed.append(merged.removed)
-        self.kept.append(merged.kept)
+        if self.sink is not None:
+            self.sink.take(merged.removed, merged.kept)
+        else:
+            self.removed.append(merged.removed)
+            self.kept.append(merged.kept)
         self.merges += 1
         return merged.block
 
@@ -553,46 +557,69 @@ def _holds_bits(store: TerrainStore, budget: int, device: str, sorts_edges: bool
 
 
 class _EarlyShards:
-    """Phase 3 begun beside the tile phase (bits held, whole-shard batches): once a shard's batch is
-    merged, the decisions of its own merges -- all but those of the merges above the shards (8192^2:
-    90% of the codes) -- are applied to its held bits and its chunks encoded, in the codec pool while
-    later shards are read (not in the merge's chain: the tile phase hands batches to the merges at
-    their pace); the expand pass applies the rest and encodes again only the chunks they touch
-    (8192^2: 35% of them). Decisions are disjoint sets of final codes, each clearing or setting one
-    bit, so the bits, and the bytes written, are those of one expand after all the merges."""
+    """Phase 3 beside the tile phase (bits held, whole-shard batches): every merge's decisions are
+    applied to the held bits as the merge makes them, in the codec pool -- a shard's chunks encoded
+    once its own merges are done (its batch merged), then encoded again where a merge above the
+    shards touches them -- so that after the last merge only the root's few are left, and the
+    expand pass writes the shard files. Decisions are disjoint sets of final codes (a forest edge
+    cleared, a separator edge set), applied to a shard under its lock in any order: the bits, and
+    the bytes written, are those of one expand after all the merges."""
 
-    def __init__(self, edges, held: dict, cols: int):
-        self.edges, self.held, self.cols = edges, held, cols
+    def __init__(self, store: TerrainStore, edges, held: dict):
+        self.edges, self.held = edges, held
+        self.cols = store.shape[1]
+        self.span = store.shard_size * store.tile_size
         self.frames: dict = {}  # a shard's first cell -> its chunks' stored bytes (encode_chunks)
-        self.decisions = 0  # the codes applied here
-        self.seconds = 0.0  # the threads' time
+        self.locks = {(w.r0, w.c0): threading.Lock() for w in store.shards()}
+        self.decisions = 0  # the codes taken
+        self.seconds = 0.0  # the pool threads' time
         self._lock = threading.Lock()
         self._pending: list[concurrent.futures.Future] = []
 
-    def __call__(self, b: Batch, merged: _Merged) -> _Merged:
-        """Take a batch's decisions inside its shard (all of them, a full batch's merges) and start
-        their work; ``merged`` is returned without them."""
-        win = b.window
-        inside = [_in_window(codes, win, self.cols) for codes in (merged.removed, merged.kept)]
+    def take(self, removed: np.ndarray, kept: np.ndarray, whole: Window | None = None) -> None:
+        """Apply a merge's decisions to the shards of their cells, in the codec pool; ``whole``: the
+        shard whose own merges these complete, encoded then."""
+        jobs = {} if whole is None else {(whole.r0, whole.c0): ([], [])}
+        for i, codes in enumerate((removed, kept)):
+            r, c = np.divmod(codes >> 2, self.cols)
+            key = r // self.span * self.span * self.cols + c // self.span * self.span  # the shard's first cell
+            order = np.argsort(key, kind="stable")
+            keys, starts = np.unique(key[order], return_index=True)
+            for k, part in zip(keys.tolist(), np.split(codes[order], starts[1:])):
+                jobs.setdefault(divmod(k, self.cols), ([], []))[i].append(part)
         with self._lock:
-            self.decisions += int(inside[0].sum() + inside[1].sum())
-            self._pending.append(codec_pool().submit(self._settle, win, merged.removed[inside[0]],
-                                                     merged.kept[inside[1]]))
-        return merged._replace(removed=merged.removed[~inside[0]], kept=merged.kept[~inside[1]])
+            self.decisions += len(removed) + len(kept)
+            for k, (rem, kep) in jobs.items():
+                self._pending.append(codec_pool().submit(self._apply, k, _joined(rem), _joined(kep),
+                                                         whole is not None and k == (whole.r0, whole.c0)))
 
-    def _settle(self, win: Window, removed: np.ndarray, kept: np.ndarray) -> None:
-        t0 = time.perf_counter()
-        bits = self.held[win.r0, win.c0]
-        K.apply_decisions(bits, win.r0, win.c0, self.cols, removed, kept)
-        self.frames[win.r0, win.c0] = encode_chunks(self.edges, bits)  # (in a pool thread: its chunks here)
+    def _apply(self, key: tuple[int, int], removed: np.ndarray, kept: np.ndarray, whole: bool) -> None:
+        t = time.perf_counter()
+        with self.locks[key]:
+            bits = self.held[key]
+            K.apply_decisions(bits, key[0], key[1], self.cols, removed, kept)
+            if whole:  # (in a pool thread: its chunks encoded here, one after another)
+                self.frames[key] = encode_chunks(self.edges, bits)
+            elif key in self.frames:  # the chunks these codes touch
+                t0, t1 = self.edges.chunks
+                r, c = np.divmod(np.concatenate([removed, kept]) >> 2, self.cols)
+                for i, j in set(zip(((r - key[0]) // t0).tolist(), ((c - key[1]) // t1).tolist())):
+                    self.frames[key].update(encode_chunks(self.edges, bits[i * t0 : (i + 1) * t0,
+                                                                            j * t1 : (j + 1) * t1], (i, j)))
         with self._lock:
-            self.seconds += time.perf_counter() - t0
+            self.seconds += time.perf_counter() - t
 
     def wait(self) -> None:
-        """Until every shard taken is encoded (its first error raised)."""
-        for f in self._pending:
-            f.result()
-        self._pending.clear()
+        """Until every decision taken is applied (the first error raised)."""
+        while self._pending:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for f in pending:
+                f.result()
+
+
+def _joined(parts: list) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 def _in_window(codes: np.ndarray, win: Window, cols: int) -> np.ndarray:
@@ -638,17 +665,10 @@ def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.nd
                  bits: np.ndarray | None = None, frames: dict | None = None) -> int:
     """One unit of phase 3: its decisions applied to its bits (``bits``: held by the tile phase, not
     written yet; else read from ``edges``), written back, its edges counted. Clearing and setting
-    bits: run twice (a task run again), the same bytes. ``frames``: the held bits' chunks as encoded
-    in the tile phase (:class:`_EarlyShards`); only those the decisions touch are encoded again."""
+    bits: run twice (a task run again), the same bytes. ``frames``: the held bits' chunks, encoded
+    with every decision applied (:class:`_EarlyShards`): written as they are."""
     held = bits is not None
-    if frames is not None:
-        K.apply_decisions(bits, win.r0, win.c0, cols, removed, kept)
-        t0, t1 = edges.chunks
-        r, c = np.divmod(np.concatenate([removed, kept]) >> 2, cols)
-        touched = sorted(set(zip(((r - win.r0) // t0).tolist(), ((c - win.c0) // t1).tolist())))
-        for new in codec_pool().map(lambda ij: encode_chunks(edges, bits[ij[0] * t0 : (ij[0] + 1) * t0,
-                                                                         ij[1] * t1 : (ij[1] + 1) * t1], ij), touched):
-            frames.update(new)
+    if frames is not None:  # encoded with every decision (:class:`_EarlyShards`)
         sh0, sh1 = edges.shards
         write_encoded_shard(edges, win.r0 // sh0, win.c0 // sh1, frames)
         return int(K.count_edges(bits))
@@ -691,8 +711,8 @@ def _expand(store: TerrainStore, edges, batches: Sequence[Batch], k: int, budget
     tile phase's bits of every shard by its first cell (not written yet): each is written once here.
     ``runs``: on ``scheduler``'s workers, the tile phase's runs (:class:`_RunResult`, batches
     ``start``..``stop`` - 1: whole shards): each worker expands its run's shards with their
-    decisions, its own merges' and the client's (``decided``). ``early``: the shards whose chunks the
-    tile phase encoded already (with ``held``).
+    decisions, its own merges' and the client's (``decided``). ``early``: the held shards' chunks,
+    encoded beside the tile phase with every decision (the logs empty).
 
     The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
     tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
@@ -705,7 +725,8 @@ def _expand(store: TerrainStore, edges, batches: Sequence[Batch], k: int, budget
     # as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks encoded and the
     # shard file joined, ~8 bytes a cell a thread (benchmarks/RESULTS.md, "Measurements behind decisions in
     # the code").
-    workers = max(1, min(4, os.cpu_count() or 1))
+    # Shards encoded already (``early``) leave only their files' writes and edge counts: a thread a core.
+    workers = max(1, min(4 if early is None else 1 << 10, os.cpu_count() or 1))
     shard_cells = min(span_shard, rows) * min(span_shard, cols)
     decisions = 8 * sum(len(c) for c in decided)
     workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
@@ -849,7 +870,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     held = {} if scheduler == "local" and _holds_bits(store, budget, device, forest == K.FOREST_EDGES, k) else None
     cap = 8 * store.tile_size + 8
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
-    early = None  # with the bits held: their chunks encoded as each shard's batch is merged
+    early = None  # with the bits held: every decision applied as it is made, the shards encoded
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
     runs = None  # on a cluster: each worker's run of batches, (start, stop[, its decisions by shard])
@@ -864,7 +885,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         if held is not None and merger.batched:
-            merger.settle = early = _EarlyShards(edges, held, cols)
+            merger.sink = early = _EarlyShards(store, edges, held)
         if scheduler in ("threads", "processes"):  # Dask's local schedulers: a task a shard, merges here
             tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
                                forest, cap, device) for b in batches]
