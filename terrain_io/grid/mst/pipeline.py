@@ -131,6 +131,14 @@ class _Merged(NamedTuple):
         return cls(_Block(level, code, *merged[:7]), *merged[7:])
 
 
+class _Later(NamedTuple):
+    """A block being merged in the pool: its place in the quadtree, its graph to come."""
+
+    level: int
+    code: int
+    future: concurrent.futures.Future
+
+
 class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
@@ -156,6 +164,8 @@ class _Merger:
         self.timings = Timings(merge=0.0)  # the merges' seconds, summed over the threads that ran them
         self.merges = 0
         self._lock = threading.Lock()
+        self._later = False  # started: the merges above a batch go to the pool too (_Later on the stack)
+        self._at_root = False
 
     def push(self, block: _Block, next_code: int | None) -> None:
         """Add a complete block (a tile, or a whole batch) and merge every block it completes.
@@ -175,9 +185,26 @@ class _Merger:
                 while (self.stack and self.stack[-1].level < level
                        and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
                     children.append(self.stack.pop())
-                self.stack.append(self._record(self._merge(children, level, parent)))
+                if self._later:  # (the merging thread goes on taking batches: the tile phase is not held up)
+                    self.stack.append(_Later(level, parent, self.pool.submit(self._merge_later, children, level,
+                                                                             parent)))
+                else:
+                    self.stack.append(self._record(self._merge(children, level, parent)))
             if next_code is None and not self.first:  # the root: everything decided
-                assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
+                self._at_root = True
+                if not self._later:
+                    self._check_root()
+
+    def _check_root(self) -> None:
+        assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
+
+    def _merge_later(self, children: list, level: int, code: int) -> _Block:
+        """:meth:`push`'s merge in the pool, once its children (blocks, or earlier such merges: those
+        were queued first, so waiting on them cannot starve the pool) are done."""
+        blocks = [c.future.result() if isinstance(c, _Later) else c for c in children]
+        with self.timings.phase("merge"):
+            merged = self._merge(blocks, level, code)
+        return self._record(merged)
 
     def _merge_batch(self, b: Batch, out, side: int):
         """All merges inside a full batch of ``side`` x ``side`` tiles, in one call (``merge_batch``,
@@ -201,6 +228,7 @@ class _Merger:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mst-merge", daemon=True)
+        self._later = True
         self._thread.start()
 
     def _run(self) -> None:
@@ -229,10 +257,13 @@ class _Merger:
         self._queue.put((work, next_code))
 
     def finish(self) -> None:
-        """Wait until every queued block is merged."""
+        """Wait until every queued block is merged (the stack's blocks then at hand)."""
         self.stop()
         if self._error is not None:
             raise self._error
+        self.stack = [b.future.result() if isinstance(b, _Later) else b for b in self.stack]
+        if self._at_root:
+            self._check_root()
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -251,14 +282,15 @@ class _Merger:
 
     def _record(self, merged: _Merged) -> _Block:
         """Keep a merge's decisions (one thread at a time) and return its block."""
-        K.add_exact_many(self.buckets, merged.removed_weights, -1)
-        K.add_exact_many(self.buckets, merged.kept_weights, 1)
-        if self.sink is not None:
-            self.sink.take(merged.removed, merged.kept)
-        else:
-            self.removed.append(merged.removed)
-            self.kept.append(merged.kept)
-        self.merges += 1
+        with self._lock:
+            K.add_exact_many(self.buckets, merged.removed_weights, -1)
+            K.add_exact_many(self.buckets, merged.kept_weights, 1)
+            if self.sink is not None:
+                self.sink.take(merged.removed, merged.kept)
+            else:
+                self.removed.append(merged.removed)
+                self.kept.append(merged.kept)
+            self.merges += 1
         return merged.block
 
     def adopt(self, runs: list["_RunResult"]) -> None:
