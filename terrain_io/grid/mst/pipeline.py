@@ -650,6 +650,13 @@ class _EarlyShards:
                 f.result()
 
 
+# The expand's work beside the tile phase (:class:`_EarlyShards`) takes cores the tile phase leaves idle -- it
+# encodes the chunks that merges above the shards touch twice (16384^2: 40% of them): on 2 cores, all busy with
+# the tile phase, it cost 3-5% more CPU at 8192^2-16384^2 for no shorter run (benchmarks/RESULTS.md, "The H100,
+# session 17"); there the expand runs after the merges, as it did before.
+EARLY_EXPAND_CORES = 4
+
+
 def _joined(parts: list) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
@@ -916,7 +923,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
 
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
-        if held is not None and merger.batched:
+        if held is not None and merger.batched and (os.cpu_count() or 1) >= EARLY_EXPAND_CORES:
             merger.sink = early = _EarlyShards(store, edges, held)
         if scheduler in ("threads", "processes"):  # Dask's local schedulers: a task a shard, merges here
             tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
