@@ -19,7 +19,9 @@ Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
    path and the decisions (O(N/T) codes) are held in memory.
 3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
    clear the representatives that a merge dropped, set the separator edges that made it into the
-   tree.
+   tree. With the tile phase's bits held in memory (and cores to spare), beside the tile phase:
+   each merge's decisions applied as it makes them, each shard encoded once its own merges are done
+   and its chunks again where a merge above touches them; then only the shard files are written.
 
 A small DEM on the CPU (:data:`IN_MEMORY_BELOW` cells, within the budget) skips the phases: one
 Kruskal over all its edges in memory (``_cpu.grid_forest``), the same forest, written the same way.
@@ -661,12 +663,6 @@ def _joined(parts: list) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def _in_window(codes: np.ndarray, win: Window, cols: int) -> np.ndarray:
-    """Which edge codes belong to a cell (the edge's smaller end) of ``win``."""
-    r, c = np.divmod(codes >> 2, cols)
-    return (r >= win.r0) & (r < win.r1) & (c >= win.c0) & (c < win.c1)
-
-
 def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) -> bool:
     """Whether the expand pass takes whole shards: the tile phase did, or one shard's bits (and their
     new encoding) per thread fit half the budget."""
@@ -965,7 +961,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
         else:
             with contextlib.ExitStack() as cleanup:
                 # batches queued for the merges: with the bits held (memory to spare) as many as are read
-                # ahead, so that the tile phase goes on while the merging thread merges blocks above them
+                # ahead, so that the tile phase goes on while the merging thread waits on a slow batch's merge
                 merger.start(depth=2 if held is None else 2 + _readers(device), workers=os.cpu_count() or 1)
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
