@@ -48,3 +48,24 @@ def test_early_encoded_shards_are_the_forest_and_the_same_bytes(tmp_path, monkey
     assert "settle" not in res_back.timings
     assert _shard_files(store) == _shard_files(store_back)
     assert res.merge_decisions == res_back.merge_decisions and res.edges == res_back.edges
+
+
+def test_a_failed_run_leaves_no_result_and_no_work(tmp_path, monkeypatch):
+    """A read that fails mid-way through the tile phase: the error reaches the caller, the store keeps no
+    ``mst`` result, and the shards' encodes not started are dropped (the call returns, nothing hangs)."""
+    mod = sys.modules["terrain_io.grid.mst.pipeline"]
+    monkeypatch.setattr(mod, "SERIAL_BELOW", 0)
+    monkeypatch.setattr(mod, "EARLY_EXPAND_CORES", 1)
+    store = TerrainStore.from_array(tmp_path / "dem.zarr", terrain(128, 128, seed=2, levels=30), tile=8, shard=2)
+    read, calls = TerrainStore.read, []
+
+    def failing(self, win, *args, **kwargs):
+        calls.append(win)
+        if len(calls) == 40:
+            raise OSError("disk gone")
+        return read(self, win, *args, **kwargs)
+
+    monkeypatch.setattr(TerrainStore, "read", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        mst(store, device="cpu", progress=False, batch_tiles=2)
+    assert "mst" not in TerrainStore.open(store.path).results()

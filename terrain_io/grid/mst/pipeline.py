@@ -643,6 +643,15 @@ class _EarlyShards:
         with self._lock:
             self.seconds += time.perf_counter() - t
 
+    def cancel(self, *exc_info) -> None:
+        """Drop the work not started yet (the run failed: ``exc_info`` of its exception, as an exit callback)."""
+        if exc_info and exc_info[0] is None:
+            return
+        with self._lock:
+            for f in self._pending:
+                f.cancel()
+            self._pending = []
+
     def wait(self) -> None:
         """Until every decision taken is applied (the first error raised)."""
         while self._pending:
@@ -963,6 +972,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                 # batches queued for the merges: with the bits held (memory to spare) as many as are read
                 # ahead, so that the tile phase goes on while the merging thread waits on a slow batch's merge
                 merger.start(depth=2 if held is None else 2 + _readers(device), workers=os.cpu_count() or 1)
+                if early is not None:  # (after the merges stop: they take decisions until then)
+                    cleanup.push(early.cancel)
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
                     bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches),
