@@ -20,8 +20,10 @@ scratch folder of the store (:func:`write_polygons`): the same features.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,10 +212,11 @@ def _threshold_cells(store: TerrainStore, threshold: float, units: str) -> float
     return threshold
 
 
-def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings) -> None:
+def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings, beside=None) -> None:
     """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs); NumPy, or CuPy
     written from the GPU through pinned bands: ``write_held``), atomically; its attributes get
-    the run's ``timings`` (seconds by phase) so far."""
+    the run's ``timings`` (seconds by phase) so far, or, with ``beside`` (an event: the work run
+    beside the write), once that is done."""
     with store.write_result(group, attrs=attrs) as writer:
         with timer.phase("write"):
             pairs = []
@@ -221,6 +224,8 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Ti
                 arr = writer.create_array(name, values.dtype, fill, attrs=a)
                 pairs.append((arr, values))
             write_held(store, *pairs)
+        if beside is not None:
+            beside.wait()
         writer.attrs.update(timings=timer.rounded())
 
 
@@ -370,6 +375,26 @@ def _network(store, what, threshold, units, memory, window_tiles, device):
     return store, wins, route, cells
 
 
+def _load_link_kernels(cells: int) -> None:
+    """The GPU route's CPU kernels (the links' orders, :func:`._cpu.link_orders`, and walks) loaded
+    from numba's cache in a background thread while the arrays are read: importing numba and
+    loading the first kernel took ~0.35 s (2-core VM) in the GPU phase's path before. Errors are
+    left to the route's own calls."""
+
+    def load():
+        try:
+            from . import _cpu
+
+            _cpu.link_orders(np.zeros(1, np.uint32), np.zeros(1, np.uint8),
+                             np.zeros(1, np.uint32 if cells < 2**32 else np.uint64))
+            one = np.zeros(1, np.int64)
+            _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
+        except Exception:  # noqa: BLE001
+            pass
+
+    threading.Thread(target=load, name="link-kernels", daemon=True).start()
+
+
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
             overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
@@ -382,6 +407,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     store, wins, route, cells = _network(store, what, threshold, units, memory, window_tiles, device)
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
     rows, cols = store.shape
+    if route.device == "gpu":
+        _load_link_kernels(rows * cols)
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
@@ -397,8 +424,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
         if vectors is None:
             _write(store, "streams", arrays, attrs, timer)
         else:  # the rasters written in a thread of their own while the links are walked and written
-            pending = concurrent.futures.ThreadPoolExecutor(1)
-            written = pending.submit(_write, store, "streams", arrays, attrs, timer)
+            pending, vectors_done = concurrent.futures.ThreadPoolExecutor(1), threading.Event()
+            written = pending.submit(_write, store, "streams", arrays, attrs, timer, vectors_done)
             reader = CellReader.held(store, to_host(code))
         del net, arrays, code
     else:
@@ -425,9 +452,10 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     if vectors is not None:
         try:
             with timer.phase("vectors"):
-                write_links(store, reader, links, vectors, overwrite)
+                write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer)
         finally:
             if wins is None:
+                vectors_done.set()
                 pending.shutdown()  # the rasters' write done (its error, if any, raised below)
         if wins is None:
             written.result()
@@ -540,64 +568,83 @@ class CellReader:
         return out
 
 
-LINK_BATCH = 65536  # links a batch of features: the vertices of one batch in memory at a time
+LINK_BATCH = 65536  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
+VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
 
 
-def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False) -> Path:
-    """One LineString a stream link, in the store's CRS, written a batch of links at a time as they
-    are walked (:func:`..vectors.feature_stream`): vertices at the centres of its cells in flow
+def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
+                hold: int = 0, timer: Timings | None = None) -> Path:
+    """One LineString a stream link, in the store's CRS, made a batch of links at a time as they
+    are walked and written through :func:`..vectors.feature_stream` (features held up to ``hold``
+    bytes of geometry a GDAL write): vertices at the centres of its cells in flow
     order (its head's flow path of ``cells`` cells, :func:`._cpu.walk_links`), then the head of its
     downstream link (links meet at junctions; a lone cell with no downstream link is a line of two
     equal points). Fields: ``link``, ``downstream`` (0: the flow path ends), ``strahler``,
     ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres), ``upstream``
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
-    many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's)."""
+    many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's).
+    ``timer``: its phases ``vector_ends`` (the end elevations, read in a thread of their own while
+    the first links are walked), ``vector_lines`` (walks, vertices, WKB) and ``vector_gdal``."""
     from . import _cpu
 
+    timer = Timings() if timer is None else timer
     rows, cols = store.shape
     dx, dy = store.metric_cell_size
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
-    # each link's first vertex (its head) and last (the downstream link's head, else its last cell):
-    # their elevations read once for all links, a block each
-    last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
-                    links.tail)
-    zf = reader.values(source, np.concatenate([links.head, last])).astype(np.float64)
-    drops = zf[:n] - zf[n:]
-    del zf, last
-    with feature_stream(out, "LineString", store.crs, overwrite) as write:
+
+    def end_drops():
+        """Each link's first vertex (its head) and last (the downstream link's head, else its last
+        cell): their elevations read once for all links, a block each (a reader of their own: the
+        walks' keeps its cache), the drops between them."""
+        with timer.phase("vector_ends"):
+            last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
+                            links.tail)
+            ends = CellReader(store, reader.side, reader.held, reader.threads)
+            zf = ends.values(source, np.concatenate([links.head, last])).astype(np.float64)
+            return zf[:n] - zf[n:]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, contextlib.ExitStack() as stack:
+        drops = pool.submit(end_drops)
+        write = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
         for s in range(0, max(n, 1), LINK_BATCH):
-            sl = slice(s, min(s + LINK_BATCH, n))
-            ids = np.arange(sl.start + 1, sl.stop + 1, dtype=np.int64)
-            cells, down = links.cells[sl].astype(np.int64), links.downstream[sl]
-            extra = (down > 0) | (cells == 1)  # the downstream head, or the lone cell again
-            starts = np.concatenate([[0], np.cumsum(cells + extra)])
-            verts = np.empty(starts[-1], np.int64)
-            cur, left, pos = links.head[sl].copy(), cells.copy(), starts[:-1].copy()
-            while True:
-                todo = np.flatnonzero(left)
-                if not len(todo):
-                    break
-                block, r0, c0 = reader.block("flow/direction", int(cur[todo[0]]))
-                _cpu.walk_links(block, r0, c0, cols, cur, left, verts, pos)
-            last = starts[1:] - 1
-            verts[last[extra]] = np.where(down[extra] > 0, links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
-                                          verts[last[extra] - 1])
-            r, c = np.divmod(verts, cols)
-            x, y = store.cell_to_map(r, c)
-            xy = np.column_stack([x, y])
-            step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
-            step[starts[1:-1] - 1] = 0  # no step from one link to the next
-            length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
-            geometry = np.array(wkb_linestrings(xy, starts), object)
-            upstream = links.upstream[sl].astype(np.float64)
-            write(geometry, {"link": ids, "downstream": down.astype(np.int64),
-                             "strahler": links.strahler[sl].astype(np.int32),
-                             "shreve": links.shreve[sl].astype(np.int64),
-                             "cells": cells, "length_m": length, "upstream": upstream,
-                             "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
-                             "drop": drops[sl]})
+            with timer.phase("vector_lines"):
+                sl = slice(s, min(s + LINK_BATCH, n))
+                ids = np.arange(sl.start + 1, sl.stop + 1, dtype=np.int64)
+                cells, down = links.cells[sl].astype(np.int64), links.downstream[sl]
+                extra = (down > 0) | (cells == 1)  # the downstream head, or the lone cell again
+                starts = np.concatenate([[0], np.cumsum(cells + extra)])
+                verts = np.empty(starts[-1], np.int64)
+                cur, left, pos = links.head[sl].copy(), cells.copy(), starts[:-1].copy()
+                while True:
+                    todo = np.flatnonzero(left)
+                    if not len(todo):
+                        break
+                    block, r0, c0 = reader.block("flow/direction", int(cur[todo[0]]))
+                    _cpu.walk_links(block, r0, c0, cols, cur, left, verts, pos)
+                last = starts[1:] - 1
+                verts[last[extra]] = np.where(down[extra] > 0,
+                                              links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
+                                              verts[last[extra] - 1])
+                r, c = np.divmod(verts, cols)
+                x, y = store.cell_to_map(r, c)
+                xy = np.column_stack([x, y])
+                step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
+                step[starts[1:-1] - 1] = 0  # no step from one link to the next
+                length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
+                geometry = np.array(wkb_linestrings(xy, starts), object)
+                del verts, r, c, x, y, xy, step
+                upstream = links.upstream[sl].astype(np.float64)
+            fields = {"link": ids, "downstream": down.astype(np.int64), "strahler": links.strahler[sl].astype(np.int32),
+                      "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
+                      "upstream": upstream,
+                      "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
+                      "drop": drops.result()[sl]}
+            with timer.phase("vector_gdal"):
+                write(geometry, fields)
+        with timer.phase("vector_gdal"):
+            stack.close()  # the features still held written, the file renamed into place
     return Path(out)
 
 
