@@ -179,15 +179,24 @@ class _Route:
         at its last cell. Without ``tails`` the GPU gets only the mask ``accumulation >= cells``,
         made as each shard is read (HAND: an eighth of the bytes to copy); with them, the whole
         accumulation, gathered there (reading the links' cells from the store again instead decodes
-        most of its tiles twice: 32768^2 on the H100, streams' reads 11.3 s against 3.9 s)."""
+        most of its tiles twice: 32768^2 on the H100, streams' reads 11.3 s against 3.9 s) -- as
+        uint32 where it counts cells of a DEM below 2^32 cells (half the bytes to copy and hold; the
+        same values, given back in the stored type)."""
         mask = self.device == "gpu" and not tails
+        stored = store.group["flow/accumulation"].dtype
+        narrow = self.device == "gpu" and stored.kind == "u" and store.shape[0] * store.shape[1] < 2**32
+        convert = None
+        if mask:
+            convert = (np.bool_, lambda b: b >= cells)
+        elif narrow:
+            convert = (np.uint32, lambda b: b.astype(np.uint32))
         with timer.phase("read"):
-            acc = self.load(store, "flow/accumulation", progress, (np.bool_, lambda b: b >= cells) if mask else None)
+            acc = self.load(store, "flow/accumulation", progress, convert)
         with timer.phase(self.device):
             if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
                 return self.K.drainage(code, acc), None
             net = self.K.stream_network(code, acc, cells)
-            return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]) if tails else None
+            return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]).astype(stored) if tails else None
 
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
