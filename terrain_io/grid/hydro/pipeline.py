@@ -431,12 +431,12 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
         arrays = {"order": (net.strahler, 0, order_attrs), "magnitude": (net.shreve, 0, magnitude_attrs),
                   "link": (net.link, 0, link_attrs)}
         if vectors is None:
+            del code
             _write(store, "streams", arrays, attrs, timer)
         else:  # the rasters written in a thread of their own while the links are walked and written
             pending, vectors_done = concurrent.futures.ThreadPoolExecutor(1), threading.Event()
             written = pending.submit(_write, store, "streams", arrays, attrs, timer, vectors_done)
-            reader = CellReader.held(store, to_host(code))
-        del net, arrays, code
+        del net, arrays
     else:
         with store.write_result("streams", attrs=attrs) as writer:
             shreve_dtype = np.uint32 if rows * cols < 2**32 else np.uint64
@@ -453,13 +453,11 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
             attrs["links"] = len(t.head)
             writer.attrs.update(attrs)
         reader = CellReader(store, wins.side * store.tile_size)
-    hr, hc = np.divmod(links.head, cols)
-    tr, tc = np.divmod(links.tail, cols)
-    table = {"id": np.arange(1, len(links.head) + 1), "downstream": links.downstream, "strahler": links.strahler,
-             "shreve": links.shreve, "cells": links.cells, "head_row": hr, "head_col": hc, "tail_row": tr,
-             "tail_col": tc, "upstream_cells": links.upstream}
     if vectors is not None:
-        try:
+        try:  # (the rasters' writer waits for vectors_done: set whatever happens)
+            if wins is None:
+                reader = CellReader.held(store, to_host(code))
+                del code
             with timer.phase("vectors"):
                 write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer)
         finally:
@@ -468,6 +466,11 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
                 pending.shutdown()  # the rasters' write done (its error, if any, raised below)
         if wins is None:
             written.result()
+    hr, hc = np.divmod(links.head, cols)
+    tr, tc = np.divmod(links.tail, cols)
+    table = {"id": np.arange(1, len(links.head) + 1), "downstream": links.downstream, "strahler": links.strahler,
+             "shreve": links.shreve, "cells": links.cells, "head_row": hr, "head_col": hc, "tail_row": tr,
+             "tail_col": tc, "upstream_cells": links.upstream}
     sec = timer.seconds()
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
