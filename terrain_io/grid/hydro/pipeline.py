@@ -580,15 +580,17 @@ class CellReader:
         return out
 
 
-LINK_BATCH = 65536  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
+LINK_BATCH = 16384  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
+LINE_THREADS = 4  # batches walked at once where the codes are held (numba's walks and NumPy release the GIL)
 VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
 
 
 def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
                 hold: int = 0, timer: Timings | None = None) -> Path:
-    """One LineString a stream link, in the store's CRS, made a batch of links at a time as they
-    are walked and written through :func:`..vectors.feature_stream` (features held up to ``hold``
-    bytes of geometry a GDAL write): vertices at the centres of its cells in flow
+    """One LineString a stream link, in the store's CRS, made a batch of links at a time (in
+    ``LINE_THREADS`` threads where ``reader`` holds the codes) and written in order through
+    :func:`..vectors.feature_stream` (features held up to ``hold`` bytes of geometry a GDAL
+    write): vertices at the centres of its cells in flow
     order (its head's flow path of ``cells`` cells, :func:`._cpu.walk_links`), then the head of its
     downstream link (links meet at junctions; a lone cell with no downstream link is a line of two
     equal points). Fields: ``link``, ``downstream`` (0: the flow path ends), ``strahler``,
@@ -596,7 +598,8 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
     many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's).
     ``timer``: its phases ``vector_ends`` (the end elevations, read in a thread of their own while
-    the first links are walked), ``vector_lines`` (walks, vertices, WKB) and ``vector_gdal``."""
+    the links are walked), ``vector_lines`` (walks, vertices, WKB; summed over the threads) and
+    ``vector_gdal``."""
     from . import _cpu
 
     timer = Timings() if timer is None else timer
@@ -617,42 +620,46 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             zf = ends.values(source, np.concatenate([links.head, last])).astype(np.float64)
             return zf[:n] - zf[n:]
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool, contextlib.ExitStack() as stack:
+    def lines(s: int) -> tuple[np.ndarray, dict]:
+        """The features of links s.. (a batch) but their drops: WKB and fields."""
+        with timer.phase("vector_lines"):
+            sl = slice(s, min(s + LINK_BATCH, n))
+            ids = np.arange(sl.start + 1, sl.stop + 1, dtype=np.int64)
+            cells, down = links.cells[sl].astype(np.int64), links.downstream[sl]
+            extra = (down > 0) | (cells == 1)  # the downstream head, or the lone cell again
+            starts = np.concatenate([[0], np.cumsum(cells + extra)])
+            verts = np.empty(starts[-1], np.int64)
+            cur, left, pos = links.head[sl].copy(), cells.copy(), starts[:-1].copy()
+            while True:
+                todo = np.flatnonzero(left)
+                if not len(todo):
+                    break
+                block, r0, c0 = reader.block("flow/direction", int(cur[todo[0]]))
+                _cpu.walk_links(block, r0, c0, cols, cur, left, verts, pos)
+            last = starts[1:] - 1
+            verts[last[extra]] = np.where(down[extra] > 0, links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
+                                          verts[last[extra] - 1])
+            r, c = np.divmod(verts, cols)
+            x, y = store.cell_to_map(r, c)
+            step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
+            step[starts[1:-1] - 1] = 0  # no step from one link to the next
+            length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
+            geometry = np.array(wkb_linestrings(np.column_stack([x, y]), starts), object)
+            upstream = links.upstream[sl].astype(np.float64)
+            return geometry, {"link": ids, "downstream": down.astype(np.int64),
+                              "strahler": links.strahler[sl].astype(np.int32),
+                              "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
+                              "upstream": upstream,
+                              "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan)}
+
+    walkers = LINE_THREADS if "flow/direction" in reader.held else 1  # (a reader's cache is not shared)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, concurrent.futures.ThreadPoolExecutor(walkers) as walk, \
+            contextlib.ExitStack() as stack:
         drops = pool.submit(end_drops)
         write = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
-        for s in range(0, max(n, 1), LINK_BATCH):
-            with timer.phase("vector_lines"):
-                sl = slice(s, min(s + LINK_BATCH, n))
-                ids = np.arange(sl.start + 1, sl.stop + 1, dtype=np.int64)
-                cells, down = links.cells[sl].astype(np.int64), links.downstream[sl]
-                extra = (down > 0) | (cells == 1)  # the downstream head, or the lone cell again
-                starts = np.concatenate([[0], np.cumsum(cells + extra)])
-                verts = np.empty(starts[-1], np.int64)
-                cur, left, pos = links.head[sl].copy(), cells.copy(), starts[:-1].copy()
-                while True:
-                    todo = np.flatnonzero(left)
-                    if not len(todo):
-                        break
-                    block, r0, c0 = reader.block("flow/direction", int(cur[todo[0]]))
-                    _cpu.walk_links(block, r0, c0, cols, cur, left, verts, pos)
-                last = starts[1:] - 1
-                verts[last[extra]] = np.where(down[extra] > 0,
-                                              links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
-                                              verts[last[extra] - 1])
-                r, c = np.divmod(verts, cols)
-                x, y = store.cell_to_map(r, c)
-                xy = np.column_stack([x, y])
-                step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
-                step[starts[1:-1] - 1] = 0  # no step from one link to the next
-                length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
-                geometry = np.array(wkb_linestrings(xy, starts), object)
-                del verts, r, c, x, y, xy, step
-                upstream = links.upstream[sl].astype(np.float64)
-            fields = {"link": ids, "downstream": down.astype(np.int64), "strahler": links.strahler[sl].astype(np.int32),
-                      "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
-                      "upstream": upstream,
-                      "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
-                      "drop": drops.result()[sl]}
+        firsts = range(0, max(n, 1), LINK_BATCH)
+        for s, (geometry, fields) in zip(firsts, walk.map(lines, firsts)):
+            fields["drop"] = drops.result()[s:s + LINK_BATCH]
             with timer.phase("vector_gdal"):
                 write(geometry, fields)
         with timer.phase("vector_gdal"):
