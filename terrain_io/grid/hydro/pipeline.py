@@ -398,7 +398,7 @@ def _load_link_kernels(cells: int) -> None:
                              np.zeros(1, np.uint32 if cells < 2**32 else np.uint64))
             one = np.zeros(1, np.int64)
             _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
             pass
 
     threading.Thread(target=load, name="link-kernels", daemon=True).start()
