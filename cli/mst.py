@@ -24,6 +24,9 @@ def mst(store, weight, device, memory, scheduler):
     quadtree; the result is a uint8 bitmask per cell (bit k: the edge to the neighbour in direction
     k = 0 E, 1 SE, 2 S, 3 SW). Nodata cells are not vertices: one tree per island.
     """
+    from terrain_io.backend import start_gpu
+
+    start_gpu(device)  # the CUDA context made while the pipeline's modules import (cli/hydro.py does the same)
     from terrain_io.grid.mst import mst as run_mst
 
     result = run_mst(store, weight=weight, device=device, memory=memory, progress=not quiet(), scheduler=scheduler,

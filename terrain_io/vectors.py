@@ -73,15 +73,6 @@ def wkb_linestrings(xy: np.ndarray, starts: np.ndarray) -> list[bytes]:
     return [heads[9 * i:9 * i + 9] + coords[at[i]:at[i + 1]] for i in range(n)]
 
 
-def wkb_polygon(rings) -> bytes:
-    """A Polygon's rings (GeoJSON coordinates) as ISO WKB (little-endian, type 3)."""
-    parts = [b"\x01" + np.array([3, len(rings)], "<u4").tobytes()]
-    for ring in rings:
-        xy = np.ascontiguousarray(ring, "<f8")
-        parts.append(np.array([len(xy)], "<u4").tobytes() + xy.tobytes())
-    return b"".join(parts)
-
-
 def write_features(out, geometry, fields: dict, geometry_type: str, crs=None, overwrite: bool = False,
                    masks: dict | None = None) -> Path:
     """Write ``geometry`` (WKB bytes or None, one a feature) with ``fields`` (name -> array) to

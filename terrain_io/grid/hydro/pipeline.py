@@ -15,7 +15,8 @@ Out of core: windows of k x k tiles, the largest the budget holds (:func:`..tili
 carried along the flow forest tile by tile with a boundary solve between (:mod:`.tiled`): the same
 bytes as in core. Polygons (``-o`` of watershed and basins) are traced by GDAL's polygonize on the
 label raster in memory where it fits the budget, else on a GeoTIFF of it written shard by shard into a
-scratch folder of the store (:func:`write_polygons`): the same features.
+scratch folder of the store (:func:`write_polygons`): the same features, each written as it is traced
+(:mod:`.polygons`).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
-from ...vectors import check_output, feature_stream, wkb_linestrings, wkb_polygon, write_features
+from ...vectors import check_output, feature_stream, wkb_linestrings
 from ..fill._tiled import table_cell
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "hand": 66}
 # out of core, bytes a cell of the outputs written (a shard of them is rewritten by zarr)
 OUT_BYTES = {"watershed": 4, "basins": 4, "streams": 9, "streams+vectors": 9, "hand": 8}
-POLYGON_BYTES = 9  # the label raster traced in memory: labels, their int32 copy, the mask
+POLYGON_BYTES = 4  # the label raster traced in memory: the labels (GDAL reads them in place)
 POLYGON_CACHE = 16 << 20  # GDAL's block cache while the label raster is written to disk and traced from there
 # the GPU route's host: a shard a thread (read and decoded up to 8 bytes a cell, a result's shard copied
 # off the GPU and encoded), and what it holds whole (the codes, for the links' walks)
@@ -328,7 +329,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
         with timer.phase("vectors"):
             label = _polygon_labels(store, f"watershed/{name}/label", label, memory, progress)
             write_polygons(store, label, {"cells": counts, "area_m2": counts * dx * dy, "outlet_row": cells[:, 0],
-                                          "outlet_col": cells[:, 1]}, vectors, overwrite)
+                                          "outlet_col": cells[:, 1]}, vectors, overwrite, progress)
     sec = timer.seconds()
     moved = int((cells != given).any(axis=1).sum())
     note = f" ({moved} moved by --snap)" if snap is not None else ""
@@ -370,7 +371,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     if vectors is not None:
         with timer.phase("vectors"):
             label = _polygon_labels(store, "basins/label", label, memory, progress)
-            write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite)
+            write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite, progress)
     sec = timer.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
                        f"({route.device}, {_method(wins)})", attrs, table)
@@ -676,62 +677,41 @@ def _polygon_labels(store: TerrainStore, name: str, held, memory, progress: bool
     return _read(store, name, progress) if held is None else to_host(held)
 
 
-def _label_tiffs(store: TerrainStore, name: str, folder: Path) -> tuple[Path, Path]:
-    """The label array ``name`` as two tiled GeoTIFFs, written shard by shard: the labels (int32, what
-    GDAL's polygonize reads) and the mask label > 0 (uint8, rasterio's type for a mask band)."""
+def _label_tiffs(store: TerrainStore, name: str, folder: Path) -> Path:
+    """The label array ``name`` as a tiled GeoTIFF (uint32, nodata 0: GDAL's polygonize takes its
+    nodata mask as the mask), written shard by shard."""
     import rasterio
     from affine import Affine
     from rasterio.windows import Window as RioWindow
 
     rows, cols = store.shape
     profile = dict(driver="GTiff", width=cols, height=rows, count=1, tiled=True, blockxsize=256, blockysize=256,
-                   compress="zstd", zstd_level=1, BIGTIFF="IF_SAFER",
+                   compress="zstd", zstd_level=1, BIGTIFF="IF_SAFER", nodata=0,
                    transform=Affine.from_gdal(*(store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0))))
-    paths = folder / "label.tif", folder / "mask.tif"
-    with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(paths[0], "w", dtype="int32", **profile) as lab, \
-            rasterio.open(paths[1], "w", dtype="uint8", **profile) as mask:
+    path = folder / "label.tif"
+    with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(path, "w", dtype="uint32", **profile) as lab:
         for win in store.shards():
-            block = store.read(win, name)
-            at = RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0)
-            lab.write(block.view(np.int32), 1, window=at)
-            mask.write((block > 0).view(np.uint8), 1, window=at)
-    return paths
+            lab.write(store.read(win, name), 1, window=RioWindow(win.c0, win.r0, win.c1 - win.c0, win.r1 - win.r0))
+    return path
 
 
-def write_polygons(store: TerrainStore, label, fields: dict, out, overwrite: bool = False) -> Path:
+def write_polygons(store: TerrainStore, label, fields: dict, out, overwrite: bool = False,
+                   progress: bool = False) -> Path:
     """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
-    part), with ``fields`` (name -> array indexed by id - 1) and the ``id``. ``label``: the raster in
-    memory, or the name of the store's label array: then written to a GeoTIFF in a scratch folder of
-    the store, shard by shard, which GDAL's polygonize reads a block row at a time (the raster is
-    never whole in memory; the same polygons)."""
+    part), with the ``id`` and ``fields`` (name -> array indexed by id - 1), written as GDAL traces
+    them (:mod:`.polygons`: the polygons never all in memory). ``label``: the raster in memory, or
+    the name of the store's label array: then written to a GeoTIFF in a scratch folder of the store,
+    shard by shard, which GDAL's polygonize reads a block row at a time."""
     import rasterio
-    from affine import Affine
-    from rasterio import features
 
     from ...atomic import scratch_directory
+    from . import polygons
 
-    t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
     regions = len(next(iter(fields.values())))
     if regions >= 2**31:
         raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
-    geoms, ids = [], []
-
-    def trace(shapes):
-        for geom, value in shapes:
-            geoms.append(wkb_polygon(geom["coordinates"]))
-            ids.append(int(value))
-
-    if isinstance(label, str):
-        with scratch_directory(store.path, "polygons") as tmp:
-            lab, mask = _label_tiffs(store, label, tmp)
-            with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(lab) as ds, rasterio.open(mask) as ok:
-                trace(features.shapes(rasterio.band(ds, 1), mask=rasterio.band(ok, 1), connectivity=8,
-                                      transform=Affine.from_gdal(*t)))
-    else:
-        trace(features.shapes(label.astype(np.int32), mask=label > 0, connectivity=8, transform=Affine.from_gdal(*t)))
-    order = np.argsort(np.asarray(ids, np.int64), kind="stable")
-    ids = np.asarray(ids, np.int64)[order]
-    geometry = np.array([geoms[i] for i in order], object)
-    values = {"id": ids, **{k: np.asarray(v)[ids - 1] for k, v in fields.items()}}
-    return write_features(out, geometry, values, "Polygon", store.crs, overwrite)
+    with scratch_directory(store.path, "polygons") as tmp, rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE):
+        source = _label_tiffs(store, label, tmp) if isinstance(label, str) else label
+        return polygons.write(source, store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0), store.crs, fields, out,
+                              overwrite, tmp, progress)

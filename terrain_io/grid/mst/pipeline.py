@@ -19,7 +19,9 @@ Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
    path and the decisions (O(N/T) codes) are held in memory.
 3. Expand -- one pass over ``mst/edges``, shards in parallel threads, each read and written once:
    clear the representatives that a merge dropped, set the separator edges that made it into the
-   tree.
+   tree. With the tile phase's bits held in memory (and cores to spare), beside the tile phase:
+   each merge's decisions applied as it makes them, each shard encoded once its own merges are done
+   and its chunks again where a merge above touches them; then only the shard files are written.
 
 A small DEM on the CPU (:data:`IN_MEMORY_BELOW` cells, within the budget) skips the phases: one
 Kruskal over all its edges in memory (``_cpu.grid_forest``), the same forest, written the same way.
@@ -37,6 +39,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +56,7 @@ from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, scheduler_workers
 from ...pinned import write_held
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_window
+from ...store import TerrainStore, Window, codec_pool, encode_chunks, read_window, write_encoded_shard, write_window
 from ...timings import Timings
 from ...zorder import morton_decode
 from . import _cpu as K
@@ -130,6 +133,14 @@ class _Merged(NamedTuple):
         return cls(_Block(level, code, *merged[:7]), *merged[7:])
 
 
+class _Later(NamedTuple):
+    """A block being merged in the pool: its place in the quadtree, its graph to come."""
+
+    level: int
+    code: int
+    future: concurrent.futures.Future
+
+
 class _Merger:
     """Phase 2, streaming: merges each quadtree block as soon as its last tile is done."""
 
@@ -141,6 +152,7 @@ class _Merger:
         stack for the client, whose merger takes every run's stack in order (:meth:`adopt`) -- the
         same merges as one merger over all the tiles."""
         self.batched = batched
+        self.sink: _EarlyShards | None = None  # takes the decisions (bits held) instead of the logs
         self.first = first
         self.rows, self.cols = store.shape
         self.tile = store.tile_size
@@ -154,6 +166,8 @@ class _Merger:
         self.timings = Timings(merge=0.0)  # the merges' seconds, summed over the threads that ran them
         self.merges = 0
         self._lock = threading.Lock()
+        self._later = False  # started: the merges above a batch go to the pool too (_Later on the stack)
+        self._at_root = False
 
     def push(self, block: _Block, next_code: int | None) -> None:
         """Add a complete block (a tile, or a whole batch) and merge every block it completes.
@@ -173,9 +187,26 @@ class _Merger:
                 while (self.stack and self.stack[-1].level < level
                        and self.stack[-1].code >> (2 * (level - self.stack[-1].level)) == parent):
                     children.append(self.stack.pop())
-                self.stack.append(self._record(self._merge(children, level, parent)))
+                if self._later:  # (the merging thread goes on taking batches: the tile phase is not held up)
+                    self.stack.append(_Later(level, parent, self.pool.submit(self._merge_later, children, level,
+                                                                             parent)))
+                else:
+                    self.stack.append(self._record(self._merge(children, level, parent)))
             if next_code is None and not self.first:  # the root: everything decided
-                assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
+                self._at_root = True
+                if not self._later:
+                    self._check_root()
+
+    def _check_root(self) -> None:
+        assert len(self.stack) == 1 and len(self.stack[0].eu) == 0, "merge did not reach the root"
+
+    def _merge_later(self, children: list, level: int, code: int) -> _Block:
+        """:meth:`push`'s merge in the pool, once its children (blocks, or earlier such merges: those
+        were queued first, so waiting on them cannot starve the pool) are done."""
+        blocks = [c.future.result() if isinstance(c, _Later) else c for c in children]
+        with self.timings.phase("merge"):
+            merged = self._merge(blocks, level, code)
+        return self._record(merged)
 
     def _merge_batch(self, b: Batch, out, side: int):
         """All merges inside a full batch of ``side`` x ``side`` tiles, in one call (``merge_batch``,
@@ -186,6 +217,9 @@ class _Merger:
             merged = _Merged.of(levels, int(b.codes[0]) >> (2 * levels), K.merge_batch(
                 *out[:-1], tr.astype(np.int64), tc.astype(np.int64), levels, self.rows, self.cols, self.tile,
                 self.kind))
+        if self.sink is not None:  # the batch's decisions, and its shard encoded, in the codec pool
+            self.sink.take(merged.removed, merged.kept, whole=b.window)
+            merged = merged._replace(removed=merged.removed[:0], kept=merged.kept[:0])
         with self._lock:
             self.merges += len(b.codes) // 3  # (4**L - 1) / 3 merges
         return merged
@@ -196,6 +230,7 @@ class _Merger:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mst-merge", daemon=True)
+        self._later = True
         self._thread.start()
 
     def _run(self) -> None:
@@ -224,10 +259,13 @@ class _Merger:
         self._queue.put((work, next_code))
 
     def finish(self) -> None:
-        """Wait until every queued block is merged."""
+        """Wait until every queued block is merged (the stack's blocks then at hand)."""
         self.stop()
         if self._error is not None:
             raise self._error
+        self.stack = [b.future.result() if isinstance(b, _Later) else b for b in self.stack]
+        if self._at_root:
+            self._check_root()
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -246,11 +284,15 @@ class _Merger:
 
     def _record(self, merged: _Merged) -> _Block:
         """Keep a merge's decisions (one thread at a time) and return its block."""
-        K.add_exact_many(self.buckets, merged.removed_weights, -1)
-        K.add_exact_many(self.buckets, merged.kept_weights, 1)
-        self.removed.append(merged.removed)
-        self.kept.append(merged.kept)
-        self.merges += 1
+        with self._lock:
+            K.add_exact_many(self.buckets, merged.removed_weights, -1)
+            K.add_exact_many(self.buckets, merged.kept_weights, 1)
+            if self.sink is not None:
+                self.sink.take(merged.removed, merged.kept)
+            else:
+                self.removed.append(merged.removed)
+                self.kept.append(merged.kept)
+            self.merges += 1
         return merged.block
 
     def adopt(self, runs: list["_RunResult"]) -> None:
@@ -435,7 +477,8 @@ def _tile_phase(store: TerrainStore, edges, batches: Sequence[Batch], next_code:
                     while len(writes) > writers:
                         writes.popleft().result()
                     writes.append(io_pool.submit(write_window, edges, b.window, bits, whole_shards))
-            merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else next_code)
+            with timings.phase("merge_queue"):  # (waiting here: the merges hold the tile phase up)
+                merger.submit(b, out, k, int(batches[bi + 1].codes[0]) if bi + 1 < len(batches) else next_code)
             if bar is not None:
                 bar.update(len(b.codes))
         for f in writes:
@@ -541,9 +584,92 @@ def _batch_tiles(store: TerrainStore, budget: int, device: str, sorts_edges: boo
 
 def _holds_bits(store: TerrainStore, budget: int, device: str, sorts_edges: bool, k: int) -> bool:
     """Whether the tile phase keeps every shard's bits in memory for the expand pass (a byte a
-    cell beside its plan), so that ``mst/edges`` is encoded and written once and never read back."""
+    cell beside its plan, and their chunks encoded by :class:`_EarlyShards`: a quarter byte counted,
+    1/6 on synthetic terrain), so that ``mst/edges`` is encoded and written once and never read back."""
     rows, cols = store.shape
-    return k == store.shard_size and _plan_bytes(store, device, sorts_edges, k) + rows * cols <= budget
+    return k == store.shard_size and _plan_bytes(store, device, sorts_edges, k) + rows * cols * 5 // 4 <= budget
+
+
+class _EarlyShards:
+    """Phase 3 beside the tile phase (bits held, whole-shard batches): every merge's decisions are
+    applied to the held bits as the merge makes them, in the codec pool -- a shard's chunks encoded
+    once its own merges are done (its batch merged), then encoded again where a merge above the
+    shards touches them -- so that after the last merge only the root's few are left, and the
+    expand pass writes the shard files. Decisions are disjoint sets of final codes (a forest edge
+    cleared, a separator edge set), applied to a shard under its lock in any order: the bits, and
+    the bytes written, are those of one expand after all the merges."""
+
+    def __init__(self, store: TerrainStore, edges, held: dict):
+        self.edges, self.held = edges, held
+        self.cols = store.shape[1]
+        self.span = store.shard_size * store.tile_size
+        self.frames: dict = {}  # a shard's first cell -> its chunks' stored bytes (encode_chunks)
+        self.locks = {(w.r0, w.c0): threading.Lock() for w in store.shards()}
+        self.decisions = 0  # the codes taken
+        self.seconds = 0.0  # the pool threads' time
+        self._lock = threading.Lock()
+        self._pending: list[concurrent.futures.Future] = []
+
+    def take(self, removed: np.ndarray, kept: np.ndarray, whole: Window | None = None) -> None:
+        """Apply a merge's decisions to the shards of their cells, in the codec pool; ``whole``: the
+        shard whose own merges these complete, encoded then."""
+        jobs = {} if whole is None else {(whole.r0, whole.c0): ([], [])}
+        for i, codes in enumerate((removed, kept)):
+            r, c = np.divmod(codes >> 2, self.cols)
+            key = r // self.span * self.span * self.cols + c // self.span * self.span  # the shard's first cell
+            order = np.argsort(key, kind="stable")
+            keys, starts = np.unique(key[order], return_index=True)
+            for k, part in zip(keys.tolist(), np.split(codes[order], starts[1:])):
+                jobs.setdefault(divmod(k, self.cols), ([], []))[i].append(part)
+        with self._lock:
+            self.decisions += len(removed) + len(kept)
+            for k, (rem, kep) in jobs.items():
+                self._pending.append(codec_pool().submit(self._apply, k, _joined(rem), _joined(kep),
+                                                         whole is not None and k == (whole.r0, whole.c0)))
+
+    def _apply(self, key: tuple[int, int], removed: np.ndarray, kept: np.ndarray, whole: bool) -> None:
+        t = time.perf_counter()
+        with self.locks[key]:
+            bits = self.held[key]
+            K.apply_decisions(bits, key[0], key[1], self.cols, removed, kept)
+            if whole:  # (in a pool thread: its chunks encoded here, one after another)
+                self.frames[key] = encode_chunks(self.edges, bits)
+            elif key in self.frames:  # the chunks these codes touch
+                t0, t1 = self.edges.chunks
+                r, c = np.divmod(np.concatenate([removed, kept]) >> 2, self.cols)
+                for i, j in set(zip(((r - key[0]) // t0).tolist(), ((c - key[1]) // t1).tolist())):
+                    self.frames[key].update(encode_chunks(self.edges, bits[i * t0 : (i + 1) * t0,
+                                                                            j * t1 : (j + 1) * t1], (i, j)))
+        with self._lock:
+            self.seconds += time.perf_counter() - t
+
+    def cancel(self, *exc_info) -> None:
+        """Drop the work not started yet (the run failed: ``exc_info`` of its exception, as an exit callback)."""
+        if exc_info and exc_info[0] is None:
+            return
+        with self._lock:
+            for f in self._pending:
+                f.cancel()
+            self._pending = []
+
+    def wait(self) -> None:
+        """Until every decision taken is applied (the first error raised)."""
+        while self._pending:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for f in pending:
+                f.result()
+
+
+# The expand's work beside the tile phase (:class:`_EarlyShards`) takes cores the tile phase leaves idle -- it
+# encodes the chunks that merges above the shards touch twice (16384^2: 40% of them): on 2 cores, all busy with
+# the tile phase, it cost 3-5% more CPU at 8192^2-16384^2 for no shorter run (benchmarks/RESULTS.md, "The H100,
+# session 17"); there the expand runs after the merges, as it did before.
+EARLY_EXPAND_CORES = 4
+
+
+def _joined(parts: list) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 def _expand_by_shards(store: TerrainStore, k: int, budget: int, workers: int) -> bool:
@@ -580,11 +706,16 @@ def _decided_by_shard(store: TerrainStore, removed: "_CodeLog", kept: "_CodeLog"
 
 
 def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.ndarray, whole_shard: bool,
-                 bits: np.ndarray | None = None) -> int:
+                 bits: np.ndarray | None = None, frames: dict | None = None) -> int:
     """One unit of phase 3: its decisions applied to its bits (``bits``: held by the tile phase, not
     written yet; else read from ``edges``), written back, its edges counted. Clearing and setting
-    bits: run twice (a task run again), the same bytes."""
+    bits: run twice (a task run again), the same bytes. ``frames``: the held bits' chunks, encoded
+    with every decision applied (:class:`_EarlyShards`): written as they are."""
     held = bits is not None
+    if frames is not None:  # encoded with every decision (:class:`_EarlyShards`)
+        sh0, sh1 = edges.shards
+        write_encoded_shard(edges, win.r0 // sh0, win.c0 // sh1, frames)
+        return int(K.count_edges(bits))
     if bits is None:
         bits = read_window(edges, win, whole_shard)
     if held or len(removed) or len(kept):
@@ -617,14 +748,15 @@ def _expand_task(task: _ExpandTask) -> int:
 
 def _expand(store: TerrainStore, edges, batches: Sequence[Batch], k: int, budget: int, decided: list,
             progress: bool, held: dict | None = None, runs: list | None = None, scheduler: str | None = None,
-            announce=None) -> int:
+            announce=None, early: _EarlyShards | None = None) -> int:
     """Phase 3: apply the merge decisions (``decided``: [removed, kept] code logs, emptied here) to
     ``mst/edges``, each shard read and written once, shards in
     parallel threads (decoding and encoding release the GIL); returns the edge count. ``held``: the
     tile phase's bits of every shard by its first cell (not written yet): each is written once here.
     ``runs``: on ``scheduler``'s workers, the tile phase's runs (:class:`_RunResult`, batches
     ``start``..``stop`` - 1: whole shards): each worker expands its run's shards with their
-    decisions, its own merges' and the client's (``decided``).
+    decisions, its own merges' and the client's (``decided``). ``early``: the held shards' chunks,
+    encoded beside the tile phase with every decision (the logs empty).
 
     The unit is the shard when the bits of one shard per thread fit ``budget`` (always when the
     tile phase ran whole shards), else the tile phase's batches, one after another (zarr rewrites
@@ -637,7 +769,8 @@ def _expand(store: TerrainStore, edges, batches: Sequence[Batch], k: int, budget
     # as the budget holds beside the decisions (int64 codes): a shard's bits, their chunks encoded and the
     # shard file joined, ~8 bytes a cell a thread (benchmarks/RESULTS.md, "Measurements behind decisions in
     # the code").
-    workers = max(1, min(4, os.cpu_count() or 1))
+    # Shards encoded already (``early``) leave only their files' writes and edge counts: a thread a core.
+    workers = max(1, min(4 if early is None else 1 << 10, os.cpu_count() or 1))
     shard_cells = min(span_shard, rows) * min(span_shard, cols)
     decisions = 8 * sum(len(c) for c in decided)
     workers = int(max(1, min(workers, (budget - decisions) // (8 * shard_cells))))
@@ -664,7 +797,8 @@ def _expand(store: TerrainStore, edges, batches: Sequence[Batch], k: int, budget
     def expand(unit) -> int:
         win, (removed, kept) = unit
         bits = held.pop((win.r0, win.c0)) if held is not None else None
-        return _expand_unit(edges, win, cols, removed, kept, span == span_shard, bits)
+        frames = early.frames.pop((win.r0, win.c0), None) if early is not None else None
+        return _expand_unit(edges, win, cols, removed, kept, span == span_shard, bits, frames)
 
     n_edges = 0
     with progress_bar(progress, len(units), "expand", unit="shard" if span == span_shard else "batch") as bar, \
@@ -780,6 +914,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     held = {} if scheduler == "local" and _holds_bits(store, budget, device, forest == K.FOREST_EDGES, k) else None
     cap = 8 * store.tile_size + 8
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
+    early = None  # with the bits held: every decision applied as it is made, the shards encoded
     buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
     valid_cells = 0
     runs = None  # on a cluster: each worker's run of batches, (start, stop[, its decisions by shard])
@@ -793,6 +928,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
 
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
+        if held is not None and merger.batched and (os.cpu_count() or 1) >= EARLY_EXPAND_CORES:
+            merger.sink = early = _EarlyShards(store, edges, held)
         if scheduler in ("threads", "processes"):  # Dask's local schedulers: a task a shard, merges here
             tasks = [_TileTask(str(store.path), f"{edges.store.root}/{edges.path}", b.window, b.tiles, model.name,
                                forest, cap, device) for b in batches]
@@ -832,7 +969,11 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
             del done
         else:
             with contextlib.ExitStack() as cleanup:
-                merger.start(workers=os.cpu_count() or 1)
+                # batches queued for the merges: with the bits held (memory to spare) as many as are read
+                # ahead, so that the tile phase goes on while the merging thread waits on a slow batch's merge
+                merger.start(depth=2 if held is None else 2 + _readers(device), workers=os.cpu_count() or 1)
+                if early is not None:  # (after the merges stop: they take decisions until then)
+                    cleanup.push(early.cancel)
                 cleanup.callback(merger.stop)
                 with timings.phase("tile_phase"):
                     bar = cleanup.enter_context(progress_bar(progress, sum(len(b.codes) for b in batches),
@@ -844,6 +985,10 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
                 with timings.phase("merge_wait"):
                     merger.finish()
         timings["merge"] = merger.timings["merge"]
+        if early is not None:
+            with timings.phase("settle_wait"):
+                early.wait()
+            timings["settle"] = early.seconds
         if gpu is not None:
             timings["gpu_kernel"] = gpu.kernel_seconds
             timings["gpu_contract"] = gpu.contract_seconds
@@ -853,10 +998,11 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
         with timings.phase("expand"):
             rem_c, kept_c = merger.decisions()
             buckets += merger.buckets
-            decisions = len(rem_c) + len(kept_c) + on_workers
+            decisions = len(rem_c) + len(kept_c) + on_workers + (early.decisions if early is not None else 0)
             decided = [rem_c, kept_c]
             del rem_c, kept_c  # (_expand empties each as it groups it)
-            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held, runs, scheduler, announce)
+            n_edges = _expand(store, edges, batches, k, budget, decided, progress, held, runs, scheduler, announce,
+                              early)
         exact = K.exact_total(buckets)
         seconds = timings.seconds()
         timings = timings.rounded(4)
