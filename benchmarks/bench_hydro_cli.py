@@ -6,7 +6,8 @@ on the same device. Every kernel is compiled first by the same commands on a 512
 WORK/warm.zarr exists: compiled by an earlier run, e.g. ``pytest -m gpu tests/test_hydro_*.py``).
 
 ``--workflow``: the issue's chain at that size (synth, fill, flow, streams with vectors, HAND) and
-the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each (``--only``).
+the sum of its CLI walls; otherwise basins, watershed, streams with vectors and HAND each (``--only``),
+each ``--repeat`` times (the sum counts the first run of each).
 
     python benchmarks/bench_hydro_cli.py --work /tmp/h --size 16384 --device gpu
     python benchmarks/bench_hydro_cli.py --work /tmp/h --size 32768 --memory 8GB --device gpu --workflow
@@ -31,12 +32,20 @@ def steps(st: str, size: int, work: str, threshold: str, only: list[str]) -> lis
     return chain + [h for h in hydro if h[0] in only]
 
 
+def runs(steps: list[list[str]], repeat: int):
+    """Each step, the hydrology's ``repeat`` times in a row; with the run's number from 1."""
+    for args in steps:
+        for i in range(1 if args[0] in ("synth", "fill", "flow") else repeat):
+            yield args, i + 1
+
+
 def main() -> None:
     ap = cli_parser(__doc__)
     ap.add_argument("--threshold", default="1000")
     ap.add_argument("--workflow", action="store_true")
     ap.add_argument("--only", default="basins,watershed,streams,hand", help="the hydrology commands to run")
     ap.add_argument("--keep", action="store_true", help="keep the store (WORK/sSIZE.zarr) for a profile after")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each hydrology command (not the workflow's sum)")
     a = ap.parse_args()
     only = ["streams", "hand"] if a.workflow else a.only.split(",")
     # Python's bytecode cached as a pip install leaves it (pip compiles it): with PYTHONDONTWRITEBYTECODE
@@ -50,15 +59,15 @@ def main() -> None:
             terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
     st = os.path.join(a.work, f"s{a.size}.zarr")
     total = 0.0
-    for args in steps(st, a.size, a.work, a.threshold, only):
+    for args, run in runs(steps(st, a.size, a.work, a.threshold, only), a.repeat):
         try:
             wall, peak, gpu_mib = terrain(*args, *(opts if args[0] != "synth" else ["-q"]))
         except SystemExit as e:  # a failed step: said, and the next one measured
             print(json.dumps({"size": a.size, "failed": str(e)}), flush=True)
             continue
-        total += wall
+        total += wall if run == 1 else 0.0
         row = {"size": a.size, "command": " ".join(args[:1] + (["-o", ".gpkg"] if args[0] == "streams" else [])),
-               "cli_wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 2), "peak_gpu_mib": gpu_mib,
+               "run": run, "cli_wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 2), "peak_gpu_mib": gpu_mib,
                "memory": a.memory}
         if args[0] in GROUPS:
             with open(os.path.join(st, GROUPS[args[0]], "zarr.json")) as f:

@@ -109,6 +109,7 @@ def test_vectors_stream_in_batches(routed, tmp_path, monkeypatch):
     real = raw.write
     monkeypatch.setattr(raw, "write", lambda *a, **k: (calls.append(k["append"]), real(*a, **k))[1])
     monkeypatch.setattr(P, "LINK_BATCH", 7)
+    monkeypatch.setattr(P, "VECTOR_HOLD", 2**62)  # no features held: each batch written as it comes
     monkeypatch.setattr(P.os, "cpu_count", lambda: 1)  # the windows one at a time (the others ran in threads)
     P.streams(path, 6, progress=False, vectors=batched, window_tiles=1)
     n = len(pyogrio.raw.read(whole)[2])

@@ -21,7 +21,9 @@ scratch folder of the store (:func:`write_polygons`): the same features, each wr
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,15 +183,24 @@ class _Route:
         at its last cell. Without ``tails`` the GPU gets only the mask ``accumulation >= cells``,
         made as each shard is read (HAND: an eighth of the bytes to copy); with them, the whole
         accumulation, gathered there (reading the links' cells from the store again instead decodes
-        most of its tiles twice: 32768^2 on the H100, streams' reads 11.3 s against 3.9 s)."""
+        most of its tiles twice: 32768^2 on the H100, streams' reads 11.3 s against 3.9 s) -- as
+        uint32 where it counts cells of a DEM below 2^32 cells (half the bytes to copy and hold; the
+        same values, given back in the stored type)."""
         mask = self.device == "gpu" and not tails
+        stored = store.group["flow/accumulation"].dtype
+        narrow = self.device == "gpu" and stored.kind == "u" and store.shape[0] * store.shape[1] < 2**32
+        convert = None
+        if mask:
+            convert = (np.bool_, lambda b: b >= cells)
+        elif narrow:
+            convert = (np.uint32, lambda b: b.astype(np.uint32))
         with timer.phase("read"):
-            acc = self.load(store, "flow/accumulation", progress, (np.bool_, lambda b: b >= cells) if mask else None)
+            acc = self.load(store, "flow/accumulation", progress, convert)
         with timer.phase(self.device):
             if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
                 return self.K.drainage(code, acc), None
             net = self.K.stream_network(code, acc, cells)
-            return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]) if tails else None
+            return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]).astype(stored) if tails else None
 
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
@@ -214,10 +225,11 @@ def _threshold_cells(store: TerrainStore, threshold: float, units: str) -> float
     return threshold
 
 
-def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings) -> None:
+def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Timings, beside=None) -> None:
     """The result group ``group`` with ``arrays`` (name -> (values, fill, attrs); NumPy, or CuPy
     written from the GPU through pinned bands: ``write_held``), atomically; its attributes get
-    the run's ``timings`` (seconds by phase) so far."""
+    the run's ``timings`` (seconds by phase) so far, or, with ``beside`` (an event: the work run
+    beside the write), once that is done."""
     with store.write_result(group, attrs=attrs) as writer:
         with timer.phase("write"):
             pairs = []
@@ -225,6 +237,8 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Ti
                 arr = writer.create_array(name, values.dtype, fill, attrs=a)
                 pairs.append((arr, values))
             write_held(store, *pairs)
+        if beside is not None:
+            beside.wait()
         writer.attrs.update(timings=timer.rounded())
 
 
@@ -394,6 +408,26 @@ def _network(store, what, threshold, units, memory, window_tiles, device):
     return store, wins, route, cells
 
 
+def _load_link_kernels(cells: int) -> None:
+    """The GPU route's CPU kernels (the links' orders, :func:`._cpu.link_orders`, and walks) loaded
+    from numba's cache in a background thread while the arrays are read: importing numba and
+    loading the first kernel took ~0.35 s (2-core VM) in the GPU phase's path before. Errors are
+    left to the route's own calls."""
+
+    def load():
+        try:
+            from . import _cpu
+
+            _cpu.link_orders(np.zeros(1, np.uint32), np.zeros(1, np.uint8),
+                             np.zeros(1, np.uint32 if cells < 2**32 else np.uint64))
+            one = np.zeros(1, np.int64)
+            _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
+        except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
+            pass
+
+    threading.Thread(target=load, name="link-kernels", daemon=True).start()
+
+
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
             overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
@@ -406,6 +440,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     store, wins, route, cells = _network(store, what, threshold, units, memory, window_tiles, device)
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
     rows, cols = store.shape
+    if route.device == "gpu":
+        _load_link_kernels(rows * cols)
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
@@ -419,12 +455,12 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
         arrays = {"order": (net.strahler, 0, order_attrs), "magnitude": (net.shreve, 0, magnitude_attrs),
                   "link": (net.link, 0, link_attrs)}
         if vectors is None:
+            del code
             _write(store, "streams", arrays, attrs, timer)
         else:  # the rasters written in a thread of their own while the links are walked and written
-            pending = concurrent.futures.ThreadPoolExecutor(1)
-            written = pending.submit(_write, store, "streams", arrays, attrs, timer)
-            reader = CellReader.held(store, to_host(code))
-        del net, arrays, code
+            pending, vectors_done = concurrent.futures.ThreadPoolExecutor(1), threading.Event()
+            written = pending.submit(_write, store, "streams", arrays, attrs, timer, vectors_done)
+        del net, arrays
     else:
         with store.write_result("streams", attrs=attrs) as writer:
             shreve_dtype = np.uint32 if rows * cols < 2**32 else np.uint64
@@ -441,20 +477,24 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
             attrs["links"] = len(t.head)
             writer.attrs.update(attrs)
         reader = CellReader(store, wins.side * store.tile_size)
+    if vectors is not None:
+        try:  # (the rasters' writer waits for vectors_done: set whatever happens)
+            if wins is None:
+                reader = CellReader.held(store, to_host(code))
+                del code
+            with timer.phase("vectors"):
+                write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer)
+        finally:
+            if wins is None:
+                vectors_done.set()
+                pending.shutdown()  # the rasters' write done (its error, if any, raised below)
+        if wins is None:
+            written.result()
     hr, hc = np.divmod(links.head, cols)
     tr, tc = np.divmod(links.tail, cols)
     table = {"id": np.arange(1, len(links.head) + 1), "downstream": links.downstream, "strahler": links.strahler,
              "shreve": links.shreve, "cells": links.cells, "head_row": hr, "head_col": hc, "tail_row": tr,
              "tail_col": tc, "upstream_cells": links.upstream}
-    if vectors is not None:
-        try:
-            with timer.phase("vectors"):
-                write_links(store, reader, links, vectors, overwrite)
-        finally:
-            if wins is None:
-                pending.shutdown()  # the rasters' write done (its error, if any, raised below)
-        if wins is None:
-            written.result()
     sec = timer.seconds()
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
@@ -564,34 +604,49 @@ class CellReader:
         return out
 
 
-LINK_BATCH = 65536  # links a batch of features: the vertices of one batch in memory at a time
+LINK_BATCH = 16384  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
+LINE_THREADS = 4  # batches walked at once where the codes are held (numba's walks and NumPy release the GIL)
+VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
 
 
-def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False) -> Path:
-    """One LineString a stream link, in the store's CRS, written a batch of links at a time as they
-    are walked (:func:`..vectors.feature_stream`): vertices at the centres of its cells in flow
+def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
+                hold: int = 0, timer: Timings | None = None) -> Path:
+    """One LineString a stream link, in the store's CRS, made a batch of links at a time (in
+    ``LINE_THREADS`` threads where ``reader`` holds the codes) and written in order through
+    :func:`..vectors.feature_stream` (features held up to ``hold`` bytes of geometry a GDAL
+    write): vertices at the centres of its cells in flow
     order (its head's flow path of ``cells`` cells, :func:`._cpu.walk_links`), then the head of its
     downstream link (links meet at junctions; a lone cell with no downstream link is a line of two
     equal points). Fields: ``link``, ``downstream`` (0: the flow path ends), ``strahler``,
     ``shreve``, ``cells``, ``length_m`` (the vertices' steps in metres), ``upstream``
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
-    many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's)."""
+    many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's).
+    ``timer``: its phases ``vector_ends`` (the end elevations, read in a thread of their own while
+    the links are walked), ``vector_lines`` (walks, vertices, WKB; summed over the threads) and
+    ``vector_gdal``."""
     from . import _cpu
 
+    timer = Timings() if timer is None else timer
     rows, cols = store.shape
     dx, dy = store.metric_cell_size
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
-    # each link's first vertex (its head) and last (the downstream link's head, else its last cell):
-    # their elevations read once for all links, a block each
-    last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
-                    links.tail)
-    zf = reader.values(source, np.concatenate([links.head, last])).astype(np.float64)
-    drops = zf[:n] - zf[n:]
-    del zf, last
-    with feature_stream(out, "LineString", store.crs, overwrite) as write:
-        for s in range(0, max(n, 1), LINK_BATCH):
+
+    def end_drops():
+        """Each link's first vertex (its head) and last (the downstream link's head, else its last
+        cell): their elevations read once for all links, a block each (a reader of their own: the
+        walks' keeps its cache), the drops between them."""
+        with timer.phase("vector_ends"):
+            last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
+                            links.tail)
+            ends = CellReader(store, reader.side, reader.held, reader.threads)
+            zf = ends.values(source, np.concatenate([links.head, last])).astype(np.float64)
+            return zf[:n] - zf[n:]
+
+    def lines(s: int) -> tuple[np.ndarray, dict]:
+        """The features of links s.. (a batch) but their drops: WKB and fields."""
+        with timer.phase("vector_lines"):
             sl = slice(s, min(s + LINK_BATCH, n))
             ids = np.arange(sl.start + 1, sl.stop + 1, dtype=np.int64)
             cells, down = links.cells[sl].astype(np.int64), links.downstream[sl]
@@ -610,18 +665,29 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
                                           verts[last[extra] - 1])
             r, c = np.divmod(verts, cols)
             x, y = store.cell_to_map(r, c)
-            xy = np.column_stack([x, y])
             step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
             step[starts[1:-1] - 1] = 0  # no step from one link to the next
             length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
-            geometry = np.array(wkb_linestrings(xy, starts), object)
+            geometry = np.array(wkb_linestrings(np.column_stack([x, y]), starts), object)
             upstream = links.upstream[sl].astype(np.float64)
-            write(geometry, {"link": ids, "downstream": down.astype(np.int64),
-                             "strahler": links.strahler[sl].astype(np.int32),
-                             "shreve": links.shreve[sl].astype(np.int64),
-                             "cells": cells, "length_m": length, "upstream": upstream,
-                             "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan),
-                             "drop": drops[sl]})
+            return geometry, {"link": ids, "downstream": down.astype(np.int64),
+                              "strahler": links.strahler[sl].astype(np.int32),
+                              "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
+                              "upstream": upstream,
+                              "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan)}
+
+    walkers = LINE_THREADS if "flow/direction" in reader.held else 1  # (a reader's cache is not shared)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, concurrent.futures.ThreadPoolExecutor(walkers) as walk, \
+            contextlib.ExitStack() as stack:
+        drops = pool.submit(end_drops)
+        write = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
+        firsts = range(0, max(n, 1), LINK_BATCH)
+        for s, (geometry, fields) in zip(firsts, walk.map(lines, firsts)):
+            fields["drop"] = drops.result()[s:s + LINK_BATCH]
+            with timer.phase("vector_gdal"):
+                write(geometry, fields)
+        with timer.phase("vector_gdal"):
+            stack.close()  # the features still held written, the file renamed into place
     return Path(out)
 
 
