@@ -28,12 +28,12 @@ def _pair(text: str, what: str) -> tuple[float, float]:
 
 
 def _report(result, table, output, vectors: str) -> None:
-    """Write the result's table (``--table``) and say its summary line with where the table and
-    the vectors (``-o``) went."""
+    """Write the result's table (``--table``: a block of rows at a time, a bar of its rows) and say its
+    summary line with where the table and the vectors (``-o``) went."""
     if table is not None:
         from terrain_io.grid.hydro.pipeline import write_table
 
-        write_table(result, table)
+        write_table(result, table, progress=not quiet())
     say(result.line + (f"; table -> {table}" if table is not None else "")
         + (f"; {vectors} -> {output}" if output is not None else ""))
 

@@ -55,6 +55,13 @@ def run(path, memory, **kw):
         from terrain_io.grid.depressions import depressions
         r = depressions(st, device=device, memory=memory, progress=False, **kw)
         return {"method": r.method, "device": r.device}
+    if pipeline == "basins":  # and its table written (--table), when given a path
+        from terrain_io.grid.hydro.pipeline import basins, write_table
+        table = kw.pop("table", None)
+        r = basins(st, device=device, memory=memory, progress=False, **kw)
+        if table:
+            write_table(r, table)
+        return {"line": r.line}
     from terrain_io.grid.mst import mst
     r = mst(st, device=device, memory=memory, progress=False, **kw)
     return {"method": f"batch {r.batch_tiles}", "device": r.device, "edges": r.edges}

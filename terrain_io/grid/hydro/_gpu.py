@@ -141,15 +141,16 @@ def label_outlets(code, cells: np.ndarray):
 
 
 def label_basins(code):
-    """:func:`._cpu.label_basins` of CuPy codes: labels (CuPy), terminal cells and counts (NumPy)."""
+    """:func:`._cpu.label_basins` of CuPy codes: labels, terminal cells and counts (int64), all CuPy (the
+    caller knows the table's size before the host holds it)."""
     import cupy as cp
 
     par = _flow_forest(code)
     outlet = _number_roots(par, code.reshape(-1), 255)
     label = _resolve(par, code, None, False)
     del par
-    counts = cp.bincount(label, minlength=outlet.size + 1)[1:].get().astype(np.int64)
-    return label.reshape(code.shape), outlet.get(), counts
+    counts = cp.bincount(label, minlength=outlet.size + 1)[1:].astype(np.int64, copy=False)
+    return label.reshape(code.shape), outlet, counts
 
 
 class PerLink:

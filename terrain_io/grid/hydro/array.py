@@ -90,6 +90,7 @@ def basins(direction):
     """
     template, code, K = _codes(direction)
     label, outlet, cells = K.label_basins(code)
+    outlet, cells = to_host(outlet), to_host(cells)
     row, col = np.divmod(outlet, code.shape[1])
     table = BasinTable(np.arange(1, len(outlet) + 1, dtype=np.uint32), row, col, cells)
     return _like(template, direction, label, "basin", {}), table

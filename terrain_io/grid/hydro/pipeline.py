@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import csv
 import os
 import threading
 import warnings
@@ -40,19 +39,23 @@ from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings
-from ..fill._tiled import table_cell
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
+from .table import BASIN_BYTES, Table, basin_table, write_csv
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from . import tiled
     from ._cpu import Links
 
-# host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (+ the
-# network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
+# host bytes a cell at the peak: codes 1, accumulation 8, order 8, donor counts 1, labels 4 (basins: no
+# accumulation, its 8 the table's 16 bytes a basin up to a basin every other cell, :func:`_table_room`;
+# + the network's mask, donors, Strahler, Shreve, link, scratch 12; with vectors a second order 8 and the
 # elevations 8; + HAND's elevation 8, drainage elevation 8, height 4, link 4)
 BYTES = {"watershed": 22, "basins": 22, "streams": 42, "streams+vectors": 60, "hand": 66}
+CPU_BASIN_BYTES = 14  # the CPU kernel's arrays a cell while it makes the basin table (BYTES less the accumulation)
 # out of core, bytes a cell of the outputs written (a shard of them is rewritten by zarr)
 OUT_BYTES = {"watershed": 4, "basins": 4, "streams": 9, "streams+vectors": 9, "hand": 8}
 POLYGON_BYTES = 4  # the label raster traced in memory: the labels (GDAL reads them in place)
@@ -68,25 +71,18 @@ UNITS = ("cells", "m2")
 @dataclass
 class HydroResult:
     """What a command computed: its one summary line, the result group's attributes and, for
-    basins and streams, a table (column name -> 1-D array, one row per basin or link)."""
+    basins and streams, a table (column name -> 1-D array, one row per basin or link): basins' a
+    :class:`.table.Table` holding 16 bytes a basin, its other columns derived on access."""
 
     line: str
     attrs: dict
-    table: dict | None = None
+    table: Mapping | None = None
 
 
-def write_table(result: HydroResult, path) -> Path:
-    """The result's table as CSV (written under a temporary name, renamed when complete)."""
-    from ...atomic import atomic_file
-
-    path = Path(path)
-    names = list(result.table)
-    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(names)
-        for row in zip(*(result.table[n] for n in names)):
-            out.writerow([table_cell(v) for v in row])
-    return path
+def write_table(result: HydroResult, path, progress: bool = False) -> Path:
+    """The result's table as CSV, a block of rows at a time (:func:`.table.write_csv`), under a
+    temporary name renamed when complete."""
+    return write_csv(result.table, path, progress)
 
 
 def _open(store, what: str, memory, window_tiles: int | None = None, device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
@@ -127,15 +123,22 @@ def _gpu_misfit(store: TerrainStore, what: str, budget: int) -> str | None:
     from . import _gpu
 
     rows, cols = store.shape
-    side = store.tile_size * store.shard_size
-    host = _threads(store) * min(side, rows) * min(side, cols) * GPU_SHARD_BYTES + rows * cols * GPU_HELD_BYTES.get(
-        what, 0) + pinned_host_bytes(store, (GPU_OUT_BYTES,))
+    host = _gpu_host_bytes(store, what)
     if host > budget:
         return f"its host buffers need about {format_bytes(host)}, beyond the memory budget {format_bytes(budget)}"
     need, free = _gpu.device_bytes(rows, cols, what, store.dtype), gpu_free_bytes()
     if need > free:
         return f"it needs about {format_bytes(need)} of GPU memory, {format_bytes(free)} free"
     return None
+
+
+def _gpu_host_bytes(store: TerrainStore, what: str) -> int:
+    """The GPU route's host buffers: a shard a reading or writing thread, the pinned bands of the
+    results on their way out, what it holds whole."""
+    rows, cols = store.shape
+    side = store.tile_size * store.shard_size
+    return _threads(store) * min(side, rows) * min(side, cols) * GPU_SHARD_BYTES + rows * cols * GPU_HELD_BYTES.get(
+        what, 0) + pinned_host_bytes(store, (GPU_OUT_BYTES,))
 
 
 def _method(wins) -> str:
@@ -341,11 +344,14 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
 def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False,
            window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
-    (id, outlet row/col and centre, cells, area_m2); ``vectors``: a polygon file of the basins."""
+    (id, outlet row/col and centre, cells, area_m2: :func:`.table.basin_table`, 16 bytes a basin held,
+    counted against the budget once the basins are known: :func:`_table_room`); ``vectors``: a polygon
+    file of the basins."""
     timer = Timings()
     if vectors is not None:
         check_output(vectors, overwrite)
     store, wins, route = _open(store, "basins", memory, window_tiles, device)
+    budget, cells = memory_budget(memory), store.shape[0] * store.shape[1]
     label_attrs = {"ids": "1.. in row-major order of the outlet cells; 0 nodata"}
     label = None
     if wins is None:
@@ -354,27 +360,44 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
         with timer.phase(route.device):
             label, outlet, counts = route.K.label_basins(code)
             del code
+        if route.device == "gpu":  # the table still on the GPU: held on the host beside the write's buffers
+            _table_room(len(outlet), budget, _gpu_host_bytes(store, "basins"), "the GPU route's host buffers")
+            outlet, counts = to_host(outlet), to_host(counts)
+        else:  # made beside the kernel's arrays
+            _table_room(len(outlet), budget, cells * CPU_BASIN_BYTES, "the basins' arrays in core")
         _write(store, "basins", {"label": (label, 0, label_attrs)}, {"basins": len(outlet)}, timer)
     else:
         with store.write_result("basins") as writer:
             arr = writer.create_array("label", np.uint32, 0, attrs=label_attrs)
             from . import tiled
 
-            outlet, counts = tiled.basins(wins, arr, progress)
+            def fit(n: int) -> None:  # the final phase's windows in flight: those the table leaves room for
+                need = tiled.window_need(store, wins.side, OUT_BYTES["basins"])
+                room = _table_room(n, budget, need, f"windows of {wins.side} tiles")
+                wins.workers = tiled.workers_within(store, wins.side, room, wins.workers)
+
+            outlet, counts = tiled.basins(wins, arr, progress, fit)
             writer.attrs.update({"basins": len(outlet)})
     attrs = {"basins": len(outlet)}
-    row, col = np.divmod(outlet, store.shape[1])
-    dx, dy = store.metric_cell_size
-    x, y = store.cell_to_map(row, col)
-    table = {"id": np.arange(1, len(outlet) + 1), "outlet_row": row, "outlet_col": col, "outlet_x": x, "outlet_y": y,
-             "cells": counts, "area_m2": counts * dx * dy}
+    table = basin_table(store, outlet, counts)
     if vectors is not None:
         with timer.phase("vectors"):
-            label = _polygon_labels(store, "basins/label", label, memory, progress)
-            write_polygons(store, label, {k: v for k, v in table.items() if k != "id"}, vectors, overwrite, progress)
+            label = _polygon_labels(store, "basins/label", label, memory, progress, len(outlet) * BASIN_BYTES)
+            write_polygons(store, label, table.without("id"), vectors, overwrite, progress)
     sec = timer.seconds()
     return HydroResult(f"basins: {len(outlet):,} basins, largest {int(counts.max(initial=0)):,} cells, {sec:.2f} s "
                        f"({route.device}, {_method(wins)})", attrs, table)
+
+
+def _table_room(n: int, budget: int, beside: int, what: str) -> int:
+    """What the budget leaves beside ``beside`` bytes (``what``) and the basin table of ``n`` basins
+    (``BASIN_BYTES`` each); InputError, one line naming the least budget, where they do not fit."""
+    table = n * BASIN_BYTES
+    if beside + table > budget:
+        raise InputError(f"memory budget {format_bytes(budget)} too small for this store's basins: their table "
+                         f"({n:,} basins, {BASIN_BYTES} bytes each: {format_bytes(table)}) beside {what} "
+                         f"({format_bytes(beside)}) needs --memory {format_bytes(beside + table)} or more")
+    return budget - beside - table
 
 
 def _network(store, what, threshold, units, memory, window_tiles, device):
@@ -668,11 +691,12 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     return Path(out)
 
 
-def _polygon_labels(store: TerrainStore, name: str, held, memory, progress: bool):
+def _polygon_labels(store: TerrainStore, name: str, held, memory, progress: bool, beside: int = 0):
     """The labels to trace for polygons: in memory (``held``, or read whole) where ``POLYGON_BYTES`` a
-    cell fit the budget, else the array's name (:func:`write_polygons` traces it from disk)."""
+    cell fit the budget beside ``beside`` bytes (the basin table), else the array's name
+    (:func:`write_polygons` traces it from disk)."""
     rows, cols = store.shape
-    if rows * cols * POLYGON_BYTES > memory_budget(memory):
+    if rows * cols * POLYGON_BYTES + beside > memory_budget(memory):
         return name
     return _read(store, name, progress) if held is None else to_host(held)
 
@@ -695,20 +719,20 @@ def _label_tiffs(store: TerrainStore, name: str, folder: Path) -> Path:
     return path
 
 
-def write_polygons(store: TerrainStore, label, fields: dict, out, overwrite: bool = False,
+def write_polygons(store: TerrainStore, label, fields: Mapping, out, overwrite: bool = False,
                    progress: bool = False) -> Path:
     """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
-    part), with the ``id`` and ``fields`` (name -> array indexed by id - 1), written as GDAL traces
-    them (:mod:`.polygons`: the polygons never all in memory). ``label``: the raster in memory, or
-    the name of the store's label array: then written to a GeoTIFF in a scratch folder of the store,
-    shard by shard, which GDAL's polygonize reads a block row at a time."""
+    part), with the ``id`` and ``fields`` (name -> array indexed by id - 1, or a :class:`.table.Table`),
+    written as GDAL traces them (:mod:`.polygons`: the polygons never all in memory). ``label``: the
+    raster in memory, or the name of the store's label array: then written to a GeoTIFF in a scratch
+    folder of the store, shard by shard, which GDAL's polygonize reads a block row at a time."""
     import rasterio
 
     from ...atomic import scratch_directory
     from . import polygons
 
-    regions = len(next(iter(fields.values())))
+    regions = Table.of(fields).rows
     if regions >= 2**31:
         raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
     with scratch_directory(store.path, "polygons") as tmp, rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE):

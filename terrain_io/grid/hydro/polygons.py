@@ -258,21 +258,22 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
             fail("close", gdal.error())
 
 
-def _field_table(path: Path, fields: dict) -> None:
-    """The fields as table ``fields`` (id INTEGER PRIMARY KEY) of the GeoPackage ``path``, and an
-    index of the polygons' ids (their order in the output)."""
+def _field_table(path: Path, fields) -> None:
+    """The fields (a Mapping of columns, or a :class:`.table.Table`) as table ``fields`` (id INTEGER
+    PRIMARY KEY) of the GeoPackage ``path``, bound a batch of rows at a time, and an index of the
+    polygons' ids (their order in the output)."""
+    from .table import Table
+
+    fields = Table.of(fields)  # (its derived columns made a batch at a time)
     names = list(fields)
-    types = ["INTEGER" if np.asarray(fields[k]).dtype.kind in "iub" else "REAL" for k in names]
-    n = len(fields[names[0]]) if names else 0
+    types = ["INTEGER" if fields.dtype(k).kind in "iub" else "REAL" for k in names]
     with sqlite3.connect(path) as db:
         db.execute(f"CREATE INDEX polygons_id ON {LAYER} (id)")
         db.execute("CREATE TABLE fields (id INTEGER PRIMARY KEY" + "".join(f', "{k}" {t}' for k, t in zip(names, types))
                    + ")")
         insert = f"INSERT INTO fields VALUES (?{', ?' * len(names)})"
-        for s in range(0, n, FIELD_ROWS):
-            e = min(s + FIELD_ROWS, n)
-            cols = [np.asarray(fields[k][s:e]).tolist() for k in names]
-            db.executemany(insert, zip(range(s + 1, e + 1), *cols))
+        for rows, block in fields.blocks(FIELD_ROWS):
+            db.executemany(insert, zip(range(rows.start + 1, rows.stop + 1), *(block[k].tolist() for k in names)))
     db.close()
 
 

@@ -180,7 +180,10 @@ def solve(wins: Windows, forest: Callable[[Window], Forest], progress: bool, wha
     tag, z = np.zeros(len(exit_gid), np.int64), np.zeros(len(exit_gid), np.float64)
     if not F.solve_exits(exit_gid, exit_par, rec_gid, rec_exit, rec_tag, rec_z, tag, z):
         raise InputError("the flow directions have cycles")
-    return Solved(exit_gid, tag, z, np.sort(np.concatenate(found)) if roots else None)
+    if roots:
+        found = np.concatenate(found)
+        found.sort()  # in place: no second copy of the roots (8 bytes a basin)
+    return Solved(exit_gid, tag, z, found if roots else None)
 
 
 def finish(wins: Windows, forest: Callable[[Window], Forest], solved: Solved, emit: Callable, progress: bool,
@@ -221,23 +224,29 @@ def _valid(f: Forest, win: Window) -> np.ndarray:
     return f.par.reshape(win.shape) != F.NONE
 
 
-def _counts(label: np.ndarray, n: int, total: np.ndarray) -> None:
-    total += np.bincount(label.reshape(-1), minlength=n + 1)
+def _counts(label: np.ndarray, total: np.ndarray) -> None:
+    """``total[i]`` += the cells of ``label`` labelled i (in place: no count array a window)."""
+    _cpu.count_labels(label.reshape(-1), total)
 
 
-def basins(wins: Windows, label_arr, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+def basins(wins: Windows, label_arr, progress: bool, found: Callable[[int], None] | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """``label_arr`` written (a basin's id: the rank of its terminal cell, 1..); returns the
-    terminal cells' global ids (sorted) and each basin's cell count."""
+    terminal cells' global ids (sorted) and each basin's cell count. ``found(n)`` is called with the
+    number of basins once the boundary solve has found them, before the final phase (the caller
+    fits the windows in flight to what the table leaves of the budget, or refuses)."""
     def forest(win):
         return _flow_forest(wins, win, np.zeros(win.shape, np.uint8), wins.gids(win), _zeros(win))
 
     solved = solve(wins, forest, progress, "basins", roots=True)
     terminals = solved.roots
+    if found is not None:
+        found(len(terminals))
     total = np.zeros(len(terminals) + 1, np.int64)
 
     def emit(win, f, tag, z):
         label = np.where(_valid(f, win), np.searchsorted(terminals, tag) + 1, 0).astype(np.uint32)
-        _counts(label, len(terminals), total)
+        _counts(label, total)
         wins.write(label_arr, win, label)
 
     finish(wins, forest, solved, emit, progress, "basins")
@@ -261,7 +270,7 @@ def watershed(wins: Windows, outlets: np.ndarray, label_arr, progress: bool) -> 
 
     def emit(win, f, tag, z):
         label = tag.astype(np.uint32)
-        _counts(label, len(outlets), total)
+        _counts(label, total)
         wins.write(label_arr, win, label)
 
     finish(wins, forest, solve(wins, forest, progress, "watershed"), emit, progress, "watershed")
