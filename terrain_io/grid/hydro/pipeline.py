@@ -36,7 +36,7 @@ from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
 from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
-from ...store import ELEVATION, TerrainStore, Window, read_shard
+from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings
 from ..flow.codes import NODATA
@@ -578,7 +578,10 @@ class CellReader:
         return self.cache[key]
 
     def values(self, name: str, gids: np.ndarray) -> np.ndarray:
-        """The values of ``name`` at cells ``gids``, block by block."""
+        """The values of ``name`` at cells ``gids``: with ``threads``, gathered shard by shard in
+        that many threads (:meth:`_gather`), else block by block."""
+        if self.threads > 1 and name not in self.held and shard_layout(self._array(name)) is not None:
+            return self._gather(self._array(name), np.asarray(gids, np.int64))
         cols = self.store.shape[1]
         keys = (gids // cols) // self.side * (cols // self.side + 1) + (gids % cols) // self.side
         order = np.argsort(keys, kind="stable")
@@ -586,21 +589,55 @@ class CellReader:
         groups = np.split(order, cut) if len(order) else []
 
         def one(at):
-            gid = int(gids[at[0]])
-            block, r0, c0 = self.block(name, gid) if self.threads == 1 else self._read(name, gid)
+            block, r0, c0 = self.block(name, int(gids[at[0]]))
             return at, block[gids[at] // cols - r0, gids[at] % cols - c0]
 
-        if self.threads > 1 and name not in self.held:
-            self._array(name)  # (opened here, before the threads)
-            with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
-                parts = list(pool.map(one, groups))
-        else:
-            parts = [one(at) for at in groups]
+        parts = [one(at) for at in groups]
         if not parts:
             return np.empty(0)
         out = np.empty(len(gids), parts[0][1].dtype)
         for at, v in parts:
             out[at] = v
+        return out
+
+    def _gather(self, arr, gids: np.ndarray) -> np.ndarray:
+        """``arr`` at cells ``gids``, a shard's cells in one :func:`..store.read_shard` (its file and
+        index opened once, its chunks taken as they are decoded: no window assembled), over the
+        chunks that hold one of them -- the box around them where they fill at least half of it,
+        else each chunk alone -- in ``threads`` threads. (A read a tile, as :meth:`block`, opened
+        the shard and checked its index 4096 times for the 280 k link ends of 16384^2: H100, 2.1-2.4 s
+        beside the walks.)"""
+        rows, cols = arr.shape
+        (t0, t1), (s0, s1) = arr.chunks, arr.shards
+        r, c = np.divmod(gids, cols)
+        tr, tc = r // t0, c // t1
+        tile = tr * -(-cols // t1) + tc
+        order = np.lexsort((tile, (r // s0) * -(-cols // s1) + c // s1))
+        shard_cut = np.flatnonzero(np.diff((r[order] // s0) * -(-cols // s1) + c[order] // s1)) + 1
+        out = np.full(len(gids), arr.fill_value, arr.dtype)  # (chunks never written: not taken)
+
+        def shard(at):  # the cells ``at`` (sorted by tile) of one shard
+            tiles, first = np.unique(tile[at], return_index=True)
+            by_tile = dict(zip(tiles.tolist(), np.split(at, first[1:])))
+
+            def take(r0, c0, cells):  # a decoded chunk's part (its first cell r0, c0): its cells asked for
+                mine = by_tile.get((r0 // t0) * -(-cols // t1) + c0 // t1)
+                if mine is not None:
+                    out[mine] = cells[r[mine] - r0, c[mine] - c0]
+
+            sr, sc = int(r[at[0]] // s0), int(c[at[0]] // s1)
+            a0, a1, b0, b1 = int(tr[at].min()), int(tr[at].max()) + 1, int(tc[at].min()), int(tc[at].max()) + 1
+            if 2 * len(tiles) >= (a1 - a0) * (b1 - b0):
+                boxes = [(a0, a1, b0, b1)]
+            else:
+                boxes = [(i, i + 1, j, j + 1) for i, j in zip(*np.divmod(tiles, -(-cols // t1)))]
+            for i0, i1, j0, j1 in boxes:
+                part = Window(i0 * t0, min(i1 * t0, rows), j0 * t1, min(j1 * t1, cols))
+                read_shard(arr, sr, sc, part, each=take)
+
+        if len(gids):
+            with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
+                list(pool.map(shard, np.split(order, shard_cut)))
         return out
 
 
