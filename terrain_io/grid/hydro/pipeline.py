@@ -537,8 +537,8 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
 
 class CellReader:
     """Blocks of a store's arrays around given cells: the arrays ``held`` in memory whole, the rest
-    read as square blocks of ``side`` cells -- on demand, the last few kept (a link walk stays
-    near), or, with ``threads``, every block a call needs at once in that many threads."""
+    read as square blocks of ``side`` cells on demand, the last few kept (a link walk stays near);
+    :meth:`values` with ``threads`` gathers its cells a shard at a time in that many threads."""
 
     KEEP = 4
 
@@ -672,8 +672,9 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
 
     def end_drops():
         """Each link's first vertex (its head) and last (the downstream link's head, else its last
-        cell): their elevations read once for all links, a block each (a reader of their own: the
-        walks' keeps its cache), the drops between them."""
+        cell): their elevations read once for all links (a reader of their own: the walks' keeps
+        its cache; with threads, a shard at a time, :meth:`CellReader._gather`), the drops between
+        them."""
         with timer.phase("vector_ends"):
             last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
                             links.tail)
