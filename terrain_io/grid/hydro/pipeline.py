@@ -409,7 +409,7 @@ def _network(store, what, threshold, units, memory, window_tiles, device):
 
 
 def _load_link_kernels(cells: int) -> None:
-    """The GPU route's CPU kernels (the links' orders, :func:`._cpu.link_orders`, and walks) loaded
+    """The GPU route's CPU kernels (the links' orders, :func:`._cpu.link_orders`, walks and points) loaded
     from numba's cache in a background thread while the arrays are read: importing numba and
     loading the first kernel took ~0.35 s (2-core VM) in the GPU phase's path before. Errors are
     left to the route's own calls."""
@@ -422,6 +422,7 @@ def _load_link_kernels(cells: int) -> None:
                              np.zeros(1, np.uint32 if cells < 2**32 else np.uint64))
             one = np.zeros(1, np.int64)
             _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
+            _cpu.link_points(one, np.array([0, 1]), 1, np.zeros(6), np.zeros((2, 2)), np.zeros((1, 2)), np.zeros(1))
         except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
             pass
 
@@ -669,6 +670,8 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
+    transform = np.asarray(store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0), np.float64)
+    hyp = np.hypot(np.array([[0.0, 0.0], [dy, dy]]), np.array([[0.0, dx], [0.0, dx]]))  # [|dr|, |dc|]
 
     def end_drops():
         """Each link's first vertex (its head) and last (the downstream link's head, else its last
@@ -701,12 +704,10 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             last = starts[1:] - 1
             verts[last[extra]] = np.where(down[extra] > 0, links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
                                           verts[last[extra] - 1])
-            r, c = np.divmod(verts, cols)
-            x, y = store.cell_to_map(r, c)
-            step = np.hypot(np.diff(r) * dy, np.diff(c) * dx)
-            step[starts[1:-1] - 1] = 0  # no step from one link to the next
-            length = np.add.reduceat(np.append(step, 0.0), starts[:-1]) if len(ids) else np.zeros(0)
-            geometry = np.array(wkb_linestrings(np.column_stack([x, y]), starts), object)
+            xy, step = np.empty((len(verts), 2)), np.empty(len(verts))
+            _cpu.link_points(verts, starts, cols, transform, hyp, xy, step)
+            length = np.add.reduceat(step, starts[:-1]) if len(ids) else np.zeros(0)
+            geometry = np.array(wkb_linestrings(xy, starts), object)
             upstream = links.upstream[sl].astype(np.float64)
             return geometry, {"link": ids, "downstream": down.astype(np.int64),
                               "strahler": links.strahler[sl].astype(np.int32),
