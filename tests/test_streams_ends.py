@@ -35,9 +35,14 @@ def test_cells_gathered_a_shard_at_a_time(tmp_path, monkeypatch):
     by_shard = {}
     for sr, sc, part in reads:
         by_shard.setdefault((sr, sc), []).append(part)
-    assert by_shard[0, 2] == [S.Window(0, 64, 128, 170)]  # a shard whose chunks all hold a cell: one read
+    assert by_shard[0, 2] == [None]  # a shard whose chunks all hold a cell: one read of the whole
     # shard (2, 0) holds cells of chunks (8, 0) and (9, 3) only: each alone, not the box of eight
     assert sorted(by_shard[2, 0], key=lambda w: w.r0) == [S.Window(128, 144, 0, 16), S.Window(144, 150, 48, 64)]
     needed = {(int(r) // 16, int(c) // 16) for r, c in cells}
-    decoded = sum(-(-(w.r1 - w.r0) // 16) * -(-(w.c1 - w.c0) // 16) for parts in by_shard.values() for w in parts)
+
+    def chunks(sr, sc, w):  # chunks a read decodes (None: the whole shard)
+        w = w or S.Window(64 * sr, min(64 * sr + 64, rows), 64 * sc, min(64 * sc + 64, cols))
+        return -(-(w.r1 - w.r0) // 16) * -(-(w.c1 - w.c0) // 16)
+
+    decoded = sum(chunks(sr, sc, w) for (sr, sc), parts in by_shard.items() for w in parts)
     assert len(needed) <= decoded <= 2 * len(needed)

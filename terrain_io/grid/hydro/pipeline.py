@@ -632,9 +632,10 @@ class CellReader:
                 boxes = [(a0, a1, b0, b1)]
             else:
                 boxes = [(i, i + 1, j, j + 1) for i, j in zip(*np.divmod(tiles, -(-cols // t1)))]
+            whole = Window(sr * s0, min(sr * s0 + s0, rows), sc * s1, min(sc * s1 + s1, cols))
             for i0, i1, j0, j1 in boxes:
                 part = Window(i0 * t0, min(i1 * t0, rows), j0 * t1, min(j1 * t1, cols))
-                read_shard(arr, sr, sc, part, each=take)
+                read_shard(arr, sr, sc, None if part == whole else part, each=take)  # (whole: read ahead)
 
         if len(gids):
             with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
