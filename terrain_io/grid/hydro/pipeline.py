@@ -238,6 +238,8 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Ti
                 pairs.append((arr, values))
             write_held(store, *pairs)
         if beside is not None:
+            pairs.clear()
+            arrays.clear()  # (the caller holds them no longer: freed while the work beside goes on)
             beside.wait()
         writer.attrs.update(timings=timer.rounded())
 
@@ -425,7 +427,7 @@ def _load_link_kernels(cells: int) -> None:
         except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
             pass
 
-    threading.Thread(target=load, name="link-kernels", daemon=True).start()
+    threading.Thread(target=load, name="link-kernels").start()  # (not a daemon: never cut while numba writes its cache)
 
 
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
