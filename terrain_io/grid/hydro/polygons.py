@@ -270,10 +270,10 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
 
 
 def _field_table(path: Path, fields) -> None:
-    """The fields (a Mapping of columns, or a :class:`.table.Table`) as table ``fields`` (id INTEGER
+    """The fields (a Mapping of columns, or a :class:`terrain_io.tables.Table`) as table ``fields`` (id INTEGER
     PRIMARY KEY) of the GeoPackage ``path``, bound a batch of rows at a time, and an index of the
     polygons' ids (their order in the output)."""
-    from .table import Table
+    from ...tables import Table
 
     fields = Table.of(fields)  # (its derived columns made a batch at a time)
     names = list(fields)
