@@ -9,6 +9,7 @@ import numpy as np
 from terrain_io.atomic import atomic_file
 from terrain_io.backend import to_host
 from terrain_io.errors import InputError, TerrainError
+from terrain_io.tables import write_csv
 
 from .common import Timer, device_option, new_output_file, output_option, overwrite_files_option, say
 from .main import cli
@@ -118,15 +119,15 @@ def _read_graph_input(source, vertices):
 
 
 def _write_table(path, names, columns):
-    """Write columns as .npy (2-D int64) or CSV with a header, atomically (temporary file, rename)."""
+    """Write columns as .npy (2-D int64) or CSV with a header (:func:`terrain_io.tables.write_csv`, lines
+    ending in LF), atomically (temporary file, rename)."""
     path = Path(path)
-    table = np.column_stack([to_host(c).astype(np.int64) for c in columns])
-    with atomic_file(path) as tmp:
-        if path.suffix.lower() == ".npy":
-            with open(tmp, "wb") as f:
-                np.save(f, table)  # a file object: np.save would append ".npy" to the temporary's name
-        else:
-            np.savetxt(tmp, table, fmt="%d", delimiter=",", header=",".join(names), comments="")
+    columns = [to_host(c).astype(np.int64) for c in columns]
+    if path.suffix.lower() != ".npy":
+        write_csv(dict(zip(names, columns)), path, newline=b"\n")
+        return
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, np.column_stack(columns))  # a file object: np.save would append ".npy" to the temporary's name
 
 
 @graph_command("listrank", "Rank the linked lists of an edge list.", "Write vertex,rank (CSV or .npy).",

@@ -3,7 +3,7 @@ the file's suffix, features written through pyogrio as ISO WKB in the store's CR
 temporary name with a Shapefile's side files and renamed when complete (:mod:`.atomic`).
 
 :func:`feature_stream` takes features in batches as they are produced and holds them up to a
-given size of geometry, then writes what it holds in one call (pyogrio's append for the later ones:
+given size (geometry and fields), then writes what it holds in one call (pyogrio's append for the later ones:
 GDAL's GeoPackage, GeoJSON and Shapefile drivers add to the layer). A GeoPackage layer written in one
 call builds its R-tree once, at the end (GDAL defers the index of a layer it has just created),
 where each appended batch inserts through the index's triggers and SQLite's journal (lines of 41
@@ -26,6 +26,7 @@ DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "
            ".fgb": "FlatGeobuf"}
 SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
 APPENDS = ("GPKG", "GeoJSON", "ESRI Shapefile")  # drivers that add a batch to a written layer
+FEATURE_OVERHEAD = 48  # bytes a held feature beside its WKB: the bytes object's header and its list slot
 
 
 def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str:
@@ -106,7 +107,7 @@ def _sqlite_cache(driver: str):
 def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, hold: int = 0):
     """Yields ``write(geometry, fields, masks=None)``, which adds a batch of features to ``out``
     (the same fields, in the same order, every batch; write at least one batch, empty or not);
-    batches are held until their geometry passes ``hold`` bytes, then written in one call; the
+    batches are held until they pass ``hold`` bytes (geometry, fields), then written in one call; the
     file is complete and renamed into place when the block ends (module docstring)."""
     from pyogrio import raw
 
@@ -152,7 +153,9 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, h
     def write(geometry, fields: dict, masks: dict | None = None):
         nonlocal size
         held.append((list(geometry), fields, masks))
-        size += sum(len(g) for g in held[-1][0] if g is not None)
+        geometry, fields = held[-1][0], held[-1][1]  # its bytes held: WKB, each bytes object's header, fields
+        size += sum(len(g) for g in geometry if g is not None) + FEATURE_OVERHEAD * len(geometry) + sum(
+            np.asarray(v).nbytes for v in fields.values())
         if driver in APPENDS and size > hold:
             flush_held()
 

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import csv
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -80,6 +79,7 @@ from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...pinned import write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, read_window, write_window
+from ...tables import Table, write_csv
 from ...timings import Timings
 from . import _cpu as K
 from ..fill._tiled import (
@@ -87,7 +87,6 @@ from ..fill._tiled import (
     TABLE_IN_ATTRS,
     Geometry,
     read_block,
-    table_cell,
 )
 from ..fill._levels import BlockTree, LocalLevels, node_set
 from ..tiling import Plan, check_side, plan, plan_batches, whole_side
@@ -116,24 +115,44 @@ class Hierarchy:
     def __len__(self) -> int:
         return len(self.parent) - 1
 
-    def rows(self, store: TerrainStore) -> dict[str, np.ndarray]:
-        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``."""
+    def rows(self, store: TerrainStore) -> Table:
+        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``, derived a
+        block of rows at a time where used (row i is node i + 1)."""
         cols = store.shape[1]
         dx, dy = store.metric_cell_size
-        s = slice(1, None)
-        sc = self.spill_cell[s]
-        has = sc >= 0
-        sr, scc = np.where(has, sc // cols, -1), np.where(has, sc % cols, -1)
-        sx, sy = store.cell_to_map(np.where(has, sr, 0), np.where(has, scc, 0))
-        sx, sy = np.where(has, sx, np.nan), np.where(has, sy, np.nan)
-        pr, pc = self.pit[s] // cols, self.pit[s] % cols
-        px, py = store.cell_to_map(pr, pc)
-        ids = np.arange(1, len(self) + 1)
-        return {"id": ids, "parent": self.parent[s], "kind": np.where(ids <= self.n_leaves, "leaf", "merge"),
-                "spill_elevation": self.spill[s], "spill_row": sr, "spill_col": scc, "spill_x": sx, "spill_y": sy,
-                "spills_to": self.spills_to[s], "merge_elevation": self.merge[s], "pit_row": pr, "pit_col": pc,
-                "pit_x": px, "pit_y": py, "pit_elevation": self.pit_elevation[s], "cells": self.cells[s],
-                "area": self.cells[s] * (dx * dy), "volume": self.volume_cells[s] * (dx * dy)}
+
+        def nodes(s: slice) -> slice:  # rows s: nodes s + 1 (index 0 is the outside)
+            return slice(s.start + 1, s.stop + 1)
+
+        def node(column: np.ndarray, scale: float | None = None):
+            return lambda s: column[nodes(s)] if scale is None else column[nodes(s)] * scale
+
+        def spill(i: int, xy: bool = False):
+            """The spill cell's row or column (-1: none), or its centre's x or y (NaN: none)."""
+            def block(s):
+                sc = self.spill_cell[nodes(s)]
+                has = sc >= 0
+                rc = [np.where(has, v, -1) for v in np.divmod(sc, cols)]
+                if not xy:
+                    return rc[i]
+                return np.where(has, store.cell_to_map(np.where(has, rc[0], 0), np.where(has, rc[1], 0))[i], np.nan)
+            return block
+
+        def pit(i: int, xy: bool = False):
+            """The pit cell's row or column, or its centre's x or y."""
+            def block(s):
+                rc = np.divmod(self.pit[nodes(s)], cols)
+                return store.cell_to_map(*rc)[i] if xy else rc[i]
+            return block
+
+        return Table(len(self), {
+            "id": lambda s: np.arange(s.start + 1, s.stop + 1), "parent": node(self.parent),
+            "kind": lambda s: np.where(np.arange(s.start + 1, s.stop + 1) <= self.n_leaves, "leaf", "merge"),
+            "spill_elevation": node(self.spill), "spill_row": spill(0), "spill_col": spill(1),
+            "spill_x": spill(0, True), "spill_y": spill(1, True), "spills_to": node(self.spills_to),
+            "merge_elevation": node(self.merge), "pit_row": pit(0), "pit_col": pit(1), "pit_x": pit(0, True),
+            "pit_y": pit(1, True), "pit_elevation": node(self.pit_elevation), "cells": node(self.cells),
+            "area": node(self.cells, dx * dy), "volume": node(self.volume_cells, dx * dy)})
 
 
 @dataclass
@@ -567,19 +586,11 @@ def _json(v: np.ndarray) -> list:
 
 
 def write_table(result: DepressionsResult, store, path) -> Path:
-    """The node table as CSV (written under a temporary name, renamed when complete)."""
-    from ...atomic import atomic_file
-
+    """The node table as CSV (:func:`terrain_io.tables.write_csv`: a block of rows at a time, under a
+    temporary name renamed when complete)."""
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store), mode="r")
-    cols = result.hierarchy.rows(store)
-    path = Path(path)
-    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(TABLE_COLUMNS)
-        for i in range(len(result.hierarchy)):
-            out.writerow([table_cell(cols[c][i]) for c in TABLE_COLUMNS])
-    return path
+    return write_csv(result.hierarchy.rows(store), path)
 
 
 def read_basins(store) -> np.ndarray:

@@ -42,14 +42,8 @@ def read_block(store: TerrainStore, win: Window, nodata_drains: bool):
         ok[-1] = False
     if win.c1 == cols:
         ok[:, -1] = False
-    from . import _cpu as _fill_cpu  # (here: the GPU routes that import OUTLETS or table_cell need no numba)
+    from . import _cpu as _fill_cpu  # (here: the GPU routes that import OUTLETS need no numba)
 
     # a block smaller than a parallel job (terrain_io.jit) takes the serial entry: no thread pool for it
     outlets = _fill_cpu.outlets_serial if vals.size < SERIAL_BELOW else _fill_cpu.outlets
     return vals, ok, outlets(ok, win.r0, win.c0, rows, cols, nodata_drains)
-
-
-def table_cell(v):
-    """A table value for CSV and attributes: a Python scalar, floats to their shortest repr."""
-    v = v.item() if hasattr(v, "item") else v
-    return repr(v) if isinstance(v, float) else v

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import csv
 import os
 import warnings
 from collections.abc import Sequence
@@ -73,6 +72,7 @@ from ...parallel import check_scheduler, imap_shards, run_on_worker
 from ...pinned import PinnedBands, write_bands, write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
+from ...tables import Table, write_csv
 from ...timings import Timings
 from . import _cpu as K
 from ._tiled import (
@@ -80,7 +80,6 @@ from ._tiled import (
     TABLE_IN_ATTRS,
     Geometry,
     read_block,
-    table_cell,
 )
 from ._levels import LEVEL_BYTES, LevelTree, LocalLevels
 from ..tiling import Batch, Plan, check_side, plan, plan_batches, whole_side
@@ -108,26 +107,26 @@ class Depressions:
     def __len__(self) -> int:
         return len(self.least)
 
-    def rows(self, store: TerrainStore, part: slice = slice(None)) -> dict[str, np.ndarray]:
-        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``; of the
-        rows in ``part`` only (a CSV is written a part at a time: the whole, 16 columns of 8 bytes,
+    def rows(self, store: TerrainStore) -> Table:
+        """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``: all but
+        the held ones derived a block of rows at a time where used (16 columns of 8 bytes built whole
         would double the table)."""
-        if part != slice(None):
-            start = part.indices(len(self))[0]
-            rows = Depressions(**{f: getattr(self, f)[part] for f in self.__dataclass_fields__}).rows(store)
-            rows["id"] = rows["id"] + start
-            return rows
         cols = store.shape[1]
         dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
-        pr, pc = self.pit // cols, self.pit % cols
-        sr, sc = self.spill // cols, self.spill % cols
-        px, py = store.cell_to_map(pr, pc)
-        sx, sy = store.cell_to_map(sr, sc)
-        return {"id": np.arange(1, len(self) + 1), "pit_row": pr, "pit_col": pc, "pit_x": px, "pit_y": py,
-                "pit_elevation": self.pit_elevation, "spill_row": sr, "spill_col": sc, "spill_x": sx,
-                "spill_y": sy, "spill_elevation": self.level, "spills_to": self.spills_to, "cells": self.cells,
-                "area": self.cells * (dx * dy), "volume": self.volume_cells * (dx * dy),
-                "max_depth": self.max_depth}
+
+        def cell(at: np.ndarray, i: int):
+            return lambda s: np.divmod(at[s], cols)[i]
+
+        def centre(at: np.ndarray, i: int):
+            return lambda s: store.cell_to_map(*np.divmod(at[s], cols))[i]
+
+        return Table(len(self), {
+            "id": lambda s: np.arange(s.start + 1, s.stop + 1), "pit_row": cell(self.pit, 0),
+            "pit_col": cell(self.pit, 1), "pit_x": centre(self.pit, 0), "pit_y": centre(self.pit, 1),
+            "pit_elevation": self.pit_elevation, "spill_row": cell(self.spill, 0), "spill_col": cell(self.spill, 1),
+            "spill_x": centre(self.spill, 0), "spill_y": centre(self.spill, 1), "spill_elevation": self.level,
+            "spills_to": self.spills_to, "cells": self.cells, "area": lambda s: self.cells[s] * (dx * dy),
+            "volume": lambda s: self.volume_cells[s] * (dx * dy), "max_depth": self.max_depth})
 
 
 @dataclass
@@ -738,21 +737,11 @@ def fill_array(values: np.ndarray, *, outlets: str = "edge+nodata", nodata=None,
 
 
 def write_table(result: FillResult, store, path) -> Path:
-    """The depression table as CSV (written under a temporary name, renamed when complete)."""
-    from ...atomic import atomic_file
-
+    """The depression table as CSV (:func:`terrain_io.tables.write_csv`: a block of rows at a time, under
+    a temporary name renamed when complete)."""
     if not isinstance(store, TerrainStore):
         store = TerrainStore.open(Path(store), mode="r")
-    path = Path(path)
-    step = 1 << 16
-    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(TABLE_COLUMNS)
-        for start in range(0, len(result.table), step):
-            cols = result.table.rows(store, slice(start, start + step))
-            for i in range(len(cols["id"])):
-                out.writerow([table_cell(cols[c][i]) for c in TABLE_COLUMNS])
-    return path
+    return write_csv(result.table.rows(store), path)
 
 
 def read_fill(store) -> dict[str, np.ndarray]:

@@ -37,12 +37,13 @@ from ...memory import format_bytes, memory_budget
 from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
+from ...tables import Table, write_csv
 from ...timings import Timings
 from ...vectors import check_output, feature_stream, wkb_linestrings
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
-from .table import BASIN_BYTES, Table, basin_table, write_csv
+from .table import BASIN_BYTES, basin_table
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -72,7 +73,7 @@ UNITS = ("cells", "m2")
 class HydroResult:
     """What a command computed: its one summary line, the result group's attributes and, for
     basins and streams, a table (column name -> 1-D array, one row per basin or link): basins' a
-    :class:`.table.Table` holding 16 bytes a basin, its other columns derived on access."""
+    :class:`terrain_io.tables.Table` holding 16 bytes a basin, its other columns derived on access."""
 
     line: str
     attrs: dict
@@ -80,8 +81,8 @@ class HydroResult:
 
 
 def write_table(result: HydroResult, path, progress: bool = False) -> Path:
-    """The result's table as CSV, a block of rows at a time (:func:`.table.write_csv`), under a
-    temporary name renamed when complete."""
+    """The result's table as CSV (:func:`terrain_io.tables.write_csv`: a block of rows at a time, under a
+    temporary name renamed when complete)."""
     return write_csv(result.table, path, progress)
 
 
@@ -238,6 +239,8 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Ti
                 pairs.append((arr, values))
             write_held(store, *pairs)
         if beside is not None:
+            pairs.clear()
+            arrays.clear()  # (the caller holds them no longer: freed while the work beside goes on)
             beside.wait()
         writer.attrs.update(timings=timer.rounded())
 
@@ -426,7 +429,7 @@ def _load_link_kernels(cells: int) -> None:
         except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
             pass
 
-    threading.Thread(target=load, name="link-kernels", daemon=True).start()
+    threading.Thread(target=load, name="link-kernels").start()  # (not a daemon: never cut while numba writes its cache)
 
 
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
@@ -763,7 +766,7 @@ def write_polygons(store: TerrainStore, label, fields: Mapping, out, overwrite: 
                    progress: bool = False) -> Path:
     """The regions of ``label`` (uint32, 0 none) as polygons in the store's CRS (GDAL's polygonize,
     8-connected: one polygon a region, a region whose cells touch only at corners one feature a
-    part), with the ``id`` and ``fields`` (name -> array indexed by id - 1, or a :class:`.table.Table`),
+    part), with the ``id`` and ``fields`` (name -> array indexed by id - 1, or a ``Table``),
     written as GDAL traces them (:mod:`.polygons`: the polygons never all in memory). ``label``: the
     raster in memory, or the name of the store's label array: then written to a GeoTIFF in a scratch
     folder of the store, shard by shard, which GDAL's polygonize reads a block row at a time."""

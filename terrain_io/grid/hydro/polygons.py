@@ -173,7 +173,12 @@ class _Job:
             try:
                 return job.result()
             except BaseException:
-                self.stop = True  # the pool waits for GDAL, which the next progress call stops
+                self.stop = True  # GDAL stops at its next progress call
+                while not job.done():  # (its datasets are closed by the caller: not while it runs)
+                    try:
+                        concurrent.futures.wait([job])
+                    except BaseException:  # noqa: BLE001 -- a second interrupt: still wait for GDAL
+                        pass
                 raise
 
 
@@ -191,13 +196,13 @@ def write(label, transform, crs: str | None, fields: dict, out, overwrite: bool,
     out = Path(out)
     driver = DRIVERS[out.suffix.lower()]
     traced = scratch / "polygons.gpkg"
+    gdal = _writer_for(driver)  # (before the trace: a missing writer is said at once)
     with _rasterio_gdal().quiet():
         _trace(label, transform, crs, traced, lambda what, msg: _fail(out, driver, f"GDAL {what}", msg), progress)
     try:
         _field_table(traced, fields)
     except sqlite3.Error as exc:  # a full disk: one line
         _fail(out, driver, "SQLite", str(exc))
-    gdal = _writer_for(driver)
     with gdal.quiet():
         return _translate(gdal, traced, fields, out, driver, overwrite, progress)
 
@@ -213,14 +218,19 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
         held = np.ascontiguousarray(label, np.uint32)
         rows, cols = held.shape
         src = gdal.GDALCreate(gdal.GDALGetDriverByName(b"MEM"), b"", cols, rows, 0, GDT_UINT32, None)
-        if not src or gdal.GDALAddBand(src, GDT_UINT32, _strings([f"DATAPOINTER={held.ctypes.data}",
-                                                                  "PIXELOFFSET=4", f"LINEOFFSET={held.strides[0]}"])):
+        if not src:
             fail("MEM dataset", gdal.error())
+        if gdal.GDALAddBand(src, GDT_UINT32, _strings([f"DATAPOINTER={held.ctypes.data}", "PIXELOFFSET=4",
+                                                      f"LINEOFFSET={held.strides[0]}"])):
+            message = gdal.error()
+            gdal.GDALClose(src)
+            fail("MEM dataset", message)
     else:
         src = gdal.GDALOpenEx(str(label).encode(), OF_RASTER, None, None, None)
         if not src:
             fail("open", gdal.error())
     srs = ds = field = None
+    failed = True
     try:
         band = gdal.GDALGetRasterBand(src, 1)
         geo = (ctypes.c_double * 6)(*transform)
@@ -248,33 +258,33 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
             fail("polygonize", message)
         if gdal.GDALDatasetCommitTransaction(ds):
             fail("polygonize", gdal.error())
+        failed = False
     finally:
         if field:
             gdal.OGR_Fld_Destroy(field)
         if srs:
             gdal.OSRRelease(srs)
         gdal.GDALClose(src)
-        if ds and gdal.close(ds):
+        if ds and gdal.close(ds) and not failed:  # (an error already raised is the one said)
             fail("close", gdal.error())
 
 
 def _field_table(path: Path, fields) -> None:
-    """The fields (a Mapping of columns, or a :class:`.table.Table`) as table ``fields`` (id INTEGER
+    """The fields (a Mapping of columns, or a :class:`terrain_io.tables.Table`) as table ``fields`` (id INTEGER
     PRIMARY KEY) of the GeoPackage ``path``, bound a batch of rows at a time, and an index of the
     polygons' ids (their order in the output)."""
-    from .table import Table
+    from ...tables import Table
 
     fields = Table.of(fields)  # (its derived columns made a batch at a time)
     names = list(fields)
     types = ["INTEGER" if fields.dtype(k).kind in "iub" else "REAL" for k in names]
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # (committed, then closed, on every path)
         db.execute(f"CREATE INDEX polygons_id ON {LAYER} (id)")
         db.execute("CREATE TABLE fields (id INTEGER PRIMARY KEY" + "".join(f', "{k}" {t}' for k, t in zip(names, types))
                    + ")")
         insert = f"INSERT INTO fields VALUES (?{', ?' * len(names)})"
         for rows, block in fields.blocks(FIELD_ROWS):
             db.executemany(insert, zip(range(rows.start + 1, rows.stop + 1), *(block[k].tolist() for k in names)))
-    db.close()
 
 
 def _translate(gdal: _Gdal, traced: Path, fields: dict, out: Path, driver: str, overwrite: bool,
