@@ -347,7 +347,8 @@ def link_points(verts, starts, cols, t, hyp, xy, step):
     dy, as :meth:`...store.TerrainStore.cell_to_map` applies it, operation for operation), and each
     vertex's step to the next of its link into ``step`` (0 after a link's last): ``hyp[|dr|, |dc|]``,
     the metres of a step of dr rows and dc columns (vertices are neighbours or the same cell). One
-    pass without the GIL (NumPy's divmod, transform, diff and hypot: ~25 ms of 16,384 links, 2-core VM)."""
+    pass without the GIL: 5 CPU ms a batch of 16,384 links against 15 for NumPy's divmod, transform, diff,
+    hypot and column_stack (2-core VM)."""
     x0, tx, rx, y0, ry, ty = t[0], t[1], t[2], t[3], t[4], t[5]
     for i in range(len(starts) - 1):
         for k in range(starts[i], starts[i + 1]):
