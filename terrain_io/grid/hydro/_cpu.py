@@ -341,6 +341,28 @@ def height_above_drainage(code: np.ndarray, z: np.ndarray, network: Network) -> 
 
 
 @numba.njit(nogil=True, cache=True)
+def link_points(verts, starts, cols, t, hyp, xy, step):
+    """The vertices ``verts`` (global cell ids; link i's are ``starts[i]:starts[i + 1]``) as map
+    coordinates of their cells' centres into ``xy`` (the geotransform ``t`` = x0, dx, rx, y0, ry,
+    dy, as :meth:`...store.TerrainStore.cell_to_map` applies it, operation for operation), and each
+    vertex's step to the next of its link into ``step`` (0 after a link's last): ``hyp[|dr|, |dc|]``,
+    the metres of a step of dr rows and dc columns (vertices are neighbours or the same cell). One
+    pass without the GIL: 5 CPU ms a batch of 16,384 links against 15 for NumPy's divmod, transform, diff,
+    hypot and column_stack (2-core VM)."""
+    x0, tx, rx, y0, ry, ty = t[0], t[1], t[2], t[3], t[4], t[5]
+    for i in range(len(starts) - 1):
+        for k in range(starts[i], starts[i + 1]):
+            r, c = verts[k] // cols, verts[k] % cols
+            rf, cf = r + 0.5, c + 0.5
+            xy[k, 0] = x0 + cf * tx + rf * rx
+            xy[k, 1] = y0 + cf * ry + rf * ty
+            if k + 1 < starts[i + 1]:
+                step[k] = hyp[abs(verts[k + 1] // cols - r), abs(verts[k + 1] % cols - c)]
+            else:
+                step[k] = 0.0
+
+
+@numba.njit(nogil=True, cache=True)
 def walk_links(code, r0, c0, cols, cur, left, out, pos):
     """Advance every link walk whose current cell (global id ``cur[i]``) lies in the block ``code``
     (directions of rows r0.., columns c0..): record cells into ``out`` at ``pos[i]`` and step down
