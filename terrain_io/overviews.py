@@ -59,7 +59,7 @@ import numpy as np
 
 from .errors import InputError, StoreError
 from .memory import format_bytes, memory_budget
-from .parallel import check_scheduler, imap_shards
+from .parallel import Prefetch, check_scheduler, imap_shards
 from .progress import progress_bar
 from . import integrity
 from .store import (ELEVATION, NO_CHUNK, TerrainStore, Window, array_handle, codec_pool, encode_chunks,
@@ -441,7 +441,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     # (in_flight counts shards: as many bytes of blocks -- all 16 of a 4096^2 array, so the readers never
     # wait for the main thread while the writer thread makes the levels' nodes)
     in_flight *= (side // size) ** 2
-    pieces = (_Prefetch(_cascade, tasks, in_flight) if scheduler == "local"
+    pieces = (Prefetch(_cascade, tasks, in_flight, codec_pool()) if scheduler == "local"
               else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
     time.sleep(0)  # (the GIL to the readers now: this thread's Python below would hold their start ~2 ms)
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
@@ -490,32 +490,6 @@ def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> integr
 
 def _source_attrs(arr) -> dict:
     return {k: v for k, v in dict(arr.attrs).items() if k in ("units", "nodata", "method", "long_name")}
-
-
-class _Prefetch:
-    """``func(task)`` for each task in order (iterate), up to ``ahead`` submitted from the start to the
-    store's codec threads (:func:`~terrain_io.store.codec_pool`: one a core, made once a process --
-    no thread started before the first read; a task decodes and encodes in its own thread there, and
-    decoding and the numba reductions release the GIL); :meth:`close` cancels the rest and waits for
-    those running."""
-
-    def __init__(self, func, tasks, ahead: int):
-        self.func, self.tasks, self.ahead = func, tasks, ahead
-        self.pool = codec_pool()
-        self.pending = [self.pool.submit(func, t) for t in tasks[:ahead]]
-
-    def __iter__(self):
-        for i in range(len(self.tasks)):
-            if i + self.ahead < len(self.tasks):
-                self.pending.append(self.pool.submit(self.func, self.tasks[i + self.ahead]))
-            yield self.pending[i].result()
-            self.pending[i] = None
-
-    def close(self) -> None:
-        for f in self.pending:
-            if f is not None:
-                f.cancel()
-        concurrent.futures.wait([f for f in self.pending if f is not None])
 
 
 class _Assembler:

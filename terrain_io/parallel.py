@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -60,6 +61,29 @@ def map_shards(func: Callable, items: Iterable, scheduler: str | None = "local",
             progress.update(len(out))
         return out
     return _on_cluster(func, items, scheduler, retries, progress, announce)
+
+
+class Prefetch:
+    """``func(task)`` for each of ``tasks`` (a sequence) in order (iterate), at most ``ahead`` submitted
+    to ``pool`` (an executor) and not yet taken -- the results waiting to be taken are bounded, however
+    slow the consumer; :meth:`close` cancels the rest and waits for those running."""
+
+    def __init__(self, func, tasks, ahead: int, pool):
+        self.func, self.tasks, self.ahead, self.pool = func, tasks, max(1, ahead), pool
+        self.pending = [pool.submit(func, t) for t in tasks[:self.ahead]]
+
+    def __iter__(self):
+        for i in range(len(self.tasks)):
+            if i + self.ahead < len(self.tasks):
+                self.pending.append(self.pool.submit(self.func, self.tasks[i + self.ahead]))
+            yield self.pending[i].result()
+            self.pending[i] = None
+
+    def close(self) -> None:
+        for f in self.pending:
+            if f is not None:
+                f.cancel()
+        concurrent.futures.wait([f for f in self.pending if f is not None])
 
 
 def imap_shards(func: Callable, items: Iterable, scheduler: str | None = "local", *, in_flight: int | None = None,

@@ -92,3 +92,54 @@ def test_stream_links_written_in_one_call_where_the_budget_holds_them(tmp_path, 
     for x, y in zip(a[3], b[3]):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(rtree_bounds(held), rtree_bounds(each))
+
+
+def test_walked_batches_never_pile_up_behind_a_slow_writer(tmp_path, monkeypatch):
+    """The links' batches are walked at most two a walker ahead of the GDAL write (before: every
+    batch submitted at once, all of them held while a slow write ran); the features are the link
+    table's links, ids 1.. in order, one a link."""
+    import threading
+    import time
+
+    path = tmp_path / "a.zarr"
+    utm_store(path, hydro_dem(7).astype(np.float32), tile=16, shard=2)
+    assert CliRunner().invoke(cli, ["flow", str(path), "--condition", "fill"]).exit_code == 0
+    made, lock, ahead = [0], threading.Lock(), []
+    real_wkb = P.wkb_linestrings
+
+    def counted(*a, **k):
+        with lock:
+            made[0] += 1
+        return real_wkb(*a, **k)
+
+    real_stream = P.feature_stream
+
+    def slow_stream(*a, **k):
+        cm = real_stream(*a, **k)
+
+        class Slow:
+            def __enter__(self):
+                write = cm.__enter__()
+
+                def slow(geometry, fields, masks=None):
+                    time.sleep(0.02)  # the walkers meanwhile run as far ahead as they may
+                    with lock:
+                        ahead.append(made[0] - len(ahead) - 1)  # batches walked and not yet written
+                    return write(geometry, fields, masks)
+                return slow
+
+            def __exit__(self, *exc):
+                return cm.__exit__(*exc)
+        return Slow()
+
+    monkeypatch.setattr(P, "wkb_linestrings", counted)
+    monkeypatch.setattr(P, "feature_stream", slow_stream)
+    monkeypatch.setattr(P, "LINK_BATCH", 2)
+    out = tmp_path / "s.gpkg"
+    res = P.streams(path, 6, progress=False, vectors=out, device="cpu")
+    n = len(res.table["id"])
+    assert len(ahead) == -(-n // 2) > 8 and max(ahead) <= 2 * P.LINE_THREADS, ahead
+    meta, fids, geometry, fields = pyogrio.raw.read(out)
+    names = list(meta["fields"])
+    np.testing.assert_array_equal(fields[names.index("link")], np.arange(1, n + 1))
+    np.testing.assert_array_equal(fields[names.index("downstream")], res.table["downstream"])

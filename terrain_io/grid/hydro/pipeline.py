@@ -34,6 +34,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
+from ...parallel import Prefetch
 from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
@@ -725,7 +726,9 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
         drops = pool.submit(end_drops)
         write = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
         firsts = range(0, max(n, 1), LINK_BATCH)
-        for s, (geometry, fields) in zip(firsts, walk.map(lines, firsts)):
+        # (two batches a walker ahead of the writer: a slow GDAL write never lets the walked batches pile up)
+        batches = stack.enter_context(contextlib.closing(Prefetch(lines, firsts, 2 * walkers, walk)))
+        for s, (geometry, fields) in zip(firsts, batches):
             fields["drop"] = drops.result()[s:s + LINK_BATCH]
             with timer.phase("vector_gdal"):
                 write(geometry, fields)
