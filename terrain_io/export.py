@@ -284,7 +284,7 @@ def _write_cog(store: TerrainStore, name: str, arr, out: Path, run: _Runner) -> 
         _write_geotiff(store, name, arr, src, run, compress=_SCRATCH)
         options = {"OVERVIEW_RESAMPLING": _COG_RESAMPLING[method]}
         if levels:
-            t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+            t = store.geotransform
             files = []
             for k, level in enumerate(levels, start=1):
                 files.append(scratch.enter_context(scratch_file(out)))

@@ -408,7 +408,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     missing = missing_value(store, name, arr)
     fill = arr.fill_value
     leaf = name.rsplit("/", 1)[-1]
-    t = store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    t = store.geotransform
     attrs = {"source": name, "resampling_method": method, "source_manifest_sha256": source_digest(store, name),
              "zarr_conventions": [CONVENTION]}
     layout = []

@@ -46,6 +46,7 @@ from .zorder import morton_order
 
 FORMAT_VERSION = 2  # 2: chunk checksums (crc32c) and shard manifests; 1: neither (still read)
 ELEVATION = "elevation"
+CELL_TRANSFORM = (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)  # a store without a geotransform: map units are cell indices
 _COMPRESSOR = ZstdCodec(level=1)  # ~1 GB/s decode per core: cheaper than re-reading raw bytes
 _CHECKSUM = Crc32cCodec()  # last codec of every chunk: damage is an error, not different numbers
 
@@ -264,6 +265,11 @@ class TerrainStore:
         return tuple(t) if t else None
 
     @property
+    def geotransform(self) -> tuple[float, ...]:
+        """The geotransform, or :data:`CELL_TRANSFORM` (cell indices) where the store has none."""
+        return self.transform or CELL_TRANSFORM
+
+    @property
     def crs(self) -> str | None:
         return self.attrs.get("crs")
 
@@ -338,8 +344,7 @@ class TerrainStore:
 
     def cell_to_map(self, row, col):
         """Map coordinates of cell centres (arrays allowed)."""
-        t = self.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
-        x0, dx, rx, y0, ry, dy = t
+        x0, dx, rx, y0, ry, dy = self.geotransform
         r = np.asarray(row, dtype=np.float64) + 0.5
         c = np.asarray(col, dtype=np.float64) + 0.5
         return x0 + c * dx + r * rx, y0 + c * ry + r * dy
@@ -1251,7 +1256,7 @@ def coordinate_arrays(shape, transform, crs) -> list[tuple[str, np.ndarray | Non
     and GDAL read.
     """
     rows, cols = (int(v) for v in shape)
-    x0, dx, rx, y0, ry, dy = transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    x0, dx, rx, y0, ry, dy = transform or CELL_TRANSFORM
     units = "cell" if transform is None else "map units"
     out = [(name, origin + (np.arange(n) + 0.5) * step, {"axis": name.upper(), "units": units})
            for name, n, origin, step in (("x", cols, x0, dx), ("y", rows, y0, dy))]

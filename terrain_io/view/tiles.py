@@ -119,7 +119,7 @@ class TileSource:
         return int(min(MAX_ZOOM, max(0, math.ceil(z))))
 
     def _cell_corner_to_map(self, r, c):
-        x0, dx, rx, y0, ry, dy = self.store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+        x0, dx, rx, y0, ry, dy = self.store.geotransform
         return x0 + c * dx + r * rx, y0 + c * ry + r * dy
 
     # -- tiles --------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ class TileSource:
         return _bilinear(rows, p), _bilinear(cols, p)
 
     def _map_to_fcell(self, x, y):
-        x0, dx, rx, y0, ry, dy = self.store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+        x0, dx, rx, y0, ry, dy = self.store.geotransform
         det = dx * dy - rx * ry
         with np.errstate(invalid="ignore"):
             col = ((x - x0) * dy - (y - y0) * rx) / det

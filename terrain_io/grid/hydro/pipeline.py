@@ -675,7 +675,7 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
-    transform = np.asarray(store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0), np.float64)
+    transform = np.asarray(store.geotransform, np.float64)
     hyp = np.hypot(np.array([[0.0, 0.0], [dy, dy]]), np.array([[0.0, dx], [0.0, dx]]))  # [|dr|, |dc|]
 
     def end_drops():
@@ -757,7 +757,7 @@ def _label_tiffs(store: TerrainStore, name: str, folder: Path) -> Path:
     rows, cols = store.shape
     profile = dict(driver="GTiff", width=cols, height=rows, count=1, tiled=True, blockxsize=256, blockysize=256,
                    compress="zstd", zstd_level=1, BIGTIFF="IF_SAFER", nodata=0,
-                   transform=Affine.from_gdal(*(store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0))))
+                   transform=Affine.from_gdal(*store.geotransform))
     path = folder / "label.tif"
     with rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE), rasterio.open(path, "w", dtype="uint32", **profile) as lab:
         for win in store.shards():
@@ -783,5 +783,5 @@ def write_polygons(store: TerrainStore, label, fields: Mapping, out, overwrite: 
         raise InputError(f"{out}: more than 2^31 regions: GDAL's polygonize takes int32 labels")
     with scratch_directory(store.path, "polygons") as tmp, rasterio.Env(GDAL_CACHEMAX=POLYGON_CACHE):
         source = _label_tiffs(store, label, tmp) if isinstance(label, str) else label
-        return polygons.write(source, store.transform or (0.0, 1.0, 0.0, 0.0, 0.0, 1.0), store.crs, fields, out,
+        return polygons.write(source, store.geotransform, store.crs, fields, out,
                               overwrite, tmp, progress)
