@@ -60,6 +60,30 @@ class Table(Mapping):
             yield sl, {k: self.block(k, sl) for k in self._columns}
 
 
+def row_ids(rows: slice) -> np.ndarray:
+    """The ids of rows ``rows`` of a table numbered 1.. (a derived ``id`` column)."""
+    return np.arange(rows.start + 1, rows.stop + 1)
+
+
+def cell_columns(store, cells: np.ndarray, name: str) -> dict:
+    """The derived columns ``NAME_row``, ``NAME_col`` (of the row-major cell ids ``cells``) and
+    ``NAME_x``, ``NAME_y`` (the cells' centres in ``store``'s CRS) of a :class:`Table`; -1 and NaN
+    where a cell id is negative (none)."""
+    cols = store.shape[1]
+
+    def column(i: int, centre: bool):
+        def block(rows: slice) -> np.ndarray:
+            at = cells[rows]
+            has = at >= 0
+            rc = np.divmod(at if has.all() else np.where(has, at, 0), cols)
+            v = store.cell_to_map(*rc)[i] if centre else rc[i]
+            return v if has.all() else np.where(has, v, np.nan if centre else -1)
+        return block
+
+    return {f"{name}_row": column(0, False), f"{name}_col": column(1, False), f"{name}_x": column(0, True),
+            f"{name}_y": column(1, True)}
+
+
 def _text(values: np.ndarray) -> np.ndarray:
     """Each value as Python's ``str`` of its ``.item()`` writes it (bytes): integers, ``True``/``False``,
     ASCII strings, floats as float64 in their shortest repr (NumPy's Dragon4 gives repr's digits); a

@@ -79,7 +79,7 @@ from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...pinned import write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, read_window, write_window
-from ...tables import Table, write_csv
+from ...tables import Table, cell_columns, row_ids, write_csv
 from ...timings import Timings
 from . import _cpu as K
 from ..fill._tiled import (
@@ -118,41 +118,16 @@ class Hierarchy:
     def rows(self, store: TerrainStore) -> Table:
         """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``, derived a
         block of rows at a time where used (row i is node i + 1)."""
-        cols = store.shape[1]
         dx, dy = store.metric_cell_size
-
-        def nodes(s: slice) -> slice:  # rows s: nodes s + 1 (index 0 is the outside)
-            return slice(s.start + 1, s.stop + 1)
-
-        def node(column: np.ndarray, scale: float | None = None):
-            return lambda s: column[nodes(s)] if scale is None else column[nodes(s)] * scale
-
-        def spill(i: int, xy: bool = False):
-            """The spill cell's row or column (-1: none), or its centre's x or y (NaN: none)."""
-            def block(s):
-                sc = self.spill_cell[nodes(s)]
-                has = sc >= 0
-                rc = [np.where(has, v, -1) for v in np.divmod(sc, cols)]
-                if not xy:
-                    return rc[i]
-                return np.where(has, store.cell_to_map(np.where(has, rc[0], 0), np.where(has, rc[1], 0))[i], np.nan)
-            return block
-
-        def pit(i: int, xy: bool = False):
-            """The pit cell's row or column, or its centre's x or y."""
-            def block(s):
-                rc = np.divmod(self.pit[nodes(s)], cols)
-                return store.cell_to_map(*rc)[i] if xy else rc[i]
-            return block
-
+        node = slice(1, None)  # (row i is node i + 1: index 0 is the outside)
         return Table(len(self), {
-            "id": lambda s: np.arange(s.start + 1, s.stop + 1), "parent": node(self.parent),
-            "kind": lambda s: np.where(np.arange(s.start + 1, s.stop + 1) <= self.n_leaves, "leaf", "merge"),
-            "spill_elevation": node(self.spill), "spill_row": spill(0), "spill_col": spill(1),
-            "spill_x": spill(0, True), "spill_y": spill(1, True), "spills_to": node(self.spills_to),
-            "merge_elevation": node(self.merge), "pit_row": pit(0), "pit_col": pit(1), "pit_x": pit(0, True),
-            "pit_y": pit(1, True), "pit_elevation": node(self.pit_elevation), "cells": node(self.cells),
-            "area": node(self.cells, dx * dy), "volume": node(self.volume_cells, dx * dy)})
+            "id": row_ids, "parent": self.parent[node],
+            "kind": lambda s: np.where(row_ids(s) <= self.n_leaves, "leaf", "merge"),
+            "spill_elevation": self.spill[node], **cell_columns(store, self.spill_cell[node], "spill"),
+            "spills_to": self.spills_to[node], "merge_elevation": self.merge[node],
+            **cell_columns(store, self.pit[node], "pit"), "pit_elevation": self.pit_elevation[node],
+            "cells": self.cells[node], "area": lambda s: self.cells[node][s] * (dx * dy),
+            "volume": lambda s: self.volume_cells[node][s] * (dx * dy)})
 
 
 @dataclass

@@ -72,7 +72,7 @@ from ...parallel import check_scheduler, imap_shards, run_on_worker
 from ...pinned import PinnedBands, write_bands, write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
-from ...tables import Table, write_csv
+from ...tables import Table, cell_columns, row_ids, write_csv
 from ...timings import Timings
 from . import _cpu as K
 from ._tiled import (
@@ -111,21 +111,11 @@ class Depressions:
         """The table's columns (TABLE_COLUMNS), with map coordinates and areas of ``store``: all but
         the held ones derived a block of rows at a time where used (16 columns of 8 bytes built whole
         would double the table)."""
-        cols = store.shape[1]
         dx, dy = store.metric_cell_size  # m^2 and m^3, also for a geographic CRS
-
-        def cell(at: np.ndarray, i: int):
-            return lambda s: np.divmod(at[s], cols)[i]
-
-        def centre(at: np.ndarray, i: int):
-            return lambda s: store.cell_to_map(*np.divmod(at[s], cols))[i]
-
         return Table(len(self), {
-            "id": lambda s: np.arange(s.start + 1, s.stop + 1), "pit_row": cell(self.pit, 0),
-            "pit_col": cell(self.pit, 1), "pit_x": centre(self.pit, 0), "pit_y": centre(self.pit, 1),
-            "pit_elevation": self.pit_elevation, "spill_row": cell(self.spill, 0), "spill_col": cell(self.spill, 1),
-            "spill_x": centre(self.spill, 0), "spill_y": centre(self.spill, 1), "spill_elevation": self.level,
-            "spills_to": self.spills_to, "cells": self.cells, "area": lambda s: self.cells[s] * (dx * dy),
+            "id": row_ids, **cell_columns(store, self.pit, "pit"), "pit_elevation": self.pit_elevation,
+            **cell_columns(store, self.spill, "spill"), "spill_elevation": self.level, "spills_to": self.spills_to,
+            "cells": self.cells, "area": lambda s: self.cells[s] * (dx * dy),
             "volume": lambda s: self.volume_cells[s] * (dx * dy), "max_depth": self.max_depth})
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...tables import Table
+from ...tables import Table, cell_columns, row_ids
 
 BASIN_BYTES = 16  # the basin table held: each basin's terminal cell and cell count (int64)
 
@@ -18,16 +18,6 @@ def basin_table(store, outlet: np.ndarray, counts: np.ndarray) -> Table:
     """The basin table of the terminal cells ``outlet`` (flat indices, row-major; index = id - 1)
     and their basins' cell ``counts``: id, outlet_row, outlet_col, outlet_x, outlet_y (the cell's
     centre in the store's CRS), cells, area_m2 -- all but cells derived on access."""
-    cols = store.shape[1]
     dx, dy = store.metric_cell_size
-    to_map = store.cell_to_map
-
-    def cell(i: int):
-        return lambda s: np.divmod(outlet[s], cols)[i]
-
-    def centre(i: int):
-        return lambda s: to_map(*np.divmod(outlet[s], cols))[i]
-
-    return Table(len(outlet), {"id": lambda s: np.arange(s.start + 1, s.stop + 1), "outlet_row": cell(0),
-                               "outlet_col": cell(1), "outlet_x": centre(0), "outlet_y": centre(1), "cells": counts,
+    return Table(len(outlet), {"id": row_ids, **cell_columns(store, outlet, "outlet"), "cells": counts,
                                "area_m2": lambda s: counts[s] * dx * dy})
