@@ -152,8 +152,9 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, h
 
     def write(geometry, fields: dict, masks: dict | None = None):
         nonlocal size
-        held.append((list(geometry), fields, masks))
-        geometry, fields = held[-1][0], held[-1][1]  # its bytes held: WKB, each bytes object's header, fields
+        geometry = list(geometry)
+        held.append((geometry, fields, masks))
+        # the bytes it holds: each WKB and its bytes object's header, the fields
         size += sum(len(g) for g in geometry if g is not None) + FEATURE_OVERHEAD * len(geometry) + sum(
             np.asarray(v).nbytes for v in fields.values())
         if driver in APPENDS and size > hold:

@@ -614,19 +614,21 @@ class CellReader:
         beside the walks.)"""
         rows, cols = arr.shape
         (t0, t1), (s0, s1) = arr.chunks, arr.shards
+        tiles_across = -(-cols // t1)
         r, c = np.divmod(gids, cols)
         tr, tc = r // t0, c // t1
-        tile = tr * -(-cols // t1) + tc
-        order = np.lexsort((tile, (r // s0) * -(-cols // s1) + c // s1))
-        shard_cut = np.flatnonzero(np.diff((r[order] // s0) * -(-cols // s1) + c[order] // s1)) + 1
+        tile = tr * tiles_across + tc
+        shard = (r // s0) * -(-cols // s1) + c // s1
+        order = np.lexsort((tile, shard))
+        shard_cut = np.flatnonzero(np.diff(shard[order])) + 1
         out = np.full(len(gids), arr.fill_value, arr.dtype)  # (chunks never written: not taken)
 
-        def shard(at):  # the cells ``at`` (sorted by tile) of one shard
+        def gather(at):  # the cells ``at`` (sorted by tile) of one shard
             tiles, first = np.unique(tile[at], return_index=True)
             by_tile = dict(zip(tiles.tolist(), np.split(at, first[1:])))
 
             def take(r0, c0, cells):  # a decoded chunk's part (its first cell r0, c0): its cells asked for
-                mine = by_tile.get((r0 // t0) * -(-cols // t1) + c0 // t1)
+                mine = by_tile.get((r0 // t0) * tiles_across + c0 // t1)
                 if mine is not None:
                     out[mine] = cells[r[mine] - r0, c[mine] - c0]
 
@@ -635,7 +637,7 @@ class CellReader:
             if 2 * len(tiles) >= (a1 - a0) * (b1 - b0):
                 boxes = [(a0, a1, b0, b1)]
             else:
-                boxes = [(i, i + 1, j, j + 1) for i, j in zip(*np.divmod(tiles, -(-cols // t1)))]
+                boxes = [(i, i + 1, j, j + 1) for i, j in zip(*np.divmod(tiles, tiles_across))]
             whole = Window(sr * s0, min(sr * s0 + s0, rows), sc * s1, min(sc * s1 + s1, cols))
             for i0, i1, j0, j1 in boxes:
                 part = Window(i0 * t0, min(i1 * t0, rows), j0 * t1, min(j1 * t1, cols))
@@ -643,7 +645,7 @@ class CellReader:
 
         if len(gids):
             with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
-                list(pool.map(shard, np.split(order, shard_cut)))
+                list(pool.map(gather, np.split(order, shard_cut)))
         return out
 
 
