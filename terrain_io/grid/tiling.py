@@ -58,8 +58,8 @@ class Batches(Sequence):
         self.side = side
         self.order = morton_order(*store.tile_grid)
         self.codes = morton_encode(self.order[:, 0], self.order[:, 1]).astype(np.int64)
-        # where each batch's run of tiles starts (a batch: the tiles of one code >> shift)
-        block = self.codes >> (2 * int(math.log2(side)))
+        self.shift = 2 * int(math.log2(side))  # a batch: the tiles of one code >> shift
+        block = self.codes >> self.shift  # (where each batch's run of tiles starts)
         self.starts = np.append(np.flatnonzero(np.diff(block, prepend=-1)), len(block))
 
     def __len__(self) -> int:
@@ -74,7 +74,7 @@ class Batches(Sequence):
         start, stop = int(self.starts[i]), int(self.starts[i + 1])
         t, side = self.tile, self.side
         rows, cols = self.shape
-        br, bc = morton_decode(np.uint64(self.codes[start] >> (2 * int(math.log2(side)))))
+        br, bc = morton_decode(np.uint64(self.codes[start] >> self.shift))
         win = Window(br * side * t, min((br + 1) * side * t, rows), bc * side * t, min((bc + 1) * side * t, cols))
         tr, tc = self.order[start:stop, 0], self.order[start:stop, 1]
         i0 = tr * t - win.r0
