@@ -15,17 +15,22 @@ from .main import cli
               help="Edge weight: max = max(h_i, h_j) (the default), absdiff = |h_i - h_j|.")
 @device_option
 @memory_option
+@click.option("--method", type=click.Choice(["auto", "incore", "tiled"]), default="auto", show_default=True,
+              help="incore: the whole DEM in memory (GPU memory with --device gpu: one Boruvka over the whole "
+                   "grid, up to 2^30 cells); tiled: out of core, tile forests merged up the quadtree; auto: incore "
+                   "where it fits (on the CPU a small DEM), else tiled. Same results from each.")
 @scheduler_option
 @overviews_option
-def mst(store, weight, device, memory, scheduler):
+def mst(store, weight, device, memory, method, scheduler):
     """Minimum spanning forest of the DEM's 8-connected grid graph, written to STORE/mst/edges.
 
-    Out of core: tiles are read in z-order, their spanning forests contracted and merged up the
-    quadtree; the result is a uint8 bitmask per cell (bit k: the edge to the neighbour in direction
-    k = 0 E, 1 SE, 2 S, 3 SW). Nodata cells are not vertices: one tree per island.
+    In GPU memory where the DEM fits it, else out of core: tiles are read in z-order, their spanning
+    forests contracted and merged up the quadtree. The result is a uint8 bitmask per cell (bit k: the
+    edge to the neighbour in direction k = 0 E, 1 SE, 2 S, 3 SW). Nodata cells are not vertices: one
+    tree per island.
     """
     from terrain_io.grid.mst import mst as run_mst
 
     result = run_mst(store, weight=weight, device=device, memory=memory, progress=not quiet(), scheduler=scheduler,
-                     announce=say)
+                     announce=say, method=method)
     say(result.summary())

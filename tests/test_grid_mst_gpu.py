@@ -30,7 +30,7 @@ def both(tmp_path, vals, weight="max", nodata=None, tile=64, shard=4, name="g"):
     for device in ("gpu", "cpu"):
         store = TerrainStore.from_array(tmp_path / f"{name}-{device}.zarr", vals, tile=tile, shard=shard,
                                         nodata=nodata)
-        res = mst(store, weight=weight, device=device, progress=False)
+        res = mst(store, weight=weight, device=device, progress=False, method="tiled")
         out[device] = (res, read_edges(store))
     (rg, bg), (rc, bc) = out["gpu"], out["cpu"]
     assert rg.device == "gpu" and rc.device == "cpu"
@@ -193,7 +193,7 @@ def test_gpu_contract_end_to_end(tmp_path, weight):
     vals[ndimage.gaussian_filter(rng.standard_normal(vals.shape), 4) > 0.05] = np.nan
     rg, bits = both(tmp_path, vals, weight, tile=64, shard=4, name=f"e2e{weight}")
     store = TerrainStore.from_array(tmp_path / f"off{weight}.zarr", vals, tile=64, shard=4)
-    off = mst(store, weight=weight, device="gpu", progress=False, gpu_contract=False)
+    off = mst(store, weight=weight, device="gpu", progress=False, gpu_contract=False, method="tiled")
     np.testing.assert_array_equal(read_edges(store), bits)
     assert off.total_weight_exact == rg.total_weight_exact
     assert rg.timings["gpu_contract"] > 0 and rg.timings["tile"] == 0

@@ -9,10 +9,20 @@
 // and weight and code share one 64-bit key (one atomicMin per vertex and round); PACKED=0: float64
 // weights, the minimum weight first, then the minimum code among edges of that weight.
 //
+// INCORE=1: the whole DEM is one "tile" (``mst --method incore``): a cell sees all its neighbours, the
+// code is the global (smaller cell id * 4 + rank) -- 32 bits for up to 2**30 cells, which the host
+// checks --, and the roots of a round point at their new roots by pointer jumping among the roots
+// (``jump``; a hooking chain may be as long as the grid is wide) instead of one chase per cell.
+//
 // Compile-time options: VAL_T (the elevation type), KIND (0 = max, 1 = absdiff; see
-// terrain_io/weights.py), PACKED.
+// terrain_io/weights.py), PACKED, INCORE.
 
 typedef unsigned long long u64;
+typedef long long i64;
+
+#ifndef INCORE
+#define INCORE 0
+#endif
 
 #include "grid.cuh"
 
@@ -28,10 +38,32 @@ __device__ __forceinline__ u64 order64(double w) {
     return (u >> 63) ? ~u : (u | 0x8000000000000000ULL);
 }
 
-// The edge from cell (i, j) in direction d to (ii, jj): its code inside the tile.
-__device__ __forceinline__ unsigned edge_code(int i, int j, int ii, int jj, int d, int T) {
+// The edge from cell v = (i, j) in direction d to u = (ii, jj): its code inside the tile (INCORE: in
+// the grid).
+__device__ __forceinline__ unsigned edge_code(i64 v, i64 u, int i, int j, int ii, int jj, int d, int T) {
+#if INCORE
+    return (unsigned)((d < 4 ? v : u) * 4 + DIR_TO_RANK[d & 3]);
+#else
     if (d < 4) return (unsigned)(((i % T) * T + (j % T)) * 4 + DIR_TO_RANK[d]);
     return (unsigned)(((ii % T) * T + (jj % T)) * 4 + DIR_TO_RANK[d - 4]);
+#endif
+}
+
+// atomicMin of each lane's key into dst[c] (c < 0: none), one atomic per run of lanes with the same c
+// (consecutive cells of one component): a segmented suffix minimum over the run by shuffles, the
+// run's first lane holding it. Every lane of the warp must call it.
+template <typename K>
+__device__ __forceinline__ void atomic_min_runs(K* dst, int c, K key) {
+    const unsigned full = 0xFFFFFFFFu;
+    const int lane = threadIdx.x & 31;
+    const int prev = __shfl_up_sync(full, c, 1), next = __shfl_down_sync(full, c, 1);
+    const unsigned tails = __ballot_sync(full, lane == 31 || next != c);
+    const int end = __ffs(tails & (full << lane)) - 1;  // the run's last lane
+    for (int o = 1; o < 32; o <<= 1) {
+        K other = __shfl_down_sync(full, key, o);
+        if (lane + o <= end && other < key) key = other;
+    }
+    if ((lane == 0 || prev != c) && c >= 0 && key != (K)~(K)0) atomicMin(&dst[c], key);
 }
 
 // Neighbour u of v in direction d inside the same tile and valid, else -1.
@@ -39,7 +71,9 @@ __device__ __forceinline__ long long tile_neighbour(const unsigned char* valid, 
                                                     int H, int W, int T) {
     int ii = i + DR[d], jj = j + DC[d];
     if (ii < 0 || ii >= H || jj < 0 || jj >= W) return -1;
+#if !INCORE
     if (ii / T != i / T || jj / T != j / T) return -1;
+#endif
     long long u = (long long)ii * W + jj;
     return valid[u] ? u : -1;
 }
@@ -48,23 +82,25 @@ __device__ __forceinline__ long long tile_neighbour(const unsigned char* valid, 
 extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ valid,
                                    const int* __restrict__ comp, u64* best, int H, int W, int T) {
     long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (v >= (long long)H * W || !valid[v]) return;
-    int i = (int)(v / W), j = (int)(v % W);
-    int cv = comp[v];
-    double hv = (double)vals[v];
+    int cv = -1;
     u64 mine = ~0ULL;
-    for (int d = 0; d < 8; ++d) {
-        long long u = tile_neighbour(valid, i, j, d, H, W, T);
-        if (u < 0 || comp[u] == cv) continue;
-        double w = edge_weight(hv, (double)vals[u]);
+    if (v < (long long)H * W && valid[v]) {
+        int i = (int)(v / W), j = (int)(v % W);
+        cv = comp[v];
+        double hv = (double)vals[v];
+        for (int d = 0; d < 8; ++d) {
+            long long u = tile_neighbour(valid, i, j, d, H, W, T);
+            if (u < 0 || comp[u] == cv) continue;
+            double w = edge_weight(hv, (double)vals[u]);
 #if PACKED
-        u64 key = ((u64)order32((float)w) << 32) | edge_code(i, j, i + DR[d], j + DC[d], d, T);
+            u64 key = ((u64)order32((float)w) << 32) | edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
 #else
-        u64 key = order64(w);
+            u64 key = order64(w);
 #endif
-        if (key < mine) mine = key;
+            if (key < mine) mine = key;
+        }
     }
-    if (mine != ~0ULL) atomicMin(&best[cv], mine);
+    atomic_min_runs(best, cv, mine);
 }
 
 // Step 1b (PACKED=0 only): the smallest code among the component's edges of minimum weight.
@@ -72,24 +108,26 @@ extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const u
                                         const int* __restrict__ comp, const u64* __restrict__ best,
                                         unsigned* best_code, int H, int W, int T) {
     long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (v >= (long long)H * W || !valid[v]) return;
-    int i = (int)(v / W), j = (int)(v % W);
-    int cv = comp[v];
-    u64 target = best[cv];
-    if (target == ~0ULL) return;
-    double hv = (double)vals[v];
+    int cv = -1;
     unsigned mine = 0xFFFFFFFFu;
-    for (int d = 0; d < 8; ++d) {
-        long long u = tile_neighbour(valid, i, j, d, H, W, T);
-        if (u < 0 || comp[u] == cv) continue;
-        if (order64(edge_weight(hv, (double)vals[u])) != target) continue;
-        unsigned code = edge_code(i, j, i + DR[d], j + DC[d], d, T);
-        if (code < mine) mine = code;
+    if (v < (long long)H * W && valid[v] && best[comp[v]] != ~0ULL) {
+        int i = (int)(v / W), j = (int)(v % W);
+        cv = comp[v];
+        u64 target = best[cv];
+        double hv = (double)vals[v];
+        for (int d = 0; d < 8; ++d) {
+            long long u = tile_neighbour(valid, i, j, d, H, W, T);
+            if (u < 0 || comp[u] == cv) continue;
+            if (order64(edge_weight(hv, (double)vals[u])) != target) continue;
+            unsigned code = edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
+            if (code < mine) mine = code;
+        }
     }
-    if (mine != 0xFFFFFFFFu) atomicMin(&best_code[cv], mine);
+    atomic_min_runs(best_code, cv, mine);
 }
 
-// Step 2: every component root hooks onto the component at the other end of its edge.
+// Step 2: every component root hooks onto the component at the other end of its edge, whose bit it
+// sets (bits: a byte a cell, set through the aligned 32-bit word that holds it).
 extern "C" __global__ void hook(const int* __restrict__ comp, const u64* __restrict__ best,
                                const unsigned* __restrict__ best_code, int* parent, unsigned* bits,
                                int* changed, int H, int W, int T) {
@@ -103,12 +141,16 @@ extern "C" __global__ void hook(const int* __restrict__ comp, const u64* __restr
     unsigned code = best_code[v];
 #endif
     int d = RANK_TO_DIR[code & 3];
+#if INCORE
+    long long lo = (long long)(code >> 2);
+#else
     int loc = (int)(code >> 2);
     int i = (int)(v / W), j = (int)(v % W);
     long long lo = (long long)((i / T) * T + loc / T) * W + (j / T) * T + loc % T;
+#endif
     long long hi = lo + (long long)DR[d] * W + DC[d];
     parent[v] = comp[lo] == v ? comp[hi] : comp[lo];
-    atomicOr(&bits[lo], 1u << d);
+    atomicOr(&bits[lo >> 2], (1u << d) << (8 * (lo & 3)));
     *changed = 1;
 }
 
@@ -134,3 +176,61 @@ extern "C" __global__ void find_roots(int* parent, long long n) {
     }
     parent[v] = p;
 }
+
+#if INCORE
+// Step 4, in core: every root of the round (comp[v] == v) follows its parent pointers, each step
+// parent[v] = parent[parent[v]] (pointer jumping: the longest chain shortens by half or more a
+// launch), up to 8 steps a launch; *changed: some root is not at its new root yet. Pointers only move
+// towards the new root, so steps of other threads read in between are safe.
+extern "C" __global__ void jump(const int* __restrict__ comp, int* parent, int* changed, long long n) {
+    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= n || comp[v] != v) return;
+    int p = parent[v];
+    for (int k = 0; k < 8; ++k) {
+        int q = parent[p];
+        if (q == p) return;
+        parent[v] = q;
+        p = q;
+    }
+    if (parent[p] != p) *changed = 1;
+}
+
+// Step 5, in core: every vertex takes its root's new root.
+extern "C" __global__ void relabel(int* comp, const int* __restrict__ parent, long long n) {
+    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= n) return;
+    int c = comp[v];
+    if (c >= 0) comp[v] = parent[c];
+}
+
+#define N_BLOCK 1024
+#include "mst_exact.cuh"
+
+// The forest's edge count and exact weight sum (buckets (2, N_EXP), as _mst_cpu.exact_buckets):
+// every cell's forward bits, a grid-stride loop, each block's sums in shared memory.
+extern "C" __global__ void __launch_bounds__(N_BLOCK)
+forest_totals(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ bits, long long n, int W,
+              u64* buckets, u64* edges) {
+    __shared__ i64 s_buckets[2 * N_EXP];
+    __shared__ unsigned long long s_edges;
+    for (int k = threadIdx.x; k < 2 * N_EXP; k += N_BLOCK) s_buckets[k] = 0;
+    if (threadIdx.x == 0) s_edges = 0;
+    __syncthreads();
+    ExactAcc acc = {0, 0, 0};
+    unsigned long long count = 0;
+    for (long long v = (long long)blockIdx.x * N_BLOCK + threadIdx.x; v < n; v += (long long)gridDim.x * N_BLOCK) {
+        const unsigned b = bits[v] & 0xFu;
+        if (!b) continue;
+        count += __popc(b);
+        const double hv = (double)vals[v];
+        for (int d = 0; d < 4; ++d)
+            if ((b >> d) & 1u) acc_add(acc, s_buckets, edge_weight(hv, (double)vals[v + (long long)DR[d] * W + DC[d]]));
+    }
+    acc_flush(acc, s_buckets);
+    atomicAdd(&s_edges, count);
+    __syncthreads();
+    for (int k = threadIdx.x; k < 2 * N_EXP; k += N_BLOCK)
+        if (s_buckets[k] != 0) atomicAdd(&buckets[k], (u64)s_buckets[k]);
+    if (threadIdx.x == 0) atomicAdd(edges, s_edges);
+}
+#endif

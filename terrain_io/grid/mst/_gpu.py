@@ -13,6 +13,11 @@ edge, one thread block per tile. Kernel: ``terrain_io/kernels/mst_contract.cu``.
 the numba reference ``_cpu.contract_tile`` returns -- the same vertex and super-edge arrays in
 the same order, and the same exact weight sum -- so the CPU only merges.
 
+In core (``mst --method incore``, :class:`GpuGridForest`): the same Boruvka rounds over the whole DEM on
+the GPU, compiled with ``INCORE``: no tiles, global edge codes (smaller cell id * 4 + rank, 32 bits up to
+2**30 cells), and the new roots found by pointer jumping among the roots of the round; the forest's
+edge count and exact weight sum computed there too (``forest_totals``).
+
 Overlap: the pipeline calls :meth:`tile_phase` from worker threads; each call takes one of two
 *lanes* (a non-blocking CUDA stream with its own pinned host buffers), so one batch's transfers
 and host synchronisations overlap the other's kernels, while the CPU reads the next batch from the
@@ -56,7 +61,7 @@ class _Lane:
 class GpuTileForest:
     """Spanning forests of every T x T tile of a batch, and their contraction, on the GPU."""
 
-    def __init__(self, tile: int, model, dtype, lanes: int = 2):
+    def __init__(self, tile: int, model, dtype, lanes: int = 2, incore: bool = False):
         import cupy as cp
 
         dtype = np.dtype(dtype)
@@ -67,13 +72,17 @@ class GpuTileForest:
         self.cp = cp
         self.tile = int(tile)
         self.kind = model.kind
+        self.incore = incore
         self.packed = model.fits_float32(dtype)
-        options = (f"-DVAL_T={_CTYPES[dtype.name]}", f"-DKIND={model.kind}", f"-DPACKED={int(self.packed)}")
+        options = (f"-DVAL_T={_CTYPES[dtype.name]}", f"-DKIND={model.kind}", f"-DPACKED={int(self.packed)}",
+                   f"-DINCORE={int(incore)}")
         module = cp.RawModule(code=kernel_source("mst_tile.cu"), options=options)
+        names = ("jump", "relabel", "forest_totals") if incore else ("find_roots",)
         self.k = {name: module.get_function(name)
-                  for name in ("find_min", "find_min_code", "hook", "break_pairs", "find_roots")}
-        contract = cp.RawModule(code=kernel_source("mst_contract.cu"), options=options[:2])
-        self.k["contract_tiles"] = contract.get_function("contract_tiles")
+                  for name in ("find_min", "find_min_code", "hook", "break_pairs") + names}
+        if not incore:
+            contract = cp.RawModule(code=kernel_source("mst_contract.cu"), options=options[:2])
+            self.k["contract_tiles"] = contract.get_function("contract_tiles")
         self._lanes: queue.Queue = queue.Queue()
         for _ in range(max(1, lanes)):
             self._lanes.put(_Lane(cp))
@@ -121,19 +130,27 @@ class GpuTileForest:
 
     # -- Boruvka ---------------------------------------------------------------------------------
     def _boruvka(self, lane, d_vals, d_valid):
-        """The tiles' forests as a device uint8 bitmask (bit d: forward direction d)."""
+        """The tiles' forests (in core: the DEM's) as a device uint8 bitmask (bit d: forward direction d)."""
         cp = self.cp
         H, W = d_vals.shape
         n = H * W
         grid = ((n + _BLOCK - 1) // _BLOCK,)
         comp = cp.where(d_valid.ravel(), cp.arange(n, dtype=cp.int32), cp.int32(-1))
         parent = comp.copy()
-        bits = cp.zeros(n, dtype=cp.uint32)
+        bits = cp.zeros(-(-n // 4) * 4, dtype=cp.uint8)  # set a byte at a time in 32-bit words
         best = cp.empty(n, dtype=cp.uint64)
         best_code = cp.empty(n if not self.packed else 1, dtype=cp.uint32)
         changed = cp.zeros(1, dtype=cp.int32)
         h_changed = lane.pin("changed", (1,), np.int32)
         args_dim = (np.int32(H), np.int32(W), np.int32(self.tile))
+
+        def any_changed(kernel, args) -> bool:
+            changed.fill(0)
+            self.k[kernel](grid, (_BLOCK,), args)
+            changed.get(out=h_changed, stream=lane.stream)
+            lane.stream.synchronize()
+            return bool(h_changed[0])
+
         rounds = 0
         while True:
             best.fill(np.uint64(0xFFFFFFFFFFFFFFFF))
@@ -141,19 +158,20 @@ class GpuTileForest:
             if not self.packed:
                 best_code.fill(np.uint32(0xFFFFFFFF))
                 self.k["find_min_code"](grid, (_BLOCK,), (d_vals, d_valid, comp, best, best_code) + args_dim)
-            changed.fill(0)
-            self.k["hook"](grid, (_BLOCK,), (comp, best, best_code, parent, bits, changed) + args_dim)
-            changed.get(out=h_changed, stream=lane.stream)
-            lane.stream.synchronize()
-            if not h_changed[0]:
+            if not any_changed("hook", (comp, best, best_code, parent, bits, changed) + args_dim):
                 break
             rounds += 1
             self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
-            self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
-            comp[...] = parent
+            if self.incore:
+                while any_changed("jump", (comp, parent, changed, np.int64(n))):
+                    pass
+                self.k["relabel"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
+            else:
+                self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
+                comp[...] = parent
         with self._stats:
             self.rounds += rounds
-        return bits.astype(cp.uint8).reshape(H, W)
+        return bits[:n].reshape(H, W)
 
     # -- contraction -------------------------------------------------------------------------------
     def _contract(self, d_vals, d_valid, d_bits, tiles: np.ndarray, gr0, gc0, rows, cols, cap) -> dict:
@@ -228,6 +246,36 @@ class GpuTileForest:
             out["bits"] = d_bits
             h = self._download(lane, out)
             return h.pop("bits"), self._as_tuple(h)
+
+
+class GpuGridForest(GpuTileForest):
+    """The minimum spanning forest of a whole DEM held on the GPU (``mst --method incore``): the tile
+    phase's Boruvka compiled ``INCORE`` (see the module's text), up to :data:`MAX_CELLS` cells."""
+
+    MAX_CELLS = 1 << 30  # edge codes (cell id * 4 + rank) in 32 bits
+
+    def __init__(self, model, dtype):
+        super().__init__(0, model, dtype, lanes=1, incore=True)
+
+    @staticmethod
+    def device_bytes(cells: int, model, dtype) -> int:
+        """GPU memory :meth:`forest` takes at most for ``cells`` cells of ``dtype``, the elevations
+        included: comp, parent and the best keys (8 bytes, + 4 for the codes of float64 weights), the
+        valid mask and bits, and the temporaries of their making (a mask, an index)."""
+        return cells * (np.dtype(dtype).itemsize + 4 + 4 + 8 + 1 + 1 + 1 + (0 if model.fits_float32(dtype) else 4))
+
+    def forest(self, d_vals, d_valid):
+        """(bits (H, W) uint8 on the GPU, edge count, exact weight sum as ``_cpu.exact_buckets``'s buckets)
+        of the forest of ``d_vals`` (H, W) whose vertices are ``d_valid``."""
+        cp = self.cp
+        cp.cuda.Device().synchronize()  # the elevations' copies (other streams) are done
+        with self._lane() as lane:
+            bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, d_valid.view(cp.uint8))
+            buckets, edges = cp.zeros((2, K.N_EXP), cp.uint64), cp.zeros(1, cp.uint64)
+            blocks = 4 * cp.cuda.Device().attributes["MultiProcessorCount"]
+            self.k["forest_totals"]((blocks,), (1024,), (d_vals, bits, np.int64(bits.size), np.int32(bits.shape[1]),
+                                                         buckets, edges))
+            return bits, int(edges.get()[0]), buckets.get().view(np.int64)
 
 
 @functools.cache

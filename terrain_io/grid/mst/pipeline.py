@@ -21,8 +21,11 @@ Haverkort 2012; docs/ARCHITECTURE.md#mst-pipeline:
    clear the representatives that a merge dropped, set the separator edges that made it into the
    tree.
 
-A small DEM on the CPU (:data:`IN_MEMORY_BELOW` cells, within the budget) skips the phases: one
-Kruskal over all its edges in memory (``_cpu.grid_forest``), the same forest, written the same way.
+In core (``method="incore"``, chosen by ``auto`` where it fits; :func:`choose_method`) the phases are
+skipped: on the GPU the whole DEM is read into GPU memory and one data-parallel Boruvka runs over the
+whole grid graph (``_gpu.GpuGridForest``), its bits written from there (:func:`_mst_gpu_incore`); on the
+CPU (a small DEM, :data:`IN_MEMORY_BELOW` cells, by default) one Kruskal over all its edges in memory
+(``_cpu.grid_forest``). The same forest, written the same way.
 
 Edges obey one strict order (weight, smaller cell id, larger cell id), so the forest is unique
 and identical for every backend, tile size and batch size. Nodata cells are not vertices: the
@@ -46,12 +49,12 @@ import numba
 import numpy as np
 
 from ... import weights as weight_models
-from ...backend import Dispatch, resolve_device
+from ...backend import Dispatch, gpu_free_bytes, resolve_device
 from ...errors import InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, scheduler_workers
-from ...pinned import write_held
+from ...pinned import host_bytes, write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -689,22 +692,100 @@ def _in_memory(store: TerrainStore, budget: int) -> bool:
     return rows * cols < IN_MEMORY_BELOW and IN_MEMORY_BYTES * rows * cols <= budget
 
 
+METHODS = ("auto", "incore", "tiled")
+
+
+def _gpu_incore_misfit(store: TerrainStore, model, budget: int, gpu_free: float) -> str | None:
+    """Why the in-core GPU MST cannot take ``store`` (None: it can): more cells than the 32-bit edge
+    codes number, more GPU memory than ``gpu_free`` (bytes), or host buffers over ``budget``."""
+    from ._gpu import GpuGridForest
+
+    rows, cols = store.shape
+    if rows * cols > GpuGridForest.MAX_CELLS:
+        return f"{rows * cols:,} cells, more than the {GpuGridForest.MAX_CELLS:,} its 32-bit edge codes number"
+    need = GpuGridForest.device_bytes(rows * cols, model, store.dtype)
+    if need > gpu_free:
+        return f"it needs {format_bytes(need)} of GPU memory, {format_bytes(gpu_free)} free"
+    span = store.tile_size * store.shard_size
+    shard = min(span, rows) * min(span, cols) * store.dtype.itemsize
+    host = max(host_bytes(store, [1]), (os.cpu_count() or 1) * 2 * shard)  # written bands; shards read a thread
+    if host > budget:
+        return f"its shards and bands need {format_bytes(host)} of host memory, more than the budget {format_bytes(budget)}"
+    return None
+
+
+def choose_method(store: TerrainStore, model, method: str, device: str, budget: int, scheduler: str,
+                  batch_tiles: int | None, gpu_free=gpu_free_bytes) -> str:
+    """``incore`` or ``tiled`` for :func:`mst` (``device`` resolved: cpu or gpu). ``auto``: in core on
+    the GPU wherever it fits (:func:`_gpu_incore_misfit`, ``gpu_free()`` bytes free), on the CPU below
+    :data:`IN_MEMORY_BELOW` cells (:func:`_in_memory`); tiled with a scheduler or a forced batch. An
+    ``incore`` that cannot be is an error naming why."""
+    if method not in METHODS:
+        raise InputError(f"unknown MST method {method!r}: use one of {', '.join(METHODS)}")
+    if method == "tiled":
+        return "tiled"
+    rows, cols = store.shape
+    if scheduler != "local" or batch_tiles is not None:
+        why = "a scheduler runs the tiled pipeline" if scheduler != "local" else "a batch size is the tiled pipeline's"
+    elif device == "gpu":
+        why = _gpu_incore_misfit(store, model, budget, gpu_free())
+    elif method == "auto":
+        why = None if _in_memory(store, budget) else "large"
+    else:
+        why = (None if IN_MEMORY_BYTES * rows * cols <= budget else
+               f"it needs {format_bytes(IN_MEMORY_BYTES * rows * cols)} of memory, more than the budget "
+               f"{format_bytes(budget)}")
+    if why is None:
+        return "incore"
+    if method == "incore":
+        raise InputError(f"mst --method incore: {why} (use --method tiled or auto)")
+    return "tiled"
+
+
 def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
-    """:func:`mst` of a small DEM in memory (:data:`IN_MEMORY_BELOW`): read whole, one Kruskal, the
-    bits written shard by shard (:func:`~terrain_io.pinned.write_held`); the result as the tiled pipeline gives it."""
+    """:func:`mst` in memory on the CPU (by default below :data:`IN_MEMORY_BELOW` cells): read whole, one
+    Kruskal, the bits written shard by shard (:func:`~terrain_io.pinned.write_held`); the result as the
+    tiled pipeline gives it."""
     rows, cols = store.shape
     with timings.phase("read"):
         values = store.read(Window(0, rows, 0, cols))
         valid = store.valid(values)
     with timings.phase("tile"):
         bits, n_edges, buckets = K.grid_forest(values, valid, model.kind)
-    valid_cells = int(np.count_nonzero(valid))
+    return _write_whole(store, model, "cpu", bits, n_edges, int(np.count_nonzero(valid)), buckets, timings)
+
+
+def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
+    """:func:`mst` in GPU memory: the elevations read onto the GPU (shards in threads,
+    :func:`~terrain_io.grid.flow.upload.upload_held`), one Boruvka over the whole grid graph there
+    (:class:`._gpu.GpuGridForest`), the bits written from the GPU (:func:`~terrain_io.pinned.write_held`:
+    through pinned bands, compressed there where nvCOMP is installed)."""
+    from ..flow.upload import upload_held
+    from ._gpu import GpuGridForest
+
+    gpu = GpuGridForest(model, store.dtype)
+    with timings.phase("read"):
+        d_vals, _ = upload_held(store, "elevation", None)
+        d_valid = store.valid(d_vals)
+    with timings.phase("gpu"):
+        valid_cells = int(d_valid.sum())
+        bits, n_edges, buckets = gpu.forest(d_vals, d_valid)
+        del d_vals, d_valid
+    timings["gpu_kernel"], timings["gpu_rounds"] = gpu.kernel_seconds, gpu.rounds
+    return _write_whole(store, model, "gpu", bits, n_edges, valid_cells, buckets, timings)
+
+
+def _write_whole(store: TerrainStore, model, device: str, bits, n_edges: int, valid_cells: int, buckets,
+                 timings: Timings) -> MSTResult:
+    """Write an in-core forest's ``bits`` (the whole DEM's, NumPy or CuPy) as ``mst/edges`` with the
+    result's attributes, as the tiled pipeline writes them (no batches, no merge decisions)."""
+    rows, cols = store.shape
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         with timings.phase("write"):
             write_held(store, (edges, bits))
         exact = K.exact_total(buckets)
-        result = MSTResult(weight=model.name, device="cpu", cells=rows * cols, valid_cells=valid_cells,
+        result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
                            edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
                            total_weight_exact=str(exact), seconds=timings.seconds(), timings=timings.rounded(4),
                            tile_size=store.tile_size, batch_tiles=0, merge_decisions=0)
@@ -714,7 +795,7 @@ def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
 
 def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progress: bool = True,
         batch_tiles: int | None = None, scheduler: str | None = "local", announce=None,
-        gpu_contract: bool = True) -> MSTResult:
+        gpu_contract: bool = True, method: str = "auto") -> MSTResult:
     """Minimum spanning forest of the DEM in ``store``; writes ``mst/edges``.
 
     Parameters
@@ -739,6 +820,10 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     gpu_contract : bool
         On the GPU, contract the tile forests there too (default; False: the numba contraction on
         the CPU -- for benchmarks and tests, same result).
+    method : {"auto", "incore", "tiled"}
+        ``incore``: the whole DEM in memory (GPU memory on the GPU: one Boruvka over the whole grid);
+        ``tiled``: the out-of-core pipeline; ``auto`` (default): in core where it fits (on the GPU: up
+        to 2**30 cells within its free memory; on the CPU: a small DEM), else tiled (:func:`choose_method`).
 
     Returns
     -------
@@ -768,8 +853,8 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
     budget = memory_budget(memory)
     forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
     scheduler = check_scheduler(scheduler)
-    if device == "cpu" and scheduler == "local" and batch_tiles is None and _in_memory(store, budget):
-        return _mst_in_memory(store, model, timings)
+    if choose_method(store, model, method, device, budget, scheduler, batch_tiles) == "incore":
+        return (_mst_gpu_incore if device == "gpu" else _mst_in_memory)(store, model, timings)
     k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
     if scheduler != "local" and k != store.shard_size:
         raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory budget "
