@@ -6,8 +6,9 @@
 // (weight, code) with code = (local lo row * T + local lo col) * 4 + rank, rank 0..3 for the
 // forward directions E, SW, S, SE (the order of the larger endpoint), which orders a tile's edges
 // exactly as the global (weight, smaller id, larger id). PACKED=1: the weight is exactly a float32
-// and weight and code share one 64-bit key (one atomicMin per vertex and round); PACKED=0: float64
-// weights, the minimum weight first, then the minimum code among edges of that weight.
+// and weight and code share one 64-bit key (one atomicMin per run of a component's cells in a warp
+// and round); PACKED=0: float64 weights, the minimum weight first, then the minimum code among edges
+// of that weight.
 //
 // INCORE=1: the whole DEM is one "tile" (``mst --method incore``): a cell sees all its neighbours, the
 // code is the global (smaller cell id * 4 + rank) -- 32 bits for up to 2**30 cells, which the host

@@ -760,13 +760,15 @@ def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
     :func:`~terrain_io.grid.flow.upload.upload_held`), one Boruvka over the whole grid graph there
     (:class:`._gpu.GpuGridForest`), the bits written from the GPU (:func:`~terrain_io.pinned.write_held`:
     through pinned bands, compressed there where nvCOMP is installed)."""
+    import cupy
+
     from ..flow.upload import upload_held
     from ._gpu import GpuGridForest
 
     gpu = GpuGridForest(model, store.dtype)
     with timings.phase("read"):
         d_vals, _ = upload_held(store, "elevation", None)
-        d_valid = store.valid(d_vals)
+        d_valid = cupy.asarray(store.valid(d_vals))  # (an integer DEM without nodata: NumPy's ones)
     with timings.phase("gpu"):
         valid_cells = int(d_valid.sum())
         bits, n_edges, buckets = gpu.forest(d_vals, d_valid)
