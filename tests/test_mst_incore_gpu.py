@@ -81,19 +81,27 @@ def test_incore_gpu_equals_the_cpu_tiled_pipeline_and_scipy(tmp_path, name, vals
     assert res.trees == islands(valid) and res.edges == len(want)
 
 
+def _both_methods(tmp_path, vals, device, tile):
+    """``terrain mst --method incore`` and ``--method tiled`` on one DEM: method -> (bits, attributes);
+    the same bits and result attributes, the route each took as asked."""
+    got = {}
+    for method in ("incore", "tiled"):
+        store = TerrainStore.from_array(tmp_path / f"{method}.zarr", vals, tile=tile, shard=2)
+        out = _terrain("mst", store.path, "--device", device, "--method", method, "-q")
+        assert out.exit_code == 0, out.output
+        got[method] = read_edges(store), TerrainStore.open(store.path).results()["mst"]
+    np.testing.assert_array_equal(got["incore"][0], got["tiled"][0])
+    assert got["incore"][1]["batch_tiles"] == 0 and got["tiled"][1]["batch_tiles"] > 0
+    assert {k: got["incore"][1][k] for k in ATTRS} == {k: got["tiled"][1][k] for k in ATTRS}
+    assert got["incore"][1]["device"] == got["tiled"][1]["device"] == device
+    return got
+
+
 @pytest.mark.gpu
 def test_incore_gpu_from_the_command_line(tmp_path):
     vals = terrain(200, 300, seed=8, levels=20)
     vals[50:60, 40:200] = np.nan
-    runs = {}
-    for method in ("incore", "tiled"):
-        store = TerrainStore.from_array(tmp_path / f"{method}.zarr", vals, tile=32, shard=2)
-        out = _terrain("mst", store.path, "--device", "gpu", "--method", method, "-q")
-        assert out.exit_code == 0, out.output
-        runs[method] = read_edges(store), TerrainStore.open(store.path).results()["mst"]
-    np.testing.assert_array_equal(runs["incore"][0], runs["tiled"][0])
-    assert runs["incore"][1]["batch_tiles"] == 0 and runs["tiled"][1]["batch_tiles"] > 0
-    assert runs["incore"][1]["total_weight_exact"] == runs["tiled"][1]["total_weight_exact"]
+    _both_methods(tmp_path, vals, "gpu", 32)
 
 
 # -- the choice of the route (host side, no GPU) ---------------------------------------------------------------
@@ -137,15 +145,7 @@ def test_the_route_is_chosen_by_what_fits(tmp_path, monkeypatch):
 def test_method_on_the_cpu_gives_the_same_forest(tmp_path):
     vals = terrain(90, 70, seed=2, levels=10)
     vals[20:30, :] = np.nan
-    got = {}
-    for method in ("incore", "tiled"):
-        store = TerrainStore.from_array(tmp_path / f"{method}.zarr", vals, tile=16, shard=2)
-        out = _terrain("mst", store.path, "--device", "cpu", "--method", method, "-q")
-        assert out.exit_code == 0, out.output
-        got[method] = read_edges(store), TerrainStore.open(store.path).results()["mst"]
-    np.testing.assert_array_equal(got["incore"][0], got["tiled"][0])
-    assert got["incore"][1]["batch_tiles"] == 0 and got["tiled"][1]["batch_tiles"] > 0
-    assert {k: got["incore"][1][k] for k in ATTRS} == {k: got["tiled"][1][k] for k in ATTRS}
+    _both_methods(tmp_path, vals, "cpu", 16)
     out = _terrain("mst", tmp_path / "tiled.zarr", "--method", "incore", "--memory", "10KB", "--device", "cpu", "-q")
     assert out.exit_code != 0 and out.output.strip().splitlines()[-1].startswith("terrain: error: mst --method incore")
     assert "Traceback" not in out.output
