@@ -163,8 +163,11 @@ class GpuTileForest:
             rounds += 1
             self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
             if self.incore:
-                while any_changed("jump", (comp, parent, changed, np.int64(n))):
-                    pass
+                for _ in range(64):  # each launch halves the longest chain or better: ~log2(n) / 8 launches
+                    if not any_changed("jump", (comp, parent, changed, np.int64(n))):
+                        break
+                else:
+                    raise RuntimeError("GPU MST: pointer jumping did not converge (a cycle of hooks)")
                 self.k["relabel"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
             else:
                 self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
