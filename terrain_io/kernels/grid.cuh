@@ -17,6 +17,20 @@ __device__ __forceinline__ double edge_weight(double a, double b) {
 #endif
 }
 
+// An elevation as a double, exactly: CuPy compiles every kernel with -ftz=true, which flushes a float32
+// subnormal to zero in any float operation or conversion (ties that are not, weights lost from the
+// exact sum), so a float's subnormal is built from its integer bits (m * 2**-149, exact in double).
+__device__ __forceinline__ double to_double(float x) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7F800000u) || !(u & 0x007FFFFFu)) return (double)x;  // normal, zero, inf: never flushed
+    const double d = (double)(u & 0x007FFFFFu) * 0x1p-149;
+    return (u >> 31) ? -d : d;
+}
+template <typename T>
+__device__ __forceinline__ double to_double(T x) {
+    return (double)x;
+}
+
 // The rank 0..3 of forward direction d in the order of the larger endpoint's id (E, SW, S, SE):
 // edge codes (lo cell * 4 + rank) then order a tile's edges as (smaller id, larger id).
 __constant__ int DIR_TO_RANK[4] = {0, 3, 2, 1};

@@ -154,9 +154,9 @@ contract_tiles(const ContractBatch in, const ContractScratch scratch, const Cont
                 a |= 1u << d;
         }
         if (b & 0xFu) {
-            const double hv = (double)vals[v];
+            const double hv = to_double(vals[v]);
             for (int d = 0; d < 4; ++d)
-                if ((b >> d) & 1u) acc_add(acc, s_buckets, edge_weight(hv, (double)vals[v + (i64)DR[d] * W + DC[d]]));
+                if ((b >> d) & 1u) acc_add(acc, s_buckets, edge_weight(hv, to_double(vals[v + (i64)DR[d] * W + DC[d]])));
         }
         unsigned char m = 0;
         if (valid[v] && (i == 0 || i == h - 1 || j == 0 || j == w - 1)) {
@@ -223,7 +223,7 @@ contract_tiles(const ContractBatch in, const ContractScratch scratch, const Cont
         if (keep && pos < cap) {
             const i64 gi = gr0 + v / W, gj = gc0 + v % W;
             vid[obase + pos] = gi * cols + gj;
-            vh[obase + pos] = (double)vals[v];
+            vh[obase + pos] = to_double(vals[v]);
             vmask[obase + pos] = outm[v];
             vcell[obase + pos] = (int)v;
         }
@@ -246,7 +246,7 @@ contract_tiles(const ContractBatch in, const ContractScratch scratch, const Cont
             i64 best_c = -1;
             for (int steps = 0; steps <= hw; ++steps) {  // a path has fewer than hw edges
                 const i64 pc = (i64)pi * W + pj, cc = (i64)ci * W + cj;
-                const double wgt = edge_weight((double)vals[pc], (double)vals[cc]);
+                const double wgt = edge_weight(to_double(vals[pc]), to_double(vals[cc]));
                 const i64 code = d < 4 ? ((gr0 + pi) * cols + (gc0 + pj)) * 4 + DIR_TO_RANK[d]
                                        : ((gr0 + ci) * cols + (gc0 + cj)) * 4 + DIR_TO_RANK[d - 4];
                 if (best_c < 0 || best_w < wgt || (best_w == wgt && best_c < code)) {

@@ -29,9 +29,23 @@ typedef long long i64;
 
 __constant__ int RANK_TO_DIR[4] = {0, 3, 2, 1};
 
-__device__ __forceinline__ unsigned order32(float w) {
-    unsigned u = __float_as_uint(w + 0.0f);  // -0 and +0: one key
+// The order of float32 bits as unsigned (-0 and +0: one key). From the bits, with no float arithmetic
+// (-ftz=true, see grid.cuh's to_double).
+__device__ __forceinline__ unsigned order32(unsigned u) {
+    if (u == 0x80000000u) u = 0;
     return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+// The weight's part of a packed key (the weight exactly a float32). Float32 elevations pack only under
+// the max model: the larger order of the two elevations' bits, no conversion that -ftz=true would flush;
+// integer elevations (16 bits at most) give integer weights, exact and normal as floats.
+__device__ __forceinline__ unsigned weight_key32(float a, float b, double) {
+    const unsigned x = order32(__float_as_uint(a)), y = order32(__float_as_uint(b));
+    return x > y ? x : y;
+}
+template <typename T>
+__device__ __forceinline__ unsigned weight_key32(T, T, double w) {
+    return order32(__float_as_uint((float)w));
 }
 
 __device__ __forceinline__ u64 order64(double w) {
@@ -88,13 +102,13 @@ extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const unsign
     if (v < (long long)H * W && valid[v]) {
         int i = (int)(v / W), j = (int)(v % W);
         cv = comp[v];
-        double hv = (double)vals[v];
+        double hv = to_double(vals[v]);
         for (int d = 0; d < 8; ++d) {
             long long u = tile_neighbour(valid, i, j, d, H, W, T);
             if (u < 0 || comp[u] == cv) continue;
-            double w = edge_weight(hv, (double)vals[u]);
+            double w = edge_weight(hv, to_double(vals[u]));
 #if PACKED
-            u64 key = ((u64)order32((float)w) << 32) | edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
+            u64 key = ((u64)weight_key32(vals[v], vals[u], w) << 32) | edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
 #else
             u64 key = order64(w);
 #endif
@@ -115,11 +129,11 @@ extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const u
         int i = (int)(v / W), j = (int)(v % W);
         cv = comp[v];
         u64 target = best[cv];
-        double hv = (double)vals[v];
+        double hv = to_double(vals[v]);
         for (int d = 0; d < 8; ++d) {
             long long u = tile_neighbour(valid, i, j, d, H, W, T);
             if (u < 0 || comp[u] == cv) continue;
-            if (order64(edge_weight(hv, (double)vals[u])) != target) continue;
+            if (order64(edge_weight(hv, to_double(vals[u]))) != target) continue;
             unsigned code = edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
             if (code < mine) mine = code;
         }
@@ -223,9 +237,9 @@ forest_totals(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ 
         const unsigned b = bits[v] & 0xFu;
         if (!b) continue;
         count += __popc(b);
-        const double hv = (double)vals[v];
+        const double hv = to_double(vals[v]);
         for (int d = 0; d < 4; ++d)
-            if ((b >> d) & 1u) acc_add(acc, s_buckets, edge_weight(hv, (double)vals[v + (long long)DR[d] * W + DC[d]]));
+            if ((b >> d) & 1u) acc_add(acc, s_buckets, edge_weight(hv, to_double(vals[v + (long long)DR[d] * W + DC[d]])));
     }
     acc_flush(acc, s_buckets);
     atomicAdd(&s_edges, count);
