@@ -4,7 +4,7 @@
 # (another checkout, or a tree unpacked in an ignored folder: `git archive <commit> | tar -x -C .main`), each
 # run's in-process phases from the result's attributes, the decoded `mst/edges` compared (an md5 of its cells,
 # shards read in threads: the shard files differ where one tree compresses on the GPU and the other on the CPU);
-# kernels compiled first on a $WARM^2 store by each tree. The previous `mst` result is removed before each run,
+# kernels compiled first on a $WARM^2 store by each tree; before each run the dirty pages and the GPU's state. The previous `mst` result is removed before each run,
 # outside its time. Then this tree's MST GPU tests ($TESTS: 1, or the pytest arguments). The dependencies on
 # PYTHONPATH (each tree is put before them; the `.site-ox` tree brings nvCOMP's zstd); logs to $OUT. From a
 # checkout, with a branch's tree unpacked in .wt beside it:
@@ -41,11 +41,19 @@ log "synth ${SIZE:-32768}"
 /usr/bin/time -f "synth: %e s wall" timeout 90 bash -c "$(declare -f cli); DEPS='$DEPS'; cli '$HERE' synth -o "$D/s.zarr" --size ${SIZE:-32768} --seed 1 -q" 2>&1 \
     | tail -1 | tee -a "$OUT/log.txt"
 sync
-for run in $(seq "${RUNS:-2}"); do
+# ORDER: the runs, by tree name (default: RUNS rounds of base, this); the cells' md5 after each tree's first
+ORDER=${ORDER:-$(for r in $(seq "${RUNS:-2}"); do echo -n "${NAMES[*]} "; done)}
+declare -A seen
+run=0
+for name in $ORDER; do
     for i in "${!TREES[@]}"; do
+        [ "${NAMES[$i]}" = "$name" ] || continue
         t=${TREES[$i]}
+        seen[$name]=$(( ${seen[$name]:-0} + 1 )); run=${seen[$name]}
         rm -rf "$D/s.zarr/mst"; sync
         label="mst ${NAMES[$i]} run $run"
+        echo "$label before: $(grep -E '^(Dirty|Writeback):' /proc/meminfo | tr -s ' ' | tr '\n' ' ')$(nvidia-smi \
+            --query-gpu=pstate,clocks.sm,temperature.gpu,power.draw --format=csv,noheader 2>/dev/null)" | tee -a "$OUT/log.txt"
         /usr/bin/time -f "$label: %e s wall, %U user, %S sys, peak RSS %M KB" timeout 60 bash -c \
             "$(declare -f cli); DEPS='$DEPS'; cli '$t' mst '$D/s.zarr' --device $DEV -q" >> "$OUT/log.txt" 2>&1
         tail -1 "$OUT/log.txt"
@@ -57,7 +65,7 @@ st = TerrainStore.open('$D/s.zarr', mode='r')
 a = st.results()['mst']
 print('$label', json.dumps({k: a.get(k) for k in ('seconds', 'edge_count', 'trees', 'total_weight_exact', 'batch_tiles',
                                                    'merge_decisions', 'timings')}))
-if $run == 1:
+if $run == 1 and '${MD5:-1}' == '1':
     bits = np.empty(st.shape, np.uint8)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda w: st.read(w, 'mst/edges', out=bits[w.slices]), st.shards()))

@@ -785,7 +785,7 @@ def _write_whole(store: TerrainStore, model, device: str, bits, n_edges: int, va
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         with timings.phase("write"):
-            write_held(store, (edges, bits))
+            write_held(store, (edges, bits), timings=timings)
         exact = K.exact_total(buckets)
         result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
                            edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
