@@ -167,6 +167,71 @@ def write_held(store, *pairs) -> None:
                       [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
+def read_device(store, name: str, threads: int, convert=None):
+    """The whole array ``name`` of ``store`` on the GPU, its chunks' zstd frames decoded there (nvCOMP:
+    :class:`terrain_io.nvzstd.BandDecoder`), or None where that cannot be -- nvCOMP not usable, or an
+    array not stored as this tool's zstd chunks with their crc32c (the GPU's decoder trusts its input):
+    the caller reads it the CPU's way. A band of shard rows at a time (about ``threads`` shards): its
+    shard files read and checked by ``threads`` threads (:func:`terrain_io.store.shard_frames`) while
+    the band before decodes, its frames copied to the GPU as they are (the accumulation's uint64
+    cells compress ~9x) and decoded straight into the array's rows. ``convert`` (dtype, function of a
+    CuPy block): each band converted on the GPU (the same function the CPU's reader applies to NumPy
+    blocks). The same cells as :func:`terrain_io.store.read_shard` (chunks never stored: the fill
+    value); damage raises DamagedStoreError."""
+    from . import nvzstd
+    from .errors import DamagedStoreError
+    from .parallel import Prefetch
+    from .store import ELEVATION, shard_frames, shard_layout
+
+    arr = store.elevation if name == ELEVATION else store.group[name]
+    layout = shard_layout(arr)
+    if layout is None or layout[1] is None or not layout[2]:
+        return None
+    dec = nvzstd.decoder()
+    if dec is None:
+        return None
+    import cupy as cp
+
+    (t0, t1), _, _ = layout
+    rows, cols = arr.shape
+    (s0, s1), dtype = arr.shards, np.dtype(arr.dtype)
+    nsr, nsc = -(-rows // s0), -(-cols // s1)
+    out = cp.empty((rows, cols), dtype if convert is None else convert[0])
+    step = max(1, threads // nsc)  # shard rows a band
+    bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
+    shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(
+            Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align), shards, 2 * step * nsc, pool)) as ahead:
+        read = iter(ahead)
+        for band in bands:
+            r0, r1 = band[0] * s0, min((band[-1] + 1) * s0, rows)
+            parts, at = [], 0  # (where its frames go, frames, the decoder's table, their chunks in the array)
+            for sr in band:
+                for sc in range(nsc):
+                    got = next(read)
+                    if got is None or not len(got[1]):
+                        continue
+                    frames, chunks = got
+                    table = np.stack([chunks[:, 2] + at, chunks[:, 3], sr * s0 - r0 + chunks[:, 0] * t0,
+                                      sc * s1 + chunks[:, 1] * t1], axis=1)
+                    parts.append((at, frames, table, chunks[:, :2] + (sr * (s0 // t0), sc * (s1 // t1))))
+                    at += len(frames)
+            cells = out[r0:r1] if convert is None else cp.empty((r1 - r0, cols), dtype)
+            if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
+                cells.fill(arr.fill_value)
+            if parts:
+                frames = cp.empty(at, cp.uint8)
+                for first, host, _, _ in parts:
+                    frames[first : first + len(host)].set(host)
+                failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
+                if len(failed):
+                    where = np.concatenate([p[3] for p in parts])[failed[0]]
+                    raise DamagedStoreError(arr.store.root, arr.path, where, "chunk does not decode (GPU zstd)")
+            if convert is not None:
+                out[r0:r1] = convert[1](cells)
+    return out
+
+
 def host_bytes(store, itemsizes) -> int:
     """Host memory :func:`write_device` pins at most: two sets of a band of shard rows of each output
     (``itemsizes``: bytes a cell of each), raw (the CPU's encoders) or as frames with their headroom."""
