@@ -167,7 +167,7 @@ def write_held(store, *pairs) -> None:
                       [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
-def read_device(store, name: str, threads: int, convert=None):
+def read_device(store, name: str, threads: int, convert=None, each=None):
     """The whole array ``name`` of ``store`` on the GPU, its chunks' zstd frames decoded there (nvCOMP:
     :class:`terrain_io.nvzstd.BandDecoder`), or None where that cannot be -- nvCOMP not usable, or an
     array not stored as this tool's zstd chunks with their crc32c (the GPU's decoder trusts its input):
@@ -176,8 +176,10 @@ def read_device(store, name: str, threads: int, convert=None):
     the band before decodes, its frames copied to the GPU as they are (the accumulation's uint64
     cells compress ~9x) and decoded straight into the array's rows. ``convert`` (dtype, function of a
     CuPy block): each band converted on the GPU (the same function the CPU's reader applies to NumPy
-    blocks). The same cells as :func:`terrain_io.store.read_shard` (chunks never stored: the fill
-    value); damage raises DamagedStoreError."""
+    blocks). ``each(r0, r1, cells)``: each band's rows r0 .. r1 given to it as they are decoded (a CuPy
+    array, valid during the call) instead of one array held whole, and True returned. The same cells
+    as :func:`terrain_io.store.read_shard` (chunks never stored: the fill value); damage raises
+    DamagedStoreError."""
     from . import nvzstd
     from .errors import DamagedStoreError
     from .parallel import Prefetch
@@ -196,7 +198,7 @@ def read_device(store, name: str, threads: int, convert=None):
     rows, cols = arr.shape
     (s0, s1), dtype = arr.shards, np.dtype(arr.dtype)
     nsr, nsc = -(-rows // s0), -(-cols // s1)
-    out = cp.empty((rows, cols), dtype if convert is None else convert[0])
+    out = cp.empty((rows, cols), dtype if convert is None else convert[0]) if each is None else None
     step = max(1, threads // nsc)  # shard rows a band
     bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
     shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
@@ -216,7 +218,7 @@ def read_device(store, name: str, threads: int, convert=None):
                                       sc * s1 + chunks[:, 1] * t1], axis=1)
                     parts.append((at, frames, table, chunks[:, :2] + (sr * (s0 // t0), sc * (s1 // t1))))
                     at += len(frames)
-            cells = out[r0:r1] if convert is None else cp.empty((r1 - r0, cols), dtype)
+            cells = out[r0:r1] if convert is None and out is not None else cp.empty((r1 - r0, cols), dtype)
             if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
                 cells.fill(arr.fill_value)
             if parts:
@@ -228,8 +230,12 @@ def read_device(store, name: str, threads: int, convert=None):
                     where = np.concatenate([p[3] for p in parts])[failed[0]]
                     raise DamagedStoreError(arr.store.root, arr.path, where, "chunk does not decode (GPU zstd)")
             if convert is not None:
-                out[r0:r1] = convert[1](cells)
-    return out
+                cells = convert[1](cells)
+            if each is not None:
+                each(r0, r1, cells)
+            elif convert is not None:
+                out[r0:r1] = cells
+    return out if each is None else True
 
 
 def host_bytes(store, itemsizes) -> int:

@@ -134,8 +134,11 @@ def test_read_device_refuses_damage(tmp_path):
 
 @pytest.mark.gpu
 def test_streams_and_hand_read_through_the_gpu_decoder(tmp_path, monkeypatch):
-    """``streams`` and ``hand`` on the GPU decode their arrays there (the decoder spied: direction,
-    accumulation, elevation) and store the CPU route's cells."""
+    """``streams -o`` and ``hand`` on the GPU decode their arrays there (the decoder spied: direction,
+    accumulation, and the elevations: HAND's, and the links' end elevations gathered on the GPU), store
+    the CPU route's cells and write the CPU route's features (pyogrio's raw read: WKB and every field)."""
+    import pyogrio
+
     from test_io_gpu_zstd import pitted_dem
 
     from terrain_io import nvzstd
@@ -150,13 +153,21 @@ def test_streams_and_hand_read_through_the_gpu_decoder(tmp_path, monkeypatch):
     for device in ("cpu", "gpu"):
         st = TerrainStore.from_array(tmp_path / f"{device}.zarr", h, tile=32, shard=2)
         flow(st, condition="fill", device="cpu", progress=False)
-        calls.clear()
-        streams(st, 20, device=device, progress=False)
-        hand(st, 20, device=device, progress=False)
-        if device == "gpu":
-            assert {np.dtype(np.uint8), np.dtype(np.uint64), np.dtype(np.float32)} <= set(calls)
+        for run in (lambda: streams(st, 20, device=device, progress=False, vectors=tmp_path / f"{device}.gpkg"),
+                    lambda: hand(st, 20, device=device, progress=False)):
+            calls.clear()
+            run()
+            assert set(calls) == ({np.dtype(np.uint8), np.dtype(np.uint64), np.dtype(np.float32)} if device == "gpu"
+                                  else set())
         grp = zarr.open_group(tmp_path / f"{device}.zarr", mode="r")
         got[device] = {n: grp[n][...] for n in ("streams/order", "streams/magnitude", "streams/link", "hand/height",
                                                 "hand/drainage")}
+        _, _, geometry, fields = pyogrio.raw.read(tmp_path / f"{device}.gpkg")
+        got[device]["features"] = (list(geometry), [np.asarray(f) for f in fields])
     for n, v in got["cpu"].items():
-        assert got["gpu"][n].dtype == v.dtype and got["gpu"][n].tobytes() == v.tobytes(), n
+        if n == "features":
+            assert len(v[0]) > 50 and got["gpu"][n][0] == v[0]
+            for a, b in zip(got["gpu"][n][1], v[1]):
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        else:
+            assert got["gpu"][n].dtype == v.dtype and got["gpu"][n].tobytes() == v.tobytes(), n

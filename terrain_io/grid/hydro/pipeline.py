@@ -488,7 +488,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
                 reader = CellReader.held(store, to_host(code))
                 del code
             with timer.phase("vectors"):
-                write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer)
+                write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer,
+                            gpu=route.device == "gpu")
         finally:
             if wins is None:
                 vectors_done.set()
@@ -649,13 +650,37 @@ class CellReader:
         return out
 
 
+def _values_on_gpu(store: TerrainStore, name: str, gids: np.ndarray, threads: int) -> np.ndarray | None:
+    """``name`` at cells ``gids``, gathered on the GPU from each band of its rows as nvCOMP decodes it
+    there (:func:`...pinned.read_device`: only the frames cross the bus, the host's threads read and
+    checksum them, no band held after its gather); None where that cannot be (no nvCOMP). (The CPU's
+    gather, :meth:`CellReader._gather`, decodes nearly every tile of the elevations for the 280 k link
+    ends of 16384^2, its threads beside the walks' Python.)"""
+    import cupy as cp
+
+    from ...pinned import read_device
+
+    cols = store.shape[1]
+    order = np.argsort(gids, kind="stable")
+    ranked = gids[order]
+    arr = store.elevation if name == ELEVATION else store.group[name]
+    out = np.empty(len(gids), arr.dtype)
+
+    def gather(r0, r1, cells):
+        a, b = np.searchsorted(ranked, [r0 * cols, r1 * cols])
+        if a < b:
+            out[order[a:b]] = cells.reshape(-1)[cp.asarray(ranked[a:b] - r0 * cols)].get()
+
+    return out if read_device(store, name, threads, each=gather) else None
+
+
 LINK_BATCH = 16384  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
 LINE_THREADS = 4  # batches walked at once where the codes are held (numba's walks and NumPy release the GIL)
 VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
 
 
 def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
-                hold: int = 0, timer: Timings | None = None) -> Path:
+                hold: int = 0, timer: Timings | None = None, gpu: bool = False) -> Path:
     """One LineString a stream link, in the store's CRS, made a batch of links at a time (in
     ``LINE_THREADS`` threads where ``reader`` holds the codes) and written in order through
     :func:`..vectors.feature_stream` (features held up to ``hold`` bytes of geometry a GDAL
@@ -667,8 +692,9 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
     many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's).
     ``timer``: its phases ``vector_ends`` (the end elevations, read in a thread of their own while
-    the links are walked), ``vector_lines`` (walks, vertices, WKB; summed over the threads) and
-    ``vector_gdal``."""
+    the links are walked; ``gpu``: gathered on the GPU as the elevations' bands are decoded there,
+    :func:`_values_on_gpu`, where nvCOMP is installed), ``vector_lines`` (walks, vertices, WKB; summed
+    over the threads) and ``vector_gdal``."""
     from . import _cpu
 
     timer = Timings() if timer is None else timer
@@ -688,8 +714,11 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
         with timer.phase("vector_ends"):
             last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
                             links.tail)
-            ends = CellReader(store, reader.side, reader.held, reader.threads)
-            zf = ends.values(source, np.concatenate([links.head, last])).astype(np.float64)
+            gids = np.concatenate([links.head, last])
+            z = _values_on_gpu(store, source, gids, reader.threads) if gpu else None
+            if z is None:
+                z = CellReader(store, reader.side, reader.held, reader.threads).values(source, gids)
+            zf = z.astype(np.float64)
             return zf[:n] - zf[n:]
 
     def lines(s: int) -> tuple[np.ndarray, dict]:
