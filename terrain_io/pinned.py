@@ -144,13 +144,13 @@ def write_device(store, arrays, band_outputs, done=None, timings=None) -> None:
         pinned.close()
 
 
-def write_held(store, *pairs) -> None:
+def write_held(store, *pairs, timings=None) -> None:
     """Write whole results held in memory shard by shard: ``pairs`` of (array, values), the values a
     NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
     hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
     leave it the one way results there do (:func:`write_device`: through pinned
-    buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads, shards
-    in parallel."""
+    buffers, compressed on the GPU where nvCOMP is installed; ``timings``: its phases); the rest is
+    encoded by threads, shards in parallel."""
     from .backend import is_cupy
     from .store import write_window
 
@@ -159,7 +159,7 @@ def write_held(store, *pairs) -> None:
 
     held = [(arr, v) for arr, v in pairs if on_gpu(v)]
     if held:
-        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held])
+        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held], timings=timings)
     pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not on_gpu(v)]
     wins = list(store.shards())
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:

@@ -238,7 +238,7 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Ti
             for name, (values, fill, a) in arrays.items():
                 arr = writer.create_array(name, values.dtype, fill, attrs=a)
                 pairs.append((arr, values))
-            write_held(store, *pairs)
+            write_held(store, *pairs, timings=timer)
         if beside is not None:
             pairs.clear()
             arrays.clear()  # (the caller holds them no longer: freed while the work beside goes on)
