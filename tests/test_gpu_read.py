@@ -44,9 +44,15 @@ def stored(tmp_path, dtype):
     return TerrainStore.open(tmp_path / f"{dtype}.zarr"), ref
 
 
-def chunk_file(store):
-    """The shard file (1, 1) of ``r/v``, which holds four stored chunks."""
-    return store.path / "r" / "v" / "c" / "1" / "1"
+def damaged(tmp_path, dtype, at: int):
+    """``stored``'s store with one bit of byte ``at`` of shard file (1, 1) of ``r/v`` flipped (inside
+    its first chunk), and that file's bytes so."""
+    store, _ = stored(tmp_path, dtype)
+    path = store.path / "r" / "v" / "c" / "1" / "1"
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+    return TerrainStore.open(store.path), path, data
 
 
 @pytest.mark.parametrize("dtype", ["f4", "u1", "u8"])
@@ -78,11 +84,7 @@ def test_shard_frames_decode_to_zarrs_cells(tmp_path, dtype):
 def test_shard_frames_find_damage(tmp_path):
     """A flipped byte inside a stored chunk fails its crc32c on the host (nvCOMP never sees it); a
     file cut short fails the manifest."""
-    store, _ = stored(tmp_path, "f4")
-    path = chunk_file(store)
-    data = bytearray(path.read_bytes())
-    data[20] ^= 0xFF
-    path.write_bytes(bytes(data))
+    store, path, data = damaged(tmp_path, "f4", 20)
     with pytest.raises(DamagedStoreError, match="checksum"):
         shard_frames(store.group["r/v"], 1, 1)
     path.write_bytes(bytes(data[:-100]))
@@ -123,13 +125,9 @@ def test_read_device_refuses_damage(tmp_path):
     from terrain_io import pinned
 
     decoder_or_skip()
-    store, _ = stored(tmp_path, "u8")
-    path = chunk_file(store)
-    data = bytearray(path.read_bytes())
-    data[30] ^= 0x10
-    path.write_bytes(bytes(data))
+    store, _, _ = damaged(tmp_path, "u8", 30)
     with pytest.raises(DamagedStoreError, match="checksum"):
-        pinned.read_device(TerrainStore.open(store.path), "r/v", 4)
+        pinned.read_device(store, "r/v", 4)
 
 
 @pytest.mark.gpu
