@@ -22,6 +22,7 @@ import json
 import os
 import resource
 import time
+import warnings
 
 import numpy as np
 
@@ -72,7 +73,11 @@ def reads(path: str, repeat: int, threshold: float) -> None:
             row = {"read": key, "round": rnd, "threads": threads(st)}
             for way, env in (("cpu_decode", "0"), ("gpu_decode", "1")):
                 os.environ["TERRAIN_NVCOMP"] = env
-                row[way] = timed(lambda: upload_held(st, name, None, convert))
+                with warnings.catch_warnings(record=True) as notes:
+                    warnings.simplefilter("always")
+                    row[way] = timed(lambda: upload_held(st, name, None, convert))
+                if notes:
+                    row[f"{way}_notes"] = [str(n.message) for n in notes]
             row["host_decode_only"] = timed(lambda: host_only(name, convert))
             print(json.dumps(row), flush=True)
 
@@ -89,7 +94,11 @@ def cli(path: str, trees: str, commands: list[str], repeat: int, threshold: str,
                 args = [cmd, path, "--device", device, "-q"] + (["--threshold", threshold] if cmd != "flow" else [])
                 if cmd == "streams":
                     args += ["-o", os.path.join(work, f"streams_{name}.gpkg"), "--overwrite"]
-                wall, peak, gpu = terrain(*args)
+                try:
+                    wall, peak, gpu = terrain(*args)
+                except SystemExit as exc:  # one run failed: said, and the next one measured
+                    print(json.dumps({"tree": name, "command": cmd, "round": rnd, "failed": str(exc)}), flush=True)
+                    continue
                 with open(os.path.join(path, cmd, "zarr.json")) as f:
                     timings = json.load(f)["attributes"].get("timings")
                 print(json.dumps({"tree": name, "command": cmd, "round": rnd, "cli_wall_s": round(wall, 2),

@@ -15,22 +15,25 @@ unset PYTHONDONTWRITEBYTECODE  # bytecode cached, as a pip install leaves it
 LOG=$OUT/read.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 python3 -c "from terrain_io import nvzstd; print('nvCOMP zstd loaded:', nvzstd._lib() is not None)" 2>&1 | tee -a "$LOG"
-(cd "$HERE" && timeout -k 5 "${TESTS_S:-150}" python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu_read.py \
+(cd "$HERE" && timeout -k 5 "${TESTS_S:-100}" python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu_read.py \
     tests/test_io_gpu_write.py::test_flow_and_hydrology_on_the_gpu_store_the_cpus_cells > "$OUT/gpu_tests.log" 2>&1)
-tail -3 "$OUT/gpu_tests.log" | tee -a "$LOG"
+tail -3 "$OUT/gpu_tests.log" | tee -a "$LOG"; echo "tests done at $SECONDS s" | tee -a "$LOG"
 cd "$W" || exit 1
 for s in 512:warm "$SIZE":s; do  # the small store compiles every kernel the commands below run, in both trees
     n=${s%%:*}; st=$W/${s##*:}$n.zarr
     [ -e "$st/flow" ] && continue
     t0=$SECONDS
-    python3 -m cli synth -o "$st" --size "$n" -q && python3 -m cli fill "$st" --device gpu -q \
-        && python3 -m cli flow "$st" --device gpu -q || exit 1
+    timeout -k 5 90 bash -c "python3 -m cli synth -o '$st' --size $n -q && python3 -m cli fill '$st' --device gpu -q \
+        && python3 -m cli flow '$st' --device gpu -q" || exit 1
     echo "store $n^2: synth, fill, flow $((SECONDS - t0)) s" | tee -a "$LOG"
 done
 TREES=this=$HERE${BASE:+,base=$BASE}
-timeout -k 5 60 python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/warm512.zarr" --cli "$TREES" --commands "$COMMANDS" \
+echo "warm-up at $SECONDS s" | tee -a "$LOG"
+timeout -k 5 "${WARM_S:-50}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/warm512.zarr" --cli "$TREES" --commands "$COMMANDS" \
     --repeat 1 > /dev/null 2>> "$LOG"
-timeout -k 5 "${READS_S:-90}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/s$SIZE.zarr" --repeat "$REPEAT" 2>&1 \
-    | tee -a "$LOG"
-timeout -k 5 "${CLI_S:-150}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/s$SIZE.zarr" --cli "$TREES" \
+echo "CLI at $SECONDS s" | tee -a "$LOG"
+timeout -k 5 "${CLI_S:-120}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/s$SIZE.zarr" --cli "$TREES" \
     --commands "$COMMANDS" --repeat "$REPEAT" 2>&1 | tee -a "$LOG"
+echo "reads at $SECONDS s" | tee -a "$LOG"
+timeout -k 5 "${READS_S:-60}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/s$SIZE.zarr" --repeat "${READ_REPEAT:-1}" 2>&1 \
+    | tee -a "$LOG"

@@ -179,11 +179,10 @@ def read_device(store, name: str, threads: int, convert=None, each=None):
     blocks). ``each(r0, r1, cells)``: each band's rows r0 .. r1 given to it as they are decoded (a CuPy
     array, valid during the call) instead of one array held whole, and True returned. The same cells
     as :func:`terrain_io.store.read_shard` (chunks never stored: the fill value); damage raises
-    DamagedStoreError."""
+    DamagedStoreError; a failure of the GPU's decoder itself is a note, and None (the CPU's way)."""
     from . import nvzstd
-    from .errors import DamagedStoreError
-    from .parallel import Prefetch
-    from .store import ELEVATION, shard_frames, shard_layout
+    from .errors import TerrainError, TerrainNote
+    from .store import ELEVATION, shard_layout
 
     arr = store.elevation if name == ELEVATION else store.group[name]
     layout = shard_layout(arr)
@@ -192,9 +191,25 @@ def read_device(store, name: str, threads: int, convert=None, each=None):
     dec = nvzstd.decoder()
     if dec is None:
         return None
+    try:
+        return _decode_bands(arr, layout[0], dec, threads, convert, each)
+    except TerrainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- no GPU decoder: the CPU's way, which reads the same cells
+        warnings.warn(f"the GPU's zstd decoder failed ({exc}); {name} is decoded on the CPU", TerrainNote,
+                      stacklevel=2)
+        return None
+
+
+def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
+    """:func:`read_device`'s bands of ``arr`` (chunks of ``chunk_shape``) through ``dec``."""
     import cupy as cp
 
-    (t0, t1), _, _ = layout
+    from .errors import DamagedStoreError
+    from .parallel import Prefetch
+    from .store import shard_frames
+
+    t0, t1 = chunk_shape
     rows, cols = arr.shape
     (s0, s1), dtype = arr.shards, np.dtype(arr.dtype)
     nsr, nsc = -(-rows // s0), -(-cols // s1)

@@ -131,6 +131,26 @@ def test_read_device_refuses_damage(tmp_path):
 
 
 @pytest.mark.gpu
+def test_a_failing_gpu_decoder_is_a_note_and_the_cpus_read(tmp_path, monkeypatch):
+    from terrain_io import nvzstd, pinned
+    from terrain_io.errors import TerrainNote
+    from terrain_io.grid.flow.upload import upload_held
+
+    decoder_or_skip()
+    store, ref = stored(tmp_path, "f4")
+
+    def fail(*_):
+        raise RuntimeError("nvCOMP zstd decompress: status 11")
+
+    monkeypatch.setattr(nvzstd.BandDecoder, "decode", fail)
+    with pytest.warns(TerrainNote, match="decoded on the CPU"):
+        assert pinned.read_device(store, "r/v", 4) is None
+    with pytest.warns(TerrainNote):
+        got, _ = upload_held(store, "r/v", None)
+    assert got.get().tobytes() == ref.tobytes()
+
+
+@pytest.mark.gpu
 def test_streams_and_hand_read_through_the_gpu_decoder(tmp_path, monkeypatch):
     """``streams -o`` and ``hand`` on the GPU decode their arrays there (the decoder spied: direction,
     accumulation, and the elevations: HAND's, and the links' end elevations gathered on the GPU), store
