@@ -1,10 +1,10 @@
 #!/bin/bash
-# Issue 30's reads onto the GPU in one device call (~300 s of wall at 16384^2): this tree's GPU tests of
-# the reads (they compile the kernels), a SIZE^2 store made by this tree (synth, fill and flow on the
-# GPU), bench_gpu_read.py's reads in one process (the CPU's decode and copies against nvCOMP's decode
-# on the GPU), then the CLI walls of streams -o and hand (and flow) of this tree and of BASE (the
-# baseline tree, e.g. main), alternating. Run from anywhere with the `.site-ox` tree (pyogrio and nvCOMP,
-# see run_hydro_h100.sh) unpacked at SITE; logs and JSON lines go to $OUT.
+# Issue 30's reads onto the GPU in one device call (~300-400 s of wall at 16384^2): this tree's GPU tests
+# of the reads (they compile the kernels), a SIZE^2 store made by this tree (synth, fill and flow on the
+# GPU), the CLI walls of streams -o, hand and flow of this tree and of BASE (the baseline tree, e.g. main),
+# alternating, then bench_gpu_read.py's reads in one process (the CPU's decode and pageable copies against
+# nvCOMP's decode on the GPU). Run from anywhere with the `.site-ox` tree (pyogrio and nvCOMP, see
+# run_hydro_h100.sh) unpacked at SITE; logs and JSON lines go to $OUT.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpu_read_out}; W=${SCRATCH:-/tmp/gpu_read_run}; SIZE=${SIZE:-16384}; SITE=${SITE:-/tmp/site}
