@@ -4,7 +4,7 @@ directions, the accumulation narrowed to uint32 or made the stream mask, the ele
 ``upload_held`` the CPU's way (threads decode shards, each copied to the GPU from pageable memory:
 ``TERRAIN_NVCOMP=0``) and as zstd frames decoded on the GPU (nvCOMP: ``pinned.read_device``), and by
 the host's decode alone (no GPU): wall and process CPU seconds (user + sys) a read, one JSON line a
-read and round.
+read and round; first the bus: 256 MiB copied to the GPU from pageable and from pinned memory.
 
 ``--cli NAME=TREE,...``: then ``terrain streams -o`` and ``terrain hand`` (``--commands``; ``flow``
 rewrites the store's flow with the same cells) on STORE instead, a fresh
@@ -49,6 +49,14 @@ def reads(path: str, repeat: int, threshold: float) -> None:
     cupy.empty(1)
     cupy.cuda.Device().synchronize()
     print(json.dumps({"cuda_start_s": round(time.perf_counter() - t, 3)}), flush=True)
+    import cupyx
+
+    host, pinned, dev = np.ones(1 << 28, np.uint8), cupyx.empty_pinned(1 << 28, np.uint8), cupy.empty(1 << 28, np.uint8)
+    pinned[...] = 1
+    for _ in range(2):  # the bus, 256 MiB to the GPU: from pageable memory (a fresh block's way) and from pinned
+        bus = {k: timed(lambda b=b: dev.set(b)) for k, b in (("pageable", host), ("pinned", pinned))}
+    print(json.dumps({"bus_256MiB_s": bus}), flush=True)
+    del host, pinned, dev
     from terrain_io.grid.flow.upload import threads, upload_held
     from terrain_io.store import TerrainStore
 

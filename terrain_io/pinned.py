@@ -217,7 +217,8 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
     step = max(1, threads // nsc)  # shard rows a band
     bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
     shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(
+    staging = PinnedBands(sets=1)  # a band's frames, copied in one DMA (its decode waits for it: one set)
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(staging), contextlib.closing(
             Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align), shards, 2 * step * nsc, pool)) as ahead:
         read = iter(ahead)
         for band in bands:
@@ -237,9 +238,11 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
             if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
                 cells.fill(arr.fill_value)
             if parts:
+                host = staging.buffer(0, "frames", (_headroom(at),), np.uint8)
+                for first, part, _, _ in parts:
+                    host[first : first + len(part)] = part
                 frames = cp.empty(at, cp.uint8)
-                for first, host, _, _ in parts:
-                    frames[first : first + len(host)].set(host)
+                frames.set(host[:at])
                 failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
                 if len(failed):
                     where = np.concatenate([p[3] for p in parts])[failed[0]]
