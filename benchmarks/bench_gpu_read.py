@@ -56,7 +56,6 @@ def reads(path: str, repeat: int, threshold: float) -> None:
     for _ in range(2):  # the bus, 256 MiB to the GPU: from pageable memory (a fresh block's way) and from pinned
         bus = {k: timed(lambda b=b: dev.set(b)) for k, b in (("pageable", host), ("pinned", pinned))}
     print(json.dumps({"bus_256MiB_s": bus}), flush=True)
-    del host, pinned, dev
     from terrain_io.grid.flow.upload import threads, upload_held
     from terrain_io.store import TerrainStore
 
