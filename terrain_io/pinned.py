@@ -167,7 +167,7 @@ def write_held(store, *pairs, timings=None) -> None:
                       [(arr, win, block) for arr, block in pairs for win in wins]))
 
 
-def read_device(store, name: str, threads: int, convert=None, each=None):
+def read_device(store, name: str, threads: int, convert=None, each=None, timings=None):
     """The whole array ``name`` of ``store`` on the GPU, its chunks' zstd frames decoded there (nvCOMP:
     :class:`terrain_io.nvzstd.BandDecoder`), or None where that cannot be -- nvCOMP not usable, or an
     array not stored as this tool's zstd chunks with their crc32c (the GPU's decoder trusts its input):
@@ -179,7 +179,9 @@ def read_device(store, name: str, threads: int, convert=None, each=None):
     blocks). ``each(r0, r1, cells)``: each band's rows r0 .. r1 given to it as they are decoded (a CuPy
     array, valid during the call) instead of one array held whole, and True returned. The same cells
     as :func:`terrain_io.store.read_shard` (chunks never stored: the fill value); damage raises
-    DamagedStoreError; a failure of the GPU's decoder itself is a note, and None (the CPU's way)."""
+    DamagedStoreError; a failure of the GPU's decoder itself is a note, and None (the CPU's way).
+    ``timings``: its parts ``read_wait`` (for the shards' frames), ``read_stage`` (into the pinned
+    buffer and across) and ``read_decode`` (the GPU's decode and placing, the band converted)."""
     from . import nvzstd
     from .errors import TerrainError, TerrainNote
     from .store import ELEVATION, shard_layout
@@ -192,7 +194,7 @@ def read_device(store, name: str, threads: int, convert=None, each=None):
     if dec is None:
         return None
     try:
-        return _decode_bands(arr, layout[0], dec, threads, convert, each)
+        return _decode_bands(arr, layout[0], dec, threads, convert, each, timings)
     except TerrainError:
         raise
     except Exception as exc:  # noqa: BLE001 -- no GPU decoder: the CPU's way, which reads the same cells
@@ -201,7 +203,7 @@ def read_device(store, name: str, threads: int, convert=None, each=None):
         return None
 
 
-def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
+def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
     """:func:`read_device`'s bands of ``arr`` (chunks of ``chunk_shape``) through ``dec``."""
     import cupy as cp
 
@@ -210,6 +212,7 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
     from .store import shard_frames
 
     t0, t1 = chunk_shape
+    phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
     rows, cols = arr.shape
     (s0, s1), dtype = arr.shards, np.dtype(arr.dtype)
     nsr, nsc = -(-rows // s0), -(-cols // s1)
@@ -226,7 +229,8 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
             parts, at = [], 0  # (where its frames go, frames, the decoder's table, their chunks in the array)
             for sr in band:
                 for sc in range(nsc):
-                    got = next(read)
+                    with phase("read_wait"):
+                        got = next(read)
                     if got is None or not len(got[1]):
                         continue
                     frames, chunks = got
@@ -238,17 +242,20 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each):
             if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
                 cells.fill(arr.fill_value)
             if parts:
-                host = staging.buffer(0, "frames", (_headroom(at),), np.uint8)
-                for first, part, _, _ in parts:
-                    host[first : first + len(part)] = part
-                frames = cp.empty(at, cp.uint8)
-                frames.set(host[:at])
-                failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
+                with phase("read_stage"):
+                    host = staging.buffer(0, "frames", (_headroom(at),), np.uint8)
+                    for first, part, _, _ in parts:
+                        host[first : first + len(part)] = part
+                    frames = cp.empty(at, cp.uint8)
+                    frames.set(host[:at])
+                with phase("read_decode"):
+                    failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
                 if len(failed):
                     where = np.concatenate([p[3] for p in parts])[failed[0]]
                     raise DamagedStoreError(arr.store.root, arr.path, where, "chunk does not decode (GPU zstd)")
             if convert is not None:
-                cells = convert[1](cells)
+                with phase("read_decode"):
+                    cells = convert[1](cells)
             if each is not None:
                 each(r0, r1, cells)
             elif convert is not None:

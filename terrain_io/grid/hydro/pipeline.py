@@ -170,13 +170,14 @@ class _Route:
 
         return cupy.asarray(x)
 
-    def load(self, store: TerrainStore, name: str, progress: bool, convert=None):
+    def load(self, store: TerrainStore, name: str, progress: bool, convert=None, timer: Timings | None = None):
         """The whole array ``name`` on the route's device, read shard by shard in threads;
-        ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
+        ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU);
+        ``timer``: the GPU read's parts (:func:`...pinned.read_device`)."""
         if self.device == "cpu":
             return _read(store, name, progress)
         with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
-            out, _ = upload_held(store, name, None, convert)
+            out, _ = upload_held(store, name, None, convert, timer)
             bar.update(1)
         return out
 
@@ -197,7 +198,7 @@ class _Route:
         elif narrow:
             convert = (np.uint32, lambda b: b.astype(np.uint32))
         with timer.phase("read"):
-            acc = self.load(store, "flow/accumulation", progress, convert)
+            acc = self.load(store, "flow/accumulation", progress, convert, timer)
         with timer.phase(self.device):
             if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
                 return self.K.drainage(code, acc), None
@@ -316,7 +317,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     label = None
     if wins is None:
         with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
+            code = route.load(store, "flow/direction", progress, timer=timer)
         with timer.phase(route.device):
             label = route.K.label_outlets(code, flat)
             del code
@@ -360,7 +361,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     label = None
     if wins is None:
         with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
+            code = route.load(store, "flow/direction", progress, timer=timer)
         with timer.phase(route.device):
             label, outlet, counts = route.K.label_basins(code)
             del code
@@ -451,7 +452,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
         with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
+            code = route.load(store, "flow/direction", progress, timer=timer)
         net, upstream = route.network(store, code, cells, progress, timer)
         links = net.links._replace(upstream=upstream)
         with timer.phase(route.device):
@@ -519,10 +520,10 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     drainage_attrs = {"ids": "streams' link ids; 0 none"}
     if wins is None:
         with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
+            code = route.load(store, "flow/direction", progress, timer=timer)
         net, _ = route.network(store, code, cells, progress, timer, tails=False)
         with timer.phase("read"):
-            z = route.load(store, source, progress)
+            z = route.load(store, source, progress, timer=timer)
         with timer.phase(route.device):
             height, drainage = route.K.height_above_drainage(code, z, net)
             del z, code, net
