@@ -143,6 +143,36 @@ def test_pipelines_on_local_cuda_give_the_bytes_of_one_device_and_the_cpu(tmp_pa
 
 
 @pytest.mark.parametrize("local_cuda", DEVICES, indirect=True)
+def test_store_commands_on_local_cuda_give_the_bytes_of_local(tmp_path, local_cuda):
+    """synth, convert (a GeoTIFF) and export (GeoTIFF, ASCII, PNG) on ``local-cuda``: the store's
+    elevation and the exported files byte for byte those of the local run (commands without GPU
+    phases: the workers read, write and format the shards)."""
+    rasterio = pytest.importorskip("rasterio")
+    from terrain_io.convert import convert
+    from terrain_io.export import export
+
+    made = {s: synthesize(tmp_path / f"{s}.zarr", 200, cols=240, seed=5, nodata_fraction=0.1, tile=32, shard=2,
+                          scheduler=s) for s in ("local", "local-cuda")}
+    same(arrays(made["local"], ""), arrays(made["local-cuda"], ""))
+    exported = {}
+    for s, st in made.items():
+        for suffix in ("tif", "asc", "png"):
+            export(st.path, "elevation", tmp_path / f"{s}.{suffix}", scheduler=s)
+            exported.setdefault(suffix, []).append((tmp_path / f"{s}.{suffix}").read_bytes())
+    for suffix, (a, b) in exported.items():
+        assert a == b, suffix
+    with rasterio.open(tmp_path / "local.tif") as src:  # the GeoTIFF holds the store's cells
+        np.testing.assert_array_equal(src.read(1, masked=True).filled(np.nan),
+                                      np.asarray(made["local"].group["elevation"][...]))
+    converted = {s: convert(tmp_path / "local.tif", tmp_path / f"c-{s}.zarr", tile=32, shard=2, scheduler=s)
+                 for s in ("local", "local-cuda")}
+    same(arrays(TerrainStore.open(tmp_path / "c-local.zarr"), ""),
+         arrays(TerrainStore.open(tmp_path / "c-local-cuda.zarr"), ""))
+    assert converted["local"].valid == converted["local-cuda"].valid == int(np.isfinite(
+        np.asarray(made["local"].group["elevation"][...])).sum())
+
+
+@pytest.mark.parametrize("local_cuda", DEVICES, indirect=True)
 def test_killed_worker_reruns_to_the_same_bytes(tmp_path, local_cuda):
     """SIGKILL one worker while the SSSP index's shard tasks run: its tasks run again, same bytes."""
     from terrain_io.grid.sssp.engine import sssp
