@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -34,7 +36,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
-from ...parallel import Prefetch
+from ...parallel import Prefetch, check_scheduler, run_on_worker
 from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
@@ -85,6 +87,40 @@ def write_table(result: HydroResult, path, progress: bool = False) -> Path:
     """The result's table as CSV (:func:`terrain_io.tables.write_csv`: a block of rows at a time, under a
     temporary name renamed when complete)."""
     return write_csv(result.table, path, progress)
+
+
+def _task(args) -> HydroResult:
+    """One hydrology command run whole as a Dask task (:func:`_schedulable`); its table already
+    written there, the result comes back without it."""
+    name, path, positional, options = args
+    return dataclasses.replace(globals()[name](path, *positional, **options), table=None)
+
+
+def _schedulable(command):
+    """``command`` with ``scheduler`` (``local``, ``threads``, ``processes``, ``local-cuda`` or an
+    address, :mod:`terrain_io.parallel`), ``announce`` and ``table`` (a CSV path for the result's
+    table, :func:`write_table`). On a Dask scheduler the whole command runs as one task on a worker
+    -- with ``local-cuda`` on that worker's own GPU and within its ``memory``, as flow's GPU route
+    does -- and writes its outputs there (the store's arrays, ``vectors``, the table): nothing large
+    comes back, and the result comes without its table. The same bytes on every scheduler."""
+
+    @functools.wraps(command)
+    def run(store, *args, scheduler: str | None = "local", announce=None, table=None, progress: bool = True,
+            **options) -> HydroResult:
+        scheduler = check_scheduler(scheduler)
+        if scheduler == "local":
+            result = command(store, *args, progress=progress, **options)
+            if table is not None:
+                write_table(result, table, progress)
+            return result
+        if options.get("vectors") is not None:
+            check_output(options["vectors"], options.get("overwrite", False))  # here, before a worker starts
+            options["vectors"] = Path(options["vectors"]).absolute()
+        path = store.path if isinstance(store, TerrainStore) else Path(store)
+        options.update(table=None if table is None else Path(table).absolute(), progress=False)
+        return run_on_worker(_task, (command.__name__, str(path.absolute()), args, options), scheduler, announce)
+
+    return run
 
 
 def _open(store, what: str, memory, window_tiles: int | None = None, device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
@@ -280,6 +316,7 @@ def _cell(store: TerrainStore, name: str, r: int, c: int):
     return store.read(Window(r, r + 1, c, c + 1), name)[0, 0]
 
 
+@_schedulable
 def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
               progress: bool = True, vectors=None, overwrite: bool = False,
               window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
@@ -346,6 +383,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
                        f"({route.device}, {_method(wins)})", attrs)
 
 
+@_schedulable
 def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False,
            window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
@@ -434,6 +472,7 @@ def _load_link_kernels(cells: int) -> None:
     threading.Thread(target=load, name="link-kernels").start()  # (not a daemon: never cut while numba writes its cache)
 
 
+@_schedulable
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
             overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
@@ -508,6 +547,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
                        f"({route.device}, {_method(wins)})", attrs, table)
 
 
+@_schedulable
 def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True,
          window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
