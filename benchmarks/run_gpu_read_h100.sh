@@ -15,8 +15,10 @@ unset PYTHONDONTWRITEBYTECODE  # bytecode cached, as a pip install leaves it
 LOG=$OUT/read.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 python3 -c "from terrain_io import nvzstd; print('nvCOMP zstd loaded:', nvzstd._lib() is not None)" 2>&1 | tee -a "$LOG"
-(cd "$HERE" && timeout -k 5 "${TESTS_S:-100}" python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu_read.py \
-    tests/test_io_gpu_write.py::test_flow_and_hydrology_on_the_gpu_store_the_cpus_cells > "$OUT/gpu_tests.log" 2>&1)
+TESTS=${TESTS:-tests/test_gpu_read.py tests/test_io_gpu_write.py::test_flow_and_hydrology_on_the_gpu_store_the_cpus_cells}
+# shellcheck disable=SC2086  # (TESTS: a list)
+(cd "$HERE" && timeout -k 5 "${TESTS_S:-100}" python3 -m pytest -m gpu -q -x -p no:cacheprovider $TESTS \
+    > "$OUT/gpu_tests.log" 2>&1)
 tail -3 "$OUT/gpu_tests.log" | tee -a "$LOG"; echo "tests done at $SECONDS s" | tee -a "$LOG"
 cd "$W" || exit 1
 for s in 512:warm "$SIZE":s; do  # the small store compiles every kernel the commands below run, in both trees
