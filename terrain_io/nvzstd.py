@@ -272,13 +272,13 @@ class BandDecoder:
         _check(lib.nvcompBatchedZstdDecompressGetTempSize(k, chunk_bytes, self.opts, ctypes.byref(temp_bytes),
                                                           k * chunk_bytes, stream), "temp size")
         temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
+        out = cp.empty(k * slot, cp.uint8)
+        # (the small arrays made on the host and copied: no CuPy kernel to load in a fresh process)
         in_ptrs = cp.asarray(np.uint64(frames.data.ptr) + chunks[:, 0].astype(np.uint64))
         in_sizes = cp.asarray(chunks[:, 1].astype(np.uint64))
-        out = cp.empty(k * slot, cp.uint8)
-        out_ptrs = cp.uint64(out.data.ptr) + cp.arange(k, dtype=cp.uint64) * cp.uint64(slot)
-        room = cp.full(k, chunk_bytes, cp.uint64)
-        got = cp.zeros(k, cp.uint64)
-        statuses = cp.ones(k, cp.int32)
+        out_ptrs = cp.asarray(np.uint64(out.data.ptr) + np.arange(k, dtype=np.uint64) * np.uint64(slot))
+        room = cp.asarray(np.full(k, chunk_bytes, np.uint64))
+        got, statuses = cp.zeros(k, cp.uint64), cp.zeros(k, cp.int32)
         _check(lib.nvcompBatchedZstdDecompressAsync(in_ptrs.data.ptr, in_sizes.data.ptr, room.data.ptr, got.data.ptr,
                                                     k, temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
                                                     self.opts, statuses.data.ptr, stream), "zstd decompress")
@@ -289,4 +289,4 @@ class BandDecoder:
         word = np.dtype(f"u{item}")
         _place_module().get_function(f"place_chunks<{_WORDS[item]}>")(
             (k,), (256,), (out, np.int64(slot // item), np.int64(t1), at, h, w, np.int64(cols), band.view(word)))
-        return cp.flatnonzero((statuses != 0) | (got != chunk_bytes)).get()
+        return np.flatnonzero((statuses.get() != 0) | (got.get() != chunk_bytes))

@@ -947,10 +947,10 @@ def _checked(arr: zarr.Array, where, data: np.ndarray, crc: bool) -> np.ndarray:
 def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1):
     """The zstd frames of shard (sr, sc) of an array in this tool's compressed layout, for a decoder
     elsewhere (:mod:`terrain_io.nvzstd`: on the GPU): the file read whole, its index and each chunk's
-    crc32c checked as :func:`read_shard` does, the frames copied end to end into one buffer, each at a
-    multiple of ``align`` bytes. (frames (uint8), chunks (int64 rows i, j, offset, bytes: the stored
-    chunks, i and j the chunk's row and column in the shard)), or None where the file was never written
-    (all fill value)."""
+    crc32c checked as :func:`read_shard` does, the frames where each lies at a multiple of ``align``
+    bytes: in the file's body as read, or else copied end to end into a new buffer. (frames (uint8),
+    chunks (int64 rows i, j, offset, bytes: the stored chunks, i and j the chunk's row and column in
+    the shard)), or None where the file was never written (all fill value)."""
     (t0, t1), level, crc = shard_layout(arr)
     if level is None:
         raise ValueError(f"{arr.path}: chunks stored as their bytes, not zstd frames")
@@ -966,10 +966,11 @@ def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1):
     frames = []
     for k, (i, j, off, nb) in enumerate(jobs):
         frames.append(_checked(arr, (sr * n0 + i, sc * n1 + j), raw[off : off + nb], crc))
-        chunks[k, :2] = i, j
-        chunks[k, 3] = len(frames[-1])
+        chunks[k] = i, j, off, len(frames[-1])
+    if not (chunks[:, 2] % align).any():  # (an alignment of 1: the file's body as it is)
+        return raw, chunks
     sizes = -(-chunks[:, 3] // align) * align
-    chunks[1:, 2] = np.cumsum(sizes)[:-1]
+    chunks[:, 2] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     packed = np.empty(int(sizes.sum()), np.uint8)
     for (_, _, at, nb), frame in zip(chunks.tolist(), frames):
         packed[at : at + nb] = frame
