@@ -217,8 +217,17 @@ class _Route:
             bar.update(1)
         return out
 
+    def ahead(self, pool, store: TerrainStore, name: str, progress: bool, timer: Timings):
+        """:meth:`load` of ``name``: on the GPU in ``pool`` (a Future: read beside the command's next
+        read, the disk's, the host's threads and the GPU's decode overlapping), on the CPU at once."""
+        if self.device == "gpu":
+            return pool.submit(self.load, store, name, progress, timer=timer)
+        with timer.phase("read"):
+            return self.load(store, name, progress)
+
     def network(self, store: TerrainStore, code, cells: float, progress: bool, timer: Timings, tails: bool = True):
-        """The stream network of accumulation >= ``cells`` and (``tails``) each link's accumulation
+        """The stream network of accumulation >= ``cells`` (``code``: the codes, or a Future of them:
+        :meth:`ahead`) and (``tails``) each link's accumulation
         at its last cell. Without ``tails`` the GPU gets only the mask ``accumulation >= cells``,
         made as each shard is read (HAND: an eighth of the bytes to copy); with them, the whole
         accumulation, gathered there (reading the links' cells from the store again instead decodes
@@ -235,11 +244,17 @@ class _Route:
             convert = (np.uint32, lambda b: b.astype(np.uint32))
         with timer.phase("read"):
             acc = self.load(store, "flow/accumulation", progress, convert, timer)
+            code = _result(code)
         with timer.phase(self.device):
             if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
                 return self.K.drainage(code, acc), None
             net = self.K.stream_network(code, acc, cells)
             return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]).astype(stored) if tails else None
+
+
+def _result(value):
+    """``value``, or a Future's result (:meth:`_Route.ahead`)."""
+    return value.result() if isinstance(value, concurrent.futures.Future) else value
 
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
@@ -490,9 +505,10 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
-        with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress, timer=timer)
-        net, upstream = route.network(store, code, cells, progress, timer)
+        with concurrent.futures.ThreadPoolExecutor(1) as beside:
+            code = route.ahead(beside, store, "flow/direction", progress, timer)
+            net, upstream = route.network(store, code, cells, progress, timer)
+            code = _result(code)
         links = net.links._replace(upstream=upstream)
         with timer.phase(route.device):
             n_stream = int(net.stream.sum())
@@ -559,11 +575,13 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     height_attrs = {"units": "elevation units above the drainage"}
     drainage_attrs = {"ids": "streams' link ids; 0 none"}
     if wins is None:
-        with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress, timer=timer)
-        net, _ = route.network(store, code, cells, progress, timer, tails=False)
-        with timer.phase("read"):
-            z = route.load(store, source, progress, timer=timer)
+        with concurrent.futures.ThreadPoolExecutor(2) as beside:
+            code = route.ahead(beside, store, "flow/direction", progress, timer)
+            z = route.ahead(beside, store, source, progress, timer) if route.device == "gpu" else None
+            net, _ = route.network(store, code, cells, progress, timer, tails=False)
+            code = _result(code)
+            with timer.phase("read"):
+                z = route.load(store, source, progress) if z is None else z.result()
         with timer.phase(route.device):
             height, drainage = route.K.height_above_drainage(code, z, net)
             del z, code, net
