@@ -3,7 +3,7 @@
 # of the reads (they compile the kernels), a SIZE^2 store made by this tree (synth, fill and flow on the
 # GPU), the CLI walls of streams -o, hand and flow of this tree and of BASE (the baseline tree, e.g. main),
 # alternating, then bench_gpu_read.py's reads in one process (the CPU's decode and pageable copies against
-# nvCOMP's decode on the GPU). Run from anywhere with the `.site-ox` tree (pyogrio and nvCOMP, see
+# nvCOMP's decode on the GPU); TESTS_LAST=1: the tests at the end instead. Run from anywhere with the `.site-ox` tree (pyogrio and nvCOMP, see
 # run_hydro_h100.sh) unpacked at SITE; logs and JSON lines go to $OUT.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,10 +16,13 @@ LOG=$OUT/read.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 python3 -c "from terrain_io import nvzstd; print('nvCOMP zstd loaded:', nvzstd._lib() is not None)" 2>&1 | tee -a "$LOG"
 TESTS=${TESTS:-tests/test_gpu_read.py tests/test_io_gpu_write.py::test_flow_and_hydrology_on_the_gpu_store_the_cpus_cells}
-# shellcheck disable=SC2086  # (TESTS: a list)
-(cd "$HERE" && timeout -k 5 "${TESTS_S:-100}" python3 -m pytest -m gpu -q -x -p no:cacheprovider $TESTS \
-    > "$OUT/gpu_tests.log" 2>&1)
-tail -3 "$OUT/gpu_tests.log" | tee -a "$LOG"; echo "tests done at $SECONDS s" | tee -a "$LOG"
+gpu_tests() {
+    # shellcheck disable=SC2086  # (TESTS: a list)
+    (cd "$HERE" && timeout -k 5 "${TESTS_S:-100}" python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS \
+        > "$OUT/gpu_tests.log" 2>&1)
+    tail -3 "$OUT/gpu_tests.log" | tee -a "$LOG"; echo "tests done at $SECONDS s" | tee -a "$LOG"
+}
+[ -z "${TESTS_LAST:-}" ] && gpu_tests
 cd "$W" || exit 1
 for s in 512:warm "$SIZE":s; do  # the small store compiles every kernel the commands below run, in both trees
     n=${s%%:*}; st=$W/${s##*:}$n.zarr
@@ -39,3 +42,5 @@ timeout -k 5 "${CLI_S:-120}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/s$
 echo "reads at $SECONDS s" | tee -a "$LOG"
 timeout -k 5 "${READS_S:-60}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/s$SIZE.zarr" --repeat "${READ_REPEAT:-1}" 2>&1 \
     | tee -a "$LOG"
+[ -n "${TESTS_LAST:-}" ] && gpu_tests
+exit 0

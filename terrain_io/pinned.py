@@ -9,6 +9,9 @@ k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled o
 :meth:`PinnedBands.uploaded`. :func:`write_bands` is the one way results on the GPU are stored
 (:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology), and
 :func:`write_held` writes a pipeline's whole results, on the GPU or the host, the way each belongs.
+The way in, where nvCOMP is installed: :func:`read_device` (whole arrays decoded on the GPU from their
+zstd frames; from pageable memory, which crosses the bus at ~7 GB/s on the H100: the frames are few, and
+pinning a buffer in a fresh process cost more than the copy).
 """
 from __future__ import annotations
 
