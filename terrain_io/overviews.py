@@ -25,7 +25,7 @@ Levels are tiled, sharded, checksummed and sealed like every result (:meth:`Terr
 
 Out of core in one pass: each block of the base array -- a shard, or a quarter, a sixteenth... of one when
 the array has few shards for the threads (:func:`_block_side`) -- is read once, as a task (Morton order, on the
-``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
+``scheduler``; once the staged pyramid group and the levels' nodes are written), and reduced level
 after level in memory -- the first halving chunk by chunk as the chunks are decoded
 (:func:`read_halved`: the block's cells are never put together). Its piece of level k is whole chunks of a
 level-k shard while 2^k divides the tiles of a block side: those chunks are encoded in the task
@@ -51,7 +51,6 @@ import hashlib
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 
 import numba as nb
@@ -444,28 +443,27 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     handles = {(where, name, digest): arr}  # this process's readers use the open array
     _OPEN.update(handles)
     _opened.cache_clear()
-    # the first shards are read while the levels' handles and the staged result group are made (on 2
-    # cores its zarr calls and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md)
     # (in_flight counts shards: as many bytes of blocks -- all 16 of a 4096^2 array, so the readers never
-    # wait for the main thread while the writer thread makes the levels' nodes)
+    # wait for the main thread)
     in_flight *= (side // size) ** 2
-    pieces = (Prefetch(_cascade, tasks, in_flight, codec_pool()) if scheduler == "local"
-              else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
-    time.sleep(0)  # (the GIL to the readers now: this thread's Python below would hold their start ~2 ms)
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     try:
         handles.update({(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)})
-        _OPEN.update(handles)  # (a reader that needs one first makes its own)
-        with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
+        _OPEN.update(handles)
+        with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
             root = str(writer.group.store.root)  # the staged result group's folder
             level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
-            # every level's nodes as files, and the coordinates' manifests, in the writer thread (before its
-            # first shard) while the first blocks are read: zarr's event loop would cost more than the
-            # pyramid's data, and the seal is what remains after the last read (benchmarks/RESULTS.md)
-            nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
+            # every level's nodes as files, and the coordinates' manifests, before the first block is read: zarr's
+            # event loop would cost more than the pyramid's data, the seal is what remains after the last read,
+            # and written beside the reads (a writer thread, as before) they cost the 2 cores ~10 ms of CPU
+            # more than here, where they add ~5 ms of one thread (benchmarks/RESULTS.md, issue 32, fifth round)
+            sealed = _write_level_nodes(root, leaf, shapes, metas, t, store.crs)
+            pieces = (Prefetch(_cascade, tasks, in_flight, codec_pool()) if scheduler == "local"
+                      else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
             assembler = _Assembler(grid0, side // size, level_arrays, whole, side, method, missing, writes)
             try:
-                with progress_bar(progress, len(tasks), f"overviews {name}", unit="block") as bar:
+                with contextlib.closing(pieces), progress_bar(progress, len(tasks), f"overviews {name}",
+                                                              unit="block") as bar:
                     for task, (encoded, raw) in zip(tasks, pieces):
                         for k, chunks in enumerate(encoded, start=1):
                             assembler.put_encoded(k, task.block, chunks)
@@ -477,7 +475,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
                 writes.shutdown(wait=True, cancel_futures=True)  # (no write left on a file closed here)
                 assembler.discard()
                 raise
-            writer.sealed = nodes.result()
+            writer.sealed = sealed
     finally:
         for key in handles:
             _OPEN.pop(key, None)
