@@ -485,13 +485,17 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
 def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> integrity.SealedAhead:
     """Level k's group ``k``, its array's zarr.json and its coordinates, for each level; then the seal of
     all but the levels' arrays (:func:`~terrain_io.integrity.seal_ahead`: every node is written)."""
+    written = {}
     for k, (shape, meta) in enumerate(zip(shapes, metas), start=1):
         folder = os.path.join(root, str(k))
-        write_node(folder, group_metadata())
+        written[str(k)] = group_metadata()
+        write_node(folder, written[str(k)])
+        written[f"{k}/{leaf}"] = meta
         write_node(os.path.join(folder, leaf), meta)
-        write_coordinate_files(folder, shape, level_transform(transform, k), crs)
+        for name, coordinate in write_coordinate_files(folder, shape, level_transform(transform, k), crs).items():
+            written[f"{k}/{name}"] = coordinate
     levels = {f"{k}/{leaf}" for k in range(1, len(shapes) + 1)}
-    return integrity.seal_ahead(root, lambda rel: rel not in levels)
+    return integrity.seal_ahead(root, lambda rel: rel not in levels, written)
 
 
 def _source_attrs(arr) -> dict:

@@ -1360,20 +1360,24 @@ def group_metadata(attrs: dict | None = None) -> dict:
     return {"attributes": dict(attrs or {}), "zarr_format": 3, "node_type": "group"}
 
 
-def write_coordinate_files(folder, shape, transform, crs) -> None:
-    """:func:`write_coordinates` into the group folder ``folder`` as files (the same bytes)."""
+def write_coordinate_files(folder, shape, transform, crs) -> dict[str, dict]:
+    """:func:`write_coordinates` into the group folder ``folder`` as files (the same bytes); returns each
+    coordinate's metadata (name -> zarr.json as a dict)."""
     from numcodecs import Zstd
 
     zstd = Zstd(level=0)  # with_checksum("auto"): zarr's default compressor
+    written = {}
     for name, values, attrs in coordinate_arrays(shape, transform, crs):
         node = os.path.join(folder, name)
         if values is None:
-            write_node(node, array_metadata((), "int32", (), [_bytes_codec("int32"), {"name": "crc32c"}], 0, attrs))
+            written[name] = array_metadata((), "int32", (), [_bytes_codec("int32"), {"name": "crc32c"}], 0, attrs)
+            write_node(node, written[name])
             continue
         n, step = len(values), min(len(values), _COORDINATE_CHUNK)
         codecs = [_bytes_codec("float64"), {"name": "zstd", "configuration": {"level": 0, "checksum": False}},
                   {"name": "crc32c"}]
-        write_node(node, array_metadata((n,), "float64", (step,), codecs, 0.0, attrs, (name,)))
+        written[name] = array_metadata((n,), "float64", (step,), codecs, 0.0, attrs, (name,))
+        write_node(node, written[name])
         os.makedirs(os.path.join(node, "c"), exist_ok=True)
         for i in range(0, n, step):
             part = np.zeros(step)  # (the last chunk padded with the fill value, as zarr stores it)
@@ -1382,6 +1386,7 @@ def write_coordinate_files(folder, shape, transform, crs) -> None:
                 continue
             data = zstd.encode(part)
             overwrite_file(os.path.join(node, "c", str(i // step)), [data, integrity.crc32c(data)])
+    return written
 
 
 def array_handle(root, path: str, meta: dict) -> zarr.Array:

@@ -69,3 +69,27 @@ def test_a_failed_read_leaves_no_pyramid(tmp_path):
         ov.write_overviews(st.path, ["elevation"])
     assert sorted(p.name for p in st.path.iterdir()) == before
     assert not (st.path / ov.GROUP).exists()
+
+
+def test_manifests_sealed_from_the_written_nodes_are_a_plain_seals(tmp_path):
+    """A pyramid of 11 levels (its groups 1, 10, 11, 2, ... in the walk's order): the manifests sealed from
+    the nodes as they were written, not read back, are byte for byte those a seal of the finished tree
+    writes; and verify finds the store sound."""
+    import shutil
+
+    from terrain_io import integrity
+
+    rng = np.random.default_rng(2)
+    st = utm_store(tmp_path / "s.zarr", (rng.random((3, 8200)) * 50).astype(np.float32), tile=8, shard=4)
+    assert ov.write_overviews(st.path, ["elevation"]) == {"elevation": 11}
+    pyramid = st.path / ov.GROUP / "elevation"
+    plain = tmp_path / "plain"
+    shutil.copytree(pyramid, plain)
+    for m in plain.rglob(integrity.MANIFEST):
+        m.unlink()
+    integrity.seal(plain)
+    manifests = sorted(m.relative_to(plain) for m in plain.rglob(integrity.MANIFEST))
+    assert len(manifests) == 44  # 11 levels x (the level, x, y, spatial_ref)
+    for m in manifests:
+        assert (pyramid / m).read_bytes() == (plain / m).read_bytes(), m
+    assert verify(st.path).sound
