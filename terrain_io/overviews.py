@@ -294,7 +294,7 @@ def read_halved(arr, sr: int, sc: int, method: str, missing, part: Window | None
 @functools.lru_cache(maxsize=64)
 def _level_array(store: str, path: str, meta: str):
     """A handle on a level's metadata that its chunks are encoded with (nothing is read or written
-    through it: its folder is the store's, not the staged pyramid's, which need not exist yet)."""
+    through it: in a worker process its folder is the store's, not the staged pyramid's)."""
     known = _OPEN.get((store, path, meta))  # (a zarr handle costs ~0.3 ms: this process's are made once)
     return known if known is not None else array_handle(store, path, json.loads(meta))
 
@@ -448,11 +448,12 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     in_flight *= (side // size) ** 2
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     try:
-        handles.update({(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)})
-        _OPEN.update(handles)
         with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
             root = str(writer.group.store.root)  # the staged result group's folder
             level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
+            # (the readers encode with the same handles: only their metadata is used, ~0.3 ms a handle)
+            handles.update({(where, path, js): a for (path, js), a in zip(levels, level_arrays)})
+            _OPEN.update(handles)
             # every level's nodes as files, and the coordinates' manifests, before the first block is read: zarr's
             # event loop would cost more than the pyramid's data, the seal is what remains after the last read,
             # and written beside the reads (a writer thread, as before) they cost the 2 cores ~10 ms of CPU
