@@ -2,8 +2,9 @@
 tile of ``terrain view``, cold (rendered) and warm (from the cache).
 
 Each figure is wall seconds and CPU seconds (user + sys of this process: on a shared machine the
-CPU time is the steadier figure; ``*_sys`` its system part); "cores" is CPU / wall (how many cores were kept busy), head_ms and
-tail_ms the pyramid's time before its first base block is read and after its last (one thread works).
+CPU time is the steadier figure; ``*_sys`` its system part); "cores" is CPU / wall (how many cores
+were kept busy), head_ms and tail_ms the pyramid's time before its first base block is read and after
+its last (one thread works).
 "One read": every shard of the array read and decoded in Morton order (``store.read_shard``, one
 thread, as the overviews' pass reads them), the files in the page cache as for the overviews run just
 after it (an untimed first run warms it); each timed run writes
@@ -53,8 +54,8 @@ def read_once(path, array):
 def system_seconds() -> float:
     """The kernel's CPU seconds of this process: where a pyramid's new file pages are paid (on the
     2-core VM each 4 KiB page of memory it had handed back to its host faults there when first
-    written: 22 MB of levels cost 4-8 ms of system time into pages just freed, 15-85 ms into others;
-    benchmarks/RESULTS.md, issue 32, fifth round)."""
+    written: 22 MB of new file pages cost 4-8 ms of system time into pages just freed, 8-90 ms
+    into others; benchmarks/RESULTS.md, issue 32, fifth round)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
