@@ -261,7 +261,8 @@ def _sealed_tree(root: str) -> tuple[dict, list]:
 def _known_tree(root: str, written: dict) -> tuple[dict, list]:
     """:func:`_sealed_tree` of a tree whose nodes below ``root`` are ``written`` (path -> metadata): the same
     digests, in the walk's order (a folder, then its children in sorted order)."""
-    metas = {"": json.loads(Path(root, "zarr.json").read_bytes()), **written}
+    top = Path(root, "zarr.json")
+    metas = {**({"": json.loads(top.read_bytes())} if top.is_file() else {}), **written}
     nodes, arrays = {}, []
     for rel in sorted(metas, key=lambda rel: rel.split("/") if rel else []):
         meta = metas[rel]

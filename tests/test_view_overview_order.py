@@ -1,8 +1,10 @@
 """The order of a pyramid's work (issue 32, fifth round): the levels' nodes -- their groups, zarr.json and
 coordinates, sealed -- are written before the first block of the base is read (written beside the reads they
-cost the 2 cores more than their own time), and a read that fails leaves no pyramid and no staged folder."""
+cost the 2 cores more than their own time) and sealed from their metadata as written (a plain seal's
+manifests, byte for byte), and a read that fails leaves no pyramid and no staged folder."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -93,3 +95,31 @@ def test_manifests_sealed_from_the_written_nodes_are_a_plain_seals(tmp_path):
     for m in manifests:
         assert (pyramid / m).read_bytes() == (plain / m).read_bytes(), m
     assert verify(st.path).sound
+
+
+@pytest.mark.parametrize("with_root", [True, False])
+def test_seal_ahead_from_written_nodes_is_the_walks(tmp_path, with_root):
+    """seal_ahead given the nodes as written: the digests, arrays and manifests of the walk that reads them
+    back, with or without a root node."""
+    from terrain_io import integrity
+    from terrain_io.store import group_metadata, tiled_array_metadata, write_coordinate_files, write_node
+
+    trees = []
+    for name in ("walked", "known"):
+        root = tmp_path / name
+        root.mkdir()
+        if with_root:
+            write_node(root, group_metadata({"source": "elevation"}))
+        written = {}
+        for k in ("1", "10", "2"):
+            written[k] = group_metadata()
+            write_node(root / k, written[k])
+            written[f"{k}/v"] = tiled_array_metadata((40, 30), np.dtype("float32"), 8, 2, math.nan, {"level": int(k)})
+            write_node(root / k / "v", written[f"{k}/v"])
+            for coord, meta in write_coordinate_files(root / k, (40, 30), None, None).items():
+                written[f"{k}/{coord}"] = meta
+        trees.append(integrity.seal_ahead(root, lambda rel: not rel.endswith("/v"), written if name == "known" else None))
+    walked, known = trees
+    assert known.tree == walked.tree and known.done == walked.done and len(known.done) == 9
+    for m in (tmp_path / "walked").rglob(integrity.MANIFEST):
+        assert (tmp_path / "known" / m.relative_to(tmp_path / "walked")).read_bytes() == m.read_bytes(), m
