@@ -118,7 +118,8 @@ def test_seal_ahead_from_written_nodes_is_the_walks(tmp_path, with_root):
             write_node(root / k / "v", written[f"{k}/v"])
             for coord, meta in write_coordinate_files(root / k, (40, 30), None, None).items():
                 written[f"{k}/{coord}"] = meta
-        trees.append(integrity.seal_ahead(root, lambda rel: not rel.endswith("/v"), written if name == "known" else None))
+        known = written if name == "known" else None
+        trees.append(integrity.seal_ahead(root, lambda rel: not rel.endswith("/v"), known))
     walked, known = trees
     assert known.tree == walked.tree and known.done == walked.done and len(known.done) == 9
     for m in (tmp_path / "walked").rglob(integrity.MANIFEST):
