@@ -153,8 +153,6 @@ class TerrainStore:
     def _open_group(path: Path, mode: str) -> zarr.Group:
         """The store's group on a :class:`~terrain_io.integrity.CheckedStore`: every chunk zarr reads
         is checked against its array's manifest and checksums first."""
-        import json
-
         with open(path / "zarr.json") as f:
             version = int(json.load(f).get("attributes", {}).get("format_version", 1))
         checked = integrity.CheckedStore(path, read_only=mode == "r",
@@ -1467,8 +1465,6 @@ def array_handle(root, path: str, meta: dict) -> zarr.Array:
 def is_terrain_store(path) -> bool:
     """Whether ``path`` is a folder this tool made as a store: a Zarr group whose attributes say
     ``format: terrain`` (what :meth:`TerrainStore.create` writes)."""
-    import json
-
     try:
         with open(Path(path) / "zarr.json") as f:
             meta = json.load(f)
