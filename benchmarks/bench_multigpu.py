@@ -101,7 +101,7 @@ def child(args) -> None:
     st = TerrainStore.open(args.store)
     t0 = time.perf_counter()
     try:
-        out = step(name, st, args.device, scheduler, args.memory, args.unit)
+        out = step(name, st, args.device, scheduler, args.memory, args.unit, args.weight)
     except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
         out = {"error": f"{type(exc).__name__}: {exc}"}
     t1 = time.perf_counter()
@@ -116,7 +116,7 @@ def child(args) -> None:
     print("RESULT " + json.dumps(row, default=str), flush=True)
 
 
-def step(name, st, device, scheduler, memory, unit):
+def step(name, st, device, scheduler, memory, unit, weight="absdiff"):
     from terrain_io.grid.fill import fill
     from terrain_io.grid.flow.pipeline import flow
     from terrain_io.grid.mst import mst
@@ -127,7 +127,7 @@ def step(name, st, device, scheduler, memory, unit):
         r = mst(st, device=device, memory=memory, progress=False, scheduler=scheduler)
         return {"edges": r.edges, "trees": r.trees, "total_weight": r.total_weight_exact, "timings": r.timings}
     if name in ("shards", "index"):
-        r = sssp(st, [(rows // 2, cols // 2)], cell=True, device=device, memory=memory, progress=False,
+        r = sssp(st, [(rows // 2, cols // 2)], weight=weight, cell=True, device=device, memory=memory, progress=False,
                  method=name, name=name, scheduler=scheduler, unit=unit if name == "shards" else None)
         return {"reached": r.reached, "max_distance": r.max_distance, "timings": r.timings,
                 "stats": r.merge_stats}
@@ -192,7 +192,7 @@ def run_one(args, name: str, config: str, gpus: list[str], limit: float) -> dict
     n = 1 if config == "local" else int(config.removeprefix("cuda"))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, __file__, "--child", name, config, "--store", str(args.store), "--device", args.device,
-           "--memory", args.memory, *(["--unit", str(args.unit)] if args.unit else [])]
+           "--memory", args.memory, "--weight", args.weight, *(["--unit", str(args.unit)] if args.unit else [])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -256,6 +256,7 @@ def main():
     ap.add_argument("--memory", default="16GB")
     ap.add_argument("--device", default="gpu", help="cpu: the same plumbing on the CPU (a rehearsal)")
     ap.add_argument("--unit", type=int, help="the shard method's unit side (default: from the budget)")
+    ap.add_argument("--weight", default="absdiff", help="the SSSP steps' edge weight (shards, index)")
     ap.add_argument("--runs", default=DEFAULT_RUNS, help="STEP:CONFIG,... in the order to run")
     ap.add_argument("--store", help="the store to use; made there (synthetic, seed 1) when it does not exist")
     ap.add_argument("--only-store", action="store_true", help="make the store and stop")
@@ -283,7 +284,7 @@ def main():
     shape = list(TerrainStore.open(args.store).shape)
     gpus = [g for g in (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(parallel.visible_gpus())).split(",") if g]
     host = {"host": platform.node(), "cpus": os.cpu_count(), "gpus": gpus, "size": shape, "memory": args.memory,
-            "device": args.device, "unit": args.unit}
+            "device": args.device, "unit": args.unit, "weight": args.weight}
     print(json.dumps(host), flush=True)
     rows = []
     for run in args.runs.split(","):

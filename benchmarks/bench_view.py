@@ -2,8 +2,9 @@
 tile of ``terrain view``, cold (rendered) and warm (from the cache).
 
 Each figure is wall seconds and CPU seconds (user + sys of this process: on a shared machine the
-CPU time is the steadier figure); "cores" is CPU / wall (how many cores were kept busy), head_ms and
-tail_ms the pyramid's time before its first base block is read and after its last (one thread works).
+CPU time is the steadier figure; ``*_sys`` its system part); "cores" is CPU / wall (how many cores
+were kept busy), head_ms and tail_ms the pyramid's time before its first base block is read and after
+its last (one thread works).
 "One read": every shard of the array read and decoded in Morton order (``store.read_shard``, one
 thread, as the overviews' pass reads them), the files in the page cache as for the overviews run just
 after it (an untimed first run warms it); each timed run writes
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import shutil
 import subprocess
 import sys
@@ -47,6 +49,14 @@ def read_once(path, array):
     side = st.tile_size * st.shard_size
     for r, c in morton_order(*(-(-n // side) for n in arr.shape)):
         read_shard(arr, int(r), int(c))
+
+
+def system_seconds() -> float:
+    """The kernel's CPU seconds of this process: where a pyramid's new file pages are paid (on the
+    2-core VM each 4 KiB page of memory it had handed back to its host faults there when first
+    written: 22 MB of new file pages cost 4-8 ms of system time into pages just freed, 8-90 ms
+    into others; benchmarks/RESULTS.md, issue 32, fifth round)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 def timed_reads(fn):
@@ -118,19 +128,26 @@ def main():
                 shutil.rmtree(Path(path) / "overviews", ignore_errors=True)
             elif (Path(path) / "overviews").exists():
                 (Path(path) / "overviews").rename(old / str(rep))
+            rs = system_seconds()
             _, rw, rc = timed(lambda: read_once(path, args.array))
+            rs, os_ = system_seconds() - rs, system_seconds()
             (_, edges), ow, oc = timed(lambda: timed_reads(lambda: write_overviews(path, [args.array],
                                                                                   scheduler=args.scheduler)))
+            os_ = system_seconds() - os_
             rows.append({"what": "overviews", "array": args.array, "rep": rep, "read_wall": round(rw, 3),
                          "read_cpu": round(rc, 3), "overviews_wall": round(ow, 3), "overviews_cpu": round(oc, 3),
                          "ratio_wall": round(ow / rw, 2), "ratio_cpu": round(oc / rc, 2),
-                         "read_cores": round(rc / rw, 2), "overviews_cores": round(oc / ow, 2), **edges})
+                         "read_cores": round(rc / rw, 2), "overviews_cores": round(oc / ow, 2),
+                         "read_sys": round(rs, 3), "overviews_sys": round(os_, 3), **edges})
             print(json.dumps(rows[-1]), flush=True)
         runs = [r for r in rows if r["what"] == "overviews"]
-        best = {k: min(r[k] for r in runs) for k in ("read_wall", "read_cpu", "overviews_wall", "overviews_cpu")}
+        best = {k: min(r[k] for r in runs) for k in ("read_wall", "read_cpu", "overviews_wall", "overviews_cpu",
+                                                    "read_sys", "overviews_sys")}
         print(json.dumps({"what": f"overviews, best of {len(runs)}", **best,
                           "ratio_wall": round(best["overviews_wall"] / best["read_wall"], 2),
-                          "ratio_cpu": round(best["overviews_cpu"] / best["read_cpu"], 2)}), flush=True)
+                          "ratio_cpu": round(best["overviews_cpu"] / best["read_cpu"], 2),
+                          "median_ratio_wall": float(np.median([r["ratio_wall"] for r in runs])),
+                          "median_overviews_sys": float(np.median([r["overviews_sys"] for r in runs]))}), flush=True)
         source, _, _ = timed(lambda: TileSource(path))
         top = source.native_zoom()
         w, s, e, n = source.bounds_lonlat()

@@ -10,7 +10,7 @@ import numpy as np
 from terrain_io.backend import start_gpu
 
 from .common import (device_option, memory_option, new_output_file, output_option, overviews_option,
-                     overwrite_files_option, quiet, say, table_option)
+                     overwrite_files_option, quiet, say, scheduler_option, table_option)
 from .main import cli
 
 threshold_option = click.option("--threshold", type=float, required=True,
@@ -28,12 +28,8 @@ def _pair(text: str, what: str) -> tuple[float, float]:
 
 
 def _report(result, table, output, vectors: str) -> None:
-    """Write the result's table (``--table``: a block of rows at a time, a bar of its rows) and say its
-    summary line with where the table and the vectors (``-o``) went."""
-    if table is not None:
-        from terrain_io.grid.hydro.pipeline import write_table
-
-        write_table(result, table, progress=not quiet())
+    """Say the result's summary line with where the table (``--table``, written by the command) and the
+    vectors (``-o``) went."""
     say(result.line + (f"; table -> {table}" if table is not None else "")
         + (f"; {vectors} -> {output}" if output is not None else ""))
 
@@ -57,8 +53,9 @@ def _report(result, table, output, vectors: str) -> None:
 @overwrite_files_option
 @memory_option
 @device_option
+@scheduler_option
 @overviews_option
-def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory, device):
+def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, name, output, memory, device, scheduler):
     """Watershed of each outlet: STORE/watershed/NAME/label (uint32: the number of the outlet, in the
     order given -- --at, then --cell, then --outlets -- a cell drains to first; 0 none). A nested
     outlet splits its parent's area (ESRI Watershed, Whitebox)."""
@@ -80,7 +77,7 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
     outlets = np.concatenate(parts)
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(st, outlets, name=name, snap=snap, memory=memory, progress=not quiet(), vectors=output,
-                 overwrite=overwrite, device=device)
+                 overwrite=overwrite, device=device, scheduler=scheduler, announce=say)
     _report(result, None, output, "polygons")
 
 
@@ -92,15 +89,17 @@ def watershed(store, points, at_crs, cells, outlets_file, outlets_crs, snap, nam
 @overwrite_files_option
 @memory_option
 @device_option
+@scheduler_option
 @overviews_option
-def basins(store, table, output, memory, device):
+def basins(store, table, output, memory, device, scheduler):
     """Every drainage basin: STORE/basins/label (uint32, one basin per cell that drains out of the DEM,
     at nodata or into a pit, numbered 1.. in row-major order of those cells; 0 at nodata)."""
     start_gpu(device)
     from terrain_io.grid.hydro.pipeline import basins as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
-    result = run(store, memory=memory, progress=not quiet(), vectors=output, overwrite=overwrite, device=device)
+    result = run(store, memory=memory, progress=not quiet(), vectors=output, overwrite=overwrite, device=device,
+                 scheduler=scheduler, announce=say, table=table)
     _report(result, table, output, "polygons")
 
 
@@ -114,8 +113,9 @@ def basins(store, table, output, memory, device):
 @overwrite_files_option
 @memory_option
 @device_option
+@scheduler_option
 @overviews_option
-def streams(store, threshold, units, table, output, memory, device):
+def streams(store, threshold, units, table, output, memory, device, scheduler):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
@@ -124,7 +124,7 @@ def streams(store, threshold, units, table, output, memory, device):
 
     overwrite = click.get_current_context().meta.get("overwrite", False)
     result = run(store, threshold, units=units, memory=memory, progress=not quiet(), vectors=output,
-                 overwrite=overwrite, device=device)
+                 overwrite=overwrite, device=device, scheduler=scheduler, announce=say, table=table)
     _report(result, table, output, "links")
 
 
@@ -134,12 +134,14 @@ def streams(store, threshold, units, table, output, memory, device):
 @units_option
 @memory_option
 @device_option
+@scheduler_option
 @overviews_option
-def hand(store, threshold, units, memory, device):
+def hand(store, threshold, units, memory, device, scheduler):
     """Height above the nearest drainage: STORE/hand/height (float32: a cell's elevation minus that
     of the first stream cell on its flow path; NaN where it meets none) and hand/drainage (that
     cell's link id, 0 none). Streams as terrain streams --threshold defines them."""
     start_gpu(device)
     from terrain_io.grid.hydro.pipeline import hand as run
 
-    say(run(store, threshold, units=units, memory=memory, progress=not quiet(), device=device).line)
+    say(run(store, threshold, units=units, memory=memory, progress=not quiet(), device=device, scheduler=scheduler,
+            announce=say).line)

@@ -13,6 +13,12 @@ themselves differ (another encoder), as they would between two zstd versions.
 
 :func:`encoder` gives None -- the bands then go the CPU's way -- where the library is not installed or
 does not load, or ``TERRAIN_NVCOMP=0`` is set (to compare the two ways).
+
+The other way, :class:`BandDecoder`: the frames of a store's chunks, read from its shard files and
+checked on the host (:func:`terrain_io.store.shard_frames`: each chunk's crc32c, since nvCOMP's
+decompressor trusts its input), cross the bus as they are (an eighth of the flow accumulation's
+cells) and are decoded there by ``nvcompBatchedZstdDecompressAsync`` straight into the rows of the
+array they belong to (:func:`terrain_io.pinned.read_device`).
 """
 from __future__ import annotations
 
@@ -30,6 +36,11 @@ _SONAME = "libnvcomp.so.6"
 class _Opts(ctypes.Structure):
     """nvcompBatchedZstdCompressOpts_t: 64 reserved bytes, zeroed (the defaults)."""
     _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+class _DecompressOpts(ctypes.Structure):
+    """nvcompBatchedZstdDecompressOpts_t: the backend (0: nvCOMP's choice) and 60 reserved bytes, zeroed."""
+    _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
 
 
 class _Alignments(ctypes.Structure):
@@ -57,6 +68,9 @@ def _lib():
         "nvcompBatchedZstdCompressGetRequiredAlignments": (_Opts, ctypes.POINTER(_Alignments)),
         "nvcompBatchedZstdCompressGetTempSize": (size_t, size_t, _Opts, p_size, size_t, ptr),
         "nvcompBatchedZstdCompressAsync": (ptr, ptr, size_t, size_t, ptr, size_t, ptr, ptr, _Opts, ptr, ptr),
+        "nvcompBatchedZstdDecompressGetRequiredAlignments": (_DecompressOpts, ctypes.POINTER(_Alignments)),
+        "nvcompBatchedZstdDecompressGetTempSize": (size_t, size_t, _DecompressOpts, p_size, size_t, ptr),
+        "nvcompBatchedZstdDecompressAsync": (ptr, ptr, ptr, ptr, size_t, ptr, size_t, ptr, _DecompressOpts, ptr, ptr),
     }
     for name, args in protos.items():
         fn = getattr(lib, name)
@@ -86,6 +100,32 @@ extern "C" __global__ void pack_frames(const unsigned char* __restrict__ src, un
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 """, "pack_frames")
+
+
+@functools.cache
+def _place_module():
+    """Copy chunk c (``slot`` cells from ``chunks + c * slot``, rows of ``t1``) to cell ``at[c]`` of
+    ``band`` (rows of ``pitch`` cells), its first ``rows[c]`` rows and ``cols[c]`` columns (clipped at
+    the array's edge): one block a chunk, its threads along a row. Cells moved as unsigned words of
+    their size, so every bit (NaN payloads too) is kept."""
+    import cupy as cp
+
+    names = [f"place_chunks<{t}>" for t in _WORDS.values()]
+    return cp.RawModule(code=r"""
+template <typename T>
+__global__ void place_chunks(const T* __restrict__ chunks, long long slot, long long t1,
+                             const long long* __restrict__ at, const int* __restrict__ rows,
+                             const int* __restrict__ cols, long long pitch, T* __restrict__ band) {
+    const T* s = chunks + blockIdx.x * slot;
+    T* d = band + at[blockIdx.x];
+    const int h = rows[blockIdx.x], w = cols[blockIdx.x];
+    for (int r = 0; r < h; ++r)
+        for (int c = threadIdx.x; c < w; c += blockDim.x) d[r * pitch + c] = s[r * t1 + c];
+}
+""", name_expressions=names)
+
+
+_WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
 
 def encoder():
@@ -191,3 +231,62 @@ class BandEncoder:
         packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)
         _pack_kernel()((k,), (256,), (slots, np.uint64(slot), out_sizes, offsets, packed))
         return sizes, packed
+
+
+def decoder():
+    """A :class:`BandDecoder`, or None where nvCOMP is not usable here (see the module's text)."""
+    if os.environ.get("TERRAIN_NVCOMP", "1") == "0" or _lib() is None:
+        return None
+    return BandDecoder()
+
+
+class BandDecoder:
+    """Zstd frames decoded on the GPU into a band of an array's rows: :meth:`decode`."""
+
+    def __init__(self):
+        self.lib = _lib()
+        self.opts = _DecompressOpts()
+        align = _Alignments()
+        _check(self.lib.nvcompBatchedZstdDecompressGetRequiredAlignments(self.opts, ctypes.byref(align)),
+               "alignments")
+        self.input_align = max(1, int(align.input))  # each frame's first byte (shard_frames' align)
+        self.output_align = max(int(align.output), int(align.temp), 8)
+
+    def decode(self, frames, chunks: np.ndarray, band, chunk_shape) -> np.ndarray:
+        """Decode the frames in ``frames`` (a CuPy uint8 buffer) into ``band`` (a C-contiguous CuPy
+        2-D array of the chunks' dtype): ``chunks`` rows (offset, bytes, row, col) of each frame, at
+        multiples of :attr:`input_align`, and the band's cell its chunk's first cell lands on (the
+        chunk clipped at the band's edge), ``chunk_shape`` (t0, t1). Returns the rows of ``chunks``
+        that did not decode to a whole chunk (empty: all did), once the band is complete."""
+        import cupy as cp
+
+        lib, k = self.lib, len(chunks)
+        if not k:
+            return np.zeros(0, np.int64)
+        (t0, t1), item = chunk_shape, band.dtype.itemsize
+        chunk_bytes = t0 * t1 * item
+        unit = max(self.output_align, item)
+        slot = -(-chunk_bytes // unit) * unit
+        stream = cp.cuda.get_current_stream().ptr
+        temp_bytes = ctypes.c_size_t()
+        _check(lib.nvcompBatchedZstdDecompressGetTempSize(k, chunk_bytes, self.opts, ctypes.byref(temp_bytes),
+                                                          k * chunk_bytes, stream), "temp size")
+        temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
+        out = cp.empty(k * slot, cp.uint8)
+        # (the small arrays made on the host and copied: no CuPy kernel to load in a fresh process)
+        in_ptrs = cp.asarray(np.uint64(frames.data.ptr) + chunks[:, 0].astype(np.uint64))
+        in_sizes = cp.asarray(chunks[:, 1].astype(np.uint64))
+        out_ptrs = cp.asarray(np.uint64(out.data.ptr) + np.arange(k, dtype=np.uint64) * np.uint64(slot))
+        room = cp.asarray(np.full(k, chunk_bytes, np.uint64))
+        got, statuses = cp.zeros(k, cp.uint64), cp.zeros(k, cp.int32)
+        _check(lib.nvcompBatchedZstdDecompressAsync(in_ptrs.data.ptr, in_sizes.data.ptr, room.data.ptr, got.data.ptr,
+                                                    k, temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
+                                                    self.opts, statuses.data.ptr, stream), "zstd decompress")
+        rows, cols = band.shape
+        at = cp.asarray(chunks[:, 2] * cols + chunks[:, 3])
+        h = cp.asarray(np.minimum(t0, rows - chunks[:, 2]).astype(np.int32))
+        w = cp.asarray(np.minimum(t1, cols - chunks[:, 3]).astype(np.int32))
+        word = np.dtype(f"u{item}")
+        _place_module().get_function(f"place_chunks<{_WORDS[item]}>")(
+            (k,), (256,), (out, np.int64(slot // item), np.int64(t1), at, h, w, np.int64(cols), band.view(word)))
+        return np.flatnonzero((statuses.get() != 0) | (got.get() != chunk_bytes))

@@ -25,7 +25,7 @@ Levels are tiled, sharded, checksummed and sealed like every result (:meth:`Terr
 
 Out of core in one pass: each block of the base array -- a shard, or a quarter, a sixteenth... of one when
 the array has few shards for the threads (:func:`_block_side`) -- is read once, as a task (Morton order, on the
-``scheduler``; the first tasks start before the staged pyramid group is made), and reduced level
+``scheduler``; once the staged pyramid group and the levels' nodes are written), and reduced level
 after level in memory -- the first halving chunk by chunk as the chunks are decoded
 (:func:`read_halved`: the block's cells are never put together). Its piece of level k is whole chunks of a
 level-k shard while 2^k divides the tiles of a block side: those chunks are encoded in the task
@@ -51,7 +51,6 @@ import hashlib
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 
 import numba as nb
@@ -273,21 +272,29 @@ def read_halved(arr, sr: int, sc: int, method: str, missing, part: Window | None
     r0, c0 = (sr * arr.shards[0], sc * arr.shards[1]) if part is None else (part.r0, part.c0)
     rows, cols = ((min(arr.shards[0], arr.shape[0] - r0), min(arr.shards[1], arr.shape[1] - c0)) if part is None
                   else part.shape)
-    fill = reduce2x2(np.full((2, 2), arr.fill_value, arr.dtype), method, missing)[0, 0]
-    half = np.full((-(-rows // 2), -(-cols // 2)), fill, arr.dtype)
+    half = np.empty((-(-rows // 2), -(-cols // 2)), arr.dtype)
+    i0, j0 = r0 // tile[0], c0 // tile[1]  # the window's first chunk
+    stored = np.zeros((-(-(r0 + rows) // tile[0]) - i0, -(-(c0 + cols) // tile[1]) - j0), bool)
 
     def each(r, c, cells):
         part = reduce2x2(cells, method, missing)
         half[(r - r0) // 2 : (r - r0) // 2 + part.shape[0], (c - c0) // 2 : (c - c0) // 2 + part.shape[1]] = part
+        stored[r // tile[0] - i0, c // tile[1] - j0] = True
 
     read_shard(arr, sr, sc, part, each=each)
+    if not stored.all():  # only the halves of the chunks not stored are filled (not the whole block first:
+        # 16 MB of a 4096^2 pyramid's blocks written twice)
+        fill = reduce2x2(np.full((2, 2), arr.fill_value, arr.dtype), method, missing)[0, 0]
+        for i, j in zip(*np.nonzero(~stored)):
+            a, b = max((i0 + i) * tile[0] - r0, 0) // 2, max((j0 + j) * tile[1] - c0, 0) // 2
+            half[a : ((i0 + i + 1) * tile[0] - r0) // 2, b : ((j0 + j + 1) * tile[1] - c0) // 2] = fill
     return half
 
 
 @functools.lru_cache(maxsize=64)
 def _level_array(store: str, path: str, meta: str):
     """A handle on a level's metadata that its chunks are encoded with (nothing is read or written
-    through it: its folder is the store's, not the staged pyramid's, which need not exist yet)."""
+    through it: in a worker process its folder is the store's, not the staged pyramid's)."""
     known = _OPEN.get((store, path, meta))  # (a zarr handle costs ~0.3 ms: this process's are made once)
     return known if known is not None else array_handle(store, path, json.loads(meta))
 
@@ -436,28 +443,28 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
     handles = {(where, name, digest): arr}  # this process's readers use the open array
     _OPEN.update(handles)
     _opened.cache_clear()
-    # the first shards are read while the levels' handles and the staged result group are made (on 2
-    # cores its zarr calls and the levels' nodes cost a tenth of a 4096^2 read: benchmarks/RESULTS.md)
     # (in_flight counts shards: as many bytes of blocks -- all 16 of a 4096^2 array, so the readers never
-    # wait for the main thread while the writer thread makes the levels' nodes)
+    # wait for the main thread)
     in_flight *= (side // size) ** 2
-    pieces = (Prefetch(_cascade, tasks, in_flight, codec_pool()) if scheduler == "local"
-              else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
-    time.sleep(0)  # (the GIL to the readers now: this thread's Python below would hold their start ~2 ms)
     writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="terrain-overviews")
     try:
-        handles.update({(where, path, js): array_handle(where, path, m) for (path, js), m in zip(levels, metas)})
-        _OPEN.update(handles)  # (a reader that needs one first makes its own)
-        with contextlib.closing(pieces), store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
+        with store.write_result(f"{GROUP}/{name}", attrs=attrs) as writer, writes:
             root = str(writer.group.store.root)  # the staged result group's folder
             level_arrays = [array_handle(root, f"{k}/{leaf}", m) for k, m in enumerate(metas, start=1)]
-            # every level's nodes as files, and the coordinates' manifests, in the writer thread (before its
-            # first shard) while the first blocks are read: zarr's event loop would cost more than the
-            # pyramid's data, and the seal is what remains after the last read (benchmarks/RESULTS.md)
-            nodes = writes.submit(_write_level_nodes, root, leaf, shapes, metas, t, store.crs)
+            # (the readers encode with the same handles: only their metadata is used, ~0.3 ms a handle)
+            handles.update({(where, path, js): a for (path, js), a in zip(levels, level_arrays)})
+            _OPEN.update(handles)
+            # every level's nodes as files, and the coordinates' manifests, before the first block is read: zarr's
+            # event loop would cost more than the pyramid's data, the seal is what remains after the last read,
+            # and written beside the reads (a writer thread, as before) they cost the 2 cores ~10 ms of CPU
+            # more than here, where they add ~5 ms of one thread (benchmarks/RESULTS.md, issue 32, fifth round)
+            sealed = _write_level_nodes(root, leaf, shapes, metas, t, store.crs)
+            pieces = (Prefetch(_cascade, tasks, in_flight, codec_pool()) if scheduler == "local"
+                      else imap_shards(_cascade, tasks, scheduler, in_flight=in_flight, announce=announce))
             assembler = _Assembler(grid0, side // size, level_arrays, whole, side, method, missing, writes)
             try:
-                with progress_bar(progress, len(tasks), f"overviews {name}", unit="block") as bar:
+                with contextlib.closing(pieces), progress_bar(progress, len(tasks), f"overviews {name}",
+                                                              unit="block") as bar:
                     for task, (encoded, raw) in zip(tasks, pieces):
                         for k, chunks in enumerate(encoded, start=1):
                             assembler.put_encoded(k, task.block, chunks)
@@ -469,7 +476,7 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
                 writes.shutdown(wait=True, cancel_futures=True)  # (no write left on a file closed here)
                 assembler.discard()
                 raise
-            writer.sealed = nodes.result()
+            writer.sealed = sealed
     finally:
         for key in handles:
             _OPEN.pop(key, None)
@@ -479,13 +486,17 @@ def _pyramid(store: TerrainStore, name: str, arr, scheduler: str, in_flight: int
 def _write_level_nodes(root, leaf: str, shapes, metas, transform, crs) -> integrity.SealedAhead:
     """Level k's group ``k``, its array's zarr.json and its coordinates, for each level; then the seal of
     all but the levels' arrays (:func:`~terrain_io.integrity.seal_ahead`: every node is written)."""
+    written = {}
     for k, (shape, meta) in enumerate(zip(shapes, metas), start=1):
         folder = os.path.join(root, str(k))
-        write_node(folder, group_metadata())
+        written[str(k)] = group_metadata()
+        write_node(folder, written[str(k)])
+        written[f"{k}/{leaf}"] = meta
         write_node(os.path.join(folder, leaf), meta)
-        write_coordinate_files(folder, shape, level_transform(transform, k), crs)
+        for name, coordinate in write_coordinate_files(folder, shape, level_transform(transform, k), crs).items():
+            written[f"{k}/{name}"] = coordinate
     levels = {f"{k}/{leaf}" for k in range(1, len(shapes) + 1)}
-    return integrity.seal_ahead(root, lambda rel: rel not in levels)
+    return integrity.seal_ahead(root, lambda rel: rel not in levels, written)
 
 
 def _source_attrs(arr) -> dict:

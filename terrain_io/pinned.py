@@ -9,6 +9,9 @@ k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled o
 :meth:`PinnedBands.uploaded`. :func:`write_bands` is the one way results on the GPU are stored
 (:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology), and
 :func:`write_held` writes a pipeline's whole results, on the GPU or the host, the way each belongs.
+The way in, where nvCOMP is installed: :func:`read_device` (whole arrays decoded on the GPU from their
+zstd frames; from pageable memory, which crosses the bus at ~7 GB/s on the H100: the frames are few, and
+pinning a buffer in a fresh process cost more than the copy).
 """
 from __future__ import annotations
 
@@ -149,8 +152,8 @@ def write_held(store, *pairs, timings=None) -> None:
     NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
     hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
     leave it the one way results there do (:func:`write_device`: through pinned
-    buffers, compressed on the GPU where nvCOMP is installed); the rest is encoded by threads, shards
-    in parallel. ``timings``: :func:`write_bands`'s phases of those on the GPU."""
+    buffers, compressed on the GPU where nvCOMP is installed; ``timings``: its phases); the rest is
+    encoded by threads, shards in parallel."""
     from .backend import is_cupy
     from .store import write_window
 
@@ -165,6 +168,99 @@ def write_held(store, *pairs, timings=None) -> None:
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:
         list(pool.map(lambda job: write_window(job[0], job[1], job[2](job[1].slices), True),
                       [(arr, win, block) for arr, block in pairs for win in wins]))
+
+
+def read_device(store, name: str, threads: int, convert=None, each=None, timings=None):
+    """The whole array ``name`` of ``store`` on the GPU, its chunks' zstd frames decoded there (nvCOMP:
+    :class:`terrain_io.nvzstd.BandDecoder`), or None where that cannot be -- nvCOMP not usable, or an
+    array not stored as this tool's zstd chunks with their crc32c (the GPU's decoder trusts its input):
+    the caller reads it the CPU's way. A band of shard rows at a time (about ``threads`` shards): its
+    shard files read and checked by ``threads`` threads (:func:`terrain_io.store.shard_frames`) while
+    the band before decodes, its frames copied to the GPU as they are (the accumulation's uint64
+    cells compress ~9x) and decoded straight into the array's rows. ``convert`` (dtype, function of a
+    CuPy block): each band converted on the GPU (the same function the CPU's reader applies to NumPy
+    blocks). ``each(r0, r1, cells)``: each band's rows r0 .. r1 given to it as they are decoded (a CuPy
+    array, valid during the call) instead of one array held whole, and True returned. The same cells
+    as :func:`terrain_io.store.read_shard` (chunks never stored: the fill value); damage raises
+    DamagedStoreError; a failure of the GPU's decoder itself is a note, and None (the CPU's way).
+    ``timings``: its parts ``read_wait`` (for the shards' frames), ``read_stage`` (the frames
+    copied to the GPU) and ``read_decode`` (the GPU's decode and placing, the band converted)."""
+    from . import nvzstd
+    from .errors import TerrainError, TerrainNote
+    from .store import ELEVATION, shard_layout
+
+    arr = store.elevation if name == ELEVATION else store.group[name]
+    layout = shard_layout(arr)
+    if layout is None or layout[1] is None or not layout[2]:
+        return None
+    dec = nvzstd.decoder()
+    if dec is None:
+        return None
+    try:
+        return _decode_bands(arr, layout[0], dec, threads, convert, each, timings)
+    except TerrainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- no GPU decoder: the CPU's way, which reads the same cells
+        warnings.warn(f"the GPU's zstd decoder failed ({exc}); {name} is decoded on the CPU", TerrainNote,
+                      stacklevel=2)
+        return None
+
+
+def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
+    """:func:`read_device`'s bands of ``arr`` (chunks of ``chunk_shape``) through ``dec``."""
+    import cupy as cp
+
+    from .errors import DamagedStoreError
+    from .parallel import Prefetch
+    from .store import shard_frames
+
+    t0, t1 = chunk_shape
+    phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
+    rows, cols = arr.shape
+    (s0, s1), dtype = arr.shards, np.dtype(arr.dtype)
+    nsr, nsc = -(-rows // s0), -(-cols // s1)
+    out = cp.empty((rows, cols), dtype if convert is None else convert[0]) if each is None else None
+    step = max(1, threads // nsc)  # shard rows a band
+    bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
+    shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(
+            Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align), shards, 2 * step * nsc, pool)) as ahead:
+        read = iter(ahead)
+        for band in bands:
+            r0, r1 = band[0] * s0, min((band[-1] + 1) * s0, rows)
+            parts, at = [], 0  # (where its frames go, frames, the decoder's table, their chunks in the array)
+            for sr in band:
+                for sc in range(nsc):
+                    with phase("read_wait"):
+                        got = next(read)
+                    if got is None or not len(got[1]):
+                        continue
+                    frames, chunks = got
+                    table = np.stack([chunks[:, 2] + at, chunks[:, 3], sr * s0 - r0 + chunks[:, 0] * t0,
+                                      sc * s1 + chunks[:, 1] * t1], axis=1)
+                    parts.append((at, frames, table, chunks[:, :2] + (sr * (s0 // t0), sc * (s1 // t1))))
+                    at += -(-len(frames) // dec.input_align) * dec.input_align  # (the next part aligned too)
+            cells = out[r0:r1] if convert is None and out is not None else cp.empty((r1 - r0, cols), dtype)
+            if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
+                cells.fill(arr.fill_value)
+            if parts:
+                with phase("read_stage"):  # (from pageable memory: ~7 GB/s on the H100, and no pinning)
+                    frames = cp.empty(at, cp.uint8)
+                    for first, part, _, _ in parts:
+                        frames[first : first + len(part)].set(part)
+                with phase("read_decode"):
+                    failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
+                if len(failed):
+                    where = np.concatenate([p[3] for p in parts])[failed[0]]
+                    raise DamagedStoreError(arr.store.root, arr.path, where, "chunk does not decode (GPU zstd)")
+            if convert is not None:
+                with phase("read_decode"):
+                    cells = convert[1](cells)
+            if each is not None:
+                each(r0, r1, cells)
+            elif convert is not None:
+                out[r0:r1] = cells
+    return out if each is None else True
 
 
 def host_bytes(store, itemsizes) -> int:

@@ -23,6 +23,7 @@ import contextlib
 import datetime as _dt
 import functools
 import itertools
+import json
 import os
 import queue
 import sys
@@ -30,6 +31,7 @@ import threading
 import uuid
 import warnings
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_string
 from pathlib import Path
 from typing import Iterator
 
@@ -151,8 +153,6 @@ class TerrainStore:
     def _open_group(path: Path, mode: str) -> zarr.Group:
         """The store's group on a :class:`~terrain_io.integrity.CheckedStore`: every chunk zarr reads
         is checked against its array's manifest and checksums first."""
-        import json
-
         with open(path / "zarr.json") as f:
             version = int(json.load(f).get("attributes", {}).get("format_version", 1))
         checked = integrity.CheckedStore(path, read_only=mode == "r",
@@ -814,48 +814,22 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
     from numcodecs import Zstd
 
     (t0, t1), level, crc = fmt
-    key = arr.metadata.encode_chunk_key((sr, sc))
-    path = os.path.join(arr.store.root, arr.path, key)
-    check = _integrity_of(arr)
-    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
-    size = n0 * n1 * 16
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:  # never written: all fill value (unless the manifest lists it)
-        if check is not None:
-            check.check_entry(arr.path, key, None)
+    s0, s1 = sr * arr.shards[0], sc * arr.shards[1]  # the shard's first cell
+    whole = part is None
+
+    def absent(i, j):  # all fill value: only these cells are filled, not the whole window first
         if out is not None:
-            out[...] = arr.fill_value
-        return out
-    try:
-        length = os.fstat(fd).st_size
-        if check is not None:
-            check.check_entry(arr.path, key, length)
-        if length < size + 4:
-            raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
-        whole = part is None
-        if whole and hasattr(os, "posix_fadvise"):  # the kernel reads the file ahead while its chunks decode
-            os.posix_fadvise(fd, 0, length, os.POSIX_FADV_WILLNEED)
-        tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
-        index_bytes = tail[:-4]
-        if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
-            raise _damaged(arr, (sr, sc), "the shard index fails its checksum", unit="shard")
-        index = index_bytes.view("<u8").reshape(n0, n1, 2)
-        body = length - size - 4
-        s0, s1 = sr * arr.shards[0], sc * arr.shards[1]  # the shard's first cell
-        jobs = []
-        for i in range((r0 - s0) // t0, -(-(r1 - s0) // t0)):
-            for j in range((c0 - s1) // t1, -(-(c1 - s1) // t1)):
-                off, nb = (int(v) for v in index[i, j])
-                if off == NO_CHUNK:  # all fill value: only these cells are filled, not the whole window first
-                    if out is not None:
-                        a0, b0 = s0 + i * t0, s1 + j * t1
-                        out[max(a0, r0) - r0 : min(a0 + t0, r1) - r0, max(b0, c0) - c0 : min(b0 + t1, c1) - c0] = \
-                            arr.fill_value
-                    continue
-                if off + nb > body or nb < 4 * crc:
-                    raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
-                jobs.append((i, j, off, nb))
+            a0, b0 = s0 + i * t0, s1 + j * t1
+            out[max(a0, r0) - r0 : min(a0 + t0, r1) - r0, max(b0, c0) - c0 : min(b0 + t1, c1) - c0] = arr.fill_value
+
+    with _shard_file(arr, sr, sc, ahead=whole) as opened:
+        if opened is None:  # never written: all fill value
+            if out is not None:
+                out[...] = arr.fill_value
+            return out
+        fd, index, body = opened
+        jobs = _chunk_jobs(arr, sr, sc, index, body, crc, range((r0 - s0) // t0, -(-(r1 - s0) // t0)),
+                           range((c0 - s1) // t1, -(-(c1 - s1) // t1)), absent)
         if whole:  # the body into one buffer (its chunks numpy views: no copies), piece by piece ahead of use
             jobs.sort(key=lambda job: job[2])
             raw = np.empty(body, np.uint8)
@@ -874,12 +848,8 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         def decode(job):
             """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
             i, j, off, nb = job
-            where = (sr * n0 + i, sc * n1 + j)
-            data = raw[off : off + nb] if whole else raw[off]
-            if crc:
-                data, stored = data[:-4], data[-4:]
-                if integrity.crc32c(data) != stored.tobytes():
-                    raise _damaged(arr, where, "chunk fails its checksum")
+            where = (sr * index.shape[0] + i, sc * index.shape[1] + j)
+            data = _checked(arr, where, raw[off : off + nb] if whole else raw[off], crc)
             if level is None:  # stored as its bytes: the chunk is a view of the buffer
                 if len(data) != t0 * t1 * arr.dtype.itemsize:
                     raise _damaged(arr, where, f"chunk holds {len(data)} bytes")
@@ -906,9 +876,105 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
         # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
         _run_chunks(decode, arriving, (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0, len(jobs))
+    return out
+
+
+@contextlib.contextmanager
+def _shard_file(arr: zarr.Array, sr: int, sc: int, ahead: bool = False):
+    """Shard (sr, sc)'s file of an array in this tool's layout (:func:`shard_layout`), open:
+    (fd, index (n0, n1, 2): each chunk's offset and bytes, the body's length) once the file's length
+    is checked against the array's manifest and its index against its crc32c; None where it was
+    never written (all fill value, unless the manifest lists it). ``ahead``: the kernel asked to read
+    the whole file ahead (a whole shard is read)."""
+    (t0, t1), _, _ = shard_layout(arr)
+    key = arr.metadata.encode_chunk_key((sr, sc))
+    check = _integrity_of(arr)
+    n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
+    size = n0 * n1 * 16
+    try:
+        fd = os.open(os.path.join(arr.store.root, arr.path, key), os.O_RDONLY)
+    except FileNotFoundError:
+        if check is not None:
+            check.check_entry(arr.path, key, None)
+        yield None
+        return
+    try:
+        length = os.fstat(fd).st_size
+        if check is not None:
+            check.check_entry(arr.path, key, length)
+        if length < size + 4:
+            raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
+        if ahead and hasattr(os, "posix_fadvise"):  # the kernel reads the file ahead while its chunks decode
+            os.posix_fadvise(fd, 0, length, os.POSIX_FADV_WILLNEED)
+        tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
+        index_bytes = tail[:-4]
+        if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
+            raise _damaged(arr, (sr, sc), "the shard index fails its checksum", unit="shard")
+        yield fd, index_bytes.view("<u8").reshape(n0, n1, 2), length - size - 4
     finally:
         os.close(fd)
-    return out
+
+
+def _chunk_jobs(arr: zarr.Array, sr: int, sc: int, index, body: int, crc: bool, rows, cols, absent=None) -> list:
+    """(i, j, offset, bytes) of the stored chunks of a shard's chunk rows ``rows`` and columns
+    ``cols`` (ranges), each checked to lie inside the file's ``body``; ``absent(i, j)`` called for
+    those not stored (all fill value)."""
+    n0, n1 = index.shape[:2]
+    jobs = []
+    for i in rows:
+        for j in cols:
+            off, nb = (int(v) for v in index[i, j])
+            if off == NO_CHUNK:
+                if absent is not None:
+                    absent(i, j)
+                continue
+            if off + nb > body or nb < 4 * crc:
+                raise _damaged(arr, (sr * n0 + i, sc * n1 + j), "chunk lies outside its shard file (bad index)")
+            jobs.append((i, j, off, nb))
+    return jobs
+
+
+def _checked(arr: zarr.Array, where, data: np.ndarray, crc: bool) -> np.ndarray:
+    """A stored chunk's bytes without their crc32c (``crc``: format 2), checked against it."""
+    if not crc:
+        return data
+    data, stored = data[:-4], data[-4:]
+    if integrity.crc32c(data) != stored.tobytes():
+        raise _damaged(arr, where, "chunk fails its checksum")
+    return data
+
+
+def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1):
+    """The zstd frames of shard (sr, sc) of an array in this tool's compressed layout, for a decoder
+    elsewhere (:mod:`terrain_io.nvzstd`: on the GPU): the file read whole, its index and each chunk's
+    crc32c checked as :func:`read_shard` does, the frames where each lies at a multiple of ``align``
+    bytes: in the file's body as read, or else copied end to end into a new buffer. (frames (uint8),
+    chunks (int64 rows i, j, offset, bytes: the stored chunks, i and j the chunk's row and column in
+    the shard)), or None where the file was never written (all fill value)."""
+    (t0, t1), level, crc = shard_layout(arr)
+    if level is None:
+        raise ValueError(f"{arr.path}: chunks stored as their bytes, not zstd frames")
+    with _shard_file(arr, sr, sc, ahead=True) as opened:
+        if opened is None:
+            return None
+        fd, index, body = opened
+        n0, n1 = index.shape[:2]
+        jobs = _chunk_jobs(arr, sr, sc, index, body, crc, range(n0), range(n1))
+        raw = np.empty(body, np.uint8)
+        _read_span(fd, raw, 0, arr, (sr, sc))
+    chunks = np.zeros((len(jobs), 4), np.int64)
+    frames = []
+    for k, (i, j, off, nb) in enumerate(jobs):
+        frames.append(_checked(arr, (sr * n0 + i, sc * n1 + j), raw[off : off + nb], crc))
+        chunks[k] = i, j, off, len(frames[-1])
+    if not (chunks[:, 2] % align).any():  # (an alignment of 1: the file's body as it is)
+        return raw, chunks
+    sizes = -(-chunks[:, 3] // align) * align
+    chunks[:, 2] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    packed = np.empty(int(sizes.sum()), np.uint8)
+    for (_, _, at, nb), frame in zip(chunks.tolist(), frames):
+        packed[at : at + nb] = frame
+    return packed, chunks
 
 
 _READ_PIECE = 1 << 20  # bytes read ahead of the chunk being decoded
@@ -1328,31 +1394,54 @@ def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs:
 
 def write_node(folder, meta: dict) -> None:
     """Write ``meta`` as the zarr.json of the node in ``folder`` (made if missing), as zarr formats it."""
-    import json
-
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "zarr.json"), "wb") as f:
-        f.write(json.dumps(meta, allow_nan=True, indent=2).encode())
+        f.write(_indented_json(meta).encode())
+
+
+def _indented_json(value, indent: str = "\n") -> str:
+    """``json.dumps(value, allow_nan=True, indent=2)`` (zarr's zarr.json), 2.3x as fast: the standard
+    library indents in pure-Python generators (60 us a level's zarr.json, 26 here; a pyramid writes 20
+    nodes in the thread beside its readers, which wait for the GIL between their chunks)."""
+    if isinstance(value, str):
+        return _json_string(value)
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return (float.__repr__(value) if math.isfinite(value) else
+                "NaN" if value != value else "Infinity" if value > 0 else "-Infinity")
+    inner = indent + "  "
+    if isinstance(value, dict):
+        items = [inner + _json_string(str(k)) + ": " + _indented_json(v, inner) for k, v in value.items()]
+        return "{" + ",".join(items) + indent + "}" if items else "{}"
+    items = [inner + _indented_json(v, inner) for v in value]
+    return "[" + ",".join(items) + indent + "]" if items else "[]"
 
 
 def group_metadata(attrs: dict | None = None) -> dict:
     return {"attributes": dict(attrs or {}), "zarr_format": 3, "node_type": "group"}
 
 
-def write_coordinate_files(folder, shape, transform, crs) -> None:
-    """:func:`write_coordinates` into the group folder ``folder`` as files (the same bytes)."""
+def write_coordinate_files(folder, shape, transform, crs) -> dict[str, dict]:
+    """:func:`write_coordinates` into the group folder ``folder`` as files (the same bytes); returns each
+    coordinate's metadata (name -> zarr.json as a dict)."""
     from numcodecs import Zstd
 
     zstd = Zstd(level=0)  # with_checksum("auto"): zarr's default compressor
+    written = {}
     for name, values, attrs in coordinate_arrays(shape, transform, crs):
         node = os.path.join(folder, name)
         if values is None:
-            write_node(node, array_metadata((), "int32", (), [_bytes_codec("int32"), {"name": "crc32c"}], 0, attrs))
+            written[name] = array_metadata((), "int32", (), [_bytes_codec("int32"), {"name": "crc32c"}], 0, attrs)
+            write_node(node, written[name])
             continue
         n, step = len(values), min(len(values), _COORDINATE_CHUNK)
         codecs = [_bytes_codec("float64"), {"name": "zstd", "configuration": {"level": 0, "checksum": False}},
                   {"name": "crc32c"}]
-        write_node(node, array_metadata((n,), "float64", (step,), codecs, 0.0, attrs, (name,)))
+        written[name] = array_metadata((n,), "float64", (step,), codecs, 0.0, attrs, (name,))
+        write_node(node, written[name])
         os.makedirs(os.path.join(node, "c"), exist_ok=True)
         for i in range(0, n, step):
             part = np.zeros(step)  # (the last chunk padded with the fill value, as zarr stores it)
@@ -1361,6 +1450,7 @@ def write_coordinate_files(folder, shape, transform, crs) -> None:
                 continue
             data = zstd.encode(part)
             overwrite_file(os.path.join(node, "c", str(i // step)), [data, integrity.crc32c(data)])
+    return written
 
 
 def array_handle(root, path: str, meta: dict) -> zarr.Array:
@@ -1375,8 +1465,6 @@ def array_handle(root, path: str, meta: dict) -> zarr.Array:
 def is_terrain_store(path) -> bool:
     """Whether ``path`` is a folder this tool made as a store: a Zarr group whose attributes say
     ``format: terrain`` (what :meth:`TerrainStore.create` writes)."""
-    import json
-
     try:
         with open(Path(path) / "zarr.json") as f:
             meta = json.load(f)

@@ -66,6 +66,7 @@ def same(a: dict, b: dict):
 def run_all(st, device, scheduler) -> dict:
     from terrain_io.grid.fill import fill
     from terrain_io.grid.flow.pipeline import flow
+    from terrain_io.grid.hydro.pipeline import basins, hand, streams
     from terrain_io.grid.mst import mst
     from terrain_io.grid.sssp.engine import sssp
 
@@ -83,6 +84,15 @@ def run_all(st, device, scheduler) -> dict:
     if device == "gpu" or scheduler == "local":  # flow's Dask task is its whole GPU route
         flow(st, device=device, progress=False, scheduler=scheduler)
         out["flow"] = arrays(st, "flow")
+    else:
+        flow(st, device=device, progress=False)
+    # the hydrology: each command one task on a worker (its GPU)
+    basins(st, device=device, progress=False, scheduler=scheduler)
+    out["basins"] = arrays(st, "basins")
+    streams(st, 30, device=device, progress=False, scheduler=scheduler)
+    out["streams"] = arrays(st, "streams")
+    hand(st, 30, device=device, progress=False, scheduler=scheduler)
+    out["hand"] = arrays(st, "hand")
     return out
 
 
@@ -121,15 +131,45 @@ def test_workers_each_own_one_gpu(local_cuda):
 @pytest.mark.parametrize("local_cuda", [pytest.param("cpu", id="cpu-pretended-gpus", marks=pytest.mark.slow),
                                         DEVICES[1]], indirect=True)
 def test_pipelines_on_local_cuda_give_the_bytes_of_one_device_and_the_cpu(tmp_path, local_cuda):
-    """MST, SSSP (shards and index), fill and flow with ``--scheduler local-cuda``: the bytes of the
+    """MST, SSSP (shards and index), fill, flow, basins, streams and HAND with ``--scheduler local-cuda``: the bytes of the
     local run on one device and of the local CPU run."""
     device = local_cuda
     cpu = run_all(store_for(tmp_path, "cpu.zarr"), "cpu", "local")
     on_cluster = run_all(store_for(tmp_path, "cluster.zarr"), device, "local-cuda")
     compare(on_cluster, cpu)
     if device == "gpu":
-        assert {"mst", "shards", "index", "fill", "flow"} <= on_cluster.keys()
+        assert {"mst", "shards", "index", "fill", "flow", "basins", "streams", "hand"} <= on_cluster.keys()
         compare(run_all(store_for(tmp_path, "one.zarr"), "gpu", "local"), on_cluster)
+
+
+@pytest.mark.parametrize("local_cuda", DEVICES, indirect=True)
+def test_store_commands_on_local_cuda_give_the_bytes_of_local(tmp_path, local_cuda):
+    """synth, convert (a GeoTIFF) and export (GeoTIFF, ASCII, PNG) on ``local-cuda``: the store's
+    elevation and the exported files byte for byte those of the local run (commands without GPU
+    phases: the workers read, write and format the shards)."""
+    rasterio = pytest.importorskip("rasterio")
+    from terrain_io.convert import convert
+    from terrain_io.export import export
+
+    made = {s: synthesize(tmp_path / f"{s}.zarr", 200, cols=240, seed=5, nodata_fraction=0.1, tile=32, shard=2,
+                          scheduler=s) for s in ("local", "local-cuda")}
+    same(arrays(made["local"], ""), arrays(made["local-cuda"], ""))
+    exported = {}
+    for s, st in made.items():
+        for suffix in ("tif", "asc", "png"):
+            export(st.path, "elevation", tmp_path / f"{s}.{suffix}", scheduler=s)
+            exported.setdefault(suffix, []).append((tmp_path / f"{s}.{suffix}").read_bytes())
+    for suffix, (a, b) in exported.items():
+        assert a == b, suffix
+    with rasterio.open(tmp_path / "local.tif") as src:  # the GeoTIFF holds the store's cells
+        np.testing.assert_array_equal(src.read(1, masked=True).filled(np.nan),
+                                      np.asarray(made["local"].group["elevation"][...]))
+    converted = {s: convert(tmp_path / "local.tif", tmp_path / f"c-{s}.zarr", tile=32, shard=2, scheduler=s)
+                 for s in ("local", "local-cuda")}
+    same(arrays(TerrainStore.open(tmp_path / "c-local.zarr"), ""),
+         arrays(TerrainStore.open(tmp_path / "c-local-cuda.zarr"), ""))
+    assert converted["local"].valid == converted["local-cuda"].valid == int(np.isfinite(
+        np.asarray(made["local"].group["elevation"][...])).sum())
 
 
 @pytest.mark.parametrize("local_cuda", DEVICES, indirect=True)

@@ -662,7 +662,7 @@ def _flow_gpu(store, source, condition, outlets, wsrc, include_self, progress, t
     timings = Timings()
     with timings.phase("read"):
         with progress_bar(progress, 1, "flow: read", unit="DEM") as bar:
-            z_d, w_d = upload_held(store, source, wsrc)
+            z_d, w_d = upload_held(store, source, wsrc, timings=timings)
             bar.update(1)
     with timings.phase("gpu"):
         dx, dy = store.metric_cell_size

@@ -15,13 +15,20 @@ def threads(store) -> int:
     return max(1, min(os.cpu_count() or 1, len(list(store.shards()))))
 
 
-def upload_held(store, source, wsrc, convert=None):
+def upload_held(store, source, wsrc, convert=None, timings=None):
     """The DEM (and the weights, checked) on the GPU: shards read in parallel threads, each uploaded
     as it arrives, so that the host holds a few shards and reading overlaps the copies. ``convert``
     (dtype, function of a block): each block converted in its reader thread before the upload (the
-    hydrology's stream mask of the accumulation: an eighth of its bytes to copy)."""
+    hydrology's stream mask of the accumulation: an eighth of its bytes to copy). Where nvCOMP is
+    installed, the DEM's chunks are decoded on the GPU instead (:func:`terrain_io.pinned.read_device`:
+    only their zstd frames cross the bus; ``convert`` applied there; ``timings``: its parts)."""
     import cupy
 
+    from ...pinned import read_device
+
+    z_d = read_device(store, source, threads(store), convert, timings=timings) if wsrc is None else None
+    if z_d is not None:
+        return z_d, None
     dtype = (store.elevation if source == "elevation" else store.group[source]).dtype
     z_d = cupy.empty(store.shape, dtype if convert is None else convert[0])
     w_d = cupy.empty(store.shape, cupy.float64) if wsrc is not None else None

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -34,7 +36,7 @@ import numpy as np
 from ...backend import gpu_free_bytes, is_cupy, resolve_device, to_host
 from ...errors import InputError, TerrainNote
 from ...memory import format_bytes, memory_budget
-from ...parallel import Prefetch
+from ...parallel import Prefetch, check_scheduler, run_on_worker
 from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
@@ -85,6 +87,40 @@ def write_table(result: HydroResult, path, progress: bool = False) -> Path:
     """The result's table as CSV (:func:`terrain_io.tables.write_csv`: a block of rows at a time, under a
     temporary name renamed when complete)."""
     return write_csv(result.table, path, progress)
+
+
+def _task(args) -> HydroResult:
+    """One hydrology command run whole as a Dask task (:func:`_schedulable`); its table already
+    written there, the result comes back without it."""
+    name, path, positional, options = args
+    return dataclasses.replace(globals()[name](path, *positional, **options), table=None)
+
+
+def _schedulable(command):
+    """``command`` with ``scheduler`` (``local``, ``threads``, ``processes``, ``local-cuda`` or an
+    address, :mod:`terrain_io.parallel`), ``announce`` and ``table`` (a CSV path for the result's
+    table, :func:`write_table`). On a Dask scheduler the whole command runs as one task on a worker
+    -- with ``local-cuda`` on that worker's own GPU and within its ``memory``, as flow's GPU route
+    does -- and writes its outputs there (the store's arrays, ``vectors``, the table): nothing large
+    comes back, and the result comes without its table. The same bytes on every scheduler."""
+
+    @functools.wraps(command)
+    def run(store, *args, scheduler: str | None = "local", announce=None, table=None, progress: bool = True,
+            **options) -> HydroResult:
+        scheduler = check_scheduler(scheduler)
+        if scheduler == "local":
+            result = command(store, *args, progress=progress, **options)
+            if table is not None:
+                write_table(result, table, progress)
+            return result
+        if options.get("vectors") is not None:
+            check_output(options["vectors"], options.get("overwrite", False))  # here, before a worker starts
+            options["vectors"] = Path(options["vectors"]).absolute()
+        path = store.path if isinstance(store, TerrainStore) else Path(store)
+        options.update(table=None if table is None else Path(table).absolute(), progress=False)
+        return run_on_worker(_task, (command.__name__, str(path.absolute()), args, options), scheduler, announce)
+
+    return run
 
 
 def _open(store, what: str, memory, window_tiles: int | None = None, device: str | None = "auto") -> tuple[TerrainStore, "tiled.Windows | None", "_Route"]:
@@ -170,18 +206,28 @@ class _Route:
 
         return cupy.asarray(x)
 
-    def load(self, store: TerrainStore, name: str, progress: bool, convert=None):
+    def load(self, store: TerrainStore, name: str, progress: bool, convert=None, timer: Timings | None = None):
         """The whole array ``name`` on the route's device, read shard by shard in threads;
-        ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU)."""
+        ``convert`` (dtype, function of a shard's block) applied to each shard as read (GPU);
+        ``timer``: the GPU read's parts (:func:`...pinned.read_device`)."""
         if self.device == "cpu":
             return _read(store, name, progress)
         with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
-            out, _ = upload_held(store, name, None, convert)
+            out, _ = upload_held(store, name, None, convert, timer)
             bar.update(1)
         return out
 
+    def ahead(self, pool, store: TerrainStore, name: str, progress: bool, timer: Timings):
+        """:meth:`load` of ``name``: on the GPU in ``pool`` (a Future: read beside the command's next
+        read, the disk's, the host's threads and the GPU's decode overlapping), on the CPU at once."""
+        if self.device == "gpu":
+            return pool.submit(self.load, store, name, progress, timer=timer)
+        with timer.phase("read"):
+            return self.load(store, name, progress)
+
     def network(self, store: TerrainStore, code, cells: float, progress: bool, timer: Timings, tails: bool = True):
-        """The stream network of accumulation >= ``cells`` and (``tails``) each link's accumulation
+        """The stream network of accumulation >= ``cells`` (``code``: the codes, or a Future of them:
+        :meth:`ahead`) and (``tails``) each link's accumulation
         at its last cell. Without ``tails`` the GPU gets only the mask ``accumulation >= cells``,
         made as each shard is read (HAND: an eighth of the bytes to copy); with them, the whole
         accumulation, gathered there (reading the links' cells from the store again instead decodes
@@ -197,12 +243,18 @@ class _Route:
         elif narrow:
             convert = (np.uint32, lambda b: b.astype(np.uint32))
         with timer.phase("read"):
-            acc = self.load(store, "flow/accumulation", progress, convert)
+            acc = self.load(store, "flow/accumulation", progress, convert, timer)
+            code = _result(code)
         with timer.phase(self.device):
             if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
                 return self.K.drainage(code, acc), None
             net = self.K.stream_network(code, acc, cells)
             return net, to_host(acc.reshape(-1)[self.up(net.links.tail)]).astype(stored) if tails else None
+
+
+def _result(value):
+    """``value``, or a Future's result (:meth:`_Route.ahead`)."""
+    return value.result() if isinstance(value, concurrent.futures.Future) else value
 
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
@@ -238,7 +290,7 @@ def _write(store: TerrainStore, group: str, arrays: dict, attrs: dict, timer: Ti
             for name, (values, fill, a) in arrays.items():
                 arr = writer.create_array(name, values.dtype, fill, attrs=a)
                 pairs.append((arr, values))
-            write_held(store, *pairs)
+            write_held(store, *pairs, timings=timer)
         if beside is not None:
             pairs.clear()
             arrays.clear()  # (the caller holds them no longer: freed while the work beside goes on)
@@ -279,6 +331,7 @@ def _cell(store: TerrainStore, name: str, r: int, c: int):
     return store.read(Window(r, r + 1, c, c + 1), name)[0, 0]
 
 
+@_schedulable
 def watershed(store, cells, *, name: str = "default", snap: float | None = None, memory=None,
               progress: bool = True, vectors=None, overwrite: bool = False,
               window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
@@ -316,7 +369,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
     label = None
     if wins is None:
         with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
+            code = route.load(store, "flow/direction", progress, timer=timer)
         with timer.phase(route.device):
             label = route.K.label_outlets(code, flat)
             del code
@@ -345,6 +398,7 @@ def watershed(store, cells, *, name: str = "default", snap: float | None = None,
                        f"({route.device}, {_method(wins)})", attrs)
 
 
+@_schedulable
 def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite: bool = False,
            window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``basins/label`` (uint32, 1.. in row-major order of the basins' terminal cells) and the table
@@ -360,7 +414,7 @@ def basins(store, *, memory=None, progress: bool = True, vectors=None, overwrite
     label = None
     if wins is None:
         with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
+            code = route.load(store, "flow/direction", progress, timer=timer)
         with timer.phase(route.device):
             label, outlet, counts = route.K.label_basins(code)
             del code
@@ -433,6 +487,7 @@ def _load_link_kernels(cells: int) -> None:
     threading.Thread(target=load, name="link-kernels").start()  # (not a daemon: never cut while numba writes its cache)
 
 
+@_schedulable
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
             overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``streams/order`` (Strahler, uint8), ``streams/magnitude`` (Shreve), ``streams/link`` (uint32)
@@ -450,9 +505,10 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
-        with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
-        net, upstream = route.network(store, code, cells, progress, timer)
+        with concurrent.futures.ThreadPoolExecutor(1) as beside:
+            code = route.ahead(beside, store, "flow/direction", progress, timer)
+            net, upstream = route.network(store, code, cells, progress, timer)
+            code = _result(code)
         links = net.links._replace(upstream=upstream)
         with timer.phase(route.device):
             n_stream = int(net.stream.sum())
@@ -488,7 +544,8 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
                 reader = CellReader.held(store, to_host(code))
                 del code
             with timer.phase("vectors"):
-                write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer)
+                write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer,
+                            gpu=route.device == "gpu")
         finally:
             if wins is None:
                 vectors_done.set()
@@ -506,6 +563,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
                        f"({route.device}, {_method(wins)})", attrs, table)
 
 
+@_schedulable
 def hand(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True,
          window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
     """``hand/height`` (float32, NaN where the flow path meets no stream) and ``hand/drainage``
@@ -517,11 +575,13 @@ def hand(store, threshold: float, *, units: str = "cells", memory=None, progress
     height_attrs = {"units": "elevation units above the drainage"}
     drainage_attrs = {"ids": "streams' link ids; 0 none"}
     if wins is None:
-        with timer.phase("read"):
-            code = route.load(store, "flow/direction", progress)
-        net, _ = route.network(store, code, cells, progress, timer, tails=False)
-        with timer.phase("read"):
-            z = route.load(store, source, progress)
+        with concurrent.futures.ThreadPoolExecutor(2) as beside:
+            code = route.ahead(beside, store, "flow/direction", progress, timer)
+            z = route.ahead(beside, store, source, progress, timer) if route.device == "gpu" else None
+            net, _ = route.network(store, code, cells, progress, timer, tails=False)
+            code = _result(code)
+            with timer.phase("read"):
+                z = route.load(store, source, progress) if z is None else z.result()
         with timer.phase(route.device):
             height, drainage = route.K.height_above_drainage(code, z, net)
             del z, code, net
@@ -649,13 +709,37 @@ class CellReader:
         return out
 
 
+def _values_on_gpu(store: TerrainStore, name: str, gids: np.ndarray, threads: int) -> np.ndarray | None:
+    """``name`` at cells ``gids``, gathered on the GPU from each band of its rows as nvCOMP decodes it
+    there (:func:`...pinned.read_device`: only the frames cross the bus, the host's threads read and
+    checksum them, no band held after its gather); None where that cannot be (no nvCOMP). (The CPU's
+    gather, :meth:`CellReader._gather`, decodes nearly every tile of the elevations for the 280 k link
+    ends of 16384^2, its threads beside the walks' Python.)"""
+    import cupy as cp
+
+    from ...pinned import read_device
+
+    cols = store.shape[1]
+    order = np.argsort(gids, kind="stable")
+    ranked = gids[order]
+    arr = store.elevation if name == ELEVATION else store.group[name]
+    out = np.empty(len(gids), arr.dtype)
+
+    def gather(r0, r1, cells):
+        a, b = np.searchsorted(ranked, [r0 * cols, r1 * cols])
+        if a < b:
+            out[order[a:b]] = cells.reshape(-1)[cp.asarray(ranked[a:b] - r0 * cols)].get()
+
+    return out if read_device(store, name, threads, each=gather) else None
+
+
 LINK_BATCH = 16384  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
 LINE_THREADS = 4  # batches walked at once where the codes are held (numba's walks and NumPy release the GIL)
 VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
 
 
 def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
-                hold: int = 0, timer: Timings | None = None) -> Path:
+                hold: int = 0, timer: Timings | None = None, gpu: bool = False) -> Path:
     """One LineString a stream link, in the store's CRS, made a batch of links at a time (in
     ``LINE_THREADS`` threads where ``reader`` holds the codes) and written in order through
     :func:`..vectors.feature_stream` (features held up to ``hold`` bytes of geometry a GDAL
@@ -667,8 +751,9 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     (accumulation at the link's last cell: cells, or the flow's weights), ``upstream_m2`` (that
     many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's).
     ``timer``: its phases ``vector_ends`` (the end elevations, read in a thread of their own while
-    the links are walked), ``vector_lines`` (walks, vertices, WKB; summed over the threads) and
-    ``vector_gdal``."""
+    the links are walked; ``gpu``: gathered on the GPU as the elevations' bands are decoded there,
+    :func:`_values_on_gpu`, where nvCOMP is installed), ``vector_lines`` (walks, vertices, WKB; summed
+    over the threads) and ``vector_gdal``."""
     from . import _cpu
 
     timer = Timings() if timer is None else timer
@@ -688,8 +773,11 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
         with timer.phase("vector_ends"):
             last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
                             links.tail)
-            ends = CellReader(store, reader.side, reader.held, reader.threads)
-            zf = ends.values(source, np.concatenate([links.head, last])).astype(np.float64)
+            gids = np.concatenate([links.head, last])
+            z = _values_on_gpu(store, source, gids, reader.threads) if gpu else None
+            if z is None:
+                z = CellReader(store, reader.side, reader.held, reader.threads).values(source, gids)
+            zf = z.astype(np.float64)
             return zf[:n] - zf[n:]
 
     def lines(s: int) -> tuple[np.ndarray, dict]:

@@ -756,8 +756,8 @@ def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
 
 
 def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
-    """:func:`mst` in GPU memory: the elevations read onto the GPU (shards in threads,
-    :func:`~terrain_io.grid.flow.upload.upload_held`), one Boruvka over the whole grid graph there
+    """:func:`mst` in GPU memory: the elevations read onto the GPU (:func:`~terrain_io.grid.flow.upload.upload_held`:
+    decoded there where nvCOMP is installed, else shards in threads), one Boruvka over the whole grid graph there
     (:class:`._gpu.GpuGridForest`), the bits written from the GPU (:func:`~terrain_io.pinned.write_held`:
     through pinned bands, compressed there where nvCOMP is installed)."""
     import cupy
@@ -767,7 +767,7 @@ def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
 
     gpu = GpuGridForest(model, store.dtype)
     with timings.phase("read"):
-        d_vals, _ = upload_held(store, "elevation", None)
+        d_vals, _ = upload_held(store, "elevation", None, timings=timings)
         d_valid = cupy.asarray(store.valid(d_vals))  # (an integer DEM without nodata: NumPy's ones)
     with timings.phase("gpu"):
         valid_cells = int(d_valid.sum())
