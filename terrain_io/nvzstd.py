@@ -128,11 +128,14 @@ __global__ void place_chunks(const T* __restrict__ chunks, long long slot, long 
 _WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
 
+def _usable() -> bool:
+    """Whether nvCOMP loads here and ``TERRAIN_NVCOMP=0`` does not turn it off."""
+    return os.environ.get("TERRAIN_NVCOMP", "1") != "0" and _lib() is not None
+
+
 def encoder():
     """A :class:`BandEncoder`, or None where nvCOMP is not usable here (see the module's text)."""
-    if os.environ.get("TERRAIN_NVCOMP", "1") == "0" or _lib() is None:
-        return None
-    return BandEncoder()
+    return BandEncoder() if _usable() else None
 
 
 class BandEncoder:
@@ -235,9 +238,7 @@ class BandEncoder:
 
 def decoder():
     """A :class:`BandDecoder`, or None where nvCOMP is not usable here (see the module's text)."""
-    if os.environ.get("TERRAIN_NVCOMP", "1") == "0" or _lib() is None:
-        return None
-    return BandDecoder()
+    return BandDecoder() if _usable() else None
 
 
 class BandDecoder:
