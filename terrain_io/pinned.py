@@ -210,7 +210,6 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
     """:func:`read_device`'s bands of ``arr`` (chunks of ``chunk_shape``) through ``dec``."""
     import cupy as cp
 
-    from .errors import DamagedStoreError
     from .parallel import Prefetch
     from .store import shard_frames
 
@@ -250,9 +249,9 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
                         frames[first : first + len(part)].set(part)
                 with phase("read_decode"):
                     failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
-                if len(failed):
-                    where = np.concatenate([p[3] for p in parts])[failed[0]]
-                    raise DamagedStoreError(arr.store.root, arr.path, where, "chunk does not decode (GPU zstd)")
+                if len(failed):  # (every frame's crc32c held: the decoder's failure, not the store's)
+                    where = tuple(int(i) for i in np.concatenate([p[3] for p in parts])[failed[0]])
+                    raise RuntimeError(f"nvCOMP did not decode chunk {where} of {arr.path}, whose crc32c holds")
             if convert is not None:
                 with phase("read_decode"):
                     cells = convert[1](cells)

@@ -68,7 +68,7 @@ def valid_mask(values: np.ndarray, nodata) -> np.ndarray:
     if values.dtype.kind == "f":
         return ~np.isnan(values)
     if nodata is None:
-        return np.ones(values.shape, dtype=bool)
+        return np.ones_like(values, dtype=bool)  # (a CuPy array's on the GPU: NumPy dispatches to CuPy)
     return values != nodata
 
 
@@ -1414,10 +1414,23 @@ def _indented_json(value, indent: str = "\n") -> str:
                 "NaN" if value != value else "Infinity" if value > 0 else "-Infinity")
     inner = indent + "  "
     if isinstance(value, dict):
-        items = [inner + _json_string(str(k)) + ": " + _indented_json(v, inner) for k, v in value.items()]
+        items = [inner + _json_string(_json_key(k)) + ": " + _indented_json(v, inner) for k, v in value.items()]
         return "{" + ",".join(items) + indent + "}" if items else "{}"
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
     items = [inner + _indented_json(v, inner) for v in value]
     return "[" + ",".join(items) + indent + "]" if items else "[]"
+
+
+def _json_key(key) -> str:
+    """A dict key as ``json.dumps`` writes it (str, int, float, bool, None)."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return "null" if key is None else "true" if key else "false"
+    if isinstance(key, (int, float)):
+        return _indented_json(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
 def group_metadata(attrs: dict | None = None) -> dict:

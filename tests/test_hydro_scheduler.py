@@ -87,6 +87,18 @@ def test_cli_scheduler_writes_the_table_and_vectors_of_a_local_run(routed, tmp_p
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_table_asked_of_a_command_without_one_is_refused_before_any_work(routed, tmp_path):
+    from terrain_io.errors import InputError
+
+    st = _copy(routed, tmp_path / "s.zarr")
+    for run in (lambda **k: hand(st, 40, device="cpu", **k), lambda **k: watershed(st, [(60, 70)], device="cpu", **k)):
+        for scheduler in ("local", "threads"):
+            with pytest.raises(InputError, match="makes no table"):
+                run(progress=False, table=tmp_path / "t.csv", scheduler=scheduler)
+    assert not {"hand", "watershed/default"} & set(TerrainStore.open(st.path).results())
+    assert not (tmp_path / "t.csv").exists()
+
+
 def test_cli_scheduler_bad_input_is_one_line_before_any_worker(routed, tmp_path):
     runner = CliRunner()
     r = runner.invoke(cli, ["basins", str(routed.path), "--device", "cpu", "--scheduler", "nowhere"])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import os
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -152,6 +154,11 @@ def test_the_route_is_chosen_by_what_fits(tmp_path, monkeypatch):
         choose("incore", device="cpu", budget=mst_pipeline.IN_MEMORY_BYTES * n - 1)
     monkeypatch.setattr(mst_pipeline, "IN_MEMORY_BELOW", n)
     assert choose(device="cpu") == "tiled" and choose("incore", device="cpu") == "incore"
+    # the host's shards counted per reader thread (one a shard at most), not per core: a many-core host
+    one_shard = TerrainStore.from_array(tmp_path / "o.zarr", terrain(64, 64, seed=1), tile=32, shard=2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    shard_bytes = 64 * 64 * 4
+    assert mst_pipeline._gpu_incore_misfit(one_shard, model, 4 * shard_bytes, 1e12) is None
 
 
 def test_method_on_the_cpu_gives_the_same_forest(tmp_path):

@@ -23,12 +23,22 @@ VALUES = [
     "a bare string",
     3.5,
     None,
+    {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},
+    ("a", "tuple"),
 ]
 
 
 @pytest.mark.parametrize("value", VALUES, ids=range(len(VALUES)))
 def test_indented_json_is_the_standard_librarys(value):
     assert _indented_json(value) == json.dumps(value, allow_nan=True, indent=2)
+
+
+@pytest.mark.parametrize("value", [{"a": b"xy"}, np.arange(2.0), {1, 2}, {(1, 2): 3}], ids=["bytes", "ndarray", "set", "tuple-key"])
+def test_what_json_refuses_is_refused(value):
+    with pytest.raises(TypeError):
+        json.dumps(value)
+    with pytest.raises(TypeError):
+        _indented_json(value)
 
 
 @pytest.mark.parametrize("dtype,fill", [("float32", math.nan), ("float64", -math.inf), ("uint8", 255), ("int64", -9)])

@@ -99,7 +99,7 @@ def _task(args) -> HydroResult:
 def _schedulable(command):
     """``command`` with ``scheduler`` (``local``, ``threads``, ``processes``, ``local-cuda`` or an
     address, :mod:`terrain_io.parallel`), ``announce`` and ``table`` (a CSV path for the result's
-    table, :func:`write_table`). On a Dask scheduler the whole command runs as one task on a worker
+    table, :func:`write_table`: basins and streams). On a Dask scheduler the whole command runs as one task on a worker
     -- with ``local-cuda`` on that worker's own GPU and within its ``memory``, as flow's GPU route
     does -- and writes its outputs there (the store's arrays, ``vectors``, the table): nothing large
     comes back, and the result comes without its table. The same bytes on every scheduler."""
@@ -108,6 +108,8 @@ def _schedulable(command):
     def run(store, *args, scheduler: str | None = "local", announce=None, table=None, progress: bool = True,
             **options) -> HydroResult:
         scheduler = check_scheduler(scheduler)
+        if table is not None and command.__name__ not in ("basins", "streams"):
+            raise InputError(f"{command.__name__} makes no table")
         if scheduler == "local":
             result = command(store, *args, progress=progress, **options)
             if table is not None:

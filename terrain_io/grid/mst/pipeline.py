@@ -698,6 +698,7 @@ METHODS = ("auto", "incore", "tiled")
 def _gpu_incore_misfit(store: TerrainStore, model, budget: int, gpu_free: float) -> str | None:
     """Why the in-core GPU MST cannot take ``store`` (None: it can): more cells than the 32-bit edge
     codes number, more GPU memory than ``gpu_free`` (bytes), or host buffers over ``budget``."""
+    from ..flow.upload import threads
     from ._gpu import GpuGridForest
 
     rows, cols = store.shape
@@ -708,7 +709,7 @@ def _gpu_incore_misfit(store: TerrainStore, model, budget: int, gpu_free: float)
         return f"it needs {format_bytes(need)} of GPU memory, {format_bytes(gpu_free)} free"
     span = store.tile_size * store.shard_size
     shard = min(span, rows) * min(span, cols) * store.dtype.itemsize
-    host = max(host_bytes(store, [1]), (os.cpu_count() or 1) * 2 * shard)  # written bands; shards read a thread
+    host = max(host_bytes(store, [1]), threads(store) * 2 * shard)  # written bands; shards read a reader thread
     if host > budget:
         return f"its shards and bands need {format_bytes(host)} of host memory, more than the budget {format_bytes(budget)}"
     return None
@@ -768,7 +769,7 @@ def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
     gpu = GpuGridForest(model, store.dtype)
     with timings.phase("read"):
         d_vals, _ = upload_held(store, "elevation", None, timings=timings)
-        d_valid = cupy.asarray(store.valid(d_vals))  # (an integer DEM without nodata: NumPy's ones)
+        d_valid = cupy.asarray(store.valid(d_vals))  # (CuPy's own where NumPy's ones_like dispatches to it)
     with timings.phase("gpu"):
         valid_cells = int(d_valid.sum())
         bits, n_edges, buckets = gpu.forest(d_vals, d_valid)
