@@ -1426,9 +1426,7 @@ def _json_key(key) -> str:
     """A dict key as ``json.dumps`` writes it (str, int, float, bool, None)."""
     if isinstance(key, str):
         return key
-    if key is None or isinstance(key, bool):
-        return "null" if key is None else "true" if key else "false"
-    if isinstance(key, (int, float)):
+    if key is None or isinstance(key, (int, float)):  # (bool is an int) spelled as the value is
         return _indented_json(key)
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 

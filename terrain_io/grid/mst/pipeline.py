@@ -733,9 +733,9 @@ def choose_method(store: TerrainStore, model, method: str, device: str, budget: 
     elif method == "auto":
         why = None if _in_memory(store, budget) else "large"
     else:
-        why = (None if IN_MEMORY_BYTES * rows * cols <= budget else
-               f"it needs {format_bytes(IN_MEMORY_BYTES * rows * cols)} of memory, more than the budget "
-               f"{format_bytes(budget)}")
+        need = IN_MEMORY_BYTES * rows * cols
+        why = (None if need <= budget else
+               f"it needs {format_bytes(need)} of memory, more than the budget {format_bytes(budget)}")
     if why is None:
         return "incore"
     if method == "incore":
