@@ -227,8 +227,9 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         pinned = PinnedBands(sets=3)
     with timings.phase("read"):
         vals = xp.full((h + 2, w + 2), np.nan, vdtype)
+        on_host = not (gpu and _read_device(field, vals, threads, timings))  # (else decoded on the GPU)
         with ThreadPoolExecutor(threads) as pool:
-            for band in bands:
+            for band in bands if on_host else []:
                 r0, r1 = band[0].r0, band[0].r1
                 host = pinned.buffer(0, "read", (r1 - r0, w), vdtype) if gpu else vals[r0 + 1 : r1 + 1, 1 : w + 1]
 
@@ -275,6 +276,31 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         bar.close()
     return SSSPResult(name, field.model.name, cells, "incore", reached, dmax,
                       timings.rounded(), device)
+
+
+def _read_device(field, vals, threads: int, timings) -> bool:
+    """The ringed block's interior decoded on the GPU from the elevation's zstd frames
+    (:func:`terrain_io.pinned.read_device`: only the frames cross the bus, the host's threads read
+    and check them), where the values are the elevations themselves (no cost raster): the cells
+    ``Field.read`` gives, converted to the block's type on the GPU (an integer DEM's nodata NaN).
+    False where the GPU cannot decode them: the caller reads the host's way."""
+    from ...pinned import read_device
+    from ...store import ELEVATION
+
+    if field.cost_array is not None:
+        return False
+    store, dtype = field.store, vals.dtype
+    convert = None
+    if store.dtype != dtype:
+        import cupy as cp
+
+        convert = (dtype, lambda b: cp.where(store.valid(b), b.astype(dtype), np.nan).astype(dtype, copy=False))
+    w = vals.shape[1] - 2
+
+    def place(r0, r1, cells):
+        vals[r0 + 1 : r1 + 1, 1 : w + 1] = cells
+
+    return read_device(store, ELEVATION, threads, convert, each=place, timings=timings) is not None
 
 
 def _too_large(store, field, device, budget, allocation=False):
