@@ -6,7 +6,8 @@
 # attributes, the dirty pages and the GPU's state before it; kernels compiled first on a 2048^2 store by each
 # tree; the fill twice first (the GPU wakes, synth's pages settle; both kept). $PROBE=1: one more sssp and flow
 # of the last tree with their wall split into the interpreter's start, the command and its exit (a sitecustomize
-# that notes the time at start and last at exit). Dependencies on PYTHONPATH (each tree put before them); logs
+# that notes the time at start and last at exit), and nvCOMP's encode by chunks a call
+# (probe_gpu_encode.py on their results). Dependencies on PYTHONPATH (each tree put before them); logs
 # to $OUT. From a checkout, a branch's tree unpacked in .wt-x beside it:
 #     OUT=/tmp/out TREES="base=. this=.wt-x" .wt-x/benchmarks/run_floor_h100.sh
 set -u
@@ -78,6 +79,10 @@ print(f'   $cmd $n: launch->start {a - t0:.2f} s, start->atexit {b - a:.2f} s, a
 " | tee -a "$OUT/log.txt"
         done
     done
+    log "nvCOMP's encode by chunks a call"
+    t=${TREE[${NAMES[-1]}]}; r=sssp/r$((N / 2))c$((N / 2))
+    (cd "$t" && PYTHONPATH="$t:$DEPS" timeout 90 python3 benchmarks/probe_gpu_encode.py "$D/s.zarr" $r/distance \
+        $r/predecessor flow/accumulation flow/direction) 2>&1 | tail -16 | tee -a "$OUT/log.txt"
     log "imports: python3 -m cli --help"
     for n in "${NAMES[@]}"; do
         (cd "${TREE[$n]}" && PYTHONPATH="${TREE[$n]}:$DEPS" /usr/bin/time -f "--help $n: %e s" python3 -m cli --help \
