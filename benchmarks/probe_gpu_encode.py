@@ -37,7 +37,7 @@ def main(path: str, names: list[str]) -> None:
             for _ in range(2):
                 cp.cuda.Device().synchronize()
                 t = time.perf_counter()
-                stored = sum(int(enc._compress(chunks, cp.arange(a, min(a + per, n), dtype=cp.uint64), nbytes)[0].sum())
+                stored = sum(int(enc._compress([chunks], [cp.arange(a, min(a + per, n), dtype=cp.uint64)])[0].sum())
                              for a in range(0, n, per))
                 cp.cuda.Device().synchronize()
                 best = min(best, time.perf_counter() - t)

@@ -3,7 +3,8 @@
 # then `terrain fill`, `sssp --method incore`, `flow --memory 8GB` and `mst` on `terrain synth --size $SIZE
 # --seed 1`, `--device gpu`, CLI wall of fresh processes (/usr/bin/time), the trees of $TREES alternating in
 # $ORDER (TREES="base=DIR this=DIR"; default: this tree alone), each run's in-process phases from the result's
-# attributes, the dirty pages and the GPU's state before it; kernels compiled first on a 2048^2 store by each
+# attributes, the dirty pages and the GPU's state before it (the command's earlier result removed and the
+# dirty pages synced first, outside its time, unless the step says :keep); kernels compiled first on a 2048^2 store by each
 # tree; the fill twice first (the GPU wakes, synth's pages settle; both kept). $PROBE=1: one more sssp and flow
 # of the last tree with their wall split into the interpreter's start, the command and its exit (a sitecustomize
 # that notes the time at start and last at exit), and nvCOMP's encode by chunks a call
@@ -24,8 +25,9 @@ DEV=${DEVICE:-gpu}  # (a dry run without a GPU: DEVICE=cpu SIZE=1024 WARM=512 BE
 declare -A ARGS=([fill]="fill @ --device $DEV" [sssp]="sssp @ --cell --source $((N / 2)),$((N / 2)) --method incore --device $DEV"
                  [flow]="flow @ --device $DEV --memory 8GB" [mst]="mst @ --device $DEV")
 declare -A GROUP=([fill]=fill [sssp]=sssp [flow]=flow [mst]=mst)
-timed() {  # command, tree name, label
+timed() {  # command, tree name, label; the command's earlier result removed first (KEEP=1: replaced by the run)
     local cmd=$1 name=$2 label="$1 $2 ${3:-}" t=${TREE[$2]}
+    [ "${KEEP:-0}" = 1 ] || { rm -rf "$D/s.zarr/${GROUP[$cmd]}"; sync; }
     echo "$label before: $(grep -E '^Dirty:' /proc/meminfo | tr -s ' ') $(nvidia-smi \
         --query-gpu=pstate,clocks.sm,power.draw --format=csv,noheader 2>/dev/null)" >> "$OUT/log.txt"
     date +%s.%N > "$D/launch"
@@ -57,10 +59,11 @@ log "synth $N"
     cli ${NAMES[0]} synth -o '$D/s.zarr' --size $N --seed 1 -q" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
 du -sm "$D/s.zarr/elevation" | tee -a "$OUT/log.txt"
 timed fill "${NAMES[0]}" "(first after synth)"
-timed fill "${NAMES[0]}" "(second)"
+KEEP=1 timed fill "${NAMES[0]}" "(second, replacing the first)"
 du -sm "$D/s.zarr/fill/"* | tee -a "$OUT/log.txt"
-for step in ${ORDER:-sssp:this flow:this mst:this}; do
-    timed "${step%%:*}" "${step#*:}"
+for step in ${ORDER:-sssp:this flow:this mst:this}; do  # (command:tree, or command:tree:keep)
+    IFS=: read -r cmd name keep <<< "$step"
+    KEEP=$([ "$keep" = keep ] && echo 1 || echo 0) timed "$cmd" "$name" "${keep:+(replacing the last result)}"
 done
 du -sm "$D/s.zarr/sssp/"*/{distance,predecessor} "$D/s.zarr/flow/"{direction,accumulation} "$D/s.zarr/mst/edges" 2>/dev/null | tee -a "$OUT/log.txt"
 if [ "${PROBE:-0}" = 1 ]; then

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import os
 import sys
 
@@ -85,16 +86,17 @@ def _check(status: int, what: str) -> None:
 
 @functools.cache
 def _pack_kernel():
-    """Copy frame c (``sizes[c]`` bytes at slot c of ``src``) to ``offsets[c]`` of ``dst``: one block
-    a frame."""
+    """Copy frame c (``sizes[c]`` bytes at ``slots[c]`` of ``src``) to ``offsets[c]`` of ``dst``: one
+    block a frame."""
     import cupy as cp
 
     return cp.RawKernel(r"""
-extern "C" __global__ void pack_frames(const unsigned char* __restrict__ src, unsigned long long slot,
+extern "C" __global__ void pack_frames(const unsigned char* __restrict__ src,
+                                       const unsigned long long* __restrict__ slots,
                                        const unsigned long long* __restrict__ sizes,
                                        const unsigned long long* __restrict__ offsets,
                                        unsigned char* __restrict__ dst) {
-    const unsigned char* s = src + blockIdx.x * slot;
+    const unsigned char* s = src + slots[blockIdx.x];
     unsigned char* d = dst + offsets[blockIdx.x];
     const unsigned long long n = sizes[blockIdx.x];
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
@@ -155,6 +157,42 @@ class BandEncoder:
         ``store.shard_chunks`` gives): a list a shard of frames (NumPy views of the host buffer,
         None for a chunk all of fill value). ``host(nbytes)`` gives the pinned host buffer the
         frames are copied into (valid while the caller's writers read it)."""
+        return self.encode_many([band], [arr], shards, host)[0]
+
+    def encode_many(self, bands, arrs, shards: list, host):
+        """:meth:`encode` of the same rows of several arrays (``bands[i]`` of ``arrs[i]``) in one
+        batched call, their frames in one host buffer: a list an array of :meth:`encode`'s lists.
+        (nvCOMP's zstd on the H100: 6-8 GB/s of raw cells given 1024 chunks a call, 10-12 GB/s given
+        2048: one band of one array at 32768^2 is 1024; benchmarks/probe_gpu_encode.py.)"""
+        import cupy as cp
+
+        parts = [self._chunks(band, arr, shards) for band, arr in zip(bands, arrs)]
+        kept = [p[1] for p in parts]
+        k = sum(int(x.size) for x in kept)
+        sizes, first = np.zeros(0, np.uint64), np.cumsum([0] + [int(x.size) for x in kept])
+        if k:
+            sizes, packed = self._compress([p[0] for p in parts], kept)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            total = int(sizes.sum())
+            out = host(total)
+            packed[:total].get(out=out[:total])
+            cp.cuda.get_current_stream().synchronize()
+        result = []
+        for (chunks, kept_i, order), base in zip(parts, first):
+            frames_at = np.full(len(chunks), -1, np.int64)
+            frames_at[cp.asnumpy(kept_i).astype(np.int64)] = np.arange(base, base + kept_i.size)
+            shards_frames, pos = [], 0
+            for cells in order:
+                shards_frames.append([None if i < 0 else out[offsets[i] : offsets[i] + int(sizes[i])]
+                                      for i in frames_at[pos : pos + len(cells)]])
+                pos += len(cells)
+            result.append(shards_frames)
+        return result
+
+    @staticmethod
+    def _chunks(band, arr, shards: list):
+        """``band``'s chunks for ``shards`` in the files' order ((n, t0, t1), contiguous), the indices
+        of those not all of fill value (CuPy uint64) and the order (a list a shard of its chunks)."""
         import cupy as cp
 
         from .store import shard_layout, shard_chunks
@@ -173,56 +211,45 @@ class BandEncoder:
         tj = np.array([sc * n1 + j for (_, sc), cells in zip(shards, order) for _, j in cells], np.int64)
         tiles = cp.ascontiguousarray(band, dtype=dtype).reshape(ntr, t0, ntc, t1).transpose(0, 2, 1, 3)
         chunks = tiles[cp.asarray(ti), cp.asarray(tj)]  # (n, t0, t1), contiguous, in the files' order
-        del band, tiles
         flat = chunks.reshape(len(ti), -1)
         fill = np.array(arr.fill_value, dtype)
         if dtype.kind == "f" and np.isnan(fill):
             keep = ~cp.isnan(flat).all(axis=1)
         else:
             keep = (flat != fill).any(axis=1)
-        kept = cp.flatnonzero(keep).astype(cp.uint64)
-        k = int(kept.size)
-        sizes = np.zeros(0, np.uint64)
-        frames_at = np.full(len(ti), -1, np.int64)
-        if k:
-            sizes, packed = self._compress(chunks, kept, t0 * t1 * dtype.itemsize)
-            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            total = int(sizes.sum())
-            out = host(total)
-            packed[:total].get(out=out[:total])
-            cp.cuda.get_current_stream().synchronize()
-            frames_at[cp.asnumpy(kept).astype(np.int64)] = np.arange(k)
-        result, pos = [], 0
-        for cells in order:
-            got = []
-            for idx in frames_at[pos : pos + len(cells)]:
-                got.append(None if idx < 0 else out[offsets[idx] : offsets[idx] + int(sizes[idx])])
-            result.append(got)
-            pos += len(cells)
-        return result
+        return chunks, cp.flatnonzero(keep).astype(cp.uint64), order
 
-    def _compress(self, chunks, kept, chunk_bytes: int):
-        """Zstd frames of the chunks ``kept`` (indices into ``chunks``, which are ``chunk_bytes``
-        each): their sizes (host) and the frames packed end to end (device)."""
+    def _compress(self, chunks: list, kept: list):
+        """Zstd frames of the chunks ``kept[i]`` (indices into ``chunks[i]``, an (n, t0, t1) array)
+        in one call: their sizes (host) and the frames packed end to end (device), in the order
+        given; each array's frames made in slots of its own chunks' largest frame."""
         import cupy as cp
 
-        lib, k = self.lib, int(kept.size)
-        stream = cp.cuda.get_current_stream().ptr
-        max_out = ctypes.c_size_t()
-        _check(lib.nvcompBatchedZstdCompressGetMaxOutputChunkSize(chunk_bytes, self.opts, ctypes.byref(max_out)),
-               "max output size")
-        slot = -(-int(max_out.value) // self.align) * self.align
+        lib, stream = self.lib, cp.cuda.get_current_stream().ptr
+        counts = [int(x.size) for x in kept]
+        nbytes = [int(np.prod(c.shape[1:])) * c.itemsize for c in chunks]
+        k, largest = sum(counts), max(nbytes)
+        slot = []
+        for n in nbytes:
+            max_out = ctypes.c_size_t()
+            _check(lib.nvcompBatchedZstdCompressGetMaxOutputChunkSize(n, self.opts, ctypes.byref(max_out)),
+                   "max output size")
+            slot.append(-(-int(max_out.value) // self.align) * self.align)
         temp_bytes = ctypes.c_size_t()
-        _check(lib.nvcompBatchedZstdCompressGetTempSize(k, chunk_bytes, self.opts, ctypes.byref(temp_bytes),
-                                                        k * chunk_bytes, stream), "temp size")
+        _check(lib.nvcompBatchedZstdCompressGetTempSize(k, largest, self.opts, ctypes.byref(temp_bytes),
+                                                        sum(c * n for c, n in zip(counts, nbytes)), stream),
+               "temp size")
         temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
-        in_ptrs = cp.uint64(chunks.data.ptr) + kept * cp.uint64(chunk_bytes)
-        in_sizes = cp.full(k, chunk_bytes, cp.uint64)
-        slots = cp.empty(k * slot, cp.uint8)
-        out_ptrs = cp.uint64(slots.data.ptr) + cp.arange(k, dtype=cp.uint64) * cp.uint64(slot)
+        in_ptrs = cp.concatenate([cp.uint64(c.data.ptr) + x * cp.uint64(n) for c, x, n in zip(chunks, kept, nbytes)])
+        in_sizes = cp.asarray(np.repeat(np.array(nbytes, np.uint64), counts))
+        starts = [0, *itertools.accumulate(c * s for c, s in zip(counts, slot))]  # (Python ints: uint64 below)
+        at = cp.asarray(np.concatenate([start + np.arange(c, dtype=np.uint64) * s
+                                        for start, c, s in zip(starts, counts, slot)]))
+        slots = cp.empty(max(1, starts[-1]), cp.uint8)
+        out_ptrs = cp.uint64(slots.data.ptr) + at
         out_sizes = cp.zeros(k, cp.uint64)
         statuses = cp.zeros(k, cp.int32)
-        _check(lib.nvcompBatchedZstdCompressAsync(in_ptrs.data.ptr, in_sizes.data.ptr, chunk_bytes, k,
+        _check(lib.nvcompBatchedZstdCompressAsync(in_ptrs.data.ptr, in_sizes.data.ptr, largest, k,
                                                   temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
                                                   out_sizes.data.ptr, self.opts, statuses.data.ptr, stream),
                "zstd compress")
@@ -232,7 +259,7 @@ class BandEncoder:
         sizes = out_sizes.get()
         offsets = cp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64))
         packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)
-        _pack_kernel()((k,), (256,), (slots, np.uint64(slot), out_sizes, offsets, packed))
+        _pack_kernel()((k,), (256,), (slots, at, out_sizes, offsets, packed))
         return sizes, packed
 
 

@@ -106,12 +106,11 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
         jobs, outputs = None, band_outputs(r0, r1)
         if enc is not None:
             try:
-                with phase("write_gpu_encode"):
-                    jobs = []
-                    for i, (arr, dev) in enumerate(zip(arrays, outputs)):
-                        frames = enc.encode(dev, arr, shards, lambda n, i=i: pinned.buffer(k, ("frames", i),
-                                                                                          (_headroom(n),), np.uint8))
-                        jobs += [(write_frames, arr, win, f) for win, f in zip(band, frames)]
+                with phase("write_gpu_encode"):  # (every output's chunks in one batched call)
+                    framed = enc.encode_many(outputs, arrays, shards,
+                                             lambda n: pinned.buffer(k, "frames", (_headroom(n),), np.uint8))
+                    jobs = [(write_frames, arr, win, f) for arr, frames in zip(arrays, framed)
+                            for win, f in zip(band, frames)]
             except Exception as exc:  # noqa: BLE001 -- no GPU codec: the CPU's way, which writes the same cells
                 warnings.warn(f"the GPU's zstd failed ({exc}); the results are compressed on the CPU", TerrainNote,
                               stacklevel=2)
@@ -267,7 +266,7 @@ def host_bytes(store, itemsizes) -> int:
     (``itemsizes``: bytes a cell of each), raw (the CPU's encoders) or as frames with their headroom."""
     rows, cols = store.shape
     band = min(store.tile_size * store.shard_size, rows) * cols
-    return 2 * sum(_headroom(band * size) for size in itemsizes)
+    return 2 * max(sum(_headroom(band * size) for size in itemsizes), _headroom(band * sum(itemsizes)))
 
 
 def _headroom(nbytes: int) -> int:
