@@ -5,6 +5,8 @@ from pathlib import Path
 
 import click
 
+from terrain_io.backend import start_gpu
+
 from .common import device_option, memory_option, outlets_option, overviews_option, quiet, say, scheduler_option
 from .main import cli
 
@@ -34,6 +36,7 @@ def flow(store, condition, outlets, weights, exclude_self, device, memory, sched
     ground and toward lower ground (Barnes, Lehman & Mulla 2014). Out of core: windows accumulated
     alone, their boundary flows solved together, windows finished (Barnes 2017).
     """
+    start_gpu(device)
     from terrain_io.grid.flow.pipeline import flow as run_flow
 
     result = run_flow(store, condition=condition, outlets=outlets, weights=weights, include_self=not exclude_self,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from terrain_io.backend import start_gpu
 from terrain_io.errors import TerrainError
 from terrain_io.units import cli_weight, distance_unit, number
 
@@ -128,6 +129,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
     not with --no-predecessor), and with --allocation sssp/NAME/source. The index method keeps its
     boundary index (phase 1) in the store for later sources.
     """
+    start_gpu(device)
     from terrain_io.grid.sssp import sssp
 
     sources, as_cell = _cell_points(sources, cells)

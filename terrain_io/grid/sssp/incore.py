@@ -221,10 +221,11 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     vdtype = value_dtype(field)
     threads = _io_threads(store)
     pinned = None
-    if gpu:  # the bands cross the bus from and to pinned buffers; up to three bands in flight when written
+    if gpu:  # the bands cross the bus from and to pinned buffers; up to three bands in flight when written by
+        from ... import nvzstd  # the CPU's encoders, two as frames (the writers only checksum them: fewer to pin)
         from ...pinned import PinnedBands
 
-        pinned = PinnedBands(sets=3)
+        pinned = PinnedBands(sets=3 if nvzstd.encoder() is None else 2)
     with timings.phase("read"):
         vals = xp.full((h + 2, w + 2), np.nan, vdtype)
         on_host = not (gpu and _read_device(field, vals, threads, timings))  # (else decoded on the GPU)
@@ -264,7 +265,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
             del finite
 
             with ThreadPoolExecutor(threads) as pool:
-                if gpu:  # (sets: a band coming back, and two still written)
+                if gpu:  # (sets: a band coming back, and one or two still written)
                     write_bands([arr for arr, _ in outputs], bands,
                                 lambda r0, r1: [a[r0:r1] for _, a in outputs], pinned, pool, bar.update, timings)
                 else:
