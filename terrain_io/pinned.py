@@ -126,8 +126,9 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
         with phase("write_wait"):
             while len(pending) > (pinned.sets - 1) * len(jobs):  # the set the next band comes into is free
                 pending.pop(0).result()
-    for f in pending:
-        f.result()
+    with phase("write_wait"):  # (the last bands' writers)
+        for f in pending:
+            f.result()
     if timings is not None:
         timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
 

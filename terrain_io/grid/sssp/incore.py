@@ -21,6 +21,7 @@ CPU: :mod:`._incore_cpu` (numba); GPU: :mod:`._incore_gpu` (CuPy, tiles relaxed 
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -252,17 +253,18 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
 
             source = allocate_gpu(pred, cells) if gpu else allocate_block(pred, cells)
     with timings.phase("write"):
-        d32 = output_distance(dist, vals)
-        del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
+        with timings.phase("write_prepare"):  # (the float32 distances and their figures)
+            d32 = output_distance(dist, vals)
+            del dist, vals  # the write holds the float32 distances and the codes alone (12-16 bytes a cell less)
+            finite = xp.isfinite(d32)
+            reached = int(finite.sum())
+            dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
+            del finite
         bar = progress_bar(progress, nsr * nsc * (1 + predecessor + allocation), "sssp write")
         with write_result(store, name, attrs, allocation, predecessor) as arrays:
             outputs = [(arrays.distance, d32)] + ([(arrays.predecessor, pred)] if predecessor else [])
             if allocation:
                 outputs.append((arrays.source, source))
-            finite = xp.isfinite(d32)
-            reached = int(finite.sum())
-            dmax = float(xp.max(xp.where(finite, d32, 0.0))) if reached else 0.0
-            del finite
 
             with ThreadPoolExecutor(threads) as pool:
                 if gpu:  # (sets: a band coming back, and one or two still written)
@@ -274,6 +276,8 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                                                            job[2][job[1].slices]), bar.update(1)),
                                   [(arr, win, a) for band in bands for win in band for arr, a in outputs]))
             arrays.finish(reached, dmax)
+            sealed = time.perf_counter()
+        timings.add("write_seal", time.perf_counter() - sealed)  # (the result's manifests, its rename)
         bar.close()
     return SSSPResult(name, field.model.name, cells, "incore", reached, dmax,
                       timings.rounded(), device)
