@@ -180,7 +180,11 @@ class BandEncoder:
             keep = ~cp.isnan(flat).all(axis=1)
         else:
             keep = (flat != fill).any(axis=1)
-        kept = cp.flatnonzero(keep).astype(cp.uint64)
+        # The chunks kept found on the host: a band has a few hundred, and CuPy's reductions
+        # (flatnonzero counts first) compile a kernel for each power-of-two class of such short
+        # lengths -- seconds, in the first command at each new DEM width.
+        kept_at = np.flatnonzero(keep.get())
+        kept = cp.asarray(kept_at.astype(np.uint64))
         k = int(kept.size)
         sizes = np.zeros(0, np.uint64)
         frames_at = np.full(len(ti), -1, np.int64)
@@ -191,7 +195,7 @@ class BandEncoder:
             out = host(total)
             packed[:total].get(out=out[:total])
             cp.cuda.get_current_stream().synchronize()
-            frames_at[cp.asnumpy(kept).astype(np.int64)] = np.arange(k)
+            frames_at[kept_at] = np.arange(k)
         result, pos = [], 0
         for cells in order:
             got = []
@@ -226,9 +230,10 @@ class BandEncoder:
                                                   temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
                                                   out_sizes.data.ptr, self.opts, statuses.data.ptr, stream),
                "zstd compress")
-        bad = int(cp.count_nonzero(statuses))
-        if bad:
-            raise RuntimeError(f"nvCOMP zstd compress: {bad} chunks failed (status {int(statuses.max())})")
+        failed = statuses.get()  # on the host, as the kept chunks (above)
+        if failed.any():
+            raise RuntimeError(f"nvCOMP zstd compress: {np.count_nonzero(failed)} chunks failed "
+                               f"(status {int(failed.max())})")
         sizes = out_sizes.get()
         offsets = cp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64))
         packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)
