@@ -11,6 +11,7 @@ import sys
 import time
 
 import cupy as cp
+import numpy as np
 
 from terrain_io import nvzstd
 from terrain_io.pinned import read_device
@@ -31,13 +32,14 @@ def main(path: str, names: list[str]) -> None:
         chunks = cp.ascontiguousarray(band[:, :cols].reshape(rows // t0, t0, cols // t1, t1).transpose(0, 2, 1, 3))
         chunks = chunks.reshape(-1, t0, t1)
         n, nbytes = chunks.shape[0], t0 * t1 * band.dtype.itemsize
-        del got, band
+        got.clear()
+        del band
         for per in (n // 8, n // 4, n // 2, n):
             best, stored = float("inf"), 0
             for _ in range(2):
                 cp.cuda.Device().synchronize()
                 t = time.perf_counter()
-                stored = sum(int(enc._compress([chunks], [cp.arange(a, min(a + per, n), dtype=cp.uint64)])[0].sum())
+                stored = sum(int(enc._compress([chunks], [np.arange(a, min(a + per, n))])[0].sum())
                              for a in range(0, n, per))
                 cp.cuda.Device().synchronize()
                 best = min(best, time.perf_counter() - t)

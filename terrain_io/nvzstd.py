@@ -168,8 +168,8 @@ class BandEncoder:
 
         parts = [self._chunks(band, arr, shards) for band, arr in zip(bands, arrs)]
         kept = [p[1] for p in parts]
-        k = sum(int(x.size) for x in kept)
-        sizes, first = np.zeros(0, np.uint64), np.cumsum([0] + [int(x.size) for x in kept])
+        k = sum(len(x) for x in kept)
+        sizes, first = np.zeros(0, np.uint64), np.cumsum([0] + [len(x) for x in kept])
         if k:
             sizes, packed = self._compress([p[0] for p in parts], kept)
             offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -180,7 +180,7 @@ class BandEncoder:
         result = []
         for (chunks, kept_i, order), base in zip(parts, first):
             frames_at = np.full(len(chunks), -1, np.int64)
-            frames_at[cp.asnumpy(kept_i).astype(np.int64)] = np.arange(base, base + kept_i.size)
+            frames_at[kept_i] = np.arange(base, base + len(kept_i))
             shards_frames, pos = [], 0
             for cells in order:
                 shards_frames.append([None if i < 0 else out[offsets[i] : offsets[i] + int(sizes[i])]
@@ -192,7 +192,7 @@ class BandEncoder:
     @staticmethod
     def _chunks(band, arr, shards: list):
         """``band``'s chunks for ``shards`` in the files' order ((n, t0, t1), contiguous), the indices
-        of those not all of fill value (CuPy uint64) and the order (a list a shard of its chunks)."""
+        of those not all of fill value (NumPy) and the order (a list a shard of its chunks)."""
         import cupy as cp
 
         from .store import shard_layout, shard_chunks
@@ -217,16 +217,19 @@ class BandEncoder:
             keep = ~cp.isnan(flat).all(axis=1)
         else:
             keep = (flat != fill).any(axis=1)
-        return chunks, cp.flatnonzero(keep).astype(cp.uint64), order
+        # The chunks kept found on the host: a band has a few hundred, and CuPy's reductions
+        # (flatnonzero counts first) compile a kernel for each power-of-two class of such short
+        # lengths -- seconds, in the first command at each new DEM width.
+        return chunks, np.flatnonzero(keep.get()), order
 
     def _compress(self, chunks: list, kept: list):
-        """Zstd frames of the chunks ``kept[i]`` (indices into ``chunks[i]``, an (n, t0, t1) array)
-        in one call: their sizes (host) and the frames packed end to end (device), in the order
+        """Zstd frames of the chunks ``kept[i]`` (NumPy indices into ``chunks[i]``, an (n, t0, t1)
+        array) in one call: their sizes (host) and the frames packed end to end (device), in the order
         given; each array's frames made in slots of its own chunks' largest frame."""
         import cupy as cp
 
         lib, stream = self.lib, cp.cuda.get_current_stream().ptr
-        counts = [int(x.size) for x in kept]
+        counts = [len(x) for x in kept]
         nbytes = [int(np.prod(c.shape[1:])) * c.itemsize for c in chunks]
         k, largest = sum(counts), max(nbytes)
         slot = []
@@ -240,7 +243,8 @@ class BandEncoder:
                                                         sum(c * n for c, n in zip(counts, nbytes)), stream),
                "temp size")
         temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
-        in_ptrs = cp.concatenate([cp.uint64(c.data.ptr) + x * cp.uint64(n) for c, x, n in zip(chunks, kept, nbytes)])
+        in_ptrs = cp.asarray(np.concatenate([c.data.ptr + np.asarray(x, np.uint64) * np.uint64(n)
+                                             for c, x, n in zip(chunks, kept, nbytes)]))
         in_sizes = cp.asarray(np.repeat(np.array(nbytes, np.uint64), counts))
         starts = [0, *itertools.accumulate(c * s for c, s in zip(counts, slot))]  # (Python ints: uint64 below)
         at = cp.asarray(np.concatenate([start + np.arange(c, dtype=np.uint64) * s
@@ -253,9 +257,10 @@ class BandEncoder:
                                                   temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
                                                   out_sizes.data.ptr, self.opts, statuses.data.ptr, stream),
                "zstd compress")
-        bad = int(cp.count_nonzero(statuses))
-        if bad:
-            raise RuntimeError(f"nvCOMP zstd compress: {bad} chunks failed (status {int(statuses.max())})")
+        failed = statuses.get()  # on the host, as the kept chunks (above)
+        if failed.any():
+            raise RuntimeError(f"nvCOMP zstd compress: {np.count_nonzero(failed)} chunks failed "
+                               f"(status {int(failed.max())})")
         sizes = out_sizes.get()
         offsets = cp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64))
         packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)

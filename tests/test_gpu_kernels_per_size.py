@@ -1,0 +1,54 @@
+"""No CuPy kernel is compiled again for a DEM of another size (issue 31): the first `terrain mst` on a
+32768^2 DEM once spent 4-6 s compiling CUB reductions that a 2048^2 run had compiled for its own
+lengths -- CuPy picks a CUB reduction's block size from a short array's length (32 to 512 threads), and
+the GPU encoder counted its few hundred kept chunks a band on the GPU. Here each pipeline runs on DEMs
+whose bands hold 16 to 640 chunks, in a fresh process with an empty CuPy kernel cache; after the first
+size, no later one may add a compiled kernel to the cache (``CUPY_CACHE_DIR``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# Bands of two shard rows of 4 x 32-cell chunks: 16, 48, 144 and 640 chunks a band at these widths, which
+# CuPy's CUB reductions would size at 32, 32, 64 and 256 threads a block.
+WIDTHS = (128, 384, 1152, 5120)
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from terrain_io import nvzstd
+    from terrain_io.store import TerrainStore
+    from terrain_io.grid.mst import mst
+
+    cache = os.environ["CUPY_CACHE_DIR"]
+    rng = np.random.default_rng(3)
+    kernels = []
+    for k, width in enumerate(json.loads(sys.argv[1])):
+        h = (np.add.outer(np.arange(256), np.arange(width)) * 0.01 + rng.random((256, width))).astype("float32")
+        st = TerrainStore.from_array(os.path.join(sys.argv[2], f"s{k}.zarr"), h, tile=32, shard=4)
+        mst(st, device="gpu", method="incore", progress=False)
+        kernels.append(sorted(f for _, _, fs in os.walk(cache) for f in fs))
+    print(json.dumps({"nvcomp": nvzstd.encoder() is not None, "kernels": kernels}))
+""")
+
+
+@pytest.mark.gpu
+def test_mst_and_its_gpu_write_compile_nothing_new_for_other_sizes(tmp_path):
+    pytest.importorskip("cupy")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"))
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(WIDTHS), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if not got["nvcomp"]:
+        pytest.skip("nvCOMP (pip nvidia-libnvcomp-cu13) is not installed: the GPU write is not exercised")
+    first, *later = got["kernels"]
+    assert first, "no kernel was compiled: the cache directory was not used"
+    for width, kernels in zip(WIDTHS[1:], later):
+        assert kernels == first, f"width {width} compiled {sorted(set(kernels) - set(first))}"
