@@ -69,9 +69,9 @@ from ...errors import InputError, TerrainNote
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, run_on_worker
-from ...pinned import PinnedBands, write_bands, write_held
+from ...pinned import PinnedBands, read_device, write_bands, write_held
 from ...progress import progress_bar
-from ...store import TerrainStore, Window, read_window, write_window
+from ...store import ELEVATION, TerrainStore, Window, read_window, write_window
 from ...tables import Table, cell_columns, row_ids, write_csv
 from ...timings import Timings
 from . import _cpu as K
@@ -631,7 +631,13 @@ def _fill_gpu_incore(store: TerrainStore, outlets: str, budget: int, progress: b
         with timings.phase("read"):
             with concurrent.futures.ThreadPoolExecutor(threads) as pool, \
                     progress_bar(progress, nsr * nsc, "fill: read", unit="shard") as bar:
-                for band in bands:
+
+                def loaded(r0, r1, cells):  # a band decoded on the GPU from the shards' zstd frames
+                    gpu.load(r0, cells)
+                    bar.update(nsc * -(-(r1 - r0) // (store.tile_size * store.shard_size)))
+
+                on_gpu = read_device(store, ELEVATION, threads, each=loaded, timings=timings) is not None
+                for band in [] if on_gpu else bands:
                     r0 = band[0].r0
                     host = pinned.buffer(0, "read", (band[0].r1 - r0, cols), store.dtype)
 
