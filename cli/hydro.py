@@ -120,6 +120,10 @@ def streams(store, threshold, units, table, output, memory, device, scheduler):
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
     start_gpu(device)
+    if (device or "auto").lower() != "cpu":  # the GPU route's CPU kernels, loaded beside the imports
+        from terrain_io.grid.hydro import start_link_kernels
+
+        start_link_kernels()
     from terrain_io.grid.hydro.pipeline import streams as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)

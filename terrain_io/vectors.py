@@ -27,6 +27,34 @@ DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "
 SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
 APPENDS = ("GPKG", "GeoJSON", "ESRI Shapefile")  # drivers that add a batch to a written layer
 FEATURE_OVERHEAD = 48  # bytes a held feature beside its WKB: the bytes object's header and its list slot
+# What pyogrio's package imports, where installed, to learn which of its GeoDataFrame and Arrow reads and
+# writes it can offer -- none of which this tool calls: pandas and pyarrow on the H100 host, 0.2-0.5 s of
+# a command's start-up holding the GIL (2-core VM, pandas alone: pyogrio's import 0.24-0.28 s, 0.03-0.04 s
+# without).
+PYOGRIO_PROBES = ("pandas", "pyarrow", "geopandas", "shapely", "pyproj")
+lean_imports = False  # set by the terrain command (cli.main), whose process uses none of them
+
+
+def pyogrio():
+    """pyogrio's ``raw`` module (its reads and writes of WKB and NumPy fields); where ``lean_imports``
+    and pyogrio is not yet imported, without importing :data:`PYOGRIO_PROBES` (pyogrio then counts them
+    absent for the process; a later ``import pandas`` imports it as usual)."""
+    import sys
+
+    if not lean_imports or "pyogrio" in sys.modules:
+        from pyogrio import raw
+
+        return raw
+    hidden = [name for name in PYOGRIO_PROBES if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # (an import of it raises ImportError)
+    try:
+        from pyogrio import raw
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+    return raw
 
 
 def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str:
@@ -40,7 +68,7 @@ def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str
     refuse_existing(out, overwrite)
     if not (own_geojson and driver == "GeoJSON"):
         try:
-            import pyogrio  # noqa: F401
+            pyogrio()
         except ImportError:
             from .points import VECTOR_EXTRA
 
@@ -93,14 +121,15 @@ def _sqlite_cache(driver: str):
     if driver != "GPKG":
         yield
         return
-    import pyogrio
+    pyogrio()
+    import pyogrio as package
 
-    before = pyogrio.get_gdal_config_option("OGR_SQLITE_CACHE")
-    pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": str(SQLITE_CACHE_MB)})
+    before = package.get_gdal_config_option("OGR_SQLITE_CACHE")
+    package.set_gdal_config_options({"OGR_SQLITE_CACHE": str(SQLITE_CACHE_MB)})
     try:
         yield
     finally:
-        pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": before})
+        package.set_gdal_config_options({"OGR_SQLITE_CACHE": before})
 
 
 @contextlib.contextmanager
@@ -109,8 +138,7 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, h
     (the same fields, in the same order, every batch; write at least one batch, empty or not);
     batches are held until they pass ``hold`` bytes (geometry, fields), then written in one call; the
     file is complete and renamed into place when the block ends (module docstring)."""
-    from pyogrio import raw
-
+    raw = pyogrio()
     out = Path(out)
     driver = DRIVERS[out.suffix.lower()]
     written = False

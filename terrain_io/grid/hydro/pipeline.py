@@ -46,6 +46,7 @@ from ...vectors import check_output, feature_stream, wkb_linestrings
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
+from . import start_link_kernels
 from .table import BASIN_BYTES, basin_table
 
 if TYPE_CHECKING:
@@ -468,27 +469,6 @@ def _network(store, what, threshold, units, memory, window_tiles, device):
     return store, wins, route, cells
 
 
-def _load_link_kernels(cells: int) -> None:
-    """The GPU route's CPU kernels (the links' orders, :func:`._cpu.link_orders`, walks and points) loaded
-    from numba's cache in a background thread while the arrays are read: importing numba and
-    loading the first kernel took ~0.35 s (2-core VM) in the GPU phase's path before. Errors are
-    left to the route's own calls."""
-
-    def load():
-        try:
-            from . import _cpu
-
-            _cpu.link_orders(np.zeros(1, np.uint32), np.zeros(1, np.uint8),
-                             np.zeros(1, np.uint32 if cells < 2**32 else np.uint64))
-            one = np.zeros(1, np.int64)
-            _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
-            _cpu.link_points(one, np.array([0, 1]), 1, np.zeros(6), np.zeros((2, 2)), np.zeros((1, 2)), np.zeros(1))
-        except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
-            pass
-
-    threading.Thread(target=load, name="link-kernels").start()  # (not a daemon: never cut while numba writes its cache)
-
-
 @_schedulable
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
             overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
@@ -503,7 +483,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
     rows, cols = store.shape
     if route.device == "gpu":
-        _load_link_kernels(rows * cols)
+        start_link_kernels(rows * cols >= 2**32)
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:

@@ -122,6 +122,9 @@ def _rasterio_gdal() -> _Gdal:
 
 @functools.cache
 def _pyogrio_gdal() -> _Gdal:
+    from ...vectors import pyogrio
+
+    pyogrio()
     from pyogrio import _ogr
 
     return _Gdal(ctypes.CDLL(_ogr.__file__))
