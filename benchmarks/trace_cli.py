@@ -43,7 +43,9 @@ def main() -> None:
         opt, value, args = args[0], float(args[1]), args[2:]
         every, merge = (value, merge) if opt == "--every" else (every, value)
     argv = args[1:]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(importlib.util.find_spec("cli").origin)) + os.sep  # (the tree run)
     offset = _since_start() - time.perf_counter()  # perf_counter -> seconds since the process started
     samples: list = []  # (t, {thread name: label})
     done = threading.Event()

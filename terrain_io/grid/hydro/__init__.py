@@ -33,6 +33,6 @@ def _load(wide: bool) -> None:
         _cpu.link_orders(np.zeros(1, np.uint32), np.zeros(1, np.uint8), np.zeros(1, np.uint64 if wide else np.uint32))
         one = np.zeros(1, np.int64)
         _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
-        _cpu.link_points(one, np.array([0, 1]), 1, np.zeros(6), np.zeros((2, 2)), np.zeros((1, 2)), np.zeros(1))
+        _cpu.link_points(one, np.array([0, 1]), 1, np.zeros(6), np.zeros((2, 2)), np.zeros(25, np.uint8), np.zeros(1))
     except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
         pass

@@ -42,7 +42,7 @@ from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
 from ...tables import Table, write_csv
 from ...timings import Timings
-from ...vectors import check_output, feature_stream, wkb_linestrings
+from ...vectors import DRIVERS, check_output, feature_stream
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
@@ -718,12 +718,16 @@ def _values_on_gpu(store: TerrainStore, name: str, gids: np.ndarray, threads: in
 LINK_BATCH = 16384  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
 LINE_THREADS = 4  # batches walked at once where the codes are held (numba's walks and NumPy release the GIL)
 VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
+LINK_FIELDS = {"link": np.int64, "downstream": np.int64, "strahler": np.int32, "shreve": np.int64, "cells": np.int64,
+               "length_m": np.float64, "upstream": np.float64, "upstream_m2": np.float64, "drop": np.float64}
 
 
 def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
                 hold: int = 0, timer: Timings | None = None, gpu: bool = False) -> Path:
     """One LineString a stream link, in the store's CRS, made a batch of links at a time (in
-    ``LINE_THREADS`` threads where ``reader`` holds the codes) and written in order through
+    ``LINE_THREADS`` threads where ``reader`` holds the codes, their WKB in one buffer a batch:
+    :func:`._cpu.link_points`) and written in order -- to a GeoPackage by GDAL's Arrow interface
+    (:mod:`.arrow`: each batch as it comes, without the GIL), else through
     :func:`..vectors.feature_stream` (features held up to ``hold`` bytes of geometry a GDAL
     write): vertices at the centres of its cells in flow
     order (its head's flow path of ``cells`` cells, :func:`._cpu.walk_links`), then the head of its
@@ -736,7 +740,7 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     the links are walked; ``gpu``: gathered on the GPU as the elevations' bands are decoded there,
     :func:`_values_on_gpu`, where nvCOMP is installed), ``vector_lines`` (walks, vertices, WKB; summed
     over the threads) and ``vector_gdal``."""
-    from . import _cpu
+    from . import _cpu, arrow
 
     timer = Timings() if timer is None else timer
     rows, cols = store.shape
@@ -781,12 +785,12 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             last = starts[1:] - 1
             verts[last[extra]] = np.where(down[extra] > 0, links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
                                           verts[last[extra] - 1])
-            xy, step = np.empty((len(verts), 2)), np.empty(len(verts))
-            _cpu.link_points(verts, starts, cols, transform, hyp, xy, step)
+            offsets = 9 * np.arange(len(starts), dtype=np.int64) + 16 * starts  # line i's WKB from offsets[i]
+            wkb, step = np.empty(offsets[-1], np.uint8), np.empty(len(verts))
+            _cpu.link_points(verts, starts, cols, transform, hyp, wkb, step)
             length = np.add.reduceat(step, starts[:-1]) if len(ids) else np.zeros(0)
-            geometry = np.array(wkb_linestrings(xy, starts), object)
             upstream = links.upstream[sl].astype(np.float64)
-            return geometry, {"link": ids, "downstream": down.astype(np.int64),
+            return wkb, offsets, {"link": ids, "downstream": down.astype(np.int64),
                               "strahler": links.strahler[sl].astype(np.int32),
                               "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
                               "upstream": upstream,
@@ -796,14 +800,21 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     with concurrent.futures.ThreadPoolExecutor(1) as pool, concurrent.futures.ThreadPoolExecutor(walkers) as walk, \
             contextlib.ExitStack() as stack:
         drops = pool.submit(end_drops)
-        write = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
+        if arrow.usable(DRIVERS[Path(out).suffix.lower()]):  # each batch written by GDAL as it comes, without the GIL
+            write = stack.enter_context(arrow.link_stream(out, store.crs, LINK_FIELDS, overwrite))
+        else:  # pyogrio's writer: a bytes object a line, held up to ``hold``
+            features = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
+
+            def write(wkb, offsets, fields):
+                cut = offsets.tolist()
+                features([wkb[a:b].tobytes() for a, b in zip(cut[:-1], cut[1:])], fields)
         firsts = range(0, max(n, 1), LINK_BATCH)
         # (two batches a walker ahead of the writer: a slow GDAL write never lets the walked batches pile up)
         batches = stack.enter_context(contextlib.closing(Prefetch(lines, firsts, 2 * walkers, walk)))
-        for s, (geometry, fields) in zip(firsts, batches):
+        for s, (wkb, offsets, fields) in zip(firsts, batches):
             fields["drop"] = drops.result()[s:s + LINK_BATCH]
             with timer.phase("vector_gdal"):
-                write(geometry, fields)
+                write(wkb, offsets, fields)
         with timer.phase("vector_gdal"):
             stack.close()  # the features still held written, the file renamed into place
     return Path(out)

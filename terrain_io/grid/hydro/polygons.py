@@ -78,7 +78,9 @@ _SIGNATURES = {  # name: (restype, argtypes) of the GDAL C API functions used
     "CPLPushErrorHandler": (None, [_P]),
     "CPLPopErrorHandler": (None, []),
     "CPLGetLastErrorMsg": (_S, []),
+    "OGR_L_WriteArrowBatch": (ctypes.c_bool, [_P, _P, _P, _P]),  # GDAL >= 3.8 (:mod:`.arrow`)
 }
+OPTIONAL = {"OGR_L_WriteArrowBatch"}  # None where the libgdal lacks it
 
 
 class _Gdal:
@@ -86,7 +88,10 @@ class _Gdal:
 
     def __init__(self, lib: ctypes.CDLL):
         for name, (res, args) in _SIGNATURES.items():
-            fn = getattr(lib, name)
+            fn = getattr(lib, name, None) if name in OPTIONAL else getattr(lib, name)
+            if fn is None:
+                setattr(self, name, None)
+                continue
             fn.restype, fn.argtypes = res, args
             setattr(self, name, fn)
         self.GDALAllRegister()
