@@ -49,9 +49,9 @@ def main() -> None:
     offset = _since_start() - time.perf_counter()  # perf_counter -> seconds since the process started
     samples: list = []  # (t, {thread name: label})
     done = threading.Event()
-    me = threading.get_ident()
 
     def sample():
+        me = threading.get_ident()
         while not done.wait(every / 1000):
             names = {t.ident: t.name for t in threading.enumerate()}
             now = time.perf_counter() + offset
