@@ -23,7 +23,7 @@ import numpy as np
 
 from ...atomic import atomic_files
 from ...errors import OutputError
-from .polygons import TRADITIONAL_GIS_ORDER, _pyogrio_gdal, _strings
+from .polygons import _pyogrio_gdal, _strings, gpkg_layer
 
 WKB_LINESTRING = 2
 OFT = {np.dtype(np.int32): 0, np.dtype(np.float64): 2, np.dtype(np.int64): 12}  # OGR field types
@@ -122,28 +122,8 @@ def link_stream(out, crs: str | None, fields: dict, overwrite: bool = False):
     with atomic_files(out, overwrite) as tmp, gdal.quiet():
         path = str(tmp / out.name)
         gdal.CPLErrorReset()
-        srs = ds = None
-        done = False
-        try:
-            if crs:
-                srs = gdal.OSRNewSpatialReference(None)
-                if gdal.OSRSetFromUserInput(srs, crs.encode()):
-                    fail("CRS", gdal.error())
-                gdal.OSRSetAxisMappingStrategy(srs, TRADITIONAL_GIS_ORDER)
-            ds = gdal.GDALCreate(gdal.GDALGetDriverByName(b"GPKG"), path.encode(), 0, 0, 0, 0, None)
-            if not ds:
-                fail("create", gdal.error().replace(path, str(out)))
-            layer = gdal.GDALDatasetCreateLayer(ds, out.stem.encode(), srs, WKB_LINESTRING, None)
-            if not layer:
-                fail("layer", gdal.error())
-            for name, dtype in fields.items():
-                field = gdal.OGR_Fld_Create(name.encode(), OFT[np.dtype(dtype)])
-                failed = gdal.OGR_L_CreateField(layer, field, 1)
-                gdal.OGR_Fld_Destroy(field)
-                if failed:
-                    fail("field", gdal.error())
-            if gdal.GDALDatasetStartTransaction(ds, 0):
-                fail("transaction", gdal.error())
+        with gpkg_layer(gdal, path, out.stem, crs, WKB_LINESTRING, {k: OFT[np.dtype(v)] for k, v in fields.items()},
+                        lambda what, message: fail(what, message.replace(path, str(out)))) as layer:
             options = _strings(["GEOMETRY_NAME=geom"])
 
             def write(wkb: np.ndarray, offsets: np.ndarray, values: dict) -> None:
@@ -153,11 +133,3 @@ def link_stream(out, crs: str | None, fields: dict, overwrite: bool = False):
                     fail("write", gdal.error())
 
             yield write
-            if gdal.GDALDatasetCommitTransaction(ds):
-                fail("commit", gdal.error())
-            done = True
-        finally:
-            if srs:
-                gdal.OSRRelease(srs)
-            if ds and gdal.close(ds) and done:  # (an error already raised is the one said)
-                fail("close", gdal.error())
