@@ -96,7 +96,7 @@ SQLITE_CACHE_MB = 32  # GeoPackage appends: a batch's R-tree inserts 0.74 agains
 
 
 @contextlib.contextmanager
-def _sqlite_cache(driver: str):
+def sqlite_cache(driver: str):
     """GDAL's SQLite page cache raised to ``SQLITE_CACHE_MB`` while a GeoPackage is written (each appended
     batch updates the layer's R-tree; 65,536 lines a batch, 2-core VM), then given back."""
     if driver != "GPKG":
@@ -130,7 +130,7 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, h
         if driver == "FlatGeobuf" and any(g is None for g in geometry):
             options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
         try:
-            with warnings.catch_warnings(), _sqlite_cache(driver):
+            with warnings.catch_warnings(), sqlite_cache(driver):
                 warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
                 raw.write(str(tmp / out.name), np.asarray(geometry, object), list(fields.values()), list(fields),
                           field_mask=[(masks or {}).get(k) for k in fields], layer=out.stem, driver=driver,

@@ -23,6 +23,7 @@ import numpy as np
 
 from ...atomic import atomic_files
 from ...errors import OutputError
+from ...vectors import sqlite_cache
 from .polygons import _pyogrio_gdal, _strings, gpkg_layer
 
 WKB_LINESTRING = 2
@@ -119,7 +120,7 @@ def link_stream(out, crs: str | None, fields: dict, overwrite: bool = False):
     def fail(what: str, message: str):
         raise OutputError(f"{out}: cannot write it as GPKG: GDAL {what}: {message}") from None
 
-    with atomic_files(out, overwrite) as tmp, gdal.quiet():
+    with atomic_files(out, overwrite) as tmp, gdal.quiet(), sqlite_cache("GPKG"):  # (as pyogrio's writes have it)
         path = str(tmp / out.name)
         gdal.CPLErrorReset()
         with gpkg_layer(gdal, path, out.stem, crs, WKB_LINESTRING, {k: OFT[np.dtype(v)] for k, v in fields.items()},
