@@ -49,7 +49,7 @@ if [ "${TRACES:-0}" -gt 0 ]; then  # streams -o of each tree under trace_cli.py 
             PYTHONPATH=$root:$SITE timeout -k 5 40 python3 "$HERE/benchmarks/trace_cli.py" -- "${args[@]}" \
                 2> "$OUT/trace_${name}_$k.txt"
             echo "trace $name $k: CLI wall $(python3 -c "print(round($(date +%s.%N) - $t0, 3))") s;" \
-                "$(head -1 "$OUT/trace_${name}_$k.txt")" | tee -a "$LOG"
+                "$(head -1 "$OUT/trace_${name}_$k.txt")" "$(grep "exit's frees" "$OUT/trace_${name}_$k.txt")" | tee -a "$LOG"
         done
     done
     for tree in ${TREES//,/ }; do
