@@ -33,7 +33,7 @@ for s in 512:warm "$SIZE":s; do  # the small store compiles every kernel the com
         && python3 -m cli flow '$st' --device gpu -q" || exit 1
     echo "store $n^2: synth, fill, flow $((SECONDS - t0)) s" | tee -a "$LOG"
 done
-TREES=this=$HERE${BASE:+,base=$BASE}
+TREES=this=$HERE${BASE:+,base=$BASE}${MORE:+,$MORE}  # MORE: NAME=TREE,... more trees beside them
 echo "warm-up at $SECONDS s" | tee -a "$LOG"
 timeout -k 5 "${WARM_S:-50}" python3 "$HERE/benchmarks/bench_gpu_read.py" "$W/warm512.zarr" --cli "$TREES" --commands "$COMMANDS" \
     --repeat 1 > /dev/null 2>> "$LOG"

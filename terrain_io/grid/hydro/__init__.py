@@ -36,3 +36,10 @@ def _load(wide: bool) -> None:
         _cpu.link_points(one, np.array([0, 1]), 1, np.zeros(6), np.zeros((2, 2)), np.zeros(25, np.uint8), np.zeros(1))
     except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
         pass
+
+
+def warm_gpu() -> None:
+    """The GPU route's network kernels used once on a tiny grid (:func:`._gpu.warm_up`)."""
+    from . import _gpu
+
+    _gpu.warm_up()
