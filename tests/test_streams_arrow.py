@@ -16,7 +16,6 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import _register, cli
-from references import hydro_dem, utm_store
 from terrain_io.grid.hydro import _cpu
 from terrain_io.grid.hydro import pipeline as P
 from terrain_io.vectors import feature_stream
@@ -112,6 +111,8 @@ def test_arrow_writer_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypat
 
 
 def _routed(tmp_path) -> Path:
+    from references import hydro_dem, utm_store  # (rasterio: not on the GPU machine's vector wheels)
+
     path = tmp_path / "a.zarr"
     utm_store(path, hydro_dem(7).astype(np.float32), tile=16, shard=2)
     assert CliRunner().invoke(cli, ["flow", str(path), "--condition", "fill"]).exit_code == 0
@@ -191,3 +192,20 @@ from terrain_io.grid.hydro import _cpu
 print(len(_cpu.link_orders.signatures), len(_cpu.walk_links.signatures), len(_cpu.link_points.signatures))
 """)
     assert out.split() == ["1", "1", "1"]
+
+
+@pytest.mark.gpu
+def test_the_gpu_warm_up_runs_and_leaves_the_network_as_it_was():
+    """``start_gpu``'s ``then`` swallows errors (the command's own calls report them): here the warm-up
+    must run clean, and the network made after it equal the CPU's on a grid with junctions."""
+    cp = pytest.importorskip("cupy")
+    from terrain_io.grid.hydro import _gpu, warm_gpu
+
+    warm_gpu()
+    # a 4 x 4 grid: columns 0 and 2 flow down (code 2: south) into row 3, which flows east (code 0) out
+    code = np.array([[2, 8, 2, 8], [2, 8, 2, 8], [2, 8, 2, 8], [0, 0, 0, 8]], np.uint8)
+    acc = np.ones((4, 4), np.uint32)
+    got = _gpu.stream_network(cp.asarray(code), cp.asarray(acc), 0.5)
+    want = _cpu.stream_network(code, acc, 0.5)
+    assert np.array_equal(got.link.get(), want.link) and np.array_equal(got.links.downstream, want.links.downstream)
+    assert np.array_equal(got.links.strahler, want.links.strahler)
