@@ -119,7 +119,11 @@ def streams(store, threshold, units, table, output, memory, device, scheduler):
     """Stream network of the cells whose accumulation reaches --threshold: STORE/streams/order
     (Strahler, uint8, 0 off the network), streams/magnitude (Shreve) and streams/link (uint32 link ids:
     a link runs from a source or junction to the next; numbered in row-major order of their heads)."""
-    start_gpu(device)
+    from terrain_io.grid.hydro import start_link_kernels, warm_gpu
+
+    start_gpu(device, then=warm_gpu)  # the network's GPU kernels loaded once the context is made
+    if (device or "auto").lower() != "cpu":  # the GPU route's CPU kernels, loaded beside the imports
+        start_link_kernels()
     from terrain_io.grid.hydro.pipeline import streams as run
 
     overwrite = click.get_current_context().meta.get("overwrite", False)

@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     from terrain_io import jit
 
     cache = jit.configure_cache()  # before numba is imported
+    if _is_program():
+        from terrain_io import vectors
+
+        vectors.lean_imports = True
     try:
         _register()
         _state["announce_cache"] = cache

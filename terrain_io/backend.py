@@ -57,11 +57,12 @@ def gpu_free_bytes() -> float:
     return 0.9 * (free + cupy.get_default_memory_pool().free_bytes())
 
 
-def start_gpu(device: str | None = "auto") -> None:
+def start_gpu(device: str | None = "auto", then=None) -> None:
     """Where ``device`` may resolve to the GPU, look for it and create its CUDA context in a background
     thread: the driver's set-up (cuInit 0.2 s, the context 0.3 s on the H100, the GIL released) then
-    overlaps the imports and the store's opening that come before a command's first GPU work. Errors
-    are left to that work."""
+    overlaps the imports and the store's opening that come before a command's first GPU work;
+    ``then()`` runs in that thread once the context is made (a command's first use of its kernels,
+    ahead). Errors are left to that work."""
     import threading
 
     def create():
@@ -70,6 +71,8 @@ def start_gpu(device: str | None = "auto") -> None:
                 import cupy
 
                 cupy.cuda.runtime.free(0)  # cudaFree(NULL): the primary context
+                if then is not None:
+                    then()
         except Exception:  # noqa: BLE001 -- the command's own GPU calls report it
             pass
 

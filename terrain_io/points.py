@@ -204,8 +204,10 @@ def _kind(path: Path) -> str:
 
 def _read_vector(path: Path, what: str):
     """(xy, feature numbers, CRS or None) of the points of a vector file's first layer."""
+    from .vectors import pyogrio
+
     try:
-        from pyogrio import raw
+        raw = pyogrio()
     except ImportError:
         raise InputError(f"{what}s {path}: reading vector files needs pyogrio ({VECTOR_EXTRA}); "
                          f"or give the points as CSV") from None

@@ -27,6 +27,34 @@ DRIVERS = {".geojson": "GeoJSON", ".json": "GeoJSON", ".gpkg": "GPKG", ".shp": "
 SHAPEFILE_SIDE = (".shx", ".dbf", ".prj", ".cpg")
 APPENDS = ("GPKG", "GeoJSON", "ESRI Shapefile")  # drivers that add a batch to a written layer
 FEATURE_OVERHEAD = 48  # bytes a held feature beside its WKB: the bytes object's header and its list slot
+# What pyogrio's package imports, where installed, to learn which of its GeoDataFrame and Arrow reads and
+# writes it can offer -- none of which this tool calls: pandas and pyarrow on the H100 host, 0.2-0.5 s of
+# a command's start-up holding the GIL (2-core VM, pandas alone: pyogrio's import 0.24-0.28 s, 0.03-0.04 s
+# without).
+PYOGRIO_PROBES = ("pandas", "pyarrow", "geopandas", "shapely", "pyproj")
+lean_imports = False  # set by the terrain command (cli.main), whose process uses none of them
+
+
+def pyogrio():
+    """pyogrio's ``raw`` module (its reads and writes of WKB and NumPy fields); where ``lean_imports``
+    and pyogrio is not yet imported, without importing :data:`PYOGRIO_PROBES` (pyogrio then counts them
+    absent for the process; a later ``import pandas`` imports it as usual)."""
+    import sys
+
+    if not lean_imports or "pyogrio" in sys.modules:
+        from pyogrio import raw
+
+        return raw
+    hidden = [name for name in PYOGRIO_PROBES if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # (an import of it raises ImportError)
+    try:
+        from pyogrio import raw
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]
+    return raw
 
 
 def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str:
@@ -40,7 +68,7 @@ def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str
     refuse_existing(out, overwrite)
     if not (own_geojson and driver == "GeoJSON"):
         try:
-            import pyogrio  # noqa: F401
+            pyogrio()
         except ImportError:
             from .points import VECTOR_EXTRA
 
@@ -53,25 +81,6 @@ def wkb_linestring(coords) -> bytes:
     """A 2-D LineString as ISO WKB (little-endian, type 2, the point count, x y doubles)."""
     xy = np.ascontiguousarray(coords, dtype="<f8")
     return b"\x01" + np.array([2, len(xy)], "<u4").tobytes() + xy.tobytes()
-
-
-def wkb_linestrings(xy: np.ndarray, starts: np.ndarray) -> list[bytes]:
-    """Many 2-D LineStrings as ISO WKB (:func:`wkb_linestring`), line i of the points
-    ``xy[starts[i]:starts[i + 1]]`` (``starts[0]`` = 0): the headers made by array operations, then
-    each line one concatenation of its header and its coordinates' bytes (one copy of each byte;
-    5.7 M points in 140 k lines: 0.3 s against 0.7-1.5 s for placing every byte in one buffer by a
-    mask, 2-core VM)."""
-    starts = np.asarray(starts, np.int64)
-    counts = np.diff(starts)
-    n = len(counts)
-    head = np.empty((n, 9), np.uint8)
-    head[:, 0] = 1  # little-endian
-    head[:, 1:5] = np.frombuffer(np.array([2], "<u4").tobytes(), np.uint8)  # LineString
-    head[:, 5:] = counts.astype("<u4").view(np.uint8).reshape(n, 4)
-    heads = head.tobytes()
-    coords = memoryview(np.ascontiguousarray(xy[: int(starts[-1]) if n else 0], "<f8").reshape(-1).view(np.uint8))
-    at = (16 * starts).tolist()
-    return [heads[9 * i:9 * i + 9] + coords[at[i]:at[i + 1]] for i in range(n)]
 
 
 def write_features(out, geometry, fields: dict, geometry_type: str, crs=None, overwrite: bool = False,
@@ -87,20 +96,21 @@ SQLITE_CACHE_MB = 32  # GeoPackage appends: a batch's R-tree inserts 0.74 agains
 
 
 @contextlib.contextmanager
-def _sqlite_cache(driver: str):
+def sqlite_cache(driver: str):
     """GDAL's SQLite page cache raised to ``SQLITE_CACHE_MB`` while a GeoPackage is written (each appended
     batch updates the layer's R-tree; 65,536 lines a batch, 2-core VM), then given back."""
     if driver != "GPKG":
         yield
         return
-    import pyogrio
+    pyogrio()
+    import pyogrio as package
 
-    before = pyogrio.get_gdal_config_option("OGR_SQLITE_CACHE")
-    pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": str(SQLITE_CACHE_MB)})
+    before = package.get_gdal_config_option("OGR_SQLITE_CACHE")
+    package.set_gdal_config_options({"OGR_SQLITE_CACHE": str(SQLITE_CACHE_MB)})
     try:
         yield
     finally:
-        pyogrio.set_gdal_config_options({"OGR_SQLITE_CACHE": before})
+        package.set_gdal_config_options({"OGR_SQLITE_CACHE": before})
 
 
 @contextlib.contextmanager
@@ -109,8 +119,7 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, h
     (the same fields, in the same order, every batch; write at least one batch, empty or not);
     batches are held until they pass ``hold`` bytes (geometry, fields), then written in one call; the
     file is complete and renamed into place when the block ends (module docstring)."""
-    from pyogrio import raw
-
+    raw = pyogrio()
     out = Path(out)
     driver = DRIVERS[out.suffix.lower()]
     written = False
@@ -121,7 +130,7 @@ def feature_stream(out, geometry_type: str, crs=None, overwrite: bool = False, h
         if driver == "FlatGeobuf" and any(g is None for g in geometry):
             options = {"SPATIAL_INDEX": "NO"}  # its spatial index cannot hold a null geometry
         try:
-            with warnings.catch_warnings(), _sqlite_cache(driver):
+            with warnings.catch_warnings(), sqlite_cache(driver):
                 warnings.simplefilter("ignore", UserWarning)  # "'crs' was not provided": a store without a CRS
                 raw.write(str(tmp / out.name), np.asarray(geometry, object), list(fields.values()), list(fields),
                           field_mask=[(masks or {}).get(k) for k in fields], layer=out.stem, driver=driver,

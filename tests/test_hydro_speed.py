@@ -1,31 +1,12 @@
-"""Issue 30's fast routes: stream links as WKB built by array operations (checked against the
-format's definition), and the GPU route -- arrays read straight into the GPU, counted there, written
+"""Issue 30's fast routes: the GPU route -- arrays read straight into the GPU, counted there, written
 from it shard by shard -- within a ``--memory`` far below the DEM's in-core need, writing the CPU's
 bytes and vectors. The GPU tests need no rasterio (the device's vector wheels lack it)."""
 from __future__ import annotations
-
-import struct
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy import ndimage
-
-from terrain_io.vectors import wkb_linestrings
-
-
-def test_linestrings_are_iso_wkb_by_the_format_definition():
-    rng = np.random.default_rng(3)
-    counts = np.array([2, 1, 5, 2, 17, 3])
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    xy = rng.normal(size=(starts[-1], 2)) * 1e5
-    got = wkb_linestrings(xy, starts)
-    assert len(got) == len(counts)
-    for i, c in enumerate(counts):
-        # OGC Simple Features WKB: byte order 1 (NDR), uint32 type 2 (LineString), uint32 points, x y doubles
-        want = struct.pack("<BII", 1, 2, c) + struct.pack(f"<{2 * c}d", *xy[starts[i]: starts[i + 1]].ravel())
-        assert got[i] == want
-    assert wkb_linestrings(np.empty((0, 2)), np.zeros(1, np.int64)) == []
 
 
 def _dem(shape=(150, 170), seed=5) -> np.ndarray:

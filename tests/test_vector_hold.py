@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from cli.main import _register, cli
 from references import hydro_dem, utm_store
+from terrain_io.grid.hydro import _cpu, arrow
 from terrain_io.grid.hydro import pipeline as P
 from terrain_io.vectors import feature_stream
 
@@ -79,6 +80,7 @@ def test_stream_links_written_in_one_call_where_the_budget_holds_them(tmp_path, 
     real = raw.write
     monkeypatch.setattr(raw, "write", lambda *a, **k: (calls.append(k["append"]), real(*a, **k))[1])
     monkeypatch.setattr(P, "LINK_BATCH", 7)
+    monkeypatch.setattr(arrow, "usable", lambda driver: False)  # pyogrio's writer (GDAL's Arrow way: test_streams_arrow.py)
     held, each = tmp_path / "held.gpkg", tmp_path / "each.gpkg"
     P.streams(path, 6, progress=False, vectors=held, device="cpu")
     n = len(pyogrio.raw.read(held)[2])
@@ -105,12 +107,12 @@ def test_walked_batches_never_pile_up_behind_a_slow_writer(tmp_path, monkeypatch
     utm_store(path, hydro_dem(7).astype(np.float32), tile=16, shard=2)
     assert CliRunner().invoke(cli, ["flow", str(path), "--condition", "fill"]).exit_code == 0
     made, lock, ahead = [0], threading.Lock(), []
-    real_wkb = P.wkb_linestrings
+    real_points = _cpu.link_points
 
-    def counted(*a, **k):
+    def counted(*a, **k):  # a batch's lines made
         with lock:
             made[0] += 1
-        return real_wkb(*a, **k)
+        return real_points(*a, **k)
 
     real_stream = P.feature_stream
 
@@ -132,8 +134,9 @@ def test_walked_batches_never_pile_up_behind_a_slow_writer(tmp_path, monkeypatch
                 return cm.__exit__(*exc)
         return Slow()
 
-    monkeypatch.setattr(P, "wkb_linestrings", counted)
+    monkeypatch.setattr(_cpu, "link_points", counted)
     monkeypatch.setattr(P, "feature_stream", slow_stream)
+    monkeypatch.setattr(arrow, "usable", lambda driver: False)
     monkeypatch.setattr(P, "LINK_BATCH", 2)
     out = tmp_path / "s.gpkg"
     res = P.streams(path, 6, progress=False, vectors=out, device="cpu")

@@ -209,9 +209,24 @@ def stream_network(code, acc, threshold: float, reached=None):
     Network of CuPy arrays; Strahler and Shreve as :class:`PerLink`), the link table comes back to
     the host. ``reached``: ``acc >= threshold`` already made (bool, the codes' shape; ``acc`` is
     then not used; it becomes the stream mask, in place)."""
-    import cupy as cp
-
     from . import _cpu  # the links' orders on the host
+
+    h, w = code.shape
+    stream, link, heads, tail, downstream, cells = _link_table(code, acc, threshold, reached)
+    n = len(heads)
+    lorder = np.zeros(n, np.uint8)
+    magnitude = np.zeros(n, np.uint32 if code.size < 2**32 else np.uint64)
+    if not _cpu.link_orders(downstream, lorder, magnitude):
+        raise InputError("the flow directions have cycles")
+    link = link.reshape(h, w)
+    links = _cpu.Links(heads, tail, downstream, cells, lorder, magnitude)
+    return _cpu.Network(stream.reshape(h, w), PerLink(lorder, link), PerLink(magnitude, link), link, links)
+
+
+def _link_table(code, acc, threshold: float, reached):
+    """:func:`stream_network`'s rasters on the GPU (stream mask, link ids) and its link table on
+    the host but the orders: heads, tails, downstream ids, cells."""
+    import cupy as cp
 
     h, w = code.shape
     stream, link, heads = _stream_links(code, acc, threshold, reached)
@@ -220,14 +235,23 @@ def stream_network(code, acc, threshold: float, reached=None):
     tail, down = cp.zeros(n, np.int64), cp.zeros(n, np.uint32)
     _launch("link_ends", code.size, code, stream, link, np.int64(h), np.int64(w), tail, down)
     cells = cp.bincount(link, minlength=n + 1)[1:].astype(np.int64)
-    downstream = down.get()
-    lorder = np.zeros(n, np.uint8)
-    magnitude = np.zeros(n, np.uint32 if code.size < 2**32 else np.uint64)
-    if not _cpu.link_orders(downstream, lorder, magnitude):
-        raise InputError("the flow directions have cycles")
-    link = link.reshape(h, w)
-    links = _cpu.Links(heads, tail.get(), downstream, cells.get(), lorder, magnitude)
-    return _cpu.Network(stream.reshape(h, w), PerLink(lorder, link), PerLink(magnitude, link), link, links)
+    return stream, link, heads, tail.get(), down.get(), cells.get()
+
+
+def warm_up() -> None:
+    """:func:`stream_network`'s first use of the GPU -- CuPy's lazy imports, this module's kernels and
+    CuPy's own (the comparison, scans, nonzero, bincount, the per-link gathers) loaded from their
+    caches -- on a 3 x 3 grid whose cells all drain out (8), so that a command's own network finds
+    them loaded: ``terrain streams`` runs it in the CUDA context's thread as soon as the context is
+    made, beside the store's opening and the reads (H100, 16384^2, fresh process: 0.4-0.8 s of the
+    GPU phase was that first use). The link orders (numba) are left to ``start_link_kernels``."""
+    import cupy as cp
+
+    code = cp.full((3, 3), 8, cp.uint8)
+    _, link, heads, _, _, _ = _link_table(code, cp.ones((3, 3), cp.uint32), 0.5, None)
+    link = link.reshape(3, 3)
+    for values in (np.zeros(len(heads), np.uint8), np.zeros(len(heads), np.uint32)):
+        PerLink(values, link)[0:1]
 
 
 def height_above_drainage(code, z, net):

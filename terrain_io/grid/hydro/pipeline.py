@@ -42,10 +42,11 @@ from ...progress import progress_bar
 from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
 from ...tables import Table, write_csv
 from ...timings import Timings
-from ...vectors import check_output, feature_stream, wkb_linestrings
+from ...vectors import DRIVERS, check_output, feature_stream
 from ..flow.codes import NODATA
 from ..flow.upload import threads as _threads, upload_held
 from ..tiling import check_side, plan
+from . import start_link_kernels
 from .table import BASIN_BYTES, basin_table
 
 if TYPE_CHECKING:
@@ -227,7 +228,8 @@ class _Route:
         with timer.phase("read"):
             return self.load(store, name, progress)
 
-    def network(self, store: TerrainStore, code, cells: float, progress: bool, timer: Timings, tails: bool = True):
+    def network(self, store: TerrainStore, code, cells: float, progress: bool, timer: Timings, tails: bool = True,
+                then=None):
         """The stream network of accumulation >= ``cells`` (``code``: the codes, or a Future of them:
         :meth:`ahead`) and (``tails``) each link's accumulation
         at its last cell. Without ``tails`` the GPU gets only the mask ``accumulation >= cells``,
@@ -235,7 +237,8 @@ class _Route:
         accumulation, gathered there (reading the links' cells from the store again instead decodes
         most of its tiles twice: 32768^2 on the H100, streams' reads 11.3 s against 3.9 s) -- as
         uint32 where it counts cells of a DEM below 2^32 cells (half the bytes to copy and hold; the
-        same values, given back in the stored type)."""
+        same values, given back in the stored type). ``then()``: called once the arrays are read,
+        before the kernels run."""
         mask = self.device == "gpu" and not tails
         stored = store.group["flow/accumulation"].dtype
         narrow = self.device == "gpu" and stored.kind == "u" and store.shape[0] * store.shape[1] < 2**32
@@ -247,6 +250,8 @@ class _Route:
         with timer.phase("read"):
             acc = self.load(store, "flow/accumulation", progress, convert, timer)
             code = _result(code)
+        if then is not None:
+            then()
         with timer.phase(self.device):
             if mask:  # HAND on the GPU: the stream mask and link ids alone (no link table, no numba)
                 return self.K.drainage(code, acc), None
@@ -468,27 +473,6 @@ def _network(store, what, threshold, units, memory, window_tiles, device):
     return store, wins, route, cells
 
 
-def _load_link_kernels(cells: int) -> None:
-    """The GPU route's CPU kernels (the links' orders, :func:`._cpu.link_orders`, walks and points) loaded
-    from numba's cache in a background thread while the arrays are read: importing numba and
-    loading the first kernel took ~0.35 s (2-core VM) in the GPU phase's path before. Errors are
-    left to the route's own calls."""
-
-    def load():
-        try:
-            from . import _cpu
-
-            _cpu.link_orders(np.zeros(1, np.uint32), np.zeros(1, np.uint8),
-                             np.zeros(1, np.uint32 if cells < 2**32 else np.uint64))
-            one = np.zeros(1, np.int64)
-            _cpu.walk_links(np.zeros((1, 1), np.uint8), 0, 0, 1, one, one.copy(), one.copy(), one.copy())
-            _cpu.link_points(one, np.array([0, 1]), 1, np.zeros(6), np.zeros((2, 2)), np.zeros((1, 2)), np.zeros(1))
-        except Exception:  # noqa: BLE001 -- the route's own calls of these kernels report it
-            pass
-
-    threading.Thread(target=load, name="link-kernels").start()  # (not a daemon: never cut while numba writes its cache)
-
-
 @_schedulable
 def streams(store, threshold: float, *, units: str = "cells", memory=None, progress: bool = True, vectors=None,
             overwrite: bool = False, window_tiles: int | None = None, device: str | None = "auto") -> HydroResult:
@@ -503,13 +487,14 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     attrs = {"threshold": threshold, "units": units, "threshold_cells": cells}
     rows, cols = store.shape
     if route.device == "gpu":
-        _load_link_kernels(rows * cols)
+        start_link_kernels(rows * cols >= 2**32)
     order_attrs, magnitude_attrs = {"method": "strahler"}, {"method": "shreve"}
     link_attrs = {"ids": "1.. in row-major order of the link heads; 0 off"}
     if wins is None:
+        ends = _EndsAhead(store, route, what, timer)
         with concurrent.futures.ThreadPoolExecutor(1) as beside:
             code = route.ahead(beside, store, "flow/direction", progress, timer)
-            net, upstream = route.network(store, code, cells, progress, timer)
+            net, upstream = route.network(store, code, cells, progress, timer, then=ends.start)
             code = _result(code)
         links = net.links._replace(upstream=upstream)
         with timer.phase(route.device):
@@ -547,7 +532,7 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
                 del code
             with timer.phase("vectors"):
                 write_links(store, reader, links, vectors, overwrite, memory_budget(memory) // VECTOR_HOLD, timer,
-                            gpu=route.device == "gpu")
+                            gpu=route.device == "gpu", ahead=ends if wins is None else None)
         finally:
             if wins is None:
                 vectors_done.set()
@@ -563,6 +548,45 @@ def streams(store, threshold: float, *, units: str = "cells", memory=None, progr
     return HydroResult(f"streams: {n_stream:,} stream cells (accumulation >= {cells:g} cells), {len(links.head):,} "
                        f"links, highest Strahler order {int(links.strahler.max(initial=0))}, {sec:.2f} s "
                        f"({route.device}, {_method(wins)})", attrs, table)
+
+
+class _EndsAhead:
+    """The elevations the links' ends need, read onto the GPU while its kernels run (``streams -o`` on
+    the GPU, where they fit its memory beside the route's arrays): :meth:`start` once the route's
+    arrays are read; :meth:`take` the CuPy array (None: not read ahead), held no longer, so
+    that the ends are gathered at once when the vectors start instead of reading the elevations
+    beside the walks and the rasters' write (H100, 16384^2: ``vector_ends`` 0.78-0.84 s, the
+    vectors' critical path; the same read in a warm process alone 0.18-0.24 s)."""
+
+    def __init__(self, store: TerrainStore, route: "_Route", what: str, timer: Timings):
+        self._future = None
+        self.source = store.group["flow"].attrs.get("source", "elevation")
+        self.store, self.route, self.timer = store, route, timer
+        self.ahead = False
+        if route.device == "gpu" and what == "streams+vectors":
+            from . import _gpu
+
+            rows, cols = store.shape
+            arr = store.elevation if self.source == ELEVATION else store.group[self.source]
+            need = _gpu.device_bytes(rows, cols, what, arr.dtype) + rows * cols * np.dtype(arr.dtype).itemsize
+            self.ahead = need <= gpu_free_bytes()
+
+    def start(self) -> None:
+        if not self.ahead:
+            return
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ends-ahead")
+
+        def read():
+            with self.timer.phase("vector_ends_read"):
+                return self.route.load(self.store, self.source, False)
+
+        self._future = pool.submit(read)
+        pool.shutdown(wait=False)
+
+    def take(self):
+        """The elevations on the GPU (their read's error raised here), or None."""
+        future, self._future = self._future, None
+        return None if future is None else future.result()
 
 
 @_schedulable
@@ -738,12 +762,16 @@ def _values_on_gpu(store: TerrainStore, name: str, gids: np.ndarray, threads: in
 LINK_BATCH = 16384  # links a batch of vertices: its walks' arrays (~80 bytes a vertex) in memory at a time
 LINE_THREADS = 4  # batches walked at once where the codes are held (numba's walks and NumPy release the GIL)
 VECTOR_HOLD = 8  # the links' features held for one GDAL write: up to 1/VECTOR_HOLD of the memory budget
+LINK_FIELDS = {"link": np.int64, "downstream": np.int64, "strahler": np.int32, "shreve": np.int64, "cells": np.int64,
+               "length_m": np.float64, "upstream": np.float64, "upstream_m2": np.float64, "drop": np.float64}
 
 
 def write_links(store: TerrainStore, reader: CellReader, links: Links, out, overwrite: bool = False,
-                hold: int = 0, timer: Timings | None = None, gpu: bool = False) -> Path:
+                hold: int = 0, timer: Timings | None = None, gpu: bool = False, ahead=None) -> Path:
     """One LineString a stream link, in the store's CRS, made a batch of links at a time (in
-    ``LINE_THREADS`` threads where ``reader`` holds the codes) and written in order through
+    ``LINE_THREADS`` threads where ``reader`` holds the codes, their WKB in one buffer a batch:
+    :func:`._cpu.link_points`) and written in order -- to a GeoPackage by GDAL's Arrow interface
+    (:mod:`.arrow`: each batch as it comes, without the GIL), else through
     :func:`..vectors.feature_stream` (features held up to ``hold`` bytes of geometry a GDAL
     write): vertices at the centres of its cells in flow
     order (its head's flow path of ``cells`` cells, :func:`._cpu.walk_links`), then the head of its
@@ -754,9 +782,10 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     many cells' area; NaN for weights), ``drop`` (first vertex's elevation minus the last's).
     ``timer``: its phases ``vector_ends`` (the end elevations, read in a thread of their own while
     the links are walked; ``gpu``: gathered on the GPU as the elevations' bands are decoded there,
-    :func:`_values_on_gpu`, where nvCOMP is installed), ``vector_lines`` (walks, vertices, WKB; summed
-    over the threads) and ``vector_gdal``."""
-    from . import _cpu
+    :func:`_values_on_gpu`, where nvCOMP is installed; ``ahead``: the elevations read onto the GPU
+    before, :class:`_EndsAhead`), ``vector_lines`` (walks, vertices, WKB; summed over the threads)
+    and ``vector_gdal``."""
+    from . import _cpu, arrow
 
     timer = Timings() if timer is None else timer
     rows, cols = store.shape
@@ -776,10 +805,18 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             last = np.where(links.downstream > 0, links.head[np.maximum(links.downstream.astype(np.int64) - 1, 0)],
                             links.tail)
             gids = np.concatenate([links.head, last])
-            z = _values_on_gpu(store, source, gids, reader.threads) if gpu else None
-            if z is None:
-                z = CellReader(store, reader.side, reader.held, reader.threads).values(source, gids)
-            zf = z.astype(np.float64)
+            values = None
+            held = ahead.take() if ahead is not None else None
+            if held is not None:  # read ahead onto the GPU
+                import cupy as cp
+
+                values = held.reshape(-1)[cp.asarray(gids)].get()
+                del held
+            elif gpu:
+                values = _values_on_gpu(store, source, gids, reader.threads)
+            if values is None:
+                values = CellReader(store, reader.side, reader.held, reader.threads).values(source, gids)
+            zf = values.astype(np.float64)
             return zf[:n] - zf[n:]
 
     def lines(s: int) -> tuple[np.ndarray, dict]:
@@ -801,12 +838,12 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             last = starts[1:] - 1
             verts[last[extra]] = np.where(down[extra] > 0, links.head[np.maximum(down[extra].astype(np.int64) - 1, 0)],
                                           verts[last[extra] - 1])
-            xy, step = np.empty((len(verts), 2)), np.empty(len(verts))
-            _cpu.link_points(verts, starts, cols, transform, hyp, xy, step)
+            offsets = 9 * np.arange(len(starts), dtype=np.int64) + 16 * starts  # line i's WKB from offsets[i]
+            wkb, step = np.empty(offsets[-1], np.uint8), np.empty(len(verts))
+            _cpu.link_points(verts, starts, cols, transform, hyp, wkb, step)
             length = np.add.reduceat(step, starts[:-1]) if len(ids) else np.zeros(0)
-            geometry = np.array(wkb_linestrings(xy, starts), object)
             upstream = links.upstream[sl].astype(np.float64)
-            return geometry, {"link": ids, "downstream": down.astype(np.int64),
+            return wkb, offsets, {"link": ids, "downstream": down.astype(np.int64),
                               "strahler": links.strahler[sl].astype(np.int32),
                               "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
                               "upstream": upstream,
@@ -816,14 +853,21 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     with concurrent.futures.ThreadPoolExecutor(1) as pool, concurrent.futures.ThreadPoolExecutor(walkers) as walk, \
             contextlib.ExitStack() as stack:
         drops = pool.submit(end_drops)
-        write = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
+        if arrow.usable(DRIVERS[Path(out).suffix.lower()]):  # each batch written by GDAL as it comes, without the GIL
+            write = stack.enter_context(arrow.link_stream(out, store.crs, LINK_FIELDS, overwrite))
+        else:  # pyogrio's writer: a bytes object a line, held up to ``hold``
+            features = stack.enter_context(feature_stream(out, "LineString", store.crs, overwrite, hold))
+
+            def write(wkb, offsets, fields):
+                cut = offsets.tolist()
+                features([wkb[a:b].tobytes() for a, b in zip(cut[:-1], cut[1:])], fields)
         firsts = range(0, max(n, 1), LINK_BATCH)
         # (two batches a walker ahead of the writer: a slow GDAL write never lets the walked batches pile up)
         batches = stack.enter_context(contextlib.closing(Prefetch(lines, firsts, 2 * walkers, walk)))
-        for s, (geometry, fields) in zip(firsts, batches):
+        for s, (wkb, offsets, fields) in zip(firsts, batches):
             fields["drop"] = drops.result()[s:s + LINK_BATCH]
             with timer.phase("vector_gdal"):
-                write(geometry, fields)
+                write(wkb, offsets, fields)
         with timer.phase("vector_gdal"):
             stack.close()  # the features still held written, the file renamed into place
     return Path(out)

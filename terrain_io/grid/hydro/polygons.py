@@ -78,7 +78,9 @@ _SIGNATURES = {  # name: (restype, argtypes) of the GDAL C API functions used
     "CPLPushErrorHandler": (None, [_P]),
     "CPLPopErrorHandler": (None, []),
     "CPLGetLastErrorMsg": (_S, []),
+    "OGR_L_WriteArrowBatch": (ctypes.c_bool, [_P, _P, _P, _P]),  # GDAL >= 3.8 (:mod:`.arrow`)
 }
+OPTIONAL = {"OGR_L_WriteArrowBatch"}  # None where the libgdal lacks it
 
 
 class _Gdal:
@@ -86,7 +88,10 @@ class _Gdal:
 
     def __init__(self, lib: ctypes.CDLL):
         for name, (res, args) in _SIGNATURES.items():
-            fn = getattr(lib, name)
+            fn = getattr(lib, name, None) if name in OPTIONAL else getattr(lib, name)
+            if fn is None:
+                setattr(self, name, None)
+                continue
             fn.restype, fn.argtypes = res, args
             setattr(self, name, fn)
         self.GDALAllRegister()
@@ -122,6 +127,9 @@ def _rasterio_gdal() -> _Gdal:
 
 @functools.cache
 def _pyogrio_gdal() -> _Gdal:
+    from ...vectors import pyogrio
+
+    pyogrio()
     from pyogrio import _ogr
 
     return _Gdal(ctypes.CDLL(_ogr.__file__))
@@ -229,13 +237,34 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
         src = gdal.GDALOpenEx(str(label).encode(), OF_RASTER, None, None, None)
         if not src:
             fail("open", gdal.error())
-    srs = ds = field = None
-    failed = True
     try:
         band = gdal.GDALGetRasterBand(src, 1)
         geo = (ctypes.c_double * 6)(*transform)
         if not band or gdal.GDALSetGeoTransform(src, geo) or gdal.GDALSetRasterNoDataValue(band, 0):
             fail("raster", gdal.error())
+        with gpkg_layer(gdal, path, LAYER, crs, WKB_POLYGON, {"id": OFT_INTEGER64}, fail,
+                        ["SPATIAL_INDEX=NO", "GEOMETRY_NAME=geom", "FID=fid"]) as layer:
+            rows = gdal.GDALGetRasterYSize(src)
+            with progress_bar(progress, rows, "polygons", unit="row") as bar:
+                job = _Job(gdal, bar, rows)
+                err, message = job.run(gdal.GDALPolygonize, band, gdal.GDALGetMaskBand(band), layer, 0,
+                                       _strings(["8CONNECTED=8"]), job.progress, None)
+            if err:
+                fail("polygonize", message)
+    finally:
+        gdal.GDALClose(src)
+
+
+@contextlib.contextmanager
+def gpkg_layer(gdal: _Gdal, path, name: str, crs: str | None, geometry_type: int, fields: dict, fail,
+               options=None):
+    """A new GeoPackage ``path`` with one layer ``name`` (OGR ``geometry_type``, ``crs`` in GIS axis
+    order, ``fields``: name -> OGR field type, in order; layer creation ``options``) in a
+    transaction: yields the layer, commits when the block ends, then closes the file (GDAL builds
+    a deferred spatial index there). ``fail(what, message)`` raises the step's error."""
+    srs = ds = None
+    done = False
+    try:
         if crs:
             srs = gdal.OSRNewSpatialReference(None)
             if gdal.OSRSetFromUserInput(srs, crs.encode()):
@@ -244,28 +273,26 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
         ds = gdal.GDALCreate(gdal.GDALGetDriverByName(b"GPKG"), str(path).encode(), 0, 0, 0, 0, None)
         if not ds:
             fail("create", gdal.error())
-        layer = gdal.GDALDatasetCreateLayer(ds, LAYER.encode(), srs, WKB_POLYGON,
-                                            _strings(["SPATIAL_INDEX=NO", "GEOMETRY_NAME=geom", "FID=fid"]))
-        field = gdal.OGR_Fld_Create(b"id", OFT_INTEGER64) if layer else None
-        if not layer or gdal.OGR_L_CreateField(layer, field, 1) or gdal.GDALDatasetStartTransaction(ds, 0):
+        layer = gdal.GDALDatasetCreateLayer(ds, name.encode(), srs, geometry_type,
+                                            None if options is None else _strings(options))
+        if not layer:
             fail("layer", gdal.error())
-        rows = gdal.GDALGetRasterYSize(src)
-        with progress_bar(progress, rows, "polygons", unit="row") as bar:
-            job = _Job(gdal, bar, rows)
-            err, message = job.run(gdal.GDALPolygonize, band, gdal.GDALGetMaskBand(band), layer, 0,
-                                   _strings(["8CONNECTED=8"]), job.progress, None)
-        if err:
-            fail("polygonize", message)
-        if gdal.GDALDatasetCommitTransaction(ds):
-            fail("polygonize", gdal.error())
-        failed = False
-    finally:
-        if field:
+        for key, oft in fields.items():
+            field = gdal.OGR_Fld_Create(key.encode(), oft)
+            failed = gdal.OGR_L_CreateField(layer, field, 1)
             gdal.OGR_Fld_Destroy(field)
+            if failed:
+                fail("layer", gdal.error())
+        if gdal.GDALDatasetStartTransaction(ds, 0):
+            fail("layer", gdal.error())
+        yield layer
+        if gdal.GDALDatasetCommitTransaction(ds):
+            fail("commit", gdal.error())
+        done = True
+    finally:
         if srs:
             gdal.OSRRelease(srs)
-        gdal.GDALClose(src)
-        if ds and gdal.close(ds) and not failed:  # (an error already raised is the one said)
+        if ds and gdal.close(ds) and done:  # (an error already raised is the one said)
             fail("close", gdal.error())
 
 
