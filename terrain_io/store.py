@@ -121,9 +121,10 @@ class TerrainStore:
         self.group = group
         self.path = Path(path)
         self.attrs = dict(group.attrs)
-        if ELEVATION not in group:
-            raise StoreError(f"{path}: not a terrain store (no '{ELEVATION}' array)")
-        self.elevation = group[ELEVATION]
+        try:  # (one lookup: each reads zarr.json through zarr's event loop, ~0.5 ms)
+            self.elevation = group[ELEVATION]
+        except KeyError:
+            raise StoreError(f"{path}: not a terrain store (no '{ELEVATION}' array)") from None
 
     @property
     def group(self) -> zarr.Group:
