@@ -915,15 +915,18 @@ def _shard_file(arr: zarr.Array, sr: int, sc: int, ahead: bool = False):
             check.check_entry(arr.path, key, None)
         yield None
         return
+    ahead = ahead and hasattr(os, "posix_fadvise")
     try:
         length = os.fstat(fd).st_size
+        if ahead and length >= size + 4:  # the index on its way while the store's metadata is checked
+            os.posix_fadvise(fd, length - size - 4, size + 4, os.POSIX_FADV_WILLNEED)
         if check is not None:
             check.check_entry(arr.path, key, length)
         if length < size + 4:
             raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
         tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
-        if ahead and hasattr(os, "posix_fadvise"):  # the kernel reads the body ahead while its chunks decode
-            # (after the index: asked for first, the index waited behind the whole file's readahead)
+        if ahead:  # the kernel reads the body ahead while its chunks decode (asked for with the index,
+            # the index waited behind the whole file)
             os.posix_fadvise(fd, 0, length - size - 4, os.POSIX_FADV_WILLNEED)
         index_bytes = tail[:-4]
         if integrity.crc32c(index_bytes) != tail[-4:].tobytes():

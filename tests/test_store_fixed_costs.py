@@ -80,8 +80,8 @@ def test_a_result_written_again_is_read_anew(tmp_path):
 
 
 def test_the_index_is_read_before_the_body_is_read_ahead(tmp_path, monkeypatch):
-    """A whole shard's read asks for its index (the file's tail) first, then the kernel's readahead of
-    the body only: asked before, the index waited behind the whole file's readahead."""
+    """A whole shard's read asks the kernel for its index (the file's tail) first, reads it, then asks
+    for the body's readahead: asked together, the index waited behind the whole file's readahead."""
     if not hasattr(os, "posix_fadvise"):
         pytest.skip("no posix_fadvise here")
     store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(SHAPE, "float32"), tile=32, shard=4)
@@ -97,4 +97,52 @@ def test_the_index_is_read_before_the_body_is_read_ahead(tmp_path, monkeypatch):
                         lambda fd, at, n, advice: calls.append(("fadvise", at, n)) or fadvise(fd, at, n, advice))
     got = store_mod.read_shard(arr, 0, 0)
     assert np.array_equal(got, values[:128, :128])
-    assert calls[:2] == [("pread", body, length - body), ("fadvise", 0, body)]
+    calls = [c for c in calls if c != ("fadvise", 0, 0)]  # (the store's metadata read ahead: whole files)
+    assert calls[:3] == [("fadvise", body, length - body), ("pread", body, length - body), ("fadvise", 0, body)]
+
+
+def test_parallel_first_reads_check_the_stores_metadata_once(tmp_path, monkeypatch):
+    """The first reads of an array's shards from many threads: one of them checks the trees (the others
+    wait for it), the metadata it reads asked of the kernel at once beforehand -- every node's zarr.json
+    and manifest of the store and of the result."""
+    import concurrent.futures
+    import threading
+    import time
+
+    from terrain_io import integrity
+
+    if not (hasattr(os, "posix_fadvise") and os.path.isdir("/proc/self/fd")):
+        pytest.skip("no posix_fadvise or /proc here")
+    base = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(SHAPE, "float32"), tile=32, shard=4)
+    values = np.random.default_rng(5).normal(size=SHAPE).astype("float32")
+    write(base, values)
+    checks, asked = [], set()
+    check_trees, fadvise = integrity.Integrity.check_trees, os.posix_fadvise
+
+    def slow_check(self, name):
+        checks.append(name)
+        time.sleep(0.05)  # (the other threads arrive meanwhile)
+        return check_trees(self, name)
+
+    def recording(fd, at, n, advice):
+        if (at, n) == (0, 0):
+            asked.add(os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path / "s.zarr"))
+        return fadvise(fd, at, n, advice)
+
+    monkeypatch.setattr(integrity.Integrity, "check_trees", slow_check)
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    store = TerrainStore.open(tmp_path / "s.zarr", mode="r")
+    out = np.empty(SHAPE, "float32")
+    wins = list(store.shards())
+    start = threading.Barrier(len(wins))
+
+    def one(win):
+        start.wait()
+        store.read(win, "r/v", out=out[win.slices])
+
+    with concurrent.futures.ThreadPoolExecutor(len(wins)) as pool:
+        list(pool.map(one, wins))
+    assert np.array_equal(out, values) and checks == ["r/v"]
+    nodes = ("", "elevation", "x", "y", "spatial_ref", "r", "r/v", "r/x", "r/y", "r/spatial_ref")
+    assert {os.path.join(n, "zarr.json") for n in nodes} <= asked
+    assert {os.path.join(n, integrity.MANIFEST) for n in nodes if n not in ("", "r")} <= asked
