@@ -1070,8 +1070,10 @@ def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
     fmt = shard_layout(arr)
     if fmt is None:
         raise ValueError(f"{arr.path}: not stored as this tool's shards")
+    from numcodecs import Zstd
+
     (t0, t1), level, crc = fmt
-    compress = None if level is None else zstd_compressor(level)
+    zstd = Zstd(level=level)
     fill = np.array(arr.fill_value, dtype=arr.dtype)
     cells = _morton_cells(-(-block.shape[0] // t0), -(-block.shape[1] // t1))
 
@@ -1085,75 +1087,11 @@ def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
         if _all_fill(part, fill):
             return None
         data = np.ascontiguousarray(part, dtype=arr.dtype)
-        if compress is not None:
-            data = compress(data)
+        if level is not None:
+            data = zstd.encode(data)
         return (data, integrity.crc32c(data)) if crc else (data,)
 
     return cells, encode
-
-
-def zstd_compressor(level: int):
-    """A function giving a C-contiguous array's zstd frame at ``level``: numcodecs' own zstd (the bytes
-    zarr writes), called through ctypes with one compression context a thread, kept, into a new
-    buffer (a view of it returned) -- numcodecs' ``Zstd.encode`` makes a context a call and copies its
-    frame into a bytes object of its size, both holding the GIL: 16 threads encoding a shard each on
-    the H100 machine waited for it ~4x longer than they encoded. numcodecs' ``Zstd`` itself where its
-    module does not export the C functions."""
-    lib = _zstd_lib()
-    if lib is None:
-        from numcodecs import Zstd
-
-        return Zstd(level=level).encode
-
-    def compress(data: np.ndarray) -> np.ndarray:
-        cctx = getattr(_ZSTD_THREAD, "cctx", None)
-        if cctx is None:
-            cctx = _ZSTD_THREAD.cctx = _CompressionContext(lib)
-        cap = lib.ZSTD_compressBound(data.nbytes)
-        out = np.empty(cap, np.uint8)
-        n = lib.ZSTD_compressCCtx(cctx.ptr, out.ctypes.data, cap, data.ctypes.data, data.nbytes, level)
-        if lib.ZSTD_isError(n):
-            raise RuntimeError(f"zstd could not compress a chunk ({lib.ZSTD_getErrorName(n).decode()})")
-        return out[:n]
-
-    return compress
-
-
-class _CompressionContext:
-    """A ZSTD_CCtx, freed with the thread that made it (its thread-local attribute goes)."""
-
-    def __init__(self, lib):
-        self.lib, self.ptr = lib, lib.ZSTD_createCCtx()
-        if not self.ptr:
-            raise MemoryError("zstd could not make a compression context")
-
-    def __del__(self):
-        self.lib.ZSTD_freeCCtx(self.ptr)
-
-
-_ZSTD_THREAD = threading.local()
-
-
-@functools.cache
-def _zstd_lib():
-    """numcodecs' zstd module's C functions through ctypes (they release the GIL while they run), or
-    None where it does not export them."""
-    import ctypes
-
-    import numcodecs.zstd
-
-    try:
-        lib = ctypes.CDLL(numcodecs.zstd.__file__)
-        size, ptr = ctypes.c_size_t, ctypes.c_void_p
-        for name, res, args in (("ZSTD_createCCtx", ptr, []), ("ZSTD_freeCCtx", size, [ptr]),
-                                ("ZSTD_compressBound", size, [size]), ("ZSTD_isError", ctypes.c_uint, [size]),
-                                ("ZSTD_getErrorName", ctypes.c_char_p, [size]),
-                                ("ZSTD_compressCCtx", size, [ptr, ptr, size, ptr, size, ctypes.c_int])):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-    except (OSError, AttributeError):
-        return None
-    return lib
 
 
 def shard_chunks(arr: zarr.Array, sr: int, sc: int) -> list[tuple[int, int]]:

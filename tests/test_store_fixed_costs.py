@@ -146,21 +146,3 @@ def test_parallel_first_reads_check_the_stores_metadata_once(tmp_path, monkeypat
     nodes = ("", "elevation", "x", "y", "spatial_ref", "r", "r/v", "r/x", "r/y", "r/spatial_ref")
     assert {os.path.join(n, "zarr.json") for n in nodes} <= asked
     assert {os.path.join(n, integrity.MANIFEST) for n in nodes if n not in ("", "r")} <= asked
-
-
-@pytest.mark.parametrize("level", [1, 3, -5])
-@pytest.mark.parametrize("dtype", ["float32", "float64", "uint8", "uint32"])
-def test_the_compressor_gives_numcodecs_frames(dtype, level):
-    """The store's zstd (numcodecs' C functions, a context kept a thread) writes numcodecs' own frames
-    (the reference: ``numcodecs.Zstd.encode``), from threads at once."""
-    import concurrent.futures
-
-    from numcodecs import Zstd
-
-    rng = np.random.default_rng(11)
-    chunks = [np.ascontiguousarray((rng.normal(size=(64, 64)) * 100).astype(dtype)) for _ in range(12)]
-    chunks.append(np.zeros((64, 64), dtype))
-    compress = store_mod.zstd_compressor(level)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(compress, chunks))
-    assert [bytes(g) for g in got] == [Zstd(level=level).encode(c) for c in chunks]
