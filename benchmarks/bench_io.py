@@ -1,8 +1,10 @@
 """The I/O floor of this machine against our store, side by side in one run (issue 31).
 
 Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
-- raw disk: one file per thread (all cores), written in 4 MiB calls and fsync'd; then read back cold
-  (each file's pages dropped with ``posix_fadvise(DONTNEED)`` after its fsync);
+- raw disk: one new file per thread (all cores), written in 4 MiB calls and fsync'd; then read back
+  cold (each file's pages dropped with ``posix_fadvise(DONTNEED)`` before each read); what each
+  measurement starts from (the payload, the last files removed, the pages dropped) is made outside
+  its time, as the store's is;
 - codec: numcodecs Zstd at the store's level over the store's chunks (T x T) of each array, encoded
   and decoded in a pool of threads (all cores; zstd releases the GIL), and google-crc32c over the
   encoded chunks;
@@ -42,19 +44,20 @@ BLOCK = 4 << 20  # raw file I/O call size
 DTYPES = ("float32", "float64", "uint8", "uint32")
 
 
-def timed(fn, reps: int, before=None) -> tuple[float, float, object]:
-    """(best wall s, CPU s of that call, its last result) of ``fn()`` over ``reps`` calls, each after
-    ``before()`` (untimed: clearing what the last call left)."""
-    best = (float("inf"), 0.0, None)
+def timed(fn, reps: int, before=None) -> tuple[float, float, object, list[float]]:
+    """(best wall s, CPU s of that call, its result, every call's wall s) of ``fn()`` over ``reps``
+    calls, each after ``before()`` (untimed: clearing what the last call left)."""
+    best, walls = (float("inf"), 0.0, None), []
     for _ in range(reps):
         if before is not None:
             before()
         c0, t0 = time.process_time(), time.perf_counter()
         out = fn()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        walls.append(wall)
         if wall < best[0]:
             best = (wall, cpu, out)
-    return best
+    return (*best, walls)
 
 
 def drop_cache(path) -> None:
@@ -66,10 +69,10 @@ def drop_cache(path) -> None:
         os.close(fd)
 
 
-def raw_write(folder: Path, nbytes: int, threads: int) -> list[Path]:
-    """``nbytes`` in ``threads`` files written in parallel, each fsync'd before it is closed."""
+def raw_write(folder: Path, nbytes: int, threads: int, payload: bytes) -> list[Path]:
+    """``nbytes`` in ``threads`` files written in parallel from ``payload`` (:data:`BLOCK` bytes, made
+    before: its making is no part of the floor), each fsync'd before it is closed."""
     share = -(-nbytes // threads)
-    payload = np.random.default_rng(0).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
     paths = [folder / f"raw{i}.bin" for i in range(threads)]
 
     def one(path):
@@ -121,9 +124,11 @@ def chunks_of(values: np.ndarray, tile: int) -> list[np.ndarray]:
 
 
 def codec(values: np.ndarray, tile: int, level: int, threads: int, reps: int) -> dict:
-    """Encode, decode and crc32c of the array's chunks on ``threads`` threads."""
-    import google_crc32c
+    """Encode, decode and crc32c of the array's chunks on ``threads`` threads (the crc32c the store
+    computes: :func:`terrain_io.integrity.crc32c`, which lets go of the GIL)."""
     from numcodecs import Zstd
+
+    from terrain_io.integrity import crc32c
 
     parts = chunks_of(values, tile)
     zstd = Zstd(level=level)
@@ -131,8 +136,8 @@ def codec(values: np.ndarray, tile: int, level: int, threads: int, reps: int) ->
         enc = timed(lambda: list(pool.map(zstd.encode, parts)), reps)
         encoded = enc[2]
         dec = timed(lambda: list(pool.map(zstd.decode, encoded)), reps)
-        crc = timed(lambda: list(pool.map(google_crc32c.value, encoded)), reps)
-        crc_raw = timed(lambda: list(pool.map(google_crc32c.value, parts)), reps)
+        crc = timed(lambda: list(pool.map(crc32c, encoded)), reps)
+        crc_raw = timed(lambda: list(pool.map(crc32c, parts)), reps)
     return {"encode": enc[:2], "decode": dec[:2], "crc": crc[:2], "crc_raw": crc_raw[:2],
             "compressed": sum(len(e) for e in encoded)}
 
@@ -230,11 +235,13 @@ def main() -> None:
               f"numcodecs {numcodecs.__version__}, zarr {zarr.__version__}; disk {folder}")
         raw = folder / "raw"
         raw.mkdir()
-        w = timed(lambda: raw_write(raw, raw_bytes, threads), reps)
+        payload = np.random.default_rng(0).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
+        # (each write into new files, the last ones removed outside its time, as the store's result is)
+        w = timed(lambda: raw_write(raw, raw_bytes, threads, payload), reps,
+                  lambda: [p.unlink() for p in raw.iterdir()])
         paths = w[2]
-        for p in paths:
-            drop_cache(p)
-        r = timed(lambda: (raw_read(paths), [drop_cache(p) for p in paths]), reps)
+        # (the pages dropped before each read, outside its time, as the store's read's are)
+        r = timed(lambda: raw_read(paths), reps, lambda: [drop_cache(p) for p in paths])
         shutil.rmtree(raw)
         write_bw, read_bw = raw_bytes / w[0], raw_bytes / r[0]
         print("\n| floor | MiB | wall s | CPU s | MB/s |\n|---|---|---|---|---|")
@@ -271,11 +278,12 @@ def main() -> None:
                   f"{c['compressed'] / c['crc'][0] / 1e6:.0f} | {nbytes / c['crc_raw'][0] / 1e6:.0f} | "
                   f"{c['encode'][1] + c['crc'][1]:.2f} |")
         print("\n| store | write wall s | CPU s | MB/s | floor s | % floor | read wall s | CPU s | MB/s | floor s "
-              "| % floor |\n|---|---|---|---|---|---|---|---|---|---|---|")
+              "| % floor | write, read: every rep s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
         for dtype, nbytes, disk, c, sw, sr, floor_w, floor_r in rows:
             print(f"| {dtype} ({disk / mib:.1f} MiB on disk) | {sw[0]:.3f} | {sw[1]:.2f} | {nbytes / sw[0] / 1e6:.0f} "
                   f"| {floor_w:.3f} | {100 * floor_w / sw[0]:.0f}% | {sr[0]:.3f} | {sr[1]:.2f} | "
-                  f"{nbytes / sr[0] / 1e6:.0f} | {floor_r:.3f} | {100 * floor_r / sr[0]:.0f}% |")
+                  f"{nbytes / sr[0] / 1e6:.0f} | {floor_r:.3f} | {100 * floor_r / sr[0]:.0f}% | "
+                  f"{' '.join(f'{t:.3f}' for t in sw[3])}; {' '.join(f'{t:.3f}' for t in sr[3])} |")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

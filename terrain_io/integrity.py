@@ -334,6 +334,34 @@ def tree_of(root, array: str) -> tuple[str, dict] | None:
     return ("" if prefix == "." else prefix), nodes
 
 
+def read_nodes_ahead(root, array: str) -> None:
+    """Ask the kernel to read ahead, all at once, the metadata and manifests that the first read of
+    ``array`` checks (:meth:`Integrity.check_trees`): those of the store's own nodes and of every node
+    of the result group the array lies in. Read cold one after another, they cost a disk's latency
+    each -- 9 of them ~0.13 s on the H100 machine's disk, longer than its 8192^2 float32 array's
+    shards take to arrive (benchmarks/RESULTS.md, issue 31)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    root = str(root)
+    top = array.split("/", 1)[0]
+    with os.scandir(root) as entries:
+        folders = [root] + [e.path for e in entries if e.is_dir() and not e.name.startswith(".")]
+    if "/" in array:  # a result group: its nodes below its first level too
+        for dirpath, dirnames, _ in os.walk(os.path.join(root, top)):
+            dirnames[:] = [d for d in dirnames if d != "c" and not d.startswith(".")]
+            folders += [os.path.join(dirpath, d) for d in dirnames]
+    for folder in folders:
+        for leaf in ("zarr.json", MANIFEST):
+            try:
+                fd = os.open(os.path.join(folder, leaf), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+
 def tree_problems(root, prefix: str, nodes: dict, listing: bool = True) -> list["Problem"]:
     """What is wrong with the sealed tree ``prefix`` of the store ``root`` (``""``: the store itself,
     else a result group), as its manifest tells: a node whose zarr.json is missing or not the one it
@@ -414,6 +442,7 @@ class Integrity:
         self._sound: set = set()
         self._trees: set = set()  # sealed trees (the store, a result) found whole
         self._lock = threading.Lock()
+        self._first: dict[str, threading.Lock] = {}  # array -> the lock its first reader checks it under
 
     def __getstate__(self):
         return {"root": self.root, "strict": self.strict}
@@ -422,9 +451,17 @@ class Integrity:
         self.__init__(state["root"], state["strict"])
 
     def array(self, name: str) -> tuple[Layout, dict | None]:
-        """(layout, manifest or None) of array ``name`` (its path in the store)."""
+        """(layout, manifest or None) of array ``name`` (its path in the store): the first caller reads
+        and checks them, the metadata it needs read ahead all at once (:func:`read_nodes_ahead`); parallel
+        readers of its shards wait for that one."""
         got = self._arrays.get(name)
-        if got is None:
+        if got is not None:
+            return got
+        with self._first.setdefault(name, threading.Lock()):
+            got = self._arrays.get(name)
+            if got is not None:
+                return got
+            read_nodes_ahead(self.root, name)
             self.check_trees(name)
             array_dir = self.root / name
             with open(array_dir / "zarr.json") as f:
@@ -434,7 +471,7 @@ class Integrity:
                 raise DamagedStoreError(self.root, name, None, f"no manifest ({MANIFEST}): the list of its "
                                         "shard files is lost, so a missing one could not be told")
             got = self._arrays[name] = (layout, manifest)
-        return got
+            return got
 
     def check_trees(self, name: str) -> None:
         """Before the first read of array ``name``: the sealed trees it lies in -- the store's own and
