@@ -92,7 +92,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     # nvCOMP's frames for arrays stored as this tool writes them, zstd-compressed (not the raw overview levels)
     enc = nvzstd.encoder() if all((lay := shard_layout(a)) is not None and lay[1] is not None for a in arrays) else None
     phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
-    pending: list = []
+    pending: list = []  # (band, its writer's future), in the order submitted
     pinned_before = pinned.pin_seconds
 
     def write(fn, arr, win, data):
@@ -101,6 +101,12 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
             done(1)
 
     for k, band in enumerate(bands):
+        with phase("write_wait"):  # the set band k comes into was band k - sets's: its writers done first
+            while pending and pending[0][0] <= k - pinned.sets:
+                pending.pop(0)[1].result()
+        for _, f in pending:
+            if f.done():
+                f.result()  # raises a failed write's error here
         r0, r1 = band[0].r0, band[0].r1
         shards = [(w.r0 // arrays[0].shards[0], w.c0 // arrays[0].shards[1]) for w in band]
         jobs, outputs = None, band_outputs(r0, r1)
@@ -120,14 +126,11 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 parts = pinned.download(k, outputs)
             jobs = [(write_shard, arr, win, part[win.r0 - r0 : win.r1 - r0, win.c0 : win.c1])
                     for arr, part in zip(arrays, parts) for win in band]
-        for f in [f for f in pending if f.done()]:
-            f.result()  # raises a failed write's error here
-        pending = [f for f in pending if not f.done()] + [pool.submit(write, *job) for job in jobs]
-        with phase("write_wait"):
-            while len(pending) > (pinned.sets - 1) * len(jobs):  # the set the next band comes into is free
-                pending.pop(0).result()
+        # (each writer known by its band: a count of those pending would let a slow writer of an older
+        # band stay behind while later ones finish, and its set be refilled under it)
+        pending += [(k, pool.submit(write, *job)) for job in jobs]
     with phase("write_wait"):  # (the last bands' writers)
-        for f in pending:
+        for _, f in pending:
             f.result()
     if timings is not None:
         timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
