@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, SkippedPointsNote, TerrainNote
+from .vectors import VECTOR_EXTRA
 from .store import TerrainStore
 from .units import coordinate, crs_label, map_unit
 
@@ -44,7 +45,6 @@ CSV_SUFFIXES = {".csv", ".tsv", ".txt"}
 # x and y column names of a CSV, in order of preference (matched without regard to case)
 XY_COLUMNS = (("x", "y"), ("lon", "lat"), ("lng", "lat"), ("long", "lat"), ("longitude", "latitude"),
               ("easting", "northing"))
-VECTOR_EXTRA = "pip install 'terrain-io[vector]'"
 
 
 @dataclass

@@ -32,6 +32,7 @@ FEATURE_OVERHEAD = 48  # bytes a held feature beside its WKB: the bytes object's
 # a command's start-up holding the GIL (2-core VM, pandas alone: pyogrio's import 0.24-0.28 s, 0.03-0.04 s
 # without).
 PYOGRIO_PROBES = ("pandas", "pyarrow", "geopandas", "shapely", "pyproj")
+VECTOR_EXTRA = "pip install 'terrain-io[vector]'"  # what a user is told to install for vector files
 lean_imports = False  # set by the terrain command (cli.main), whose process uses none of them
 
 
@@ -70,8 +71,6 @@ def check_output(out, overwrite: bool = False, own_geojson: bool = False) -> str
         try:
             pyogrio()
         except ImportError:
-            from .points import VECTOR_EXTRA
-
             raise InputError(f"{out}: writing {driver} needs pyogrio ({VECTOR_EXTRA})"
                              + ("; or write .geojson" if own_geojson else "")) from None
     return driver

@@ -105,7 +105,7 @@ def test_arrow_writer_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypat
     with pytest.raises(OutputError, match=r"links\.gpkg: cannot write it as GPKG: GDAL write"):
         with arrow.link_stream(out, None, P.LINK_FIELDS) as write:
             write(wkb, offsets, fields)
-            monkeypatch.setattr(arrow._pyogrio_gdal(), "OGR_L_WriteArrowBatch", lambda *a: False)
+            monkeypatch.setattr(arrow.pyogrio_gdal(), "OGR_L_WriteArrowBatch", lambda *a: False)
             write(wkb, offsets, fields)
     assert not out.exists() and list(tmp_path.iterdir()) == []
 

@@ -24,7 +24,7 @@ import numpy as np
 from ...atomic import atomic_files
 from ...errors import OutputError
 from ...vectors import sqlite_cache
-from .polygons import _pyogrio_gdal, _strings, gpkg_layer
+from .polygons import pyogrio_gdal, c_strings, gpkg_layer
 
 WKB_LINESTRING = 2
 OFT = {np.dtype(np.int32): 0, np.dtype(np.float64): 2, np.dtype(np.int64): 12}  # OGR field types
@@ -70,7 +70,7 @@ def usable(driver: str) -> bool:
     if driver != "GPKG":
         return False
     try:
-        return _pyogrio_gdal().OGR_L_WriteArrowBatch is not None
+        return pyogrio_gdal().OGR_L_WriteArrowBatch is not None
     except (ImportError, OSError):
         return False
 
@@ -115,7 +115,7 @@ def link_stream(out, crs: str | None, fields: dict, overwrite: bool = False):
     those fields) without holding the GIL; the file complete and renamed into place when the block
     ends (:func:`...atomic.atomic_files`). GDAL's errors: one line naming ``out``."""
     out = Path(out)
-    gdal = _pyogrio_gdal()
+    gdal = pyogrio_gdal()
 
     def fail(what: str, message: str):
         raise OutputError(f"{out}: cannot write it as GPKG: GDAL {what}: {message}") from None
@@ -125,7 +125,7 @@ def link_stream(out, crs: str | None, fields: dict, overwrite: bool = False):
         gdal.CPLErrorReset()
         with gpkg_layer(gdal, path, out.stem, crs, WKB_LINESTRING, {k: OFT[np.dtype(v)] for k, v in fields.items()},
                         lambda what, message: fail(what, message.replace(path, str(out)))) as layer:
-            options = _strings(["GEOMETRY_NAME=geom"])
+            options = c_strings(["GEOMETRY_NAME=geom"])
 
             def write(wkb: np.ndarray, offsets: np.ndarray, values: dict) -> None:
                 batch = _Batch(wkb, offsets, {k: values[k] for k in fields})

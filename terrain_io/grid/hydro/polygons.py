@@ -126,7 +126,8 @@ def _rasterio_gdal() -> _Gdal:
 
 
 @functools.cache
-def _pyogrio_gdal() -> _Gdal:
+def pyogrio_gdal() -> _Gdal:
+    """The libgdal of pyogrio's wheel (ctypes, through its ``_ogr`` module's symbols)."""
     from ...vectors import pyogrio
 
     pyogrio()
@@ -141,7 +142,7 @@ def _writer_for(driver: str) -> _Gdal:
     if gdal.GDALGetDriverByName(driver.encode()):
         return gdal
     try:
-        gdal = _pyogrio_gdal()
+        gdal = pyogrio_gdal()
     except ImportError:
         gdal = None
     if gdal is None or not gdal.GDALGetDriverByName(driver.encode()):
@@ -149,7 +150,7 @@ def _writer_for(driver: str) -> _Gdal:
     return gdal
 
 
-def _strings(items) -> ctypes.Array:
+def c_strings(items) -> ctypes.Array:
     """A NULL-terminated ``char **`` (GDAL's string lists)."""
     return (_S * (len(items) + 1))(*[str(s).encode() for s in items], None)
 
@@ -228,7 +229,7 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
         src = gdal.GDALCreate(gdal.GDALGetDriverByName(b"MEM"), b"", cols, rows, 0, GDT_UINT32, None)
         if not src:
             fail("MEM dataset", gdal.error())
-        if gdal.GDALAddBand(src, GDT_UINT32, _strings([f"DATAPOINTER={held.ctypes.data}", "PIXELOFFSET=4",
+        if gdal.GDALAddBand(src, GDT_UINT32, c_strings([f"DATAPOINTER={held.ctypes.data}", "PIXELOFFSET=4",
                                                       f"LINEOFFSET={held.strides[0]}"])):
             message = gdal.error()
             gdal.GDALClose(src)
@@ -248,7 +249,7 @@ def _trace(label, transform, crs: str | None, path: Path, fail, progress: bool) 
             with progress_bar(progress, rows, "polygons", unit="row") as bar:
                 job = _Job(gdal, bar, rows)
                 err, message = job.run(gdal.GDALPolygonize, band, gdal.GDALGetMaskBand(band), layer, 0,
-                                       _strings(["8CONNECTED=8"]), job.progress, None)
+                                       c_strings(["8CONNECTED=8"]), job.progress, None)
             if err:
                 fail("polygonize", message)
     finally:
@@ -274,7 +275,7 @@ def gpkg_layer(gdal: _Gdal, path, name: str, crs: str | None, geometry_type: int
         if not ds:
             fail("create", gdal.error())
         layer = gdal.GDALDatasetCreateLayer(ds, name.encode(), srs, geometry_type,
-                                            None if options is None else _strings(options))
+                                            None if options is None else c_strings(options))
         if not layer:
             fail("layer", gdal.error())
         for key, oft in fields.items():
@@ -323,7 +324,7 @@ def _translate(gdal: _Gdal, traced: Path, fields: dict, out: Path, driver: str, 
 
     columns = "".join(f', f."{k}"' for k in fields)
     sql = f"SELECT p.geom, p.id{columns} FROM {LAYER} p JOIN fields f ON f.id = p.id ORDER BY p.id, p.fid"
-    args = _strings(["-f", driver, "-nln", out.stem, "-nlt", "POLYGON", "-sql", sql])
+    args = c_strings(["-f", driver, "-nln", out.stem, "-nlt", "POLYGON", "-sql", sql])
     with atomic_files(out, overwrite, side=SHAPEFILE_SIDE if driver == "ESRI Shapefile" else ()) as tmp, \
             progress_bar(progress, 1, "polygons written", unit="file") as bar:
         def fail(what: str, message: str):
