@@ -139,14 +139,20 @@ class TerrainStore:
     def _array(self, name: str) -> zarr.Array:
         """The array ``name`` of the group, looked up once, by one thread (a lookup reads its zarr.json
         through zarr's event loop, one at a time: 16 parallel readers of a result's shards, each looking
-        it up, waited up to 33 ms on the H100 machine)."""
-        arr = self._arrays.get(name)
-        if arr is None:
+        it up, waited up to 33 ms on the H100 machine) -- and again once its zarr.json is another file
+        (a result written again, by this handle or another process, comes under a new name)."""
+        try:
+            st = os.stat(self.path / name / "zarr.json")
+            stamp = (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            stamp = None  # (the lookup below says what is missing)
+        got = self._arrays.get(name)
+        if got is None or got[1] != stamp:
             with _LOOKUP_LOCK:
-                arr = self._arrays.get(name)
-                if arr is None:
-                    arr = self._arrays[name] = self.group[name]
-        return arr
+                got = self._arrays.get(name)
+                if got is None or got[1] != stamp:
+                    got = self._arrays[name] = (self.group[name], stamp)
+        return got[0]
 
     @property
     def elevation(self) -> zarr.Array:

@@ -79,6 +79,21 @@ def test_a_result_written_again_is_read_anew(tmp_path):
     assert np.array_equal(store.read(whole, "r/v"), again)
 
 
+def test_a_result_written_again_by_another_handle_is_read_anew(tmp_path):
+    """A reader's array looked up once is looked up again once another handle (another process, as
+    ``terrain flow --weights --overwrite`` beside a long-lived reader) writes that result anew: its
+    zarr.json is then another file (written under a temporary name and renamed)."""
+    reader = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(SHAPE, "float32"), tile=32, shard=4)
+    part = Window(0, 128, 0, 128)
+    first = np.arange(SHAPE[0] * SHAPE[1], dtype="uint32").reshape(SHAPE)
+    write(reader, first)
+    assert np.array_equal(reader.read(part, "r/v"), first[:128, :128])
+    again = first.astype("float32") / 2
+    write(TerrainStore.open(tmp_path / "s.zarr"), again)
+    got = reader.read(part, "r/v")
+    assert got.dtype == np.float32 and np.array_equal(got, again[:128, :128])
+
+
 def test_the_index_is_read_before_the_body_is_read_ahead(tmp_path, monkeypatch):
     """A whole shard's read asks the kernel for its index (the file's tail) first, reads it, then asks
     for the body's readahead: asked together, the index waited behind the whole file's readahead."""
