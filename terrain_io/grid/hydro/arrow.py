@@ -71,7 +71,7 @@ def usable(driver: str) -> bool:
         return False
     try:
         return pyogrio_gdal().OGR_L_WriteArrowBatch is not None
-    except (ImportError, OSError):
+    except (ImportError, OSError, AttributeError):  # (AttributeError: a libgdal without a symbol it needs)
         return False
 
 

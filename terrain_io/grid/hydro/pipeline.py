@@ -584,9 +584,14 @@ class _EndsAhead:
         pool.shutdown(wait=False)
 
     def take(self):
-        """The elevations on the GPU (their read's error raised here), or None."""
+        """The elevations on the GPU, or None: not read ahead, or the read failed (GPU memory taken by the
+        network's kernels meanwhile, a damaged shard) -- the caller then reads them its own way, which
+        reports damage as every read does."""
         future, self._future = self._future, None
-        return None if future is None else future.result()
+        try:
+            return None if future is None else future.result()
+        except Exception:  # noqa: BLE001 -- the caller's own read follows
+            return None
 
 
 @_schedulable
