@@ -848,11 +848,10 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
             _cpu.link_points(verts, starts, cols, transform, hyp, wkb, step)
             length = np.add.reduceat(step, starts[:-1]) if len(ids) else np.zeros(0)
             upstream = links.upstream[sl].astype(np.float64)
-            return wkb, offsets, {"link": ids, "downstream": down.astype(np.int64),
-                              "strahler": links.strahler[sl].astype(np.int32),
-                              "shreve": links.shreve[sl].astype(np.int64), "cells": cells, "length_m": length,
-                              "upstream": upstream,
-                              "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan)}
+            fields = {"link": ids, "downstream": down, "strahler": links.strahler[sl], "shreve": links.shreve[sl],
+                      "cells": cells, "length_m": length, "upstream": upstream,
+                      "upstream_m2": upstream * dx * dy if counted else np.full(len(ids), np.nan)}
+            return wkb, offsets, {k: np.asarray(v, LINK_FIELDS[k]) for k, v in fields.items()}  # (the layer's types)
 
     walkers = LINE_THREADS if "flow/direction" in reader.held else 1  # (a reader's cache is not shared)
     with concurrent.futures.ThreadPoolExecutor(1) as pool, concurrent.futures.ThreadPoolExecutor(walkers) as walk, \
