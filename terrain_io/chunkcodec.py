@@ -217,6 +217,13 @@ def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out, scratch, com
     return problems
 
 
+@njit(nogil=True, cache=True)
+def _checksums(addresses, sizes, out, crc32c):
+    """``out[k]`` = the crc32c of ``sizes[k]`` bytes from address ``addresses[k]``."""
+    for k in range(addresses.shape[0]):
+        out[k] = crc32c(addresses[k], sizes[k])
+
+
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _FLOAT_BITS = {2: (0x7FFF, 0x7C00), 4: (0x7FFFFFFF, 0x7F800000), 8: (0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000)}
 
@@ -274,3 +281,15 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
                 np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status,
                 _CONTEXTS.decompression(), decompress, crc32c, ctypes.memmove)
     return status
+
+
+def checksums(frames: list[np.ndarray]) -> np.ndarray:
+    """The crc32c of each of ``frames`` (1-D uint8 arrays, contiguous) as zarr's codec appends it:
+    (k, 4) bytes, little-endian, in one call that does not hold the GIL (a shard's frames made on
+    the GPU: 64-1024 a shard, each checksummed from Python took the GIL back between them). Needs
+    :func:`functions`."""
+    addresses = np.fromiter((f.__array_interface__["data"][0] for f in frames), np.uint64, len(frames))
+    sizes = np.fromiter((f.nbytes for f in frames), np.uint64, len(frames))
+    out = np.empty(len(frames), "<u4")
+    _checksums(addresses, sizes, out, functions()[6])
+    return out.view(np.uint8).reshape(-1, 4)
