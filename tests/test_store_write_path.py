@@ -91,11 +91,13 @@ def test_overwrite_file_gathers_many_parts_and_cuts_a_longer_old_file(tmp_path, 
     assert path.read_bytes() == b"ab" + np.arange(5, dtype="<u4").tobytes() + b"cdefg"
 
 
-def test_shared_runs_keep_order_use_both_sides_and_raise_the_first_error():
+def test_shared_runs_keep_order_use_both_sides_and_raise_the_first_error(monkeypatch):
     """The caller takes runs while it waits, the pool the others; results come in order; a failing run's
     error is raised when its turn comes, after the runs before it."""
     import threading
     import time
+
+    monkeypatch.setattr(store_mod.os, "cpu_count", lambda: 4)  # (a lone writer: helped by the pool)
 
     seen = []
 
