@@ -13,7 +13,7 @@ any other): one GIL hand-off a run instead of several a chunk. The frames are th
 checksum; ``tests/test_chunkcodec.py``), so zarr reads what this writes.
 
 Where either library does not export its functions, :func:`functions` is None and the store codes
-chunk by chunk as before.
+chunk by chunk as before; so it does until numba has started in the process (``store._codec_runs``).
 """
 from __future__ import annotations
 
@@ -293,3 +293,14 @@ def checksums(frames: list[np.ndarray]) -> np.ndarray:
     out = np.empty(len(frames), "<u4")
     _checksums(addresses, sizes, out, functions()[6])
     return out.view(np.uint8).reshape(-1, 4)
+
+
+def load() -> None:
+    """The kernels loaded (or compiled) now, on a few cells, so that their first use is not slow."""
+    if functions() is None:
+        return
+    for dtype in (np.uint8, np.uint16, np.float32, np.float64):
+        cells = np.zeros((1, 2), np.int64)
+        data, entries = encode_run(np.ones((2, 2), dtype), (2, 2), 0, cells, 1, True)
+        decode_run(data, np.array([[0, 0, 0, entries[0, 1]]]), (2, 2), (0, 0), np.empty((2, 2), dtype), 1, True)
+    checksums([data])

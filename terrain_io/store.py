@@ -870,9 +870,8 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
         # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
         nbytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0
-        from . import chunkcodec  # (numba: not imported with the store)
-
-        if each is None and chunkcodec.functions() is not None and chunkcodec.as_bits(out) is not None:
+        chunkcodec = _codec_runs((r1 - r0) * (c1 - c0) * arr.dtype.itemsize)
+        if each is None and chunkcodec is not None and chunkcodec.as_bits(out) is not None:
             def decode_run(run):
                 """Check, decode and place a run of chunks in one call that releases the GIL."""
                 status = chunkcodec.decode_run(raw, np.array(run, np.int64), (t0, t1), (r0 - s0, c0 - s1), out,
@@ -1102,12 +1101,11 @@ def _encoded(arr: zarr.Array, block: np.ndarray, nbytes: int):
     those before it are encoded: runs of chunks a GIL-free call each (:func:`chunkcodec.encode_run`),
     shared with the codec pool when ``nbytes`` is large enough (:func:`_shared_runs`); chunk by chunk
     in Python where the codecs' C functions cannot be called so."""
-    from . import chunkcodec  # (numba: not imported with the store)
-
     fmt = shard_layout(arr)
     if fmt is None:
         raise ValueError(f"{arr.path}: not stored as this tool's shards")
-    if chunkcodec.functions() is None or chunkcodec.as_bits(block) is None:
+    chunkcodec = _codec_runs(block.nbytes)
+    if chunkcodec is None or chunkcodec.as_bits(block) is None:
         cells, encode = _chunk_encoder(arr, block)
         yield from zip(cells, _run_chunks(encode, cells, nbytes, ordered=True))
         return
@@ -1172,6 +1170,34 @@ def _shared_runs(fn, runs: list):
 
 _WRITERS = [0]  # shards being encoded by _shared_runs now
 _WRITERS_LOCK = threading.Lock()
+
+
+def _codec_runs(nbytes: int):
+    """:mod:`terrain_io.chunkcodec` where its kernels can run now, else None (chunk by chunk in Python).
+
+    They can once numba has made its CPU target in this process: the first kernel a process runs
+    pays ~0.2-0.3 s for it (once; then ~12 ms a kernel from the cache), which a GPU pipeline that
+    runs no other numba kernel would pay for its few host reads and its frames' checksums. So where
+    no kernel has run, a shard of ``nbytes`` >= :data:`_PARALLEL_SHARD_BYTES` starts their load in the
+    background (once) and is coded chunk by chunk meanwhile."""
+    registry = sys.modules.get("numba.core.registry")
+    if registry is None or "_toplevel_target_context" not in vars(registry.cpu_target):
+        if nbytes >= _PARALLEL_SHARD_BYTES:
+            _load_codec_runs()
+        return None
+    from . import chunkcodec
+
+    return chunkcodec if chunkcodec.functions() is not None else None
+
+
+@functools.cache
+def _load_codec_runs() -> None:
+    def load():
+        from . import chunkcodec
+
+        chunkcodec.load()
+
+    threading.Thread(target=load, name="terrain-codec-load").start()
 
 
 def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
@@ -1239,9 +1265,8 @@ def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
 def _checksums(frames: list) -> list:
     """The crc32c (4 bytes) of each frame: in one GIL-free call for numpy frames
     (:func:`chunkcodec.checksums`), else one by one."""
-    from . import chunkcodec  # (numba: not imported with the store)
-
-    if chunkcodec.functions() is not None and all(isinstance(f, np.ndarray) and f.dtype == np.uint8 and f.ndim == 1
+    chunkcodec = _codec_runs(0)
+    if chunkcodec is not None and all(isinstance(f, np.ndarray) and f.dtype == np.uint8 and f.ndim == 1
                                                   and f.flags.c_contiguous for f in frames):
         return list(chunkcodec.checksums(frames))
     return [integrity.crc32c(f) for f in frames]

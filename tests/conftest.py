@@ -49,9 +49,9 @@ def sample_data() -> Path:
 def chunk_codec(request, monkeypatch):
     """Both ways the store encodes and decodes chunks: runs of a shard's chunks in one GIL-free call
     (terrain_io.chunkcodec), and chunk by chunk in Python (where the codecs' C functions cannot be
-    called so)."""
-    if request.param == "per-chunk":
-        from terrain_io import chunkcodec
+    called so, or numba has not started in the process)."""
+    from terrain_io import chunkcodec, store
 
-        monkeypatch.setattr(chunkcodec, "functions", lambda: None)
+    runs = request.param == "runs" and chunkcodec.functions() is not None
+    monkeypatch.setattr(store, "_codec_runs", lambda nbytes: chunkcodec if runs else None)
     return request.param

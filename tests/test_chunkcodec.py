@@ -106,3 +106,24 @@ def test_damage_is_named_per_chunk_and_the_others_still_decode(level):
         assert (status == chunkcodec.CHECKSUM_FAILED).all()
         status = chunkcodec.decode_run(data, short, TILE, (0, 0), out, level, False)
         assert (status == chunkcodec.UNDECODABLE).all()
+
+
+def test_the_store_waits_for_numba_to_start_and_starts_it_for_large_shards_only():
+    """A process where no numba kernel has run codes chunk by chunk (numba's start costs ~0.25 s); a large
+    shard starts the kernels' load in the background, a small read does not, and once loaded the runs are
+    used."""
+    import subprocess
+    import sys
+
+    code = """
+import threading
+from terrain_io import store
+assert store._codec_runs(1000) is None
+assert not [t for t in threading.enumerate() if t.name == "terrain-codec-load"]
+assert store._codec_runs(64 << 20) is None
+for t in threading.enumerate():
+    if t.name == "terrain-codec-load":
+        t.join()
+assert store._codec_runs(1000) is not None
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
