@@ -67,6 +67,17 @@ log "probe_sssp_write ($LAST)"
 (cd "${TREE[$LAST]}" && PYTHONPATH="${TREE[$LAST]}:$DEPS" timeout 90 python3 benchmarks/probe_sssp_write.py "$D/s.zarr" \
     "sssp/r$((N / 2))c$((N / 2))" ${PER_CALL:-1 2 4}) 2>&1 | tail -12 | tee -a "$OUT/log.txt"
 rm -rf "$D/s.zarr"
+log "a process's exit with the SSSP's GPU memory (20 GiB in CuPy's pool) and pinned frames (1.6 GiB)"
+for mode in plain pool pinned both both_os_exit; do
+    python3 -c "
+import os, sys, time, cupy as cp, cupyx
+m = '$mode'; cp.cuda.runtime.free(0)
+keep = [cp.empty(20 << 30, cp.uint8) for _ in range(m in ('pool', 'both', 'both_os_exit'))]
+keep += [cupyx.empty_pinned(1600 << 20, 'u1') for _ in range(m in ('pinned', 'both', 'both_os_exit'))]
+cp.cuda.Device().synchronize(); print(f'{time.time():.3f}', flush=True)
+os._exit(0) if m.endswith('os_exit') else None" > "$D/exit.txt" 2>&1; end=$(date +%s.%N)
+    python3 -c "print(f'   exit, $mode: {$end - float(open(\"$D/exit.txt\").read().split()[0]):.3f} s')" | tee -a "$OUT/log.txt"
+done
 LEFT=$(( ${BUDGET:-340} - $(date +%s) + T0 ))
 log "tests ($LEFT s left): ${TESTS:-}"
 if [ -n "${TESTS:-}" ] && [ "$LEFT" -gt 30 ]; then
