@@ -4,8 +4,9 @@
 # this=DIR", as run_floor_h100.sh), CLI wall of fresh processes (/usr/bin/time; the earlier result removed and the
 # dirty pages synced first, outside the time), the wall split into the interpreter's start, the command and its
 # exit (a sitecustomize noting the time at start and at exit), phases from the result's timings; bench_io for
-# the floor's rates (after synth); then benchmarks/probe_sssp_write.py (the write's encode by bands a call) and
-# the GPU tests in $TESTS, within what is left of $BUDGET seconds. Logs to $OUT.
+# the floor's rates (after synth); then benchmarks/probe_sssp_write.py (the write's encode by bands a call),
+# TRACE=1: one run under benchmarks/trace_cli.py, EXIT_PROBE=1: a process's exit with GPU memory and pinned
+# buffers, and the GPU tests in $TESTS, within what is left of $BUDGET seconds. Logs to $OUT.
 #     OUT=/tmp/out TREES="base=. this=.wt-x" .wt-x/benchmarks/run_sssp_floor_h100.sh
 set -u
 T0=$(date +%s); OUT=${OUT:-/tmp/sssp_floor}; D=${SCRATCH:-/tmp/sssp_floor_run}; mkdir -p "$OUT" "$D/hook"
@@ -65,10 +66,17 @@ for i in $(seq "$RUNS"); do for n in "${NAMES[@]}"; do run "$n"; done; done
 du -sm "$D/s.zarr/sssp/"*/* | tee -a "$OUT/log.txt"
 log "probe_sssp_write ($LAST)"
 (cd "${TREE[$LAST]}" && PYTHONPATH="${TREE[$LAST]}:$DEPS" timeout 90 python3 benchmarks/probe_sssp_write.py "$D/s.zarr" \
-    "sssp/r$((N / 2))c$((N / 2))" ${PER_CALL:-1 2 4}) 2>&1 | tail -12 | tee -a "$OUT/log.txt"
+    "sssp/r$((N / 2))c$((N / 2))" ${PER_CALL:-1 2 4}) 2>&1 | tail -16 | tee -a "$OUT/log.txt"
+if [ "${TRACE:-0}" = 1 ]; then
+    log "trace_cli ($LAST)"; rm -rf "$D/s.zarr/sssp"; sync
+    (cd "${TREE[$LAST]}" && PYTHONPATH="${TREE[$LAST]}:$DEPS" timeout 60 python3 benchmarks/trace_cli.py --every 2 --merge 20 -- \
+        sssp "$D/s.zarr" --cell --source $((N / 2)),$((N / 2)) --method incore --device gpu) > "$OUT/trace.txt" 2>&1
+    { grep "^trace:" "$OUT/trace.txt"; awk '/^-- thread MainThread/{f=1; print; next} /^-- thread/{f=0} f' "$OUT/trace.txt" \
+        | head -40; } | tee -a "$OUT/log.txt"
+fi
 rm -rf "$D/s.zarr"
-log "a process's exit with the SSSP's GPU memory (20 GiB in CuPy's pool) and pinned frames (1.6 GiB)"
-for mode in plain pool pinned both both_os_exit; do
+[ "${EXIT_PROBE:-0}" = 1 ] && log "a process's exit with the SSSP's GPU memory (20 GiB in CuPy's pool) and pinned frames (1.6 GiB)"
+for mode in $([ "${EXIT_PROBE:-0}" = 1 ] && echo plain pool pinned both both_os_exit); do
     python3 -c "
 import os, sys, time, cupy as cp, cupyx
 m = '$mode'; cp.cuda.runtime.free(0)

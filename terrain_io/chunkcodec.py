@@ -244,3 +244,27 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
                 np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status, decompress, dctx, free_dctx,
                 crc32c, ctypes.memmove)
     return status
+
+
+@njit(nogil=True, cache=True)
+def _checksum_frames(buf, sizes, crc32c):
+    """Fill the 4 bytes after each frame of ``buf`` (frames end to end, frame k ``sizes[k]`` bytes
+    and its 4; none where ``sizes[k]`` < 0) with the frame's crc32c, little-endian."""
+    at = 0
+    for k in range(sizes.shape[0]):
+        n = sizes[k]
+        if n < 0:
+            continue
+        value = crc32c(buf[at:].ctypes.data, n)
+        for b in range(4):
+            buf[at + n + b] = (value >> (8 * b)) & 0xFF
+        at += n + 4
+
+
+def checksum_frames(buf: np.ndarray, sizes: np.ndarray) -> None:
+    """The crc32c of zstd frames made elsewhere (on the GPU: :mod:`terrain_io.nvzstd`), in one call
+    that does not hold the GIL: ``buf`` (uint8) holds the frames end to end, frame k of ``sizes[k]``
+    bytes followed by 4 bytes left for its crc32c (``sizes[k]`` < 0: a chunk left out, no bytes),
+    which are filled in -- each chunk's stored bytes, as :func:`encode_run` makes them. Needs
+    :func:`functions`."""
+    _checksum_frames(buf, np.ascontiguousarray(sizes, np.int64), functions()[6])

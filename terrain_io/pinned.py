@@ -28,48 +28,29 @@ import numpy as np
 class PinnedBands:
     """Pinned host buffers by (set, name), grown on demand: :meth:`buffer` and :meth:`download`."""
 
-    def __init__(self, sets: int = 2):
+    def __init__(self, sets: int = 2, pageable=()):
         self.sets = max(1, int(sets))
+        self.pageable = frozenset(pageable)  # names whose buffers are plain NumPy (see write_bands' frames)
         self._buffers: dict = {}
         self.pin_seconds = 0.0  # spent pinning new buffers (each locks its pages anew)
-        self.ahead_seconds = 0.0  # spent by pin_ahead's thread (not in pin_seconds)
-        self._ahead = self._ahead_name = None
-
-    def pin_ahead(self, name, nbytes: int) -> None:
-        """Pin every set's uint8 buffer ``name`` of ``nbytes`` in a background thread (the GIL released
-        while the driver locks the pages: ~1 GB/s on the H100 host), while the caller's GPU works (the
-        SSSP's solve): its write then finds them pinned. :meth:`buffer` waits for it."""
-        import threading
-
-        def pin():
-            import cupyx
-
-            t0 = time.perf_counter()
-            with contextlib.suppress(Exception):  # (then pinned when first asked for, and any error raised there)
-                for k in range(self.sets):
-                    self._buffers[(k, name)] = cupyx.empty_pinned(nbytes, np.uint8)
-            self.ahead_seconds = time.perf_counter() - t0
-
-        self._ahead_name = name
-        self._ahead = threading.Thread(target=pin, name="pin-ahead", daemon=True)
-        self._ahead.start()
 
     def buffer(self, band: int, name, shape, dtype) -> np.ndarray:
         """A pinned array of ``shape`` and ``dtype`` for ``band`` (its set: band % sets), reused: a
-        view of the set's buffer for ``name``, which holds what it held before."""
-        import cupyx
-
-        if self._ahead is not None and name == self._ahead_name:  # (another buffer need not wait for it)
-            self._ahead.join()
-            self._ahead = None
+        view of the set's buffer for ``name``, which holds what it held before (not pinned where
+        ``name`` is one of ``pageable``)."""
         dtype, n = np.dtype(dtype), math.prod(shape)
         key = (band % self.sets, name)
         buf = self._buffers.get(key)
         if buf is None or buf.dtype != dtype or buf.size < n:
             self._buffers.pop(key, None)  # (freed before its successor is pinned)
-            t0 = time.perf_counter()
-            buf = self._buffers[key] = cupyx.empty_pinned(n, dtype)
-            self.pin_seconds += time.perf_counter() - t0
+            if name in self.pageable:
+                buf = self._buffers[key] = np.empty(n, dtype)
+            else:
+                import cupyx
+
+                t0 = time.perf_counter()
+                buf = self._buffers[key] = cupyx.empty_pinned(n, dtype)
+                self.pin_seconds += time.perf_counter() - t0
         return buf[:n].reshape(shape)
 
     def download(self, band: int, arrays) -> list[np.ndarray]:
@@ -95,9 +76,6 @@ class PinnedBands:
         cupy.cuda.Device().synchronize()
 
     def close(self) -> None:
-        if self._ahead is not None:
-            self._ahead.join()
-            self._ahead = None
         self._buffers.clear()
 
 
@@ -109,14 +87,15 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     order); ``pool``: the writers' threads; ``done(n)``: n shards written.
 
     With nvCOMP (:mod:`terrain_io.nvzstd`) a band's chunks are compressed on the GPU and only their
-    frames come back, for the threads to checksum and write (:func:`terrain_io.store.write_frames`);
+    frames come back, for the threads to checksum and write (:func:`_write_frames`);
     ``bands_per_call`` consecutive bands then go to the GPU's encoder as one (more chunks a call:
     :func:`frame_plan`). Else the band comes back raw and the threads encode it
-    (:func:`terrain_io.store.write_shard`). Either way into this run's pinned sets: ``pinned.sets -
-    1`` bands (or calls' bands) are written while the next comes back."""
+    (:func:`terrain_io.store.write_shard`). Either way into this run's sets of host buffers (the
+    frames' pinned unless ``pinned.pageable`` names ``"frames"``): ``pinned.sets - 1`` bands (or
+    calls' bands) are written while the next comes back."""
     from . import nvzstd
     from .errors import TerrainNote
-    from .store import shard_layout, write_frames, write_shard
+    from .store import shard_layout, write_shard
 
     # nvCOMP's frames for arrays stored as this tool writes them, zstd-compressed (not the raw overview levels)
     enc = nvzstd.encoder() if all((lay := shard_layout(a)) is not None and lay[1] is not None for a in arrays) else None
@@ -147,7 +126,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 with phase("write_gpu_encode"):  # (every output's chunks in one batched call)
                     framed = enc.encode_many(outputs, arrays, shards,
                                              lambda n: pinned.buffer(k, "frames", (_headroom(n),), np.uint8))
-                    jobs = [(write_frames, arr, win, f) for arr, frames in zip(arrays, framed)
+                    jobs = [(_write_frames, arr, win, f) for arr, frames in zip(arrays, framed)
                             for win, f in zip(band, frames)]
             except Exception as exc:  # noqa: BLE001 -- no GPU codec: the CPU's way, which writes the same cells
                 warnings.warn(f"the GPU's zstd failed ({exc}); the results are compressed on the CPU", TerrainNote,
@@ -168,12 +147,24 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
         timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
 
 
-def frame_plan(store, itemsizes, budget: int) -> tuple[int, int]:
-    """How :func:`write_bands` stores a whole grid's outputs (``itemsizes``: bytes a cell of each)
-    compressed by nvCOMP, in two pinned sets: (bands of shard rows an encoder call, bytes of a set's
-    frames buffer) -- bands enough for :data:`terrain_io.nvzstd.BATCH_CHUNKS` chunks of an array a
-    call, as many as ``budget`` bytes of pinned host memory hold (one at least), the buffer sure to
-    hold their frames (zstd's frames of incompressible chunks: a little more than their cells)."""
+def _write_frames(arr, sr, sc, frames) -> None:
+    """Write shard (sr, sc) of ``arr`` from its chunks' frames made on the GPU
+    (:class:`terrain_io.nvzstd.ShardFrames`): their crc32c computed in one call that does not hold
+    the GIL, into the 4 bytes left after each frame, so that every chunk's stored bytes are one view
+    (:func:`terrain_io.store.write_frames` computes them chunk by chunk, in Python: the GIL's
+    hand-offs between 16 writers and the encoding thread cost the H100's SSSP write ~0.3 s)."""
+    from .store import shard_chunks, write_encoded_shard
+
+    write_encoded_shard(arr, sr, sc, {ij: None if b is None else (b,)
+                                      for ij, b in zip(shard_chunks(arr, sr, sc), frames.stored())})
+
+
+def frame_plan(store, itemsizes, budget: int) -> int:
+    """How many bands of shard rows :func:`write_bands` gives the GPU's encoder a call for a whole
+    grid's outputs (``itemsizes``: bytes a cell of each): enough for
+    :data:`terrain_io.nvzstd.BATCH_CHUNKS` chunks of an array a call, as many as two sets of their
+    frames in ``budget`` bytes of host memory hold (one at least; sized sure to hold the frames:
+    zstd's frames of incompressible chunks are a little more than their cells)."""
     from .nvzstd import BATCH_CHUNKS
 
     rows, cols = store.shape
@@ -183,7 +174,7 @@ def frame_plan(store, itemsizes, budget: int) -> tuple[int, int]:
     per_call = max(1, min(-(-BATCH_CHUNKS // chunks), store.shard_grid[0]))
     while per_call > 1 and 2 * _headroom(per_call * raw) > budget:
         per_call -= 1
-    return per_call, _headroom(per_call * raw)
+    return per_call
 
 
 def write_device(store, arrays, band_outputs, done=None, timings=None) -> None:

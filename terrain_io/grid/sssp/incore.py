@@ -234,11 +234,12 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         from ...pinned import PinnedBands, frame_plan
 
         framed = nvzstd.encoder() is not None
-        pinned = PinnedBands(sets=2 if framed else 3)
-        if framed:  # the frames' buffers pinned while the GPU reads and solves (0.4-0.8 s at 32768^2, else in the write)
+        # The frames come back into plain host memory: pinning it cost the H100 ~1 s a GB (and its
+        # release at exit ~0.2 s a GB), more than the slower copy (benchmarks/RESULTS.md, session 20).
+        pinned = PinnedBands(sets=2 if framed else 3, pageable=["frames"])
+        if framed:
             itemsizes = [4] + [1] * predecessor + [4] * allocation
-            per_call, frame_bytes = frame_plan(store, itemsizes, budget - _writers_bytes(store, allocation))
-            pinned.pin_ahead("frames", frame_bytes)
+            per_call = frame_plan(store, itemsizes, budget - _writers_bytes(store, allocation))
     with timings.phase("read"):
         vals = xp.full((h + 2, w + 2), np.nan, vdtype)
         on_host = not (gpu and _read_device(field, vals, threads, timings))  # (else decoded on the GPU)
@@ -283,7 +284,6 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
                     write_bands([arr for arr, _ in outputs], bands,
                                 lambda r0, r1: [a[r0:r1] for _, a in outputs], pinned, pool, bar.update, timings,
                                 per_call)
-                    timings.add("write_pin_ahead", pinned.ahead_seconds)  # (in its thread, from the read's start)
                 else:
                     side = store.tile_size * store.shard_size
                     list(pool.map(lambda job: (write_shard(job[0], job[1].r0 // side, job[1].c0 // side,
