@@ -234,8 +234,9 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         from ...pinned import PinnedBands, frame_plan
 
         framed = nvzstd.encoder() is not None
-        # The frames come back into plain host memory: pinning it cost the H100 ~1 s a GB (and its
-        # release at exit ~0.2 s a GB), more than the slower copy (benchmarks/RESULTS.md, session 20).
+        # The frames come back into plain host memory: pinning it cost the H100 0.5-0.65 s a GB (two
+        # bands a call: 0.8 s) and ~0.2 s a GB more at exit, more than the slower copy (32768^2: the CLI
+        # 6.39-6.42 s so, 6.78-7.30 s pinned; benchmarks/RESULTS.md, session 20).
         pinned = PinnedBands(sets=2 if framed else 3, pageable=["frames"])
         if framed:
             itemsizes = [4] + [1] * predecessor + [4] * allocation
