@@ -6,8 +6,8 @@ A band of shard rows of one array is cut into its chunks on the GPU (padded with
 the array's edge, each shard's chunks in zarr's Morton order, chunks all of fill value left out as
 zarr leaves them out), compressed there in one batched call, packed end to end and copied to the
 host in one copy: the frames cross the bus instead of the raw cells (fill's three outputs at
-32768^2: 12.9 GB raw, ~3 GB of frames), each followed by 4 bytes left for its crc32c, and the
-host's threads only checksum them (in one GIL-free call a shard: :class:`ShardFrames`) and write them. nvCOMP writes standard zstd frames (RFC 8878), which
+32768^2: 12.9 GB raw, ~3 GB of frames), and the host's threads only checksum and write them
+(:func:`terrain_io.store.write_frames`). nvCOMP writes standard zstd frames (RFC 8878), which
 numcodecs and so zarr decode: the chunks decode to the bytes the CPU's encoder stores; the frames
 themselves differ (another encoder), as they would between two zstd versions.
 
@@ -158,50 +158,42 @@ class BandEncoder:
         """The frames of ``band`` (a CuPy array: rows of ``arr`` from a shard row's first, every
         column, one shard row or several) for the shards ``shards`` ((sr, sc) of those rows, the
         first of them the band's first row, each with its chunks in the order
-        ``store.shard_chunks`` gives): a :class:`ShardFrames` a shard (views of the host buffer:
-        its frames, None for a chunk all of fill value). ``host(nbytes)`` gives the host buffer
-        the frames are copied into (pinned or not; valid while the caller's writers read it)."""
+        ``store.shard_chunks`` gives): a list a shard of frames (NumPy views of the host buffer,
+        None for a chunk all of fill value). ``host(nbytes)`` gives the host buffer the frames are
+        copied into (pinned or not; valid while the caller's writers read it)."""
         return self.encode_many([band], [arr], shards, host)[0]
 
     def encode_many(self, bands, arrs, shards: list, host):
         """:meth:`encode` of the same rows of several arrays (``bands[i]`` of ``arrs[i]``) in one
         batched call, their frames in one host buffer: a list an array of :meth:`encode`'s lists.
-        Each frame of an array stored with crc32c is followed there by 4 bytes for it
-        (:meth:`ShardFrames.stored` fills them). (nvCOMP's zstd on the H100: 6-8 GB/s of raw cells
-        given 1024 chunks a call, 10-12 GB/s given 2048: one band of one array at 32768^2 is 1024,
-        so callers give it :data:`BATCH_CHUNKS` an array where they can;
-        benchmarks/probe_gpu_encode.py.)"""
-        from .store import shard_layout
-
+        (nvCOMP's zstd on the H100: 6-8 GB/s of raw cells given 1024 chunks a call, 10-12 GB/s given
+        2048: one band of one array at 32768^2 is 1024, so callers give it :data:`BATCH_CHUNKS` an
+        array where they can; benchmarks/probe_gpu_encode.py.)"""
         parts = [self._chunks(band, arr, shards) for band, arr in zip(bands, arrs)]
         kept = [p[1] for p in parts]
-        crcs = [bool(shard_layout(arr)[2]) for arr in arrs]
-        out, sizes, offsets = None, np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if sum(len(x) for x in kept):
-            gaps = np.repeat(np.array([4 * c for c in crcs], np.int64), [len(x) for x in kept])
-            sizes, packed = self._compress([p[0] for p in parts], kept, gaps)
-            sizes = sizes.astype(np.int64)
-            offsets = np.concatenate([[0], np.cumsum(sizes + gaps)]).astype(np.int64)
-            out = host(int(offsets[-1]))
-            self._to_host(packed[: offsets[-1]], out[: offsets[-1]])
-        result, base = [], 0
-        for (chunks, kept_i, order), crc in zip(parts, crcs):
-            chunk_sizes = np.full(len(chunks), -1, np.int64)  # (-1: left out)
-            chunk_sizes[kept_i] = sizes[base : base + len(kept_i)]
-            shards_frames, pos, frame = [], 0, base
+        k = sum(len(x) for x in kept)
+        sizes, first = np.zeros(0, np.uint64), np.cumsum([0] + [len(x) for x in kept])
+        if k:
+            sizes, packed = self._compress([p[0] for p in parts], kept)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            total = int(sizes.sum())
+            out = host(total)
+            self._to_host(packed[:total], out[:total])
+        result = []
+        for (chunks, kept_i, order), base in zip(parts, first):
+            frames_at = np.full(len(chunks), -1, np.int64)
+            frames_at[kept_i] = np.arange(base, base + len(kept_i))
+            shards_frames, pos = [], 0
             for cells in order:
-                these = chunk_sizes[pos : pos + len(cells)]
-                n = int(np.count_nonzero(these >= 0))
-                region = out[offsets[frame] : offsets[frame + n]] if n else np.zeros(0, np.uint8)
-                shards_frames.append(ShardFrames(region, these, crc))
-                pos, frame = pos + len(cells), frame + n
+                shards_frames.append([None if i < 0 else out[offsets[i] : offsets[i] + int(sizes[i])]
+                                      for i in frames_at[pos : pos + len(cells)]])
+                pos += len(cells)
             result.append(shards_frames)
-            base += len(kept_i)
         return result
 
     @staticmethod
     def _to_host(packed, out) -> None:
-        """The packed frames (device) copied into ``out`` (pinned host memory), the copy complete."""
+        """The packed frames (device) copied into ``out`` (host memory), the copy complete."""
         import cupy as cp
 
         packed.get(out=out)
@@ -245,11 +237,10 @@ class BandEncoder:
         # lengths -- seconds, in the first command at each new DEM width.
         return chunks, np.flatnonzero(keep if xp is np else keep.get()), order
 
-    def _compress(self, chunks: list, kept: list, gaps=None):
+    def _compress(self, chunks: list, kept: list):
         """Zstd frames of the chunks ``kept[i]`` (NumPy indices into ``chunks[i]``, an (n, t0, t1)
         array) in one call: their sizes (host) and the frames packed end to end (device), in the order
-        given, ``gaps[k]`` bytes left after frame k (default none); each array's frames made in slots
-        of its own chunks' largest frame."""
+        given; each array's frames made in slots of its own chunks' largest frame."""
         import cupy as cp
 
         lib, stream = self.lib, cp.cuda.get_current_stream().ptr
@@ -286,53 +277,10 @@ class BandEncoder:
             raise RuntimeError(f"nvCOMP zstd compress: {np.count_nonzero(failed)} chunks failed "
                                f"(status {int(failed.max())})")
         sizes = out_sizes.get()
-        spans = sizes + (np.zeros(k, np.uint64) if gaps is None else np.asarray(gaps, np.uint64))
-        offsets = cp.asarray(np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.uint64))
-        packed = cp.empty(max(1, int(spans.sum())), cp.uint8)
+        offsets = cp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64))
+        packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)
         _pack_kernel()((k,), (256,), (slots, at, out_sizes, offsets, packed))
         return sizes, packed
-
-
-class ShardFrames:
-    """A shard's chunks as :meth:`BandEncoder.encode` gives them: their zstd frames end to end in
-    ``buf`` (a view of the host buffer), in the shard file's order, each followed by 4 bytes for its
-    crc32c where ``crc`` (the array stores it); ``sizes``: a chunk's frame bytes, -1 where it is left
-    out (all fill value). A sequence of the frames (None where left out), as
-    :func:`terrain_io.store.write_frames` takes them; :meth:`stored` gives the chunks' stored bytes."""
-
-    def __init__(self, buf: np.ndarray, sizes: np.ndarray, crc: bool):
-        self.buf, self.sizes, self.crc = buf, sizes, crc
-        spans = np.where(sizes >= 0, sizes + 4 * crc, 0)
-        self.starts = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def __getitem__(self, k):
-        n = int(self.sizes[k])
-        return None if n < 0 else self.buf[self.starts[k] : self.starts[k] + n]
-
-    def __iter__(self):
-        return (self[k] for k in range(len(self)))
-
-    def stored(self) -> list:
-        """The chunks' stored bytes (None where left out): each frame with its crc32c, all computed
-        in one call that does not hold the GIL (:func:`terrain_io.chunkcodec.checksum_frames`;
-        chunk by chunk where it cannot be called so)."""
-        if not self.crc:
-            return list(self)
-        from . import chunkcodec
-
-        if chunkcodec.functions() is not None:
-            chunkcodec.checksum_frames(self.buf, self.sizes)
-        else:
-            from .integrity import crc32c
-
-            for k, frame in enumerate(self):
-                if frame is not None:
-                    at = self.starts[k] + len(frame)
-                    self.buf[at : at + 4] = np.frombuffer(crc32c(frame), np.uint8)
-        return [None if n < 0 else self.buf[a : a + n + 4] for a, n in zip(self.starts.tolist(), self.sizes.tolist())]
 
 
 def decoder():

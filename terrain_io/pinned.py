@@ -87,7 +87,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     order); ``pool``: the writers' threads; ``done(n)``: n shards written.
 
     With nvCOMP (:mod:`terrain_io.nvzstd`) a band's chunks are compressed on the GPU and only their
-    frames come back, for the threads to checksum and write (:func:`_write_frames`);
+    frames come back, for the threads to checksum and write (:func:`terrain_io.store.write_frames`);
     ``bands_per_call`` consecutive bands then go to the GPU's encoder as one (more chunks a call:
     :func:`frame_plan`). Else the band comes back raw and the threads encode it
     (:func:`terrain_io.store.write_shard`). Either way into this run's sets of host buffers (the
@@ -95,7 +95,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     calls' bands) are written while the next comes back."""
     from . import nvzstd
     from .errors import TerrainNote
-    from .store import shard_layout, write_shard
+    from .store import shard_layout, write_frames, write_shard
 
     # nvCOMP's frames for arrays stored as this tool writes them, zstd-compressed (not the raw overview levels)
     enc = nvzstd.encoder() if all((lay := shard_layout(a)) is not None and lay[1] is not None for a in arrays) else None
@@ -126,7 +126,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
                 with phase("write_gpu_encode"):  # (every output's chunks in one batched call)
                     framed = enc.encode_many(outputs, arrays, shards,
                                              lambda n: pinned.buffer(k, "frames", (_headroom(n),), np.uint8))
-                    jobs = [(_write_frames, arr, win, f) for arr, frames in zip(arrays, framed)
+                    jobs = [(write_frames, arr, win, f) for arr, frames in zip(arrays, framed)
                             for win, f in zip(band, frames)]
             except Exception as exc:  # noqa: BLE001 -- no GPU codec: the CPU's way, which writes the same cells
                 warnings.warn(f"the GPU's zstd failed ({exc}); the results are compressed on the CPU", TerrainNote,
@@ -145,18 +145,6 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
             f.result()
     if timings is not None:
         timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
-
-
-def _write_frames(arr, sr, sc, frames) -> None:
-    """Write shard (sr, sc) of ``arr`` from its chunks' frames made on the GPU
-    (:class:`terrain_io.nvzstd.ShardFrames`): their crc32c computed in one call that does not hold
-    the GIL, into the 4 bytes left after each frame, so that every chunk's stored bytes are one view
-    (:func:`terrain_io.store.write_frames` computes them chunk by chunk, in Python: the GIL's
-    hand-offs between 16 writers and the encoding thread cost the H100's SSSP write ~0.3 s)."""
-    from .store import shard_chunks, write_encoded_shard
-
-    write_encoded_shard(arr, sr, sc, {ij: None if b is None else (b,)
-                                      for ij, b in zip(shard_chunks(arr, sr, sc), frames.stored())})
 
 
 def frame_plan(store, itemsizes, budget: int) -> int:

@@ -34,15 +34,27 @@ def result_store(tmp_path, dtype):
     return store, store_mod.fill_value_for(dtype, None)
 
 
+def packed(frames):
+    """The frames as views of one buffer, as nvzstd gives them (checksummed in one call)."""
+    buffer = np.frombuffer(b"".join(f for f in frames if f is not None), np.uint8)
+    out, at = [], 0
+    for f in frames:
+        out.append(None if f is None else buffer[at : at + len(f)])
+        at += 0 if f is None else len(f)
+    return out
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["bytes", "views"])
 @pytest.mark.parametrize("dtype", ["float32", "uint8", "uint32"])
-def test_write_frames_writes_zarrs_own_file(tmp_path, dtype):
+def test_write_frames_writes_zarrs_own_file(tmp_path, dtype, views, chunk_codec):
     values = values_of(dtype)
     store, fill = result_store(tmp_path, dtype)
     with store.write_result("r") as writer:
         arr = writer.create_array("v", dtype, fill)
         for win in store.shards():
             sr, sc = win.r0 // arr.shards[0], win.c0 // arr.shards[1]
-            write_frames(arr, sr, sc, cpu_frames(arr, values, sr, sc))
+            frames = cpu_frames(arr, values, sr, sc)
+            write_frames(arr, sr, sc, packed(frames) if views else frames)
     assert_zarrs_own_files(tmp_path, values)
     assert not integrity.verify(tmp_path / "s.zarr").problems
 

@@ -3,9 +3,9 @@ zstd nears its rate on 2048 chunks a call, a band of the in-core SSSP's distance
 machine: nvCOMP's compress stands replaced by numcodecs' zstd on the host, everything else is the
 encoder's own (the chunks cut from a band of several shard rows, each array's frames given back per
 shard in the files' order); the reference is zarr reading the stored arrays back: the values written,
-every fill chunk left out, the store verified clean (each chunk's crc32c, computed by the writers
-into the 4 bytes the encoder leaves after its frame) -- for one band a call, two (the last call one
-band), and all of them in one call, on a grid cut inside a chunk at its edges."""
+every fill chunk left out, the store verified clean (each chunk's crc32c, computed by the writers:
+``store.write_frames``) -- for one band a call, two (the last call one band), and all of them in one
+call, on a grid cut inside a chunk at its edges."""
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,12 +29,11 @@ class HostEncoder(nvzstd.BandEncoder):
         self.calls.append(sorted({sr for sr, _ in shards}))
         return super().encode_many(bands, arrs, shards, host)
 
-    def _compress(self, chunks, kept, gaps):
+    def _compress(self, chunks, kept):
         from numcodecs import Zstd
 
         frames = [Zstd(level=1).encode(np.ascontiguousarray(c[i])) for c, x in zip(chunks, kept) for i in x]
-        packed = b"".join(f + b"\xff" * int(g) for f, g in zip(frames, gaps))  # (the gaps' bytes overwritten)
-        return np.array([len(f) for f in frames], np.uint64), np.frombuffer(packed, np.uint8)
+        return np.array([len(f) for f in frames], np.uint64), np.frombuffer(b"".join(frames), np.uint8)
 
     @staticmethod
     def _to_host(packed, out):
@@ -68,8 +67,8 @@ def values():
 
 @pytest.mark.parametrize("per_call, checksums", [(1, "one call"), (2, "one call"), (7, "one call"), (2, "python")])
 def test_bands_a_call_store_the_values(tmp_path, monkeypatch, per_call, checksums):
-    """``checksums``: the frames' crc32c in one GIL-free call (chunkcodec), or chunk by chunk where it
-    cannot be called so."""
+    """``checksums``: a shard's frames' crc32c in one GIL-free call (chunkcodec), or chunk by chunk where
+    it cannot be called so."""
     dist, codes = values()
     enc = HostEncoder()
     monkeypatch.setattr(nvzstd, "encoder", lambda: enc)
