@@ -130,6 +130,9 @@ __global__ void place_chunks(const T* __restrict__ chunks, long long slot, long 
 _WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
 
+BATCH_CHUNKS = 2048  # chunks of an array a compress call needs to near nvCOMP's rate on the H100 (above)
+
+
 def _usable() -> bool:
     """Whether nvCOMP loads here and ``TERRAIN_NVCOMP=0`` does not turn it off."""
     return os.environ.get("TERRAIN_NVCOMP", "1") != "0" and _lib() is not None
@@ -153,19 +156,19 @@ class BandEncoder:
 
     def encode(self, band, arr, shards: list, host):
         """The frames of ``band`` (a CuPy array: rows of ``arr`` from a shard row's first, every
-        column) for the shards ``shards`` ((sr, sc) of that row, each with its chunks in the order
+        column, one shard row or several) for the shards ``shards`` ((sr, sc) of those rows, the
+        first of them the band's first row, each with its chunks in the order
         ``store.shard_chunks`` gives): a list a shard of frames (NumPy views of the host buffer,
-        None for a chunk all of fill value). ``host(nbytes)`` gives the pinned host buffer the
-        frames are copied into (valid while the caller's writers read it)."""
+        None for a chunk all of fill value). ``host(nbytes)`` gives the host buffer the frames are
+        copied into (pinned or not; valid while the caller's writers read it)."""
         return self.encode_many([band], [arr], shards, host)[0]
 
     def encode_many(self, bands, arrs, shards: list, host):
         """:meth:`encode` of the same rows of several arrays (``bands[i]`` of ``arrs[i]``) in one
         batched call, their frames in one host buffer: a list an array of :meth:`encode`'s lists.
         (nvCOMP's zstd on the H100: 6-8 GB/s of raw cells given 1024 chunks a call, 10-12 GB/s given
-        2048: one band of one array at 32768^2 is 1024; benchmarks/probe_gpu_encode.py.)"""
-        import cupy as cp
-
+        2048: one band of one array at 32768^2 is 1024, so callers give it :data:`BATCH_CHUNKS` an
+        array where they can; benchmarks/probe_gpu_encode.py.)"""
         parts = [self._chunks(band, arr, shards) for band, arr in zip(bands, arrs)]
         kept = [p[1] for p in parts]
         k = sum(len(x) for x in kept)
@@ -175,8 +178,7 @@ class BandEncoder:
             offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
             total = int(sizes.sum())
             out = host(total)
-            packed[:total].get(out=out[:total])
-            cp.cuda.get_current_stream().synchronize()
+            self._to_host(packed[:total], out[:total])
         result = []
         for (chunks, kept_i, order), base in zip(parts, first):
             frames_at = np.full(len(chunks), -1, np.int64)
@@ -190,10 +192,22 @@ class BandEncoder:
         return result
 
     @staticmethod
+    def _to_host(packed, out) -> None:
+        """The packed frames (device) copied into ``out`` (host memory), the copy complete."""
+        import cupy as cp
+
+        packed.get(out=out)
+        cp.cuda.get_current_stream().synchronize()
+
+    @staticmethod
     def _chunks(band, arr, shards: list):
         """``band``'s chunks for ``shards`` in the files' order ((n, t0, t1), contiguous), the indices
-        of those not all of fill value (NumPy) and the order (a list a shard of its chunks)."""
-        import cupy as cp
+        of those not all of fill value (NumPy) and the order (a list a shard of its chunks). (A NumPy
+        ``band`` is cut the same way, on the host: tests/test_write_bands_calls.py.)"""
+        if isinstance(band, np.ndarray):
+            xp = np
+        else:
+            import cupy as xp
 
         from .store import shard_layout, shard_chunks
 
@@ -202,25 +216,26 @@ class BandEncoder:
         rows, cols = band.shape
         ntr, ntc = -(-rows // t0), -(-cols // t1)
         if (rows, cols) != (ntr * t0, ntc * t1):  # the array's edge: chunks padded with the fill value
-            padded = cp.full((ntr * t0, ntc * t1), arr.fill_value, dtype)
+            padded = xp.full((ntr * t0, ntc * t1), arr.fill_value, dtype)
             padded[:rows, :cols] = band
             band = padded
-        n1 = arr.shards[1] // t1
+        n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
+        first = shards[0][0]  # (the band's first shard row: the band may hold several)
         order = [shard_chunks(arr, sr, sc) for sr, sc in shards]
-        ti = np.array([i for cells in order for i, _ in cells], np.int64)
+        ti = np.array([(sr - first) * n0 + i for (sr, _), cells in zip(shards, order) for i, _ in cells], np.int64)
         tj = np.array([sc * n1 + j for (_, sc), cells in zip(shards, order) for _, j in cells], np.int64)
-        tiles = cp.ascontiguousarray(band, dtype=dtype).reshape(ntr, t0, ntc, t1).transpose(0, 2, 1, 3)
-        chunks = tiles[cp.asarray(ti), cp.asarray(tj)]  # (n, t0, t1), contiguous, in the files' order
+        tiles = xp.ascontiguousarray(band, dtype=dtype).reshape(ntr, t0, ntc, t1).transpose(0, 2, 1, 3)
+        chunks = tiles[xp.asarray(ti), xp.asarray(tj)]  # (n, t0, t1), contiguous, in the files' order
         flat = chunks.reshape(len(ti), -1)
         fill = np.array(arr.fill_value, dtype)
         if dtype.kind == "f" and np.isnan(fill):
-            keep = ~cp.isnan(flat).all(axis=1)
+            keep = ~xp.isnan(flat).all(axis=1)
         else:
             keep = (flat != fill).any(axis=1)
         # The chunks kept found on the host: a band has a few hundred, and CuPy's reductions
         # (flatnonzero counts first) compile a kernel for each power-of-two class of such short
         # lengths -- seconds, in the first command at each new DEM width.
-        return chunks, np.flatnonzero(keep.get()), order
+        return chunks, np.flatnonzero(keep if xp is np else keep.get()), order
 
     def _compress(self, chunks: list, kept: list):
         """Zstd frames of the chunks ``kept[i]`` (NumPy indices into ``chunks[i]``, an (n, t0, t1)

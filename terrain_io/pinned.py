@@ -28,24 +28,29 @@ import numpy as np
 class PinnedBands:
     """Pinned host buffers by (set, name), grown on demand: :meth:`buffer` and :meth:`download`."""
 
-    def __init__(self, sets: int = 2):
+    def __init__(self, sets: int = 2, pageable=()):
         self.sets = max(1, int(sets))
+        self.pageable = frozenset(pageable)  # names whose buffers are plain NumPy (see write_bands' frames)
         self._buffers: dict = {}
         self.pin_seconds = 0.0  # spent pinning new buffers (each locks its pages anew)
 
     def buffer(self, band: int, name, shape, dtype) -> np.ndarray:
         """A pinned array of ``shape`` and ``dtype`` for ``band`` (its set: band % sets), reused: a
-        view of the set's buffer for ``name``, which holds what it held before."""
-        import cupyx
-
+        view of the set's buffer for ``name``, which holds what it held before (not pinned where
+        ``name`` is one of ``pageable``)."""
         dtype, n = np.dtype(dtype), math.prod(shape)
         key = (band % self.sets, name)
         buf = self._buffers.get(key)
         if buf is None or buf.dtype != dtype or buf.size < n:
             self._buffers.pop(key, None)  # (freed before its successor is pinned)
-            t0 = time.perf_counter()
-            buf = self._buffers[key] = cupyx.empty_pinned(n, dtype)
-            self.pin_seconds += time.perf_counter() - t0
+            if name in self.pageable:
+                buf = self._buffers[key] = np.empty(n, dtype)
+            else:
+                import cupyx
+
+                t0 = time.perf_counter()
+                buf = self._buffers[key] = cupyx.empty_pinned(n, dtype)
+                self.pin_seconds += time.perf_counter() - t0
         return buf[:n].reshape(shape)
 
     def download(self, band: int, arrays) -> list[np.ndarray]:
@@ -74,7 +79,8 @@ class PinnedBands:
         self._buffers.clear()
 
 
-def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=None, timings=None) -> None:
+def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=None, timings=None,
+                bands_per_call: int = 1) -> None:
     """Store results that sit on the GPU, one band of shard rows at a time: ``arrays`` (zarr
     arrays, sharded alike), ``bands`` (lists of the shard windows of one shard row each),
     ``band_outputs(r0, r1)`` (the device arrays of rows r0 .. r1, every column, one an array, in
@@ -82,15 +88,20 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
 
     With nvCOMP (:mod:`terrain_io.nvzstd`) a band's chunks are compressed on the GPU and only their
     frames come back, for the threads to checksum and write (:func:`terrain_io.store.write_frames`);
-    else the band comes back raw and the threads encode it (:func:`terrain_io.store.write_shard`).
-    Either way into this run's pinned sets: ``pinned.sets - 1`` bands are written while the next
-    comes back."""
+    ``bands_per_call`` consecutive bands then go to the GPU's encoder as one (more chunks a call:
+    :func:`frame_plan`). Else the band comes back raw and the threads encode it
+    (:func:`terrain_io.store.write_shard`). Either way into this run's sets of host buffers (the
+    frames' pinned unless ``pinned.pageable`` names ``"frames"``): ``pinned.sets - 1`` bands (or
+    calls' bands) are written while the next comes back."""
     from . import nvzstd
     from .errors import TerrainNote
     from .store import shard_layout, write_frames, write_shard
 
     # nvCOMP's frames for arrays stored as this tool writes them, zstd-compressed (not the raw overview levels)
     enc = nvzstd.encoder() if all((lay := shard_layout(a)) is not None and lay[1] is not None for a in arrays) else None
+    if enc is not None and bands_per_call > 1:  # (each group of bands one band of several shard rows)
+        bands = [[w for band in bands[i : i + bands_per_call] for w in band]
+                 for i in range(0, len(bands), bands_per_call)]
     phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
     pending: list = []  # (band, its writer's future), in the order submitted
     pinned_before = pinned.pin_seconds
@@ -107,7 +118,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
         for _, f in pending:
             if f.done():
                 f.result()  # raises a failed write's error here
-        r0, r1 = band[0].r0, band[0].r1
+        r0, r1 = band[0].r0, band[-1].r1
         shards = [(w.r0 // arrays[0].shards[0], w.c0 // arrays[0].shards[1]) for w in band]
         jobs, outputs = None, band_outputs(r0, r1)
         if enc is not None:
@@ -134,6 +145,24 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
             f.result()
     if timings is not None:
         timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
+
+
+def frame_plan(store, itemsizes, budget: int) -> int:
+    """How many bands of shard rows :func:`write_bands` gives the GPU's encoder a call for a whole
+    grid's outputs (``itemsizes``: bytes a cell of each): enough for
+    :data:`terrain_io.nvzstd.BATCH_CHUNKS` chunks of an array a call, as many as two sets of their
+    frames in ``budget`` bytes of host memory hold (one at least; sized sure to hold the frames:
+    zstd's frames of incompressible chunks are a little more than their cells)."""
+    from .nvzstd import BATCH_CHUNKS
+
+    rows, cols = store.shape
+    side = store.tile_size * store.shard_size
+    chunks = -(-min(side, rows) // store.tile_size) * -(-cols // store.tile_size)  # (a band of one array)
+    raw = min(side, rows) * cols * sum(itemsizes)
+    per_call = max(1, min(-(-BATCH_CHUNKS // chunks), store.shard_grid[0]))
+    while per_call > 1 and 2 * _headroom(per_call * raw) > budget:
+        per_call -= 1
+    return per_call
 
 
 def write_device(store, arrays, band_outputs, done=None, timings=None) -> None:

@@ -64,3 +64,28 @@ def test_gpu_fill_reads_through_the_gpu_decoder(tmp_path, nvcomp, kind):
               for d in ("gpu", "cpu")]
     res = gpu_equals_cpu(*stores)
     assert ("read_decode" in res.timings) == (nvcomp == "1")  # the frames decoded on the GPU, or not
+
+
+def test_incore_gpu_write_two_bands_a_call(tmp_path, monkeypatch):
+    """The SSSP's outputs given to nvCOMP two bands of shard rows a call (the last call one band), as
+    32768^2 gives it: stored as the CPU engine's bytes."""
+    if nvzstd.encoder() is None:
+        pytest.skip("nvCOMP is not installed here")
+    monkeypatch.setattr(nvzstd, "BATCH_CHUNKS", 40)  # (a band here: 20 chunks of an array)
+    rows_a_call, encode_many = [], nvzstd.BandEncoder.encode_many
+
+    def spied(self, bands, arrs, shards, host):
+        rows_a_call.append(len({sr for sr, _ in shards}))
+        return encode_many(self, bands, arrs, shards, host)
+
+    monkeypatch.setattr(nvzstd.BandEncoder, "encode_many", spied)
+    stored, _, vals = dem("float32")
+    st = TerrainStore.from_array(tmp_path / "dem.zarr", stored, tile=16, shard=2)
+    ok = np.argwhere(~np.isnan(vals))
+    src = [tuple(int(i) for i in ok[len(ok) // 3])]
+    for d in ("cpu", "gpu"):
+        sssp(st, src, cell=True, progress=False, device=d, method="incore", name=d)
+    assert rows_a_call == [2, 2, 2, 1]  # (7 shard rows)
+    for a in ("distance", "predecessor"):
+        assert st.group[f"sssp/gpu/{a}"][:].tobytes() == st.group[f"sssp/cpu/{a}"][:].tobytes()
+    np.testing.assert_array_equal(st.group["sssp/gpu/distance"][:], reference(vals, src).astype(np.float32))

@@ -180,13 +180,20 @@ def host_bytes(store, field, device: str, allocation: bool = False) -> int:
     side = store.tile_size * store.shard_size
     shard_cells = min(side, h) * min(side, w)
     out_bytes = 4 + 1 + (4 if allocation else 0)
-    writers = _io_threads(store) * shard_cells * out_bytes * 2
+    writers = _writers_bytes(store, allocation)
     if device != "gpu":
         return incore_bytes(store, field, device, allocation) + writers
     band = min(side, h) * w
     itemsize = value_dtype(field).itemsize
     read = band * itemsize + min(_io_threads(store), store.shard_grid[1]) * shard_cells * itemsize
     return max(read, 3 * band * out_bytes + writers)
+
+
+def _writers_bytes(store, allocation: bool) -> int:
+    """The writer threads' host memory: a shard of outputs and its compressed form a thread."""
+    h, w = store.shape
+    side = store.tile_size * store.shard_size
+    return _io_threads(store) * min(side, h) * min(side, w) * (4 + 1 + (4 if allocation else 0)) * 2
 
 
 def fits_in_core(store, field, device: str, budget: int, allocation: bool = False) -> bool:
@@ -221,12 +228,19 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         import cupy as xp
     vdtype = value_dtype(field)
     threads = _io_threads(store)
-    pinned = None
+    pinned, per_call = None, 1
     if gpu:  # the bands cross the bus from and to pinned buffers; up to three bands in flight when written by
         from ... import nvzstd  # the CPU's encoders, two as frames (the writers only checksum them: fewer to pin)
-        from ...pinned import PinnedBands
+        from ...pinned import PinnedBands, frame_plan
 
-        pinned = PinnedBands(sets=3 if nvzstd.encoder() is None else 2)
+        framed = nvzstd.encoder() is not None
+        # The frames come back into plain host memory: pinning it cost the H100 0.5-0.65 s a GB (two
+        # bands a call: 0.8 s) and ~0.2 s a GB more at exit, more than the slower copy (32768^2: the CLI
+        # 6.39-6.42 s so, 6.78-7.30 s pinned; benchmarks/RESULTS.md, session 20).
+        pinned = PinnedBands(sets=2 if framed else 3, pageable=["frames"])
+        if framed:
+            itemsizes = [4] + [1] * predecessor + [4] * allocation
+            per_call = frame_plan(store, itemsizes, budget - _writers_bytes(store, allocation))
     with timings.phase("read"):
         vals = xp.full((h + 2, w + 2), np.nan, vdtype)
         on_host = not (gpu and _read_device(field, vals, threads, timings))  # (else decoded on the GPU)
@@ -269,7 +283,8 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
             with ThreadPoolExecutor(threads) as pool:
                 if gpu:  # (sets: a band coming back, and one or two still written)
                     write_bands([arr for arr, _ in outputs], bands,
-                                lambda r0, r1: [a[r0:r1] for _, a in outputs], pinned, pool, bar.update, timings)
+                                lambda r0, r1: [a[r0:r1] for _, a in outputs], pinned, pool, bar.update, timings,
+                                per_call)
                 else:
                     side = store.tile_size * store.shard_size
                     list(pool.map(lambda job: (write_shard(job[0], job[1].r0 // side, job[1].c0 // side,
