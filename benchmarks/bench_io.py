@@ -8,7 +8,8 @@ Measured, each the best of ``--reps`` (wall s; CPU s of the process beside it):
 - codec: numcodecs Zstd at the store's level over the store's chunks (T x T) of each array, encoded
   and decoded in a pool of threads (all cores; zstd releases the GIL), and google-crc32c over the
   encoded chunks;
-- our store: one array per dtype (float32, float64, uint8, uint32) written as a result
+- our store (its chunk kernels loaded first, as a pipeline's process has them): one array per dtype
+  (float32, float64, uint8, uint32) written as a result
   (``write_result`` + ``write_window`` of whole shards from a pool of threads, its manifest sealed)
   with each shard file fsync'd by its writer thread once written, as the raw floor's files are (the
   result's small files after it is complete), then read back cold by ``TerrainStore.read`` of whole
@@ -250,6 +251,11 @@ def main() -> None:
         print(f"| raw read, cold | {raw_bytes / mib:.0f} | {r[0]:.3f} | {r[1]:.2f} | {read_bw / 1e6:.0f} |")
 
         TerrainStore.create(folder / "bench.zarr", (n, n), "float32").seal()
+        # The store's chunk kernels loaded first (terrain_io.chunkcodec), as a pipeline has them by its writes:
+        # its own kernels start numba (the first kernel a process runs pays ~0.25 s, once; a cold cache compiles).
+        from terrain_io import chunkcodec
+
+        chunkcodec.load()
         rows = []
         for dtype in args.dtypes:
             values = test_array(n, dtype)

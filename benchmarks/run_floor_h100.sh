@@ -52,7 +52,7 @@ done
 PYTHONPATH="${TREE[${NAMES[-1]}]}:$DEPS" python3 -c "from terrain_io import nvzstd; print('nvCOMP usable:', \
     nvzstd.encoder() is not None, nvzstd.decoder() is not None)" 2>&1 | tee -a "$OUT/log.txt"
 [ "${BENCH_IO:-1}" = 1 ] && log "bench_io" && (cd "${TREE[${NAMES[-1]}]}" && PYTHONPATH="${TREE[${NAMES[-1]}]}:$DEPS" timeout 120 python3 benchmarks/bench_io.py \
-    --size 8192 --reps 2) > "$OUT/bench_io.log" 2>&1
+    --size 8192 --reps 3) > "$OUT/bench_io.log" 2>&1
 grep -E "^\|" "$OUT/bench_io.log" | tee -a "$OUT/log.txt"
 log "synth $N"
 /usr/bin/time -f "synth: %e s wall" timeout 90 bash -c "$(declare -f cli); $(declare -p TREE); DEPS='$DEPS'
