@@ -81,31 +81,63 @@ __device__ __forceinline__ void atomic_min_runs(K* dst, int c, K key) {
     if ((lane == 0 || prev != c) && c >= 0 && key != (K)~(K)0) atomicMin(&dst[c], key);
 }
 
-// Neighbour u of v in direction d inside the same tile and valid, else -1.
-__device__ __forceinline__ long long tile_neighbour(const unsigned char* valid, int i, int j, int d,
-                                                    int H, int W, int T) {
+// Neighbour u of cell (i, j) in direction d inside the same tile (INCORE: the grid), else -1. Whether
+// it is a vertex is its comp's to say (-1: not). Cell ids fit 32 bits: comp holds them as ints.
+__device__ __forceinline__ int tile_neighbour(int i, int j, int d, int H, int W, int T) {
     int ii = i + DR[d], jj = j + DC[d];
     if (ii < 0 || ii >= H || jj < 0 || jj >= W) return -1;
 #if !INCORE
     if (ii / T != i / T || jj / T != j / T) return -1;
 #endif
-    long long u = (long long)ii * W + jj;
-    return valid[u] ? u : -1;
+    return ii * W + jj;
 }
 
-// Step 1: every vertex proposes its lightest edge leaving its component.
-extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ valid,
-                                   const int* __restrict__ comp, u64* best, int H, int W, int T) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int cv = -1;
+#if INCORE
+// A cell of the DEM is a vertex (store.valid_mask): not NaN; an integer cell, not nodata (compared as
+// doubles: exact for integers of up to 32 bits, and for a nodata out of the type's range, never equal).
+__device__ __forceinline__ bool is_vertex(float x, int, double) { return !isnan(x); }
+__device__ __forceinline__ bool is_vertex(double x, int, double) { return !isnan(x); }
+template <typename T>
+__device__ __forceinline__ bool is_vertex(T x, int has_nodata, double nodata) {
+    return !has_nodata || (double)x != nodata;
+}
+
+// Step 0, in core: every vertex its own component (comp = parent = its id), every other cell -1 for
+// good (so comp also says which cells are vertices); no proposal yet (best: all ones -- hook sets back
+// each it takes); *cells += the vertices. Our kernel, not CuPy's where / arange / fill: over arrays of
+// 2**31 bytes and more CuPy compiles a 64-bit-indexed variant of each, in the first run of each machine.
+extern "C" __global__ void init(const VAL_T* __restrict__ vals, int has_nodata, double nodata, int* comp,
+                                int* parent, u64* best, unsigned* best_code, unsigned long long* cells,
+                                long long n) {
+    const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool vertex = v < n && is_vertex(vals[v], has_nodata, nodata);
+    if (v < n) {
+        comp[v] = parent[v] = vertex ? (int)v : -1;
+        best[v] = ~0ULL;
+#if !PACKED
+        best_code[v] = 0xFFFFFFFFu;
+#endif
+    }
+    const unsigned found = __ballot_sync(0xFFFFFFFFu, vertex);
+    if ((threadIdx.x & 31) == 0 && found) atomicAdd(cells, (unsigned long long)__popc(found));
+}
+#endif
+
+// Step 1: every vertex proposes its lightest edge leaving its component (cells that are no vertex:
+// comp -1). A thread a cell, its row and column by 32-bit division (fewer than 2**31 cells).
+extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const int* __restrict__ comp, u64* best,
+                                   int H, int W, int T) {
+    const unsigned v = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cv = v < (unsigned)H * (unsigned)W ? comp[v] : -1;
     u64 mine = ~0ULL;
-    if (v < (long long)H * W && valid[v]) {
-        int i = (int)(v / W), j = (int)(v % W);
-        cv = comp[v];
+    if (cv >= 0) {
+        const int i = (int)(v / (unsigned)W), j = (int)(v - (unsigned)i * (unsigned)W);
         double hv = to_double(vals[v]);
         for (int d = 0; d < 8; ++d) {
-            long long u = tile_neighbour(valid, i, j, d, H, W, T);
-            if (u < 0 || comp[u] == cv) continue;
+            const int u = tile_neighbour(i, j, d, H, W, T);
+            if (u < 0) continue;
+            const int cu = comp[u];
+            if (cu < 0 || cu == cv) continue;
             double w = edge_weight(hv, to_double(vals[u]));
 #if PACKED
             u64 key = ((u64)weight_key32(vals[v], vals[u], w) << 32) | edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
@@ -119,20 +151,21 @@ extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const unsign
 }
 
 // Step 1b (PACKED=0 only): the smallest code among the component's edges of minimum weight.
-extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ valid,
-                                        const int* __restrict__ comp, const u64* __restrict__ best,
-                                        unsigned* best_code, int H, int W, int T) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int cv = -1;
+extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const int* __restrict__ comp,
+                                        const u64* __restrict__ best, unsigned* best_code, int H, int W, int T) {
+    const unsigned v = blockIdx.x * blockDim.x + threadIdx.x;
+    int cv = v < (unsigned)H * (unsigned)W ? comp[v] : -1;
+    if (cv >= 0 && best[cv] == ~0ULL) cv = -1;
     unsigned mine = 0xFFFFFFFFu;
-    if (v < (long long)H * W && valid[v] && best[comp[v]] != ~0ULL) {
-        int i = (int)(v / W), j = (int)(v % W);
-        cv = comp[v];
+    if (cv >= 0) {
+        const int i = (int)(v / (unsigned)W), j = (int)(v - (unsigned)i * (unsigned)W);
         u64 target = best[cv];
         double hv = to_double(vals[v]);
         for (int d = 0; d < 8; ++d) {
-            long long u = tile_neighbour(valid, i, j, d, H, W, T);
-            if (u < 0 || comp[u] == cv) continue;
+            const int u = tile_neighbour(i, j, d, H, W, T);
+            if (u < 0) continue;
+            const int cu = comp[u];
+            if (cu < 0 || cu == cv) continue;
             if (order64(edge_weight(hv, to_double(vals[u]))) != target) continue;
             unsigned code = edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
             if (code < mine) mine = code;
@@ -142,18 +175,20 @@ extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const u
 }
 
 // Step 2: every component root hooks onto the component at the other end of its edge, whose bit it
-// sets (bits: a byte a cell, set through the aligned 32-bit word that holds it).
-extern "C" __global__ void hook(const int* __restrict__ comp, const u64* __restrict__ best,
-                               const unsigned* __restrict__ best_code, int* parent, unsigned* bits,
+// sets (bits: a byte a cell, set through the aligned 32-bit word that holds it), and sets its best
+// key (and code) back to all ones for the next round.
+extern "C" __global__ void hook(const int* __restrict__ comp, u64* best, unsigned* best_code, int* parent, unsigned* bits,
                                int* changed, int H, int W, int T) {
     long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (v >= (long long)H * W || comp[v] != v) return;
     u64 b = best[v];
     if (b == ~0ULL) return;
+    best[v] = ~0ULL;  // (the next round's find_min starts from all ones: best is only ever a root's)
 #if PACKED
     unsigned code = (unsigned)(b & 0xFFFFFFFFu);
 #else
     unsigned code = best_code[v];
+    best_code[v] = 0xFFFFFFFFu;
 #endif
     int d = RANK_TO_DIR[code & 3];
 #if INCORE

@@ -761,19 +761,15 @@ def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
     decoded there where nvCOMP is installed, else shards in threads), one Boruvka over the whole grid graph there
     (:class:`._gpu.GpuGridForest`), the bits written from the GPU (:func:`~terrain_io.pinned.write_held`:
     through pinned bands, compressed there where nvCOMP is installed)."""
-    import cupy
-
     from ..flow.upload import upload_held
     from ._gpu import GpuGridForest
 
     gpu = GpuGridForest(model, store.dtype)
     with timings.phase("read"):
         d_vals, _ = upload_held(store, "elevation", None, timings=timings)
-        d_valid = cupy.asarray(store.valid(d_vals))  # (CuPy's own where NumPy's ones_like dispatches to it)
-    with timings.phase("gpu"):
-        valid_cells = int(d_valid.sum())
-        bits, n_edges, buckets = gpu.forest(d_vals, d_valid)
-        del d_vals, d_valid
+    with timings.phase("gpu"):  # (the vertices are found there: store.valid's cells)
+        bits, n_edges, buckets, valid_cells = gpu.forest(d_vals, store.nodata)
+        del d_vals
     timings["gpu_kernel"], timings["gpu_rounds"] = gpu.kernel_seconds, gpu.rounds
     return _write_whole(store, model, "gpu", bits, n_edges, valid_cells, buckets, timings)
 
