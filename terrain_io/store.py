@@ -863,21 +863,34 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
             raw = np.empty(body, np.uint8)
             arriving = _read_ahead(fd, raw, jobs, arr, (sr, sc))
         else:  # the chunks the window touches: one read where they lie together (a quadrant, in Morton order)
-            lo, hi = min((j[2] for j in jobs), default=0), max((j[2] + j[3] for j in jobs), default=0)
-            if hi - lo <= 2 * sum(j[3] for j in jobs):
-                span = np.empty(hi - lo, np.uint8)
-                _read_span(fd, span, lo, arr, (sr, sc))
-                raw = {off: span[off - lo : off - lo + nb] for _, _, off, nb in jobs}
-            else:
-                raw = {off: np.frombuffer(os.pread(fd, nb, off), np.uint8) for _, _, off, nb in jobs}
-            arriving = jobs
+            raw, jobs = _read_chunks(fd, jobs, arr, (sr, sc))
+            arriving = [jobs]
+        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
+        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
+        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
+        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+        nbytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0
+        from . import chunkcodec  # (numba: not imported with the store)
+
+        if each is None and chunkcodec.functions() is not None and chunkcodec.as_bits(out) is not None:
+            def decode_run(run):
+                """Check, decode and place a run of chunks in one call that releases the GIL."""
+                status = chunkcodec.decode_run(raw, np.array(run, np.int64), (t0, t1), (r0 - s0, c0 - s1), out,
+                                               level, crc)
+                for (i, j, _, _), problem in zip(run, status.tolist()):
+                    if problem:
+                        raise _damaged(arr, (sr * index.shape[0] + i, sc * index.shape[1] + j),
+                                       chunkcodec.PROBLEMS[problem])
+
+            _run_chunks(decode_run, arriving, nbytes, len(jobs))
+            return out
         zstd = Zstd()
 
         def decode(job):
             """Check, decode and place one chunk (zstd and crc32c release the GIL: threads scale)."""
             i, j, off, nb = job
             where = (sr * index.shape[0] + i, sc * index.shape[1] + j)
-            data = _checked(arr, where, raw[off : off + nb] if whole else raw[off], crc)
+            data = _checked(arr, where, raw[off : off + nb], crc)
             if level is None:  # stored as its bytes: the chunk is a view of the buffer
                 if len(data) != t0 * t1 * arr.dtype.itemsize:
                     raise _damaged(arr, where, f"chunk holds {len(data)} bytes")
@@ -899,11 +912,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
             else:
                 out[lo0 - r0 : hi0 - r0, lo1 - c0 : hi1 - c0] = chunk[lo0 - a0 : hi0 - a0, lo1 - b0 : hi1 - b0]
 
-        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
-        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
-        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
-        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-        _run_chunks(decode, arriving, (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0, len(jobs))
+        _run_chunks(decode, itertools.chain.from_iterable(arriving), nbytes, len(jobs))
     return out
 
 
@@ -1023,20 +1032,40 @@ def _read_span(fd: int, buf: np.ndarray, at: int, arr: zarr.Array, shard) -> Non
 
 
 def _read_ahead(fd: int, buf: np.ndarray, jobs: list, arr: zarr.Array, shard):
-    """The ``jobs`` (sorted by offset), each once its bytes are in ``buf`` (the file from its
-    start), read in pieces of at least :data:`_READ_PIECE` ahead of it: a chunk decodes while the
-    kernel brings the next piece (with the readahead asked for). A file that shrank is damage."""
-    done = 0
-    for job in jobs:
-        end = job[2] + job[3]
-        if end > done:
-            stop = min(len(buf), max(end, done + _READ_PIECE))
-            while done < stop:
-                n = os.preadv(fd, [buf[done:stop]], done)
-                if n == 0:
-                    raise _damaged(arr, shard, f"shard file cut while read ({done} of {len(buf)} bytes)", unit="shard")
-                done += n
-        yield job
+    """The ``jobs`` (sorted by offset) in runs, each run once its bytes are in ``buf`` (the file
+    from its start), read in pieces of at least :data:`_READ_PIECE` ahead of them: a run decodes
+    while the kernel brings the next piece (with the readahead asked for). A file that shrank is
+    damage."""
+    done, k = 0, 0
+    while k < len(jobs):
+        stop = min(len(buf), max(jobs[k][2] + jobs[k][3], done + _READ_PIECE))
+        while done < stop:
+            n = os.preadv(fd, [buf[done:stop]], done)
+            if n == 0:
+                raise _damaged(arr, shard, f"shard file cut while read ({done} of {len(buf)} bytes)", unit="shard")
+            done += n
+        first = k
+        while k < len(jobs) and jobs[k][2] + jobs[k][3] <= done:
+            k += 1
+        yield jobs[first:k]
+
+
+def _read_chunks(fd: int, jobs: list, arr: zarr.Array, shard) -> tuple[np.ndarray, list]:
+    """The bytes of the chunks ``jobs`` of a shard file, in one buffer: (buffer, the jobs with their
+    offsets in it) -- one read of the span they lie in where they lie together (a quadrant, in Morton
+    order), else a read each."""
+    lo, hi = min((j[2] for j in jobs), default=0), max((j[2] + j[3] for j in jobs), default=0)
+    if hi - lo <= 2 * sum(j[3] for j in jobs):
+        raw = np.empty(hi - lo, np.uint8)
+        _read_span(fd, raw, lo, arr, shard)
+        return raw, [(i, j, off - lo, nb) for i, j, off, nb in jobs]
+    raw = np.empty(sum(j[3] for j in jobs), np.uint8)
+    placed, at = [], 0
+    for i, j, off, nb in jobs:
+        _read_span(fd, raw[at : at + nb], off, arr, shard)
+        placed.append((i, j, at, nb))
+        at += nb
+    return raw, placed
 
 
 def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
@@ -1052,8 +1081,7 @@ def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
     if shard_layout(arr) is None:
         arr[r0:r1, c0:c1] = block
         return
-    cells, encode = _chunk_encoder(arr, block)
-    _write_shard_file(arr, sr, sc, zip(cells, _run_chunks(encode, cells, block.nbytes, ordered=True)))
+    _write_shard_file(arr, sr, sc, _encoded(arr, block, block.nbytes))
 
 
 def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tuple[int, int], tuple | None]:
@@ -1062,11 +1090,43 @@ def encode_chunks(arr: zarr.Array, block: np.ndarray, first=(0, 0)) -> dict[tupl
     whole chunks of one shard from its chunk ``first`` on (clipped at the array's edge), so that a
     writer encodes the parts of a shard where they are made (terrain_io.overviews) and
     :func:`write_encoded_shard` puts them together."""
-    cells, encode = _chunk_encoder(arr, block)
     # (in a pipeline's own thread, here: its threads fill the cores already, and the pool's hand-offs
     # cost more -- 4096^2 pyramid: ~1 ms of 5 in its pieces' encodes)
-    encoded = _run_chunks(encode, cells, block.nbytes if owns_cores() else 0)
-    return {(first[0] + i, first[1] + j): data for (i, j), data in zip(cells, encoded)}
+    encoded = _encoded(arr, block, block.nbytes if owns_cores() else 0)
+    return {(first[0] + i, first[1] + j): data for (i, j), data in encoded}
+
+
+def _encoded(arr: zarr.Array, block: np.ndarray, nbytes: int):
+    """((i, j), stored bytes or None) of each chunk ``block`` (whole chunks of a shard from its first,
+    clipped at the array's edge) covers, in the shard file's (Morton) order, each as soon as it and
+    those before it are encoded: runs of chunks a GIL-free call each (:func:`chunkcodec.encode_run`),
+    in the codec pool when ``nbytes`` is large enough (:func:`_run_chunks`); chunk by chunk in
+    Python where the codecs' C functions cannot be called so."""
+    from . import chunkcodec  # (numba: not imported with the store)
+
+    fmt = shard_layout(arr)
+    if fmt is None:
+        raise ValueError(f"{arr.path}: not stored as this tool's shards")
+    if chunkcodec.functions() is None or chunkcodec.as_bits(block) is None:
+        cells, encode = _chunk_encoder(arr, block)
+        yield from zip(cells, _run_chunks(encode, cells, nbytes, ordered=True))
+        return
+    (t0, t1), level, crc = fmt
+    cells = _morton_cells(-(-block.shape[0] // t0), -(-block.shape[1] // t1))
+    per = len(cells)
+    if _in_pool(nbytes, len(cells)):
+        per = max(1, _CODEC_RUN_BYTES // (t0 * t1 * arr.dtype.itemsize))
+    runs = [cells[k : k + per] for k in range(0, len(cells), per)]
+
+    def encode(run):
+        return chunkcodec.encode_run(block, (t0, t1), arr.fill_value, np.array(run, np.int64), level, crc)
+
+    for run, (data, entries) in zip(runs, _run_chunks(encode, runs, nbytes, ordered=True)):
+        for ij, (off, nb) in zip(run, entries.tolist()):
+            yield ij, None if off == NO_CHUNK else (data[off : off + nb],)
+
+
+_CODEC_RUN_BYTES = 2 << 20  # raw bytes of a run of chunks handed to the codec pool as one job
 
 
 def _chunk_encoder(arr: zarr.Array, block: np.ndarray):
@@ -1230,13 +1290,17 @@ def _run_chunks(fn, jobs, nbytes: int, count: int | None = None, ordered: bool =
     here. ``jobs``: a list, or an iterable of ``count`` jobs (taken in this thread, each handed on
     as it comes). The first exception is raised, as a loop would. ``ordered``: an iterator of the
     results instead, each given as soon as it and those before it are done."""
-    count = len(jobs) if count is None else count
-    if (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
-            and not threading.current_thread().name.startswith(_POOL_THREADS)):
+    if _in_pool(nbytes, len(jobs) if count is None else count):
         results = codec_pool().map(fn, jobs)
     else:
         results = (fn(job) for job in jobs)
     return results if ordered else list(results)
+
+
+def _in_pool(nbytes: int, count: int) -> bool:
+    """Whether :func:`_run_chunks` hands ``count`` jobs of a shard of ``nbytes`` to the codec pool."""
+    return (nbytes >= _PARALLEL_SHARD_BYTES and count > 1 and (os.cpu_count() or 1) > 1
+            and not threading.current_thread().name.startswith(_POOL_THREADS))
 
 
 def overwrite_file(path, parts, writeback: bool = False) -> None:

@@ -43,3 +43,15 @@ def pytest_collection_modifyitems(config, items):
 def sample_data() -> Path:
     """The folder of real DEMs shipped with the project (see sample_data/SOURCES.md)."""
     return SAMPLE_DATA
+
+
+@pytest.fixture(params=["runs", "per-chunk"])
+def chunk_codec(request, monkeypatch):
+    """Both ways the store encodes and decodes chunks: runs of a shard's chunks in one GIL-free call
+    (terrain_io.chunkcodec), and chunk by chunk in Python (where the codecs' C functions cannot be
+    called so)."""
+    if request.param == "per-chunk":
+        from terrain_io import chunkcodec
+
+        monkeypatch.setattr(chunkcodec, "functions", lambda: None)
+    return request.param

@@ -1,5 +1,5 @@
 """The store's shard read (issue 31): one preadv per shard, its chunks checked and decoded in the codec
-pool. Reference: zarr-python's own read of the same files (and the values written); damage in a
+pool, in runs of chunks a GIL-free call or chunk by chunk (``chunk_codec``). Reference: zarr-python's own read of the same files (and the values written); damage in a
 shard read on the parallel path is refused as on the serial one (DamagedStoreError naming the chunk)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from terrain_io.store import TerrainStore, Window, read_shard
 
 
 @pytest.fixture(params=["serial", "pool", "reader thread"])
-def path_kind(request, monkeypatch):
+def path_kind(request, monkeypatch, chunk_codec):
     if request.param != "serial":  # every shard through the pool, however small (but in a reader thread)
         monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
     return request.param

@@ -41,8 +41,9 @@ def assert_zarrs_own_files(tmp_path, values):
 
 
 @pytest.fixture(params=[False, True], ids=["caller-thread", "encode-pool"])
-def pool(request, monkeypatch):
-    """Both ways of encoding a shard: in its caller's thread, and chunk by chunk in the pool."""
+def pool(request, monkeypatch, chunk_codec):
+    """Both ways of encoding a shard: in its caller's thread, and in the pool (runs of chunks or
+    chunk by chunk: ``chunk_codec``)."""
     monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0 if request.param else 1 << 62)
     return request.param
 

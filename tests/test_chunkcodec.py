@@ -1,0 +1,108 @@
+"""Runs of chunks encoded and decoded in one GIL-free call (terrain_io.chunkcodec, issue 31). Reference:
+numcodecs' Zstd and google-crc32c called from Python on each chunk (what zarr's codecs store), and numpy's
+``==`` / ``isnan`` for which chunks are all fill value (as zarr and the GPU encoder leave them out)."""
+from __future__ import annotations
+
+import google_crc32c
+import numpy as np
+import pytest
+from numcodecs import Zstd
+
+from terrain_io import chunkcodec
+from terrain_io.zorder import morton_order
+
+pytestmark = pytest.mark.skipif(chunkcodec.functions() is None, reason="zstd or crc32c not callable here")
+
+TILE = (16, 24)
+CASES = [("float32", np.nan), ("float64", -9999.0), ("uint8", 255), ("uint32", 0), ("int16", -32768),
+         ("float32", 0.0), ("uint64", 7), ("float16", np.nan)]
+
+
+def _values(dtype, fill) -> np.ndarray:
+    """5 x 4 chunks clipped at both edges: random cells, one chunk all fill value, one all fill value
+    in another spelling (the other zero, another NaN), one with a single cell that differs."""
+    rng = np.random.default_rng(5)
+    v = (rng.random((70, 90)) * 100).astype(dtype)
+    v[:16, :24] = fill
+    if np.dtype(dtype).kind == "f":
+        v[16:32, 24:48] = -np.array(fill, dtype) if fill == 0 else np.array(np.nan, dtype).view(
+            f"u{np.dtype(dtype).itemsize}").__or__(1).view(dtype)  # -0.0, or a NaN with a payload
+    v[32:48, 48:72] = fill
+    v[40, 50] = 1
+    return v
+
+
+def _chunk(values, fill, i, j):
+    t0, t1 = TILE
+    part = np.full(TILE, fill, values.dtype)
+    cut = values[i * t0 : (i + 1) * t0, j * t1 : (j + 1) * t1]
+    part[: cut.shape[0], : cut.shape[1]] = cut
+    return part
+
+
+def _all_fill(part, fill) -> bool:
+    if part.dtype.kind == "f" and np.isnan(fill):
+        return bool(np.isnan(part).all())
+    return bool((part == np.array(fill, part.dtype)).all())
+
+
+@pytest.mark.parametrize("level", [1, -5, 3, None])
+@pytest.mark.parametrize("dtype,fill", CASES)
+def test_runs_store_numcodecs_frames_and_leave_out_the_chunks_numpy_calls_fill(dtype, fill, level):
+    inner = _values(dtype, fill)
+    values = np.empty((70, 95), dtype)[:, 5:]  # rows contiguous, the block not: a view as the writers give
+    values[...] = inner
+    cells = np.array(morton_order(5, 4), np.int64)
+    data, entries = chunkcodec.encode_run(values, TILE, fill, cells, level, True)
+    left_out = 0
+    for (i, j), (off, nb) in zip(cells.tolist(), entries.tolist()):
+        part = _chunk(values, fill, i, j)
+        if off == chunkcodec.NO_CHUNK:
+            assert _all_fill(part, fill), (i, j)
+            left_out += 1
+            continue
+        assert not _all_fill(part, fill), (i, j)
+        frame = Zstd(level=level).encode(part) if level is not None else part.tobytes()
+        crc = np.uint32(google_crc32c.value(bytes(frame))).astype("<u4").tobytes()
+        assert bytes(data[off : off + nb]) == bytes(frame) + crc, (i, j)
+    assert left_out == (2 if values.dtype.kind == "f" and (fill == 0 or np.isnan(fill)) else 1)
+
+    stored = np.array([(i, j, off, nb) for (i, j), (off, nb) in zip(cells.tolist(), entries.tolist())
+                       if off != chunkcodec.NO_CHUNK], np.int64)
+    for first, shape in (((0, 0), values.shape), ((20, 7), (33, 40)), ((69, 84), (1, 1))):
+        out = np.full(shape, fill, values.dtype)
+        status = chunkcodec.decode_run(data, stored, TILE, first, out, level, True)
+        assert not status.any()
+        want = values[first[0] : first[0] + shape[0], first[1] : first[1] + shape[1]]
+        expect = want.copy()
+        for i, j in cells.tolist():  # a chunk left out is the fill value when read
+            if _all_fill(_chunk(values, fill, i, j), fill):
+                r0, c0 = i * TILE[0] - first[0], j * TILE[1] - first[1]
+                expect[max(r0, 0) : max(r0 + TILE[0], 0), max(c0, 0) : max(c0 + TILE[1], 0)] = fill
+        assert out.tobytes() == expect.tobytes()
+
+
+@pytest.mark.parametrize("level", [1, None])
+def test_damage_is_named_per_chunk_and_the_others_still_decode(level):
+    values = _values("float32", np.nan)
+    cells = np.array(morton_order(5, 4), np.int64)
+    data, entries = chunkcodec.encode_run(values, TILE, np.nan, cells, level, True)
+    jobs = np.array([(i, j, off, nb) for (i, j), (off, nb) in zip(cells.tolist(), entries.tolist())
+                     if off != chunkcodec.NO_CHUNK], np.int64)
+    bad = data.copy()
+    bad[jobs[2, 2] + 5] ^= 1  # inside the third stored chunk
+    out = np.full(values.shape, np.nan, np.float32)
+    status = chunkcodec.decode_run(bad, jobs, TILE, (0, 0), out, level, True)
+    assert status.tolist() == [0, 0, chunkcodec.CHECKSUM_FAILED] + [0] * (len(jobs) - 3)
+    i, j = jobs[3, :2]
+    np.testing.assert_array_equal(out[i * 16 : i * 16 + 16, j * 24 : j * 24 + 24], _chunk(values, np.nan, i, j)[
+        : min(16, 70 - i * 16), : min(24, 90 - j * 24)])
+    if level is not None:  # without a checksum the frame itself is refused (or decodes to another size)
+        status = chunkcodec.decode_run(bad, jobs, TILE, (0, 0), out, level, False)
+        assert status[2] in (0, chunkcodec.UNDECODABLE, chunkcodec.WRONG_SIZE)
+        short = jobs.copy()
+        short[:, 3] -= 10  # frames cut short: none decodes
+        status = chunkcodec.decode_run(data, short, TILE, (0, 0), out, level, True)
+        assert (status == chunkcodec.CHECKSUM_FAILED).all()
+        status = chunkcodec.decode_run(data, short, TILE, (0, 0), out, level, False)
+        assert (status == chunkcodec.UNDECODABLE).all()
