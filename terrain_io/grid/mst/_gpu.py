@@ -15,8 +15,11 @@ the same order, and the same exact weight sum -- so the CPU only merges.
 
 In core (``mst --method incore``, :class:`GpuGridForest`): the same Boruvka rounds over the whole DEM on
 the GPU, compiled with ``INCORE``: no tiles, global edge codes (smaller cell id * 4 + rank, 32 bits up to
-2**30 cells), and the new roots found by pointer jumping among the roots of the round; the forest's
-edge count and exact weight sum computed there too (``forest_totals``).
+2**30 cells), the new roots found by pointer jumping among the roots of the round, and the rounds after
+the first over a list of their roots (the last round's pair winners); the first state made by one kernel
+(``init``: no CuPy kernel over the grid, whose 64-bit-indexed variants each machine compiled on its first
+large DEM); the forest's edge count and exact weight sum computed there too (``forest_totals``). Every
+mode skips the vertices whose neighbours are all of their component (interior: ``find_min`` marks them).
 
 Overlap: the pipeline calls :meth:`tile_phase` from worker threads; each call takes one of two
 *lanes* (a non-blocking CUDA stream with its own pinned host buffers), so one batch's transfers
@@ -145,30 +148,46 @@ class GpuTileForest:
         h_changed = lane.pin("changed", (1,), np.int32)
         args_dim = (np.int32(H), np.int32(W), np.int32(self.tile))
 
-        def any_changed(kernel, args) -> bool:
+        def any_changed(kernel, blocks, args) -> bool:
             changed.fill(0)
-            self.k[kernel](grid, (_BLOCK,), args)
+            self.k[kernel](blocks, (_BLOCK,), args)
             changed.get(out=h_changed, stream=lane.stream)
             lane.stream.synchronize()
             return bool(h_changed[0])
 
+        interior = cp.zeros(n, dtype=cp.uint8)  # (find_min's: vertices no edge leaves any more)
+        # The rounds' roots: every cell in the first round (and in a tile batch, whose cells are few); in
+        # core after it, the list of the last round's pair winners (break_pairs), at most half the round's
+        # roots: the hooks, pairs and jumps then follow the roots, not the 2**30 cells.
+        listed, roots, m = 0, changed, n
+        if self.incore:
+            lists = (cp.empty(n // 2 + 1, cp.int32), cp.empty(n // 4 + 1, cp.int32))
+            count = cp.zeros(1, cp.uint32)
         rounds = 0
         while True:  # (hook leaves best, and best_code, all ones again for the next round)
-            self.k["find_min"](grid, (_BLOCK,), (d_vals, comp, best) + args_dim)
+            self.k["find_min"](grid, (_BLOCK,), (d_vals, comp, interior, best) + args_dim)
             if not self.packed:
-                self.k["find_min_code"](grid, (_BLOCK,), (d_vals, comp, best, best_code) + args_dim)
-            if not any_changed("hook", (comp, best, best_code, parent, bits, changed) + args_dim):
+                self.k["find_min_code"](grid, (_BLOCK,), (d_vals, comp, interior, best, best_code) + args_dim)
+            of_roots = (roots, np.int32(listed), np.int64(m))
+            on_roots = ((m + _BLOCK - 1) // _BLOCK,)
+            if not any_changed("hook", on_roots, of_roots + (comp, best, best_code, parent, bits, changed) + args_dim):
                 break
             rounds += 1
-            self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
             if self.incore:
+                winners = lists[(rounds - 1) % 2]  # (round 1's: n / 2 at most, round 2's n / 4, ...)
+                count.fill(0)
+                self.k["break_pairs"](on_roots, (_BLOCK,), of_roots + (comp, parent, np.int32(1), winners, count))
                 for _ in range(64):  # 8 dependent hops a launch: chains shrink ~9x a launch
-                    if not any_changed("jump", (comp, parent, changed, np.int64(n))):
+                    if not any_changed("jump", on_roots, of_roots + (comp, parent, changed)):
                         break
                 else:
                     raise RuntimeError("GPU MST: pointer jumping did not converge (a cycle of hooks)")
                 self.k["relabel"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
+                listed, roots, m = 1, winners, int(count.get()[0])
+                if m == 0:  # (no pair: nothing hooked -- not reached, hook found a change)
+                    break
             else:
+                self.k["break_pairs"](on_roots, (_BLOCK,), of_roots + (comp, parent, np.int32(0), changed, changed))
                 self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
                 comp[...] = parent
         with self._stats:
@@ -263,8 +282,9 @@ class GpuGridForest(GpuTileForest):
     def device_bytes(cells: int, model, dtype) -> int:
         """GPU memory :meth:`forest` takes at most for ``cells`` cells of ``dtype``, the elevations
         included: comp, parent and the best keys (8 bytes, + 4 for the codes of float64 weights), the
-        bits, and 2 bytes a cell to spare (the reader's frames, freed before)."""
-        return cells * (np.dtype(dtype).itemsize + 4 + 4 + 8 + 1 + 2 + (0 if model.fits_float32(dtype) else 4))
+        bits, the interior flags, the lists of the rounds' roots (n / 2 + n / 4 cells of 4 bytes), and a
+        byte a cell to spare (the reader's frames, freed before)."""
+        return cells * (np.dtype(dtype).itemsize + 4 + 4 + 8 + 1 + 1 + 3 + 1 + (0 if model.fits_float32(dtype) else 4))
 
     def forest(self, d_vals, nodata=None):
         """(bits (H, W) uint8 on the GPU, edge count, exact weight sum as ``_cpu.exact_buckets``'s buckets,
@@ -288,7 +308,8 @@ class GpuGridForest(GpuTileForest):
         comp, parent = cp.empty(n, cp.int32), cp.empty(n, cp.int32)
         best, best_code = cp.empty(n, cp.uint64), cp.empty(n if not self.packed else 1, cp.uint32)
         cells = cp.zeros(1, cp.uint64)
-        self.k["init"](((n + _BLOCK - 1) // _BLOCK,), (_BLOCK,),
+        blocks = min((n + _BLOCK - 1) // _BLOCK, 8 * cp.cuda.Device().attributes["MultiProcessorCount"])
+        self.k["init"]((blocks,), (_BLOCK,),
                        (d_vals, np.int32(nodata is not None), np.float64(0 if nodata is None else nodata),
                         comp, parent, best, best_code, cells, np.int64(n)))
         return self._boruvka(lane, d_vals, comp, parent, best, best_code), cells
@@ -322,8 +343,9 @@ def _load_kernels(dtype: str, kind: int, packed: bool, incore: bool) -> dict:
 def warm(store, weight: str) -> None:
     """What ``terrain mst STORE --device gpu`` uses of the GPU first, made ready ahead (``start_gpu``'s
     ``then``, in its thread once the CUDA context is made, beside the imports and the store's opening):
-    the in-core kernels for the store's elevations loaded, nvCOMP's library and codecs set up. Each is
-    what the command would load itself, once (:func:`_kernels`); errors are left to the command."""
+    the in-core kernels for the store's elevations loaded, nvCOMP's library and codecs set up, cupyx
+    imported. Each is what the command would load itself, once (:func:`_kernels`); errors are left to
+    the command."""
     from ... import nvzstd, weights
     from ...store import TerrainStore
 
@@ -332,6 +354,7 @@ def warm(store, weight: str) -> None:
     if dtype.name in _CTYPES and model.kind in (weights.MAX, weights.ABSDIFF):
         _kernels(dtype.name, model.kind, model.fits_float32(dtype), True)
     nvzstd.decoder(), nvzstd.encoder()
+    import cupyx  # noqa: F401 -- its pinned buffers' (0.16 s of imports on the H100, else after the read)
 
 
 @functools.cache
