@@ -3,8 +3,8 @@ whole grid graph in GPU memory (``grid/mst/_gpu.GpuGridForest``) against scipy's
 with the strict order made explicit (``references.scipy_msf``) and against the CPU's tiled pipeline: the
 same ``mst/edges`` bits and the same result attributes. Cases: ties (integer elevations, flats, signed
 zeros), nodata islands (thousands beside large ones: speckle), extreme values, odd and thin shapes, a
-ramp (hooking chains as long as the grid), both weight models, every key layout (one packed 64-bit key, or weight then code). And, on the
-CPU, the choice of the route (``pipeline.choose_method``).
+ramp (hooking chains as long as the grid), both weight models, every key layout (one packed 64-bit key,
+or weight then code). And, on the CPU, the choice of the route (``pipeline.choose_method``).
 """
 from __future__ import annotations
 
