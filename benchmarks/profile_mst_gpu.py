@@ -48,7 +48,8 @@ def main() -> None:
 
         gpu.k = {name: timed(name, fn) for name, fn in gpu.k.items()}
         t0 = time.perf_counter()
-        bits, edges, _, cells = gpu.forest(d_vals, store.nodata)
+        bits, totals = gpu.forest(d_vals, store.nodata)
+        edges, _, cells = totals()
         wall = time.perf_counter() - t0
         total, count = collections.defaultdict(float), collections.Counter()
         rounds, current = [], collections.defaultdict(float)

@@ -68,8 +68,8 @@ BIG_SCRIPT = textwrap.dedent("""
     big = cp.asarray(np.add.outer(np.arange(side, dtype=np.float32), np.arange(side, dtype=np.float32)))
     kernels = []
     for vals in (big[:64, :64].copy(), big):
-        bits, edges, _, cells = GpuGridForest(weights.get("max"), np.float32).forest(vals)
-        cp.cuda.Device().synchronize()
+        bits, totals = GpuGridForest(weights.get("max"), np.float32).forest(vals)
+        edges, _, cells = totals()
         kernels.append(sorted(f for _, _, fs in os.walk(cache) for f in fs))
     print(json.dumps({"nbytes": big.nbytes, "edges": edges, "cells": cells, "kernels": kernels}))
 """)

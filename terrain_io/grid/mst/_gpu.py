@@ -287,9 +287,11 @@ class GpuGridForest(GpuTileForest):
         return cells * (np.dtype(dtype).itemsize + 4 + 4 + 8 + 1 + 1 + 3 + 1 + (0 if model.fits_float32(dtype) else 4))
 
     def forest(self, d_vals, nodata=None):
-        """(bits (H, W) uint8 on the GPU, edge count, exact weight sum as ``_cpu.exact_buckets``'s buckets,
-        vertex count) of the forest of ``d_vals`` (H, W), whose vertices are its cells that are not NaN or
-        ``nodata`` (:func:`terrain_io.store.valid_mask`'s)."""
+        """(bits (H, W) uint8 on the GPU, ``totals``) of the forest of ``d_vals`` (H, W), whose vertices are
+        its cells that are not NaN or ``nodata`` (:func:`terrain_io.store.valid_mask`'s). ``totals()`` gives
+        (edge count, exact weight sum as ``_cpu.exact_buckets``'s buckets, vertex count), summed on the GPU
+        (``forest_totals``) on this forest's stream meanwhile: the bits may be written in between, the
+        two sharing the GPU (they only read the bits)."""
         cp = self.cp
         cp.cuda.Device().synchronize()  # the elevations' copies (other streams) are done
         with self._lane() as lane:
@@ -298,7 +300,14 @@ class GpuGridForest(GpuTileForest):
             blocks = 4 * cp.cuda.Device().attributes["MultiProcessorCount"]
             self.k["forest_totals"]((blocks,), (1024,), (d_vals, bits, np.int64(bits.size), np.int32(bits.shape[1]),
                                                          buckets, edges))
-            return bits, int(edges.get()[0]), buckets.get().view(np.int64), int(cells.get()[0])
+            summed = cp.cuda.Event()
+            summed.record(lane.stream)
+
+        def totals(_held=d_vals):  # (the elevations held until the sums are done)
+            summed.synchronize()
+            return int(edges.get()[0]), buckets.get().view(np.int64), int(cells.get()[0])
+
+        return bits, totals
 
     def _forest(self, lane, d_vals, nodata):
         """(:meth:`_boruvka`'s bits, the vertex count on the GPU) from the state ``init`` makes (no CuPy
