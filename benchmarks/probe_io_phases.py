@@ -11,7 +11,8 @@ disk show. Linux only; wrappers cost a little of their own, so take bench_io's t
 ``PROBE_VARIANT`` (comma-separated) changes the store for a measurement: ``nowb`` (no write-out
 started as shards are written), ``run16`` (a shard written in one run), ``ownenc`` (chunks encoded in
 the writer's thread, not the codec pool), ``pool`` (reads decoded in the codec pool), ``piece4``
-(reads in 4 MiB pieces), ``nofadv`` (no readahead asked for).
+(reads in 4 MiB pieces), ``nofadv`` (no readahead asked for); ``PROBE_RUN_BYTES``: the raw bytes of a
+run of chunks encoded in one call.
 
     PYTHONPATH=$PWD python benchmarks/probe_io_phases.py --size 8192 --reps 3
 """
@@ -93,6 +94,12 @@ def instrument(variants: set[str]) -> None:
         return cells, timed_encode
 
     S._chunk_encoder = timed_encoder
+    from terrain_io import chunkcodec
+
+    wrap(chunkcodec, "encode_run")  # (runs of chunks a GIL-free call: the store's path where it can)
+    wrap(chunkcodec, "decode_run")
+    if os.environ.get("PROBE_RUN_BYTES"):
+        S._CODEC_RUN_BYTES = int(os.environ["PROBE_RUN_BYTES"])
     for attr in ("pwrite_all", "write_coordinates", "write_coordinate_files", "write_node", "create_tiled_array",
                  "_start_writeback", "_new_group", "_chunk_jobs", "write_shard", "read_shard"):
         if hasattr(S, attr):

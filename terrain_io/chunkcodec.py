@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 
 import numpy as np
 
@@ -58,6 +59,40 @@ def functions():
     return compress, cctx, free_cctx, decompress, dctx, free_dctx, crc
 
 
+class _Contexts(threading.local):
+    """This thread's zstd compression and decompression contexts, made on first use and kept: made
+    and freed a call they cost ~110 us (their workspace), more than a small run's work. About 1-2 MiB
+    a thread that encodes; freed with the thread."""
+
+    cctx = dctx = None
+
+    def compression(self) -> int:
+        if self.cctx is None:
+            self.cctx = _Context(1)
+        return self.cctx.pointer
+
+    def decompression(self) -> int:
+        if self.dctx is None:
+            self.dctx = _Context(4)
+        return self.dctx.pointer
+
+
+class _Context:
+    """A zstd context (``create``: the index of its maker in :func:`functions`, its freer next)."""
+
+    def __init__(self, create: int):
+        self.free = functions()[create + 1]
+        self.pointer = functions()[create]()
+        if not self.pointer:
+            raise MemoryError("zstd could not make a context")
+
+    def __del__(self):
+        self.free(self.pointer)
+
+
+_CONTEXTS = _Contexts()
+
+
 def compress_bound(nbytes: int) -> int:
     """zstd's ZSTD_COMPRESSBOUND: the most bytes a frame of ``nbytes`` can take."""
     return nbytes + (nbytes >> 8) + (((128 << 10) - nbytes) >> 11 if nbytes < (128 << 10) else 0)
@@ -69,7 +104,7 @@ _ZSTD_ERROR = np.uint64(2**64 - 1 - 120)
 
 @njit(nogil=True, cache=True)
 def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compressed, level, crc_on, scratch, out, entries,
-                compress, create_cctx, free_cctx, crc32c, move):
+                cctx, compress, crc32c, move):
     """Encode the chunks ``cells`` ((k, 2): chunk row, column) of ``block`` (a shard's cells as
     unsigned integers of the array's item size) into ``out``, one after another from its start:
     each chunk padded with ``fill`` to t0 x t1, left out when every cell equals the fill value
@@ -82,7 +117,6 @@ def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compr
     rows, cols = block.shape
     nbytes = t0 * t1 * block.itemsize
     at = 0
-    cctx = create_cctx()
     for k in range(cells.shape[0]):
         a0 = cells[k, 0] * t0
         b0 = cells[k, 1] * t1
@@ -115,7 +149,6 @@ def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compr
         if compressed:
             n = compress(cctx, out[at:].ctypes.data, out.size - at, scratch.ctypes.data, nbytes, level)
             if np.uint64(n) > _ZSTD_ERROR:
-                free_cctx(cctx)
                 return np.int64(-1)
             at += n
         else:
@@ -128,13 +161,12 @@ def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compr
             at += 4
         entries[k, 0] = start
         entries[k, 1] = at - start
-    free_cctx(cctx)
     return at
 
 
 @njit(nogil=True, cache=True)
 def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out, scratch, compressed, crc_on, status,
-                decompress, create_dctx, free_dctx, crc32c, move):
+                dctx, decompress, crc32c, move):
     """Check and decode the chunks ``jobs`` ((k, 4): chunk row, column, offset in ``raw``, stored
     bytes) into ``out`` (the window's cells as bytes: row r, byte column c), each t0 x ``t1_bytes``
     chunk placed at (row * t0 - first_row, column * t1_bytes - first_col) and cut to ``out``; its
@@ -143,7 +175,6 @@ def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out, scratch, com
     WRONG_SIZE), after which it is not placed. Returns the number of chunks with a problem."""
     rows, cols = out.shape
     nbytes = t0 * t1_bytes
-    dctx = create_dctx()
     problems = 0
     for k in range(jobs.shape[0]):
         off = jobs[k, 2]
@@ -183,7 +214,6 @@ def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out, scratch, com
             continue
         for r in range(max(r0, 0), min(r0 + t0, rows)):
             move(out[r, lo1:].ctypes.data, chunk[(r - r0) * t1_bytes + lo1 - c0 :].ctypes.data, hi1 - lo1)
-    free_dctx(dctx)
     return problems
 
 
@@ -206,7 +236,7 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     as the store writes them: (one buffer of them end to end, entries (k, 2): each chunk's offset in
     it and its bytes, NO_CHUNK where it is all fill value and left out). ``level`` None: the chunks'
     bytes, not compressed. Needs :func:`functions`."""
-    compress, cctx, free_cctx, _, _, _, crc32c = functions()
+    compress, crc32c = functions()[0], functions()[6]
     bits = as_bits(block)
     t0, t1 = tile
     dtype = block.dtype
@@ -222,7 +252,7 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     entries = np.empty((len(cells), 2), np.uint64)
     used = _encode_run(bits, t0, t1, fill_bits, zero_mask, nan_mask, nan_fill, np.ascontiguousarray(cells, np.int64).reshape(-1, 2),
                        level is not None, 0 if level is None else int(level), bool(crc), np.empty(t0 * t1, bits.dtype), out, entries,
-                       compress, cctx, free_cctx, crc32c, ctypes.memmove)
+                       _CONTEXTS.compression(), compress, crc32c, ctypes.memmove)
     if used < 0:
         raise RuntimeError("zstd could not compress a chunk")
     return out[:used], entries
@@ -235,12 +265,12 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
     :func:`as_bits`), chunk (i, j)'s first cell at out's (i * t0 - first[0], j * t1 - first[1]), cut
     to ``out``. Returns the status a job (0, or a key of :data:`PROBLEMS`); a chunk with a problem is
     not placed. Needs :func:`functions`."""
-    _, _, _, decompress, dctx, free_dctx, crc32c = functions()
+    decompress, crc32c = functions()[3], functions()[6]
     item = out.dtype.itemsize
     t0, t1 = tile
     status = np.empty(len(jobs), np.int8)
     view = as_bits(out).view(np.uint8)
     _decode_run(raw, np.ascontiguousarray(jobs, np.int64).reshape(-1, 4), t0, t1 * item, first[0], first[1] * item, view,
-                np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status, decompress, dctx, free_dctx,
-                crc32c, ctypes.memmove)
+                np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status,
+                _CONTEXTS.decompression(), decompress, crc32c, ctypes.memmove)
     return status

@@ -45,6 +45,8 @@ def pool(request, monkeypatch, chunk_codec):
     """Both ways of encoding a shard: in its caller's thread, and in the pool (runs of chunks or
     chunk by chunk: ``chunk_codec``)."""
     monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0 if request.param else 1 << 62)
+    if request.param:  # a run a chunk: the runs shared between the writer and the pool
+        monkeypatch.setattr(store_mod, "_CODEC_RUN_BYTES", 1)
     return request.param
 
 
@@ -87,3 +89,27 @@ def test_overwrite_file_gathers_many_parts_and_cuts_a_longer_old_file(tmp_path, 
     parts = [b"ab", np.arange(5, dtype="<u4"), b"", memoryview(b"cdef"), bytearray(b"g")]
     overwrite_file(path, parts)
     assert path.read_bytes() == b"ab" + np.arange(5, dtype="<u4").tobytes() + b"cdefg"
+
+
+def test_shared_runs_keep_order_use_both_sides_and_raise_the_first_error():
+    """The caller takes runs while it waits, the pool the others; results come in order; a failing run's
+    error is raised when its turn comes, after the runs before it."""
+    import threading
+    import time
+
+    seen = []
+
+    def work(k):
+        seen.append(threading.current_thread().name)
+        time.sleep(0.002 * (k % 3))  # out of order finishing
+        if k == 30:
+            raise ValueError("run 30")
+        return k * k
+
+    got = []
+    with pytest.raises(ValueError, match="run 30"):
+        for value in store_mod._shared_runs(work, list(range(40))):
+            got.append(value)
+    assert got == [k * k for k in range(30)]
+    assert threading.current_thread().name in seen
+    assert any(name.startswith(store_mod._POOL_THREADS) for name in seen)
