@@ -9,7 +9,8 @@
 # PYTHONPATH (each tree is put before them; the `.site-ox` tree brings nvCOMP's zstd); logs to $OUT. From a
 # checkout, with a branch's tree unpacked in .wt beside it:
 #     OUT=/tmp/out MAIN=. RUNS=2 .wt/benchmarks/run_mst_h100.sh
-# (a dry run without a GPU: DEVICE=cpu SIZE=4096 WARM=1024 TESTS=0)
+# (a dry run without a GPU: DEVICE=cpu SIZE=4096 WARM=1024 TESTS=0). KEEP_STORE=1: the store is left in
+# $SCRATCH/s.zarr for what comes next (its last `mst` result in it).
 set -u
 OUT=${OUT:-/tmp/mst_out}; D=${SCRATCH:-/tmp/mst_run}; mkdir -p "$OUT" "$D"
 HERE=$(cd "$(dirname "$0")/.." && pwd); DEPS=${PYTHONPATH:-}
@@ -73,4 +74,4 @@ if $run == 1 and '${MD5:-1}' == '1':
 " 2>&1 | tee -a "$OUT/log.txt"
     done
 done
-rm -rf "$D/s.zarr"
+[ "${KEEP_STORE:-0}" = 1 ] || rm -rf "$D/s.zarr"

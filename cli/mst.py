@@ -5,6 +5,8 @@ from pathlib import Path
 
 import click
 
+from terrain_io.backend import start_gpu
+
 from .common import device_option, memory_option, overviews_option, quiet, say, scheduler_option
 from .main import cli
 
@@ -29,6 +31,12 @@ def mst(store, weight, device, memory, method, scheduler):
     edge to the neighbour in direction k = 0 E, 1 SE, 2 S, 3 SW). Nodata cells are not vertices: one
     tree per island.
     """
+    def warm():  # the in-core route's kernels and nvCOMP, loaded in start_gpu's thread
+        from terrain_io.grid.mst import warm_gpu
+
+        warm_gpu(store, weight)
+
+    start_gpu(device, then=warm)
     from terrain_io.grid.mst import mst as run_mst
 
     result = run_mst(store, weight=weight, device=device, memory=memory, progress=not quiet(), scheduler=scheduler,

@@ -52,3 +52,41 @@ def test_mst_and_its_gpu_write_compile_nothing_new_for_other_sizes(tmp_path):
     assert first, "no kernel was compiled: the cache directory was not used"
     for width, kernels in zip(WIDTHS[1:], later):
         assert kernels == first, f"width {width} compiled {sorted(set(kernels) - set(first))}"
+
+
+# An in-core MST over 2**31 bytes of elevations (23,200^2 float32, 2.15 GB; ~12 GB of GPU memory): CuPy's own
+# kernels would compile 64-bit-indexed variants there, which a small DEM never does.
+BIG_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import cupy as cp
+    import numpy as np
+    from terrain_io import weights
+    from terrain_io.grid.mst._gpu import GpuGridForest
+
+    cache = os.environ["CUPY_CACHE_DIR"]
+    side = int(sys.argv[1])
+    big = cp.asarray(np.add.outer(np.arange(side, dtype=np.float32), np.arange(side, dtype=np.float32)))
+    kernels = []
+    for vals in (big[:64, :64].copy(), big):
+        bits, totals = GpuGridForest(weights.get("max"), np.float32).forest(vals)
+        edges, _, cells = totals()
+        kernels.append(sorted(f for _, _, fs in os.walk(cache) for f in fs))
+    print(json.dumps({"nbytes": big.nbytes, "edges": edges, "cells": cells, "kernels": kernels}))
+""")
+
+
+@pytest.mark.gpu
+def test_the_incore_mst_compiles_nothing_new_over_2_31_bytes(tmp_path):
+    cp = pytest.importorskip("cupy")
+    side = 23_200
+    if cp.cuda.Device().mem_info[0] < 16 << 30:
+        pytest.skip("needs ~12 GB of free GPU memory")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"))
+    done = subprocess.run([sys.executable, "-c", BIG_SCRIPT, str(side)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["nbytes"] > 2**31 and got["cells"] == side * side and got["edges"] == side * side - 1
+    first, big = got["kernels"]
+    assert first, "no kernel was compiled: the cache directory was not used"
+    assert big == first, f"the large grid compiled {sorted(set(big) - set(first))}"

@@ -2,9 +2,9 @@
 whole grid graph in GPU memory (``grid/mst/_gpu.GpuGridForest``) against scipy's minimum spanning tree
 with the strict order made explicit (``references.scipy_msf``) and against the CPU's tiled pipeline: the
 same ``mst/edges`` bits and the same result attributes. Cases: ties (integer elevations, flats, signed
-zeros), nodata islands, extreme values, odd and thin shapes, a ramp (hooking chains as long as the
-grid), both weight models, every key layout (one packed 64-bit key, or weight then code). And, on the
-CPU, the choice of the route (``pipeline.choose_method``).
+zeros), nodata islands (thousands beside large ones: speckle), extreme values, odd and thin shapes, a
+ramp (hooking chains as long as the grid), both weight models, every key layout (one packed 64-bit key,
+or weight then code). And, on the CPU, the choice of the route (``pipeline.choose_method``).
 """
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ def _big_cases():
     ints = terrain(333, 517, seed=4, levels=40).astype(np.int16)  # flats: ties everywhere
     ints[100:110, :] = -32768
     ramp = np.add.outer(np.arange(257), np.arange(1031)).astype(np.float32)  # chains across the grid
+    speckle = terrain(300, 400, seed=9, levels=30)  # ~2000 islands (~850 single cells), done in the first
+    speckle[rng.random(speckle.shape) < 0.6] = np.nan  # rounds, beside large ones (the root lists drop them)
     return [("blobs", blobs, "max", None), ("blobs-absdiff", blobs.astype(np.float64), "absdiff", None),
             ("int16-flats", ints, "max", -32768), ("int16-flats-absdiff", ints, "absdiff", -32768),
             ("ramp", ramp, "max", None), ("ramp-absdiff", ramp, "absdiff", None),
+            ("speckle", speckle, "max", None), ("speckle-absdiff", speckle.astype(np.float64), "absdiff", None),
             ("zeros", np.zeros((300, 301), np.float32), "max", None),
             ("column", rng.random((3001, 1)).astype(np.float32), "absdiff", None),
             ("one-cell", np.ones((1, 1), np.float32), "max", None),
@@ -124,7 +127,7 @@ def test_the_route_is_chosen_by_what_fits(tmp_path, monkeypatch):
     store = TerrainStore.from_array(tmp_path / "d.zarr", terrain(64, 96, seed=1), tile=8, shard=2)
     model, n = weight_models.get("max"), 64 * 96
     need = GpuGridForest.device_bytes(n, model, np.float32)
-    assert need == n * 4 + 19 * n  # float32 elevations, one packed key: no codes
+    assert need == n * 4 + 22 * n  # float32 elevations, one packed key: no codes
     assert GpuGridForest.device_bytes(n, weight_models.get("absdiff"), np.float32) == need + 4 * n
 
     def choose(method="auto", device="gpu", budget=1 << 30, scheduler="local", batch=None, free=1e12):

@@ -13,7 +13,10 @@
 // INCORE=1: the whole DEM is one "tile" (``mst --method incore``): a cell sees all its neighbours, the
 // code is the global (smaller cell id * 4 + rank) -- 32 bits for up to 2**30 cells, which the host
 // checks --, and the roots of a round point at their new roots by pointer jumping among the roots
-// (``jump``; a hooking chain may be as long as the grid is wide) instead of one chase per cell.
+// (``jump``; a hooking chain may be as long as the grid is wide) instead of one chase per cell; after the
+// first round the hooks, pairs and jumps follow a list of the round's roots (the last round's pair
+// winners, ``break_pairs``), not every cell. Everywhere a vertex with no neighbour outside its component
+// is marked interior and skipped by ``find_min`` from then on (components only grow).
 //
 // Compile-time options: VAL_T (the elevation type), KIND (0 = max, 1 = absdiff; see
 // terrain_io/weights.py), PACKED, INCORE.
@@ -81,31 +84,69 @@ __device__ __forceinline__ void atomic_min_runs(K* dst, int c, K key) {
     if ((lane == 0 || prev != c) && c >= 0 && key != (K)~(K)0) atomicMin(&dst[c], key);
 }
 
-// Neighbour u of v in direction d inside the same tile and valid, else -1.
-__device__ __forceinline__ long long tile_neighbour(const unsigned char* valid, int i, int j, int d,
-                                                    int H, int W, int T) {
+// Neighbour u of cell (i, j) in direction d inside the same tile (INCORE: the grid), else -1. Whether
+// it is a vertex is its comp's to say (-1: not). Cell ids fit 32 bits: comp holds them as ints.
+__device__ __forceinline__ int tile_neighbour(int i, int j, int d, int H, int W, int T) {
     int ii = i + DR[d], jj = j + DC[d];
     if (ii < 0 || ii >= H || jj < 0 || jj >= W) return -1;
 #if !INCORE
     if (ii / T != i / T || jj / T != j / T) return -1;
 #endif
-    long long u = (long long)ii * W + jj;
-    return valid[u] ? u : -1;
+    return ii * W + jj;
 }
 
-// Step 1: every vertex proposes its lightest edge leaving its component.
-extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ valid,
-                                   const int* __restrict__ comp, u64* best, int H, int W, int T) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int cv = -1;
+#if INCORE
+// A cell of the DEM is a vertex (store.valid_mask): not NaN; an integer cell, not nodata (compared as
+// doubles: exact for integers of up to 32 bits, and for a nodata out of the type's range, never equal).
+__device__ __forceinline__ bool is_vertex(float x, int, double) { return !isnan(x); }
+__device__ __forceinline__ bool is_vertex(double x, int, double) { return !isnan(x); }
+template <typename T>
+__device__ __forceinline__ bool is_vertex(T x, int has_nodata, double nodata) {
+    return !has_nodata || (double)x != nodata;
+}
+
+// Step 0, in core: every vertex its own component (comp = parent = its id), every other cell -1 for
+// good (so comp also says which cells are vertices); no proposal yet (best: all ones -- hook sets back
+// each it takes); *cells += the vertices (a grid-stride loop, one atomic a warp: one a cell's warp was
+// 36 ms of contention at 2**30 cells). Our kernel, not CuPy's where / arange / fill: over arrays of
+// 2**31 bytes and more CuPy compiles a 64-bit-indexed variant of each, in the first run of each machine.
+extern "C" __global__ void init(const VAL_T* __restrict__ vals, int has_nodata, double nodata, int* comp,
+                                int* parent, u64* best, unsigned* best_code, unsigned long long* cells,
+                                long long n) {
+    unsigned found = 0;
+    for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < n; v += (long long)gridDim.x * blockDim.x) {
+        const bool vertex = is_vertex(vals[v], has_nodata, nodata);
+        found += vertex;
+        comp[v] = parent[v] = vertex ? (int)v : -1;
+        best[v] = ~0ULL;
+#if !PACKED
+        best_code[v] = 0xFFFFFFFFu;
+#endif
+    }
+    for (int o = 16; o; o >>= 1) found += __shfl_down_sync(0xFFFFFFFFu, found, o);
+    if ((threadIdx.x & 31) == 0 && found) atomicAdd(cells, (unsigned long long)found);
+}
+#endif
+
+// Step 1: every vertex proposes its lightest edge leaving its component (cells that are no vertex:
+// comp -1). A thread a cell, its row and column by 32-bit division (fewer than 2**31 cells). A vertex
+// whose neighbours are all of its component (or none) is marked interior: components only grow, so it
+// never proposes again, and later rounds read a byte of it instead of its neighbours' components.
+extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const int* __restrict__ comp,
+                                   unsigned char* interior, u64* best, int H, int W, int T) {
+    const unsigned v = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cv = v < (unsigned)H * (unsigned)W && !interior[v] ? comp[v] : -1;
     u64 mine = ~0ULL;
-    if (v < (long long)H * W && valid[v]) {
-        int i = (int)(v / W), j = (int)(v % W);
-        cv = comp[v];
+    if (cv >= 0) {
+        const int i = (int)(v / (unsigned)W), j = (int)(v - (unsigned)i * (unsigned)W);
         double hv = to_double(vals[v]);
+        bool open = false;
         for (int d = 0; d < 8; ++d) {
-            long long u = tile_neighbour(valid, i, j, d, H, W, T);
-            if (u < 0 || comp[u] == cv) continue;
+            const int u = tile_neighbour(i, j, d, H, W, T);
+            if (u < 0) continue;
+            const int cu = comp[u];
+            if (cu < 0 || cu == cv) continue;
+            open = true;
             double w = edge_weight(hv, to_double(vals[u]));
 #if PACKED
             u64 key = ((u64)weight_key32(vals[v], vals[u], w) << 32) | edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
@@ -114,25 +155,28 @@ extern "C" __global__ void find_min(const VAL_T* __restrict__ vals, const unsign
 #endif
             if (key < mine) mine = key;
         }
+        if (!open) interior[v] = 1;
     }
     atomic_min_runs(best, cv, mine);
 }
 
 // Step 1b (PACKED=0 only): the smallest code among the component's edges of minimum weight.
-extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const unsigned char* __restrict__ valid,
-                                        const int* __restrict__ comp, const u64* __restrict__ best,
+extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const int* __restrict__ comp,
+                                        const unsigned char* __restrict__ interior, const u64* __restrict__ best,
                                         unsigned* best_code, int H, int W, int T) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int cv = -1;
+    const unsigned v = blockIdx.x * blockDim.x + threadIdx.x;
+    int cv = v < (unsigned)H * (unsigned)W && !interior[v] ? comp[v] : -1;  // (interior: no edge leaves it)
+    if (cv >= 0 && best[cv] == ~0ULL) cv = -1;
     unsigned mine = 0xFFFFFFFFu;
-    if (v < (long long)H * W && valid[v] && best[comp[v]] != ~0ULL) {
-        int i = (int)(v / W), j = (int)(v % W);
-        cv = comp[v];
+    if (cv >= 0) {
+        const int i = (int)(v / (unsigned)W), j = (int)(v - (unsigned)i * (unsigned)W);
         u64 target = best[cv];
         double hv = to_double(vals[v]);
         for (int d = 0; d < 8; ++d) {
-            long long u = tile_neighbour(valid, i, j, d, H, W, T);
-            if (u < 0 || comp[u] == cv) continue;
+            const int u = tile_neighbour(i, j, d, H, W, T);
+            if (u < 0) continue;
+            const int cu = comp[u];
+            if (cu < 0 || cu == cv) continue;
             if (order64(edge_weight(hv, to_double(vals[u]))) != target) continue;
             unsigned code = edge_code(v, u, i, j, i + DR[d], j + DC[d], d, T);
             if (code < mine) mine = code;
@@ -141,19 +185,30 @@ extern "C" __global__ void find_min_code(const VAL_T* __restrict__ vals, const u
     atomic_min_runs(best_code, cv, mine);
 }
 
+// The round's roots: listed = 0, every cell t < m (those with comp[t] == t are roots); listed = 1 (in
+// core, from the second round), the m cells of roots[] (the last round's pair winners, break_pairs).
+__device__ __forceinline__ long long round_root(const int* __restrict__ roots, int listed, long long t) {
+    return listed ? (long long)roots[t] : t;
+}
+
 // Step 2: every component root hooks onto the component at the other end of its edge, whose bit it
-// sets (bits: a byte a cell, set through the aligned 32-bit word that holds it).
-extern "C" __global__ void hook(const int* __restrict__ comp, const u64* __restrict__ best,
-                               const unsigned* __restrict__ best_code, int* parent, unsigned* bits,
-                               int* changed, int H, int W, int T) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (v >= (long long)H * W || comp[v] != v) return;
+// sets (bits: a byte a cell, set through the aligned 32-bit word that holds it), and sets its best
+// key (and code) back to all ones for the next round.
+extern "C" __global__ void hook(const int* __restrict__ roots, int listed, long long m, const int* __restrict__ comp,
+                               u64* best, unsigned* best_code, int* parent, unsigned* bits, int* changed,
+                               int H, int W, int T) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= m) return;
+    const long long v = round_root(roots, listed, t);
+    if (comp[v] != v) return;
     u64 b = best[v];
     if (b == ~0ULL) return;
+    best[v] = ~0ULL;  // (the next round's find_min starts from all ones: best is only ever a root's)
 #if PACKED
     unsigned code = (unsigned)(b & 0xFFFFFFFFu);
 #else
     unsigned code = best_code[v];
+    best_code[v] = 0xFFFFFFFFu;
 #endif
     int d = RANK_TO_DIR[code & 3];
 #if INCORE
@@ -166,15 +221,33 @@ extern "C" __global__ void hook(const int* __restrict__ comp, const u64* __restr
     long long hi = lo + (long long)DR[d] * W + DC[d];
     parent[v] = comp[lo] == v ? comp[hi] : comp[lo];
     atomicOr(&bits[lo >> 2], (1u << d) << (8 * (lo & 3)));
-    *changed = 1;
+    // one store a warp, by the lowest of the lanes here (a store a root: 30 ms of contention in round 1)
+    if ((threadIdx.x & 31) == __ffs(__activemask()) - 1) *changed = 1;
 }
 
-// Step 3: two components that chose the same edge point at each other; the smaller stays root.
-extern "C" __global__ void break_pairs(const int* __restrict__ comp, int* parent, long long n) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (v >= n || comp[v] != v) return;
+// Step 3: two components that chose the same edge point at each other; the smaller stays root. keep:
+// the winners appended to winners[*count ...] (one atomic a warp), the next round's roots -- every
+// other root of the next round is a complete island's, which never hooks again. The winners are at
+// most half the round's roots (one a pair).
+extern "C" __global__ void break_pairs(const int* __restrict__ roots, int listed, long long m,
+                                      const int* __restrict__ comp, int* parent, int keep, int* winners,
+                                      unsigned* count) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= m) return;
+    const long long v = round_root(roots, listed, t);
+    if (comp[v] != v) return;
     int p = parent[v];
-    if (p != v && parent[p] == v && v < p) parent[v] = (int)v;
+    if (p != v && parent[p] == v && v < p) {
+        parent[v] = (int)v;
+        if (keep) {
+            const unsigned here = __activemask(), lane = threadIdx.x & 31;
+            const int first = __ffs(here) - 1;
+            unsigned at = 0;
+            if (lane == first) at = atomicAdd(count, __popc(here));
+            at = __shfl_sync(here, at, first);
+            winners[at + __popc(here & ((1u << lane) - 1))] = (int)v;
+        }
+    }
 }
 
 // Step 4: every vertex points straight at its new root (one launch, no host round trip: the
@@ -193,13 +266,16 @@ extern "C" __global__ void find_roots(int* parent, long long n) {
 }
 
 #if INCORE
-// Step 4, in core: every root of the round (comp[v] == v) follows its parent pointers, each step
+// Step 4, in core: every root of the round (comp[v] == v; round_root) follows its parent pointers, each step
 // parent[v] = parent[parent[v]] (pointer jumping: the longest chain shortens by half or more a
 // launch), up to 8 steps a launch; *changed: some root is not at its new root yet. Pointers only move
 // towards the new root, so steps of other threads read in between are safe.
-extern "C" __global__ void jump(const int* __restrict__ comp, int* parent, int* changed, long long n) {
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (v >= n || comp[v] != v) return;
+extern "C" __global__ void jump(const int* __restrict__ roots, int listed, long long m, const int* __restrict__ comp,
+                                int* parent, int* changed) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= m) return;
+    const long long v = round_root(roots, listed, t);
+    if (comp[v] != v) return;
     int p = parent[v];
     for (int k = 0; k < 8; ++k) {
         int q = parent[p];
@@ -207,7 +283,9 @@ extern "C" __global__ void jump(const int* __restrict__ comp, int* parent, int* 
         parent[v] = q;
         p = q;
     }
-    if (parent[p] != p) *changed = 1;
+    if (parent[p] != p) {
+        if ((threadIdx.x & 31) == __ffs(__activemask()) - 1) *changed = 1;  // (the lowest of the lanes here)
+    }
 }
 
 // Step 5, in core: every vertex takes its root's new root.

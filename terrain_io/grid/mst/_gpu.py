@@ -15,8 +15,11 @@ the same order, and the same exact weight sum -- so the CPU only merges.
 
 In core (``mst --method incore``, :class:`GpuGridForest`): the same Boruvka rounds over the whole DEM on
 the GPU, compiled with ``INCORE``: no tiles, global edge codes (smaller cell id * 4 + rank, 32 bits up to
-2**30 cells), and the new roots found by pointer jumping among the roots of the round; the forest's
-edge count and exact weight sum computed there too (``forest_totals``).
+2**30 cells), the new roots found by pointer jumping among the roots of the round, and the rounds after
+the first over a list of their roots (the last round's pair winners); the first state made by one kernel
+(``init``: no CuPy kernel over the grid, whose 64-bit-indexed variants each machine compiled on its first
+large DEM); the forest's edge count and exact weight sum computed there too (``forest_totals``). Every
+mode skips the vertices whose neighbours are all of their component (interior: ``find_min`` marks them).
 
 Overlap: the pipeline calls :meth:`tile_phase` from worker threads; each call takes one of two
 *lanes* (a non-blocking CUDA stream with its own pinned host buffers), so one batch's transfers
@@ -74,15 +77,7 @@ class GpuTileForest:
         self.kind = model.kind
         self.incore = incore
         self.packed = model.fits_float32(dtype)
-        options = (f"-DVAL_T={_CTYPES[dtype.name]}", f"-DKIND={model.kind}", f"-DPACKED={int(self.packed)}",
-                   f"-DINCORE={int(incore)}")
-        module = cp.RawModule(code=kernel_source("mst_tile.cu"), options=options)
-        names = ("jump", "relabel", "forest_totals") if incore else ("find_roots",)
-        self.k = {name: module.get_function(name)
-                  for name in ("find_min", "find_min_code", "hook", "break_pairs") + names}
-        if not incore:
-            contract = cp.RawModule(code=kernel_source("mst_contract.cu"), options=options[:2])
-            self.k["contract_tiles"] = contract.get_function("contract_tiles")
+        self.k = _kernels(dtype.name, model.kind, self.packed, incore)
         self._lanes: queue.Queue = queue.Queue()
         for _ in range(max(1, lanes)):
             self._lanes.put(_Lane(cp))
@@ -129,47 +124,70 @@ class GpuTileForest:
         return {name: np.array(h) for name, h in pinned.items()}
 
     # -- Boruvka ---------------------------------------------------------------------------------
-    def _boruvka(self, lane, d_vals, d_valid):
-        """The tiles' forests (in core: the DEM's) as a device uint8 bitmask (bit d: forward direction d)."""
+    def _start(self, d_valid):
+        """A tile batch's first state: (comp, parent, best, best_code), every vertex its own component,
+        every other cell -1; no proposals (all ones)."""
+        cp = self.cp
+        n = d_valid.size
+        comp = cp.where(d_valid.ravel(), cp.arange(n, dtype=cp.int32), cp.int32(-1))
+        best = cp.empty(n, dtype=cp.uint64)
+        best_code = cp.empty(n if not self.packed else 1, dtype=cp.uint32)
+        for a in (best, best_code):
+            a.data.memset_async(0xFF, a.nbytes)
+        return comp, comp.copy(), best, best_code
+
+    def _boruvka(self, lane, d_vals, comp, parent, best, best_code):
+        """The tiles' forests (in core: the DEM's) as a device uint8 bitmask (bit d: forward direction d),
+        from the first state (:meth:`_start`)."""
         cp = self.cp
         H, W = d_vals.shape
         n = H * W
         grid = ((n + _BLOCK - 1) // _BLOCK,)
-        comp = cp.where(d_valid.ravel(), cp.arange(n, dtype=cp.int32), cp.int32(-1))
-        parent = comp.copy()
         bits = cp.zeros(-(-n // 4) * 4, dtype=cp.uint8)  # set a byte at a time in 32-bit words
-        best = cp.empty(n, dtype=cp.uint64)
-        best_code = cp.empty(n if not self.packed else 1, dtype=cp.uint32)
         changed = cp.zeros(1, dtype=cp.int32)
         h_changed = lane.pin("changed", (1,), np.int32)
         args_dim = (np.int32(H), np.int32(W), np.int32(self.tile))
 
-        def any_changed(kernel, args) -> bool:
+        def any_changed(kernel, blocks, args) -> bool:
             changed.fill(0)
-            self.k[kernel](grid, (_BLOCK,), args)
+            self.k[kernel](blocks, (_BLOCK,), args)
             changed.get(out=h_changed, stream=lane.stream)
             lane.stream.synchronize()
             return bool(h_changed[0])
 
+        interior = cp.zeros(n, dtype=cp.uint8)  # (find_min's: vertices no edge leaves any more)
+        # The rounds' roots: every cell in the first round (and in a tile batch, whose cells are few); in
+        # core after it, the list of the last round's pair winners (break_pairs), at most half the round's
+        # roots: the hooks, pairs and jumps then follow the roots, not the 2**30 cells.
+        listed, roots, m = 0, changed, n
+        if self.incore:
+            lists = (cp.empty(n // 2 + 1, cp.int32), cp.empty(n // 4 + 1, cp.int32))
+            count = cp.zeros(1, cp.uint32)
         rounds = 0
-        while True:
-            best.fill(np.uint64(0xFFFFFFFFFFFFFFFF))
-            self.k["find_min"](grid, (_BLOCK,), (d_vals, d_valid, comp, best) + args_dim)
+        while True:  # (hook leaves best, and best_code, all ones again for the next round)
+            self.k["find_min"](grid, (_BLOCK,), (d_vals, comp, interior, best) + args_dim)
             if not self.packed:
-                best_code.fill(np.uint32(0xFFFFFFFF))
-                self.k["find_min_code"](grid, (_BLOCK,), (d_vals, d_valid, comp, best, best_code) + args_dim)
-            if not any_changed("hook", (comp, best, best_code, parent, bits, changed) + args_dim):
+                self.k["find_min_code"](grid, (_BLOCK,), (d_vals, comp, interior, best, best_code) + args_dim)
+            of_roots = (roots, np.int32(listed), np.int64(m))
+            on_roots = ((m + _BLOCK - 1) // _BLOCK,)
+            if not any_changed("hook", on_roots, of_roots + (comp, best, best_code, parent, bits, changed) + args_dim):
                 break
             rounds += 1
-            self.k["break_pairs"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
             if self.incore:
+                winners = lists[(rounds - 1) % 2]  # (round 1's: n / 2 at most, round 2's n / 4, ...)
+                count.fill(0)
+                self.k["break_pairs"](on_roots, (_BLOCK,), of_roots + (comp, parent, np.int32(1), winners, count))
                 for _ in range(64):  # 8 dependent hops a launch: chains shrink ~9x a launch
-                    if not any_changed("jump", (comp, parent, changed, np.int64(n))):
+                    if not any_changed("jump", on_roots, of_roots + (comp, parent, changed)):
                         break
                 else:
                     raise RuntimeError("GPU MST: pointer jumping did not converge (a cycle of hooks)")
                 self.k["relabel"](grid, (_BLOCK,), (comp, parent, np.int64(n)))
+                listed, roots, m = 1, winners, int(count.get()[0])
+                if m == 0:  # (no pair: nothing hooked -- not reached, hook found a change)
+                    break
             else:
+                self.k["break_pairs"](on_roots, (_BLOCK,), of_roots + (comp, parent, np.int32(0), changed, changed))
                 self.k["find_roots"](grid, (_BLOCK,), (parent, np.int64(n)))
                 comp[...] = parent
         with self._stats:
@@ -221,7 +239,7 @@ class GpuTileForest:
         """uint8 bitmask (bit d: forward direction d) of the tiles' minimum spanning forests."""
         with self._lane() as lane:
             d_vals, d_valid = self._upload(lane, "vals", values), self._upload(lane, "valid", valid)
-            bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, d_valid)
+            bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, *self._start(d_valid))
             return self._download(lane, {"bits": bits})["bits"]
 
     def contract(self, values: np.ndarray, valid: np.ndarray, bits: np.ndarray, tiles: np.ndarray,
@@ -243,7 +261,7 @@ class GpuTileForest:
         """
         with self._lane() as lane:
             d_vals, d_valid = self._upload(lane, "vals", values), self._upload(lane, "valid", valid)
-            d_bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, d_valid)
+            d_bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, *self._start(d_valid))
             out = self._timed(lane, "contract_seconds", self._contract, d_vals, d_valid, d_bits, tiles,
                               gr0, gc0, rows, cols, cap)
             out["bits"] = d_bits
@@ -264,21 +282,88 @@ class GpuGridForest(GpuTileForest):
     def device_bytes(cells: int, model, dtype) -> int:
         """GPU memory :meth:`forest` takes at most for ``cells`` cells of ``dtype``, the elevations
         included: comp, parent and the best keys (8 bytes, + 4 for the codes of float64 weights), the
-        valid mask and bits, and the temporaries of their making (a mask, an index)."""
-        return cells * (np.dtype(dtype).itemsize + 4 + 4 + 8 + 1 + 1 + 1 + (0 if model.fits_float32(dtype) else 4))
+        bits, the interior flags, the lists of the rounds' roots (n / 2 + n / 4 cells of 4 bytes), and a
+        byte a cell to spare (the reader's frames, freed before)."""
+        return cells * (np.dtype(dtype).itemsize + 4 + 4 + 8 + 1 + 1 + 3 + 1 + (0 if model.fits_float32(dtype) else 4))
 
-    def forest(self, d_vals, d_valid):
-        """(bits (H, W) uint8 on the GPU, edge count, exact weight sum as ``_cpu.exact_buckets``'s buckets)
-        of the forest of ``d_vals`` (H, W) whose vertices are ``d_valid``."""
+    def forest(self, d_vals, nodata=None):
+        """(bits (H, W) uint8 on the GPU, ``totals``) of the forest of ``d_vals`` (H, W), whose vertices are
+        its cells that are not NaN or ``nodata`` (:func:`terrain_io.store.valid_mask`'s). ``totals()`` gives
+        (edge count, exact weight sum as ``_cpu.exact_buckets``'s buckets, vertex count), summed on the GPU
+        (``forest_totals``) on this forest's stream meanwhile: the bits may be written in between, the
+        two sharing the GPU (they only read the bits)."""
         cp = self.cp
         cp.cuda.Device().synchronize()  # the elevations' copies (other streams) are done
         with self._lane() as lane:
-            bits = self._timed(lane, "kernel_seconds", self._boruvka, lane, d_vals, d_valid.view(cp.uint8))
+            bits, cells = self._timed(lane, "kernel_seconds", self._forest, lane, d_vals, nodata)
             buckets, edges = cp.zeros((2, K.N_EXP), cp.uint64), cp.zeros(1, cp.uint64)
             blocks = 4 * cp.cuda.Device().attributes["MultiProcessorCount"]
             self.k["forest_totals"]((blocks,), (1024,), (d_vals, bits, np.int64(bits.size), np.int32(bits.shape[1]),
                                                          buckets, edges))
-            return bits, int(edges.get()[0]), buckets.get().view(np.int64)
+            summed = cp.cuda.Event()
+            summed.record(lane.stream)
+
+        def totals(_held=d_vals):  # (the elevations held until the sums are done)
+            summed.synchronize()
+            return int(edges.get()[0]), buckets.get().view(np.int64), int(cells.get()[0])
+
+        return bits, totals
+
+    def _forest(self, lane, d_vals, nodata):
+        """(:meth:`_boruvka`'s bits, the vertex count on the GPU) from the state ``init`` makes (no CuPy
+        kernel over the whole grid)."""
+        cp = self.cp
+        n = d_vals.size
+        comp, parent = cp.empty(n, cp.int32), cp.empty(n, cp.int32)
+        best, best_code = cp.empty(n, cp.uint64), cp.empty(n if not self.packed else 1, cp.uint32)
+        cells = cp.zeros(1, cp.uint64)
+        blocks = min((n + _BLOCK - 1) // _BLOCK, 8 * cp.cuda.Device().attributes["MultiProcessorCount"])
+        self.k["init"]((blocks,), (_BLOCK,),
+                       (d_vals, np.int32(nodata is not None), np.float64(0 if nodata is None else nodata),
+                        comp, parent, best, best_code, cells, np.int64(n)))
+        return self._boruvka(lane, d_vals, comp, parent, best, best_code), cells
+
+
+_LOADING = threading.Lock()
+
+
+def _kernels(dtype: str, kind: int, packed: bool, incore: bool) -> dict:
+    """The kernels of :class:`GpuTileForest` (``incore``: of :class:`GpuGridForest`) for elevations of
+    ``dtype``, weight model ``kind``: compiled (CuPy caches them on disk) and loaded once a process --
+    by :func:`warm`'s thread, or by whichever comes first (the other waits)."""
+    with _LOADING:
+        return _load_kernels(dtype, kind, packed, incore)
+
+
+@functools.cache
+def _load_kernels(dtype: str, kind: int, packed: bool, incore: bool) -> dict:
+    import cupy as cp
+
+    options = (f"-DVAL_T={_CTYPES[dtype]}", f"-DKIND={kind}", f"-DPACKED={int(packed)}", f"-DINCORE={int(incore)}")
+    module = cp.RawModule(code=kernel_source("mst_tile.cu"), options=options)
+    names = ("init", "jump", "relabel", "forest_totals") if incore else ("find_roots",)
+    k = {name: module.get_function(name) for name in ("find_min", "find_min_code", "hook", "break_pairs") + names}
+    if not incore:
+        contract = cp.RawModule(code=kernel_source("mst_contract.cu"), options=options[:2])
+        k["contract_tiles"] = contract.get_function("contract_tiles")
+    return k
+
+
+def warm(store, weight: str) -> None:
+    """What ``terrain mst STORE --device gpu`` uses of the GPU first, made ready ahead (``start_gpu``'s
+    ``then``, in its thread once the CUDA context is made, beside the imports and the store's opening):
+    the in-core kernels for the store's elevations loaded, nvCOMP's library and codecs set up, cupyx
+    imported. Each is what the command would load itself, once (:func:`_kernels`); errors are left to
+    the command."""
+    from ... import nvzstd, weights
+    from ...store import TerrainStore
+
+    dtype = np.dtype(TerrainStore.open(store, mode="r").dtype)
+    model = weights.get(weight)
+    if dtype.name in _CTYPES and model.kind in (weights.MAX, weights.ABSDIFF):
+        _kernels(dtype.name, model.kind, model.fits_float32(dtype), True)
+    nvzstd.decoder(), nvzstd.encoder()
+    import cupyx  # noqa: F401 -- its pinned buffers' (0.16 s of imports on the H100, else after the read)
 
 
 @functools.cache

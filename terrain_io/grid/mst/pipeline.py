@@ -753,7 +753,8 @@ def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
         valid = store.valid(values)
     with timings.phase("tile"):
         bits, n_edges, buckets = K.grid_forest(values, valid, model.kind)
-    return _write_whole(store, model, "cpu", bits, n_edges, int(np.count_nonzero(valid)), buckets, timings)
+    valid_cells = int(np.count_nonzero(valid))
+    return _write_whole(store, model, "cpu", bits, lambda: (n_edges, buckets, valid_cells), timings)
 
 
 def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
@@ -761,32 +762,30 @@ def _mst_gpu_incore(store: TerrainStore, model, timings: Timings) -> MSTResult:
     decoded there where nvCOMP is installed, else shards in threads), one Boruvka over the whole grid graph there
     (:class:`._gpu.GpuGridForest`), the bits written from the GPU (:func:`~terrain_io.pinned.write_held`:
     through pinned bands, compressed there where nvCOMP is installed)."""
-    import cupy
-
     from ..flow.upload import upload_held
     from ._gpu import GpuGridForest
 
     gpu = GpuGridForest(model, store.dtype)
     with timings.phase("read"):
         d_vals, _ = upload_held(store, "elevation", None, timings=timings)
-        d_valid = cupy.asarray(store.valid(d_vals))  # (CuPy's own where NumPy's ones_like dispatches to it)
-    with timings.phase("gpu"):
-        valid_cells = int(d_valid.sum())
-        bits, n_edges, buckets = gpu.forest(d_vals, d_valid)
-        del d_vals, d_valid
+    with timings.phase("gpu"):  # (the vertices are found there: store.valid's cells)
+        bits, totals = gpu.forest(d_vals, store.nodata)  # (totals summed on the GPU while the bits are written)
+        del d_vals
     timings["gpu_kernel"], timings["gpu_rounds"] = gpu.kernel_seconds, gpu.rounds
-    return _write_whole(store, model, "gpu", bits, n_edges, valid_cells, buckets, timings)
+    return _write_whole(store, model, "gpu", bits, totals, timings)
 
 
-def _write_whole(store: TerrainStore, model, device: str, bits, n_edges: int, valid_cells: int, buckets,
-                 timings: Timings) -> MSTResult:
+def _write_whole(store: TerrainStore, model, device: str, bits, totals, timings: Timings) -> MSTResult:
     """Write an in-core forest's ``bits`` (the whole DEM's, NumPy or CuPy) as ``mst/edges`` with the
-    result's attributes, as the tiled pipeline writes them (no batches, no merge decisions)."""
+    result's attributes, as the tiled pipeline writes them (no batches, no merge decisions); ``totals()``:
+    the forest's (edge count, exact weight buckets, vertex count), asked for once the bits are written."""
     rows, cols = store.shape
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
         with timings.phase("write"):
             write_held(store, (edges, bits), timings=timings)
+        with timings.phase("totals_wait"):
+            n_edges, buckets, valid_cells = totals()
         exact = K.exact_total(buckets)
         result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
                            edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
