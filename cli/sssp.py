@@ -130,7 +130,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
     boundary index (phase 1) in the store for later sources.
     """
     def warm():  # the in-core engine's kernels and nvCOMP, loaded in start_gpu's thread
-        from terrain_io.grid.sssp import warm_gpu
+        from terrain_io.grid.sssp.incore import warm_gpu
 
         warm_gpu(store, weight)
 
