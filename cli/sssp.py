@@ -129,12 +129,7 @@ def sssp_command(store, sources, sources_file, sources_crs, source_crs, skip_inv
     not with --no-predecessor), and with --allocation sssp/NAME/source. The index method keeps its
     boundary index (phase 1) in the store for later sources.
     """
-    def warm():  # the in-core engine's kernels and nvCOMP, loaded in start_gpu's thread
-        from terrain_io.grid.sssp.incore import warm_gpu
-
-        warm_gpu(store, weight)
-
-    start_gpu(device, then=warm)
+    start_gpu(device)
     from terrain_io.grid.sssp import sssp
 
     sources, as_cell = _cell_points(sources, cells)

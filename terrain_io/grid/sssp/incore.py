@@ -145,22 +145,6 @@ def output_distance(dist, vals):
     return out
 
 
-def warm_gpu(store, weight: str | None) -> None:
-    """``terrain sssp``'s first GPU work made ready ahead, in ``start_gpu``'s thread once the CUDA
-    context is made (as the MST's ``warm``): the engine run on a 3 x 3 raster of the store's type --
-    its kernels loaded from CuPy's cache, CuPy's own first imports (~0.25 s at the solve's start
-    else) -- and nvCOMP set up. Errors are left to the command."""
-    import cupy as cp
-
-    from ... import nvzstd
-    from ...store import TerrainStore
-    from .array import cost_distance
-
-    dtype = TerrainStore.open(store, mode="r").dtype
-    cost_distance(cp.ones((3, 3), dtype), (1, 1), weight=weight or "absdiff", device="gpu")
-    nvzstd.decoder(), nvzstd.encoder()
-
-
 def value_dtype(field) -> np.dtype:
     """float32 when every value of ``field`` is exactly a float32 (a float32 or small-integer DEM,
     no cost raster), else float64: the block then takes half the memory and the same weights."""
