@@ -103,10 +103,13 @@ _ZSTD_ERROR = np.uint64(2**64 - 1 - 120)
 
 
 @njit(nogil=True, cache=True)
-def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compressed, level, crc_on, scratch, out, entries,
-                cctx, compress, crc32c, move):
-    """Encode the chunks ``cells`` ((k, 2): chunk row, column) of ``block`` (a shard's cells as
-    unsigned integers of the array's item size) into ``out``, one after another from its start:
+def _encode_run(block_at, row_stride, rows, cols, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compressed, level,
+                crc_on, scratch, out, entries, cctx, compress, crc32c, move):
+    """Encode the chunks ``cells`` ((k, 2): chunk row, column) of a block of ``rows`` x ``cols``
+    cells (a shard's; its first cell at address ``block_at``, ``row_stride`` bytes a row, each row
+    contiguous: an address, not an array, so that one build serves every layout of block) into
+    ``out``, one after another from its start, through ``scratch`` (t0 * t1 unsigned integers of
+    the array's item size):
     each chunk padded with ``fill`` to t0 x t1, left out when every cell equals the fill value
     (``entries[k]`` = NO_CHUNK), else its zstd frame at ``level`` (``compressed``; else its bytes)
     and, with ``crc_on``, its crc32c (4 bytes, little-endian), ``entries[k]`` = (offset, bytes).
@@ -114,18 +117,18 @@ def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compr
     for floats both zeros alike (their bits but the sign, ``zero_mask``, zero) and, where the fill
     value is NaN (``nan_fill``), every NaN alike (those bits above the infinity's, ``nan_mask``). Returns the bytes used, or -1 when
     zstd failed."""
-    rows, cols = block.shape
-    nbytes = t0 * t1 * block.itemsize
+    item = scratch.itemsize
+    nbytes = t0 * t1 * item
     at = 0
     for k in range(cells.shape[0]):
         a0 = cells[k, 0] * t0
         b0 = cells[k, 1] * t1
         inside0 = min(t0, rows - a0)
         inside1 = min(t1, cols - b0)
-        row = inside1 * block.itemsize
         for r in range(t0):
             if r < inside0:
-                move(scratch[r * t1 :].ctypes.data, block[a0 + r, b0:].ctypes.data, row)
+                move(scratch[r * t1 :].ctypes.data, block_at + np.uint64((a0 + r) * row_stride + b0 * item),
+                     inside1 * item)
                 for c in range(inside1, t1):
                     scratch[r * t1 + c] = fill
             else:
@@ -165,15 +168,15 @@ def _encode_run(block, t0, t1, fill, zero_mask, nan_mask, nan_fill, cells, compr
 
 
 @njit(nogil=True, cache=True)
-def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out, scratch, compressed, crc_on, status,
-                dctx, decompress, crc32c, move):
+def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out_at, out_stride, rows, cols, scratch, compressed,
+                crc_on, status, dctx, decompress, crc32c, move):
     """Check and decode the chunks ``jobs`` ((k, 4): chunk row, column, offset in ``raw``, stored
-    bytes) into ``out`` (the window's cells as bytes: row r, byte column c), each t0 x ``t1_bytes``
+    bytes) into the window of ``rows`` x ``cols`` bytes at address ``out_at``, ``out_stride`` bytes a
+    row (row r, byte column c; an address: one build for every layout), each t0 x ``t1_bytes``
     chunk placed at (row * t0 - first_row, column * t1_bytes - first_col) and cut to ``out``; its
     crc32c checked first (``crc_on``), then the zstd frame decoded (``compressed``) or the bytes
     taken as they are. ``status[k]``: 0, or the chunk's problem (CHECKSUM_FAILED, UNDECODABLE,
     WRONG_SIZE), after which it is not placed. Returns the number of chunks with a problem."""
-    rows, cols = out.shape
     nbytes = t0 * t1_bytes
     problems = 0
     for k in range(jobs.shape[0]):
@@ -213,7 +216,8 @@ def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out, scratch, com
         if hi1 <= lo1:
             continue
         for r in range(max(r0, 0), min(r0 + t0, rows)):
-            move(out[r, lo1:].ctypes.data, chunk[(r - r0) * t1_bytes + lo1 - c0 :].ctypes.data, hi1 - lo1)
+            move(out_at + np.uint64(r * out_stride + lo1), chunk[(r - r0) * t1_bytes + lo1 - c0 :].ctypes.data,
+                 hi1 - lo1)
     return problems
 
 
@@ -257,8 +261,9 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     nbytes = t0 * t1 * dtype.itemsize
     out = np.empty(len(cells) * ((compress_bound(nbytes) if level is not None else nbytes) + 4 * crc), np.uint8)
     entries = np.empty((len(cells), 2), np.uint64)
-    used = _encode_run(bits, t0, t1, fill_bits, zero_mask, nan_mask, nan_fill, np.ascontiguousarray(cells, np.int64).reshape(-1, 2),
-                       level is not None, 0 if level is None else int(level), bool(crc), np.empty(t0 * t1, bits.dtype), out, entries,
+    used = _encode_run(np.uintp(_address(bits)), bits.strides[0], *bits.shape, t0, t1, fill_bits, zero_mask, nan_mask,
+                       nan_fill, np.ascontiguousarray(cells, np.int64).reshape(-1, 2), level is not None,
+                       0 if level is None else int(level), bool(crc), np.empty(t0 * t1, bits.dtype), out, entries,
                        _CONTEXTS.compression(), compress, crc32c, ctypes.memmove)
     if used < 0:
         raise RuntimeError("zstd could not compress a chunk")
@@ -276,11 +281,16 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
     item = out.dtype.itemsize
     t0, t1 = tile
     status = np.empty(len(jobs), np.int8)
-    view = as_bits(out).view(np.uint8)
-    _decode_run(raw, np.ascontiguousarray(jobs, np.int64).reshape(-1, 4), t0, t1 * item, first[0], first[1] * item, view,
+    view = as_bits(out)
+    _decode_run(raw, np.ascontiguousarray(jobs, np.int64).reshape(-1, 4), t0, t1 * item, first[0], first[1] * item,
+                np.uintp(_address(view)), view.strides[0], view.shape[0], view.shape[1] * item,
                 np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status,
                 _CONTEXTS.decompression(), decompress, crc32c, ctypes.memmove)
     return status
+
+
+def _address(values: np.ndarray) -> int:
+    return values.__array_interface__["data"][0]
 
 
 def checksums(frames: list[np.ndarray]) -> np.ndarray:
@@ -288,7 +298,7 @@ def checksums(frames: list[np.ndarray]) -> np.ndarray:
     (k, 4) bytes, little-endian, in one call that does not hold the GIL (a shard's frames made on
     the GPU: 64-1024 a shard, each checksummed from Python took the GIL back between them). Needs
     :func:`functions`."""
-    addresses = np.fromiter((f.__array_interface__["data"][0] for f in frames), np.uint64, len(frames))
+    addresses = np.fromiter((_address(f) for f in frames), np.uint64, len(frames))
     sizes = np.fromiter((f.nbytes for f in frames), np.uint64, len(frames))
     out = np.empty(len(frames), "<u4")
     _checksums(addresses, sizes, out, functions()[6])
