@@ -165,27 +165,28 @@ def frame_plan(store, itemsizes, budget: int) -> int:
     return per_call
 
 
-def write_device(store, arrays, band_outputs, done=None, timings=None) -> None:
+def write_device(store, arrays, band_outputs, done=None, timings=None, bands_per_call: int = 1) -> None:
     """:func:`write_bands` for a pipeline without pinned sets of its own (flow, hydrology): every
-    shard row of ``store`` a band, two pinned sets, a writer thread a shard of the band's outputs
-    (up to one a core). ``band_outputs(r0, r1)`` is called for the shard rows in order, once each."""
+    shard row of ``store`` a band (``bands_per_call`` of them a call of the GPU's encoder), two
+    pinned sets, a writer thread a shard of the band's outputs (up to one a core). ``band_outputs(r0,
+    r1)`` is called for the shard rows in order, once each."""
     nsr, nsc = store.shard_grid
     bands = [[store.shard_window(sr, sc) for sc in range(nsc)] for sr in range(nsr)]
     pinned = PinnedBands(sets=2)
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(arrays) * nsc))) as pool:
-            write_bands(arrays, bands, band_outputs, pinned, pool, done, timings)
+            write_bands(arrays, bands, band_outputs, pinned, pool, done, timings, bands_per_call)
     finally:
         pinned.close()
 
 
-def write_held(store, *pairs, timings=None) -> None:
+def write_held(store, *pairs, timings=None, bands_per_call: int = 1) -> None:
     """Write whole results held in memory shard by shard: ``pairs`` of (array, values), the values a
     NumPy or CuPy array of the whole result, a raster whose row slices are CuPy arrays (``on_gpu``:
     hydrology's per-link rasters) or a function of a shard's slices giving its block. Those on the GPU
     leave it the one way results there do (:func:`write_device`: through pinned
     buffers, compressed on the GPU where nvCOMP is installed; ``timings``: its phases); the rest is
-    encoded by threads, shards in parallel."""
+    encoded by threads, shards in parallel. ``bands_per_call``: :func:`write_device`'s."""
     from .backend import is_cupy
     from .store import write_window
 
@@ -194,7 +195,8 @@ def write_held(store, *pairs, timings=None) -> None:
 
     held = [(arr, v) for arr, v in pairs if on_gpu(v)]
     if held:
-        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held], timings=timings)
+        write_device(store, [arr for arr, _ in held], lambda r0, r1: [v[r0:r1] for _, v in held], timings=timings,
+                     bands_per_call=bands_per_call)
     pairs = [(arr, v if callable(v) else v.__getitem__) for arr, v in pairs if not on_gpu(v)]
     wins = list(store.shards())
     with concurrent.futures.ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(wins) * len(pairs)))) as pool:

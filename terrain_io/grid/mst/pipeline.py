@@ -54,7 +54,7 @@ from ...errors import InputError
 from ...jit import SERIAL_BELOW
 from ...memory import format_bytes, memory_budget, return_freed_memory_to_os
 from ...parallel import check_scheduler, imap_shards, map_shards, scheduler_workers
-from ...pinned import host_bytes, write_held
+from ...pinned import frame_plan, host_bytes, write_held
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
@@ -698,7 +698,6 @@ METHODS = ("auto", "incore", "tiled")
 def _gpu_incore_misfit(store: TerrainStore, model, budget: int, gpu_free: float) -> str | None:
     """Why the in-core GPU MST cannot take ``store`` (None: it can): more cells than the 32-bit edge
     codes number, more GPU memory than ``gpu_free`` (bytes), or host buffers over ``budget``."""
-    from ..flow.upload import threads
     from ._gpu import GpuGridForest
 
     rows, cols = store.shape
@@ -707,12 +706,21 @@ def _gpu_incore_misfit(store: TerrainStore, model, budget: int, gpu_free: float)
     need = GpuGridForest.device_bytes(rows * cols, model, store.dtype)
     if need > gpu_free:
         return f"it needs {format_bytes(need)} of GPU memory, {format_bytes(gpu_free)} free"
-    span = store.tile_size * store.shard_size
-    shard = min(span, rows) * min(span, cols) * store.dtype.itemsize
-    host = max(host_bytes(store, [1]), threads(store) * 2 * shard)  # written bands; shards read a reader thread
+    host = _incore_host_bytes(store)
     if host > budget:
         return f"its shards and bands need {format_bytes(host)} of host memory, more than the budget {format_bytes(budget)}"
     return None
+
+
+def _incore_host_bytes(store: TerrainStore) -> int:
+    """Host memory of the in-core GPU route: the shards its reader threads hold (two a thread) or the
+    written bands' buffers (:func:`~terrain_io.pinned.host_bytes`), whichever is more."""
+    from ..flow.upload import threads
+
+    rows, cols = store.shape
+    span = store.tile_size * store.shard_size
+    shard = min(span, rows) * min(span, cols) * store.dtype.itemsize
+    return max(host_bytes(store, [1]), threads(store) * 2 * shard)
 
 
 def choose_method(store: TerrainStore, model, method: str, device: str, budget: int, scheduler: str,
@@ -782,8 +790,9 @@ def _write_whole(store: TerrainStore, model, device: str, bits, totals, timings:
     rows, cols = store.shape
     with store.write_result(RESULT, attrs={"weight_model": model.name}) as writer:
         edges = writer.create_array("edges", "uint8", 0)
-        with timings.phase("write"):
-            write_held(store, (edges, bits), timings=timings)
+        with timings.phase("write"):  # (on the GPU: bands a call of nvCOMP's encoder within the route's host bytes)
+            per_call = frame_plan(store, [1], _incore_host_bytes(store)) if device == "gpu" else 1
+            write_held(store, (edges, bits), timings=timings, bands_per_call=per_call)
         with timings.phase("totals_wait"):
             n_edges, buckets, valid_cells = totals()
         exact = K.exact_total(buckets)
