@@ -1105,7 +1105,8 @@ def _encoded(arr: zarr.Array, block: np.ndarray, nbytes: int):
     if fmt is None:
         raise ValueError(f"{arr.path}: not stored as this tool's shards")
     chunkcodec = _codec_runs(block.nbytes)
-    if chunkcodec is None or chunkcodec.as_bits(block) is None:
+    # (the runs code the block's own bits: a block of another dtype is cast chunk by chunk, as zarr casts)
+    if chunkcodec is None or block.dtype != arr.dtype or chunkcodec.as_bits(block) is None:
         cells, encode = _chunk_encoder(arr, block)
         yield from zip(cells, _run_chunks(encode, cells, nbytes, ordered=True))
         return

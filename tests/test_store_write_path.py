@@ -115,3 +115,17 @@ def test_shared_runs_keep_order_use_both_sides_and_raise_the_first_error(monkeyp
     assert got == [k * k for k in range(30)]
     assert threading.current_thread().name in seen
     assert any(name.startswith(store_mod._POOL_THREADS) for name in seen)
+
+
+@pytest.mark.parametrize("given", ["int32", "float64"])
+def test_a_block_of_another_dtype_is_stored_cast_as_zarr_casts_it(tmp_path, given, pool):
+    """write_shard stores a block of another dtype cast to the array's (as ``arr[...] = block`` does): the
+    runs of chunks code the block's own bits, so such a block goes chunk by chunk (a float64 block was
+    stored as frames that do not decode, an int32 one as its bits read as float32)."""
+    store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros((64, 64), "float32"), tile=16, shard=4)
+    arr = zarr.open_array(tmp_path / "s.zarr" / "elevation", mode="r+")
+    block = np.arange(64 * 64).reshape(64, 64).astype(given)
+    write_shard(arr, 0, 0, block)
+    assert zarr.open_array(tmp_path / "s.zarr" / "elevation", mode="r")[...].tobytes() \
+        == block.astype("float32").tobytes()
+    del store
