@@ -1141,12 +1141,13 @@ def _shared_runs(fn, runs: list):
     def take_one() -> bool:
         with lock:
             k = next(order, None)
-        if k is None:
-            return False
+            if k is None:
+                return False
+            future = futures[k]  # (taken with its run: the caller drops it from the list once done)
         try:
-            futures[k].set_result(fn(runs[k]))
+            future.set_result(fn(runs[k]))
         except BaseException as exc:  # noqa: BLE001 -- raised where the caller takes it
-            futures[k].set_exception(exc)
+            future.set_exception(exc)
         return True
 
     def take_all() -> None:
@@ -1160,11 +1161,15 @@ def _shared_runs(fn, runs: list):
         pool = codec_pool()
         for _ in range(min(len(runs) - 1, share - 1)):
             pool.submit(take_all)
-        for future in futures:
+        for k, future in enumerate(futures):
             while not future.done() and take_one():
                 pass
+            futures[k] = None  # (a run's bytes freed once the caller is done with them, not at the shard's end)
             yield future.result()
     finally:
+        with lock:  # a caller that stops early (an error, an abandoned write) leaves the pool no runs to encode
+            for _ in order:
+                pass
         with _WRITERS_LOCK:
             _WRITERS[0] -= 1
 

@@ -117,6 +117,40 @@ def test_shared_runs_keep_order_use_both_sides_and_raise_the_first_error(monkeyp
     assert any(name.startswith(store_mod._POOL_THREADS) for name in seen)
 
 
+def test_shared_runs_free_each_result_once_taken_and_stop_the_pool_when_the_caller_stops(monkeypatch):
+    """A run's encoded bytes are not held until the shard's last run (a writer's memory would grow to a
+    shard's encoded size beside its block); a caller that stops midway (an error in its write) leaves the
+    pool's helpers no more runs, and the count of writers goes back down."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    monkeypatch.setattr(store_mod.os, "cpu_count", lambda: 4)
+
+    class Encoded:
+        pass
+
+    done = []
+    lock = threading.Lock()
+
+    def work(k):
+        time.sleep(0.01)
+        with lock:
+            done.append(k)
+        return Encoded()
+
+    runs = store_mod._shared_runs(work, list(range(40)))
+    first = weakref.ref(next(runs))
+    next(runs)
+    gc.collect()
+    assert first() is None
+    runs.close()
+    assert store_mod._WRITERS[0] == 0
+    time.sleep(0.3)  # (the helpers finish the runs they took)
+    assert len(done) < 40
+
+
 @pytest.mark.parametrize("given", ["int32", "float64"])
 def test_a_block_of_another_dtype_is_stored_cast_as_zarr_casts_it(tmp_path, given, pool):
     """write_shard stores a block of another dtype cast to the array's (as ``arr[...] = block`` does): the
