@@ -881,7 +881,11 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                         raise _damaged(arr, (sr * index.shape[0] + i, sc * index.shape[1] + j),
                                        chunkcodec.PROBLEMS[problem])
 
-            _run_chunks(decode_run, arriving, nbytes, len(jobs))
+            # (runs of at most _CODEC_RUN_BYTES of cells: a window's chunks come as one run, a shard's as each
+            # piece read holds -- one run, one core: cut, they spread over the pool as the chunks did)
+            per = max(1, _CODEC_RUN_BYTES // (t0 * t1 * arr.dtype.itemsize))
+            runs = (run[k : k + per] for run in arriving for k in range(0, len(run), per))
+            _run_chunks(decode_run, runs, nbytes, len(jobs))
             return out
         zstd = Zstd()
 

@@ -95,3 +95,28 @@ def test_gpu_bands_through_pinned_buffers_give_the_cpu_bytes(tmp_path):
              device=device)
     for name in ("distance", "predecessor"):
         assert st.group[f"sssp/gpu/{name}"][...].tobytes() == st.group[f"sssp/cpu/{name}"][...].tobytes(), name
+
+
+def test_a_window_read_with_the_cores_is_decoded_in_runs_across_the_pool(tmp_path, monkeypatch):
+    """A reader with the cores to itself (here: the main thread) hands the pool runs of at most
+    ``_CODEC_RUN_BYTES`` of cells, also for a window of a shard, whose chunks come as one run (decoded on
+    one core they were, where chunk by chunk they had spread over the pool); the cells are zarr's."""
+    from terrain_io import chunkcodec
+
+    if chunkcodec.functions() is None:
+        pytest.skip("zstd or crc32c not callable here")
+    monkeypatch.setattr(store_mod, "_codec_runs", lambda nbytes: chunkcodec)
+    monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
+    monkeypatch.setattr(store_mod, "_CODEC_RUN_BYTES", 2 * 8 * 8 * 4)  # two chunks a run
+    v = (np.random.default_rng(4).random((64, 64)) * 200).astype("float32")
+    TerrainStore.from_array(tmp_path / "s.zarr", v, tile=8, shard=8)
+    arr = zarr.open_array(tmp_path / "s.zarr" / "elevation", mode="r")
+    calls = []
+    decode_run = chunkcodec.decode_run
+    monkeypatch.setattr(chunkcodec, "decode_run", lambda raw, jobs, *a: calls.append(len(jobs)) or decode_run(raw, jobs, *a))
+    for part in (Window(3, 45, 5, 60), None):
+        calls.clear()
+        got = read_shard(arr, 0, 0, part=part)
+        want = v if part is None else v[part.slices]
+        assert got.tobytes() == want.tobytes()
+        assert max(calls) <= 2 and sum(calls) == (6 * 8 if part is not None else 64), calls
