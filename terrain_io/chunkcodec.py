@@ -190,23 +190,23 @@ def _decode_run(raw, jobs, t0, t1_bytes, first_row, first_col, out_at, out_strid
             for b in range(4):
                 stored |= np.uint32(raw[off + nb + b]) << np.uint32(8 * b)
             if np.uint32(value) != stored:
-                status[k] = 1
+                status[k] = CHECKSUM_FAILED
                 problems += 1
                 continue
         if compressed:
             n = decompress(dctx, scratch.ctypes.data, nbytes, raw[off:].ctypes.data, nb)
             if np.uint64(n) > _ZSTD_ERROR:
-                status[k] = 2
+                status[k] = UNDECODABLE
                 problems += 1
                 continue
             if n != nbytes:
-                status[k] = 3
+                status[k] = WRONG_SIZE
                 problems += 1
                 continue
             chunk = scratch[0:]
         else:
             if nb != nbytes:
-                status[k] = 3
+                status[k] = WRONG_SIZE
                 problems += 1
                 continue
             chunk = raw[off : off + nb]
@@ -258,11 +258,15 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     else:  # integers: equal only as the same bits (both zero is the same bits)
         zero_mask, nan_mask = unsigned(np.iinfo(unsigned).max), unsigned(0)
     nan_fill = bool(dtype.kind == "f" and np.isnan(np.array(fill, dtype)))
+    cells = np.ascontiguousarray(cells, np.int64).reshape(-1, 2)
+    if len(cells) and (cells.min() < 0 or (cells[:, 0] * t0).max() >= bits.shape[0]
+                       or (cells[:, 1] * t1).max() >= bits.shape[1]):  # (the kernel has addresses, not bounds)
+        raise ValueError(f"chunks {cells.tolist()} are not all inside a block of {bits.shape}")
     nbytes = t0 * t1 * dtype.itemsize
     out = np.empty(len(cells) * ((compress_bound(nbytes) if level is not None else nbytes) + 4 * crc), np.uint8)
     entries = np.empty((len(cells), 2), np.uint64)
     used = _encode_run(np.uintp(_address(bits)), bits.strides[0], *bits.shape, t0, t1, fill_bits, zero_mask, nan_mask,
-                       nan_fill, np.ascontiguousarray(cells, np.int64).reshape(-1, 2), level is not None,
+                       nan_fill, cells, level is not None,
                        0 if level is None else int(level), bool(crc), np.empty(t0 * t1, bits.dtype), out, entries,
                        _CONTEXTS.compression(), compress, crc32c, ctypes.memmove)
     if used < 0:
@@ -280,9 +284,14 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
     decompress, crc32c = functions()[3], functions()[6]
     item = out.dtype.itemsize
     t0, t1 = tile
+    jobs = np.ascontiguousarray(jobs, np.int64).reshape(-1, 4)
+    if raw.dtype != np.uint8 or raw.ndim != 1 or not raw.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("decode_run: raw must be contiguous bytes and out writable")
+    if len(jobs) and (jobs.min() < 0 or (jobs[:, 2] + jobs[:, 3]).max() > raw.size or jobs[:, 3].min() < 4 * crc):
+        raise ValueError("decode_run: a chunk lies outside the bytes read")  # (the kernel has addresses, not bounds)
     status = np.empty(len(jobs), np.int8)
     view = as_bits(out)
-    _decode_run(raw, np.ascontiguousarray(jobs, np.int64).reshape(-1, 4), t0, t1 * item, first[0], first[1] * item,
+    _decode_run(raw, jobs, t0, t1 * item, first[0], first[1] * item,
                 np.uintp(_address(view)), view.strides[0], view.shape[0], view.shape[1] * item,
                 np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status,
                 _CONTEXTS.decompression(), decompress, crc32c, ctypes.memmove)
@@ -306,11 +315,23 @@ def checksums(frames: list[np.ndarray]) -> np.ndarray:
 
 
 def load() -> None:
-    """The kernels loaded (or compiled) now, on a few cells, so that their first use is not slow."""
+    """The kernels loaded (or compiled) now, on a few cells, so that their first use is not slow; where
+    that fails (a numba that cannot type the C functions), :func:`usable` is false from then on."""
     if functions() is None:
         return
-    for dtype in (np.uint8, np.uint16, np.float32, np.float64):
-        cells = np.zeros((1, 2), np.int64)
-        data, entries = encode_run(np.ones((2, 2), dtype), (2, 2), 0, cells, 1, True)
-        decode_run(data, np.array([[0, 0, 0, entries[0, 1]]]), (2, 2), (0, 0), np.empty((2, 2), dtype), 1, True)
-    checksums([data])
+    try:
+        for dtype in (np.uint8, np.uint16, np.float32, np.float64):
+            cells = np.zeros((1, 2), np.int64)
+            data, entries = encode_run(np.ones((2, 2), dtype), (2, 2), 0, cells, 1, True)
+            decode_run(data, np.array([[0, 0, 0, entries[0, 1]]]), (2, 2), (0, 0), np.empty((2, 2), dtype), 1, True)
+        checksums([data])
+    except Exception:  # noqa: BLE001 -- the store codes chunk by chunk instead
+        _LOAD_FAILED[0] = True
+
+
+_LOAD_FAILED = [False]
+
+
+def usable() -> bool:
+    """Whether the store may code its chunks here: the C functions found, and the kernels not failed."""
+    return functions() is not None and not _LOAD_FAILED[0]

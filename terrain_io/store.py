@@ -871,7 +871,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
         nbytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0
         chunkcodec = _codec_runs((r1 - r0) * (c1 - c0) * arr.dtype.itemsize)
-        if each is None and chunkcodec is not None and chunkcodec.as_bits(out) is not None:
+        if each is None and chunkcodec is not None and chunkcodec.as_bits(out) is not None and out.flags.writeable:
             def decode_run(run):
                 """Check, decode and place a run of chunks in one call that releases the GIL."""
                 status = chunkcodec.decode_run(raw, np.array(run, np.int64), (t0, t1), (r0 - s0, c0 - s1), out,
@@ -1197,7 +1197,7 @@ def _codec_runs(nbytes: int):
         return None
     from . import chunkcodec
 
-    return chunkcodec if chunkcodec.functions() is not None else None
+    return chunkcodec if chunkcodec.usable() else None
 
 
 @functools.cache

@@ -127,3 +127,31 @@ for t in threading.enumerate():
 assert store._codec_runs(1000) is not None
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_runs_outside_their_buffers_are_refused_before_the_kernel():
+    """The kernels have addresses, not bounds: a chunk outside the block, a job past the bytes read, or a
+    read-only window is refused in Python."""
+    values = _values("float32", np.nan)
+    with pytest.raises(ValueError, match="inside"):
+        chunkcodec.encode_run(values, TILE, np.nan, np.array([[5, 0]]), 1, True)  # row 80 of 70
+    with pytest.raises(ValueError, match="inside"):
+        chunkcodec.encode_run(values, TILE, np.nan, np.array([[0, -1]]), 1, True)
+    data, entries = chunkcodec.encode_run(values, TILE, np.nan, np.array([[1, 0]]), 1, True)
+    job = np.array([[1, 0, 0, entries[0, 1]]])
+    out = np.empty((16, 24), np.float32)
+    with pytest.raises(ValueError, match="outside"):
+        chunkcodec.decode_run(data[:-1], job, TILE, (16, 0), out, 1, True)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        chunkcodec.decode_run(data, job, TILE, (16, 0), out, 1, True)
+
+
+def test_a_failed_load_makes_the_store_code_chunk_by_chunk(monkeypatch):
+    from terrain_io import store
+
+    monkeypatch.setattr(chunkcodec, "_LOAD_FAILED", [False])
+    monkeypatch.setattr(chunkcodec, "checksums", lambda frames: 1 / 0)  # (a numba that cannot type the kernels)
+    chunkcodec.load()
+    assert not chunkcodec.usable()
+    assert store._codec_runs(0) is None
