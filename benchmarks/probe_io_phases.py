@@ -10,8 +10,8 @@ disk show. Linux only; wrappers cost a little of their own, so take bench_io's t
 
 ``PROBE_VARIANT`` (comma-separated) changes the store for a measurement: ``nowb`` (no write-out
 started as shards are written), ``run16`` (a shard written in one run), ``ownenc`` (chunks encoded in
-the writer's thread, not the codec pool), ``pool`` (reads decoded in the codec pool), ``piece4``
-(reads in 4 MiB pieces), ``nofadv`` (no readahead asked for); ``PROBE_RUN_BYTES``: the raw bytes of a
+the writer's thread, not the codec pool), ``pool`` (reads decoded in the codec pool), ``piece1``
+(reads in 1 MiB pieces, the store's before session 20), ``nofadv`` (no readahead asked for); ``PROBE_RUN_BYTES``: the raw bytes of a
 run of chunks encoded in one call.
 
     PYTHONPATH=$PWD python benchmarks/probe_io_phases.py --size 8192 --reps 3
@@ -133,8 +133,8 @@ def instrument(variants: set[str]) -> None:
         S._start_writeback = lambda *args, **kwargs: None
     if "run16" in variants:
         S._RUN_BYTES = 16 << 20
-    if "piece4" in variants:
-        S._READ_PIECE = 4 << 20
+    if "piece1" in variants:
+        S._READ_PIECE = 1 << 20
     if "nofadv" in variants:
         fadvise = os.posix_fadvise
         os.posix_fadvise = lambda fd, at, n, advice: (None if advice == os.POSIX_FADV_WILLNEED
