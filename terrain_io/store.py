@@ -1182,17 +1182,22 @@ _WRITERS = [0]  # shards being encoded by _shared_runs now
 _WRITERS_LOCK = threading.Lock()
 
 
-def _codec_runs(nbytes: int):
-    """:mod:`terrain_io.chunkcodec` where its kernels can run now, else None (chunk by chunk in Python).
+def _codec_runs(nbytes: int, start: bool = True):
+    """:mod:`terrain_io.chunkcodec` for a shard (or a shard's frames) of ``nbytes`` where its kernels
+    can run now, else None (chunk by chunk in Python).
 
-    They can once numba has made its CPU target in this process: the first kernel a process runs
-    pays ~0.2-0.3 s for it (once; then ~12 ms a kernel from the cache), which a GPU pipeline that
-    runs no other numba kernel would pay for its few host reads and its frames' checksums. So where
-    no kernel has run, a shard of ``nbytes`` >= :data:`_PARALLEL_SHARD_BYTES` starts their load in the
-    background (once) and is coded chunk by chunk meanwhile."""
+    Not for less than :data:`_PARALLEL_SHARD_BYTES`: chunk by chunk costs no more there, and a small
+    job (the demo's DEM) compiles no kernel for it on a first run (four, ~2 s of CPU). Else once
+    numba has made its CPU target in this process: the first kernel a process runs pays ~0.2-0.3 s
+    for it (once; then ~12 ms a kernel from the cache), which a GPU pipeline that runs no other numba
+    kernel would pay for its few host reads and its frames' checksums. So where no kernel has run,
+    the shard (with ``start``) starts their load in the background (once) and is coded chunk by chunk
+    meanwhile."""
+    if nbytes < _PARALLEL_SHARD_BYTES:
+        return None
     registry = sys.modules.get("numba.core.registry")
     if registry is None or "_toplevel_target_context" not in vars(registry.cpu_target):
-        if nbytes >= _PARALLEL_SHARD_BYTES:
+        if start:
             _load_codec_runs()
         return None
     from . import chunkcodec
@@ -1275,7 +1280,8 @@ def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
 def _checksums(frames: list) -> list:
     """The crc32c (4 bytes) of each frame: in one GIL-free call for numpy frames
     (:func:`chunkcodec.checksums`), else one by one."""
-    chunkcodec = _codec_runs(0)  # (not started for them: on the GPU SSSP's write its start cost 0.3 s more than it saved)
+    # (the kernels' load not started for them: on the GPU SSSP's write it cost 0.3 s more than it saved)
+    chunkcodec = _codec_runs(sum(memoryview(f).nbytes for f in frames), start=False)
     if chunkcodec is not None and all(isinstance(f, np.ndarray) and f.dtype == np.uint8 and f.ndim == 1
                                                   and f.flags.c_contiguous for f in frames):
         return list(chunkcodec.checksums(frames))

@@ -53,5 +53,5 @@ def chunk_codec(request, monkeypatch):
     from terrain_io import chunkcodec, store
 
     runs = request.param == "runs" and chunkcodec.functions() is not None
-    monkeypatch.setattr(store, "_codec_runs", lambda nbytes: chunkcodec if runs else None)
+    monkeypatch.setattr(store, "_codec_runs", lambda nbytes, start=True: chunkcodec if runs else None)
     return request.param

@@ -111,7 +111,7 @@ def test_damage_is_named_per_chunk_and_the_others_still_decode(level):
 def test_the_store_waits_for_numba_to_start_and_starts_it_for_large_shards_only():
     """A process where no numba kernel has run codes chunk by chunk (numba's start costs ~0.25 s); a large
     shard starts the kernels' load in the background, a small read does not, and once loaded the runs are
-    used."""
+    used for large shards (a small one is coded chunk by chunk: no kernel compiled for it)."""
     import subprocess
     import sys
 
@@ -124,7 +124,8 @@ assert store._codec_runs(64 << 20) is None
 for t in threading.enumerate():
     if t.name == "terrain-codec-load":
         t.join()
-assert store._codec_runs(1000) is not None
+assert store._codec_runs(1000) is None  # (small: chunk by chunk, no kernel compiled for it)
+assert store._codec_runs(64 << 20) is not None
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -154,4 +155,4 @@ def test_a_failed_load_makes_the_store_code_chunk_by_chunk(monkeypatch):
     monkeypatch.setattr(chunkcodec, "checksums", lambda frames: 1 / 0)  # (a numba that cannot type the kernels)
     chunkcodec.load()
     assert not chunkcodec.usable()
-    assert store._codec_runs(0) is None
+    assert store._codec_runs(64 << 20) is None
