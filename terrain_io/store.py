@@ -869,8 +869,9 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
         # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
         # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
-        nbytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize if owns_cores() else 0
-        chunkcodec = _codec_runs((r1 - r0) * (c1 - c0) * arr.dtype.itemsize)
+        cells_bytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize
+        nbytes = cells_bytes if owns_cores() else 0
+        chunkcodec = _codec_runs(cells_bytes)
         if each is None and chunkcodec is not None and chunkcodec.as_bits(out) is not None and out.flags.writeable:
             def decode_run(run):
                 """Check, decode and place a run of chunks in one call that releases the GIL."""
