@@ -20,10 +20,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from typing import NamedTuple
 
 import numpy as np
-
 from numba import njit
+
+from . import integrity
 
 NO_CHUNK = np.uint64(2**64 - 1)  # an index entry of a chunk not stored (all fill value)
 
@@ -33,20 +35,32 @@ PROBLEMS = {CHECKSUM_FAILED: "chunk fails its checksum", UNDECODABLE: "chunk doe
             WRONG_SIZE: "chunk decodes to the wrong number of bytes"}
 
 
+class CFunctions(NamedTuple):
+    """The C functions the kernels call, as ctypes functions."""
+
+    compress: object  # ZSTD_compressCCtx
+    create_cctx: object
+    free_cctx: object
+    decompress: object  # ZSTD_decompressDCtx
+    create_dctx: object
+    free_dctx: object
+    crc32c: object  # google-crc32c's crc32c_value (integrity.crc32c_function)
+
+
 @functools.cache
-def functions():
-    """(compress, create cctx, free cctx, decompress, create dctx, free dctx, crc32c): the C functions
-    as ctypes objects, or None where a library does not export one."""
+def functions() -> CFunctions | None:
+    """The C functions, or None where a library does not export one."""
+    crc = integrity.crc32c_function()
     try:
-        from google_crc32c import _crc32c
         from numcodecs import zstd as numcodecs_zstd
 
         zstd = ctypes.CDLL(numcodecs_zstd.__file__)
-        crc = ctypes.CDLL(_crc32c.__file__).crc32c_value
         compress, decompress = zstd.ZSTD_compressCCtx, zstd.ZSTD_decompressDCtx
         cctx, free_cctx, dctx, free_dctx = (zstd.ZSTD_createCCtx, zstd.ZSTD_freeCCtx, zstd.ZSTD_createDCtx,
                                             zstd.ZSTD_freeDCtx)
     except (ImportError, OSError, AttributeError):
+        return None
+    if crc is None:
         return None
     p, n = ctypes.c_void_p, ctypes.c_size_t
     compress.argtypes, compress.restype = [p, p, n, p, n, ctypes.c_int], n
@@ -55,8 +69,7 @@ def functions():
         create.argtypes, create.restype = [], p
     for free in (free_cctx, free_dctx):
         free.argtypes, free.restype = [p], n
-    crc.argtypes, crc.restype = [p, n], ctypes.c_uint32
-    return compress, cctx, free_cctx, decompress, dctx, free_dctx, crc
+    return CFunctions(compress, cctx, free_cctx, decompress, dctx, free_dctx, crc)
 
 
 class _Contexts(threading.local):
@@ -68,21 +81,21 @@ class _Contexts(threading.local):
 
     def compression(self) -> int:
         if self.cctx is None:
-            self.cctx = _Context(1)
+            self.cctx = _Context(functions().create_cctx, functions().free_cctx)
         return self.cctx.pointer
 
     def decompression(self) -> int:
         if self.dctx is None:
-            self.dctx = _Context(4)
+            self.dctx = _Context(functions().create_dctx, functions().free_dctx)
         return self.dctx.pointer
 
 
 class _Context:
-    """A zstd context (``create``: the index of its maker in :func:`functions`, its freer next)."""
+    """A zstd context, made by ``create`` and freed by ``free`` with its owner."""
 
-    def __init__(self, create: int):
-        self.free = functions()[create + 1]
-        self.pointer = functions()[create]()
+    def __init__(self, create, free):
+        self.free = free
+        self.pointer = create()
         if not self.pointer:
             raise MemoryError("zstd could not make a context")
 
@@ -247,7 +260,7 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     as the store writes them: (one buffer of them end to end, entries (k, 2): each chunk's offset in
     it and its bytes, NO_CHUNK where it is all fill value and left out). ``level`` None: the chunks'
     bytes, not compressed. Needs :func:`functions`."""
-    compress, crc32c = functions()[0], functions()[6]
+    c = functions()
     bits = as_bits(block)
     t0, t1 = tile
     dtype = block.dtype
@@ -268,7 +281,7 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     used = _encode_run(np.uintp(_address(bits)), bits.strides[0], *bits.shape, t0, t1, fill_bits, zero_mask, nan_mask,
                        nan_fill, cells, level is not None,
                        0 if level is None else int(level), bool(crc), np.empty(t0 * t1, bits.dtype), out, entries,
-                       _CONTEXTS.compression(), compress, crc32c, ctypes.memmove)
+                       _CONTEXTS.compression(), c.compress, c.crc32c, ctypes.memmove)
     if used < 0:
         raise RuntimeError("zstd could not compress a chunk")
     return out[:used], entries
@@ -281,7 +294,7 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
     :func:`as_bits`), chunk (i, j)'s first cell at out's (i * t0 - first[0], j * t1 - first[1]), cut
     to ``out``. Returns the status a job (0, or a key of :data:`PROBLEMS`); a chunk with a problem is
     not placed. Needs :func:`functions`."""
-    decompress, crc32c = functions()[3], functions()[6]
+    c = functions()
     item = out.dtype.itemsize
     t0, t1 = tile
     jobs = np.ascontiguousarray(jobs, np.int64).reshape(-1, 4)
@@ -294,7 +307,7 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
     _decode_run(raw, jobs, t0, t1 * item, first[0], first[1] * item,
                 np.uintp(_address(view)), view.strides[0], view.shape[0], view.shape[1] * item,
                 np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status,
-                _CONTEXTS.decompression(), decompress, crc32c, ctypes.memmove)
+                _CONTEXTS.decompression(), c.decompress, c.crc32c, ctypes.memmove)
     return status
 
 
@@ -310,7 +323,7 @@ def checksums(frames: list[np.ndarray]) -> np.ndarray:
     addresses = np.fromiter((_address(f) for f in frames), np.uint64, len(frames))
     sizes = np.fromiter((f.nbytes for f in frames), np.uint64, len(frames))
     out = np.empty(len(frames), "<u4")
-    _checksums(addresses, sizes, out, functions()[6])
+    _checksums(addresses, sizes, out, functions().crc32c)
     return out.view(np.uint8).reshape(-1, 4)
 
 

@@ -45,11 +45,11 @@ NO_CHUNK = 2**64 - 1  # a shard index entry (offset, size) of a chunk not stored
 
 def crc32c(data) -> bytes:
     """The crc32c of ``data`` (bytes or a C-contiguous numpy array) as zarr's codec stores it; of a
-    chunk's bytes without holding the GIL (:func:`_crc32c_unlocked`), so that threads checksum at once."""
+    chunk's bytes without holding the GIL (:func:`crc32c_function`), so that threads checksum at once."""
     import google_crc32c
 
     size = data.nbytes if hasattr(data, "nbytes") else len(data)
-    unlocked = _crc32c_unlocked() if size >= _UNLOCKED_BYTES else None
+    unlocked = crc32c_function() if size >= _UNLOCKED_BYTES else None
     if unlocked is not None:
         view = np.frombuffer(data, np.uint8)
         return np.uint32(unlocked(view.ctypes.data, size)).astype("<u4").tobytes()
@@ -60,9 +60,9 @@ _UNLOCKED_BYTES = 1 << 16  # (below, the foreign call's ~2 us cost more than hol
 
 
 @functools.cache
-def _crc32c_unlocked():
-    """google_crc32c's C ``crc32c_value(data, size)`` called through ctypes, which releases the GIL
-    while it runs -- the extension module holds it: a shard's reader threads and the codec pool
+def crc32c_function():
+    """google_crc32c's C ``crc32c_value(data, size)`` as a ctypes function, which releases the GIL
+    while it runs (the extension module holds it; :mod:`terrain_io.chunkcodec` calls it from numba): a shard's reader threads and the codec pool
     checksummed their chunks one at a time (65 MB of a 4096^2 pyramid: ~6 ms under the GIL;
     benchmarks/RESULTS.md, issue 32); None where the library does not export it."""
     import ctypes
