@@ -384,7 +384,7 @@ def write_overviews(store_path, arrays=None, *, memory=None, scheduler: str | No
         if name.startswith(GROUP + "/") or name.startswith("index/"):
             raise InputError(f"{name}: takes no overviews")
         try:
-            opened[name] = arr = store.elevation if name == ELEVATION else store.group[name]
+            opened[name] = arr = store.array(name)
         except KeyError:
             raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
         if not hasattr(arr, "shards") or len(arr.shape) != 2:

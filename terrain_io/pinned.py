@@ -221,9 +221,9 @@ def read_device(store, name: str, threads: int, convert=None, each=None, timings
     copied to the GPU) and ``read_decode`` (the GPU's decode and placing, the band converted)."""
     from . import nvzstd
     from .errors import TerrainError, TerrainNote
-    from .store import ELEVATION, shard_layout
+    from .store import shard_layout
 
-    arr = store.elevation if name == ELEVATION else store.group[name]
+    arr = store.array(name)
     layout = shard_layout(arr)
     if layout is None or layout[1] is None or not layout[2]:
         return None

@@ -136,11 +136,14 @@ class TerrainStore:
     def group(self, group: zarr.Group | None) -> None:
         self._group, self._elevation, self._arrays = group, None, {}
 
-    def _array(self, name: str) -> zarr.Array:
-        """The array ``name`` of the group, looked up once, by one thread (a lookup reads its zarr.json
+    def array(self, name: str) -> zarr.Array:
+        """The array ``name`` of the group (``elevation`` or a result's path), looked up once, by one
+        thread (a lookup reads its zarr.json
         through zarr's event loop, one at a time: 16 parallel readers of a result's shards, each looking
         it up, waited up to 33 ms on the H100 machine) -- and again once its zarr.json is another file
         (a result written again, by this handle or another process, comes under a new name)."""
+        if name == ELEVATION:
+            return self.elevation
         try:
             st = os.stat(self.path / name / "zarr.json")
             stamp = (st.st_ino, st.st_mtime_ns)
@@ -374,7 +377,7 @@ class TerrainStore:
         """Cells of ``window`` grown by ``halo``; cells outside the DEM hold the array's fill value.
         A window inside one shard is decoded here (:func:`read_shard`, parallel threads scale; into
         ``out`` when given), the rest by zarr (then copied into ``out``)."""
-        arr = self.elevation if array == ELEVATION else self._array(array)
+        arr = self.array(array)
         rows, cols = arr.shape
         sh = arr.shards
         if (halo == 0 and sh is not None and 0 <= window.r0 < window.r1 <= rows and 0 <= window.c0 < window.c1 <= cols
@@ -559,7 +562,7 @@ def statistics(values: np.ndarray, nodata) -> Statistics:
 
 
 _WARNED: set[str] = set()
-_LOOKUP_LOCK = threading.Lock()  # (TerrainStore._array)
+_LOOKUP_LOCK = threading.Lock()  # (TerrainStore.array)
 
 
 def with_checksum(compressors):

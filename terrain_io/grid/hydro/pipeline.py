@@ -39,7 +39,7 @@ from ...memory import format_bytes, memory_budget
 from ...parallel import Prefetch, check_scheduler, run_on_worker
 from ...pinned import host_bytes as pinned_host_bytes, write_held
 from ...progress import progress_bar
-from ...store import ELEVATION, TerrainStore, Window, read_shard, shard_layout
+from ...store import TerrainStore, Window, read_shard, shard_layout
 from ...tables import Table, write_csv
 from ...timings import Timings
 from ...vectors import DRIVERS, check_output, feature_stream
@@ -266,7 +266,7 @@ def _result(value):
 
 def _read(store: TerrainStore, name: str, progress: bool) -> np.ndarray:
     """The whole array ``name``, its shards decoded in parallel threads into one array."""
-    arr = store.elevation if name == ELEVATION else store.group[name]
+    arr = store.array(name)
     out = np.empty(store.shape, arr.dtype)
     with progress_bar(progress, 1, f"read {name}", unit="array") as bar:
         with concurrent.futures.ThreadPoolExecutor(_threads(store)) as pool:
@@ -567,7 +567,7 @@ class _EndsAhead:
             from . import _gpu
 
             rows, cols = store.shape
-            arr = store.elevation if self.source == ELEVATION else store.group[self.source]
+            arr = store.array(self.source)
             need = _gpu.device_bytes(rows, cols, what, arr.dtype) + rows * cols * np.dtype(arr.dtype).itemsize
             self.ahead = need <= gpu_free_bytes()
 
@@ -640,23 +640,17 @@ class CellReader:
 
     def __init__(self, store: TerrainStore, side: int, held: dict | None = None, threads: int = 1):
         self.store, self.side, self.held, self.cache, self.threads = store, side, held or {}, {}, threads
-        self.arrays = {}  # zarr arrays by name, opened once (a lookup reads its metadata)
 
     @classmethod
     def held(cls, store: TerrainStore, code: np.ndarray) -> "CellReader":
         """The codes held; other arrays read by tiles in parallel threads."""
         return cls(store, store.tile_size, {"flow/direction": code}, _threads(store))
 
-    def _array(self, name: str):
-        if name not in self.arrays:
-            self.arrays[name] = self.store.elevation if name == ELEVATION else self.store.group[name]
-        return self.arrays[name]
-
     def _read(self, name: str, gid: int) -> tuple[np.ndarray, int, int]:
         """The block of ``side`` cells holding ``gid`` (inside one shard: ``side`` divides the shard's)."""
         rows, cols = self.store.shape
         r0, c0 = (gid // cols) // self.side * self.side, (gid % cols) // self.side * self.side
-        arr = self._array(name)
+        arr = self.store.array(name)
         sh0, sh1 = arr.shards
         win = Window(r0, min(r0 + self.side, rows), c0, min(c0 + self.side, cols))
         return read_shard(arr, r0 // sh0, c0 // sh1, win), r0, c0
@@ -676,8 +670,8 @@ class CellReader:
     def values(self, name: str, gids: np.ndarray) -> np.ndarray:
         """The values of ``name`` at cells ``gids``: with ``threads``, gathered shard by shard in
         that many threads (:meth:`_gather`), else block by block."""
-        if self.threads > 1 and name not in self.held and shard_layout(self._array(name)) is not None:
-            return self._gather(self._array(name), np.asarray(gids, np.int64))
+        if self.threads > 1 and name not in self.held and shard_layout(self.store.array(name)) is not None:
+            return self._gather(self.store.array(name), np.asarray(gids, np.int64))
         cols = self.store.shape[1]
         keys = (gids // cols) // self.side * (cols // self.side + 1) + (gids % cols) // self.side
         order = np.argsort(keys, kind="stable")
@@ -753,7 +747,7 @@ def _values_on_gpu(store: TerrainStore, name: str, gids: np.ndarray, threads: in
     cols = store.shape[1]
     order = np.argsort(gids, kind="stable")
     ranked = gids[order]
-    arr = store.elevation if name == ELEVATION else store.group[name]
+    arr = store.array(name)
     out = np.empty(len(gids), arr.dtype)
 
     def gather(r0, r1, cells):

@@ -97,13 +97,10 @@ class Windows:
         self.cols = store.shape[1]
         self.side = side
         self.workers = workers
-        self.arrays = {}
         self.output_lock = threading.Lock()  # a worker may read an output array (HAND's links) while it is written
 
     def halo(self, name: str, win: Window, fill) -> np.ndarray:
-        if name not in self.arrays:
-            self.arrays[name] = self.store.group[name]
-        return read_halo(self.arrays[name], win, 1, fill, self.store.shape)
+        return read_halo(self.store.array(name), win, 1, fill, self.store.shape)
 
     def each(self, fn: Callable) -> Iterator:
         """``fn(batch)`` of every batch, in order; with several workers up to that many computed at
