@@ -179,21 +179,25 @@ def host_bytes(store, field, device: str, allocation: bool = False) -> int:
     h, w = store.shape
     side = store.tile_size * store.shard_size
     shard_cells = min(side, h) * min(side, w)
-    out_bytes = 4 + 1 + (4 if allocation else 0)
     writers = _writers_bytes(store, allocation)
     if device != "gpu":
         return incore_bytes(store, field, device, allocation) + writers
     band = min(side, h) * w
     itemsize = value_dtype(field).itemsize
     read = band * itemsize + min(_io_threads(store), store.shard_grid[1]) * shard_cells * itemsize
-    return max(read, 3 * band * out_bytes + writers)
+    return max(read, 3 * band * _out_bytes(allocation) + writers)
+
+
+def _out_bytes(allocation: bool) -> int:
+    """Bytes a cell of the outputs, counted for memory: float32 distance, uint8 code, float32 source."""
+    return 4 + 1 + (4 if allocation else 0)
 
 
 def _writers_bytes(store, allocation: bool) -> int:
     """The writer threads' host memory: a shard of outputs and its compressed form a thread."""
     h, w = store.shape
     side = store.tile_size * store.shard_size
-    return _io_threads(store) * min(side, h) * min(side, w) * (4 + 1 + (4 if allocation else 0)) * 2
+    return _io_threads(store) * min(side, h) * min(side, w) * _out_bytes(allocation) * 2
 
 
 def fits_in_core(store, field, device: str, budget: int, allocation: bool = False) -> bool:
