@@ -219,7 +219,6 @@ class TerrainStore:
         dtype = np.dtype(dtype)
         if dtype.kind == "f":
             nodata = None if nodata is None or np.isnan(nodata) else nodata
-        group = zarr.open_group(str(path), mode="w-")
         meta = {
             "format": "terrain",
             "format_version": FORMAT_VERSION,
@@ -231,9 +230,12 @@ class TerrainStore:
             "generation": uuid.uuid4().hex,
         }
         meta.update(attrs or {})
-        group.attrs.update(meta)
-        create_tiled_array(group, ELEVATION, (rows, cols), dtype, tile, shard, fill_value_for(dtype, meta["nodata"]))
-        write_coordinates(group, (rows, cols), meta.get("transform"), meta.get("crs"))
+        if os.path.lexists(path) and (not os.path.isdir(path) or os.listdir(path)):
+            raise StoreError(f"{path}: exists already (a new store needs a new folder)")
+        group = _new_group(path, meta)  # (zarr's bytes, files written directly: one way for every array we make)
+        write_node(os.path.join(path, ELEVATION),
+                   tiled_array_metadata((rows, cols), dtype, tile, shard, fill_value_for(dtype, meta["nodata"])))
+        write_coordinate_files(path, (rows, cols), meta.get("transform"), meta.get("crs"))
         store = cls(group, Path(path))
         before_commit(path, store.seal)  # made under an atomic temporary (convert, synth): sealed when complete
         return store
@@ -626,9 +628,10 @@ class ResultWriter:
         self._written_attrs = dict(self.attrs)
 
     def create_array(self, name: str, dtype, fill_value, attrs: dict | None = None) -> zarr.Array:
-        """The array ``name`` as :func:`create_tiled_array` makes it, its zarr.json (and the coordinates')
-        written as files, the bytes zarr writes, without zarr's event loop (~8 ms of a result's fixed
-        cost on a 2-core machine, where a 8192^2 array's write to the floor takes 0.2 s)."""
+        """The array ``name`` tiled and sharded as ``elevation`` (:func:`tiled_array_metadata`), its
+        zarr.json (and the coordinates') written as files, the bytes zarr writes, without zarr's event
+        loop (~8 ms of a result's fixed cost on a 2-core machine, where a 8192^2 array's write to the
+        floor takes 0.2 s)."""
         root = str(self.group.store.root)
         if not self._coordinates:  # each result group carries x, y, spatial_ref: it opens alone in xarray
             write_coordinate_files(root, self.store.shape, self.store.transform, self.store.crs)
@@ -652,31 +655,6 @@ class ResultWriter:
         with open(path, "xb") as f:
             f.write(data)
         self._written_attrs = dict(self.attrs)
-
-
-def create_tiled_array(group: zarr.Group, name: str, shape, dtype, tile: int, shard: int, fill_value,
-                       attrs: dict | None = None) -> zarr.Array:
-    """A 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed, dims named (y, x), with
-    the attributes ``attrs`` (given at creation: each later update rewrites its metadata).
-
-    Its attributes point xarray/rioxarray at the group's ``spatial_ref`` (CRS and transform), and
-    the group's 1-D ``x`` and ``y`` arrays (cell centres) become its coordinates.
-    """
-    st = tile * shard
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # zarr warns when a shard is larger than a small array
-        arr = group.create_array(
-            name,
-            shape=tuple(shape),
-            chunks=(tile, tile),
-            shards=(st, st),
-            dtype=dtype,
-            fill_value=fill_value,
-            compressors=(_COMPRESSOR, _CHECKSUM),
-            dimension_names=("y", "x"),
-            attributes={"grid_mapping": "spatial_ref", "coordinates": "spatial_ref", **(attrs or {})},
-        )
-    return arr
 
 
 def _plain_checksum(arr: zarr.Array) -> bool | None:
@@ -1563,24 +1541,11 @@ def coordinate_arrays(shape, transform, crs) -> list[tuple[str, np.ndarray | Non
 _COORDINATE_CHUNK = 1 << 20
 
 
-def write_coordinates(group: zarr.Group, shape, transform, crs) -> None:
-    """The georeferencing of a group's 2-D arrays (:func:`coordinate_arrays`), through zarr."""
-    for name, values, attrs in coordinate_arrays(shape, transform, crs):
-        if values is None:
-            group.create_array(name, shape=(), dtype="int32", fill_value=0, compressors=with_checksum(None),
-                               attributes=attrs)
-            continue
-        n = len(values)
-        coord = group.create_array(name, shape=(n,), chunks=(min(n, _COORDINATE_CHUNK),), dtype="float64",
-                                   dimension_names=(name,), fill_value=0.0, compressors=with_checksum("auto"),
-                                   attributes=attrs)
-        coord[:] = values
-
-
 # -- metadata and small arrays written as files (zarr's layout, without its event loop) ----------------
-# A writer of many small nodes (terrain_io.overviews: a group, its array and three coordinates a level)
-# spends more in zarr's event loop than in its data; these write the same bytes zarr writes (tests/
-# test_view_overviews.py compares them with zarr's, node for node).
+# Every node this tool makes is written so: a new store's, a result's, an overview level's. A writer of
+# many small nodes (terrain_io.overviews: a group, its array and three coordinates a level) spends more in
+# zarr's event loop than in its data; these write the same bytes zarr writes (tests compare them with
+# zarr-python's create_array and coordinate arrays, file for file: tests/references.py's zarr_* functions).
 def _bytes_codec(dtype) -> dict:
     return ({"name": "bytes"} if np.dtype(dtype).itemsize == 1  # zarr drops the byte order of one-byte types
             else {"name": "bytes", "configuration": {"endian": "little"}})
@@ -1609,8 +1574,11 @@ def array_metadata(shape, dtype, chunks, codecs: list, fill_value, attrs: dict, 
 
 def tiled_array_metadata(shape, dtype, tile: int, shard: int, fill_value, attrs: dict | None = None,
                          zstd_level: int = _COMPRESSOR.level) -> dict:
-    """The zarr.json :func:`create_tiled_array` writes (chunks compressed at ``zstd_level``: zarr's
-    zstd codec takes -131072..22, and :func:`encode_chunks` uses the level the metadata names)."""
+    """The zarr.json of a 2-D array chunked T x T and sharded (S*T) x (S*T), zstd-compressed (at
+    ``zstd_level``: zarr's zstd codec takes -131072..22, and :func:`encode_chunks` uses the level the
+    metadata names), each chunk ending in its crc32c, dims named (y, x), with the attributes ``attrs``;
+    they point xarray/rioxarray at the group's ``spatial_ref`` (CRS and transform), and the group's 1-D
+    ``x`` and ``y`` arrays (cell centres, :func:`write_coordinate_files`) become its coordinates."""
     zstd = [] if zstd_level is None else [{"name": "zstd", "configuration": {"level": zstd_level, "checksum": False}}]
     inner = [_bytes_codec(dtype), *zstd, {"name": "crc32c"}]  # (level None: chunks not compressed)
     index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
@@ -1664,8 +1632,8 @@ def group_metadata(attrs: dict | None = None) -> dict:
 
 
 def write_coordinate_files(folder, shape, transform, crs) -> dict[str, dict]:
-    """:func:`write_coordinates` into the group folder ``folder`` as files (the same bytes); returns each
-    coordinate's metadata (name -> zarr.json as a dict)."""
+    """The georeferencing of a group's 2-D arrays (:func:`coordinate_arrays`) into the group folder
+    ``folder`` as files (zarr's bytes); returns each coordinate's metadata (name -> zarr.json as a dict)."""
     from numcodecs import Zstd
 
     zstd = Zstd(level=0)  # with_checksum("auto"): zarr's default compressor

@@ -1020,3 +1020,36 @@ def check_cog_layout(path):
     starts = [min(o for o in t[324] if o) for _, t in images]
     assert starts == sorted(starts, reverse=True), "tile data not ordered smallest overview first"
     return len(overviews)
+
+
+def zarr_tiled_array(group, name, shape, dtype, tile, shard, fill_value, attrs=None):
+    """The reference for the store's arrays: a 2-D array made through zarr-python's own API, chunked
+    tile x tile, sharded (shard*tile)^2, zstd level 1 and crc32c, dims (y, x), pointing at spatial_ref."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr warns when a shard is larger than a small array
+        return group.create_array(name, shape=tuple(shape), chunks=(tile, tile), shards=(tile * shard, tile * shard),
+                                  dtype=dtype, fill_value=fill_value, compressors=(ZstdCodec(level=1), Crc32cCodec()),
+                                  dimension_names=("y", "x"),
+                                  attributes={"grid_mapping": "spatial_ref", "coordinates": "spatial_ref",
+                                              **(attrs or {})})
+
+
+def zarr_coordinates(group, shape, transform, crs):
+    """The reference for a group's georeferencing: x, y and spatial_ref made through zarr-python's API
+    (the values and attributes :func:`terrain_io.store.coordinate_arrays` gives), crc32c last."""
+    from zarr.codecs import Crc32cCodec
+
+    from terrain_io.store import coordinate_arrays
+
+    for name, values, attrs in coordinate_arrays(shape, transform, crs):
+        if values is None:
+            group.create_array(name, shape=(), dtype="int32", fill_value=0, compressors=(Crc32cCodec(),),
+                               attributes=attrs)
+            continue
+        n = len(values)
+        coord = group.create_array(name, shape=(n,), chunks=(min(n, 1 << 20),), dtype="float64",
+                                   dimension_names=(name,), fill_value=0.0,
+                                   compressors=(zarr.codecs.ZstdCodec(level=0), Crc32cCodec()), attributes=attrs)
+        coord[:] = values

@@ -150,14 +150,17 @@ def test_plain_zarr_reads_our_checksummed_shards_and_checks_them(clean, tmp_path
 
 
 def test_write_shard_gives_zarrs_bytes_with_checksums(tmp_path):
-    from terrain_io.store import create_tiled_array, write_shard
+    from references import zarr_tiled_array
+    from terrain_io.store import array_handle, tiled_array_metadata, write_node, write_shard
 
     g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     rng = np.random.default_rng(1)
     block = rng.random((64, 40)).astype(np.float32)
     block[:32, :32] = np.nan  # an all-fill chunk is left out, as zarr does
-    a = create_tiled_array(g, "ours", (100, 40), "float32", 32, 2, float("nan"))
-    b = create_tiled_array(g, "zarrs", (100, 40), "float32", 32, 2, float("nan"))
+    meta = tiled_array_metadata((100, 40), "float32", 32, 2, float("nan"))
+    write_node(tmp_path / "g.zarr" / "ours", meta)
+    a = array_handle(str(tmp_path / "g.zarr"), "ours", meta)
+    b = zarr_tiled_array(g, "zarrs", (100, 40), "float32", 32, 2, float("nan"))
     write_shard(a, 0, 0, block)
     b[0:64, 0:40] = block
     assert (tmp_path / "g.zarr/ours/c/0/0").read_bytes() == (tmp_path / "g.zarr/zarrs/c/0/0").read_bytes()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
+from references import zarr_coordinates, zarr_tiled_array
 from terrain_io import store as store_mod
 from terrain_io.errors import StoreError
 from terrain_io.store import TerrainStore, Window, fill_value_for, write_shard
@@ -33,19 +34,30 @@ def test_result_metadata_is_zarrs_own(tmp_path, dtype, fill, attrs):
         writer.create_array("v", dtype, fill, attrs)
         writer.create_array("w", "uint32", 0)
     with store.write_result("ref") as writer:  # through zarr-python's API
-        shard = store.tile_size * store.shard_size
-        store_mod.write_coordinates(writer.group, store.shape, store.transform, store.crs)
+        zarr_coordinates(writer.group, store.shape, store.transform, store.crs)
         for name, dt, fv, at in (("v", dtype, fill, attrs), ("w", "uint32", 0, None)):
-            writer.group.create_array(name, shape=SHAPE, chunks=(32, 32), shards=(shard, shard), dtype=dt,
-                                      fill_value=fv, compressors=(store_mod._COMPRESSOR, store_mod._CHECKSUM),
-                                      dimension_names=("y", "x"),
-                                      attributes={"grid_mapping": "spatial_ref", "coordinates": "spatial_ref",
-                                                  **(at or {})})
+            zarr_tiled_array(writer.group, name, SHAPE, dt, 32, 4, fv, at)
     ours, ref = files_of(tmp_path / "s.zarr" / "ours"), files_of(tmp_path / "s.zarr" / "ref")
     assert ours.keys() == ref.keys() and "v/zarr.json" in ours and "x/c/0" in ours
     assert {k for k in ours if ours[k] != ref[k]} == set()
     arr = zarr.open_group(tmp_path / "s.zarr", mode="r")["ours/v"]
     assert arr.dtype == np.dtype(dtype) and arr.shape == SHAPE and arr.attrs.get("units") == (attrs or {}).get("units")
+
+
+@pytest.mark.parametrize("dtype, nodata", [("float32", None), ("int16", -9999), ("uint8", 0)])
+def test_a_new_stores_files_are_zarrs_own(tmp_path, dtype, nodata):
+    """A new store (TerrainStore.create: convert's, synth's) holds the files zarr-python writes for the
+    same group, elevation array and coordinates through its own API, byte for byte."""
+    store = TerrainStore.create(tmp_path / "ours.zarr", SHAPE, dtype, tile=32, shard=4, nodata=nodata, attrs=GEO)
+    ref = zarr.open_group(str(tmp_path / "ref.zarr"), mode="w-")
+    ref.attrs.update(dict(store.attrs))  # (its creation time and generation: this store's)
+    zarr_tiled_array(ref, "elevation", SHAPE, dtype, 32, 4, store.elevation.fill_value)
+    zarr_coordinates(ref, SHAPE, store.transform, store.crs)
+    ours, want = files_of(tmp_path / "ours.zarr"), files_of(tmp_path / "ref.zarr")
+    assert ours.keys() == want.keys() and "elevation/zarr.json" in ours and "x/c/0" in ours
+    assert {k for k in ours if ours[k] != want[k]} == set()
+    with pytest.raises(StoreError, match="exists"):
+        TerrainStore.create(tmp_path / "ours.zarr", SHAPE, dtype)
 
 
 def test_result_attributes_are_zarrs_group_written_once_without_a_rename(tmp_path, monkeypatch):

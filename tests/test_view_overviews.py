@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import zarr
 
-from references import check_cog_layout, overview_max, overview_mean, overview_mode, utm_store
+from references import (check_cog_layout, overview_max, overview_mean, overview_mode, utm_store, zarr_coordinates,
+                        zarr_tiled_array)
 from terrain_io.overviews import write_overviews
-from terrain_io.store import (TerrainStore, create_tiled_array, tiled_array_metadata, write_coordinate_files,
-                              write_coordinates, write_node)
+from terrain_io.store import TerrainStore, tiled_array_metadata, write_coordinate_files, write_node
 
 UTM_T = (500000.0, 30.0, 0.0, 4100000.0, 0.0, -30.0)
 
@@ -28,8 +28,8 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_level_nodes_are_the_bytes_zarr_writes(tmp_path, dtype, fill):
     """A level's array metadata and coordinates, written as files, against zarr writing the same nodes."""
     ref = zarr.open_group(str(tmp_path / "zarr"), mode="w")
-    create_tiled_array(ref, "a", (300, 41), np.dtype(dtype), 16, 4, fill, {"level": 2, "units": "m"})
-    write_coordinates(ref, (300, 41), UTM_T, "PROJCS[...]")
+    zarr_tiled_array(ref, "a", (300, 41), np.dtype(dtype), 16, 4, fill, {"level": 2, "units": "m"})
+    zarr_coordinates(ref, (300, 41), UTM_T, "PROJCS[...]")
     ours = tmp_path / "ours"
     write_node(ours / "a", tiled_array_metadata((300, 41), np.dtype(dtype), 16, 4, fill, {"level": 2, "units": "m"}))
     write_coordinate_files(ours, (300, 41), UTM_T, "PROJCS[...]")
@@ -39,7 +39,7 @@ def test_level_nodes_are_the_bytes_zarr_writes(tmp_path, dtype, fill):
 
 def test_coordinates_of_several_chunks_are_the_bytes_zarr_writes(tmp_path):
     shape = (3, (1 << 20) + 5)  # x: two chunks, the last padded with the fill value
-    write_coordinates(zarr.open_group(str(tmp_path / "zarr"), mode="w"), shape, None, None)
+    zarr_coordinates(zarr.open_group(str(tmp_path / "zarr"), mode="w"), shape, None, None)
     write_coordinate_files(tmp_path / "ours", shape, None, None)
     want = {k: v for k, v in _tree(tmp_path / "zarr").items() if k != "zarr.json"}
     assert "x/c/1" in want and _tree(tmp_path / "ours") == want
