@@ -240,7 +240,7 @@ class _Route:
         same values, given back in the stored type). ``then()``: called once the arrays are read,
         before the kernels run."""
         mask = self.device == "gpu" and not tails
-        stored = store.group["flow/accumulation"].dtype
+        stored = store.array("flow/accumulation").dtype
         narrow = self.device == "gpu" and stored.kind == "u" and store.shape[0] * store.shape[1] < 2**32
         convert = None
         if mask:
@@ -468,7 +468,7 @@ def _table_room(n: int, budget: int, beside: int, what: str) -> int:
 def _network(store, what, threshold, units, memory, window_tiles, device):
     store, wins, route = _open(store, what, memory, window_tiles, device=device)
     cells = _threshold_cells(store, threshold, units)
-    if store.group["flow/accumulation"].attrs.get("units") != "cells" and units == "m2":
+    if store.array("flow/accumulation").attrs.get("units") != "cells" and units == "m2":
         raise InputError("--units m2 needs an accumulation of cells (this flow summed weights)")
     return store, wins, route, cells
 
@@ -789,7 +789,7 @@ def write_links(store: TerrainStore, reader: CellReader, links: Links, out, over
     timer = Timings() if timer is None else timer
     rows, cols = store.shape
     dx, dy = store.metric_cell_size
-    counted = store.group["flow/accumulation"].attrs.get("units") == "cells"
+    counted = store.array("flow/accumulation").attrs.get("units") == "cells"
     source = store.group["flow"].attrs.get("source", "elevation")
     n = len(links.head)
     transform = np.asarray(store.geotransform, np.float64)
