@@ -27,6 +27,7 @@ import functools
 import itertools
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -289,7 +290,8 @@ def decoder():
 
 
 class BandDecoder:
-    """Zstd frames decoded on the GPU into a band of an array's rows: :meth:`decode`."""
+    """Zstd frames decoded on the GPU into a band of an array's rows: :meth:`stage` (a thread's
+    frames copied to the GPU), :meth:`decode`, :meth:`close` (the staged frames' memory given back)."""
 
     def __init__(self):
         self.lib = _lib()
@@ -299,11 +301,43 @@ class BandDecoder:
                "alignments")
         self.input_align = max(1, int(align.input))  # each frame's first byte (shard_frames' align)
         self.output_align = max(int(align.output), int(align.temp), 8)
+        self._mine, self._streams, self._lock = threading.local(), [], threading.Lock()
+
+    def stage(self, frames: np.ndarray):
+        """``frames`` (host bytes, pageable) in a new CuPy buffer, copied on the calling thread's own
+        non-blocking stream and complete on return: the reader threads each copy their shard's frames
+        beside the others' reads and the decode on the caller's stream (a stream of the legacy kind, or
+        CuPy's synchronous copy, would wait for that decode; the driver call releases the GIL). The
+        buffer is allocated on that stream too, so CuPy's pool reuses it only for that thread's next
+        copy -- never while a kernel on another stream may still read it."""
+        import cupy as cp
+
+        stream = getattr(self._mine, "stream", None)
+        if stream is None:
+            stream = self._mine.stream = cp.cuda.Stream(non_blocking=True)
+            with self._lock:
+                self._streams.append(stream)
+        with stream:
+            buf = cp.empty(len(frames), cp.uint8)
+            buf.set(frames, stream=stream)
+        stream.synchronize()
+        return buf
+
+    def close(self) -> None:
+        """The staged frames' device memory, freed once their buffers are, given back from CuPy's pool
+        (each stream's own free list: no other stream would ever reuse it)."""
+        import cupy as cp
+
+        with self._lock:
+            streams, self._streams = self._streams, []
+        for stream in streams:
+            cp.get_default_memory_pool().free_all_blocks(stream=stream)
 
     def decode(self, frames, chunks: np.ndarray, band, chunk_shape) -> np.ndarray:
-        """Decode the frames in ``frames`` (a CuPy uint8 buffer) into ``band`` (a C-contiguous CuPy
-        2-D array of the chunks' dtype): ``chunks`` rows (offset, bytes, row, col) of each frame, at
-        multiples of :attr:`input_align`, and the band's cell its chunk's first cell lands on (the
+        """Decode the frames in ``frames`` (a sequence of CuPy uint8 buffers, :meth:`stage`'s) into
+        ``band`` (a C-contiguous CuPy 2-D array of the chunks' dtype): ``chunks`` rows (buffer, offset,
+        bytes, row, col) of each frame, its buffer's index in ``frames`` and its offset there (a
+        multiple of :attr:`input_align`), and the band's cell its chunk's first cell lands on (the
         chunk clipped at the band's edge), ``chunk_shape`` (t0, t1). Returns the rows of ``chunks``
         that did not decode to a whole chunk (empty: all did), once the band is complete."""
         import cupy as cp
@@ -322,8 +356,9 @@ class BandDecoder:
         temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
         out = cp.empty(k * slot, cp.uint8)
         # (the small arrays made on the host and copied: no CuPy kernel to load in a fresh process)
-        in_ptrs = cp.asarray(np.uint64(frames.data.ptr) + chunks[:, 0].astype(np.uint64))
-        in_sizes = cp.asarray(chunks[:, 1].astype(np.uint64))
+        bases = np.array([buf.data.ptr for buf in frames], np.uint64)
+        in_ptrs = cp.asarray(bases[chunks[:, 0]] + chunks[:, 1].astype(np.uint64))
+        in_sizes = cp.asarray(chunks[:, 2].astype(np.uint64))
         out_ptrs = cp.asarray(np.uint64(out.data.ptr) + np.arange(k, dtype=np.uint64) * np.uint64(slot))
         room = cp.asarray(np.full(k, chunk_bytes, np.uint64))
         got, statuses = cp.zeros(k, cp.uint64), cp.zeros(k, cp.int32)
@@ -331,9 +366,9 @@ class BandDecoder:
                                                     k, temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
                                                     self.opts, statuses.data.ptr, stream), "zstd decompress")
         rows, cols = band.shape
-        at = cp.asarray(chunks[:, 2] * cols + chunks[:, 3])
-        h = cp.asarray(np.minimum(t0, rows - chunks[:, 2]).astype(np.int32))
-        w = cp.asarray(np.minimum(t1, cols - chunks[:, 3]).astype(np.int32))
+        at = cp.asarray(chunks[:, 3] * cols + chunks[:, 4])
+        h = cp.asarray(np.minimum(t0, rows - chunks[:, 3]).astype(np.int32))
+        w = cp.asarray(np.minimum(t1, cols - chunks[:, 4]).astype(np.int32))
         word = np.dtype(f"u{item}")
         _place_module().get_function(f"place_chunks<{_WORDS[item]}>")(
             (k,), (256,), (out, np.int64(slot // item), np.int64(t1), at, h, w, np.int64(cols), band.view(word)))
