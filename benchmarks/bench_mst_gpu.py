@@ -33,6 +33,7 @@ import numpy as np
 from common import warm_side  # benchmarks/ is on sys.path when run as a script
 
 from terrain_io.grid.mst import _cpu as K
+from terrain_io.grid.mst.shared import FOREST_GIVEN, N_EXP
 from terrain_io.store import TerrainStore, Window
 from terrain_io.synth import synthesize
 from terrain_io.weights import get as weight_model
@@ -80,7 +81,7 @@ def tile_kernel_times(store: TerrainStore, tile: int = 256, repeats: int = 5) ->
         K.tile_forest_max(v, hk, float_bits, ok, 0, 0, tile, tile, tile, tile, 0, 0, rows, cols,
                           np.zeros((tile, tile), np.uint8), np.empty(cap, np.int64), np.empty(cap),
                           np.empty(cap, np.uint8), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap),
-                          np.empty(cap, np.int64), np.zeros((2, K.N_EXP), np.int64), work)
+                          np.empty(cap, np.int64), np.zeros((2, N_EXP), np.int64), work)
         return time.perf_counter() - t0
 
     work = tuple(a[0] for a in K.max_tile_work(1, tile))
@@ -116,7 +117,7 @@ def contract_times(store: TerrainStore, tile: int = 256, repeats: int = 5) -> di
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
         out_c = K.tile_phase_batch(values, valid, hk, float_bits, bits, tiles, 0, 0, rows, cols, 0, cap,
-                                   K.FOREST_GIVEN)
+                                   FOREST_GIVEN)
         cpu_times.append(time.perf_counter() - t0)
     same = all(np.array_equal(a, b) for a, b in zip(out_g[:1] + out_g[4:5], out_c[:1] + out_c[4:5])) and all(
         np.array_equal(out_g[x][t, :out_c[0 if x < 4 else 4][t]], out_c[x][t, :out_c[0 if x < 4 else 4][t]])

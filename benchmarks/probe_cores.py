@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 import numpy as np  # noqa: E402
 
 from terrain_io.grid.sssp import _pipeline_cpu as K  # noqa: E402
+from terrain_io.weights import steps_of  # noqa: E402
 
 TILE, CLUSTER, TILES = 256, 8, 16
 
@@ -33,7 +34,7 @@ def _work(n: int) -> float:
     """Seconds for n tiles after one untimed (compile / cache load)."""
     rng = np.random.default_rng(1)
     vals = np.cumsum(np.cumsum(rng.standard_normal((TILE, TILE)), 0), 1)
-    steps = K.steps_of(1.0, 1.0)
+    steps = steps_of(1.0, 1.0)
     _tile(vals, steps)
     t = time.perf_counter()
     for _ in range(n):

@@ -134,7 +134,7 @@ def main():
 
     from terrain_io import worklist
     from terrain_io.grid.sssp import _incore_gpu
-    from terrain_io.grid.sssp._pipeline_cpu import steps_of
+    from terrain_io.weights import steps_of
     from terrain_io.grid.sssp.incore import solve_block
     from terrain_io.synth import synth_array
     from terrain_io.weights import get as weight_model

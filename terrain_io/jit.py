@@ -28,7 +28,7 @@ steps ~25 s, shared by three processes on a cold cache: ``cli/demo.py``;
   again there, so a helper costs once per kernel that calls it. The kernels avoid numba's generic
   sorts (quick- and mergesort, seconds each: the radix sorts of ``grid/_radix_cpu`` instead), array
   slice copies (each compiles numba's shape-error message, string formatting included: loops
-  instead), and large ``inline="always"`` helpers called at many sites (``weights.walk_time`` is a call).
+  instead), and large ``inline="always"`` helpers called at many sites (``_weights_cpu.walk_time`` is a call).
   For the same reason a large callee is called by the Python caller, in turn with the kernel that
   takes its result, rather than inside that kernel, where it would be compiled a second time
   (``depressions._cpu.tile_pieces`` and the steps of ``tile_labels``,
@@ -44,7 +44,7 @@ steps ~25 s, shared by three processes on a cold cache: ``cli/demo.py``;
   entry point per variant (the SSSP queues: ``grid/sssp/_incore_cpu.solve_distances``), and a
   fallback that usual inputs never take is the Python caller's (the MST merge's radix argsort for
   more than 16 runs: ``mst._cpu._vertex_order``); a kernel of a few weight models computes only
-  those (the MST's ``max`` and ``absdiff``, not every model of ``weights.edge_weight``). Each
+  those (the MST's ``max`` and ``absdiff``, not every model of ``_weights_cpu.edge_weight``). Each
   argument reaches a kernel with one type (an empty array, not ``None``, for "no array"), and no
   kernel passes a callee a literal: a counter that starts as ``0`` (or a ``True``) is typed
   ``Literal[int](0)`` on the first pass of numba's type inference, and the callee is compiled for

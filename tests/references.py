@@ -238,7 +238,7 @@ def check_warm_solve(kind: str, device: str):
     """A sub-block solved cold for an earlier ring (distances higher on one side, another side
     not known yet: NaN values, +inf distances) and then warm, in the same blocks, for the true
     ring gives the whole grid's solve inside -- whose distances are scipy's."""
-    from terrain_io.grid.sssp._pipeline_cpu import steps_of
+    from terrain_io.weights import steps_of
     from terrain_io.grid.sssp.incore import NO_LEVEL, ringed, solve_block
 
     v = terraced((150, 140), 5, step=6.0)  # plateaus: levels and ties matter

@@ -315,20 +315,21 @@ def test_exact_weight_sum_against_fractions_and_frexp():
     the exact sum of Fractions, for doubles of every exponent (subnormals, signed zeros, negatives,
     float32 values), added and subtracted."""
     from terrain_io.grid.mst import _cpu as K
+    from terrain_io.grid.mst.shared import EXP_OFFSET, N_EXP, exact_total
 
     rng = np.random.default_rng(4)
     bits = rng.integers(0, 2**63, 3000, dtype=np.int64).view(np.float64)  # positive, every exponent
     w = np.concatenate([bits[np.isfinite(bits)], -bits[np.isfinite(bits)][:500], [0.0, -0.0, 5e-324, -2.5e-310],
                         rng.standard_normal(500).astype(np.float32), [1e308, -1e308, 2.0**-1022]])
     for sign in (1, -1):
-        got = np.zeros((2, K.N_EXP), dtype=np.int64)
+        got = np.zeros((2, N_EXP), dtype=np.int64)
         K.add_exact_many(got, w, sign)
-        want = np.zeros((2, K.N_EXP), dtype=np.int64)
+        want = np.zeros((2, N_EXP), dtype=np.int64)
         for x in w.tolist():
             m, e = math.frexp(x)
             mant = int(m * 2**53) * sign
             hi = mant >> 26
-            want[0, e + K.EXP_OFFSET] += hi
-            want[1, e + K.EXP_OFFSET] += mant - (hi << 26)
+            want[0, e + EXP_OFFSET] += hi
+            want[1, e + EXP_OFFSET] += mant - (hi << 26)
         np.testing.assert_array_equal(got, want)
-        assert K.exact_total(got) == sign * sum(Fraction(x) for x in w.tolist())
+        assert exact_total(got) == sign * sum(Fraction(x) for x in w.tolist())

@@ -17,6 +17,7 @@ from scipy import ndimage
 from terrain_io import weights as weight_models
 from terrain_io.grid.mst import _cpu as K
 from terrain_io.grid.mst import edge_list, mst, read_edges
+from terrain_io.grid.mst.shared import FOREST_EDGES, FOREST_GIVEN
 from terrain_io.store import TerrainStore, valid_mask
 from references import islands, scipy_msf, terrain
 
@@ -125,9 +126,9 @@ def check_contraction(vals, T, weight="max", nodata=None, place=(0, 0, 0, 0), fo
     fv = vals if forest_vals is None else forest_vals
     hkey, float_bits = K.key_source(fv)
     bits = np.zeros((H, W), np.uint8)
-    K.tile_phase_batch(fv, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, K.FOREST_EDGES)
+    K.tile_phase_batch(fv, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, FOREST_EDGES)
     want = K.tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap,
-                              K.FOREST_GIVEN)
+                              FOREST_GIVEN)
     gpu = gpu_for(T, weight, vals.dtype)
     assert_same_contraction(gpu.contract(vals, valid, bits, tiles, gr0, gc0, rows, cols, cap), want)
     if forest_vals is None and T <= 1024:  # the whole GPU tile phase: Boruvka's forests, then contraction

@@ -308,6 +308,7 @@ def test_boundary_blocks_equal_dijkstra_per_cluster(kind, c):
     """Phase 1's G' blocks, bit for bit, against scipy's Dijkstra run inside each cluster from each
     boundary cell (both take the minimum over paths of the left-to-right float64 sums)."""
     from terrain_io.grid.sssp import _pipeline_cpu as K
+    from terrain_io.weights import steps_of
 
     kinds = {"absdiff": 1, "surface": 2, "cell": 3}
     vals = random_dem((2 * c + 5, 2 * c + 3), seed=c, holes=0.1).astype(np.float64)
@@ -316,7 +317,7 @@ def test_boundary_blocks_equal_dijkstra_per_cluster(kind, c):
     mr, mc, B = -(-H // c), -(-W // c), 4 * c - 4
     d = np.full((mr, mc, B, B), np.inf, np.float32)
     v = np.full((mr, mc, B), np.nan)
-    K.boundary_phase(vals, c, kinds[kind], K.steps_of(2.0, 3.0), d, v)
+    K.boundary_phase(vals, c, kinds[kind], steps_of(2.0, 3.0), d, v)
     for a in range(mr):
         for b in range(mc):
             sub = vals[a * c : (a + 1) * c, b * c : (b + 1) * c]

@@ -7,6 +7,7 @@ import pytest
 
 from terrain_io.grid.sssp import _pipeline_cpu as K
 from terrain_io.grid.sssp import sssp
+from terrain_io.weights import steps_of
 from references import check_predecessors, make_store, random_dem, reference
 
 
@@ -19,7 +20,7 @@ def test_gpu_boundary_blocks_equal_cpu(c, kind):
     from terrain_io.grid.sssp._pipeline_gpu import boundary_phase_gpu
 
     vals = random_dem((75, 90), seed=c + kind, holes=0.1).astype(np.float64)
-    steps = K.steps_of(2.0, 3.0)
+    steps = steps_of(2.0, 3.0)
     mr, mc, B = -(-75 // c), -(-90 // c), 4 * c - 4
     cpu_d = np.full((mr, mc, B, B), np.inf, np.float32)
     cpu_v = np.full((mr, mc, B), np.nan)

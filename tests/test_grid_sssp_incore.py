@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from terrain_io.grid.sssp import sssp
-from terrain_io.grid.sssp._pipeline_cpu import steps_of
+from terrain_io.weights import steps_of
 from terrain_io.grid.sssp.incore import NO_LEVEL, output_distance, ringed, solve_block
 from references import CASES, check_warm_solve, KINDS, make_store, random_dem, reference, rule_predecessors, terraced
 
@@ -305,7 +305,7 @@ def test_distances_beyond_float32_are_unreached_with_one_note():
 
     from terrain_io import cost_distance
     from terrain_io.errors import TerrainNote
-    from terrain_io.weights import walk_time
+    from terrain_io._weights_cpu import walk_time
 
     dem = np.array([[0.0, 30.0, 30.0, 0.5]], np.float32)
     n = dem.size

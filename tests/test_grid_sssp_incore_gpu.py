@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from terrain_io.grid.sssp import sssp
-from terrain_io.grid.sssp._pipeline_cpu import steps_of
+from terrain_io.weights import steps_of
 from terrain_io.grid.sssp.incore import ringed, solve_block
 from references import CASES, check_warm_solve, KINDS, make_store, random_dem, reference, rule_predecessors, terraced
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from terrain_io import worklist
-from terrain_io.grid.sssp._pipeline_cpu import steps_of
+from terrain_io.weights import steps_of
 from terrain_io.grid.sssp.incore import ringed, solve_block
 from references import KINDS, reference, rule_predecessors, terraced
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..weights import float64_bits
+from .._weights_cpu import float64_bits
 
 
 @numba.njit(inline="always", cache=True)

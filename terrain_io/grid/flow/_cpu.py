@@ -400,7 +400,7 @@ def routed(z, valid, dx, dy, outlets: str = "edge+nodata") -> tuple[np.ndarray, 
     """:func:`directions` and the number of flat cells (no lower neighbour, not an outlet: routed by
     the flat rule, or SINK)."""
     from ..fill._cpu import outlets as outlet_cells, outlets_serial
-    from ..sssp._pipeline_cpu import steps_of
+    from ...weights import steps_of
 
     z = np.asarray(z)
     rows, cols = z.shape

@@ -17,7 +17,7 @@ import numpy as np
 from ...backend import EXACT_OPTIONS, gpu_free_bytes, kernel_source
 from ...errors import InputError
 from ...worklist import ROWS_PER_PASS, TILE
-from ..sssp._pipeline_cpu import steps_of
+from ...weights import steps_of
 from ._cpu import UNRESOLVED
 
 THREADS = 256

@@ -53,7 +53,7 @@ from ...timings import Timings
 from ..fill._cpu import outlets as outlet_cells
 from ..fill._tiled import OUTLETS
 from ..tiling import check_side, plan, plan_batches
-from ..sssp._pipeline_cpu import steps_of
+from ...weights import steps_of
 from . import _cpu as K
 from .array import DIRECTION_CODES, check_weights
 from .codes import NODATA, OUTLET, SINK

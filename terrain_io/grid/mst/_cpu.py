@@ -24,24 +24,19 @@ Decisions
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from ...jit import in_threads
 from ...unionfind import find, find_sized, union_sized
-from ...weights import DC, DR, MAX, float64_bits
+from ..._weights_cpu import float64_bits
+from ...weights import DC, DR, MAX
 from .._radix_cpu import argsort_float, argsort_int, radix_argsort, radix_sort32_in
+from .shared import EXP_OFFSET, FOREST_CELLS, FOREST_EDGES, LO_BITS, N_EXP, TileGraphs, cells_sortable
 
 DIR_TO_RANK = np.array([0, 3, 2, 1], dtype=np.int64)  # forward direction -> rank in the edge code
 RANK_TO_DIR = np.array([0, 3, 2, 1], dtype=np.int64)  # (the map is its own inverse)
-
-# Exact sums: w = mant * 2**(e - 53) with |mant| < 2**53, split into two int64 buckets per e.
-EXP_OFFSET = 1100
-N_EXP = 2200
-_LO_BITS = 26
-
 
 @numba.njit(inline="always", cache=True)
 def _key_less(w1, c1, w2, c2):
@@ -50,7 +45,7 @@ def _key_less(w1, c1, w2, c2):
 
 @numba.njit(inline="always", cache=True)
 def _edge_weight(kind, h_a, h_b):
-    """An edge's weight in the two MST models (:func:`terrain_io.weights.edge_weight`'s formulas for
+    """An edge's weight in the two MST models (:func:`terrain_io._weights_cpu.edge_weight`'s formulas for
     ``max`` and ``absdiff``, the models ``mst`` accepts): the other models' code (the walk's exp, the
     friction unpacking) is not compiled into every MST kernel."""
     a = np.float64(h_a)
@@ -81,26 +76,15 @@ def _add_exact(buckets, w, sign):
             mant = -mant
         mant *= sign
         e = biased - 1022
-    hi = mant >> _LO_BITS
+    hi = mant >> LO_BITS
     buckets[0, e + EXP_OFFSET] += hi
-    buckets[1, e + EXP_OFFSET] += mant - (hi << _LO_BITS)
+    buckets[1, e + EXP_OFFSET] += mant - (hi << LO_BITS)
 
 
 @numba.njit(cache=True, nogil=True)
 def add_exact_many(buckets, weights, sign):
     for i in range(weights.shape[0]):
         _add_exact(buckets, weights[i], sign)
-
-
-def exact_total(buckets: np.ndarray):
-    """The exact sum held by ``buckets`` as a ``fractions.Fraction``."""
-    from fractions import Fraction
-
-    total = Fraction(0)
-    for idx in np.flatnonzero(buckets[0] | buckets[1]):
-        mant = (int(buckets[0, idx]) << _LO_BITS) + int(buckets[1, idx])
-        total += Fraction(mant) * Fraction(2) ** (int(idx) - EXP_OFFSET - 53)
-    return total
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,10 +179,10 @@ def exact_buckets(weights: np.ndarray) -> np.ndarray:
     mant, exp = np.frexp(weights)
     mant = (mant * 9007199254740992.0).astype(np.int64)  # m * 2**53: exact
     idx = exp.astype(np.int64) + EXP_OFFSET
-    hi = mant >> _LO_BITS
+    hi = mant >> LO_BITS
     buckets = np.zeros((2, N_EXP), dtype=np.int64)
     np.add.at(buckets[0], idx, hi)
-    np.add.at(buckets[1], idx, mant - (hi << _LO_BITS))
+    np.add.at(buckets[1], idx, mant - (hi << LO_BITS))
     return buckets
 
 
@@ -471,9 +455,9 @@ def tile_forest_max(vals, hkey, float_bits, valid, i0, j0, h, w, bh, bw, gr0, gc
     for e in range(255):  # the tile's sums into the superaccumulator: wsum[e] * 2**(max(e, 1) - 150)
         if wsum[e] != 0:
             idx = EXP_OFFSET + 53 + ((e if e > 0 else 1) - 150 if float_bits else 0)
-            hi = wsum[e] >> _LO_BITS
+            hi = wsum[e] >> LO_BITS
             buckets[0, idx] += hi
-            buckets[1, idx] += wsum[e] - (hi << _LO_BITS)
+            buckets[1, idx] += wsum[e] - (hi << LO_BITS)
     for _ in range(wsum[255]):  # infinite weights (NaN is nodata)
         _add_exact(buckets, np.inf, 1)
     for _ in range(wsum[256]):
@@ -650,18 +634,6 @@ def contract_tile(vals, valid, bits, i0, j0, h, w, bh, bw, gr0, gc0, rows, cols,
     return nv, ne
 
 
-FOREST_GIVEN = 0  # the GPU computed the forests into ``bits``
-FOREST_EDGES = 1  # Kruskal sorting edges (any weight model)
-FOREST_CELLS = 2  # Kruskal sorting cells (model ``max``, elevations of at most 32 bits)
-
-
-def cells_sortable(dtype) -> bool:
-    """Elevations that :func:`_order_key` maps to uint32 keys in order (FOREST_CELLS possible)."""
-    dtype = np.dtype(dtype)
-    return dtype == np.float32 or (dtype.kind == "i" and dtype.itemsize <= 4) or (
-        dtype.kind == "u" and dtype.itemsize <= 2)
-
-
 def key_source(values: np.ndarray) -> tuple[np.ndarray, bool]:
     """What FOREST_CELLS reads its order keys from: float32 bits (a view, no copy), or the integers."""
     if values.dtype == np.float32:
@@ -684,24 +656,6 @@ def _order_key(x, float_bits):
             return np.uint32(0xFFFFFFFF) ^ u
         return u | np.uint32(0x80000000)
     return np.uint32(np.int64(x) + 2147483648)
-
-
-class TileGraphs(NamedTuple):
-    """The tile phase's result for a batch of n tiles, as the merges read it: per tile a row of ``cap``
-    entries of its contracted graph, ``nv`` vertices (cell id ``vid``, value ``vh``, boundary mask
-    ``vmask``) and ``ne`` super-edges (``eu`` -> ``ev``, weight ``ew``, edge code ``ecode``), and
-    ``buckets`` (2, N_EXP), the exact weight sum of the batch's forests."""
-
-    nv: np.ndarray
-    vid: np.ndarray
-    vh: np.ndarray
-    vmask: np.ndarray
-    ne: np.ndarray
-    eu: np.ndarray
-    ev: np.ndarray
-    ew: np.ndarray
-    ecode: np.ndarray
-    buckets: np.ndarray
 
 
 def tile_phase_batch(vals, valid, hkey, float_bits, bits, tiles, gr0, gc0, rows, cols, kind, cap, forest,

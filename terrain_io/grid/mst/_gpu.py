@@ -36,7 +36,7 @@ import threading
 import numpy as np
 
 from ...backend import kernel_source, kernel_struct
-from . import _cpu as K
+from .shared import N_EXP, TileGraphs
 
 _CTYPES = {"float32": "float", "float64": "double", "int8": "signed char", "uint8": "unsigned char",
            "int16": "short", "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int"}
@@ -210,7 +210,7 @@ class GpuTileForest:
                "vmask": cp.empty((n, cap), cp.uint8), "ne": cp.empty(n, cp.int64),
                "eu": cp.empty((n, cap), cp.int64), "ev": cp.empty((n, cap), cp.int64),
                "ew": cp.empty((n, cap), cp.float64), "ecode": cp.empty((n, cap), cp.int64),
-               "buckets": cp.zeros((2, K.N_EXP), cp.int64)}
+               "buckets": cp.zeros((2, N_EXP), cp.int64)}
         if n == 0:
             out["nv"].fill(0)
             out["ne"].fill(0)
@@ -225,14 +225,14 @@ class GpuTileForest:
         d_tiles = cp.asarray(tiles)  # held until the launch: the struct keeps only its address
         batch = kernel_struct(d_vals, d_valid, d_bits, d_tiles, gr0, gc0, rows, cols, T, H, W, cap)
         scratch = kernel_struct(alive, outm, q, vcell, sflag, sother, sw, scode)
-        outputs = kernel_struct(*(out[k] for k in K.TileGraphs._fields))
+        outputs = kernel_struct(*(out[k] for k in TileGraphs._fields))
         self.k["contract_tiles"]((n,), (_CONTRACT_BLOCK,), (batch, scratch, outputs))
         return out
 
     @staticmethod
-    def _as_tuple(h: dict) -> K.TileGraphs:
+    def _as_tuple(h: dict) -> TileGraphs:
         """The host arrays as ``_cpu.tile_phase_batch``'s result."""
-        return K.TileGraphs(**h)
+        return TileGraphs(**h)
 
     # -- public ------------------------------------------------------------------------------------
     def forest(self, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -296,7 +296,7 @@ class GpuGridForest(GpuTileForest):
         cp.cuda.Device().synchronize()  # the elevations' copies (other streams) are done
         with self._lane() as lane:
             bits, cells = self._timed(lane, "kernel_seconds", self._forest, lane, d_vals, nodata)
-            buckets, edges = cp.zeros((2, K.N_EXP), cp.uint64), cp.zeros(1, cp.uint64)
+            buckets, edges = cp.zeros((2, N_EXP), cp.uint64), cp.zeros(1, cp.uint64)
             blocks = 4 * cp.cuda.Device().attributes["MultiProcessorCount"]
             self.k["forest_totals"]((blocks,), (1024,), (d_vals, bits, np.int64(bits.size), np.int32(bits.shape[1]),
                                                          buckets, edges))

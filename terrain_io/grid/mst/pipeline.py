@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from ... import weights as weight_models
@@ -59,10 +58,19 @@ from ...progress import progress_bar
 from ...store import TerrainStore, Window, read_window, write_window
 from ...timings import Timings
 from ...zorder import morton_decode
-from . import _cpu as K
+from ...weights import DC, DR
+from .shared import FOREST_CELLS, FOREST_EDGES, FOREST_GIVEN, N_EXP, cells_sortable, exact_total
 from ..tiling import Batch, check_side, plan, plan_batches
 
 RESULT = "mst"
+
+
+def _kernels():
+    """The numba kernels (:mod:`._cpu`), imported on first use: the GPU's in-core route runs none, and
+    numba's import is ~0.3-0.6 s of a command's start."""
+    from . import _cpu
+
+    return _cpu
 
 
 @dataclass
@@ -153,7 +161,7 @@ class _Merger:
         self.stack: list[_Block] = []
         self.removed = _CodeLog()  # codes of tile-forest edges dropped by a merge
         self.kept = _CodeLog()  # codes of separator edges in the final forest
-        self.buckets = np.zeros((2, K.N_EXP), dtype=np.int64)  # exact weight: - removed + kept
+        self.buckets = np.zeros((2, N_EXP), dtype=np.int64)  # exact weight: - removed + kept
         self.timings = Timings(merge=0.0)  # the merges' seconds, summed over the threads that ran them
         self.merges = 0
         self._lock = threading.Lock()
@@ -186,7 +194,7 @@ class _Merger:
         with self.timings.phase("merge"):
             levels = int(math.log2(side))
             tr, tc = morton_decode(b.codes.astype(np.uint64))
-            merged = _Merged.of(levels, int(b.codes[0]) >> (2 * levels), K.merge_batch(
+            merged = _Merged.of(levels, int(b.codes[0]) >> (2 * levels), _kernels().merge_batch(
                 *out[:-1], tr.astype(np.int64), tc.astype(np.int64), levels, self.rows, self.cols, self.tile,
                 self.kind))
         with self._lock:
@@ -244,13 +252,15 @@ class _Merger:
         span = self.tile << level
         cat = [np.concatenate([getattr(c, f) for c in children]) for f in
                ("vid", "vh", "vmask", "eu", "ev", "ew", "ecode")]
-        return _Merged.of(level, code, K.merge_blocks(*cat, br * span, (br + 1) * span, bc * span, (bc + 1) * span,
-                                                      self.rows, self.cols, self.tile, self.kind))
+        return _Merged.of(level, code, _kernels().merge_blocks(*cat, br * span, (br + 1) * span, bc * span,
+                                                               (bc + 1) * span, self.rows, self.cols, self.tile,
+                                                               self.kind))
 
     def _record(self, merged: _Merged) -> _Block:
         """Keep a merge's decisions (one thread at a time) and return its block."""
-        K.add_exact_many(self.buckets, merged.removed_weights, -1)
-        K.add_exact_many(self.buckets, merged.kept_weights, 1)
+        add_exact_many = _kernels().add_exact_many
+        add_exact_many(self.buckets, merged.removed_weights, -1)
+        add_exact_many(self.buckets, merged.kept_weights, 1)
         self.removed.append(merged.removed)
         self.kept.append(merged.kept)
         self.merges += 1
@@ -358,6 +368,7 @@ def _tile_phase_cpu(store: TerrainStore, task: _TileTask, values, valid):
     rows, cols = store.shape
     win = task.window
     bits = np.zeros(values.shape, dtype=np.uint8)
+    K = _kernels()
     hkey, float_bits = K.key_source(values)
     out = K.tile_phase_batch(values, valid, hkey, float_bits, bits, task.tiles, win.r0, win.c0, rows, cols,
                              weight_models.get(task.weight).kind, task.cap, task.forest,
@@ -393,7 +404,7 @@ def _tile_phase(store: TerrainStore, edges, batches: Sequence[Batch], next_code:
     rows, cols = store.shape
     lookahead = _readers("cpu" if gpu is None else "gpu")  # batches read ahead (on the GPU: its two lanes busy too)
     whole_shards = k == store.shard_size
-    buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
+    buckets = np.zeros((2, N_EXP), dtype=np.int64)
     valid_cells = 0
 
     def prepare(b: Batch):
@@ -418,6 +429,7 @@ def _tile_phase(store: TerrainStore, edges, batches: Sequence[Batch], next_code:
             concurrent.futures.ThreadPoolExecutor(writers) as io_pool:
         pending = collections.deque(pool.submit(prepare, b) for b in batches[:lookahead])
         parallel = rows * cols >= SERIAL_BELOW
+        K = _kernels()
         work = K.tile_work(forest, store.tile_size, parallel)  # the threads' scratch, for every batch
         for bi, b in enumerate(batches):
             with timings.phase("wait"):
@@ -491,7 +503,7 @@ def _run_task(task: _RunTask) -> _RunResult:
     if task.device == "gpu":
         from ._gpu import worker_tile_forest
 
-        gpu, forest = worker_tile_forest(store.tile_size, task.weight, store.dtype.str, lanes=2), K.FOREST_GIVEN
+        gpu, forest = worker_tile_forest(store.tile_size, task.weight, store.dtype.str, lanes=2), FOREST_GIVEN
     timings = Timings(read=0.0, gpu=0.0, wait=0.0, tile=0.0, write=0.0)
     merger = _Merger(store, kind, task.batched, first=int(batches[0].codes[0]))
     merger.start(workers=os.cpu_count() or 1)
@@ -529,6 +541,8 @@ def _plan_bytes(store: TerrainStore, device: str, sorts_edges: bool, k: int) -> 
     """
     t = store.tile_size
     ntr, ntc = store.tile_grid
+    import numba  # (here: the GPU's in-core route imports no numba)
+
     threads = numba.get_num_threads() if device == "cpu" else numba.get_num_threads() // 2 + 1
     per_tile_cell = 140 if sorts_edges else 40  # Kruskal's keys, union-find, contraction arrays
     fixed = ntr * ntc * 4 * t * 12 + threads * per_tile_cell * t * t
@@ -591,9 +605,9 @@ def _expand_unit(edges, win: Window, cols: int, removed: np.ndarray, kept: np.nd
     if bits is None:
         bits = read_window(edges, win, whole_shard)
     if held or len(removed) or len(kept):
-        K.apply_decisions(bits, win.r0, win.c0, cols, removed, kept)
+        _kernels().apply_decisions(bits, win.r0, win.c0, cols, removed, kept)
         write_window(edges, win, bits, whole_shard)
-    return int(K.count_edges(bits))
+    return int(_kernels().count_edges(bits))
 
 
 @dataclass(frozen=True, eq=False)
@@ -760,7 +774,7 @@ def _mst_in_memory(store: TerrainStore, model, timings: Timings) -> MSTResult:
         values = store.read(Window(0, rows, 0, cols))
         valid = store.valid(values)
     with timings.phase("tile"):
-        bits, n_edges, buckets = K.grid_forest(values, valid, model.kind)
+        bits, n_edges, buckets = _kernels().grid_forest(values, valid, model.kind)
     valid_cells = int(np.count_nonzero(valid))
     return _write_whole(store, model, "cpu", bits, lambda: (n_edges, buckets, valid_cells), timings)
 
@@ -795,7 +809,7 @@ def _write_whole(store: TerrainStore, model, device: str, bits, totals, timings:
             write_held(store, (edges, bits), timings=timings, bands_per_call=per_call)
         with timings.phase("totals_wait"):
             n_edges, buckets, valid_cells = totals()
-        exact = K.exact_total(buckets)
+        exact = exact_total(buckets)
         result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
                            edges=n_edges, trees=valid_cells - n_edges, total_weight=float(exact),
                            total_weight_exact=str(exact), seconds=timings.seconds(), timings=timings.rounded(4),
@@ -862,27 +876,27 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
         raise InputError(f"weight model {model.name!r} is not an MST model: use max or absdiff")
     device = resolve_device(device)
     budget = memory_budget(memory)
-    forest = K.FOREST_CELLS if model.kind == weight_models.MAX and K.cells_sortable(store.dtype) else K.FOREST_EDGES
+    forest = FOREST_CELLS if model.kind == weight_models.MAX and cells_sortable(store.dtype) else FOREST_EDGES
     scheduler = check_scheduler(scheduler)
     if choose_method(store, model, method, device, budget, scheduler, batch_tiles) == "incore":
         return (_mst_gpu_incore if device == "gpu" else _mst_in_memory)(store, model, timings)
-    k = batch_tiles or _batch_tiles(store, budget, device, forest == K.FOREST_EDGES)
+    k = batch_tiles or _batch_tiles(store, budget, device, forest == FOREST_EDGES)
     if scheduler != "local" and k != store.shard_size:
         raise InputError(f"with --scheduler every task is a whole shard, which needs more than the memory budget "
                          f"{format_bytes(budget)} (raise --memory)")
     check_side(store, k)
     batches = plan_batches(store, k)
     rows, cols = store.shape
-    held = {} if scheduler == "local" and _holds_bits(store, budget, device, forest == K.FOREST_EDGES, k) else None
+    held = {} if scheduler == "local" and _holds_bits(store, budget, device, forest == FOREST_EDGES, k) else None
     cap = 8 * store.tile_size + 8
     merger = _Merger(store, model.kind, batched=rows * cols >= SERIAL_BELOW)
-    buckets = np.zeros((2, K.N_EXP), dtype=np.int64)
+    buckets = np.zeros((2, N_EXP), dtype=np.int64)
     valid_cells = 0
     runs = None  # on a cluster: each worker's run of batches, (start, stop[, its decisions by shard])
     on_workers = 0  # the decisions the workers' merges made
     gpu = None  # the GPU tile kernel, when device == 'gpu' (on Dask: the workers' GPUs)
     if device == "gpu" and scheduler == "local":
-        forest = K.FOREST_GIVEN
+        forest = FOREST_GIVEN
         from ._gpu import GpuTileForest
 
         gpu = GpuTileForest(store.tile_size, model, store.dtype)
@@ -953,7 +967,7 @@ def mst(store, *, weight: str = "max", device: str = "auto", memory=None, progre
             decided = [rem_c, kept_c]
             del rem_c, kept_c  # (_expand empties each as it groups it)
             n_edges = _expand(store, edges, batches, k, budget, decided, progress, held, runs, scheduler, announce)
-        exact = K.exact_total(buckets)
+        exact = exact_total(buckets)
         seconds = timings.seconds()
         timings = timings.rounded(4)
         result = MSTResult(weight=model.name, device=device, cells=rows * cols, valid_cells=valid_cells,
@@ -978,5 +992,5 @@ def edge_list(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for d in range(4):
         r, c = np.nonzero(bits & (1 << d))
         us.append(r * cols + c)
-        vs.append((r + K.DR[d]) * cols + c + K.DC[d])
+        vs.append((r + DR[d]) * cols + c + DC[d])
     return np.concatenate(us).astype(np.int64), np.concatenate(vs).astype(np.int64)

@@ -29,7 +29,8 @@ from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from ...jit import serial_twin
 from .._heap_cpu import heap_pop, heap_push, heap_replace
-from ...weights import ABSDIFF, CELL, DC, DR, SURFACE, WALK, edge_weight, float64_bits, walk_time
+from ..._weights_cpu import edge_weight, float64_bits, walk_time
+from ...weights import ABSDIFF, CELL, DC, DR, SURFACE, WALK
 from .._radix_cpu import radix_sort32_in
 from .result import NO_LEVEL, NO_PRED
 

@@ -40,7 +40,7 @@ import numpy as np
 from numba import prange
 
 from ...timings import Timings
-from ...weights import edge_weight
+from ..._weights_cpu import edge_weight
 from ._pipeline_cpu import HOW_INTRA, HOW_NONE, HOW_SOURCE, boundary_count, crossings
 
 NO_LABEL = np.iinfo(np.int64).max

@@ -4,7 +4,7 @@ Clusters are c x c squares of cells (Gerritsen 2012's blocks; several per store 
 boundary cells are numbered clockwise from its top-left corner (:func:`local_index`); a partial
 cluster at the DEM's edge (h x w < c x c) uses the first ``boundary_count(h, w)`` numbers of the
 ``B = 4c - 4`` slots. Values are float64 with NaN for cells that are not vertices (nodata, or an
-unusable cost); edge weights come from :func:`terrain_io.weights.edge_weight`.
+unusable cost); edge weights come from :func:`terrain_io._weights_cpu.edge_weight`.
 
 * :func:`boundary_phase` -- phase 1: the shortest distances inside each cluster from every
   boundary cell to every other (vectorised label-correcting sweeps), the cluster's dense B x B
@@ -30,7 +30,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ...weights import DC, DR, edge_weight
+from ..._weights_cpu import edge_weight
+from ...weights import DC, DR
 from .result import NO_PRED
 HOW_INTRA = 254   # settled in the merge over a path inside its own cluster
 HOW_SOURCE = 253  # a source
@@ -40,7 +41,7 @@ HOW_NONE = 255    # never reached
 class ClusterGrid(NamedTuple):
     """What every merge kernel reads of the cluster grid: clusters of ``c`` x ``c`` cells grouped in
     chunks of ``m`` x ``m`` clusters (a chunk is one slot of :class:`Slots`), the DEM's ``rows`` x
-    ``cols``, the weight model's ``kind`` and the ``steps`` of the 8 directions (:func:`steps_of`),
+    ``cols``, the weight model's ``kind`` and the ``steps`` of the 8 directions (:func:`terrain_io.weights.steps_of`),
     and the grid edges between clusters (``tab, tcnt``: :func:`crossing_table`)."""
 
     c: int
@@ -96,12 +97,6 @@ class Paging(NamedTuple):
     last_use: np.ndarray
     saved: np.ndarray
     counters: np.ndarray
-
-
-def steps_of(dx: float, dy: float) -> np.ndarray:
-    """Step lengths of the 8 directions for cell size (dx, dy)."""
-    diag = float(np.hypot(dx, dy))
-    return np.array([dx, diag, dy, diag, dx, diag, dy, diag], dtype=np.float64)
 
 
 @numba.njit(inline="always", cache=True)

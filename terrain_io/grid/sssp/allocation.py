@@ -20,47 +20,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 
 from ...weights import DC, DR
 from .result import NO_PRED
-
-
-@numba.njit(cache=True)
-def _chase(pred, src_label, r0, c0, H, W, out):
-    """Root of every cell's chain inside a block: ``out[i, j]`` = -1 - label at a source (label 0:
-    unreached), else the global id (row * W + col) of the first cell outside the block that the
-    chain steps to. ``pred``: the block's codes; ``src_label``: the block's source labels (0 none)."""
-    h, w = pred.shape
-    done = np.zeros((h, w), np.bool_)
-    stack = np.empty(h * w, np.int64)
-    for i0 in range(h):
-        for j0 in range(w):
-            if done[i0, j0]:
-                continue
-            m = 0
-            i, j = i0, j0
-            root = np.int64(-1)
-            while True:
-                if done[i, j]:
-                    root = out[i, j]
-                    break
-                stack[m] = i * w + j
-                m += 1
-                p = pred[i, j]
-                if p == NO_PRED:
-                    root = -1 - np.int64(src_label[i, j])
-                    break
-                ii, jj = i + DR[p], j + DC[p]
-                if ii < 0 or ii >= h or jj < 0 or jj >= w:
-                    root = (r0 + ii) * np.int64(W) + c0 + jj
-                    break
-                i, j = ii, jj
-            for t in range(m):
-                q = stack[t]
-                out[q // w, q - (q // w) * w] = root
-                done[q // w, q - (q // w) * w] = True
 
 
 class SourceCells(list):
@@ -90,9 +53,11 @@ def _source_labels(cells, win_r0, win_c0, h, w) -> np.ndarray:
 
 def allocate_block(pred: np.ndarray, cells) -> np.ndarray:
     """The allocation of a whole grid from its predecessor codes (NumPy, h x w) and its sources."""
+    from ._allocation_cpu import chase
+
     h, w = pred.shape
     roots = np.empty((h, w), np.int64)
-    _chase(np.ascontiguousarray(pred), _source_labels(cells, 0, 0, h, w), 0, 0, h, w, roots)
+    chase(np.ascontiguousarray(pred), _source_labels(cells, 0, 0, h, w), 0, 0, h, w, roots)
     np.negative(roots, out=roots)  # no chain leaves the whole grid: every root is -1 - label
     roots -= 1
     return roots.astype(np.uint32)
@@ -129,6 +94,8 @@ def allocation_threads(store, budget: int, most: int) -> int:
 def write_allocation(pred_arr, source_arr, windows, cells, shape, threads: int = 8, bar=None) -> None:
     """The out-of-core allocation (module docstring): reads ``pred_arr`` (zarr) window by window
     twice and writes ``source_arr``; ``windows``: the blocks (store shards) covering ``shape``."""
+    from ._allocation_cpu import chase, resolve_frames
+
     H, W = shape
     windows = list(windows)
 
@@ -136,7 +103,7 @@ def write_allocation(pred_arr, source_arr, windows, cells, shape, threads: int =
         pred = np.ascontiguousarray(pred_arr[win.slices])
         h, w = pred.shape
         out = np.empty((h, w), np.int64)
-        _chase(pred, _source_labels(cells, win.r0, win.c0, h, w), win.r0, win.c0, H, W, out)
+        chase(pred, _source_labels(cells, win.r0, win.c0, h, w), win.r0, win.c0, H, W, out)
         return out
 
     def frame(win):
@@ -150,7 +117,7 @@ def write_allocation(pred_arr, source_arr, windows, cells, shape, threads: int =
         ids, values = zip(*pool.map(frame, windows))
     ids, values = np.concatenate(ids), np.concatenate(values)
     ids, first = np.unique(ids, return_index=True)
-    resolved = _resolve_frames(ids, values[first])
+    resolved = resolve_frames(ids, values[first])
 
     def label(win):
         out = roots(win)
@@ -164,27 +131,3 @@ def write_allocation(pred_arr, source_arr, windows, cells, shape, threads: int =
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(label, windows))
-
-
-@numba.njit(cache=True)
-def _resolve_frames(ids, values):
-    """Labels of the frame cells (sorted global ``ids``) whose chain roots are ``values``: a label
-    (negative, as _chase encodes it) or the id of another frame cell, followed to its label."""
-    n = ids.size
-    out = np.full(n, -1, np.int64)  # -1: not resolved yet
-    stack = np.empty(n, np.int64)
-    for s in range(n):
-        m = 0
-        q = s
-        while out[q] < 0:
-            v = values[q]
-            if v < 0:
-                out[q] = -1 - v
-                break
-            stack[m] = q
-            m += 1
-            q = np.searchsorted(ids, v)
-        lab = out[q]
-        for t in range(m):
-            out[stack[t]] = lab
-    return out.astype(np.uint32)

@@ -13,7 +13,7 @@ from ... import weights as weight_models
 from ...backend import device_of, is_cupy, to_host
 from ...errors import InputError
 from ...rasters import coordinate_steps, is_dataarray, like, unwrapped
-from ._pipeline_cpu import steps_of
+from ...weights import steps_of
 from .allocation import allocate_block, allocate_gpu
 from .incore import output_distance, ringed, solve_block
 

@@ -24,7 +24,6 @@ from ...errors import InputError
 from ...memory import memory_budget
 from ...store import TerrainStore
 from ...units import cli_weight
-from .allocation import SourceCells
 from .index import Field, open_index
 from .result import SSSPResult, result_attrs
 
@@ -39,6 +38,7 @@ def parse_sources(store: TerrainStore, sources, cell: bool = False, crs=None,
     ``crs`` and ``skip_invalid`` as there; ``crs`` also names the CRS of map coordinates). One clear error for a source off the DEM or on nodata;
     every tile the sources touch is read once (:func:`terrain_io.points.vertex_mask`)."""
     from ...points import Points, from_coordinates, read_points
+    from .allocation import SourceCells  # (here: its module's numba kernels are not for the GPU's route)
 
     if isinstance(sources, Points):
         pts = sources

@@ -30,7 +30,6 @@ from ...backend import Dispatch, gpu_free_bytes, resolve_device
 from ...errors import TerrainNote
 from ...jit import SERIAL_BELOW
 from ...timings import Timings
-from . import _incore_cpu as K
 from .result import NO_LEVEL, SSSPResult, write_result
 
 _NO_CELLS = np.empty(0, np.int64)  # the levels kernel's cell list when it runs on every cell
@@ -94,6 +93,8 @@ def _solve_block_cpu(vals, kind, steps, flat_src, dist, level, warm=False, limit
                      parallel=None):
     """:func:`solve_block` on the CPU (numba, :mod:`._incore_cpu`), ``flat_src`` the sources' flat
     indices in the ringed block."""
+    from . import _incore_cpu as K  # (not at the top: the GPU's route imports no numba)
+
     H2, W2 = vals.shape
     h, w = H2 - 2, W2 - 2
     if not warm:

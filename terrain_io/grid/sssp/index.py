@@ -32,7 +32,6 @@ from ...parallel import check_task_memory, map_shards
 from ...progress import progress_bar
 from ...store import TerrainStore, Window, write_block
 from ...timings import Timings
-from . import _pipeline_cpu as K
 from ._pipeline_gpu import MAX_CLUSTER as MAX_GPU_CLUSTER
 
 DEFAULT_CLUSTER = 8
@@ -112,6 +111,8 @@ class Field:
     def _longest_walk(self, h: np.ndarray) -> float:
         """The longest walk time (s) of an edge, either way, between the valid cells of ``h`` (NaN: none):
         Tobler's time grows with |dh / step + 0.05|, whose largest value either way is |dh|max / step + 0.05."""
+        from ..._weights_cpu import walk_time
+
         dx, dy = self.store.metric_cell_size
         rows, cols = h.shape
         longest = 0.0
@@ -119,7 +120,7 @@ class Field:
             dh = np.abs(h[: rows - dr, max(0, -dc) : cols - max(0, dc)] - h[dr:, max(0, dc) : cols - max(0, -dc)])
             dh = dh[~np.isnan(dh)]
             if dh.size:
-                longest = max(longest, weight_models.walk_time(0.0, float(dh.max()), step))
+                longest = max(longest, walk_time(0.0, float(dh.max()), step))
         return longest
 
     def read(self, window: Window, dtype=np.float64) -> np.ndarray:
@@ -143,7 +144,7 @@ class Field:
         return vals
 
     def steps(self) -> np.ndarray:
-        return K.steps_of(*self.store.metric_cell_size)
+        return weight_models.steps_of(*self.store.metric_cell_size)
 
     def every_cell_valid(self) -> bool:
         """True when the store's statistics say every cell is a vertex (no nodata, no cost raster),
@@ -277,6 +278,8 @@ def _boundary_shard(vals, win: Window, t: int, c: int, kind: int, steps, device:
 
 
 def _boundary_shard_cpu(vals, win: Window, t: int, c: int, kind: int, steps, sink, bar=None) -> None:
+    from . import _pipeline_cpu as K  # (not at the top: the GPU's routes import no numba)
+
     B = 4 * c - 4
     for r0 in range(win.r0, win.r1, t):
         for c0 in range(win.c0, win.c1, t):

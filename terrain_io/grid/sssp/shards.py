@@ -49,7 +49,8 @@ from ...progress import progress_bar
 from ...backend import gpu_free_bytes, to_host
 from ...store import TerrainStore, Window, overwrite_file, read_shard, write_shard
 from ...timings import Timings
-from ...weights import DC, DR, edge_weights
+from ..._weights_cpu import edge_weights
+from ...weights import DC, DR
 from . import _incore_cpu as K
 from .incore import block_bytes, output_distance, solve_block, value_dtype
 from .result import NO_LEVEL, NO_PRED, SSSPResult, write_result
