@@ -3,8 +3,12 @@ replaced by one on the host (numcodecs' zstd into NumPy bands, the frames "stage
 rest -- reader threads reading, checking and staging each shard's frames, the bands decoded in order
 on the calling thread, each staged buffer kept until its band's decode and dropped after it -- the
 code the GPU runs. The cells are zarr-python's read of the array; ``each`` sees the bands in order,
-covering every row once; damage raises DamagedStoreError from the reader threads."""
+covering every row once; damage raises DamagedStoreError from the reader threads. And the pinned
+ring the GPU's stage copies through (``nvzstd._through_ring``), its copies made late on purpose."""
+import concurrent.futures
+import queue
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -111,3 +115,42 @@ def test_a_refused_frame_is_the_decoders_failure(tmp_path):
     dec.decode = lambda *_: np.array([0])
     with pytest.raises(RuntimeError, match="did not decode chunk"):
         read(store, 4, dec)
+
+
+class DeferredCopy:
+    """An asynchronous copy's event: the copy itself happens only when synchronized (after some
+    sleep), so a slot refilled before its copy completed sends the wrong bytes."""
+
+    def __init__(self, dst, at, piece):
+        self.dst, self.at, self.piece = dst, at, piece
+        self.done = False
+
+    def synchronize(self):
+        if not self.done:
+            time.sleep(0.0005)
+            self.dst[self.at : self.at + len(self.piece)] = self.piece
+            self.done = True
+
+
+@pytest.mark.parametrize("slots", [1, 2, 5])
+def test_the_pinned_ring_sends_every_piece_and_reuses_a_slot_only_once_copied(slots):
+    """``nvzstd._through_ring`` from 12 threads at once through ``slots`` slots of 64 bytes: each
+    thread's bytes arrive whole (a slot refilled before its copy completed would corrupt them), none
+    waits forever, and every slot is back in the ring afterwards."""
+    from terrain_io import nvzstd
+
+    ring = queue.Queue()
+    for _ in range(slots):
+        ring.put(np.zeros(64, np.uint8))
+    rng = np.random.default_rng(3)
+    sources = [rng.integers(0, 256, int(rng.integers(1, 700)), dtype=np.uint8) for _ in range(12)]
+
+    def send_all(src):
+        dst = np.zeros_like(src)
+        nvzstd._through_ring(src, ring, lambda at, piece: DeferredCopy(dst, at, piece), slot_bytes=64)
+        return dst
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(send_all, sources, timeout=60))
+    assert all(g.tobytes() == s.tobytes() for g, s in zip(got, sources))
+    assert ring.qsize() == slots
