@@ -26,9 +26,7 @@ import ctypes
 import functools
 import itertools
 import os
-import queue
 import sys
-import threading
 
 import numpy as np
 
@@ -285,60 +283,13 @@ class BandEncoder:
         return sizes, packed
 
 
-_SLOT_BYTES = 8 << 20  # a pinned staging slot: a DMA of 8 MiB is ~0.4 ms at the H100's ~20 GB/s
-_SLOTS = 8  # 64 MiB pinned once a process (~0.04 s; pinning holds the driver)
-
-
-@functools.cache
-def _staging_ring():
-    """The process's pinned slots that :meth:`BandDecoder.stage` copies frames through to the GPU (a
-    queue of NumPy views of page-locked memory; kept for the process: pinning is slow, ~0.5 s a GB)."""
-    import cupy as cp
-
-    ring = queue.Queue()
-    for _ in range(_SLOTS):
-        mem = cp.cuda.alloc_pinned_memory(_SLOT_BYTES)
-        ring.put(np.frombuffer(mem, np.uint8, _SLOT_BYTES))
-    return ring
-
-
-def _through_ring(frames: np.ndarray, ring: queue.Queue, send, slot_bytes: int = _SLOT_BYTES) -> None:
-    """``frames`` sent in pieces of ``slot_bytes`` through the slots of ``ring`` (a queue shared by
-    threads): each piece copied into a slot taken from it, ``send(at, slot_view)`` starting its copy
-    on (an asynchronous copy, returning an event), the slot put back once that event synchronized --
-    one copy in flight while the next piece fills another slot. A thread that finds the ring empty
-    puts its own slot back before it waits: every thread waiting holds none, so none waits forever.
-    Returns once every piece's copy completed (the events' order: one stream)."""
-    held = None  # (slot, event): the slot's copy in flight
-    for at in range(0, len(frames), slot_bytes):
-        piece = frames[at : at + slot_bytes]
-        try:
-            slot = ring.get_nowait()
-        except queue.Empty:
-            if held is not None:
-                held[1].synchronize()
-                ring.put(held[0])
-                held = None
-            slot = ring.get()
-        np.copyto(slot[: len(piece)], piece)  # (numpy's copy releases the GIL)
-        event = send(at, slot[: len(piece)])
-        if held is not None:
-            held[1].synchronize()
-            ring.put(held[0])
-        held = slot, event
-    if held is not None:
-        held[1].synchronize()
-        ring.put(held[0])
-
-
 def decoder():
     """A :class:`BandDecoder`, or None where nvCOMP is not usable here (see the module's text)."""
     return BandDecoder() if _usable() else None
 
 
 class BandDecoder:
-    """Zstd frames decoded on the GPU into a band of an array's rows: :meth:`stage` (a thread's
-    frames copied to the GPU), :meth:`decode`, :meth:`close` (the staged frames' memory given back)."""
+    """Zstd frames decoded on the GPU into a band of an array's rows: :meth:`decode`."""
 
     def __init__(self):
         self.lib = _lib()
@@ -348,49 +299,11 @@ class BandDecoder:
                "alignments")
         self.input_align = max(1, int(align.input))  # each frame's first byte (shard_frames' align)
         self.output_align = max(int(align.output), int(align.temp), 8)
-        self._mine, self._streams, self._lock = threading.local(), [], threading.Lock()
-        self._ring = _staging_ring()  # (pinned here, in the calling thread, once a process)
-
-    def stage(self, frames: np.ndarray):
-        """``frames`` (host bytes) in a new CuPy buffer, complete on return, copied on the calling
-        thread's own non-blocking stream through :func:`_staging_ring`'s pinned slots: the reader
-        threads each copy their shard's frames beside the others' reads and the decode on the
-        caller's stream. (Pageable copies, the driver's own staging, do not add up over threads on
-        the H100 -- 16 threads copied no faster than one -- and held the decode's launches up.) The
-        buffer is allocated on that stream, so CuPy's pool reuses it only for that thread's next
-        copy -- never while a kernel on another stream may still read it."""
-        import cupy as cp
-
-        stream = getattr(self._mine, "stream", None)
-        if stream is None:
-            stream = self._mine.stream = cp.cuda.Stream(non_blocking=True)
-            with self._lock:
-                self._streams.append(stream)
-        with stream:
-            buf = cp.empty(len(frames), cp.uint8)
-
-        def send(at: int, piece: np.ndarray):  # (from a pinned slot: asynchronous, a DMA)
-            buf[at : at + len(piece)].set(piece, stream=stream)
-            return stream.record()
-
-        _through_ring(frames, self._ring, send)
-        return buf
-
-    def close(self) -> None:
-        """The staged frames' device memory, freed once their buffers are, given back from CuPy's pool
-        (each stream's own free list: no other stream would ever reuse it)."""
-        import cupy as cp
-
-        with self._lock:
-            streams, self._streams = self._streams, []
-        for stream in streams:
-            cp.get_default_memory_pool().free_all_blocks(stream=stream)
 
     def decode(self, frames, chunks: np.ndarray, band, chunk_shape) -> np.ndarray:
-        """Decode the frames in ``frames`` (a sequence of CuPy uint8 buffers, :meth:`stage`'s) into
-        ``band`` (a C-contiguous CuPy 2-D array of the chunks' dtype): ``chunks`` rows (buffer, offset,
-        bytes, row, col) of each frame, its buffer's index in ``frames`` and its offset there (a
-        multiple of :attr:`input_align`), and the band's cell its chunk's first cell lands on (the
+        """Decode the frames in ``frames`` (a CuPy uint8 buffer) into ``band`` (a C-contiguous CuPy
+        2-D array of the chunks' dtype): ``chunks`` rows (offset, bytes, row, col) of each frame, at
+        multiples of :attr:`input_align`, and the band's cell its chunk's first cell lands on (the
         chunk clipped at the band's edge), ``chunk_shape`` (t0, t1). Returns the rows of ``chunks``
         that did not decode to a whole chunk (empty: all did), once the band is complete."""
         import cupy as cp
@@ -409,9 +322,8 @@ class BandDecoder:
         temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
         out = cp.empty(k * slot, cp.uint8)
         # (the small arrays made on the host and copied: no CuPy kernel to load in a fresh process)
-        bases = np.array([buf.data.ptr for buf in frames], np.uint64)
-        in_ptrs = cp.asarray(bases[chunks[:, 0]] + chunks[:, 1].astype(np.uint64))
-        in_sizes = cp.asarray(chunks[:, 2].astype(np.uint64))
+        in_ptrs = cp.asarray(np.uint64(frames.data.ptr) + chunks[:, 0].astype(np.uint64))
+        in_sizes = cp.asarray(chunks[:, 1].astype(np.uint64))
         out_ptrs = cp.asarray(np.uint64(out.data.ptr) + np.arange(k, dtype=np.uint64) * np.uint64(slot))
         room = cp.asarray(np.full(k, chunk_bytes, np.uint64))
         got, statuses = cp.zeros(k, cp.uint64), cp.zeros(k, cp.int32)
@@ -419,9 +331,9 @@ class BandDecoder:
                                                     k, temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
                                                     self.opts, statuses.data.ptr, stream), "zstd decompress")
         rows, cols = band.shape
-        at = cp.asarray(chunks[:, 3] * cols + chunks[:, 4])
-        h = cp.asarray(np.minimum(t0, rows - chunks[:, 3]).astype(np.int32))
-        w = cp.asarray(np.minimum(t1, cols - chunks[:, 4]).astype(np.int32))
+        at = cp.asarray(chunks[:, 2] * cols + chunks[:, 3])
+        h = cp.asarray(np.minimum(t0, rows - chunks[:, 2]).astype(np.int32))
+        w = cp.asarray(np.minimum(t1, cols - chunks[:, 3]).astype(np.int32))
         word = np.dtype(f"u{item}")
         _place_module().get_function(f"place_chunks<{_WORDS[item]}>")(
             (k,), (256,), (out, np.int64(slot // item), np.int64(t1), at, h, w, np.int64(cols), band.view(word)))

@@ -10,8 +10,8 @@ k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled o
 (:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology), and
 :func:`write_held` writes a pipeline's whole results, on the GPU or the host, the way each belongs.
 The way in, where nvCOMP is installed: :func:`read_device` (whole arrays decoded on the GPU from their
-zstd frames, each reader thread copying its shard's from pageable memory on its own stream, beside the
-reads and the decode: the frames are few, and pinning a buffer in a fresh process cost more than the copy).
+zstd frames; from pageable memory, which crosses the bus at ~7 GB/s on the H100: the frames are few, and
+pinning a buffer in a fresh process cost more than the copy).
 """
 from __future__ import annotations
 
@@ -209,19 +209,16 @@ def read_device(store, name: str, threads: int, convert=None, each=None, timings
     :class:`terrain_io.nvzstd.BandDecoder`), or None where that cannot be -- nvCOMP not usable, or an
     array not stored as this tool's zstd chunks with their crc32c (the GPU's decoder trusts its input):
     the caller reads it the CPU's way. A band of shard rows at a time (about ``threads`` shards): its
-    shard files read and checked by ``threads`` threads (:func:`terrain_io.store.shard_frames`), each
-    thread copying its shard's frames to the GPU as soon as they are checked, on its own stream, while
-    the bands before decode (the accumulation's uint64 cells compress ~9x): the frames' copy runs
-    beside the disk's reads and the GPU's decode, straight into the array's rows. ``convert`` (dtype,
-    function of a CuPy block): each band converted on the GPU (the same function the CPU's reader
-    applies to NumPy blocks). ``each(r0, r1, cells)``: each band's rows r0 .. r1 given to it as they
-    are decoded, in order (a CuPy array, valid during the call) instead of one array held whole, and
-    True returned. The same cells as :func:`terrain_io.store.read_shard` (chunks never stored: the fill
-    value); damage raises DamagedStoreError; a failure of the GPU's decoder itself is a note, and None
-    (the CPU's way). ``timings``: its parts ``read_wait`` (for the shards' frames read, checked and on
-    the GPU), ``read_stage`` (the reader threads' time copying frames to the GPU, summed over the
-    threads: beside the wait, not a part of the read's own time) and ``read_decode`` (the GPU's decode
-    and placing, the band converted)."""
+    shard files read and checked by ``threads`` threads (:func:`terrain_io.store.shard_frames`) while
+    the band before decodes, its frames copied to the GPU as they are (the accumulation's uint64
+    cells compress ~9x) and decoded straight into the array's rows. ``convert`` (dtype, function of a
+    CuPy block): each band converted on the GPU (the same function the CPU's reader applies to NumPy
+    blocks). ``each(r0, r1, cells)``: each band's rows r0 .. r1 given to it as they are decoded (a CuPy
+    array, valid during the call) instead of one array held whole, and True returned. The same cells
+    as :func:`terrain_io.store.read_shard` (chunks never stored: the fill value); damage raises
+    DamagedStoreError; a failure of the GPU's decoder itself is a note, and None (the CPU's way).
+    ``timings``: its parts ``read_wait`` (for the shards' frames), ``read_stage`` (the frames
+    copied to the GPU) and ``read_decode`` (the GPU's decode and placing, the band converted)."""
     from . import nvzstd
     from .errors import TerrainError, TerrainNote
     from .store import shard_layout
@@ -233,26 +230,20 @@ def read_device(store, name: str, threads: int, convert=None, each=None, timings
     dec = nvzstd.decoder()
     if dec is None:
         return None
-    import cupy as cp
-
     try:
-        return _decode_bands(arr, layout[0], dec, threads, convert, each, timings, cp)
+        return _decode_bands(arr, layout[0], dec, threads, convert, each, timings)
     except TerrainError:
         raise
     except Exception as exc:  # noqa: BLE001 -- no GPU decoder: the CPU's way, which reads the same cells
         warnings.warn(f"the GPU's zstd decoder failed ({exc}); {name} is decoded on the CPU", TerrainNote,
                       stacklevel=2)
         return None
-    finally:
-        dec.close()
 
 
-def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings, xp):
-    """:func:`read_device`'s bands of ``arr`` (chunks of ``chunk_shape``) through ``dec`` (its
-    ``stage`` called in the reader threads, its ``decode`` in this one, band by band), the cells in
-    arrays of ``xp`` (CuPy; NumPy for a decoder on the host, tests/test_read_device_order.py).
-    A shard's staged frames live until its band's decode returned (the decoder's calls synchronize):
-    the most on the device at once is the band decoding and the two read ahead."""
+def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
+    """:func:`read_device`'s bands of ``arr`` (chunks of ``chunk_shape``) through ``dec``."""
+    import cupy as cp
+
     from .parallel import Prefetch
     from .store import shard_frames
 
@@ -261,48 +252,40 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings, x
     rows, cols = arr.shape
     (s0, s1), dtype = arr.shards, np.dtype(arr.dtype)
     nsr, nsc = -(-rows // s0), -(-cols // s1)
-    out = xp.empty((rows, cols), dtype if convert is None else convert[0]) if each is None else None
+    out = cp.empty((rows, cols), dtype if convert is None else convert[0]) if each is None else None
     step = max(1, threads // nsc)  # shard rows a band
     bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
     shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
-
-    def staged(shard):  # (in a reader thread) the shard's frames read, checked and copied to the device
-        got = shard_frames(arr, *shard, dec.input_align)
-        if got is None or not len(got[1]):
-            return None
-        t = time.perf_counter()
-        frames = dec.stage(got[0])
-        if timings is not None:
-            timings.add("read_stage", time.perf_counter() - t)
-        return frames, got[1]
-
     with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(
-            Prefetch(staged, shards, 2 * step * nsc, pool)) as ahead:
+            Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align), shards, 2 * step * nsc, pool)) as ahead:
         read = iter(ahead)
         for band in bands:
             r0, r1 = band[0] * s0, min((band[-1] + 1) * s0, rows)
-            frames, tables, where = [], [], []  # (each shard's buffer; its frames' rows; their chunks in the array)
+            parts, at = [], 0  # (where its frames go, frames, the decoder's table, their chunks in the array)
             for sr in band:
                 for sc in range(nsc):
                     with phase("read_wait"):
                         got = next(read)
-                    if got is None:
+                    if got is None or not len(got[1]):
                         continue
-                    buf, chunks = got
-                    tables.append(np.stack([np.full(len(chunks), len(frames)), chunks[:, 2], chunks[:, 3],
-                                            sr * s0 - r0 + chunks[:, 0] * t0, sc * s1 + chunks[:, 1] * t1], axis=1))
-                    where.append(chunks[:, :2] + (sr * (s0 // t0), sc * (s1 // t1)))
-                    frames.append(buf)
-            cells = out[r0:r1] if convert is None and out is not None else xp.empty((r1 - r0, cols), dtype)
-            if sum(map(len, tables)) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
+                    frames, chunks = got
+                    table = np.stack([chunks[:, 2] + at, chunks[:, 3], sr * s0 - r0 + chunks[:, 0] * t0,
+                                      sc * s1 + chunks[:, 1] * t1], axis=1)
+                    parts.append((at, frames, table, chunks[:, :2] + (sr * (s0 // t0), sc * (s1 // t1))))
+                    at += -(-len(frames) // dec.input_align) * dec.input_align  # (the next part aligned too)
+            cells = out[r0:r1] if convert is None and out is not None else cp.empty((r1 - r0, cols), dtype)
+            if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
                 cells.fill(arr.fill_value)
-            if frames:
+            if parts:
+                with phase("read_stage"):  # (from pageable memory: ~7 GB/s on the H100, and no pinning)
+                    frames = cp.empty(at, cp.uint8)
+                    for first, part, _, _ in parts:
+                        frames[first : first + len(part)].set(part)
                 with phase("read_decode"):
-                    failed = dec.decode(frames, np.concatenate(tables), cells, (t0, t1))
+                    failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
                 if len(failed):  # (every frame's crc32c held: the decoder's failure, not the store's)
-                    at = tuple(int(i) for i in np.concatenate(where)[failed[0]])
-                    raise RuntimeError(f"nvCOMP did not decode chunk {at} of {arr.path}, whose crc32c holds")
-            del frames  # (decoded: the buffers back to their streams' pools for the reads ahead)
+                    where = tuple(int(i) for i in np.concatenate([p[3] for p in parts])[failed[0]])
+                    raise RuntimeError(f"nvCOMP did not decode chunk {where} of {arr.path}, whose crc32c holds")
             if convert is not None:
                 with phase("read_decode"):
                     cells = convert[1](cells)
