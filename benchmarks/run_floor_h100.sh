@@ -5,7 +5,7 @@
 # $ORDER (TREES="base=DIR this=DIR"; default: this tree alone), each run's in-process phases from the result's
 # attributes, the dirty pages and the GPU's state before it (the command's earlier result removed and the
 # dirty pages synced first, outside its time, unless the step says :keep); kernels compiled first on a 2048^2 store by each
-# tree; the fill twice first (the GPU wakes, synth's pages settle; both kept). $PROBE=1: one more sssp and flow
+# tree; the fill twice first (the GPU wakes, synth's pages settle; both kept; FILLS=0: none). $PROBE=1: one more sssp and flow
 # of the last tree with their wall split into the interpreter's start, the command and its exit (a sitecustomize
 # that notes the time at start and last at exit), and nvCOMP's encode by chunks a call
 # (probe_gpu_encode.py on their results). Dependencies on PYTHONPATH (each tree put before them); logs
@@ -58,9 +58,11 @@ log "synth $N"
 /usr/bin/time -f "synth: %e s wall" timeout 90 bash -c "$(declare -f cli); $(declare -p TREE); DEPS='$DEPS'
     cli ${NAMES[0]} synth -o '$D/s.zarr' --size $N --seed 1 -q" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
 du -sm "$D/s.zarr/elevation" | tee -a "$OUT/log.txt"
-timed fill "${NAMES[0]}" "(first after synth)"
-KEEP=1 timed fill "${NAMES[0]}" "(second, replacing the first)"
-du -sm "$D/s.zarr/fill/"* | tee -a "$OUT/log.txt"
+if [ "${FILLS:-2}" != 0 ]; then  # (FILLS=0: none, for a call that has no time for them)
+    timed fill "${NAMES[0]}" "(first after synth)"
+    KEEP=1 timed fill "${NAMES[0]}" "(second, replacing the first)"
+    du -sm "$D/s.zarr/fill/"* | tee -a "$OUT/log.txt"
+fi
 for step in ${ORDER:-sssp:this flow:this mst:this}; do  # (command:tree, or command:tree:keep)
     IFS=: read -r cmd name keep <<< "$step"
     KEEP=$([ "$keep" = keep ] && echo 1 || echo 0) timed "$cmd" "$name" "${keep:+(replacing the last result)}"
