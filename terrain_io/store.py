@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import collections
 import concurrent.futures
 import contextlib
 import datetime as _dt
@@ -868,12 +869,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         else:  # the chunks the window touches: one read where they lie together (a quadrant, in Morton order)
             raw, jobs = _read_chunks(fd, jobs, arr, (sr, sc))
             arriving = [jobs]
-        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
-        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
-        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
-        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
         cells_bytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize
-        nbytes = cells_bytes if owns_cores() else 0
         chunkcodec = _codec_runs(cells_bytes)
         if each is None and chunkcodec is not None and chunkcodec.as_bits(out) is not None and out.flags.writeable:
             def decode_run(run):
@@ -885,12 +881,17 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                         raise _damaged(arr, (sr * index.shape[0] + i, sc * index.shape[1] + j),
                                        chunkcodec.PROBLEMS[problem])
 
-            # (runs of at most _CODEC_RUN_BYTES of cells: a window's chunks come as one run, a shard's as each
-            # piece read holds -- one run, one core: cut, they spread over the pool as the chunks did)
-            per = _chunks_a_run(arr)
-            runs = (run[k : k + per] for run in arriving for k in range(0, len(run), per))
-            _run_chunks(decode_run, runs, nbytes, len(jobs))
+            # (each piece's chunks, as its bytes come in, in runs of _READ_RUN_BYTES of cells to the
+            # process's queue of ready runs: decoded by whichever thread is free, this one once all is read)
+            per = max(1, _READ_RUN_BYTES // (t0 * t1 * arr.dtype.itemsize))
+            _READY_RUNS.decode(decode_run, ([piece[k : k + per] for k in range(0, len(piece), per)]
+                                            for piece in arriving))
             return out
+        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
+        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
+        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
+        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+        nbytes = cells_bytes if owns_cores() else 0
         zstd = Zstd()
 
         def decode(job):
@@ -1073,6 +1074,89 @@ def _read_chunks(fd: int, jobs: list, arr: zarr.Array, shard) -> tuple[np.ndarra
         placed.append((i, j, at, nb))
         at += nb
     return raw, placed
+
+
+_READ_RUN_BYTES = 1 << 20  # raw bytes of a run of chunks decoded in one call as a shard is read: small, so
+# that a shard whose bytes come last is decoded on every idle core, not one (a 4 MiB run: ~12 ms on one)
+
+
+class _ReadyRuns:
+    """The process's runs of chunks whose bytes are read and not yet decoded, from every reader,
+    taken first come first served by the pool's threads on idle cores and by the readers themselves
+    once their own bytes are all in.
+
+    A reader thread that decoded its own shard idled while the disk brought its bytes and decoded alone
+    once they came; the disk does not bring 16 shards' bytes evenly (its queue is sorted by sector:
+    some shards' files come whole before others start), so the last shards' runs were decoded on a
+    core each after the disk was done (H100, 8192^2 float32, 16 readers: 58% of the read floor on a
+    fast disk; benchmarks/RESULTS.md, "The store's read on fast hosts, session 21"). Here a run is
+    decoded as soon as a core is free, the last ones on all of them. Threads counted as busy: the
+    pool's helpers and the readers waiting on their runs (a reader waiting on the disk is not)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ready: collections.deque = collections.deque()  # (fn, run, future)
+        self.busy = 0
+
+    def decode(self, fn, pieces) -> None:
+        """``fn(run)`` of every run of ``pieces`` (an iterable of lists of runs, whose next item may
+        wait on the disk), each list queued as it comes; returns once all are done, helping with any
+        queued run meanwhile. The first exception is raised (the runs of this call not yet begun are
+        dropped)."""
+        futures = []
+        try:
+            for runs in pieces:
+                futures.extend(self._post(fn, runs))
+            with self.lock:
+                self.busy += 1
+            try:
+                for future in futures:
+                    while not future.done() and self._take_one():
+                        pass
+                    future.result()
+            finally:
+                with self.lock:
+                    self.busy -= 1
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+    def _post(self, fn, runs) -> list:
+        futures = [concurrent.futures.Future() for _ in runs]
+        with self.lock:
+            self.ready.extend(zip(itertools.repeat(fn), runs, futures))
+            helpers = max(0, min(len(self.ready), (os.cpu_count() or 1) - self.busy))
+            self.busy += helpers
+        pool = codec_pool()
+        for _ in range(helpers):
+            pool.submit(self._help)
+        return futures
+
+    def _take_one(self, helper: bool = False) -> bool:
+        """Decode the oldest queued run; False where none is queued (a ``helper`` then counted idle at
+        once, so that a run queued next wakes another)."""
+        while True:
+            with self.lock:
+                if not self.ready:
+                    self.busy -= helper
+                    return False
+                fn, run, future = self.ready.popleft()
+            if future.set_running_or_notify_cancel():  # (else dropped by its reader's error)
+                break
+        try:
+            future.set_result(fn(run))
+        except BaseException as exc:  # noqa: BLE001 -- raised in its reader
+            future.set_exception(exc)
+        return True
+
+    def _help(self) -> None:
+        while self._take_one(helper=True):
+            pass
+
+
+_READY_RUNS = _ReadyRuns()
+os.register_at_fork(after_in_child=_READY_RUNS.__init__)  # (a child has none of its parent's threads)
 
 
 def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:
