@@ -11,8 +11,7 @@ disk show. Linux only; wrappers cost a little of their own, so take bench_io's t
 ``PROBE_VARIANT`` (comma-separated) changes the store for a measurement: ``nowb`` (no write-out
 started as shards are written), ``run16`` (a shard written in one run), ``ownenc`` (chunks encoded in
 the writer's thread, not the codec pool), ``pool`` (reads decoded in the codec pool), ``piece1``
-(reads in 1 MiB pieces), ``piece4`` (in 4 MiB pieces, the store's in session 20), ``checkfirst`` (the bodies
-asked for after the first read's metadata check, as before session 21), ``nofadv`` (no readahead asked for), ``window``
+(reads in 1 MiB pieces), ``piece4`` (in 4 MiB pieces, the store's in session 20), ``nofadv`` (no readahead asked for), ``window``
 (readahead asked for two pieces ahead of the read, not the whole shard at once), ``own`` (each reader
 decodes its own shard's runs, in its thread, as before session 21); ``PROBE_RUN_BYTES``: the raw bytes of a
 run of chunks encoded in one call, ``PROBE_READ_RUN_BYTES`` of one decoded as a shard is read.
@@ -153,8 +152,6 @@ def instrument(variants: set[str]) -> None:
         S._READ_PIECE = 1 << 20
     if "piece4" in variants:
         S._READ_PIECE = 4 << 20
-    if "checkfirst" in variants:  # the shards' bodies asked for only once the first read's metadata check is done
-        S._BODY_DURING_CHECK = False
     if "nofadv" in variants:
         fadvise = os.posix_fadvise
         os.posix_fadvise = lambda fd, at, n, advice: (None if advice == os.POSIX_FADV_WILLNEED

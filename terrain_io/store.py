@@ -31,7 +31,6 @@ import sys
 import threading
 import uuid
 import warnings
-import weakref
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_string
 from pathlib import Path
@@ -819,12 +818,13 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
-    into one buffer -- the kernel asked to read it all ahead, the bytes taken in pieces of 4 MiB, each
+    into one buffer -- the kernel asked to read it all ahead, the bytes taken in pieces of 1 MiB, each
     chunk decoded as soon as its bytes are in (a cold read overlaps the decoding) -- and decodes its
-    chunks here, straight from views of it -- from
-    the main thread in the pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c
-    release the GIL), so that one reader uses every core, and in a reader thread's own, as parallel
-    readers scale. The shard index's crc32c is checked,
+    chunks here, straight from views of it: in runs a GIL-free call, queued for whichever thread is
+    free (:class:`_ReadyRuns`: the codec pool's on idle cores, the readers' own once their bytes are
+    in), so that one reader uses every core and parallel readers share them; chunk by chunk where
+    the kernels cannot run (:func:`_run_chunks`: in the pool from the main thread, else in the
+    reader's own thread). The shard index's crc32c is checked,
     as zarr does, and each chunk's (format 2), and the file against the array's manifest: damage
     raises DamagedStoreError. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
@@ -947,21 +947,17 @@ def _shard_file(arr: zarr.Array, sr: int, sc: int, ahead: bool = False):
     ahead = ahead and hasattr(os, "posix_fadvise")
     try:
         length = os.fstat(fd).st_size
-        body_asked = False
         if ahead and length >= size + 4:  # the index on its way while the store's metadata is checked
             os.posix_fadvise(fd, length - size - 4, size + 4, os.POSIX_FADV_WILLNEED)
-            if _BODY_DURING_CHECK:  # and the body behind it, once the check's own reads are asked for
-                if check is not None:
-                    _ask_nodes_ahead(check, arr.path)
-                os.posix_fadvise(fd, 0, length - size - 4, os.POSIX_FADV_WILLNEED)
-                body_asked = True
         if check is not None:
             check.check_entry(arr.path, key, length)
         if length < size + 4:
             raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
         tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
-        if ahead and not body_asked:  # the kernel reads the body ahead while its chunks decode (asked for
-            # with the index, the index waited behind the whole file)
+        if ahead:  # the kernel reads the body ahead while its chunks decode (asked for with the index,
+            # the index waited behind the whole file; asked for before the first read's metadata check
+            # ended, other readers' indexes waited behind it: H100, 8192^2, 16 readers, 0.18-0.24 s against
+            # 0.16-0.18 s, benchmarks/RESULTS.md, "The store's read on fast hosts, session 21")
             os.posix_fadvise(fd, 0, length - size - 4, os.POSIX_FADV_WILLNEED)
         index_bytes = tail[:-4]
         if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
@@ -969,25 +965,6 @@ def _shard_file(arr: zarr.Array, sr: int, sc: int, ahead: bool = False):
         yield fd, index_bytes.view("<u8").reshape(n0, n1, 2), length - size - 4
     finally:
         os.close(fd)
-
-
-_BODY_DURING_CHECK = True  # a shard's body asked of the kernel before the first read's metadata check ends
-
-
-def _ask_nodes_ahead(check, name: str) -> None:
-    """The metadata that the first read of array ``name`` checks asked of the kernel
-    (:func:`integrity.read_nodes_ahead`), once a store handle and array, before any shard's body is:
-    the check (~10 ms of cold reads) then runs while the bodies come, not before them, and its reads
-    are not queued behind them."""
-    with _NODES_LOCK:
-        asked = _NODES_ASKED.setdefault(check, set())
-        if name not in asked:
-            integrity.read_nodes_ahead(check.root, name)
-            asked.add(name)
-
-
-_NODES_ASKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Integrity -> arrays asked for
-_NODES_LOCK = threading.Lock()
 
 
 def _chunk_jobs(arr: zarr.Array, sr: int, sc: int, index, body: int, crc: bool, rows, cols, absent=None) -> list:
@@ -1052,7 +1029,7 @@ def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1):
     return packed, chunks
 
 
-_READ_PIECE = 1 << 20  # bytes read at once, their chunks then queued to decode (see _ReadyRuns)
+_READ_PIECE = 1 << 20  # bytes read at once, their chunks then queued to decode (_ReadyRuns; 4 MiB: more left at the end)
 
 
 def _read_span(fd: int, buf: np.ndarray, at: int, arr: zarr.Array, shard) -> None:
@@ -1103,7 +1080,7 @@ def _read_chunks(fd: int, jobs: list, arr: zarr.Array, shard) -> tuple[np.ndarra
 
 
 _READ_RUN_BYTES = 1 << 20  # raw bytes of a run of chunks decoded in one call as a shard is read: small, so
-# that a shard whose bytes come last is decoded on every idle core, not one (a 4 MiB run: ~12 ms on one)
+# that the last pieces are decoded on every idle core, not one each (a 4 MiB run: ~12 ms on one core)
 
 
 class _ReadyRuns:
@@ -1111,13 +1088,16 @@ class _ReadyRuns:
     taken first come first served by the pool's threads on idle cores and by the readers themselves
     once their own bytes are all in.
 
-    A reader thread that decoded its own shard idled while the disk brought its bytes and decoded alone
-    once they came; the disk does not bring 16 shards' bytes evenly (its queue is sorted by sector:
-    some shards' files come whole before others start), so the last shards' runs were decoded on a
-    core each after the disk was done (H100, 8192^2 float32, 16 readers: 58% of the read floor on a
-    fast disk; benchmarks/RESULTS.md, "The store's read on fast hosts, session 21"). Here a run is
-    decoded as soon as a core is free, the last ones on all of them. Threads counted as busy: the
-    pool's helpers and the readers waiting on their runs (a reader waiting on the disk is not)."""
+    A reader thread that decoded its own shard in 4 MiB runs took each piece of 4 MiB only once its last
+    byte was in: 16 readers' bytes come interleaved, each shard's last near the disk's end, so every
+    reader had up to a piece left to decode on its one core once the disk was done (the tail, ~15 ms at
+    8192^2 float32 on the H100 host), and a reader whose shard came early idled while the others
+    decoded. Here pieces and runs are of 1 MiB and a run is decoded as soon as a core is free, the last
+    ones on all of them (benchmarks/RESULTS.md, "The store's read on fast hosts, session 21"). Small
+    runs need cheap calls: numba's dispatcher took ~150 us under the GIL a call
+    (:func:`terrain_io.chunkcodec._call` takes ~4). Threads counted as busy: the pool's helpers and
+    the readers waiting on their runs (a reader waiting on the disk is not).
+    """
 
     def __init__(self):
         self.lock = threading.Lock()
