@@ -10,7 +10,7 @@ disk show. Linux only; wrappers cost a little of their own, so take bench_io's t
 
 ``PROBE_VARIANT`` (comma-separated) changes the store for a measurement: ``nowb`` (no write-out
 started as shards are written), ``run16`` (a shard written in one run), ``ownenc`` (chunks encoded in
-the writer's thread, not the codec pool), ``pool`` (reads decoded in the codec pool), ``piece1``
+the writer's thread, not the codec pool), ``pool`` (reads decoded chunk by chunk in the codec pool, where the kernels cannot run), ``piece1``
 (reads in 1 MiB pieces), ``piece4`` (in 4 MiB pieces, the store's in session 20), ``nofadv`` (no readahead asked for), ``window``
 (readahead asked for two pieces ahead of the read, not the whole shard at once), ``own`` (each reader
 decodes its own shard's runs, in its thread, as before session 21); ``PROBE_RUN_BYTES``: the raw bytes of a
