@@ -10,9 +10,13 @@ disk show. Linux only; wrappers cost a little of their own, so take bench_io's t
 
 ``PROBE_VARIANT`` (comma-separated) changes the store for a measurement: ``nowb`` (no write-out
 started as shards are written), ``run16`` (a shard written in one run), ``ownenc`` (chunks encoded in
-the writer's thread, not the codec pool), ``pool`` (reads decoded in the codec pool), ``piece1``
-(reads in 1 MiB pieces, the store's before session 20), ``nofadv`` (no readahead asked for); ``PROBE_RUN_BYTES``: the raw bytes of a
-run of chunks encoded in one call.
+the writer's thread, not the codec pool), ``pool`` (reads decoded chunk by chunk in the codec pool, where the kernels cannot run), ``piece1``
+(reads in 1 MiB pieces), ``piece4`` (in 4 MiB pieces, the store's in session 20), ``nofadv`` (no readahead asked for), ``window``
+(readahead asked for two pieces ahead of the read, not the whole shard at once), ``own`` (each reader
+decodes its own shard's runs, in its thread, as before session 21); ``PROBE_RUN_BYTES``: the raw bytes of a
+run of chunks encoded in one call, ``PROBE_READ_RUN_BYTES`` of one decoded as a shard is read.
+``PROBE_EVENTS``: a path prefix; each measurement's events (thread, phase, start, end) and disk samples
+are written to PREFIX.<measurement>.tsv.
 
     PYTHONPATH=$PWD python benchmarks/probe_io_phases.py --size 8192 --reps 3
 """
@@ -40,6 +44,7 @@ from terrain_io import store as S  # noqa: E402
 
 EVENTS: list[tuple[str, str, float, float]] = []  # (thread, phase, start, end), s from T0
 T0 = [0.0]
+READS: list[tuple] = []  # (thread, fd, offset, bytes, start, end) of each preadv
 
 
 def record(name: str, t0: float, t1: float) -> None:
@@ -118,7 +123,17 @@ def instrument(variants: set[str]) -> None:
     wrap(atomic, "replace")
     wrap(zarr.Group, "__getitem__", "zarr_lookup")
     wrap(os, "fsync")
-    wrap(os, "preadv")
+    preadv = os.preadv
+
+    def timed_preadv(fd, buffers, at, *rest):
+        t0 = time.perf_counter()
+        n = preadv(fd, buffers, at, *rest)
+        t1 = time.perf_counter()
+        record("preadv", t0, t1)
+        READS.append((threading.current_thread().name, fd, at, n, t0 - T0[0], t1 - T0[0]))
+        return n
+
+    os.preadv = timed_preadv
     decode = Zstd.decode
 
     def timed_decode(self, buf, out=None):
@@ -135,12 +150,53 @@ def instrument(variants: set[str]) -> None:
         S._RUN_BYTES = 16 << 20
     if "piece1" in variants:
         S._READ_PIECE = 1 << 20
+    if "piece4" in variants:
+        S._READ_PIECE = 4 << 20
     if "nofadv" in variants:
         fadvise = os.posix_fadvise
         os.posix_fadvise = lambda fd, at, n, advice: (None if advice == os.POSIX_FADV_WILLNEED
                                                       else fadvise(fd, at, n, advice))
     if "pool" in variants:
         S.owns_cores = lambda: True
+    if os.environ.get("PROBE_READ_RUN_BYTES"):
+        S._READ_RUN_BYTES = int(os.environ["PROBE_READ_RUN_BYTES"])
+    if "own" in variants:  # each reader decodes its own runs, in its own thread
+        class Own:
+            @staticmethod
+            def decode(fn, pieces):
+                for runs in pieces:
+                    for run in runs:
+                        fn(run)
+
+        S._READY_RUNS = Own()
+    if "window" in variants:  # readahead two pieces ahead of the read, not the whole body at once
+        fadvise = os.posix_fadvise
+
+        def no_body_fadvise(fd, at, n, advice):
+            if advice == os.POSIX_FADV_WILLNEED and at == 0:  # (the body's; the index's lies at the end)
+                return None
+            return fadvise(fd, at, n, advice)
+
+        def windowed(fd, buf, jobs, arr, shard):  # S._read_ahead, the readahead asked for as it goes
+            done, k, asked = 0, 0, 0
+            while k < len(jobs):
+                stop = min(len(buf), max(jobs[k][2] + jobs[k][3], done + S._READ_PIECE))
+                want = min(len(buf), stop + 2 * S._READ_PIECE)
+                if asked < want:
+                    fadvise(fd, asked, want - asked, os.POSIX_FADV_WILLNEED)
+                    asked = want
+                while done < stop:
+                    n = os.preadv(fd, [buf[done:stop]], done)
+                    if n == 0:
+                        raise RuntimeError("shard file cut")
+                    done += n
+                first = k
+                while k < len(jobs) and jobs[k][2] + jobs[k][3] <= done:
+                    k += 1
+                yield jobs[first:k]
+
+        os.posix_fadvise = no_body_fadvise
+        S._read_ahead = windowed
     if "ownenc" in variants:
         S._PARALLEL_SHARD_BYTES = 1 << 62
 
@@ -187,8 +243,29 @@ class DiskSampler(threading.Thread):
         return "disk MiB (r read, w written, q I/Os in flight, d dirty, wb writeback): " + " | ".join(out)
 
 
+def arrival(total: float, sampler: DiskSampler) -> str:
+    """When each reader's bytes were all in (its last preadv's end), against the disk's end and the read's:
+    whether the shards come evenly or one after another, and what is left to decode after the disk."""
+    last = collections.defaultdict(float)
+    first = collections.defaultdict(lambda: float("inf"))
+    for thread, _, _, _, a, b in READS:
+        last[thread] = max(last[thread], b)
+        first[thread] = min(first[thread], a)
+    ins = sorted(last.values())
+    rd0, rd1 = sampler.samples[0][1], sampler.samples[-1][1] if sampler.samples else 0
+    disk_end = next((t for t, rd, *_ in sampler.samples if rd - rd0 >= 0.99 * (rd1 - rd0)), float("nan"))
+    runs = collections.Counter("pool" if t.startswith(S._POOL_THREADS) else "reader"
+                               for t, name, _, _ in EVENTS if name == "decode_run")
+    after = sum(min(b, total) - max(a, disk_end) for t, name, a, b in EVENTS if name == "decode_run" and b > disk_end)
+    ms = lambda v: f"{1000 * v:.0f}"  # noqa: E731
+    return (f"arrival: first preadv {ms(min(first.values()))} ms; readers' bytes all in at "
+            f"{' '.join(ms(v) for v in ins)} ms; disk 99% read at {ms(disk_end)} ms; end {ms(total)} ms; "
+            f"decode runs by readers {runs['reader']}, by the pool {runs['pool']}; decode s after the disk {after:.3f}")
+
+
 def measured(title: str, fn, disk: str):
     EVENTS.clear()
+    READS.clear()
     sampler = DiskSampler(disk)
     T0[0] = time.perf_counter()
     sampler.start()
@@ -205,6 +282,17 @@ def measured(title: str, fn, disk: str):
         print(f"| {name} | {len(ev)} | {sum(b - a for _, a, b in ev):.4f} | {len({t for t, _, _ in ev})} "
               f"| {min(a for _, a, _ in ev):.4f} | {max(b for _, _, b in ev):.4f} | {max(b - a for _, a, b in ev):.4f} |")
     print(sampler.line())
+    if READS:
+        print(arrival(total, sampler))
+    prefix = os.environ.get("PROBE_EVENTS")
+    if prefix:
+        with open(f"{prefix}.{title.replace(' ', '_')}.tsv", "w") as f:
+            for thread, name, a, b in EVENTS:
+                f.write(f"{thread}\t{name}\t{a:.6f}\t{b:.6f}\n")
+            for thread, fd, at, n, a, b in READS:
+                f.write(f"{thread}\tpread {fd} {at} {n}\t{a:.6f}\t{b:.6f}\n")
+            for t, rd, wr, busy, dirty, wb in sampler.samples:
+                f.write(f"disk\t{rd}\t{wr}\t{busy}\t{t:.6f}\n")
     return out
 
 
@@ -225,6 +313,9 @@ def main() -> None:
         S.TerrainStore.create(folder / "bench.zarr", (args.size, args.size), "float32").seal()
         values = bench_io.test_array(args.size, "float32")
         S.codec_pool()
+        from terrain_io import chunkcodec
+
+        chunkcodec.load()  # (the chunk kernels loaded first, as bench_io does)
         for rep in range(args.reps):
             shutil.rmtree(folder / "bench.zarr" / "w", ignore_errors=True)
             os.sync()

@@ -278,7 +278,7 @@ def encode_run(block: np.ndarray, tile: tuple[int, int], fill, cells: np.ndarray
     nbytes = t0 * t1 * dtype.itemsize
     out = np.empty(len(cells) * ((compress_bound(nbytes) if level is not None else nbytes) + 4 * crc), np.uint8)
     entries = np.empty((len(cells), 2), np.uint64)
-    used = _encode_run(np.uintp(_address(bits)), bits.strides[0], *bits.shape, t0, t1, fill_bits, zero_mask, nan_mask,
+    used = _call(_encode_run, np.uintp(_address(bits)), bits.strides[0], *bits.shape, t0, t1, fill_bits, zero_mask, nan_mask,
                        nan_fill, cells, level is not None,
                        0 if level is None else int(level), bool(crc), np.empty(t0 * t1, bits.dtype), out, entries,
                        _CONTEXTS.compression(), c.compress, c.crc32c, ctypes.memmove)
@@ -304,11 +304,46 @@ def decode_run(raw: np.ndarray, jobs: np.ndarray, tile: tuple[int, int], first: 
         raise ValueError("decode_run: a chunk lies outside the bytes read")  # (the kernel has addresses, not bounds)
     status = np.empty(len(jobs), np.int8)
     view = as_bits(out)
-    _decode_run(raw, jobs, t0, t1 * item, first[0], first[1] * item,
+    _call(_decode_run, raw, jobs, t0, t1 * item, first[0], first[1] * item,
                 np.uintp(_address(view)), view.strides[0], view.shape[0], view.shape[1] * item,
                 np.empty(t0 * t1 * item, np.uint8), level is not None, bool(crc), status,
                 _CONTEXTS.decompression(), c.decompress, c.crc32c, ctypes.memmove)
     return status
+
+
+def _call(kernel, *args):
+    """``kernel(*args)``, past numba's dispatcher once it has typed arguments of these kinds: the
+    dispatcher types every argument of every call under the GIL, a ctypes function ~25 us, so a
+    call with three took ~150 us (2-core VM) -- more than a small run's decode, and 16 threads queued
+    for the GIL behind it; the compiled entry point takes ~4 us (it unboxes, and lets go of the GIL,
+    as the dispatcher's call does). Where numba keeps no such entry point, through the dispatcher."""
+    key = (kernel, *map(_kind, args))
+    entry = _ENTRY_POINTS.get(key)
+    if entry is not None:
+        return entry(*args)
+    result = kernel(*args)  # (typed, and compiled or loaded from the cache, by the dispatcher)
+    try:
+        entry = kernel.overloads[tuple(map(kernel.typeof_pyval, args))].entry_point
+    except (AttributeError, KeyError, TypeError):
+        entry = kernel
+    _ENTRY_POINTS[key] = entry
+    return result
+
+
+_ENTRY_POINTS: dict = {}  # (kernel, each argument's kind) -> the compiled function numba typed them for
+
+
+def _kind(value):
+    """What numba's type of ``value`` depends on: an array's dtype, dimensions, layout and flags; a
+    Python int's range; a ctypes function's identity (its argument types); else the Python type."""
+    if isinstance(value, np.ndarray):
+        f = value.flags
+        return value.dtype.str, value.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned
+    if isinstance(value, ctypes._CFuncPtr):
+        return id(value)
+    if type(value) is int:
+        return int, -(2**63) <= value < 2**63
+    return type(value)
 
 
 def _address(values: np.ndarray) -> int:
@@ -323,7 +358,7 @@ def checksums(frames: list[np.ndarray]) -> np.ndarray:
     addresses = np.fromiter((_address(f) for f in frames), np.uint64, len(frames))
     sizes = np.fromiter((f.nbytes for f in frames), np.uint64, len(frames))
     out = np.empty(len(frames), "<u4")
-    _checksums(addresses, sizes, out, functions().crc32c)
+    _call(_checksums, addresses, sizes, out, functions().crc32c)
     return out.view(np.uint8).reshape(-1, 4)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import collections
 import concurrent.futures
 import contextlib
 import datetime as _dt
@@ -819,12 +820,13 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
 
     zarr decodes every chunk in one event-loop thread and reads a part of a shard through its event
     loop too (benchmarks/RESULTS.md, "Measurements behind decisions in the code"); this reads the shard file
-    into one buffer -- the kernel asked to read it all ahead, the bytes taken in pieces of 4 MiB, each
+    into one buffer -- the kernel asked to read it all ahead, the bytes taken in pieces of 1 MiB, each
     chunk decoded as soon as its bytes are in (a cold read overlaps the decoding) -- and decodes its
-    chunks here, straight from views of it -- from
-    the main thread in the pool of threads the writes encode in (:func:`_run_chunks`; zstd and crc32c
-    release the GIL), so that one reader uses every core, and in a reader thread's own, as parallel
-    readers scale. The shard index's crc32c is checked,
+    chunks here, straight from views of it: in runs a GIL-free call, queued for whichever thread is
+    free (:class:`_ReadyRuns`: the codec pool's on idle cores, the readers' own once their bytes are
+    in), so that one reader uses every core and parallel readers share them; chunk by chunk where
+    the kernels cannot run (:func:`_run_chunks`: in the pool from the main thread, else in the
+    reader's own thread). The shard index's crc32c is checked,
     as zarr does, and each chunk's (format 2), and the file against the array's manifest: damage
     raises DamagedStoreError. Other layouts: through zarr."""
     r0, r1, c0, c1 = _shard_region(arr, sr, sc)
@@ -870,12 +872,7 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
         else:  # the chunks the window touches: one read where they lie together (a quadrant, in Morton order)
             raw, jobs = _read_chunks(fd, jobs, arr, (sr, sc))
             arriving = [jobs]
-        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
-        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
-        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
-        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
         cells_bytes = (r1 - r0) * (c1 - c0) * arr.dtype.itemsize
-        nbytes = cells_bytes if owns_cores() else 0
         chunkcodec = _codec_runs(cells_bytes)
         if each is None and chunkcodec is not None and chunkcodec.as_bits(out) is not None and out.flags.writeable:
             def decode_run(run):
@@ -887,12 +884,17 @@ def read_shard(arr: zarr.Array, sr: int, sc: int, part: Window | None = None, ou
                         raise _damaged(arr, (sr * index.shape[0] + i, sc * index.shape[1] + j),
                                        chunkcodec.PROBLEMS[problem])
 
-            # (runs of at most _CODEC_RUN_BYTES of cells: a window's chunks come as one run, a shard's as each
-            # piece read holds -- one run, one core: cut, they spread over the pool as the chunks did)
-            per = _chunks_a_run(arr)
-            runs = (run[k : k + per] for run in arriving for k in range(0, len(run), per))
-            _run_chunks(decode_run, runs, nbytes, len(jobs))
+            # (each piece's chunks, as its bytes come in, in runs of _READ_RUN_BYTES of cells to the
+            # process's queue of ready runs: decoded by whichever thread is free, this one once all is read)
+            per = max(1, _READ_RUN_BYTES // (t0 * t1 * arr.dtype.itemsize))
+            _READY_RUNS.decode(decode_run, ([piece[k : k + per] for k in range(0, len(piece), per)]
+                                            for piece in arriving))
             return out
+        # A reader in the main thread (tiles(), export, path) or in a cluster task (a local-cuda worker's
+        # one thread) has the cores to itself: its chunks go to the pool. A pipeline's reader threads
+        # already fill the cores with a shard each, and decode in their own thread (H100, 32768^2 MST:
+        # 8.34 s so, 8.64 s through the pool; 2-core VM: no gain either).
+        nbytes = cells_bytes if owns_cores() else 0
         zstd = Zstd()
 
         def decode(job):
@@ -955,7 +957,9 @@ def _shard_file(arr: zarr.Array, sr: int, sc: int, ahead: bool = False):
             raise _damaged(arr, (sr, sc), f"shard file {key} truncated ({length} bytes)", unit="shard")
         tail = np.frombuffer(os.pread(fd, size + 4, length - size - 4), np.uint8)
         if ahead:  # the kernel reads the body ahead while its chunks decode (asked for with the index,
-            # the index waited behind the whole file)
+            # the index waited behind the whole file; asked for before the first read's metadata check
+            # ended, other readers' indexes waited behind it: H100, 8192^2, 16 readers, 0.18-0.24 s against
+            # 0.16-0.18 s, benchmarks/RESULTS.md, "The store's read on fast hosts, session 21")
             os.posix_fadvise(fd, 0, length - size - 4, os.POSIX_FADV_WILLNEED)
         index_bytes = tail[:-4]
         if integrity.crc32c(index_bytes) != tail[-4:].tobytes():
@@ -1027,7 +1031,7 @@ def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1):
     return packed, chunks
 
 
-_READ_PIECE = 4 << 20  # bytes read ahead of the run being decoded (H100, 8192^2 float32, 16 readers: 1 MiB 0.23-0.31 s, 4 MiB 0.19-0.25)
+_READ_PIECE = 1 << 20  # bytes read at once, their chunks then queued to decode (_ReadyRuns; 4 MiB: more left at the end)
 
 
 def _read_span(fd: int, buf: np.ndarray, at: int, arr: zarr.Array, shard) -> None:
@@ -1075,6 +1079,92 @@ def _read_chunks(fd: int, jobs: list, arr: zarr.Array, shard) -> tuple[np.ndarra
         placed.append((i, j, at, nb))
         at += nb
     return raw, placed
+
+
+_READ_RUN_BYTES = 1 << 20  # raw bytes of a run of chunks decoded in one call as a shard is read: small, so
+# that the last pieces are decoded on every idle core, not one each (a 4 MiB run: ~12 ms on one core)
+
+
+class _ReadyRuns:
+    """The process's runs of chunks whose bytes are read and not yet decoded, from every reader,
+    taken first come first served by the pool's threads on idle cores and by the readers themselves
+    once their own bytes are all in.
+
+    A reader thread that decoded its own shard in 4 MiB runs took each piece of 4 MiB only once its last
+    byte was in: 16 readers' bytes come interleaved, each shard's last near the disk's end, so every
+    reader had up to a piece left to decode on its one core once the disk was done (the tail, ~15 ms at
+    8192^2 float32 on the H100 host), and a reader whose shard came early idled while the others
+    decoded. Here pieces and runs are of 1 MiB and a run is decoded as soon as a core is free, the last
+    ones on all of them (benchmarks/RESULTS.md, "The store's read on fast hosts, session 21"). Small
+    runs need cheap calls: numba's dispatcher took ~150 us under the GIL a call
+    (:func:`terrain_io.chunkcodec._call` takes ~4). Threads counted as busy: the pool's helpers and
+    the readers waiting on their runs (a reader waiting on the disk is not).
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ready: collections.deque = collections.deque()  # (fn, run, future)
+        self.busy = 0
+
+    def decode(self, fn, pieces) -> None:
+        """``fn(run)`` of every run of ``pieces`` (an iterable of lists of runs, whose next item may
+        wait on the disk), each list queued as it comes; returns once all are done, helping with any
+        queued run meanwhile. The first exception is raised (the runs of this call not yet begun are
+        dropped)."""
+        futures = []
+        try:
+            for runs in pieces:
+                futures.extend(self._post(fn, runs))
+            with self.lock:
+                self.busy += 1
+            try:
+                for future in futures:
+                    while not future.done() and self._take_one():
+                        pass
+                    future.result()
+            finally:
+                with self.lock:
+                    self.busy -= 1
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+    def _post(self, fn, runs) -> list:
+        futures = [concurrent.futures.Future() for _ in runs]
+        with self.lock:
+            self.ready.extend(zip(itertools.repeat(fn), runs, futures))
+            helpers = max(0, min(len(self.ready), (os.cpu_count() or 1) - self.busy))
+            self.busy += helpers
+        pool = codec_pool()
+        for _ in range(helpers):
+            pool.submit(self._help)
+        return futures
+
+    def _take_one(self, helper: bool = False) -> bool:
+        """Decode the oldest queued run; False where none is queued (a ``helper`` then counted idle at
+        once, so that a run queued next wakes another)."""
+        while True:
+            with self.lock:
+                if not self.ready:
+                    self.busy -= helper
+                    return False
+                fn, run, future = self.ready.popleft()
+            if future.set_running_or_notify_cancel():  # (else dropped by its reader's error)
+                break
+        try:
+            future.set_result(fn(run))
+        except BaseException as exc:  # noqa: BLE001 -- raised in its reader
+            future.set_exception(exc)
+        return True
+
+    def _help(self) -> None:
+        while self._take_one(helper=True):
+            pass
+
+
+_READY_RUNS = _ReadyRuns()
+os.register_at_fork(after_in_child=_READY_RUNS.__init__)  # (a child has none of its parent's threads)
 
 
 def write_shard(arr: zarr.Array, sr: int, sc: int, block: np.ndarray) -> None:

@@ -156,3 +156,28 @@ def test_a_failed_load_makes_the_store_code_chunk_by_chunk(monkeypatch):
     chunkcodec.load()
     assert not chunkcodec.usable()
     assert store._codec_runs(64 << 20) is None
+
+
+def test_calls_past_the_dispatcher_take_each_kind_of_argument_to_its_own_build():
+    """After a first call, a kernel is called through the entry point numba compiled for those kinds of
+    arguments: frames read from a read-only buffer (another build than a writable one's) and rows of a
+    strided window still decode to numcodecs' cells, and each kind of argument has its own entry."""
+    v = (np.random.default_rng(6).random((32, 48)) * 50).astype("float32")
+    cells = np.array([(0, 0), (0, 1), (1, 0), (1, 1)], np.int64)
+    data, entries = chunkcodec.encode_run(v, TILE, 0.0, cells, 3, True)
+    jobs = np.array([(i, j, int(a), int(b)) for (i, j), (a, b) in zip(cells, entries)], np.int64)
+    zstd = Zstd(level=3)
+    frames = [zstd.decode(data[int(a) : int(a) + int(b) - 4].tobytes()) for a, b in entries]
+    want = np.empty((32, 48), np.float32)
+    for (i, j), frame in zip(cells, frames):
+        want[i * 16 : i * 16 + 16, j * 24 : j * 24 + 24] = np.frombuffer(frame, np.float32).reshape(TILE)
+    for raw in (data, np.frombuffer(data.tobytes(), np.uint8), data, np.frombuffer(data.tobytes(), np.uint8)):
+        big = np.zeros((40, 100), np.float32)
+        out = big[4:36, 2:98:2]  # (rows contiguous? no: every other column -- refused by as_bits)
+        assert chunkcodec.as_bits(out) is None
+        out = big[4:36, 10:58]
+        assert not chunkcodec.decode_run(raw, jobs, TILE, (0, 0), out, 3, True).any()
+        assert out.tobytes() == want.tobytes()
+        assert not big[:4].any() and not big[36:].any() and not big[:, :10].any() and not big[:, 58:].any()
+    writable = {key[1][4] for key in chunkcodec._ENTRY_POINTS if key[0] is chunkcodec._decode_run}
+    assert writable == {True, False}  # (the raw buffer's kind: its own entry each)

@@ -97,17 +97,19 @@ def test_gpu_bands_through_pinned_buffers_give_the_cpu_bytes(tmp_path):
         assert st.group[f"sssp/gpu/{name}"][...].tobytes() == st.group[f"sssp/cpu/{name}"][...].tobytes(), name
 
 
-def test_a_window_read_with_the_cores_is_decoded_in_runs_across_the_pool(tmp_path, monkeypatch):
-    """A reader with the cores to itself (here: the main thread) hands the pool runs of at most
-    ``_CODEC_RUN_BYTES`` of cells, also for a window of a shard, whose chunks come as one run (decoded on
-    one core they were, where chunk by chunk they had spread over the pool); the cells are zarr's."""
+@pytest.mark.parametrize("reader", ["main thread", "reader thread"])
+def test_a_read_is_decoded_in_small_runs(tmp_path, monkeypatch, reader):
+    """A shard or a window of it is decoded in runs of at most ``_READ_RUN_BYTES`` of cells (a window's
+    chunks come as one piece, a shard's as each piece read holds: cut, idle cores share them), from
+    the main thread or a reader thread; the cells are zarr's."""
     from terrain_io import chunkcodec
 
     if chunkcodec.functions() is None:
         pytest.skip("zstd or crc32c not callable here")
     monkeypatch.setattr(store_mod, "_codec_runs", lambda nbytes: chunkcodec)
     monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
-    monkeypatch.setattr(store_mod, "_CODEC_RUN_BYTES", 2 * 8 * 8 * 4)  # two chunks a run
+    monkeypatch.setattr(store_mod, "_READ_RUN_BYTES", 2 * 8 * 8 * 4)  # two chunks a run
+    monkeypatch.setattr(store_mod, "_READ_PIECE", 1000)  # several pieces a shard
     v = (np.random.default_rng(4).random((64, 64)) * 200).astype("float32")
     TerrainStore.from_array(tmp_path / "s.zarr", v, tile=8, shard=8)
     arr = zarr.open_array(tmp_path / "s.zarr" / "elevation", mode="r")
@@ -116,7 +118,56 @@ def test_a_window_read_with_the_cores_is_decoded_in_runs_across_the_pool(tmp_pat
     monkeypatch.setattr(chunkcodec, "decode_run", lambda raw, jobs, *a: calls.append(len(jobs)) or decode_run(raw, jobs, *a))
     for part in (Window(3, 45, 5, 60), None):
         calls.clear()
-        got = read_shard(arr, 0, 0, part=part)
+        got = _in("reader thread" if reader == "reader thread" else "serial", read_shard, arr, 0, 0, part)
         want = v if part is None else v[part.slices]
         assert got.tobytes() == want.tobytes()
         assert max(calls) <= 2 and sum(calls) == (6 * 8 if part is not None else 64), calls
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_parallel_readers_share_the_decoding(tmp_path, monkeypatch, damaged):
+    """Many reader threads, each reading shards into its place of one array, their runs decoded by
+    whichever thread is free (the process's queue of ready runs): the cells are zarr's; a damaged shard
+    fails its own reader only (the chunk named), the others' cells are still zarr's."""
+    import concurrent.futures
+
+    from terrain_io import chunkcodec
+
+    if chunkcodec.functions() is None:
+        pytest.skip("zstd or crc32c not callable here")
+    monkeypatch.setattr(store_mod, "_codec_runs", lambda nbytes: chunkcodec)
+    monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
+    monkeypatch.setattr(store_mod, "_READ_RUN_BYTES", 8 * 8 * 4)  # a chunk a run
+    monkeypatch.setattr(store_mod, "_READ_PIECE", 600)
+    rng = np.random.default_rng(5)
+    v = (rng.random((96, 128)) * 500).astype("float32")
+    st = TerrainStore.from_array(tmp_path / "s.zarr", v, tile=8, shard=4)  # 3 x 4 shards of 4 x 4 chunks
+    bad = (1, 2)
+    if damaged:
+        shard = tmp_path / "s.zarr" / "elevation" / "c" / str(bad[0]) / str(bad[1])
+        data = bytearray(shard.read_bytes())
+        data[100] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    ref = zarr.open_array(str(tmp_path / "s.zarr" / "elevation"), mode="r")
+    arr = TerrainStore.open(st.path).elevation
+    out = np.full(v.shape, -1, np.float32)
+
+    def one(shard):
+        sr, sc = shard
+        read_shard(arr, sr, sc, out=out[sr * 32 : sr * 32 + 32, sc * 32 : sc * 32 + 32])
+
+    shards = [(sr, sc) for sr in range(3) for sc in range(4)]
+    for _ in range(3):  # (a race shows as reads that differ)
+        out[...] = -1
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futures = {s: pool.submit(one, s) for s in shards}
+        for (sr, sc), future in futures.items():
+            if damaged and (sr, sc) == bad:
+                with pytest.raises(DamagedStoreError, match=r"chunk \(\d+, \d+\).*checksum"):
+                    future.result()
+                continue
+            future.result()
+            cells = (slice(sr * 32, sr * 32 + 32), slice(sc * 32, sc * 32 + 32))
+            assert out[cells].tobytes() == (v[cells] if damaged else ref[cells]).tobytes()
+        if not damaged:
+            assert out.tobytes() == ref[...].tobytes() == v.tobytes()
