@@ -5,10 +5,11 @@
 # $ORDER (TREES="base=DIR this=DIR"; default: this tree alone), each run's in-process phases from the result's
 # attributes, the dirty pages and the GPU's state before it (the command's earlier result removed and the
 # dirty pages synced first, outside its time, unless the step says :keep); kernels compiled first on a 2048^2 store by each
-# tree; the fill twice first (the GPU wakes, synth's pages settle; both kept; FILLS=0: none). $PROBE=1: one more sssp and flow
+# tree (the commands of $WARM_CMDS, default all four); the fill twice first (the GPU wakes, synth's pages settle; both
+# kept; FILLS=0: none). $PROBE=1: one more sssp and flow
 # of the last tree with their wall split into the interpreter's start, the command and its exit (a sitecustomize
 # that notes the time at start and last at exit), and nvCOMP's encode by chunks a call
-# (probe_gpu_encode.py on their results). Dependencies on PYTHONPATH (each tree put before them); logs
+# (probe_gpu_encode.py on their results); $TRACE=1: one more sssp of the last tree traced (trace_sssp.txt). Dependencies on PYTHONPATH (each tree put before them); logs
 # to $OUT. From a checkout, a branch's tree unpacked in .wt-x beside it:
 #     OUT=/tmp/out TREES="base=. this=.wt-x" .wt-x/benchmarks/run_floor_h100.sh
 set -u
@@ -44,9 +45,10 @@ for k, a in TerrainStore.open('$D/s.zarr', mode='r').results().items():
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 echo "trees: $(for n in "${NAMES[@]}"; do echo -n "$n=${TREE[$n]} "; done)" | tee -a "$OUT/log.txt"
 cli "${NAMES[0]}" synth -o "$D/w.zarr" --size "${WARM:-2048}" --seed 1 -q
+WARM_CMDS=${WARM_CMDS:-"'fill' 'sssp --cell --source 1024,1024 --method incore' 'flow --memory 8GB' 'mst'"}
 for n in "${NAMES[@]}"; do
     /usr/bin/time -f "warm-up $n: %e s" timeout 150 bash -c "$(declare -f cli); $(declare -p TREE); DEPS='$DEPS'
-        for c in 'fill' 'sssp --cell --source 1024,1024 --method incore' 'flow --memory 8GB' 'mst'; do
+        for c in $WARM_CMDS; do
             cli $n \$c '$D/w.zarr' --device $DEV -q || echo \"warm-up failed: \$c\"; done" 2>&1 | tail -3 | tee -a "$OUT/log.txt"
 done
 PYTHONPATH="${TREE[${NAMES[-1]}]}:$DEPS" python3 -c "from terrain_io import nvzstd; print('nvCOMP usable:', \
@@ -67,6 +69,12 @@ for step in ${ORDER:-sssp:this flow:this mst:this}; do  # (command:tree, or comm
     IFS=: read -r cmd name keep <<< "$step"
     KEEP=$([ "$keep" = keep ] && echo 1 || echo 0) timed "$cmd" "$name" "${keep:+(replacing the last result)}"
 done
+if [ "${TRACE:-0}" = 1 ]; then  # one more sssp of the last tree under benchmarks/trace_cli.py (threads' stacks)
+    t=${TREE[${NAMES[-1]}]}; rm -rf "$D/s.zarr/sssp"; sync
+    (cd "$t" && PYTHONPATH="$t:$DEPS" timeout 60 python3 benchmarks/trace_cli.py --every 2 --merge 20 -- \
+        ${ARGS[sssp]//@/$D/s.zarr}) > "$OUT/trace_sssp.txt" 2>&1
+    log "sssp ${NAMES[-1]} traced: $(grep 'main returned' "$OUT/trace_sssp.txt")"
+fi
 du -sm "$D/s.zarr/sssp/"*/{distance,predecessor} "$D/s.zarr/flow/"{direction,accumulation} "$D/s.zarr/mst/edges" 2>/dev/null | tee -a "$OUT/log.txt"
 if [ "${PROBE:-0}" = 1 ]; then
     cat > "$D/hook/sitecustomize.py" <<'EOF'

@@ -4,10 +4,11 @@ results are on the device before they are stored.
 
 A band of shard rows of one array is cut into its chunks on the GPU (padded with the fill value at
 the array's edge, each shard's chunks in zarr's Morton order, chunks all of fill value left out as
-zarr leaves them out), compressed there in one batched call, packed end to end and copied to the
-host in one copy: the frames cross the bus instead of the raw cells (fill's three outputs at
-32768^2: 12.9 GB raw, ~3 GB of frames), and the host's threads only checksum and write them
-(:func:`terrain_io.store.write_frames`). nvCOMP writes standard zstd frames (RFC 8878), which
+zarr leaves them out), compressed there in one batched call, packed end to end with each frame's
+crc32c after them (computed there too) and copied to the host in one copy: the frames cross the bus
+instead of the raw cells (fill's three outputs at 32768^2: 12.9 GB raw, ~3 GB of frames), and the
+host's threads only write them (:func:`terrain_io.store.write_frames`: each checksum in Python, a
+chunk at a time, held the GIL against the thread feeding the GPU). nvCOMP writes standard zstd frames (RFC 8878), which
 numcodecs and so zarr decode: the chunks decode to the bytes the CPU's encoder stores; the frames
 themselves differ (another encoder), as they would between two zstd versions.
 
@@ -105,6 +106,66 @@ extern "C" __global__ void pack_frames(const unsigned char* __restrict__ src,
 
 
 @functools.cache
+def _crc32c_kernel():
+    """The crc32c (Castagnoli, as zarr's ``crc32c`` codec and google-crc32c compute it) of frame c
+    (``sizes[c]`` bytes at ``offsets[c]`` of ``src``) into ``out[c]``: one block a frame, each thread
+    the CRC of its own stretch of the frame (a byte table in shared memory), the stretches joined by
+    the CRC's linearity -- a stretch's CRC times x^(8 n) mod P for the n bytes after it, as zlib's
+    ``crc32_combine`` (``multmodp``, ``x2nmodp``) does, the initial value's term likewise."""
+    import cupy as cp
+
+    return cp.RawKernel(r"""
+#define POLY 0x82F63B78u
+__device__ unsigned int multmodp(unsigned int a, unsigned int b) {  // a * b mod P, bits reflected (a != 0)
+    unsigned int m = 1u << 31, p = 0;
+    for (;;) {
+        if (a & m) {
+            p ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = b & 1 ? (b >> 1) ^ POLY : b >> 1;
+    }
+    return p;
+}
+__device__ unsigned int x8nmodp(unsigned long long n) {  // x^(8 n) mod P
+    unsigned int p = 1u << 31, sq = 1u << 23;  // x^0, x^8
+    for (; n; n >>= 1) {
+        if (n & 1) p = multmodp(sq, p);
+        sq = multmodp(sq, sq);
+    }
+    return p;
+}
+extern "C" __global__ void crc32c_frames(const unsigned char* __restrict__ src,
+                                         const unsigned long long* __restrict__ offsets,
+                                         const unsigned long long* __restrict__ sizes,
+                                         unsigned int* __restrict__ out) {
+    __shared__ unsigned int table[256];
+    __shared__ unsigned int warps[32];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        unsigned int c = i;
+        for (int b = 0; b < 8; ++b) c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
+        table[i] = c;
+    }
+    __syncthreads();
+    const unsigned char* s = src + offsets[blockIdx.x];
+    const unsigned long long n = sizes[blockIdx.x], per = (n + blockDim.x - 1) / blockDim.x;
+    const unsigned long long a = min(n, per * threadIdx.x), e = min(n, a + per);
+    unsigned int c = 0;
+    for (unsigned long long i = a; i < e; ++i) c = table[(c ^ s[i]) & 0xff] ^ (c >> 8);
+    c = multmodp(x8nmodp(n - e), c);  // (the stretch's CRC carried past the rest of the frame)
+    for (int o = 16; o > 0; o >>= 1) c ^= __shfl_xor_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (blockDim.x + 31) / 32; ++w) c ^= warps[w];
+        out[blockIdx.x] = ~(c ^ multmodp(x8nmodp(n), 0xFFFFFFFFu));  // (initial value ~0, final ~)
+    }
+}
+""", "crc32c_frames")
+
+
+@functools.cache
 def _place_module():
     """Copy chunk c (``slot`` cells from ``chunks + c * slot``, rows of ``t1``) to cell ``at[c]`` of
     ``band`` (rows of ``pitch`` cells), its first ``rows[c]`` rows and ``cols[c]`` columns (clipped at
@@ -143,8 +204,23 @@ def encoder():
     return BandEncoder() if _usable() else None
 
 
+class _Launched:
+    """A compress call under way on the GPU (:meth:`BandEncoder._launch`): its ``k`` frames' slots and
+    where each starts in them, sizes and statuses (``info``: k sizes, then k int32 statuses), the
+    event recorded after it, and the buffers it reads (kept until it is done)."""
+
+    __slots__ = ("k", "slots", "at", "info", "done", "inputs")
+
+    def __init__(self, k, slots, at, info, done, inputs):
+        self.k, self.slots, self.at, self.info, self.done, self.inputs = k, slots, at, info, done, inputs
+
+
 class BandEncoder:
-    """Zstd frames of a band's chunks, made on the GPU: :meth:`encode`."""
+    """Zstd frames of a band's chunks, made on the GPU: :meth:`encode`; or a call in two halves,
+    :meth:`start` and :meth:`fetch`, so that the GPU compresses one call while the frames of the call
+    before come back (:func:`terrain_io.pinned.write_bands`)."""
+
+    _stream = None  # (the side stream: :meth:`_side_stream`)
 
     def __init__(self):
         self.lib = _lib()
@@ -169,35 +245,68 @@ class BandEncoder:
         (nvCOMP's zstd on the H100: 6-8 GB/s of raw cells given 1024 chunks a call, 10-12 GB/s given
         2048: one band of one array at 32768^2 is 1024, so callers give it :data:`BATCH_CHUNKS` an
         array where they can; benchmarks/probe_gpu_encode.py.)"""
+        return self.fetch(self.start(bands, arrs, shards), host)[0]
+
+    def start(self, bands, arrs, shards: list):
+        """:meth:`encode_many`'s first half: the chunks cut and their compress launched on the GPU (the
+        current stream), waiting only for which chunks are kept; :meth:`fetch` gives the frames."""
         parts = [self._chunks(band, arr, shards) for band, arr in zip(bands, arrs)]
         kept = [p[1] for p in parts]
-        k = sum(len(x) for x in kept)
-        sizes, first = np.zeros(0, np.uint64), np.cumsum([0] + [len(x) for x in kept])
-        if k:
-            sizes, packed = self._compress([p[0] for p in parts], kept)
-            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-            total = int(sizes.sum())
-            out = host(total)
-            self._to_host(packed[:total], out[:total])
-        result = []
-        for (chunks, kept_i, order), base in zip(parts, first):
-            frames_at = np.full(len(chunks), -1, np.int64)
-            frames_at[kept_i] = np.arange(base, base + len(kept_i))
-            shards_frames, pos = [], 0
+        return parts, (self._launch([p[0] for p in parts], kept) if sum(len(x) for x in kept) else None)
+
+    def fetch(self, started, host):
+        """:meth:`encode_many`'s second half, for what :meth:`start` gave: waits for its compress, copies
+        its frames into ``host(nbytes)`` and gives (frames, sums): :meth:`encode_many`'s lists, and the
+        same lists of each frame's crc32c (4 bytes, as zarr's codec stores it), computed on the GPU
+        (``_crc32c_kernel``) and copied with the frames. Its GPU work runs on a stream of its own, so a
+        compress started since (the next call's) goes on meanwhile."""
+        parts, launched = started
+        frames, sums = [], []
+        if launched is not None:
+            sizes, packed, crc_at = self._frames(launched)
+            k = len(sizes)
+            out = host(crc_at + 4 * k)[: crc_at + 4 * k]
+            self._to_host(packed, out)
+            lengths = sizes.tolist()
+            frames = [out[a : a + n] for a, n in zip(itertools.accumulate(lengths, initial=0), lengths)]
+            sums = [out[a : a + 4] for a in range(crc_at, crc_at + 4 * k, 4)]
+        result, base = ([], []), 0
+        for chunks, kept, order in parts:
+            at = np.full(len(chunks), -1, np.int64)
+            at[kept] = np.arange(base, base + len(kept))
+            at, base, pos = at.tolist(), base + len(kept), 0
+            per_frames, per_sums = [], []
             for cells in order:
-                shards_frames.append([None if i < 0 else out[offsets[i] : offsets[i] + int(sizes[i])]
-                                      for i in frames_at[pos : pos + len(cells)]])
+                idx = at[pos : pos + len(cells)]
+                per_frames.append([None if i < 0 else frames[i] for i in idx])
+                per_sums.append([None if i < 0 else sums[i] for i in idx])
                 pos += len(cells)
-            result.append(shards_frames)
+            result[0].append(per_frames)
+            result[1].append(per_sums)
         return result
 
     @staticmethod
-    def _to_host(packed, out) -> None:
-        """The packed frames (device) copied into ``out`` (host memory), the copy complete."""
+    def has_room(nbytes: int) -> bool:
+        """Whether the GPU has ``nbytes`` free for another call in flight (its chunks, their frames'
+        slots and the frames packed: ~3x the call's raw cells)."""
+        from .backend import gpu_free_bytes
+
+        return gpu_free_bytes() >= nbytes
+
+    def _side_stream(self):
+        """The stream of :meth:`fetch`'s GPU work (non-blocking: it neither waits for nor holds up the
+        default stream's work, the next compress)."""
         import cupy as cp
 
-        packed.get(out=out)
-        cp.cuda.get_current_stream().synchronize()
+        if self._stream is None:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+        return self._stream
+
+    def _to_host(self, packed, out) -> None:
+        """The packed frames (device) copied into ``out`` (host memory), the copy complete."""
+        stream = self._side_stream()
+        packed.get(out=out, stream=stream)
+        stream.synchronize()
 
     @staticmethod
     def _chunks(band, arr, shards: list):
@@ -222,11 +331,11 @@ class BandEncoder:
         n0, n1 = arr.shards[0] // t0, arr.shards[1] // t1
         first = shards[0][0]  # (the band's first shard row: the band may hold several)
         order = [shard_chunks(arr, sr, sc) for sr, sc in shards]
-        ti = np.array([(sr - first) * n0 + i for (sr, _), cells in zip(shards, order) for i, _ in cells], np.int64)
-        tj = np.array([sc * n1 + j for (_, sc), cells in zip(shards, order) for _, j in cells], np.int64)
+        tij = xp.asarray(np.array([[(sr - first) * n0 + i for (sr, _), cells in zip(shards, order) for i, _ in cells],
+                                   [sc * n1 + j for (_, sc), cells in zip(shards, order) for _, j in cells]], np.int64))
         tiles = xp.ascontiguousarray(band, dtype=dtype).reshape(ntr, t0, ntc, t1).transpose(0, 2, 1, 3)
-        chunks = tiles[xp.asarray(ti), xp.asarray(tj)]  # (n, t0, t1), contiguous, in the files' order
-        flat = chunks.reshape(len(ti), -1)
+        chunks = tiles[tij[0], tij[1]]  # (n, t0, t1), contiguous, in the files' order
+        flat = chunks.reshape(len(chunks), -1)
         fill = np.array(arr.fill_value, dtype)
         if dtype.kind == "f" and np.isnan(fill):
             keep = ~xp.isnan(flat).all(axis=1)
@@ -239,11 +348,19 @@ class BandEncoder:
 
     def _compress(self, chunks: list, kept: list):
         """Zstd frames of the chunks ``kept[i]`` (NumPy indices into ``chunks[i]``, an (n, t0, t1)
-        array) in one call: their sizes (host) and the frames packed end to end (device), in the order
-        given; each array's frames made in slots of its own chunks' largest frame."""
+        array) in one call, waited for: their sizes (host) and the frames packed end to end (device;
+        their crc32c after them), in the order given (benchmarks/probe_gpu_encode.py)."""
+        sizes, packed, _ = self._frames(self._launch(chunks, kept))
+        return sizes, packed
+
+    def _launch(self, chunks: list, kept: list) -> _Launched:
+        """The compress of the chunks ``kept[i]`` of ``chunks[i]`` (as :meth:`_compress`) launched on the
+        current stream, each array's frames made in slots of its own chunks' largest frame; nothing
+        waited for. (Its small tables cross in one copy: each copy or sync lets go of the GIL, and
+        the writers' threads may keep it a while before this thread has it again.)"""
         import cupy as cp
 
-        lib, stream = self.lib, cp.cuda.get_current_stream().ptr
+        lib, stream = self.lib, cp.cuda.get_current_stream()
         counts = [len(x) for x in kept]
         nbytes = [int(np.prod(c.shape[1:])) * c.itemsize for c in chunks]
         k, largest = sum(counts), max(nbytes)
@@ -255,32 +372,48 @@ class BandEncoder:
             slot.append(-(-int(max_out.value) // self.align) * self.align)
         temp_bytes = ctypes.c_size_t()
         _check(lib.nvcompBatchedZstdCompressGetTempSize(k, largest, self.opts, ctypes.byref(temp_bytes),
-                                                        sum(c * n for c, n in zip(counts, nbytes)), stream),
+                                                        sum(c * n for c, n in zip(counts, nbytes)), stream.ptr),
                "temp size")
         temp = cp.empty(max(1, int(temp_bytes.value)), cp.uint8)
-        in_ptrs = cp.asarray(np.concatenate([c.data.ptr + np.asarray(x, np.uint64) * np.uint64(n)
-                                             for c, x, n in zip(chunks, kept, nbytes)]))
-        in_sizes = cp.asarray(np.repeat(np.array(nbytes, np.uint64), counts))
         starts = [0, *itertools.accumulate(c * s for c, s in zip(counts, slot))]  # (Python ints: uint64 below)
-        at = cp.asarray(np.concatenate([start + np.arange(c, dtype=np.uint64) * s
-                                        for start, c, s in zip(starts, counts, slot)]))
         slots = cp.empty(max(1, starts[-1]), cp.uint8)
-        out_ptrs = cp.uint64(slots.data.ptr) + at
-        out_sizes = cp.zeros(k, cp.uint64)
-        statuses = cp.zeros(k, cp.int32)
-        _check(lib.nvcompBatchedZstdCompressAsync(in_ptrs.data.ptr, in_sizes.data.ptr, largest, k,
-                                                  temp.data.ptr, int(temp_bytes.value), out_ptrs.data.ptr,
-                                                  out_sizes.data.ptr, self.opts, statuses.data.ptr, stream),
+        at = np.concatenate([start + np.arange(c, dtype=np.uint64) * s for start, c, s in zip(starts, counts, slot)])
+        inputs = np.concatenate([c.data.ptr + np.asarray(x, np.uint64) * np.uint64(n)
+                                 for c, x, n in zip(chunks, kept, nbytes)])
+        # one table, rows: the chunks' addresses, their sizes, the frames' slots (offsets, addresses)
+        table = cp.asarray(np.concatenate([inputs, np.repeat(np.array(nbytes, np.uint64), counts), at,
+                                           np.uint64(slots.data.ptr) + at]).reshape(4, k))
+        info = cp.empty(2 * k, cp.uint64)  # (k sizes, then k int32 statuses)
+        _check(lib.nvcompBatchedZstdCompressAsync(table[0].data.ptr, table[1].data.ptr, largest, k, temp.data.ptr,
+                                                  int(temp_bytes.value), table[3].data.ptr, info.data.ptr, self.opts,
+                                                  info[k:].data.ptr, stream.ptr),
                "zstd compress")
-        failed = statuses.get()  # on the host, as the kept chunks (above)
-        if failed.any():
-            raise RuntimeError(f"nvCOMP zstd compress: {np.count_nonzero(failed)} chunks failed "
-                               f"(status {int(failed.max())})")
-        sizes = out_sizes.get()
-        offsets = cp.asarray(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64))
-        packed = cp.empty(max(1, int(sizes.sum())), cp.uint8)
-        _pack_kernel()((k,), (256,), (slots, at, out_sizes, offsets, packed))
-        return sizes, packed
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        return _Launched(k, slots, table[2], info, done, (temp, table, chunks))
+
+    def _frames(self, launched: _Launched):
+        """``launched``'s frames once compressed, on the side stream: their sizes (host), and on the
+        device the frames packed end to end, then from byte ``crc_at`` each one's crc32c (uint32):
+        (sizes, packed, crc_at)."""
+        import cupy as cp
+
+        stream, k = self._side_stream(), launched.k
+        stream.wait_event(launched.done)
+        with stream:
+            info = launched.info.get(stream=stream)
+            stream.synchronize()
+            sizes, failed = info[:k], info[k:].view(np.int32)[:k]
+            if failed.any():
+                raise RuntimeError(f"nvCOMP zstd compress: {np.count_nonzero(failed)} chunks failed "
+                                   f"(status {int(failed.max())})")
+            total = int(sizes.sum())
+            crc_at = -(-total // 8) * 8
+            offsets = cp.asarray(np.concatenate([np.zeros(1, np.uint64), np.cumsum(sizes)[:-1]]))
+            packed = cp.empty(crc_at + 4 * k, cp.uint8)
+            _pack_kernel()((k,), (256,), (launched.slots, launched.at, launched.info[:k], offsets, packed))
+            _crc32c_kernel()((k,), (256,), (packed, offsets, launched.info[:k], packed[crc_at:]))
+        return sizes, packed, crc_at
 
 
 def decoder():

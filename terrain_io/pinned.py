@@ -84,15 +84,17 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     """Store results that sit on the GPU, one band of shard rows at a time: ``arrays`` (zarr
     arrays, sharded alike), ``bands`` (lists of the shard windows of one shard row each),
     ``band_outputs(r0, r1)`` (the device arrays of rows r0 .. r1, every column, one an array, in
-    order); ``pool``: the writers' threads; ``done(n)``: n shards written.
+    order; called once a band, in order); ``pool``: the writers' threads; ``done(n)``: n shards written.
 
     With nvCOMP (:mod:`terrain_io.nvzstd`) a band's chunks are compressed on the GPU and only their
-    frames come back, for the threads to checksum and write (:func:`terrain_io.store.write_frames`);
+    frames come back, with their crc32c, for the threads to write (:func:`terrain_io.store.write_frames`);
     ``bands_per_call`` consecutive bands then go to the GPU's encoder as one (more chunks a call:
-    :func:`frame_plan`). Else the band comes back raw and the threads encode it
-    (:func:`terrain_io.store.write_shard`). Either way into this run's sets of host buffers (the
-    frames' pinned unless ``pinned.pageable`` names ``"frames"``): ``pinned.sets - 1`` bands (or
-    calls' bands) are written while the next comes back."""
+    :func:`frame_plan`), and each call is started before the frames of the call before are fetched
+    (where the GPU has room for both), so that the GPU compresses the one while the other's frames
+    cross the bus. Else the band comes back raw and the threads encode it
+    (:func:`terrain_io.store.write_shard`). Either way into this run's sets of host buffers (the frames' pinned unless ``pinned.pageable`` names ``"frames"``):
+    ``pinned.sets - 1`` bands (or calls' bands) are written while the next comes back, and a set is
+    filled again only once the writers of the band that used it last are done."""
     from . import nvzstd
     from .errors import TerrainNote
     from .store import shard_layout, write_frames, write_shard
@@ -105,11 +107,17 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     phase = timings.phase if timings is not None else (lambda _name: contextlib.nullcontext())
     pending: list = []  # (band, its writer's future), in the order submitted
     pinned_before = pinned.pin_seconds
+    ahead = None  # (band k + 1's outputs, its encoder call started or None), made during band k
+    # (a row's raw bytes: a call in flight holds ~3x its rows' on the GPU)
+    raw_row = sum(a.shape[1] * np.dtype(a.dtype).itemsize for a in arrays) if enc is not None else 0
 
-    def write(fn, arr, win, data):
-        fn(arr, win.r0 // arr.shards[0], win.c0 // arr.shards[1], data)
+    def write(fn, arr, win, *data):
+        fn(arr, win.r0 // arr.shards[0], win.c0 // arr.shards[1], *data)
         if done is not None:
             done(1)
+
+    def shards(band):
+        return [(w.r0 // arrays[0].shards[0], w.c0 // arrays[0].shards[1]) for w in band]
 
     for k, band in enumerate(bands):
         with phase("write_wait"):  # the set band k comes into was band k - sets's: its writers done first
@@ -119,19 +127,26 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
             if f.done():
                 f.result()  # raises a failed write's error here
         r0, r1 = band[0].r0, band[-1].r1
-        shards = [(w.r0 // arrays[0].shards[0], w.c0 // arrays[0].shards[1]) for w in band]
-        jobs, outputs = None, band_outputs(r0, r1)
+        (outputs, started), ahead = ahead or (band_outputs(r0, r1), None), None
+        jobs = None
         if enc is not None:
             try:
                 with phase("write_gpu_encode"):  # (every output's chunks in one batched call)
-                    framed = enc.encode_many(outputs, arrays, shards,
-                                             lambda n: pinned.buffer(k, "frames", (_headroom(n),), np.uint8))
-                    jobs = [(write_frames, arr, win, f) for arr, frames in zip(arrays, framed)
-                            for win, f in zip(band, frames)]
+                    started = started or enc.start(outputs, arrays, shards(band))
+                    nxt = bands[k + 1] if k + 1 < len(bands) else None
+                    if nxt is not None and enc.has_room(4 * (nxt[-1].r1 - nxt[0].r0) * raw_row):
+                        # the next call compressed while this one's frames come back
+                        ahead = (band_outputs(nxt[0].r0, nxt[-1].r1), None)  # (kept should the start fail)
+                        ahead = (ahead[0], enc.start(ahead[0], arrays, shards(nxt)))
+                with phase("write_frames_copy"):
+                    framed, sums = enc.fetch(started, lambda n: pinned.buffer(k, "frames", (_headroom(n),), np.uint8))
+                jobs = [(write_frames, arr, win, f, s) for arr, frames, crcs in zip(arrays, framed, sums)
+                        for win, f, s in zip(band, frames, crcs)]
             except Exception as exc:  # noqa: BLE001 -- no GPU codec: the CPU's way, which writes the same cells
                 warnings.warn(f"the GPU's zstd failed ({exc}); the results are compressed on the CPU", TerrainNote,
                               stacklevel=2)
-                enc, jobs = None, None
+                enc, jobs, ahead = None, None, ahead and (ahead[0], None)  # (the next band's outputs kept)
+        started = None
         if jobs is None:
             with phase("write_copy"):
                 parts = pinned.download(k, outputs)
@@ -144,7 +159,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
         for _, f in pending:
             f.result()
     if timings is not None:
-        timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_gpu_encode / write_copy)
+        timings.add("write_pin", pinned.pin_seconds - pinned_before)  # (within write_frames_copy / write_copy)
 
 
 def frame_plan(store, itemsizes, budget: int) -> int:

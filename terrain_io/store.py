@@ -1364,19 +1364,22 @@ def _morton_cells(n0: int, n1: int) -> tuple[tuple[int, int], ...]:
     return tuple((int(i), int(j)) for i, j in morton_order(n0, n1))
 
 
-def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list) -> None:
+def write_frames(arr: zarr.Array, sr: int, sc: int, frames: list, sums: list | None = None) -> None:
     """Write shard (sr, sc) of ``arr`` (a layout :func:`shard_layout` knows) from the zstd frames
     of its chunks, made elsewhere (on the GPU: :mod:`terrain_io.nvzstd`): ``frames[k]`` of chunk
     ``shard_chunks(arr, sr, sc)[k]`` (bytes-like), None for a chunk all of fill value (left out, as
-    zarr leaves it out). Each frame gets its crc32c here; the file is the one :func:`write_shard`
-    writes, with these frames."""
+    zarr leaves it out). Each frame gets its crc32c here, or ``sums[k]`` where given (4 bytes as
+    zarr's codec stores them, made with the frames: on the GPU); the file is the one
+    :func:`write_shard` writes, with these frames."""
     crc = shard_layout(arr)[2]
     cells = shard_chunks(arr, sr, sc)
     if len(frames) != len(cells):
         raise ValueError(f"shard ({sr}, {sc}) has {len(cells)} chunks, got {len(frames)} frames")
-    sums = iter(_checksums([f for f in frames if f is not None])) if crc else None
-    write_encoded_shard(arr, sr, sc, {ij: None if f is None else (f, next(sums)) if crc else (f,)
-                                      for ij, f in zip(cells, frames)})
+    if crc and sums is None:
+        made = iter(_checksums([f for f in frames if f is not None]))
+        sums = [None if f is None else next(made) for f in frames]
+    write_encoded_shard(arr, sr, sc, {ij: None if f is None else (f, s) if crc else (f,)
+                                      for ij, f, s in zip(cells, frames, sums or frames)})
 
 
 def _checksums(frames: list) -> list:

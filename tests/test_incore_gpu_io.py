@@ -72,13 +72,13 @@ def test_incore_gpu_write_two_bands_a_call(tmp_path, monkeypatch):
     if nvzstd.encoder() is None:
         pytest.skip("nvCOMP is not installed here")
     monkeypatch.setattr(nvzstd, "BATCH_CHUNKS", 40)  # (a band here: 20 chunks of an array)
-    rows_a_call, encode_many = [], nvzstd.BandEncoder.encode_many
+    rows_a_call, start = [], nvzstd.BandEncoder.start
 
-    def spied(self, bands, arrs, shards, host):
+    def spied(self, bands, arrs, shards):
         rows_a_call.append(len({sr for sr, _ in shards}))
-        return encode_many(self, bands, arrs, shards, host)
+        return start(self, bands, arrs, shards)
 
-    monkeypatch.setattr(nvzstd.BandEncoder, "encode_many", spied)
+    monkeypatch.setattr(nvzstd.BandEncoder, "start", spied)
     stored, _, vals = dem("float32")
     st = TerrainStore.from_array(tmp_path / "dem.zarr", stored, tile=16, shard=2)
     ok = np.argwhere(~np.isnan(vals))

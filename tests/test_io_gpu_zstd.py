@@ -109,6 +109,38 @@ def test_gpu_frames_read_by_plain_zarr_and_xarray_and_verified(tmp_path, dtype):
     assert integrity.verify(tmp_path / "s.zarr").problems
 
 
+@pytest.mark.gpu
+def test_gpu_frames_come_with_their_crc32c(tmp_path):
+    """The encoder's frames and each one's crc32c made on the GPU (``fetch``), two arrays a call, the
+    next call started before this one is fetched: each sum google-crc32c's of its frame (frames of 9 B
+    to 260 KB: compressible, incompressible, all one value), each frame the chunk's bytes."""
+    import cupy as cp
+    from numcodecs import Zstd
+
+    enc = gpu_encoder()
+    rng = np.random.default_rng(3)
+    store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros((512, 768), "float32"), tile=256, shard=1)
+    noise = rng.random((512, 768), np.float32)
+    noise[:256, :256] = 7  # one value: a frame of a few bytes
+    noise[256:, 256:512] = np.round(noise[256:, 256:512] * 4)
+    codes = rng.integers(0, 8, (512, 768), dtype=np.uint8)
+    with store.write_result("r") as writer:
+        arrs = [writer.create_array("d", "float32", store_mod.fill_value_for("float32", None)),
+                writer.create_array("p", "uint8", 255)]
+        calls = [[(sr, sc) for sc in range(3)] for sr in range(2)]
+        bands = [[cp.asarray(noise[sr * 256 : (sr + 1) * 256]), cp.asarray(codes[sr * 256 : (sr + 1) * 256])]
+                 for sr in range(2)]
+        started = [enc.start(bands[0], arrs, calls[0])]
+        started.append(enc.start(bands[1], arrs, calls[1]))
+        for sr, s in enumerate(started):
+            frames, sums = enc.fetch(s, lambda n: np.empty(n, np.uint8))
+            for arr, values, per_frames, per_sums in zip(arrs, (noise, codes), frames, sums):
+                for sc, (f, crc) in enumerate(zip(per_frames, per_sums)):
+                    assert bytes(crc[0]) == integrity.crc32c(f[0])
+                    chunk = values[sr * 256 : (sr + 1) * 256, sc * 256 : (sc + 1) * 256]
+                    assert Zstd().decode(f[0]) == chunk.tobytes()
+
+
 def pitted_dem(rows: int, cols: int, seed: int) -> np.ndarray:
     """Smooth terrain with pits, flats and nodata holes (float32, NaN = nodata)."""
     rng = np.random.default_rng(seed)

@@ -235,7 +235,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
     threads = _io_threads(store)
     pinned, per_call = None, 1
     if gpu:  # the bands cross the bus from and to pinned buffers; up to three bands in flight when written by
-        from ... import nvzstd  # the CPU's encoders, two as frames (the writers only checksum them: fewer to pin)
+        from ... import nvzstd  # the CPU's encoders, two as frames (the writers only write them: fewer to pin)
         from ...pinned import PinnedBands, frame_plan
 
         framed = nvzstd.encoder() is not None
