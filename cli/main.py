@@ -125,6 +125,12 @@ class TerrainGroup(click.Group):
             if (ctx.obj or {}).get("debug"):
                 raise
             _exit_interrupted(exc)
+        except Exception as exc:  # noqa: BLE001 -- a bug of ours: one line still, the traceback under --debug
+            if (ctx.obj or {}).get("debug"):
+                raise
+            click.echo(f"terrain: internal error: {type(exc).__name__}: {exc} (a bug: run the command again with "
+                       "--debug for the traceback, and report it)", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})

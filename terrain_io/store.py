@@ -1297,8 +1297,10 @@ def _codec_runs(nbytes: int, start: bool = True):
     meanwhile."""
     if nbytes < _PARALLEL_SHARD_BYTES:
         return None
-    registry = sys.modules.get("numba.core.registry")
-    if registry is None or "_toplevel_target_context" not in vars(registry.cpu_target):
+    # (numba's registry module can be there half made: another thread importing numba, as the loader
+    # below or a CPU pipeline's first kernel does beside the readers)
+    target = getattr(sys.modules.get("numba.core.registry"), "cpu_target", None)
+    if target is None or "_toplevel_target_context" not in vars(target):
         if start:
             _load_codec_runs()
         return None

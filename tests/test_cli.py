@@ -89,3 +89,23 @@ def test_gpu_backend_round_trip():
     np.testing.assert_array_equal(backend.to_host(g), x)
 
 
+
+
+def test_a_bug_is_one_line_and_its_traceback_under_debug(tmp_path, monkeypatch):
+    """An exception no error of ours names (a bug) reaches the user as one line and exit 1, not a
+    traceback; --debug shows it whole."""
+    import terrain_io.store as store_mod
+
+    store = tmp_path / "ok.zarr"
+    run("-q", "synth", "-o", store, "--size", "20", "--tile", "8", "--shard", "2")
+
+    def broken(*args, **kwargs):
+        raise AttributeError("something half made")
+
+    monkeypatch.setattr(store_mod.TerrainStore, "open", broken)
+    result = run("info", str(store))
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output
+    assert lines[0].startswith("terrain: internal error: AttributeError: something half made")
+    debug = run("--debug", "info", str(store))
+    assert debug.exit_code != 0 and isinstance(debug.exception, AttributeError)

@@ -171,3 +171,20 @@ def test_parallel_readers_share_the_decoding(tmp_path, monkeypatch, damaged):
             assert out[cells].tobytes() == (v[cells] if damaged else ref[cells]).tobytes()
         if not damaged:
             assert out.tobytes() == ref[...].tobytes() == v.tobytes()
+
+
+def test_a_read_beside_numbas_import_codes_chunk_by_chunk(tmp_path, monkeypatch):
+    """numba's registry module half made (another thread importing numba: the kernels' loader, or a CPU
+    pipeline's first kernel, beside the readers): a read codes chunk by chunk, and gives zarr's cells
+    (it raised AttributeError: the 2-core VM's CPU SSSP, one run in six, session 21)."""
+    import sys
+    import types
+
+    values = np.random.default_rng(3).random((256, 256)).astype(np.float32)
+    store = TerrainStore.from_array(tmp_path / "s.zarr", values, tile=32, shard=8)
+    monkeypatch.setattr(store_mod, "_PARALLEL_SHARD_BYTES", 0)
+    monkeypatch.setattr(store_mod, "_load_codec_runs", lambda: None)  # (the loader not started here)
+    monkeypatch.setitem(sys.modules, "numba.core.registry", types.ModuleType("numba.core.registry"))
+    assert store_mod._codec_runs(1 << 30) is None
+    got = store.read(Window(0, 256, 0, 256))
+    assert np.array_equal(got, zarr.open_array(str(tmp_path / "s.zarr" / "elevation"), mode="r")[:])
