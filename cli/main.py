@@ -125,6 +125,8 @@ class TerrainGroup(click.Group):
             if (ctx.obj or {}).get("debug"):
                 raise
             _exit_interrupted(exc)
+        except (click.exceptions.Exit, click.exceptions.Abort):  # (a command's own exit: not an error)
+            raise
         except Exception as exc:  # noqa: BLE001 -- a bug of ours: one line still, the traceback under --debug
             if (ctx.obj or {}).get("debug"):
                 raise
