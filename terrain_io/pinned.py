@@ -10,15 +10,17 @@ k + 1 (``sets`` = bands in flight + 1); a buffer copied to the GPU is refilled o
 (:func:`write_device` for a pipeline that has no pinned sets of its own: flow, hydrology), and
 :func:`write_held` writes a pipeline's whole results, on the GPU or the host, the way each belongs.
 The way in, where nvCOMP is installed: :func:`read_device` (whole arrays decoded on the GPU from their
-zstd frames; from pageable memory, which crosses the bus at ~7 GB/s on the H100: the frames are few, and
-pinning a buffer in a fresh process cost more than the copy).
+zstd frames, read by the reader threads into pinned buffers lent by :class:`PinnedSlots`: ~50 GB/s to the
+GPU on the H100, where plain memory crossed at ~7). All pinned memory is made by :func:`empty_pinned`.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
 import math
+import mmap
 import os
+import sys
 import time
 import warnings
 
@@ -28,29 +30,22 @@ import numpy as np
 class PinnedBands:
     """Pinned host buffers by (set, name), grown on demand: :meth:`buffer` and :meth:`download`."""
 
-    def __init__(self, sets: int = 2, pageable=()):
+    def __init__(self, sets: int = 2):
         self.sets = max(1, int(sets))
-        self.pageable = frozenset(pageable)  # names whose buffers are plain NumPy (see write_bands' frames)
         self._buffers: dict = {}
         self.pin_seconds = 0.0  # spent pinning new buffers (each locks its pages anew)
 
     def buffer(self, band: int, name, shape, dtype) -> np.ndarray:
         """A pinned array of ``shape`` and ``dtype`` for ``band`` (its set: band % sets), reused: a
-        view of the set's buffer for ``name``, which holds what it held before (not pinned where
-        ``name`` is one of ``pageable``)."""
+        view of the set's buffer for ``name``, which holds what it held before."""
         dtype, n = np.dtype(dtype), math.prod(shape)
         key = (band % self.sets, name)
         buf = self._buffers.get(key)
         if buf is None or buf.dtype != dtype or buf.size < n:
             self._buffers.pop(key, None)  # (freed before its successor is pinned)
-            if name in self.pageable:
-                buf = self._buffers[key] = np.empty(n, dtype)
-            else:
-                import cupyx
-
-                t0 = time.perf_counter()
-                buf = self._buffers[key] = cupyx.empty_pinned(n, dtype)
-                self.pin_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            buf = self._buffers[key] = empty_pinned(n, dtype)
+            self.pin_seconds += time.perf_counter() - t0
         return buf[:n].reshape(shape)
 
     def download(self, band: int, arrays) -> list[np.ndarray]:
@@ -79,6 +74,69 @@ class PinnedBands:
         self._buffers.clear()
 
 
+def empty_pinned(shape, dtype) -> np.ndarray:
+    """A page-locked (pinned) NumPy array, the one way this tool pins host memory: anonymous memory in
+    transparent huge pages where the kernel gives them (madvise), its pages touched by threads, then
+    registered with the driver (cudaHostRegister); unregistered and unmapped when its last view goes.
+    On the H100 host a GB cost 0.39-0.72 s through cudaHostAlloc (CuPy's empty_pinned: the driver
+    faults and locks 4 KiB pages one by one, and holds its lock meanwhile) and 0.21-0.27 s touched in
+    one thread + 0.02-0.03 s registered so; copies to and from either run at 52-55 GB/s, from plain
+    memory at 7-14 (benchmarks/probe_pinning.py, session 21). Where registering fails (a memlock
+    limit): CuPy's pinned memory."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    count = math.prod(shape) if isinstance(shape, tuple) else int(shape)
+    nbytes = max(1, count * dtype.itemsize)
+    memory = _RegisteredMemory(nbytes)
+    _touch(np.frombuffer(memory, np.uint8))
+    try:
+        memory.register()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        import cupyx
+
+        return cupyx.empty_pinned(shape, dtype)
+    return np.frombuffer(memory, dtype, count).reshape(shape)
+
+
+class _RegisteredMemory(mmap.mmap):
+    """Anonymous memory (huge pages asked for) that :func:`empty_pinned` registers with the driver;
+    unregistered before it is unmapped."""
+
+    def __new__(cls, nbytes: int):
+        self = super().__new__(cls, -1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            with contextlib.suppress(OSError):
+                self.madvise(mmap.MADV_HUGEPAGE)
+        self.pointer = None
+        return self
+
+    def register(self) -> None:
+        import cupy
+
+        pointer = np.frombuffer(self, np.uint8).ctypes.data
+        cupy.cuda.runtime.hostRegister(pointer, len(self), 0)
+        self.pointer = pointer
+
+    def __del__(self):
+        if self.pointer is not None and not sys.is_finalizing():
+            with contextlib.suppress(Exception):  # (the CUDA context gone first: nothing left to undo)
+                import cupy
+
+                cupy.cuda.runtime.hostUnregister(self.pointer)
+
+
+def _touch(buf: np.ndarray) -> None:
+    """Fault in every page of ``buf`` (a byte each 4 KiB), in threads for a large one: the kernel's
+    page faults, not the driver, and in parallel."""
+    step, part = 4096, 64 << 20
+    if len(buf) <= part:
+        buf[::step] = 0
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1, -(-len(buf) // part))) as pool:
+        list(pool.map(lambda a: buf[a : a + part : step].fill(0), range(0, len(buf), part)))
+
+
 def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=None, timings=None,
                 bands_per_call: int = 1) -> None:
     """Store results that sit on the GPU, one band of shard rows at a time: ``arrays`` (zarr
@@ -92,7 +150,7 @@ def write_bands(arrays, bands, band_outputs, pinned: PinnedBands, pool, done=Non
     :func:`frame_plan`), and each call is started before the frames of the call before are fetched
     (where the GPU has room for both), so that the GPU compresses the one while the other's frames
     cross the bus. Else the band comes back raw and the threads encode it
-    (:func:`terrain_io.store.write_shard`). Either way into this run's sets of host buffers (the frames' pinned unless ``pinned.pageable`` names ``"frames"``):
+    (:func:`terrain_io.store.write_shard`). Either way into this run's sets of pinned host buffers:
     ``pinned.sets - 1`` bands (or calls' bands) are written while the next comes back, and a set is
     filled again only once the writers of the band that used it last are done."""
     from . import nvzstd
@@ -271,8 +329,10 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
     step = max(1, threads // nsc)  # shard rows a band
     bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
     shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
+    slots = PinnedSlots()  # (each shard's frames read into pinned memory: one DMA each to the GPU)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(
-            Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align), shards, 2 * step * nsc, pool)) as ahead:
+            Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align, slots.take), shards, 2 * step * nsc,
+                     pool)) as ahead:
         read = iter(ahead)
         for band in bands:
             r0, r1 = band[0] * s0, min((band[-1] + 1) * s0, rows)
@@ -282,6 +342,8 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
                     with phase("read_wait"):
                         got = next(read)
                     if got is None or not len(got[1]):
+                        if got is not None:
+                            slots.give(got[0])
                         continue
                     frames, chunks = got
                     table = np.stack([chunks[:, 2] + at, chunks[:, 3], sr * s0 - r0 + chunks[:, 0] * t0,
@@ -292,12 +354,14 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
             if sum(len(p[2]) for p in parts) < -(-(r1 - r0) // t0) * -(-cols // t1):  # chunks never stored: fill
                 cells.fill(arr.fill_value)
             if parts:
-                with phase("read_stage"):  # (from pageable memory: ~7 GB/s on the H100, and no pinning)
+                with phase("read_stage"):  # (from pinned memory, ~50 GB/s on the H100: queued, not waited for)
                     frames = cp.empty(at, cp.uint8)
                     for first, part, _, _ in parts:
                         frames[first : first + len(part)].set(part)
-                with phase("read_decode"):
+                with phase("read_decode"):  # (after the copies, on the same stream; done when it returns)
                     failed = dec.decode(frames, np.concatenate([p[2] for p in parts]), cells, (t0, t1))
+                for _, part, _, _ in parts:
+                    slots.give(part)
                 if len(failed):  # (every frame's crc32c held: the decoder's failure, not the store's)
                     where = tuple(int(i) for i in np.concatenate([p[3] for p in parts])[failed[0]])
                     raise RuntimeError(f"nvCOMP did not decode chunk {where} of {arr.path}, whose crc32c holds")
@@ -309,6 +373,46 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
             elif convert is not None:
                 out[r0:r1] = cells
     return out if each is None else True
+
+
+class PinnedSlots:
+    """Pinned buffers lent out and given back, for :func:`read_device`'s shard frames (the reader threads
+    take them, the decoding thread gives them back once their copy to the GPU is done): a buffer given
+    back is lent again to the next shard it holds; a new one is made (:func:`empty_pinned`) when none
+    free is large enough, a free one too small for it dropped then. At most the shards in flight are
+    held: those read ahead and those of the band being decoded. ``allocate(nbytes)``: how a buffer is
+    made (tests: plain NumPy)."""
+
+    def __init__(self, allocate=None):
+        import threading
+
+        self.allocate = allocate or (lambda nbytes: empty_pinned(nbytes, np.uint8))
+        self._free: list = []
+        self._lent: dict = {}  # address -> the whole buffer
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A pinned uint8 buffer of ``nbytes`` (a view of a free buffer, or of a new one)."""
+        with self._lock:
+            fits = [b for b in self._free if len(b) >= nbytes]
+            buf = min(fits, key=len) if fits else None
+            if buf is not None:
+                self._free.remove(buf)
+            elif self._free:  # (none large enough: the smallest free one goes, for the new one)
+                self._free.remove(min(self._free, key=len))
+        if buf is None:
+            buf = self.allocate(max(nbytes + nbytes // 8, 1 << 20))  # (a little room: the next shard's frames)
+        view = buf[:nbytes]
+        with self._lock:
+            self._lent[view.ctypes.data] = buf
+        return view
+
+    def give(self, view: np.ndarray) -> None:
+        """Give back a buffer :meth:`take` lent (its copies done)."""
+        with self._lock:
+            buf = self._lent.pop(view.ctypes.data, None)
+            if buf is not None:
+                self._free.append(buf)
 
 
 def host_bytes(store, itemsizes) -> int:

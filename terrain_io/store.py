@@ -998,34 +998,39 @@ def _checked(arr: zarr.Array, where, data: np.ndarray, crc: bool) -> np.ndarray:
     return data
 
 
-def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1):
+def shard_frames(arr: zarr.Array, sr: int, sc: int, align: int = 1, out=None):
     """The zstd frames of shard (sr, sc) of an array in this tool's compressed layout, for a decoder
     elsewhere (:mod:`terrain_io.nvzstd`: on the GPU): the file read whole, its index and each chunk's
     crc32c checked as :func:`read_shard` does, the frames where each lies at a multiple of ``align``
     bytes: in the file's body as read, or else copied end to end into a new buffer. (frames (uint8),
     chunks (int64 rows i, j, offset, bytes: the stored chunks, i and j the chunk's row and column in
-    the shard)), or None where the file was never written (all fill value)."""
+    the shard)), or None where the file was never written (all fill value). ``out(nbytes)``: the
+    uint8 buffer the frames are given in (the body read straight into it where its frames lie
+    aligned; e.g. pinned memory, from which they cross the bus at once), else a new array."""
     (t0, t1), level, crc = shard_layout(arr)
     if level is None:
         raise ValueError(f"{arr.path}: chunks stored as their bytes, not zstd frames")
+    out = out or (lambda nbytes: np.empty(nbytes, np.uint8))
     with _shard_file(arr, sr, sc, ahead=True) as opened:
         if opened is None:
             return None
         fd, index, body = opened
         n0, n1 = index.shape[:2]
         jobs = _chunk_jobs(arr, sr, sc, index, body, crc, range(n0), range(n1))
-        raw = np.empty(body, np.uint8)
+        # (the stored bytes of each chunk: its frame, then 4 bytes of crc32c where the layout has them)
+        in_place = not any(off % align for _, _, off, _ in jobs)
+        raw = out(body) if in_place else np.empty(body, np.uint8)
         _read_span(fd, raw, 0, arr, (sr, sc))
     chunks = np.zeros((len(jobs), 4), np.int64)
     frames = []
     for k, (i, j, off, nb) in enumerate(jobs):
         frames.append(_checked(arr, (sr * n0 + i, sc * n1 + j), raw[off : off + nb], crc))
         chunks[k] = i, j, off, len(frames[-1])
-    if not (chunks[:, 2] % align).any():  # (an alignment of 1: the file's body as it is)
+    if in_place:  # (an alignment of 1: the file's body as it is)
         return raw, chunks
     sizes = -(-chunks[:, 3] // align) * align
     chunks[:, 2] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    packed = np.empty(int(sizes.sum()), np.uint8)
+    packed = out(int(sizes.sum()))
     for (_, _, at, nb), frame in zip(chunks.tolist(), frames):
         packed[at : at + nb] = frame
     return packed, chunks

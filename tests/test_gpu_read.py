@@ -55,11 +55,18 @@ def damaged(tmp_path, dtype, at: int):
     return TerrainStore.open(store.path), path, data
 
 
+@pytest.mark.parametrize("lent", [False, True])
 @pytest.mark.parametrize("dtype, align", [("f4", 8), ("u1", 8), ("u8", 8), ("u8", 1)])
-def test_shard_frames_decode_to_zarrs_cells(tmp_path, dtype, align):
+def test_shard_frames_decode_to_zarrs_cells(tmp_path, dtype, align, lent):
     """Each shard's frames, at multiples of the alignment asked for (1: where they lie in the file),
     decoded by numcodecs' zstd and put at their chunks: zarr-python's read of the array; chunks not
-    listed and shards without a file (None) are those zarr fills."""
+    listed and shards without a file (None) are those zarr fills. ``lent``: the frames given in
+    buffers lent by read_device's PinnedSlots (plain memory here), each given back after its shard and
+    lent again: one buffer made for the 34 shards, and a second only when a shard needs more."""
+    from terrain_io.pinned import PinnedSlots
+
+    made = []
+    slots = PinnedSlots(allocate=lambda n: made.append(n) or np.empty(n, np.uint8)) if lent else None
     store, ref = stored(tmp_path, dtype)
     arr = store.group["r/v"]
     side, fill = TILE * SHARD, fill_value_for(ref.dtype, None)
@@ -67,7 +74,7 @@ def test_shard_frames_decode_to_zarrs_cells(tmp_path, dtype, align):
     files = 0
     for sr in range(-(-SHAPE[0] // side)):
         for sc in range(-(-SHAPE[1] // side)):
-            frames = shard_frames(arr, sr, sc, align=align)
+            frames = shard_frames(arr, sr, sc, align=align, out=slots.take if lent else None)
             if frames is None:
                 continue
             files += 1
@@ -77,7 +84,11 @@ def test_shard_frames_decode_to_zarrs_cells(tmp_path, dtype, align):
                 cells = np.frombuffer(Zstd().decode(packed[at : at + nb].tobytes()), ref.dtype).reshape(TILE, TILE)
                 r, c = sr * side + i * TILE, sc * side + j * TILE
                 got[r : r + TILE, c : c + TILE] = cells
+            if lent:
+                slots.give(packed)
     assert files == 7 * 5 - 1  # the shard of fill value has no file
+    if lent:  # (a buffer given back is lent again: one made a size class of the shards' frames)
+        assert 1 <= len(made) <= 3 and all(n >= 1 << 20 for n in made)
     assert got[: SHAPE[0], : SHAPE[1]].tobytes() == ref.tobytes()
 
 

@@ -57,3 +57,49 @@ def test_a_slow_writer_keeps_its_bands_values(monkeypatch, sets):
         pinned.write_bands([Arr()], bands, band_outputs, HostSets(sets), pool)
     assert len(seen) == 2 * len(bands)
     assert all(row == value for row, value in seen), seen
+
+
+def test_pinned_slots_lend_each_buffer_to_one_shard_at_a_time():
+    """read_device's slots: a buffer lent is not lent again before it is given back; one given back is
+    lent again (the smallest free one that holds the shard); when none free holds a shard, a new one is
+    made and the smallest free one dropped (pinned memory held stays that of the shards in flight)."""
+    from terrain_io.pinned import PinnedSlots
+
+    made = []
+    slots = PinnedSlots(allocate=lambda n: made.append(n) or np.zeros(n, np.uint8))
+    a, b = slots.take(3 << 20), slots.take(2 << 20)
+    assert len(made) == 2 and not np.shares_memory(a, b) and len(a) == 3 << 20 and len(b) == 2 << 20
+    a[:] = 1
+    slots.give(a)
+    c = slots.take(1 << 20)  # a's buffer again
+    assert len(made) == 2 and np.shares_memory(c, a) and len(c) == 1 << 20
+    slots.give(b)
+    slots.give(c)
+    d = slots.take(5 << 20)  # none free holds it: a new one, the smaller free one (b's) dropped
+    assert len(made) == 3 and made[-1] >= 5 << 20
+    e, f = slots.take(3 << 20), slots.take(1 << 20)  # a's buffer, then a new one (b's was dropped)
+    assert np.shares_memory(e, a) and len(made) == 4 and not np.shares_memory(f, d)
+
+
+@pytest.mark.gpu
+def test_empty_pinned_is_page_locked_and_copies_both_ways():
+    """pinned.empty_pinned: the array's memory is registered with the driver (page-locked host memory),
+    round trips through the GPU, and is unregistered when the array goes (registering it again works)."""
+    cp = pytest.importorskip("cupy")
+    host = pinned.empty_pinned((3, 1 << 20), np.float32)
+    assert host.shape == (3, 1 << 20) and host.dtype == np.float32
+    attrs = cp.cuda.runtime.pointerGetAttributes(host.ctypes.data)
+    assert attrs.type == cp.cuda.runtime.memoryTypeHost  # (plain memory: memoryTypeUnregistered)
+    want = cp.arange(3 << 20, dtype=cp.float32).reshape(3, 1 << 20)
+    want.get(out=host)
+    cp.cuda.Device().synchronize()
+    back = cp.empty_like(want)
+    back.set(host)
+    cp.cuda.Device().synchronize()
+    assert bool((back == want).all()) and host[2, 5] == float(2 * (1 << 20) + 5)
+    address = host.ctypes.data
+    del host
+    import gc
+
+    gc.collect()  # (the driver no longer knows the range: unregistered before it was unmapped)
+    assert cp.cuda.runtime.pointerGetAttributes(address).type == cp.cuda.runtime.memoryTypeUnregistered

@@ -52,12 +52,12 @@ class _Lane:
         self.pinned: dict = {}
 
     def pin(self, name, shape, dtype):
-        import cupyx
+        from ...pinned import empty_pinned
 
         key = (name, tuple(shape), np.dtype(dtype).str)
         buf = self.pinned.get(key)
         if buf is None:
-            buf = self.pinned[key] = cupyx.empty_pinned(shape, dtype)
+            buf = self.pinned[key] = empty_pinned(tuple(shape), dtype)
         return buf
 
 
@@ -352,9 +352,8 @@ def _load_kernels(dtype: str, kind: int, packed: bool, incore: bool) -> dict:
 def warm(store, weight: str) -> None:
     """What ``terrain mst STORE --device gpu`` uses of the GPU first, made ready ahead (``start_gpu``'s
     ``then``, in its thread once the CUDA context is made, beside the imports and the store's opening):
-    the in-core kernels for the store's elevations loaded, nvCOMP's library and codecs set up, cupyx
-    imported. Each is what the command would load itself, once (:func:`_kernels`); errors are left to
-    the command."""
+    the in-core kernels for the store's elevations loaded, nvCOMP's library and codecs set up. Each is
+    what the command would load itself, once (:func:`_kernels`); errors are left to the command."""
     from ... import nvzstd, weights
     from ...store import TerrainStore
 
@@ -363,7 +362,6 @@ def warm(store, weight: str) -> None:
     if dtype.name in _CTYPES and model.kind in (weights.MAX, weights.ABSDIFF):
         _kernels(dtype.name, model.kind, model.fits_float32(dtype), True)
     nvzstd.decoder(), nvzstd.encoder()
-    import cupyx  # noqa: F401 -- its pinned buffers' (0.16 s of imports on the H100, else after the read)
 
 
 @functools.cache

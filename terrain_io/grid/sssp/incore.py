@@ -239,10 +239,7 @@ def run_incore(store, field, cells, name: str, device: str, budget: int, progres
         from ...pinned import PinnedBands, frame_plan
 
         framed = nvzstd.encoder() is not None
-        # The frames come back into plain host memory: pinning it cost the H100 0.5-0.65 s a GB (two
-        # bands a call: 0.8 s) and ~0.2 s a GB more at exit, more than the slower copy (32768^2: the CLI
-        # 6.39-6.42 s so, 6.78-7.30 s pinned; benchmarks/RESULTS.md, session 20).
-        pinned = PinnedBands(sets=2 if framed else 3, pageable=["frames"])
+        pinned = PinnedBands(sets=2 if framed else 3)
         if framed:
             itemsizes = [4] + [1] * predecessor + [4] * allocation
             per_call = frame_plan(store, itemsizes, budget - _writers_bytes(store, allocation))
