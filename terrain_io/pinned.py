@@ -393,13 +393,11 @@ class PinnedSlots:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A pinned uint8 buffer of ``nbytes`` (a view of a free buffer, or of a new one)."""
-        with self._lock:
-            fits = [b for b in self._free if len(b) >= nbytes]
-            buf = min(fits, key=len) if fits else None
-            if buf is not None:
-                self._free.remove(buf)
-            elif self._free:  # (none large enough: the smallest free one goes, for the new one)
-                self._free.remove(min(self._free, key=len))
+        with self._lock:  # (by index: list.remove would compare the arrays' cells)
+            fits = [i for i, b in enumerate(self._free) if len(b) >= nbytes]
+            buf = self._free.pop(min(fits, key=lambda i: len(self._free[i]))) if fits else None
+            if buf is None and self._free:  # (none large enough: the smallest free one goes, for the new one)
+                self._free.pop(min(range(len(self._free)), key=lambda i: len(self._free[i])))
         if buf is None:
             buf = self.allocate(max(nbytes + nbytes // 8, 1 << 20))  # (a little room: the next shard's frames)
         view = buf[:nbytes]

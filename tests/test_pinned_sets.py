@@ -103,3 +103,16 @@ def test_empty_pinned_is_page_locked_and_copies_both_ways():
 
     gc.collect()  # (the driver no longer knows the range: unregistered before it was unmapped)
     assert cp.cuda.runtime.pointerGetAttributes(address).type == cp.cuda.runtime.memoryTypeUnregistered
+
+
+def test_pinned_slots_of_one_size_are_told_apart_by_identity():
+    """Free buffers of the same size (a shard row's shards): taking one compares no cells (list.remove
+    compared the arrays: a ValueError, or a pass over megabytes, per shard)."""
+    from terrain_io.pinned import PinnedSlots
+
+    slots = PinnedSlots(allocate=lambda n: np.zeros(n, np.uint8))
+    lent = [slots.take(2 << 20) for _ in range(3)]
+    for view in lent:
+        slots.give(view)
+    again = [slots.take(2 << 20) for _ in range(3)]
+    assert {v.ctypes.data for v in again} == {v.ctypes.data for v in lent}
