@@ -32,10 +32,12 @@ timed() {  # command, tree name, label; the command's earlier result removed fir
     echo "$label before: $(grep -E '^Dirty:' /proc/meminfo | tr -s ' ') $(nvidia-smi \
         --query-gpu=pstate,clocks.sm,power.draw --format=csv,noheader 2>/dev/null)" >> "$OUT/log.txt"
     date +%s.%N > "$D/launch"
+    local lines; lines=$(wc -l < "$OUT/log.txt")
     (cd "$t" && PYTHONPATH="${HOOK:-}$t:$DEPS" /usr/bin/time -f "$label: %e s wall, %U user, %S sys, peak RSS %M KB" \
         timeout 90 python3 -m cli ${ARGS[$cmd]//@/$D/s.zarr}) >> "$OUT/log.txt" 2>&1
     date +%s.%N > "$D/end"
     tail -1 "$OUT/log.txt"
+    tail -n +$((lines + 1)) "$OUT/log.txt" | grep -E "terrain: (note|error|internal error)" | sed 's/^/   /'  # (a note: another way taken)
     (cd "$t" && PYTHONPATH="$t:$DEPS" python3 -c "
 import json; from terrain_io.store import TerrainStore
 for k, a in TerrainStore.open('$D/s.zarr', mode='r').results().items():
