@@ -330,9 +330,11 @@ def _decode_bands(arr, chunk_shape, dec, threads: int, convert, each, timings):
     bands = [range(a, min(a + step, nsr)) for a in range(0, nsr, step)]
     shards = [(sr, sc) for band in bands for sr in band for sc in range(nsc)]
     slots = PinnedSlots()  # (each shard's frames read into pinned memory: one DMA each to the GPU)
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.closing(
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool, contextlib.ExitStack() as leaving, contextlib.closing(
             Prefetch(lambda sh: shard_frames(arr, *sh, dec.input_align, slots.take), shards, 2 * step * nsc,
                      pool)) as ahead:
+        # (however this ends, no copy queued from the slots still reads them when they are freed)
+        leaving.callback(cp.cuda.get_current_stream().synchronize)
         read = iter(ahead)
         for band in bands:
             r0, r1 = band[0] * s0, min((band[-1] + 1) * s0, rows)
