@@ -130,9 +130,28 @@ class TerrainGroup(click.Group):
         except Exception as exc:  # noqa: BLE001 -- a bug of ours: one line still, the traceback under --debug
             if (ctx.obj or {}).get("debug"):
                 raise
-            click.echo(f"terrain: internal error: {type(exc).__name__}: {exc} (a bug: run the command again with "
-                       "--debug for the traceback, and report it)", err=True)
+            short = _out_of_resources(exc)
+            if short is not None:
+                click.echo(f"terrain: error: {short}", err=True)
+            else:
+                click.echo(f"terrain: internal error: {type(exc).__name__}: {exc} (a bug: run the command again "
+                           "with --debug for the traceback, and report it)", err=True)
             ctx.exit(1)
+
+
+def _out_of_resources(exc: Exception) -> str | None:
+    """The user's line for an exception that is the machine's limit, not a bug (None: a bug): the GPU's
+    memory taken (CuPy's OutOfMemoryError, no MemoryError: another process may hold the GPU), or a
+    worker process killed (the kernel's out-of-memory killer: the pool is broken)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    cupy = sys.modules.get("cupy")  # (not imported here: only a command that ran on the GPU raises it)
+    gpu_oom = getattr(getattr(getattr(cupy, "cuda", None), "memory", None), "OutOfMemoryError", None)
+    if gpu_oom is not None and isinstance(exc, gpu_oom):
+        return f"out of GPU memory: {exc} (free the GPU or use --device cpu)"
+    if isinstance(exc, BrokenProcessPool):
+        return f"a worker process died ({exc}): out of memory? (lower --memory or the tile size)"
+    return None
 
 
 @click.group(cls=TerrainGroup, context_settings={"help_option_names": ["-h", "--help"]})

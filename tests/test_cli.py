@@ -109,3 +109,32 @@ def test_a_bug_is_one_line_and_its_traceback_under_debug(tmp_path, monkeypatch):
     assert lines[0].startswith("terrain: internal error: AttributeError: something half made")
     debug = run("--debug", "info", str(store))
     assert debug.exit_code != 0 and isinstance(debug.exception, AttributeError)
+
+
+@pytest.mark.parametrize("kind", ["device_memory", "worker_killed"])
+def test_the_machine_out_of_memory_is_no_bug(tmp_path, monkeypatch, kind):
+    """The GPU's memory taken (CuPy's OutOfMemoryError, no MemoryError) or a worker process killed
+    (BrokenProcessPool) is the machine's limit: ``terrain: error: ...`` and exit 1, not the bug's line."""
+    import types
+    from concurrent.futures.process import BrokenProcessPool
+
+    import terrain_io.store as store_mod
+
+    store = tmp_path / "ok.zarr"
+    run("-q", "synth", "-o", store, "--size", "20", "--tile", "8", "--shard", "2")
+    if kind == "device_memory":  # (CuPy's class where CuPy is not installed: the same module path and name)
+        oom = type("OutOfMemoryError", (Exception,), {})
+        cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=oom)))
+        monkeypatch.setitem(sys.modules, "cupy", sys.modules.get("cupy", cupy))
+        error = sys.modules["cupy"].cuda.memory.OutOfMemoryError("Out of memory allocating 1,024 bytes")
+    else:
+        error = BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    def short(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(store_mod.TerrainStore, "open", short)
+    result = run("info", str(store))
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output
+    assert lines[0].startswith("terrain: error: ") and "internal error" not in lines[0]
