@@ -62,7 +62,7 @@ def _elevation_marker(name: str, arr) -> int | None:
 
 def _array(store: TerrainStore, name: str):
     try:
-        arr = store.group[name]
+        arr = store.array(name)  # (zarr.json that is not zarr's metadata: DamagedStoreError)
     except KeyError:
         raise StoreError(f"{store.path}: no array {name!r} (see 'terrain info')") from None
     if not hasattr(arr, "shape") or len(arr.shape) != 2:

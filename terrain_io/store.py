@@ -123,7 +123,7 @@ class TerrainStore:
         self.path = Path(path)
         self.attrs = dict(group.attrs)
         try:  # (one lookup: each reads zarr.json through zarr's event loop, ~0.5 ms)
-            self.elevation = group[ELEVATION]
+            self.elevation = _node(group, ELEVATION, path)
         except KeyError:
             raise StoreError(f"{path}: not a terrain store (no '{ELEVATION}' array)") from None
 
@@ -155,13 +155,13 @@ class TerrainStore:
             with _LOOKUP_LOCK:
                 got = self._arrays.get(name)
                 if got is None or got[1] != stamp:
-                    got = self._arrays[name] = (self.group[name], stamp)
+                    got = self._arrays[name] = (_node(self.group, name, self.path), stamp)
         return got[0]
 
     @property
     def elevation(self) -> zarr.Array:
         if self._elevation is None:
-            self._elevation = self.group[ELEVATION]
+            self._elevation = _node(self.group, ELEVATION, self.path)
         return self._elevation
 
     @elevation.setter
@@ -579,6 +579,18 @@ def with_checksum(compressors):
         compressors = (compressors,)
     compressors = tuple(compressors)
     return compressors if compressors and isinstance(compressors[-1], Crc32cCodec) else compressors + (_CHECKSUM,)
+
+
+def _node(group: zarr.Group, name: str, path) -> zarr.Array | zarr.Group:
+    """``group[name]``; a zarr.json that is JSON but not zarr's metadata (edited: a shape without its
+    chunks' dimensions, a codec unknown) is DamagedStoreError, as one that is not JSON is
+    (:class:`~terrain_io.integrity.CheckedStore`), not zarr's ValueError (a bug's line to the user)."""
+    try:
+        return group[name]
+    except (ValueError, TypeError) as exc:
+        if any(part in (".", "..") for part in name.split("/")):  # (a path zarr refuses: no such node)
+            raise KeyError(name) from None
+        raise DamagedStoreError(path, name, None, f"its zarr.json is not valid metadata ({exc})") from None
 
 
 def _new_group(folder, attrs: dict | None = None) -> zarr.Group:

@@ -374,6 +374,24 @@ def test_unreadable_array_metadata_is_damage_too(clean, tmp_path):
     assert not (tmp_path / "d.asc").exists()
 
 
+def test_edited_array_metadata_is_damage_not_a_bug(clean, tmp_path):
+    """A zarr.json still JSON but no longer zarr's metadata (a shape cut to one dimension) is damage:
+    one 'terrain: error:' line naming the array, exit 1 -- not zarr's ValueError as an internal error."""
+    store, _ = clean
+    for node, args in (("sssp/s/distance", ["export", "{copy}", "sssp/s/distance", "-o", tmp_path / "d.asc"]),
+                       ("elevation", ["info", "{copy}"])):
+        copy = tmp_path / (node.replace("/", "_") + ".zarr")
+        shutil.copytree(store, copy)
+        meta = copy / node / "zarr.json"
+        edited = json.loads(meta.read_text())
+        edited["shape"] = edited["shape"][:1]
+        meta.write_text(json.dumps(edited))
+        code, out = run("-q", *[copy if a == "{copy}" else a for a in args])
+        lines = [line for line in out.splitlines() if line.startswith("terrain:")]
+        assert code == 1 and len(lines) == 1, out
+        assert lines[0].startswith(f"terrain: error: {copy}: array {node}: its zarr.json is not valid metadata"), out
+
+
 def test_plain_chunks_with_crc32c_written_directly_are_zarrs_and_checked(tmp_path):
     """write_block writes whole plain chunks itself (edge chunks padded), the rest through zarr; with the
     crc32c codec zarr reads (and checks) every chunk, read_plain_chunk reads zarr's, and a flipped byte
