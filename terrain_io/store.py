@@ -662,6 +662,8 @@ class ResultWriter:
         no truncation: neither waits for the data being written out)."""
         if self.attrs == self._written_attrs:
             return
+        if self.sealed is not None:  # (its nodes' digests were taken: verify would call the result damaged)
+            raise RuntimeError("a result sealed ahead (integrity.seal_ahead) cannot take new attributes")
         path = os.path.join(str(self.group.store.root), "zarr.json")
         data = _group_json(self.attrs)[1]
         os.unlink(path)

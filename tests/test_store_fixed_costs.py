@@ -91,6 +91,19 @@ def test_result_attributes_are_zarrs_group_written_once_without_a_rename(tmp_pat
     assert dict(zarr.open_group(tmp_path / "s.zarr", mode="r")["ours"].attrs)["reached"] == 13
 
 
+def test_attributes_after_a_seal_ahead_are_refused(tmp_path):
+    """A result sealed ahead (its nodes' digests taken, as the overviews do) that then changed its
+    attributes would verify as damaged: refused, and the store keeps no result."""
+    from terrain_io import integrity
+
+    store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(SHAPE, "float32"), tile=32, shard=4)
+    with pytest.raises(RuntimeError, match="sealed ahead"), store.write_result("r") as writer:
+        writer.create_array("v", "float32", float("nan"))
+        writer.sealed = integrity.seal_ahead(writer.group.store.root, lambda rel: False)
+        writer.attrs["late"] = 1
+    assert "r" not in store.results()
+
+
 def test_an_array_made_twice_is_refused(tmp_path):
     store = TerrainStore.from_array(tmp_path / "s.zarr", np.zeros(SHAPE, "float32"), tile=32, shard=4)
     with pytest.raises(StoreError, match="already"), store.write_result("r") as writer:
