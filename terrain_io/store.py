@@ -597,23 +597,15 @@ def _new_group(folder, attrs: dict | None = None) -> zarr.Group:
     """The group ``folder`` made as ``zarr.open_group(folder, mode="w-", attributes=attrs)`` makes it
     (zarr's own bytes of its zarr.json; an existing one is FileExistsError), without zarr's event loop:
     every result pays it (~1 ms of a 2-core machine's CPU a call)."""
-    from zarr.core.group import AsyncGroup
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import AsyncGroup, GroupMetadata
     from zarr.storage import LocalStore, StorePath
 
-    meta, data = _group_json(attrs)
+    meta = GroupMetadata(attributes=dict(attrs or {}))
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "zarr.json"), "xb") as f:
-        f.write(data)
+        f.write(meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
     return zarr.Group(AsyncGroup(meta, StorePath(LocalStore(str(folder)))))
-
-
-def _group_json(attrs: dict | None):
-    """A group's metadata with the attributes ``attrs`` and its zarr.json's bytes, zarr's own."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.group import GroupMetadata
-
-    meta = GroupMetadata(attributes=dict(attrs or {}))
-    return meta, meta.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
 
 
 class _ChecksumGroup(zarr.Group):
@@ -657,18 +649,16 @@ class ResultWriter:
         return array_handle(root, name, meta)
 
     def write_attributes(self) -> None:
-        """The group's zarr.json with :attr:`attrs`, where they changed: zarr's bytes (as
-        :func:`_new_group` makes them), in a new file in place of the old one (no rename over it,
-        no truncation: neither waits for the data being written out)."""
+        """The group's zarr.json with :attr:`attrs`, where they changed: zarr's bytes
+        (:func:`write_node`), in a new file in place of the old one (no rename over it, no
+        truncation: neither waits for the data being written out)."""
         if self.attrs == self._written_attrs:
             return
         if self.sealed is not None:  # (its nodes' digests were taken: verify would call the result damaged)
             raise RuntimeError("a result sealed ahead (integrity.seal_ahead) cannot take new attributes")
-        path = os.path.join(str(self.group.store.root), "zarr.json")
-        data = _group_json(self.attrs)[1]
-        os.unlink(path)
-        with open(path, "xb") as f:
-            f.write(data)
+        root = str(self.group.store.root)
+        os.unlink(os.path.join(root, "zarr.json"))
+        write_node(root, group_metadata(self.attrs))
         self._written_attrs = dict(self.attrs)
 
 
